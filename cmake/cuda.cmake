@@ -1,0 +1,22 @@
+# GALLEY_WITH_CUDA: AUTO builds the CUDA backend when a CUDA compiler and toolkit are found,
+# ON requires them, OFF skips them. The backend's kernels live in kernels/cuda; until they are
+# present only the runtime probe (device count) is compiled against cudart.
+function(galley_configure_cuda target)
+  set(GALLEY_CUDA_ENABLED OFF PARENT_SCOPE)
+  if(GALLEY_WITH_CUDA STREQUAL "OFF")
+    message(STATUS "galley: CUDA backend disabled")
+    return()
+  endif()
+  find_package(CUDAToolkit QUIET)
+  if(NOT CUDAToolkit_FOUND)
+    if(GALLEY_WITH_CUDA STREQUAL "ON")
+      message(FATAL_ERROR "galley: GALLEY_WITH_CUDA=ON but no CUDA toolkit was found")
+    endif()
+    message(STATUS "galley: no CUDA toolkit found, building the CPU backend only")
+    return()
+  endif()
+  message(STATUS "galley: CUDA toolkit ${CUDAToolkit_VERSION} found, linking the CUDA runtime")
+  target_compile_definitions(${target} PRIVATE GALLEY_HAVE_CUDA=1)
+  target_link_libraries(${target} PRIVATE CUDA::cudart)
+  set(GALLEY_CUDA_ENABLED ON PARENT_SCOPE)
+endfunction()

@@ -1,0 +1,91 @@
+#pragma once
+/// \file The base of every model and layer: parameters and sub-layers, registered in order.
+#include <map>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "galley/tensor.h"
+
+namespace galley::nn {
+
+/// A named parameter.
+using NamedTensor = std::pair<std::string, Tensor>;
+
+/// Base of every layer and model. Parameters and sub-layers are registered in a fixed order,
+/// which is the order named_parameters() returns and the order replicas and ranks agree on.
+/// Layers hold their children by reference, so a Layer is neither copied nor moved.
+class Layer {
+ public:
+  Layer() = default;
+  virtual ~Layer() = default;
+  Layer(const Layer&) = delete;
+  Layer& operator=(const Layer&) = delete;
+
+  /// The layer's computation.
+  virtual Tensor forward(const Tensor& x) = 0;
+  /// Calls forward().
+  Tensor operator()(const Tensor& x) { return forward(x); }
+
+  /// Registers `value` as a parameter called `name` (it becomes a leaf that wants gradients
+  /// when `requires_grad`). Returns the stored handle.
+  Tensor& register_parameter(const std::string& name, Tensor value, bool requires_grad = true);
+  /// Registers a tensor that is state but not a parameter (e.g. running statistics).
+  Tensor& register_buffer(const std::string& name, Tensor value);
+  /// Registers a sub-layer that the caller owns (typically a data member). Returns it.
+  template <typename L>
+  L& register_layer(const std::string& name, L& layer) {
+    add_child(name, &layer, nullptr);
+    return layer;
+  }
+  /// Registers a sub-layer that this layer shares ownership of. Returns it.
+  template <typename L>
+  std::shared_ptr<L> register_layer(const std::string& name, std::shared_ptr<L> layer) {
+    add_child(name, layer.get(), layer);
+    return layer;
+  }
+
+  /// Every parameter, depth first in registration order, with dotted names ("fc.weight").
+  std::vector<NamedTensor> named_parameters() const;
+  /// The same list without names.
+  std::vector<Tensor> parameters() const;
+  /// Parameters and buffers with dotted names.
+  std::vector<NamedTensor> named_buffers() const;
+  /// Direct children in registration order.
+  std::vector<std::pair<std::string, Layer*>> children() const;
+
+  /// Puts this layer and its children in training (true) or evaluation mode.
+  virtual void train(bool on = true);
+  /// Same as train(false).
+  void eval() { train(false); }
+  /// True in training mode.
+  bool is_training() const { return training_; }
+
+  /// Moves every parameter and buffer to `device`, keeping the handles (optimizers stay valid).
+  void to(Device device);
+
+  /// Copies of every parameter and buffer by dotted name.
+  std::map<std::string, Tensor> state_dict() const;
+  /// Overwrites parameters and buffers by name. Every name must exist with the same shape;
+  /// with `strict`, every parameter must be given. Errors name the entry and both shapes.
+  void load_state_dict(const std::map<std::string, Tensor>& state, bool strict = true);
+
+  /// Sets every parameter's gradient to undefined.
+  void zero_grad();
+
+  /// Human-readable name used in error messages ("Conv2D(3, 64, kernel=3)").
+  virtual std::string repr() const { return "Layer"; }
+
+ private:
+  void add_child(const std::string& name, Layer* layer, std::shared_ptr<Layer> owned);
+  void collect(const std::string& prefix, bool buffers, std::vector<NamedTensor>& out) const;
+
+  bool training_ = true;
+  std::vector<std::pair<std::string, Tensor>> params_;
+  std::vector<std::pair<std::string, Tensor>> buffers_;
+  std::vector<std::pair<std::string, Layer*>> children_;
+  std::vector<std::shared_ptr<Layer>> owned_;
+};
+
+}  // namespace galley::nn

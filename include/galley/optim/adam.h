@@ -1,0 +1,50 @@
+#pragma once
+/// \file Adam and AdamW.
+#include "galley/optim/optimizer.h"
+
+namespace galley::optim {
+
+/// Options of Adam and AdamW (PyTorch's defaults; AdamW's weight_decay default is 1e-2).
+struct AdamOptions {
+  double learning_rate = 1e-3;
+  double beta1 = 0.9;
+  double beta2 = 0.999;
+  double eps = 1e-8;
+  double weight_decay = 0.0;
+  bool amsgrad = false;
+};
+
+/// Moments of one parameter.
+struct AdamState {
+  int64_t step = 0;
+  Tensor exp_avg, exp_avg_sq, max_exp_avg_sq;
+};
+
+/// Adam (Kingma & Ba) with L2 weight decay added to the gradient, as torch.optim.Adam.
+class Adam : public Optimizer {
+ public:
+  /// Validates the options (lr >= 0, betas in [0, 1), eps >= 0, weight_decay >= 0).
+  Adam(std::vector<Tensor> params, AdamOptions options = {});
+  void step() override;
+  /// The moments of `param` (empty before its first update).
+  const AdamState& state(const Tensor& param) const { return state_.at(index_of(param)); }
+  /// The options in force.
+  const AdamOptions& options() const { return opt_; }
+
+ protected:
+  /// Decoupled (AdamW) rather than L2 weight decay.
+  bool decoupled_ = false;
+
+ private:
+  AdamOptions opt_;
+  std::vector<AdamState> state_;
+};
+
+/// Adam with decoupled weight decay (Loshchilov & Hutter), as torch.optim.AdamW.
+class AdamW : public Adam {
+ public:
+  /// Same options as Adam; pass weight_decay explicitly (PyTorch's default is 1e-2).
+  AdamW(std::vector<Tensor> params, AdamOptions options = {.weight_decay = 1e-2});
+};
+
+}  // namespace galley::optim

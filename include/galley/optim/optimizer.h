@@ -1,0 +1,38 @@
+#pragma once
+/// \file The base of every optimizer.
+#include <vector>
+
+#include "galley/tensor.h"
+
+namespace galley::optim {
+
+/// Holds the parameters it updates (handles shared with the model) and a learning rate.
+class Optimizer {
+ public:
+  /// Every parameter must be a defined float32 leaf.
+  Optimizer(std::vector<Tensor> params, double learning_rate);
+  virtual ~Optimizer() = default;
+
+  /// Applies one update from the parameters' accumulated gradients (those without one are
+  /// skipped). Runs without recording a graph.
+  virtual void step() = 0;
+  /// Clears every parameter's gradient (sets it undefined, so the next backward writes it).
+  void clear_grad();
+  /// Alias of clear_grad() for libtorch users.
+  void zero_grad() { clear_grad(); }
+
+  /// Current learning rate.
+  double learning_rate() const { return lr_; }
+  /// Changes the learning rate (schedulers call this).
+  void set_learning_rate(double lr);
+  /// The parameters, in the order given.
+  const std::vector<Tensor>& parameters() const { return params_; }
+  /// Index of `param` in parameters(); throws if it is not one of them.
+  size_t index_of(const Tensor& param) const;
+
+ protected:
+  std::vector<Tensor> params_;
+  double lr_;
+};
+
+}  // namespace galley::optim

@@ -1,0 +1,30 @@
+#pragma once
+/// \file Stochastic gradient descent with momentum.
+#include "galley/optim/optimizer.h"
+
+namespace galley::optim {
+
+/// Options of SGD (PyTorch's semantics).
+struct SGDOptions {
+  double learning_rate = 1e-2;
+  double momentum = 0.0;
+  double dampening = 0.0;
+  double weight_decay = 0.0;
+  bool nesterov = false;
+};
+
+/// SGD with optional momentum, dampening, Nesterov and L2 weight decay, as torch.optim.SGD.
+class SGD : public Optimizer {
+ public:
+  /// Validates the options (Nesterov needs momentum > 0 and zero dampening).
+  SGD(std::vector<Tensor> params, SGDOptions options = {});
+  void step() override;
+  /// The options in force.
+  const SGDOptions& options() const { return opt_; }
+
+ private:
+  SGDOptions opt_;
+  std::vector<Tensor> momentum_;
+};
+
+}  // namespace galley::optim

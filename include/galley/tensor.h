@@ -1,0 +1,231 @@
+#pragma once
+/// \file The Tensor value: shape, strides, shared storage, device, and its autograd state.
+#include <cstdint>
+#include <functional>
+#include <iosfwd>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "galley/device.h"
+#include "galley/dtype.h"
+#include "galley/error.h"
+
+namespace galley {
+
+/// Sizes of a tensor's dimensions, outermost first.
+using Shape = std::vector<int64_t>;
+
+/// "[2, 3, 4]".
+std::string shape_str(const Shape& s);
+/// Product of the sizes (1 for a scalar).
+int64_t shape_numel(const Shape& s);
+
+/// A block of device memory that several tensors (views) may share.
+class Storage {
+ public:
+  /// Allocates `bytes` on `device` (uninitialised).
+  Storage(size_t bytes, Device device);
+  ~Storage();
+  Storage(const Storage&) = delete;
+  Storage& operator=(const Storage&) = delete;
+
+  /// Start of the block.
+  void* data() const { return data_; }
+  /// Size in bytes.
+  size_t bytes() const { return bytes_; }
+  /// Where the block lives.
+  Device device() const { return device_; }
+
+ private:
+  void* data_ = nullptr;
+  size_t bytes_ = 0;
+  Device device_;
+};
+
+class Tensor;
+namespace autograd {
+struct Node;
+}
+
+namespace detail {
+/// The shared state behind a Tensor handle.
+struct TensorImpl {
+  std::shared_ptr<Storage> storage;
+  int64_t offset = 0;  // in elements
+  Shape shape;
+  Shape strides;
+  DType dtype = DType::Float32;
+  bool requires_grad = false;           // leaf flag
+  std::shared_ptr<TensorImpl> grad;     // accumulated gradient of a leaf
+  std::shared_ptr<autograd::Node> grad_fn;  // the op that produced a non-leaf
+  std::vector<std::function<void(const Tensor&)>> grad_hooks;  // called after each accumulation
+};
+}  // namespace detail
+
+/// Source of random numbers; pass one explicitly for reproducible results.
+class Generator {
+ public:
+  /// A generator seeded with `seed`.
+  explicit Generator(uint64_t seed = 0x9e3779b97f4a7c15ULL);
+  /// Re-seeds.
+  void manual_seed(uint64_t seed);
+  /// Next 64 random bits.
+  uint64_t next_u64();
+  /// Uniform in [0, 1).
+  float next_float();
+  /// Standard normal.
+  float next_normal();
+
+ private:
+  uint64_t state_[4];
+  bool has_spare_ = false;
+  float spare_ = 0.f;
+};
+
+/// The process-wide default generator (guarded by a mutex inside the factories).
+Generator& default_generator();
+/// Seeds the default generator.
+void manual_seed(uint64_t seed);
+
+/// A handle to an n-dimensional array. Copies share the same data and autograd state
+/// (like libtorch's at::Tensor); use clone() for a deep copy.
+class Tensor {
+ public:
+  /// An undefined tensor.
+  Tensor() = default;
+  explicit Tensor(std::shared_ptr<detail::TensorImpl> impl) : impl_(std::move(impl)) {}
+
+  /// Uninitialised contiguous tensor.
+  static Tensor empty(const Shape& shape, DType dtype = DType::Float32,
+                      Device device = Device::cpu());
+  /// Copies `values` (row-major) into a new tensor of `shape`.
+  static Tensor from_vector(const std::vector<float>& values, const Shape& shape,
+                            Device device = Device::cpu());
+  /// Copies int64 `values` (e.g. labels) into a new tensor of `shape`.
+  static Tensor from_vector(const std::vector<int64_t>& values, const Shape& shape,
+                            Device device = Device::cpu());
+  /// Copies `bytes` of host memory laid out row-major as `shape` x `dtype`.
+  static Tensor from_host(const void* data, const Shape& shape, DType dtype = DType::Float32,
+                          Device device = Device::cpu());
+
+  /// False for a default-constructed handle.
+  bool defined() const { return impl_ != nullptr; }
+  /// Sizes of every dimension.
+  const Shape& shape() const;
+  /// Elements between neighbours along each dimension.
+  const Shape& strides() const;
+  /// Number of dimensions.
+  int64_t dim() const { return static_cast<int64_t>(shape().size()); }
+  /// Size of dimension `d` (negative counts from the end).
+  int64_t size(int64_t d) const;
+  /// Total number of elements.
+  int64_t numel() const;
+  /// Element type.
+  DType dtype() const;
+  /// Where the data lives.
+  Device device() const;
+  /// True when strides are row-major dense.
+  bool is_contiguous() const;
+  /// True when `other` is a handle to the same tensor.
+  bool is_same(const Tensor& other) const { return impl_ == other.impl_; }
+
+  /// Typed pointer to the first element (host tensors; checks the dtype).
+  template <typename T>
+  T* data() const;
+  /// Untyped pointer to the first element.
+  void* raw_data() const;
+  /// The value of a one-element tensor, as float.
+  float item() const;
+  /// Copies the elements (row-major) to a host vector.
+  template <typename T = float>
+  std::vector<T> to_vector() const;
+  /// Copies the elements (row-major) into `dst`, which must hold numel() elements.
+  void copy_to_host(void* dst) const;
+  /// Overwrites the elements from host memory holding numel() elements of dtype().
+  void copy_from_host(const void* src);
+  /// Overwrites this tensor's elements with `src`'s (same shape and dtype); no autograd.
+  void copy_(const Tensor& src);
+  /// Sets every element to `value`; no autograd.
+  void fill_(float value);
+  /// Sets every element to zero; no autograd.
+  void zero_() { fill_(0.f); }
+
+  /// Same data with a new shape; one size may be -1. Copies only if not contiguous.
+  Tensor reshape(const Shape& shape) const;
+  /// Same data with a new shape; the tensor must be contiguous.
+  Tensor view(const Shape& shape) const;
+  /// Merges dimensions start..end (inclusive, negative from the end) into one.
+  Tensor flatten(int64_t start_axis = 0, int64_t end_axis = -1) const;
+  /// This tensor if contiguous, else a dense copy.
+  Tensor contiguous() const;
+  /// A deep copy (recorded by autograd).
+  Tensor clone() const;
+  /// Same data, cut from the graph.
+  Tensor detach() const;
+  /// A copy on `device` (this tensor if already there).
+  Tensor to(Device device) const;
+
+  /// True for a leaf that wants gradients or any tensor produced from one.
+  bool requires_grad() const;
+  /// Marks a leaf as wanting a gradient. Returns *this.
+  Tensor& set_requires_grad(bool on = true);
+  /// True when no op produced this tensor.
+  bool is_leaf() const;
+  /// The accumulated gradient (undefined until a backward pass reaches it).
+  Tensor grad() const;
+  /// Replaces the accumulated gradient (undefined to clear).
+  void set_grad(const Tensor& g);
+  /// Calls `hook(grad)` each time a gradient has been accumulated into this leaf.
+  void register_grad_hook(std::function<void(const Tensor&)> hook);
+  /// Back-propagates from this tensor: a scalar, or any shape with an explicit `gradient`.
+  void backward(const Tensor& gradient = Tensor()) const;
+  /// Name of the op that produced this tensor, or "" for a leaf.
+  std::string grad_fn_name() const;
+
+  /// Readable multi-line text: values (abbreviated when large), shape, dtype, device.
+  std::string to_string() const;
+
+  /// Internal state, for galley's own ops.
+  detail::TensorImpl* impl() const { return impl_.get(); }
+  const std::shared_ptr<detail::TensorImpl>& impl_ptr() const { return impl_; }
+
+ private:
+  std::shared_ptr<detail::TensorImpl> impl_;
+};
+
+/// Writes Tensor::to_string().
+std::ostream& operator<<(std::ostream& os, const Tensor& t);
+
+/// Tensor of zeros.
+Tensor zeros(const Shape& shape, DType dtype = DType::Float32, Device device = Device::cpu());
+/// Tensor of ones.
+Tensor ones(const Shape& shape, DType dtype = DType::Float32, Device device = Device::cpu());
+/// Tensor filled with `value`.
+Tensor full(const Shape& shape, float value, DType dtype = DType::Float32,
+            Device device = Device::cpu());
+/// 0, step, 2*step ... below `end` (1-D, float32 or int64).
+Tensor arange(double start, double end, double step = 1.0, DType dtype = DType::Float32);
+/// Uniform in [0, 1).
+Tensor rand(const Shape& shape, Generator& gen = default_generator());
+/// Standard normal.
+Tensor randn(const Shape& shape, Generator& gen = default_generator());
+/// Uniform in [low, high).
+Tensor uniform(const Shape& shape, float low, float high, Generator& gen = default_generator());
+
+/// Disables graph recording on this thread while alive (inference, optimizer updates).
+class NoGradGuard {
+ public:
+  NoGradGuard();
+  ~NoGradGuard();
+  NoGradGuard(const NoGradGuard&) = delete;
+  NoGradGuard& operator=(const NoGradGuard&) = delete;
+
+ private:
+  bool prev_;
+};
+
+/// True unless a NoGradGuard is alive on this thread.
+bool grad_enabled();
+
+}  // namespace galley
