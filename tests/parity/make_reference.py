@@ -1,0 +1,482 @@
+#!/usr/bin/env python3
+"""Writes PyTorch reference tensors for galley's parity test (tests/test_parity.cpp).
+
+Usage: make_reference.py --out DIR
+
+Each op gets one safetensors file, DIR/<op>.safetensors, holding one or more cases. A
+tensor is named "<case>.<role>": the inputs ("a", "b", "x", "weight", ...), the output
+"out", the upstream gradient "grad_out" and the gradient of every float input
+("grad_a", "grad_x", ...). Settings an op needs (stride, dim, reduction, ...) are stored
+as small int64/float32 tensors of the same case ("<case>.stride", "<case>.p", ...), so
+the C++ side reads them instead of repeating them.
+
+Beyond single ops:
+  simple_cnn.safetensors     the SimpleCNN (Conv2d(3,64,3) -> relu -> MaxPool2d(2) ->
+                             flatten(1) -> Linear(64*15*15,10)): initial parameters under
+                             galley's names ("conv.weight", ...), 20 batches "x0".."x19",
+                             "y0".."y19", the 20 losses of 20 Adam(lr=1e-3) steps ("losses",
+                             each recorded before its step) and the final parameters
+                             ("final.conv.weight", ...).
+  optim_<name>.safetensors   a tiny Linear(6, 4) trained a few steps with SGD (Nesterov),
+                             AdamW, and Adam (amsgrad + weight decay); initial and final
+                             parameters, batches and losses; hyper-parameters as tensors.
+  lr_scheduler.safetensors   learning-rate sequences of StepLR and CosineAnnealingLR.
+
+The safetensors files are written by hand (8-byte little-endian header length, JSON
+header, raw little-endian data), so only torch is needed. Everything is float32 on the
+CPU with one thread and fixed seeds; the script computes every file twice and checks that
+both runs agree bit for bit before writing anything.
+"""
+
+import argparse
+import json
+import os
+import struct
+import sys
+import zlib
+
+import torch
+import torch.nn.functional as F
+
+DTYPES = {torch.float32: "F32", torch.int64: "I64"}
+
+
+# ----------------------------------------------------------------------------- safetensors
+
+def safetensors_bytes(tensors):
+    """Serialises a {name: tensor} dict (float32 / int64 CPU tensors) to safetensors."""
+    header = {}
+    chunks = []
+    offset = 0
+    for name in sorted(tensors):
+        t = tensors[name].detach().contiguous().cpu()
+        if t.dtype not in DTYPES:
+            raise TypeError(f"{name}: unsupported dtype {t.dtype}")
+        arr = t.numpy()
+        data = arr.astype(arr.dtype.newbyteorder("<"), copy=False).tobytes()
+        header[name] = {"dtype": DTYPES[t.dtype], "shape": list(t.shape),
+                        "data_offsets": [offset, offset + len(data)]}
+        chunks.append(data)
+        offset += len(data)
+    text = json.dumps(header, separators=(",", ":")).encode("utf-8")
+    text += b" " * (-len(text) % 8)  # pad so the data starts 8-byte aligned
+    return struct.pack("<Q", len(text)) + text + b"".join(chunks)
+
+
+def write_atomic(path, payload):
+    tmp = path + ".tmp"
+    with open(tmp, "wb") as f:
+        f.write(payload)
+    os.replace(tmp, path)
+
+
+# ----------------------------------------------------------------------------- helpers
+
+def seed_for(name):
+    """A fixed seed per file, so adding a case to one op leaves the others unchanged."""
+    return zlib.crc32(name.encode("utf-8")) & 0x7FFFFFFF
+
+
+def leaf(t):
+    return t.detach().clone().requires_grad_(True)
+
+
+def away_from_zero(shape, margin):
+    """randn values with |v| >= margin (where a kink or a pole would make gradients flaky)."""
+    t = torch.randn(shape)
+    return torch.where(t.abs() < margin, torch.sign(t + 1e-12) * (margin + t.abs()), t)
+
+
+def i64(value):
+    return torch.tensor(value, dtype=torch.int64)
+
+
+def f32(value):
+    return torch.tensor(value, dtype=torch.float32)
+
+
+class Cases:
+    """Collects the tensors of one file."""
+
+    def __init__(self):
+        self.tensors = {}
+
+    def put(self, case, role, t):
+        key = f"{case}.{role}"
+        assert key not in self.tensors, key
+        self.tensors[key] = t.detach().clone()
+
+    def run(self, case, fn, inputs, settings=None):
+        """Runs fn(**inputs) with autograd and stores inputs, out, grad_out, grad_<input>.
+
+        Float inputs get gradients; int64 inputs (labels) are stored as they are."""
+        leaves = {k: (leaf(v) if v.is_floating_point() else v) for k, v in inputs.items()}
+        out = fn(**leaves)
+        for k, v in inputs.items():
+            self.put(case, k, v)
+        for k, v in (settings or {}).items():
+            self.put(case, k, v)
+        self.put(case, "out", out)
+        if not out.is_floating_point():
+            return
+        grad_out = torch.randn(out.shape)
+        out.backward(grad_out)
+        self.put(case, "grad_out", grad_out)
+        for k, v in leaves.items():
+            if v.is_floating_point():
+                assert v.grad is not None, f"{case}: no gradient for {k}"
+                self.put(case, "grad_" + k, v.grad)
+
+
+# ----------------------------------------------------------------------------- op cases
+
+BINARY_SHAPES = [
+    ("same", [4, 3, 5], [4, 3, 5]),
+    ("bcast_inner", [4, 3, 5], [3, 1]),      # b broadcast over dims 0 and 2
+    ("bcast_row", [8, 6], [6]),              # [N, C] with [C]
+    ("bcast_both", [4, 1, 5], [3, 1]),       # both sides broadcast -> [4, 3, 5]
+    ("bcast_left", [5], [2, 3, 5]),          # a is the smaller one
+    ("bcast_one", [3, 4], [1]),
+]
+
+
+def binary_op(fn, divisor=False):
+    def build(c):
+        for case, sa, sb in BINARY_SHAPES:
+            a = torch.randn(sa)
+            b = away_from_zero(sb, 0.5) if divisor else torch.randn(sb)
+            c.run(case, lambda a, b: fn(a, b), {"a": a, "b": b})
+    return build
+
+
+def build_scalar(c):
+    c.run("add", lambda a: a + 2.5, {"a": torch.randn(4, 3, 5)}, {"s": f32(2.5)})
+    c.run("add_neg", lambda a: a + (-0.75), {"a": torch.randn(7)}, {"s": f32(-0.75)})
+    c.run("mul", lambda a: a * -1.7, {"a": torch.randn(4, 3, 5)}, {"s": f32(-1.7)})
+    c.run("mul_small", lambda a: a * 0.125, {"a": torch.randn(6, 2)}, {"s": f32(0.125)})
+
+
+def unary_op(fn, make_input):
+    def build(c):
+        for case, shape in [("3d", [4, 3, 5]), ("2d", [8, 6]), ("1d", [17])]:
+            c.run(case, lambda x: fn(x), {"x": make_input(shape)})
+    return build
+
+
+def positive(shape):
+    return torch.rand(shape) * 2.9 + 0.1  # [0.1, 3)
+
+
+def build_pow(c):
+    for case, p, make in [("square", 2.0, torch.randn), ("cube", 3.0, torch.randn),
+                          ("sqrt", 0.5, positive), ("inverse", -1.0, positive),
+                          ("frac", 1.5, positive)]:
+        c.run(case, lambda x: torch.pow(x, p), {"x": make([4, 3, 5])}, {"p": f32(p)})
+
+
+def build_matmul(c):
+    for case, (m, k, n) in [("small", (5, 7, 3)), ("row", (1, 4, 6)), ("wide", (16, 32, 8)),
+                            ("col", (9, 11, 1))]:
+        c.run(case, lambda a, b: a @ b, {"a": torch.randn(m, k), "b": torch.randn(k, n)})
+
+
+def build_linear(c):
+    for case, xshape, out, bias in [("2d_bias", [8, 12], 5, True), ("2d_nobias", [8, 12], 5, False),
+                                    ("3d_bias", [3, 4, 12], 7, True),
+                                    ("3d_nobias", [3, 4, 12], 7, False)]:
+        inputs = {"x": torch.randn(xshape), "weight": torch.randn(out, xshape[-1]) * 0.3}
+        if bias:
+            inputs["bias"] = torch.randn(out)
+            c.run(case, lambda x, weight, bias: F.linear(x, weight, bias), inputs)
+        else:
+            c.run(case, lambda x, weight: F.linear(x, weight), inputs)
+
+
+CONV_CASES = [
+    # name, x shape, out channels, kernel, stride, padding, dilation, groups, bias
+    ("basic", [2, 3, 8, 8], 4, 3, 1, 0, 1, 1, True),
+    ("nobias", [2, 3, 8, 8], 4, 3, 1, 0, 1, 1, False),
+    ("pad1", [2, 3, 7, 7], 5, 3, 1, 1, 1, 1, True),
+    ("stride2", [2, 3, 9, 9], 4, 3, 2, 0, 1, 1, True),
+    ("stride2_pad1", [2, 4, 8, 8], 6, 3, 2, 1, 1, 1, True),
+    ("pad2_k5", [1, 2, 6, 6], 3, 5, 1, 2, 1, 1, True),
+    ("dilation2", [2, 3, 10, 10], 4, 3, 1, 0, 2, 1, True),
+    ("dilation2_pad2", [2, 3, 9, 9], 4, 3, 1, 2, 2, 1, False),
+    ("groups2", [2, 4, 7, 7], 6, 3, 1, 1, 1, 2, True),
+    ("groups2_stride2_nobias", [2, 4, 8, 8], 4, 3, 2, 0, 1, 2, False),
+    ("k1", [2, 5, 4, 4], 3, 1, 1, 0, 1, 1, True),
+    ("all", [2, 4, 11, 11], 6, 3, 2, 2, 2, 2, True),
+    ("simple_cnn", [2, 3, 32, 32], 64, 3, 1, 0, 1, 1, True),  # the SimpleCNN's conv
+]
+
+
+def build_conv2d(c):
+    for case, xs, out, k, stride, pad, dil, groups, bias in CONV_CASES:
+        cin = xs[1]
+        bound = 1.0 / (cin // groups * k * k) ** 0.5
+        inputs = {"x": torch.randn(xs),
+                  "weight": torch.empty(out, cin // groups, k, k).uniform_(-bound, bound)}
+        geometry = dict(stride=stride, padding=pad, dilation=dil, groups=groups)
+        settings = {"stride": i64(stride), "padding": i64(pad), "dilation": i64(dil),
+                    "groups": i64(groups)}
+        if bias:
+            inputs["bias"] = torch.empty(out).uniform_(-bound, bound)
+            c.run(case, lambda x, weight, bias: F.conv2d(x, weight, bias, **geometry), inputs,
+                  settings)
+        else:
+            c.run(case, lambda x, weight: F.conv2d(x, weight, None, **geometry), inputs, settings)
+
+
+def distinct_randn(shape):
+    """Values without ties (so the argmax of every pooling window is unique)."""
+    n = 1
+    for s in shape:
+        n *= s
+    return (torch.randperm(n).float() / n * 6.0 - 3.0).reshape(shape)
+
+
+def build_max_pool2d(c):
+    for case, xs, k, stride, pad in [("k2s2", [2, 3, 8, 8], 2, 2, 0),
+                                     ("k2s2_odd", [2, 3, 9, 7], 2, 2, 0),
+                                     ("k3s2p1", [2, 3, 9, 9], 3, 2, 1),
+                                     ("k3s2p1_even", [2, 2, 8, 8], 3, 2, 1),
+                                     ("k3s1", [2, 3, 7, 7], 3, 1, 0),
+                                     ("simple_cnn", [2, 16, 30, 30], 2, 2, 0)]:
+        c.run(case, lambda x: F.max_pool2d(x, k, stride, pad), {"x": distinct_randn(xs)},
+              {"kernel_size": i64(k), "stride": i64(stride), "padding": i64(pad)})
+
+
+def build_flatten(c):
+    for case, xs, start, end in [("from1", [2, 3, 4, 5], 1, -1), ("all", [2, 3, 4, 5], 0, -1),
+                                 ("middle", [2, 3, 4, 5], 1, 2), ("last2", [3, 4, 5], -2, -1)]:
+        c.run(case, lambda x: torch.flatten(x, start, end), {"x": torch.randn(xs)},
+              {"start": i64(start), "end": i64(end)})
+
+
+def reduction_op(fn):
+    def build(c):
+        c.run("all", lambda x: fn(x), {"x": torch.randn(4, 3, 5)})  # no "dim": every element
+        for case, xs, dim, keep in [("dim0", [4, 3, 5], 0, False), ("dim1", [4, 3, 5], 1, False),
+                                    ("dim_last_keep", [4, 3, 5], -1, True),
+                                    ("dim1_keep", [4, 3, 5], 1, True), ("dim0_2d", [6, 7], 0, False),
+                                    ("dim1_2d", [6, 7], 1, False)]:
+            c.run(case, lambda x: fn(x, dim, keepdim=keep), {"x": torch.randn(xs)},
+                  {"dim": i64(dim), "keepdim": i64(int(keep))})
+    return build
+
+
+def softmax_op(fn):
+    def build(c):
+        for case, xs, dim in [("2d_dim1", [6, 10], 1), ("2d_dim_last", [6, 10], -1),
+                              ("3d_dim1", [3, 4, 5], 1), ("3d_dim_last", [3, 4, 5], -1),
+                              ("large", [4, 7], 1)]:
+            x = torch.randn(xs) * (20.0 if case == "large" else 2.0)  # "large" needs max-shift
+            c.run(case, lambda x: fn(x, dim=dim), {"x": x}, {"dim": i64(dim)})
+    return build
+
+
+REDUCTIONS = {"mean": 0, "sum": 1, "none": 2}
+
+
+def build_cross_entropy(c):
+    n, classes = 12, 10
+    cases = [("mean", "mean", 0.0, -100, False), ("sum", "sum", 0.0, -100, False),
+             ("none", "none", 0.0, -100, False),
+             ("smooth_mean", "mean", 0.1, -100, False), ("smooth_sum", "sum", 0.1, -100, False),
+             ("smooth_none", "none", 0.1, -100, False),
+             ("ignore_mean", "mean", 0.0, -100, True), ("ignore_sum", "sum", 0.0, -100, True),
+             ("ignore_none", "none", 0.0, -100, True),
+             ("ignore3_mean", "mean", 0.0, 3, True),
+             ("smooth_ignore_mean", "mean", 0.1, -100, True),
+             ("smooth_ignore_none", "none", 0.1, 5, True)]
+    for case, reduction, smoothing, ignore, with_ignored in cases:
+        logits = torch.randn(n, classes) * 2.0
+        labels = torch.randint(0, classes, (n,))
+        if with_ignored:
+            labels[torch.tensor([1, 4, 9])] = ignore
+        c.run(case,
+              lambda logits, labels: F.cross_entropy(logits, labels, reduction=reduction,
+                                                     label_smoothing=smoothing,
+                                                     ignore_index=ignore),
+              {"logits": logits, "labels": labels},
+              {"reduction": i64(REDUCTIONS[reduction]), "label_smoothing": f32(smoothing),
+               "ignore_index": i64(ignore)})
+
+
+def build_argmax(c):
+    for case, xs, dim, keep in [("2d_last", [5, 7], -1, False), ("2d_dim0", [5, 7], 0, False),
+                                ("2d_keep", [5, 7], 1, True), ("3d_dim1", [3, 4, 5], 1, False)]:
+        c.run(case, lambda x: torch.argmax(x, dim=dim, keepdim=keep), {"x": distinct_randn(xs)},
+              {"dim": i64(dim), "keepdim": i64(int(keep))})
+
+
+OPS = {
+    "add": binary_op(torch.add),
+    "sub": binary_op(torch.sub),
+    "mul": binary_op(torch.mul),
+    "div": binary_op(torch.div, divisor=True),
+    "scalar": build_scalar,
+    "neg": unary_op(torch.neg, torch.randn),
+    "exp": unary_op(torch.exp, torch.randn),
+    "log": unary_op(torch.log, positive),
+    "pow": build_pow,
+    "relu": unary_op(torch.relu, lambda s: away_from_zero(s, 0.05)),
+    "matmul": build_matmul,
+    "linear": build_linear,
+    "conv2d": build_conv2d,
+    "max_pool2d": build_max_pool2d,
+    "flatten": build_flatten,
+    "sum": reduction_op(torch.sum),
+    "mean": reduction_op(torch.mean),
+    "softmax": softmax_op(torch.softmax),
+    "log_softmax": softmax_op(torch.log_softmax),
+    "cross_entropy": build_cross_entropy,
+    "argmax": build_argmax,
+}
+
+
+# ----------------------------------------------------------------------------- training
+
+class SimpleCNN(torch.nn.Module):
+    """The SimpleCNN of galley's design, with the same parameter names."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = torch.nn.Conv2d(3, 64, 3)
+        self.pool = torch.nn.MaxPool2d(2)
+        self.fc = torch.nn.Linear(64 * 15 * 15, 10)
+
+    def forward(self, x):
+        return self.fc(torch.flatten(self.pool(torch.relu(self.conv(x))), 1))
+
+
+CNN_STEPS = 20
+CNN_BATCH = 16
+
+
+def build_simple_cnn(c):
+    t = c.tensors
+    model = SimpleCNN()
+    for name, p in model.named_parameters():
+        t[name] = p.detach().clone()
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    loss_fn = torch.nn.CrossEntropyLoss()
+    losses = []
+    for step in range(CNN_STEPS):
+        x = torch.randn(CNN_BATCH, 3, 32, 32)
+        y = torch.randint(0, 10, (CNN_BATCH,))
+        t[f"x{step}"], t[f"y{step}"] = x, y
+        opt.zero_grad()
+        loss = loss_fn(model(x), y)
+        losses.append(loss.item())
+        loss.backward()
+        opt.step()
+    t["losses"] = torch.tensor(losses, dtype=torch.float32)
+    for name, p in model.named_parameters():
+        t["final." + name] = p.detach().clone()
+
+
+OPT_STEPS = 6
+
+
+def tiny_run(make_optimizer, settings):
+    def build(c):
+        t = c.tensors
+        model = torch.nn.Linear(6, 4)
+        for name, p in model.named_parameters():
+            t[name] = p.detach().clone()
+        opt = make_optimizer(model.parameters())
+        losses = []
+        for step in range(OPT_STEPS):
+            x = torch.randn(8, 6)
+            y = torch.randint(0, 4, (8,))
+            t[f"x{step}"], t[f"y{step}"] = x, y
+            opt.zero_grad()
+            loss = F.cross_entropy(model(x), y)
+            losses.append(loss.item())
+            loss.backward()
+            opt.step()
+        t["losses"] = torch.tensor(losses, dtype=torch.float32)
+        for name, p in model.named_parameters():
+            t["final." + name] = p.detach().clone()
+        for k, v in settings.items():
+            t[k] = f32(v)
+    return build
+
+
+OPTIMIZERS = {
+    "optim_sgd_nesterov": tiny_run(
+        lambda ps: torch.optim.SGD(ps, lr=0.1, momentum=0.9, nesterov=True, weight_decay=1e-4),
+        {"lr": 0.1, "momentum": 0.9, "weight_decay": 1e-4}),
+    "optim_adamw": tiny_run(
+        lambda ps: torch.optim.AdamW(ps, lr=1e-2, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2),
+        {"lr": 1e-2, "beta1": 0.9, "beta2": 0.999, "eps": 1e-8, "weight_decay": 1e-2}),
+    "optim_adam_amsgrad": tiny_run(
+        lambda ps: torch.optim.Adam(ps, lr=1e-2, betas=(0.8, 0.99), eps=1e-8, weight_decay=1e-2,
+                                    amsgrad=True),
+        {"lr": 1e-2, "beta1": 0.8, "beta2": 0.99, "eps": 1e-8, "weight_decay": 1e-2}),
+}
+
+LR_STEPS = 10
+
+
+def build_lr_scheduler(c):
+    t = c.tensors
+    for name, make, settings in [
+            ("step", lambda o: torch.optim.lr_scheduler.StepLR(o, step_size=3, gamma=0.5),
+             {"step_size": i64(3), "gamma": f32(0.5)}),
+            ("cosine", lambda o: torch.optim.lr_scheduler.CosineAnnealingLR(o, T_max=8, eta_min=1e-4),
+             {"t_max": i64(8), "eta_min": f32(1e-4)})]:
+        opt = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.1)
+        sched = make(opt)
+        lrs = []
+        for _ in range(LR_STEPS):
+            lrs.append(opt.param_groups[0]["lr"])  # the rate in force for this period
+            opt.step()
+            sched.step()
+        t[f"{name}.lrs"] = torch.tensor(lrs, dtype=torch.float32)
+        t[f"{name}.base_lr"] = f32(0.1)
+        for k, v in settings.items():
+            t[f"{name}.{k}"] = v
+
+
+BUILDERS = dict(OPS)
+BUILDERS["simple_cnn"] = build_simple_cnn
+BUILDERS.update(OPTIMIZERS)
+BUILDERS["lr_scheduler"] = build_lr_scheduler
+
+
+# ----------------------------------------------------------------------------- main
+
+def generate(name):
+    torch.manual_seed(seed_for(name))
+    c = Cases()
+    BUILDERS[name](c)
+    return safetensors_bytes(c.tensors)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", required=True, help="directory for the .safetensors files")
+    parser.add_argument("--only", nargs="*", help="write only these files (names without suffix)")
+    args = parser.parse_args()
+
+    torch.set_num_threads(1)
+    torch.use_deterministic_algorithms(True)
+    os.makedirs(args.out, exist_ok=True)
+    names = args.only or list(BUILDERS)
+    for name in names:
+        if name not in BUILDERS:
+            sys.exit(f"make_reference.py: unknown file '{name}' (known: {', '.join(BUILDERS)})")
+    for name in names:
+        first = generate(name)
+        if generate(name) != first:
+            sys.exit(f"make_reference.py: {name} is not deterministic (two runs differ)")
+        write_atomic(os.path.join(args.out, name + ".safetensors"), first)
+    total = sum(os.path.getsize(os.path.join(args.out, n + ".safetensors")) for n in names)
+    print(f"make_reference.py: wrote {len(names)} files ({total / 1e6:.1f} MB) to {args.out} "
+          f"(torch {torch.__version__})")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,569 @@
+// Parity with PyTorch: every op's output and gradients, a SimpleCNN trained 20 Adam steps,
+// the optimizers and the learning-rate schedules, against reference tensors that
+// tests/parity/make_reference.py writes with torch (see that script for the file layout).
+//
+// The references live in $GALLEY_PARITY_DIR (ctest sets it and generates them first); when
+// the variable is unset or the directory is missing, every test here is skipped.
+//
+// Tolerances. An element a_i of galley's result passes against torch's b_i when
+//     |a_i - b_i| <= atol + rtol * s_i
+// with s_i = max_j |b_j| ("normwise") or s_i = |b_i| ("elementwise"):
+//   * op outputs and gradients: atol = rtol = 1e-5, normwise. Reductions (matmul, conv,
+//     the gradients of broadcast inputs, sums) are accurate relative to the size of the
+//     terms they add, not to the result, which cancellation can bring near zero; so the
+//     error is measured against the tensor's largest entry. Measured against float64,
+//     torch's own float32 references stay within 0.15 of this tolerance (worst case: the
+//     weight gradient of the SimpleCNN convolution, 1800 terms per entry), which leaves room
+//     for galley to add in another order.
+//   * SimpleCNN losses: rtol = 1e-4 elementwise (torch float32 vs float64: 5e-6).
+//   * SimpleCNN final parameters: atol = 1e-5, one hundredth of one Adam step at lr 1e-3
+//     (torch float32 vs float64: 6e-7).
+//   * tiny-model optimizer runs: as the ops (torch float32 vs float64: 1e-7).
+//   * learning rates: rtol = 1e-6 elementwise (the references are stored as float32).
+#include <gtest/gtest.h>
+
+#include <galley/galley.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <filesystem>
+#include <functional>
+#include <map>
+#include <optional>
+#include <set>
+#include <sstream>
+#include <string>
+#include <vector>
+
+namespace {
+
+using galley::Shape;
+using galley::Tensor;
+using Refs = std::map<std::string, Tensor>;
+
+// ----------------------------------------------------------------------------- loading
+
+/// The reference directory, or nullopt with the reason to skip.
+std::optional<std::string> parity_dir(std::string* why) {
+  const char* dir = std::getenv("GALLEY_PARITY_DIR");
+  if (dir == nullptr || *dir == '\0') {
+    *why = "GALLEY_PARITY_DIR is not set; run through ctest, or generate the references with "
+           "tests/parity/make_reference.py --out DIR and set GALLEY_PARITY_DIR=DIR";
+    return std::nullopt;
+  }
+  std::error_code ec;
+  if (!std::filesystem::is_directory(dir, ec)) {
+    *why = std::string("GALLEY_PARITY_DIR=") + dir +
+           " is not a directory; generate it with tests/parity/make_reference.py --out " + dir +
+           " (needs python3 with torch)";
+    return std::nullopt;
+  }
+  return std::string(dir);
+}
+
+/// Loads DIR/<name>.safetensors into `refs`; skips the test without a directory, and fails
+/// it when the file is absent or unreadable.
+#define LOAD_REFS(refs, name)                                                              \
+  Refs refs;                                                                               \
+  do {                                                                                     \
+    std::string why_;                                                                      \
+    auto dir_ = parity_dir(&why_);                                                         \
+    if (!dir_) GTEST_SKIP() << why_;                                                       \
+    const std::string path_ = *dir_ + "/" + (name) + ".safetensors";                       \
+    try {                                                                                  \
+      refs = galley::io::load_safetensors(path_);                                          \
+    } catch (const std::exception& e_) {                                                   \
+      FAIL() << "cannot load the references " << path_ << ": " << e_.what()               \
+             << " (regenerate with tests/parity/make_reference.py)";                      \
+    }                                                                                      \
+  } while (0)
+
+const Tensor& at(const Refs& refs, const std::string& key) {
+  auto it = refs.find(key);
+  if (it == refs.end())
+    throw std::runtime_error("reference tensor '" + key + "' is missing from the file");
+  return it->second;
+}
+
+/// The case names of an op file: the part of each key before its first dot, in file order.
+std::vector<std::string> case_names(const Refs& refs) {
+  std::vector<std::string> names;
+  std::set<std::string> seen;
+  for (const auto& [key, t] : refs) {
+    std::string c = key.substr(0, key.find('.'));
+    if (seen.insert(c).second) names.push_back(c);
+  }
+  return names;
+}
+
+// ----------------------------------------------------------------------------- comparing
+
+struct Tol {
+  double atol;
+  double rtol;
+  bool normwise;
+};
+constexpr Tol kOpTol{1e-5, 1e-5, true};
+constexpr Tol kLossTol{0.0, 1e-4, false};
+constexpr Tol kCnnParamTol{1e-5, 0.0, false};
+constexpr Tol kLrTol{0.0, 1e-6, false};
+
+std::string index_str(int64_t flat, const Shape& shape) {
+  std::vector<int64_t> idx(shape.size());
+  for (size_t d = shape.size(); d-- > 0;) {
+    idx[d] = shape[d] == 0 ? 0 : flat % shape[d];
+    flat = shape[d] == 0 ? 0 : flat / shape[d];
+  }
+  std::ostringstream os;
+  os << "[";
+  for (size_t d = 0; d < idx.size(); ++d) os << (d ? ", " : "") << idx[d];
+  os << "]";
+  return os.str();
+}
+
+/// Compares galley's `actual` with torch's `expected` (float32 within `tol`, int64 exactly).
+/// The failure message names `what` (op, case and tensor), the worst element and how many fail.
+::testing::AssertionResult close(const std::string& what, const Tensor& actual,
+                                 const Tensor& expected, Tol tol) {
+  if (!actual.defined())
+    return ::testing::AssertionFailure() << what << ": galley's tensor is undefined";
+  if (actual.shape() != expected.shape())
+    return ::testing::AssertionFailure()
+           << what << ": shape " << galley::shape_str(actual.shape()) << ", torch has "
+           << galley::shape_str(expected.shape());
+  if (actual.dtype() != expected.dtype())
+    return ::testing::AssertionFailure()
+           << what << ": dtype " << galley::dtype_name(actual.dtype()) << ", torch has "
+           << galley::dtype_name(expected.dtype());
+  const Shape& shape = expected.shape();
+  if (expected.dtype() == galley::DType::Int64) {
+    auto a = actual.to_vector<int64_t>(), b = expected.to_vector<int64_t>();
+    int64_t bad = 0, first = -1;
+    for (size_t i = 0; i < b.size(); ++i)
+      if (a[i] != b[i] && bad++ == 0) first = static_cast<int64_t>(i);
+    if (bad == 0) return ::testing::AssertionSuccess();
+    return ::testing::AssertionFailure()
+           << what << ": " << bad << " of " << b.size() << " elements differ; first at "
+           << index_str(first, shape) << ": galley " << a[first] << ", torch " << b[first];
+  }
+  auto a = actual.to_vector<float>(), b = expected.to_vector<float>();
+  double max_abs = 0;
+  for (float v : b) max_abs = std::max(max_abs, std::fabs(static_cast<double>(v)));
+  int64_t bad = 0, worst = -1;
+  double worst_ratio = 0;
+  for (size_t i = 0; i < b.size(); ++i) {
+    const double ai = a[i], bi = b[i];
+    const double limit = tol.atol + tol.rtol * (tol.normwise ? max_abs : std::fabs(bi));
+    const double err = std::fabs(ai - bi);
+    const double ratio = std::isnan(err) ? INFINITY : err / limit;
+    if (!(ratio <= 1.0)) ++bad;
+    if (worst < 0 || ratio > worst_ratio || std::isnan(ai)) {
+      worst = static_cast<int64_t>(i);
+      worst_ratio = ratio;
+    }
+  }
+  if (bad == 0) return ::testing::AssertionSuccess();
+  const double limit = tol.atol + tol.rtol * (tol.normwise ? max_abs : std::fabs(b[worst]));
+  std::ostringstream os;
+  os.precision(9);
+  os << what << ": " << bad << " of " << b.size() << " elements out of tolerance; worst at "
+     << index_str(worst, shape) << ": galley " << a[worst] << ", torch " << b[worst]
+     << ", |diff| " << std::fabs(static_cast<double>(a[worst]) - b[worst]) << " > allowed "
+     << limit << " (atol " << tol.atol << " + rtol " << tol.rtol;
+  if (tol.normwise)
+    os << " x max|torch| " << max_abs << ")";
+  else
+    os << " x |torch|)";
+  return ::testing::AssertionFailure() << os.str();
+}
+
+// ----------------------------------------------------------------------------- op cases
+
+/// One case of an op file: hands out its inputs (marking float ones as wanting gradients)
+/// and its settings.
+class Case {
+ public:
+  Case(const Refs& refs, std::string op, std::string name)
+      : refs_(refs), op_(std::move(op)), name_(std::move(name)) {}
+
+  /// Input `role`; float inputs become leaves whose gradients are checked afterwards.
+  Tensor in(const std::string& role) {
+    Tensor t = at(refs_, key(role)).detach().clone();
+    if (t.dtype() == galley::DType::Float32) {
+      t.set_requires_grad(true);
+      inputs_.emplace_back(role, t);
+    }
+    return t;
+  }
+  bool has(const std::string& role) const { return refs_.count(key(role)) != 0; }
+  int64_t i(const std::string& role) const { return at(refs_, key(role)).to_vector<int64_t>()[0]; }
+  float f(const std::string& role) const { return at(refs_, key(role)).to_vector<float>()[0]; }
+  const Tensor& ref(const std::string& role) const { return at(refs_, key(role)); }
+  const std::string& name() const { return name_; }
+  std::string what(const std::string& role) const { return op_ + "/" + name_ + " " + role; }
+  const std::vector<std::pair<std::string, Tensor>>& inputs() const { return inputs_; }
+
+ private:
+  std::string key(const std::string& role) const { return name_ + "." + role; }
+
+  const Refs& refs_;
+  std::string op_, name_;
+  std::vector<std::pair<std::string, Tensor>> inputs_;
+};
+
+/// Runs `fn` on every case of `op`'s file and checks the output, then back-propagates
+/// grad_out and checks the gradient of every float input.
+void check_op(const Refs& refs, const std::string& op, const std::function<Tensor(Case&)>& fn) {
+  const auto names = case_names(refs);
+  ASSERT_FALSE(names.empty()) << op << ": the reference file holds no case";
+  for (const auto& name : names) {
+    Case c(refs, op, name);
+    try {
+      Tensor out = fn(c);
+      EXPECT_TRUE(close(c.what("out"), out, c.ref("out"), kOpTol));
+      if (!c.has("grad_out")) continue;  // integer output: no gradient
+      out.backward(c.ref("grad_out"));
+      for (const auto& [role, input] : c.inputs()) {
+        if (!c.has("grad_" + role)) continue;
+        EXPECT_TRUE(close(c.what("grad_" + role), input.grad(), c.ref("grad_" + role), kOpTol));
+      }
+    } catch (const std::exception& e) {
+      ADD_FAILURE() << op << "/" << name << ": " << e.what();
+    }
+  }
+}
+
+TEST(parity, Add) {
+  LOAD_REFS(refs, "add");
+  check_op(refs, "add", [](Case& c) { return galley::add(c.in("a"), c.in("b")); });
+}
+
+TEST(parity, Sub) {
+  LOAD_REFS(refs, "sub");
+  check_op(refs, "sub", [](Case& c) { return galley::sub(c.in("a"), c.in("b")); });
+}
+
+TEST(parity, Mul) {
+  LOAD_REFS(refs, "mul");
+  check_op(refs, "mul", [](Case& c) { return galley::mul(c.in("a"), c.in("b")); });
+}
+
+TEST(parity, Div) {
+  LOAD_REFS(refs, "div");
+  check_op(refs, "div", [](Case& c) { return galley::div(c.in("a"), c.in("b")); });
+}
+
+TEST(parity, ScalarAddMul) {
+  LOAD_REFS(refs, "scalar");
+  check_op(refs, "scalar", [](Case& c) {
+    const bool is_add = c.name().rfind("add", 0) == 0;
+    return is_add ? galley::add(c.in("a"), c.f("s")) : galley::mul(c.in("a"), c.f("s"));
+  });
+}
+
+TEST(parity, Neg) {
+  LOAD_REFS(refs, "neg");
+  check_op(refs, "neg", [](Case& c) { return galley::neg(c.in("x")); });
+}
+
+TEST(parity, Exp) {
+  LOAD_REFS(refs, "exp");
+  check_op(refs, "exp", [](Case& c) { return galley::exp(c.in("x")); });
+}
+
+TEST(parity, Log) {
+  LOAD_REFS(refs, "log");
+  check_op(refs, "log", [](Case& c) { return galley::log(c.in("x")); });
+}
+
+TEST(parity, Pow) {
+  LOAD_REFS(refs, "pow");
+  check_op(refs, "pow", [](Case& c) { return galley::pow(c.in("x"), c.f("p")); });
+}
+
+TEST(parity, Relu) {
+  LOAD_REFS(refs, "relu");
+  check_op(refs, "relu", [](Case& c) { return galley::relu(c.in("x")); });
+}
+
+TEST(parity, Matmul) {
+  LOAD_REFS(refs, "matmul");
+  check_op(refs, "matmul", [](Case& c) { return galley::matmul(c.in("a"), c.in("b")); });
+}
+
+TEST(parity, Linear) {
+  LOAD_REFS(refs, "linear");
+  check_op(refs, "linear", [](Case& c) {
+    Tensor x = c.in("x"), w = c.in("weight");
+    return galley::linear(x, w, c.has("bias") ? c.in("bias") : Tensor());
+  });
+}
+
+TEST(parity, Conv2d) {
+  LOAD_REFS(refs, "conv2d");
+  check_op(refs, "conv2d", [](Case& c) {
+    galley::Conv2dOptions o;
+    o.stride = c.i("stride");
+    o.padding = c.i("padding");
+    o.dilation = c.i("dilation");
+    o.groups = c.i("groups");
+    Tensor x = c.in("x"), w = c.in("weight");
+    return galley::conv2d(x, w, c.has("bias") ? c.in("bias") : Tensor(), o);
+  });
+}
+
+TEST(parity, MaxPool2d) {
+  LOAD_REFS(refs, "max_pool2d");
+  check_op(refs, "max_pool2d", [](Case& c) {
+    galley::MaxPool2dOptions o;
+    o.kernel_size = c.i("kernel_size");
+    o.stride = c.i("stride");
+    o.padding = c.i("padding");
+    return galley::max_pool2d(c.in("x"), o);
+  });
+}
+
+TEST(parity, Flatten) {
+  LOAD_REFS(refs, "flatten");
+  check_op(refs, "flatten",
+           [](Case& c) { return galley::flatten(c.in("x"), c.i("start"), c.i("end")); });
+}
+
+TEST(parity, Sum) {
+  LOAD_REFS(refs, "sum");
+  check_op(refs, "sum", [](Case& c) {
+    Tensor x = c.in("x");
+    return c.has("dim") ? galley::sum(x, c.i("dim"), c.i("keepdim") != 0) : galley::sum(x);
+  });
+}
+
+TEST(parity, Mean) {
+  LOAD_REFS(refs, "mean");
+  check_op(refs, "mean", [](Case& c) {
+    Tensor x = c.in("x");
+    return c.has("dim") ? galley::mean(x, c.i("dim"), c.i("keepdim") != 0) : galley::mean(x);
+  });
+}
+
+TEST(parity, Softmax) {
+  LOAD_REFS(refs, "softmax");
+  check_op(refs, "softmax", [](Case& c) { return galley::softmax(c.in("x"), c.i("dim")); });
+}
+
+TEST(parity, LogSoftmax) {
+  LOAD_REFS(refs, "log_softmax");
+  check_op(refs, "log_softmax",
+           [](Case& c) { return galley::log_softmax(c.in("x"), c.i("dim")); });
+}
+
+galley::CrossEntropyOptions ce_options(const Case& c) {
+  static const galley::Reduction kReductions[] = {galley::Reduction::Mean, galley::Reduction::Sum,
+                                                  galley::Reduction::None};
+  galley::CrossEntropyOptions o;
+  o.reduction = kReductions[c.i("reduction")];
+  o.label_smoothing = c.f("label_smoothing");
+  o.ignore_index = c.i("ignore_index");
+  return o;
+}
+
+TEST(parity, CrossEntropy) {
+  LOAD_REFS(refs, "cross_entropy");
+  check_op(refs, "cross_entropy", [](Case& c) {
+    Tensor logits = c.in("logits"), labels = c.in("labels");
+    return galley::cross_entropy(logits, labels, ce_options(c));
+  });
+}
+
+TEST(parity, CrossEntropyLossLayer) {
+  LOAD_REFS(refs, "cross_entropy");
+  check_op(refs, "nn::CrossEntropyLoss", [](Case& c) {
+    Tensor logits = c.in("logits"), labels = c.in("labels");
+    return galley::nn::CrossEntropyLoss(ce_options(c))(logits, labels);
+  });
+}
+
+TEST(parity, Argmax) {
+  LOAD_REFS(refs, "argmax");
+  check_op(refs, "argmax", [](Case& c) {
+    return galley::argmax(c.in("x"), c.i("dim"), c.i("keepdim") != 0);
+  });
+}
+
+// ----------------------------------------------------------------------------- training
+
+/// The SimpleCNN of the design: conv 3->64 k3, relu, 2x2 max pooling, flatten, linear to 10.
+class SimpleCNN : public galley::nn::Layer {
+ public:
+  SimpleCNN() {
+    register_layer("conv", conv_);
+    register_layer("pool", pool_);
+    register_layer("fc", fc_);
+  }
+  Tensor forward(const Tensor& x) override {
+    return fc_(galley::flatten(pool_(galley::relu(conv_(x))), 1));
+  }
+
+ private:
+  galley::nn::Conv2D conv_{3, 64, 3};
+  galley::nn::MaxPool2D pool_{2};
+  galley::nn::Linear fc_{64 * 15 * 15, 10};
+};
+
+/// The parameters a file holds under `prefix` + name, for every parameter of `model`.
+std::map<std::string, Tensor> params_from(const Refs& refs, const galley::nn::Layer& model,
+                                          const std::string& prefix) {
+  std::map<std::string, Tensor> state;
+  for (const auto& [name, p] : model.named_parameters()) state[name] = at(refs, prefix + name);
+  return state;
+}
+
+/// Compares the per-step losses, reported one by one so a divergence shows where it starts.
+void expect_losses(const std::string& what, const std::vector<float>& got, const Tensor& ref,
+                   Tol tol) {
+  EXPECT_TRUE(close(what + " losses", Tensor::from_vector(got, {static_cast<int64_t>(got.size())}),
+                    ref, tol));
+}
+
+TEST(parity, SimpleCnnAdam20Steps) {
+  LOAD_REFS(refs, "simple_cnn");
+  SimpleCNN model;
+  std::vector<std::string> names;
+  for (const auto& [name, p] : model.named_parameters()) names.push_back(name);
+  ASSERT_EQ(names, (std::vector<std::string>{"conv.weight", "conv.bias", "fc.weight", "fc.bias"}));
+  model.load_state_dict(params_from(refs, model, ""));
+
+  galley::optim::Adam opt(model.parameters(), {.learning_rate = 1e-3});
+  galley::nn::CrossEntropyLoss loss_fn;
+  const Tensor& ref_losses = at(refs, "losses");
+  const int64_t steps = ref_losses.numel();
+  ASSERT_EQ(steps, 20);
+  std::vector<float> losses;
+  for (int64_t s = 0; s < steps; ++s) {
+    opt.zero_grad();
+    Tensor loss = loss_fn(model(at(refs, "x" + std::to_string(s))), at(refs, "y" + std::to_string(s)));
+    losses.push_back(loss.item());
+    loss.backward();
+    opt.step();
+  }
+  expect_losses("simple_cnn", losses, ref_losses, kLossTol);
+  for (const auto& [name, p] : model.named_parameters())
+    EXPECT_TRUE(close("simple_cnn final " + name, p, at(refs, "final." + name), kCnnParamTol));
+}
+
+/// Checks that a hyper-parameter in the file is the one the C++ side uses.
+void expect_setting(const Refs& refs, const std::string& key, double value) {
+  EXPECT_EQ(at(refs, key).to_vector<float>()[0], static_cast<float>(value))
+      << key << ": the references were made with another value; update test_parity.cpp";
+}
+
+/// Trains a Linear(6, 4) from the file's initial parameters with `opt` and cross-entropy and
+/// compares the losses and the final parameters.
+void check_tiny_run(const std::string& file, const Refs& refs, galley::nn::Linear& model,
+                    galley::optim::Optimizer& opt) {
+  const Tensor& ref_losses = at(refs, "losses");
+  std::vector<float> losses;
+  for (int64_t s = 0; s < ref_losses.numel(); ++s) {
+    opt.zero_grad();
+    Tensor loss = galley::cross_entropy(model(at(refs, "x" + std::to_string(s))),
+                                        at(refs, "y" + std::to_string(s)));
+    losses.push_back(loss.item());
+    loss.backward();
+    opt.step();
+  }
+  expect_losses(file, losses, ref_losses, kOpTol);
+  for (const auto& [name, p] : model.named_parameters())
+    EXPECT_TRUE(close(file + " final " + name, p, at(refs, "final." + name), kOpTol));
+}
+
+TEST(parity, SgdNesterovWeightDecay) {
+  LOAD_REFS(refs, "optim_sgd_nesterov");
+  expect_setting(refs, "lr", 0.1);
+  expect_setting(refs, "momentum", 0.9);
+  expect_setting(refs, "weight_decay", 1e-4);
+  galley::nn::Linear model(6, 4);
+  model.load_state_dict(params_from(refs, model, ""));
+  galley::optim::SGD opt(model.parameters(), {.learning_rate = 0.1,
+                                              .momentum = 0.9,
+                                              .weight_decay = 1e-4,
+                                              .nesterov = true});
+  check_tiny_run("optim_sgd_nesterov", refs, model, opt);
+}
+
+TEST(parity, AdamW) {
+  LOAD_REFS(refs, "optim_adamw");
+  expect_setting(refs, "lr", 1e-2);
+  expect_setting(refs, "beta1", 0.9);
+  expect_setting(refs, "beta2", 0.999);
+  expect_setting(refs, "eps", 1e-8);
+  expect_setting(refs, "weight_decay", 1e-2);
+  galley::nn::Linear model(6, 4);
+  model.load_state_dict(params_from(refs, model, ""));
+  galley::optim::AdamW opt(model.parameters(), {.learning_rate = 1e-2,
+                                                .beta1 = 0.9,
+                                                .beta2 = 0.999,
+                                                .eps = 1e-8,
+                                                .weight_decay = 1e-2});
+  check_tiny_run("optim_adamw", refs, model, opt);
+}
+
+TEST(parity, AdamAmsgradWeightDecay) {
+  LOAD_REFS(refs, "optim_adam_amsgrad");
+  expect_setting(refs, "lr", 1e-2);
+  expect_setting(refs, "beta1", 0.8);
+  expect_setting(refs, "beta2", 0.99);
+  expect_setting(refs, "eps", 1e-8);
+  expect_setting(refs, "weight_decay", 1e-2);
+  galley::nn::Linear model(6, 4);
+  model.load_state_dict(params_from(refs, model, ""));
+  galley::optim::Adam opt(model.parameters(), {.learning_rate = 1e-2,
+                                               .beta1 = 0.8,
+                                               .beta2 = 0.99,
+                                               .eps = 1e-8,
+                                               .weight_decay = 1e-2,
+                                               .amsgrad = true});
+  check_tiny_run("optim_adam_amsgrad", refs, model, opt);
+}
+
+/// Records the rate in force for each of `periods` periods, stepping `sched` after each, and
+/// checks lr_at() agrees with what step() set.
+std::vector<float> lr_sequence(galley::optim::Optimizer& opt, galley::optim::LRScheduler& sched,
+                               int64_t periods) {
+  std::vector<float> lrs;
+  for (int64_t e = 0; e < periods; ++e) {
+    lrs.push_back(static_cast<float>(opt.learning_rate()));
+    EXPECT_DOUBLE_EQ(sched.lr_at(e), opt.learning_rate()) << "period " << e;
+    sched.step();
+  }
+  return lrs;
+}
+
+TEST(parity, LrSchedulers) {
+  LOAD_REFS(refs, "lr_scheduler");
+  expect_setting(refs, "step.base_lr", 0.1);
+  expect_setting(refs, "step.gamma", 0.5);
+  EXPECT_EQ(at(refs, "step.step_size").to_vector<int64_t>()[0], 3);
+  expect_setting(refs, "cosine.base_lr", 0.1);
+  expect_setting(refs, "cosine.eta_min", 1e-4);
+  EXPECT_EQ(at(refs, "cosine.t_max").to_vector<int64_t>()[0], 8);
+  {
+    Tensor p = galley::zeros({1});
+    p.set_requires_grad(true);
+    galley::optim::SGD opt(std::vector<Tensor>{p}, {.learning_rate = 0.1});
+    galley::optim::StepLR sched(opt, 3, 0.5);
+    const Tensor& ref = at(refs, "step.lrs");
+    auto lrs = lr_sequence(opt, sched, ref.numel());
+    EXPECT_TRUE(close("StepLR lrs", Tensor::from_vector(lrs, ref.shape()), ref, kLrTol));
+  }
+  {
+    Tensor p = galley::zeros({1});
+    p.set_requires_grad(true);
+    galley::optim::SGD opt(std::vector<Tensor>{p}, {.learning_rate = 0.1});
+    galley::optim::CosineAnnealingLR sched(opt, 8, 1e-4);
+    const Tensor& ref = at(refs, "cosine.lrs");
+    auto lrs = lr_sequence(opt, sched, ref.numel());
+    EXPECT_TRUE(close("CosineAnnealingLR lrs", Tensor::from_vector(lrs, ref.shape()), ref, kLrTol));
+  }
+}
+
+}  // namespace
