@@ -40,6 +40,7 @@ class Storage {
  private:
   void* data_ = nullptr;
   size_t bytes_ = 0;
+  size_t capacity_ = 0;
   Device device_;
 };
 

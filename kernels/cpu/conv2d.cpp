@@ -1,0 +1,182 @@
+#include "kernels/cpu/conv2d.h"
+
+#include <omp.h>
+
+#include <algorithm>
+#include <cstring>
+#include <vector>
+
+#include "kernels/cpu/gemm.h"
+#include "kernels/cpu/parallel.h"
+
+namespace galley::kernels::cpu {
+namespace {
+
+// Per-thread scratch kept between calls so steady-state training allocates nothing here.
+std::vector<float>& scratch(size_t floats) {
+  thread_local std::vector<float> buf;
+  if (buf.size() < floats) buf.resize(floats);
+  return buf;
+}
+
+bool is_pointwise(const Conv2dGeometry& g) {
+  return g.kh == 1 && g.kw == 1 && g.stride == 1 && g.pad == 0;
+}
+
+// Unfolds channels [c0, c0 + cg) of one image into col[(c * kh + i) * kw + j][oh * ow].
+void im2col(const Conv2dGeometry& g, const float* x, int64_t cg, float* col) {
+  const int64_t P = g.oh * g.ow;
+  for (int64_t c = 0; c < cg; ++c) {
+    const float* xc = x + c * g.h * g.w;
+    for (int64_t ki = 0; ki < g.kh; ++ki) {
+      for (int64_t kj = 0; kj < g.kw; ++kj) {
+        float* row = col + ((c * g.kh + ki) * g.kw + kj) * P;
+        const int64_t dj = kj * g.dilation - g.pad;
+        // Output columns whose input column lies inside the image: [ow_lo, ow_hi).
+        int64_t ow_lo = dj >= 0 ? 0 : (-dj + g.stride - 1) / g.stride;
+        int64_t ow_hi = (g.w - dj + g.stride - 1) / g.stride;
+        ow_lo = std::min(ow_lo, g.ow);
+        ow_hi = std::max(ow_lo, std::min(ow_hi, g.ow));
+        for (int64_t oh = 0; oh < g.oh; ++oh) {
+          float* r = row + oh * g.ow;
+          const int64_t ih = oh * g.stride - g.pad + ki * g.dilation;
+          if (ih < 0 || ih >= g.h) {
+            std::fill_n(r, g.ow, 0.f);
+            continue;
+          }
+          const float* xr = xc + ih * g.w + dj;
+          std::fill_n(r, ow_lo, 0.f);
+          if (g.stride == 1) {
+            std::memcpy(r + ow_lo, xr + ow_lo, (ow_hi - ow_lo) * sizeof(float));
+          } else {
+            for (int64_t ow = ow_lo; ow < ow_hi; ++ow) r[ow] = xr[ow * g.stride];
+          }
+          std::fill(r + ow_hi, r + g.ow, 0.f);
+        }
+      }
+    }
+  }
+}
+
+// Folds col back into an image, adding overlapping contributions into gx (pre-zeroed).
+void col2im(const Conv2dGeometry& g, const float* col, int64_t cg, float* gx) {
+  const int64_t P = g.oh * g.ow;
+  for (int64_t c = 0; c < cg; ++c) {
+    float* gc = gx + c * g.h * g.w;
+    for (int64_t ki = 0; ki < g.kh; ++ki) {
+      for (int64_t kj = 0; kj < g.kw; ++kj) {
+        const float* row = col + ((c * g.kh + ki) * g.kw + kj) * P;
+        const int64_t dj = kj * g.dilation - g.pad;
+        int64_t ow_lo = dj >= 0 ? 0 : (-dj + g.stride - 1) / g.stride;
+        int64_t ow_hi = (g.w - dj + g.stride - 1) / g.stride;
+        ow_lo = std::min(ow_lo, g.ow);
+        ow_hi = std::max(ow_lo, std::min(ow_hi, g.ow));
+        for (int64_t oh = 0; oh < g.oh; ++oh) {
+          const int64_t ih = oh * g.stride - g.pad + ki * g.dilation;
+          if (ih < 0 || ih >= g.h) continue;
+          float* gr = gc + ih * g.w + dj;
+          const float* r = row + oh * g.ow;
+          if (g.stride == 1) {
+#pragma omp simd
+            for (int64_t ow = ow_lo; ow < ow_hi; ++ow) gr[ow] += r[ow];
+          } else {
+            for (int64_t ow = ow_lo; ow < ow_hi; ++ow) gr[ow * g.stride] += r[ow];
+          }
+        }
+      }
+    }
+  }
+}
+
+}  // namespace
+
+void conv2d_forward(const Conv2dGeometry& g, const float* x, const float* w, const float* b,
+                    float* y) {
+  const int64_t cg = g.c / g.groups, og = g.o / g.groups;
+  const int64_t K = cg * g.kh * g.kw, P = g.oh * g.ow;
+  const bool pointwise = is_pointwise(g);
+  parallel_for(g.n, 1, [&](int64_t n0, int64_t n1) {
+    float* col = pointwise ? nullptr : scratch(K * P).data();
+    for (int64_t n = n0; n < n1; ++n) {
+      const float* xn = x + n * g.c * g.h * g.w;
+      float* yn = y + n * g.o * P;
+      for (int64_t grp = 0; grp < g.groups; ++grp) {
+        const float* xg = xn + grp * cg * g.h * g.w;
+        const float* src = xg;
+        if (!pointwise) {
+          im2col(g, xg, cg, col);
+          src = col;
+        }
+        float* yg = yn + grp * og * P;
+        if (b) {  // start from the bias so the GEMM accumulates onto it
+          for (int64_t o = 0; o < og; ++o) std::fill_n(yg + o * P, P, b[grp * og + o]);
+        }
+        gemm(false, false, og, P, K, 1.f, w + grp * og * K, K, src, P, b ? 1.f : 0.f, yg, P);
+      }
+    }
+  });
+}
+
+void conv2d_backward(const Conv2dGeometry& g, const float* x, const float* w, const float* gy,
+                     float* gx, float* gw, float* gb) {
+  const int64_t cg = g.c / g.groups, og = g.o / g.groups;
+  const int64_t K = cg * g.kh * g.kw, P = g.oh * g.ow;
+  const bool pointwise = is_pointwise(g);
+  const int threads = static_cast<int>(std::min<int64_t>(num_threads(), g.n));
+  // Each thread sums its images' weight gradients privately; the partial sums are added after.
+  std::vector<float> gw_parts(gw ? size_t(std::max(threads, 1)) * g.o * K : 0, 0.f);
+  if (gb) std::fill_n(gb, g.o, 0.f);
+  if (gx) std::fill_n(gx, g.n * g.c * g.h * g.w, 0.f);
+  parallel_for(g.n, 1, [&](int64_t n0, int64_t n1) {
+    const int t = omp_in_parallel() ? omp_get_thread_num() : 0;
+    float* col = pointwise ? nullptr : scratch(2 * K * P).data();
+    float* gcol = pointwise ? nullptr : col + K * P;
+    float* gw_t = gw ? gw_parts.data() + size_t(t) * g.o * K : nullptr;
+    for (int64_t n = n0; n < n1; ++n) {
+      const float* xn = x + n * g.c * g.h * g.w;
+      const float* gyn = gy + n * g.o * P;
+      for (int64_t grp = 0; grp < g.groups; ++grp) {
+        const float* xg = xn + grp * cg * g.h * g.w;
+        const float* gyg = gyn + grp * og * P;
+        const float* wg = w + grp * og * K;
+        if (gw) {  // dW_g += dY_g (og x P) * col^T (P x K)
+          const float* src = xg;
+          if (!pointwise) {
+            im2col(g, xg, cg, col);
+            src = col;
+          }
+          gemm(false, true, og, K, P, 1.f, gyg, P, src, P, 1.f, gw_t + grp * og * K, K);
+        }
+        if (gx) {  // dcol = W_g^T (K x og) * dY_g (og x P), folded back into the image
+          float* gxg = gx + n * g.c * g.h * g.w + grp * cg * g.h * g.w;
+          if (pointwise) {
+            gemm(true, false, K, P, og, 1.f, wg, K, gyg, P, 1.f, gxg, P);
+          } else {
+            gemm(true, false, K, P, og, 1.f, wg, K, gyg, P, 0.f, gcol, P);
+            col2im(g, gcol, cg, gxg);
+          }
+        }
+      }
+    }
+  });
+  if (gw) {
+    std::copy_n(gw_parts.data(), g.o * K, gw);
+    for (int t = 1; t < threads; ++t) {
+      const float* part = gw_parts.data() + size_t(t) * g.o * K;
+#pragma omp simd
+      for (int64_t i = 0; i < g.o * K; ++i) gw[i] += part[i];
+    }
+  }
+  if (gb) {
+    for (int64_t n = 0; n < g.n; ++n)
+      for (int64_t o = 0; o < g.o; ++o) {
+        const float* r = gy + (n * g.o + o) * P;
+        float s = 0.f;
+#pragma omp simd reduction(+ : s)
+        for (int64_t p = 0; p < P; ++p) s += r[p];
+        gb[o] += s;
+      }
+  }
+}
+
+}  // namespace galley::kernels::cpu

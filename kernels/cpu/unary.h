@@ -1,0 +1,19 @@
+#pragma once
+// Elementwise unary ops (float32, one pass over memory each).
+#include "galley/tensor.h"
+
+namespace galley::kernels::cpu {
+
+// a * scale + shift.
+Tensor affine(const Tensor& a, float scale, float shift);
+Tensor exp(const Tensor& a);
+Tensor log(const Tensor& a);
+// a^p.
+Tensor pow(const Tensor& a, float p);
+// grad * p * a^(p-1).
+Tensor pow_backward(const Tensor& grad, const Tensor& a, float p);
+Tensor relu(const Tensor& a);
+// grad where out > 0, else 0.
+Tensor relu_backward(const Tensor& grad, const Tensor& out);
+
+}  // namespace galley::kernels::cpu

@@ -1,0 +1,112 @@
+// The backward pass: a topological walk over the recorded nodes, freeing each as it goes.
+#include "galley/autograd.h"
+
+#include <unordered_map>
+#include <unordered_set>
+
+#include "kernels/cpu/binary.h"
+
+namespace galley::autograd {
+
+bool needs_grad(std::initializer_list<const Tensor*> inputs) {
+  if (!grad_enabled()) return false;
+  for (const Tensor* t : inputs)
+    if (t->defined() && t->requires_grad()) return true;
+  return false;
+}
+
+Tensor record(Tensor output, const char* name, std::vector<Tensor> inputs, BackwardFn backward) {
+  if (!grad_enabled()) return output;
+  bool any = false;
+  for (const Tensor& t : inputs) any = any || (t.defined() && t.requires_grad());
+  if (!any) return output;
+  auto node = std::make_shared<Node>();
+  node->name = name;
+  node->inputs = std::move(inputs);
+  node->backward = std::move(backward);
+  output.impl()->grad_fn = std::move(node);
+  return output;
+}
+
+namespace {
+
+// Adds `g` into `slot` (taking it over when the slot is empty).
+void accumulate(Tensor& slot, const Tensor& g) {
+  if (!slot.defined()) {
+    slot = g;
+    return;
+  }
+  slot = kernels::cpu::add_same_shape(slot, g);
+}
+
+void accumulate_leaf(const Tensor& leaf, const Tensor& g) {
+  detail::TensorImpl* impl = leaf.impl();
+  GALLEY_CHECK(g.shape() == impl->shape, "backward: gradient of shape ", shape_str(g.shape()),
+               " for a leaf of shape ", shape_str(impl->shape));
+  if (!impl->grad) {
+    // A gradient may alias another tensor of the graph (e.g. the output gradient of an add):
+    // the leaf gets a private copy so later in-place accumulation cannot leak into it.
+    impl->grad = g.detach().clone().impl_ptr();
+  } else {
+    Tensor acc(impl->grad);
+    kernels::cpu::add_inplace(acc, g);
+  }
+  Tensor grad(impl->grad);
+  for (auto& hook : impl->grad_hooks) hook(grad);
+}
+
+}  // namespace
+
+void run_backward(const Tensor& root, const Tensor& gradient) {
+  if (!root.impl()->grad_fn) {  // a leaf: its gradient is the given one
+    accumulate_leaf(root, gradient);
+    return;
+  }
+  // Order the graph so that every node runs after all the nodes that feed it a gradient.
+  // `order` owns the nodes, so freeing a node's inputs below cannot free a node still to run.
+  std::vector<std::shared_ptr<Node>> order;
+  std::unordered_set<Node*> seen;
+  std::vector<std::pair<std::shared_ptr<Node>, size_t>> stack{{root.impl()->grad_fn, 0}};
+  seen.insert(stack.back().first.get());
+  while (!stack.empty()) {
+    auto& [node, next] = stack.back();
+    GALLEY_CHECK(!node->released, "backward: the graph through ", node->name,
+                 " was already freed by an earlier backward()");
+    if (next < node->inputs.size()) {
+      const Tensor& in = node->inputs[next++];
+      const std::shared_ptr<Node>* child = in.defined() ? &in.impl()->grad_fn : nullptr;
+      if (child && *child && seen.insert(child->get()).second) stack.push_back({*child, 0});
+    } else {
+      order.push_back(std::move(node));
+      stack.pop_back();
+    }
+  }
+  std::unordered_map<Node*, Tensor> grads;
+  grads[root.impl()->grad_fn.get()] = gradient;
+  std::vector<Tensor> grad_inputs;
+  for (auto it = order.rbegin(); it != order.rend(); ++it) {
+    Node* node = it->get();
+    auto git = grads.find(node);
+    if (git == grads.end()) continue;  // nothing reached it
+    Tensor g = std::move(git->second);
+    grads.erase(git);
+    grad_inputs.assign(node->inputs.size(), Tensor());
+    node->backward(g, grad_inputs);
+    for (size_t i = 0; i < node->inputs.size(); ++i) {
+      const Tensor& in = node->inputs[i];
+      const Tensor& gi = grad_inputs[i];
+      if (!gi.defined() || !in.defined() || !in.requires_grad()) continue;
+      if (Node* child = in.impl()->grad_fn.get()) {
+        accumulate(grads[child], gi);
+      } else {
+        accumulate_leaf(in, gi);
+      }
+    }
+    // Free the graph as we go: saved tensors and closures are no longer needed.
+    node->backward = nullptr;
+    node->released = true;
+    node->inputs.clear();
+  }
+}
+
+}  // namespace galley::autograd

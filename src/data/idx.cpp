@@ -1,0 +1,126 @@
+// IDX (MNIST-family) files through zlib, which reads gzip and raw files alike.
+#include "galley/data/idx.h"
+
+#include <zlib.h>
+
+#include <cstdlib>
+#include <fstream>
+#include <memory>
+
+namespace galley::data {
+
+namespace {
+
+struct GzFile {
+  gzFile f = nullptr;
+  std::string path;
+  int64_t offset = 0;  // bytes consumed from the decompressed stream
+
+  explicit GzFile(const std::string& p) : path(p) {
+    std::ifstream probe(p, std::ios::binary);
+    GALLEY_CHECK(probe.good(), "cannot open IDX file '", p, "'");
+    f = gzopen(p.c_str(), "rb");
+    GALLEY_CHECK(f, "cannot open IDX file '", p, "'");
+    gzbuffer(f, 1 << 17);
+  }
+  ~GzFile() {
+    if (f) gzclose(f);
+  }
+  // Reads exactly n bytes; `what` names the field for the error.
+  void read(void* dst, int64_t n, const char* what) {
+    char* p = static_cast<char*>(dst);
+    int64_t got = 0;
+    while (got < n) {
+      int chunk = static_cast<int>(std::min<int64_t>(n - got, 1 << 30));
+      int r = gzread(f, p + got, chunk);
+      if (r < 0) {
+        int err = 0;
+        const char* msg = gzerror(f, &err);
+        GALLEY_CHECK(false, "IDX file '", path, "': read error at byte ", offset + got, " (", what,
+                     "): ", msg);
+      }
+      GALLEY_CHECK(r > 0, "IDX file '", path, "' is truncated: needed ", n, " bytes of ", what,
+                   " at byte ", offset, ", found only ", got);
+      got += r;
+    }
+    offset += n;
+  }
+  uint32_t read_u32(const char* what) {
+    unsigned char b[4];
+    read(b, 4, what);
+    return (uint32_t(b[0]) << 24) | (uint32_t(b[1]) << 16) | (uint32_t(b[2]) << 8) | b[3];
+  }
+};
+
+}  // namespace
+
+Tensor read_idx_images(const std::string& path) {
+  GzFile f(path);
+  uint32_t magic = f.read_u32("the magic number");
+  GALLEY_CHECK(magic == 0x00000803, "IDX file '", path, "': magic number 0x", std::hex, magic,
+               " at byte 0, expected 0x00000803 (unsigned-byte images, 3 dimensions)");
+  uint32_t n = f.read_u32("the image count"), rows = f.read_u32("the row count"),
+           cols = f.read_u32("the column count");
+  GALLEY_CHECK(rows > 0 && cols > 0 && rows <= 4096 && cols <= 4096, "IDX file '", path,
+               "': implausible image size ", rows, "x", cols, " at byte 8");
+  const int64_t plane = int64_t(rows) * cols;
+  std::vector<uint8_t> raw(size_t(n) * plane);
+  f.read(raw.data(), static_cast<int64_t>(raw.size()), "pixel data");
+  Tensor out = Tensor::empty({int64_t(n), 1, int64_t(rows), int64_t(cols)});
+  float* p = out.data<float>();
+  for (size_t i = 0; i < raw.size(); ++i) p[i] = raw[i] * (1.f / 255.f);
+  return out;
+}
+
+Tensor read_idx_labels(const std::string& path) {
+  GzFile f(path);
+  uint32_t magic = f.read_u32("the magic number");
+  GALLEY_CHECK(magic == 0x00000801, "IDX file '", path, "': magic number 0x", std::hex, magic,
+               " at byte 0, expected 0x00000801 (unsigned-byte labels, 1 dimension)");
+  uint32_t n = f.read_u32("the label count");
+  std::vector<uint8_t> raw(n);
+  f.read(raw.data(), n, "labels");
+  Tensor out = Tensor::empty({int64_t(n)}, DType::Int64);
+  int64_t* p = out.data<int64_t>();
+  for (size_t i = 0; i < raw.size(); ++i) p[i] = raw[i];
+  return out;
+}
+
+std::string default_fashion_mnist_dir() {
+  if (const char* env = std::getenv("GALLEY_FASHION_MNIST_DIR")) return env;
+  return "/usr/share/datasets/fashion-mnist";
+}
+
+namespace {
+std::string find_file(const std::string& root, const std::string& stem) {
+  for (const char* ext : {"", ".gz"}) {
+    std::string p = root + "/" + stem + ext;
+    if (std::ifstream(p).good()) return p;
+  }
+  GALLEY_CHECK(false, "MNIST: neither '", root, "/", stem, "' nor '", root, "/", stem,
+               ".gz' exists");
+  return {};
+}
+
+TensorDataset load_split(const std::string& root, Split split, bool normalize, float mean,
+                         float std) {
+  const std::string prefix = split == Split::Train ? "train" : "t10k";
+  const std::string img_path = find_file(root, prefix + "-images-idx3-ubyte");
+  const std::string lbl_path = find_file(root, prefix + "-labels-idx1-ubyte");
+  Tensor images = read_idx_images(img_path);
+  Tensor labels = read_idx_labels(lbl_path);
+  GALLEY_CHECK(images.size(0) == labels.size(0), "MNIST: '", img_path, "' holds ", images.size(0),
+               " images but '", lbl_path, "' holds ", labels.size(0), " labels");
+  if (normalize) {
+    GALLEY_CHECK(std > 0, "MNIST: std ", std, " must be positive");
+    float* p = images.data<float>();
+    for (int64_t i = 0, n = images.numel(); i < n; ++i) p[i] = (p[i] - mean) / std;
+  }
+  return TensorDataset(images, labels);
+}
+}  // namespace
+
+MNIST::MNIST(const std::string& root, Split split, bool normalize, float mean, float std)
+    : TensorDataset(load_split(root, split, normalize, mean, std)) {}
+
+}  // namespace galley::data

@@ -1,0 +1,124 @@
+// Layer bookkeeping: registration, traversal in registration order, modes, devices, state.
+#include "galley/nn/layer.h"
+
+#include <set>
+
+#include "galley/autograd.h"
+
+namespace galley::nn {
+
+namespace {
+void check_name(const std::string& name, const char* what) {
+  GALLEY_CHECK(!name.empty() && name.find('.') == std::string::npos, what, " name '", name,
+               "' must be non-empty and contain no '.'");
+}
+}  // namespace
+
+Tensor& Layer::register_parameter(const std::string& name, Tensor value, bool requires_grad) {
+  check_name(name, "parameter");
+  GALLEY_CHECK(value.defined(), repr(), ": parameter '", name, "' is undefined");
+  for (auto& [n, t] : params_)
+    GALLEY_CHECK(n != name, repr(), ": parameter '", name, "' is already registered");
+  // A parameter is a leaf of its own, whatever graph the value came from.
+  Tensor p = value.is_leaf() ? value : value.detach();
+  if (requires_grad) p.set_requires_grad(true);
+  params_.emplace_back(name, p);
+  return params_.back().second;
+}
+
+Tensor& Layer::register_buffer(const std::string& name, Tensor value) {
+  check_name(name, "buffer");
+  buffers_.emplace_back(name, value.detach());
+  return buffers_.back().second;
+}
+
+void Layer::add_child(const std::string& name, Layer* layer, std::shared_ptr<Layer> owned) {
+  check_name(name, "layer");
+  GALLEY_CHECK(layer != nullptr && layer != this, repr(), ": cannot register layer '", name, "'");
+  for (auto& [n, l] : children_)
+    GALLEY_CHECK(n != name, repr(), ": layer '", name, "' is already registered");
+  children_.emplace_back(name, layer);
+  if (owned) owned_.push_back(std::move(owned));
+}
+
+void Layer::collect(const std::string& prefix, bool buffers, std::vector<NamedTensor>& out) const {
+  for (auto& [n, t] : params_) out.emplace_back(prefix + n, t);
+  if (buffers)
+    for (auto& [n, t] : buffers_) out.emplace_back(prefix + n, t);
+  for (auto& [n, l] : children_) l->collect(prefix + n + ".", buffers, out);
+}
+
+std::vector<NamedTensor> Layer::named_parameters() const {
+  std::vector<NamedTensor> out;
+  collect("", false, out);
+  return out;
+}
+
+std::vector<Tensor> Layer::parameters() const {
+  std::vector<Tensor> out;
+  for (auto& [n, t] : named_parameters()) out.push_back(t);
+  return out;
+}
+
+std::vector<NamedTensor> Layer::named_buffers() const {
+  std::vector<NamedTensor> out;
+  collect("", true, out);
+  return out;
+}
+
+std::vector<std::pair<std::string, Layer*>> Layer::children() const { return children_; }
+
+void Layer::train(bool on) {
+  training_ = on;
+  for (auto& [n, l] : children_) l->train(on);
+}
+
+void Layer::to(Device device) {
+  for (auto& [name, t] : named_buffers()) {
+    if (t.device() == device) continue;
+    // Swap the storage under the existing handle so optimizers holding it stay valid.
+    Tensor moved = t.detach().to(device);
+    detail::TensorImpl* impl = t.impl();
+    impl->storage = moved.impl()->storage;
+    impl->offset = moved.impl()->offset;
+    impl->strides = moved.impl()->strides;
+    if (impl->grad) impl->grad = Tensor(impl->grad).to(device).impl_ptr();
+  }
+}
+
+std::map<std::string, Tensor> Layer::state_dict() const {
+  std::map<std::string, Tensor> out;
+  for (auto& [n, t] : named_buffers()) out[n] = t.detach().clone();
+  return out;
+}
+
+void Layer::load_state_dict(const std::map<std::string, Tensor>& state, bool strict) {
+  auto mine = named_buffers();
+  std::set<std::string> known;
+  for (auto& [n, t] : mine) known.insert(n);
+  for (auto& [n, t] : state)
+    GALLEY_CHECK(known.count(n), repr(), ": load_state_dict: unexpected entry '", n, "'");
+  // Check everything before writing anything, so a bad state leaves the layer untouched.
+  for (auto& [n, t] : mine) {
+    auto it = state.find(n);
+    if (it == state.end()) {
+      GALLEY_CHECK(!strict, repr(), ": load_state_dict: missing entry '", n, "'");
+      continue;
+    }
+    GALLEY_CHECK(it->second.shape() == t.shape() && it->second.dtype() == t.dtype(), repr(),
+                 ": load_state_dict: '", n, "' has shape ", shape_str(it->second.shape()), " ",
+                 dtype_name(it->second.dtype()), ", the layer expects ", shape_str(t.shape()), " ",
+                 dtype_name(t.dtype()));
+  }
+  NoGradGuard no_grad;
+  for (auto& [n, t] : mine) {
+    auto it = state.find(n);
+    if (it != state.end()) Tensor(t).copy_(it->second);
+  }
+}
+
+void Layer::zero_grad() {
+  for (auto& t : parameters()) Tensor(t).set_grad(Tensor());
+}
+
+}  // namespace galley::nn

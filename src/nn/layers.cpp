@@ -1,0 +1,186 @@
+// The built-in layers: Conv2D, MaxPool2D, Linear, ReLU, Flatten, Sequential, CrossEntropyLoss,
+// and PyTorch's default initialisation.
+#include <cmath>
+
+#include "galley/nn/activation.h"
+#include "galley/nn/conv2d.h"
+#include "galley/nn/init.h"
+#include "galley/nn/linear.h"
+#include "galley/nn/loss.h"
+#include "galley/nn/max_pool2d.h"
+#include "galley/nn/sequential.h"
+
+namespace galley::nn {
+
+// ---------------------------------------------------------------------------------------------
+// init
+
+namespace init {
+std::pair<int64_t, int64_t> fans(const Tensor& w) {
+  GALLEY_CHECK(w.dim() >= 2, "init: fan in/out need a weight of rank >= 2, got ",
+               shape_str(w.shape()));
+  int64_t receptive = 1;
+  for (int64_t i = 2; i < w.dim(); ++i) receptive *= w.size(i);
+  return {w.size(1) * receptive, w.size(0) * receptive};
+}
+
+void uniform_(Tensor& t, float low, float high, Generator& gen) {
+  t.copy_(uniform(t.shape(), low, high, gen));
+}
+
+void kaiming_uniform_(Tensor& t, float a, Generator& gen) {
+  const float gain = std::sqrt(2.f / (1.f + a * a));
+  const float bound = gain * std::sqrt(3.f / float(fans(t).first));
+  uniform_(t, -bound, bound, gen);
+}
+}  // namespace init
+
+namespace {
+// PyTorch's reset_parameters() for Linear and Conv: weight kaiming-uniform with a = sqrt(5),
+// bias uniform in +-1/sqrt(fan_in).
+void default_init(Tensor& weight, Tensor& bias) {
+  init::kaiming_uniform_(weight, std::sqrt(5.f));
+  if (bias.defined()) {
+    const float bound = 1.f / std::sqrt(float(init::fans(weight).first));
+    init::uniform_(bias, -bound, bound);
+  }
+}
+
+std::string with_layer(const std::string& layer, const Error& e) {
+  return layer + ": " + e.what();
+}
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------
+// Conv2D
+
+Conv2D::Conv2D(int64_t in_channels, int64_t out_channels, int64_t kernel_size,
+               Conv2DOptions options)
+    : in_(in_channels), out_(out_channels), k_(kernel_size), opt_(options) {
+  GALLEY_CHECK(in_ > 0 && out_ > 0 && k_ > 0, "Conv2D: channels and kernel must be positive, got ",
+               in_, ", ", out_, ", ", k_);
+  GALLEY_CHECK(opt_.stride > 0 && opt_.dilation > 0 && opt_.padding >= 0 && opt_.groups > 0,
+               "Conv2D: stride ", opt_.stride, ", dilation ", opt_.dilation, ", padding ",
+               opt_.padding, ", groups ", opt_.groups, " are invalid");
+  GALLEY_CHECK(in_ % opt_.groups == 0 && out_ % opt_.groups == 0, "Conv2D: groups ", opt_.groups,
+               " must divide in_channels ", in_, " and out_channels ", out_);
+  Tensor w = Tensor::empty({out_, in_ / opt_.groups, k_, k_});
+  Tensor b = opt_.bias ? Tensor::empty({out_}) : Tensor();
+  default_init(w, b);
+  weight_ = register_parameter("weight", w);
+  if (opt_.bias) bias_ = register_parameter("bias", b);
+}
+
+Tensor Conv2D::forward(const Tensor& x) {
+  GALLEY_CHECK(x.defined() && x.dim() == 4 && x.size(1) == in_, repr(), ": expected input [N, ",
+               in_, ", H, W], got ", x.defined() ? shape_str(x.shape()) : "undefined");
+  try {
+    return conv2d(x, weight_, bias_,
+                  {.stride = opt_.stride, .padding = opt_.padding, .dilation = opt_.dilation,
+                   .groups = opt_.groups});
+  } catch (const Error& e) {
+    throw Error(with_layer(repr(), e));
+  }
+}
+
+std::string Conv2D::repr() const {
+  return detail::str_cat("Conv2D(", in_, ", ", out_, ", kernel=", k_, ", stride=", opt_.stride,
+                         ", padding=", opt_.padding, ")");
+}
+
+// ---------------------------------------------------------------------------------------------
+// MaxPool2D
+
+MaxPool2D::MaxPool2D(int64_t kernel_size, int64_t stride, int64_t padding)
+    : opt_{kernel_size, stride == 0 ? kernel_size : stride, padding} {
+  GALLEY_CHECK(kernel_size > 0 && opt_.stride > 0 && padding >= 0 && 2 * padding <= kernel_size,
+               "MaxPool2D: kernel ", kernel_size, ", stride ", opt_.stride, ", padding ", padding,
+               " are invalid (padding at most half the kernel)");
+}
+
+Tensor MaxPool2D::forward(const Tensor& x) {
+  try {
+    return max_pool2d(x, opt_);
+  } catch (const Error& e) {
+    throw Error(with_layer(repr(), e));
+  }
+}
+
+std::string MaxPool2D::repr() const {
+  return detail::str_cat("MaxPool2D(kernel=", opt_.kernel_size, ", stride=", opt_.stride,
+                         ", padding=", opt_.padding, ")");
+}
+
+// ---------------------------------------------------------------------------------------------
+// Linear
+
+Linear::Linear(int64_t in_features, int64_t out_features, bool bias)
+    : in_(in_features), out_(out_features) {
+  GALLEY_CHECK(in_ > 0 && out_ > 0, "Linear: features must be positive, got ", in_, ", ", out_);
+  Tensor w = Tensor::empty({out_, in_});
+  Tensor b = bias ? Tensor::empty({out_}) : Tensor();
+  default_init(w, b);
+  weight_ = register_parameter("weight", w);
+  if (bias) bias_ = register_parameter("bias", b);
+}
+
+Tensor Linear::forward(const Tensor& x) {
+  GALLEY_CHECK(x.defined() && x.dim() >= 1 && x.size(-1) == in_, repr(), ": expected input [..., ",
+               in_, "], got ", x.defined() ? shape_str(x.shape()) : "undefined");
+  try {
+    return linear(x, weight_, bias_);
+  } catch (const Error& e) {
+    throw Error(with_layer(repr(), e));
+  }
+}
+
+std::string Linear::repr() const {
+  return detail::str_cat("Linear(", in_, ", ", out_, ")");
+}
+
+// ---------------------------------------------------------------------------------------------
+// ReLU, Flatten, Sequential
+
+Tensor ReLU::forward(const Tensor& x) { return relu(x); }
+
+Tensor Flatten::forward(const Tensor& x) { return flatten(x, start_, end_); }
+
+std::string Flatten::repr() const {
+  return detail::str_cat("Flatten(", start_, ", ", end_, ")");
+}
+
+Tensor Sequential::forward(const Tensor& x) {
+  Tensor h = x;
+  for (size_t i = 0; i < layers_.size(); ++i) {
+    try {
+      h = layers_[i]->forward(h);
+    } catch (const Error& e) {
+      throw Error(detail::str_cat("Sequential[", i, "] ", e.what()));
+    }
+  }
+  return h;
+}
+
+std::string Sequential::repr() const {
+  std::string s = "Sequential(";
+  for (size_t i = 0; i < layers_.size(); ++i) s += (i ? ", " : "") + layers_[i]->repr();
+  return s + ")";
+}
+
+// ---------------------------------------------------------------------------------------------
+// CrossEntropyLoss
+
+CrossEntropyLoss::CrossEntropyLoss(CrossEntropyOptions options) : opt_(options) {
+  GALLEY_CHECK(opt_.label_smoothing >= 0.f && opt_.label_smoothing <= 1.f,
+               "CrossEntropyLoss: label_smoothing ", opt_.label_smoothing, " is outside [0, 1]");
+}
+
+Tensor CrossEntropyLoss::operator()(const Tensor& logits, const Tensor& labels) const {
+  try {
+    return cross_entropy(logits, labels, opt_);
+  } catch (const Error& e) {
+    throw Error(with_layer("CrossEntropyLoss", e));
+  }
+}
+
+}  // namespace galley::nn

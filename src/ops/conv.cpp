@@ -1,0 +1,95 @@
+// conv2d and max_pool2d: shape checks, output geometry, autograd.
+#include <memory>
+#include <vector>
+
+#include "galley/autograd.h"
+#include "galley/ops.h"
+#include "kernels/cpu/conv2d.h"
+#include "kernels/cpu/max_pool2d.h"
+#include "src/ops/dispatch.h"
+
+namespace galley {
+
+namespace cpu = kernels::cpu;
+
+Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias,
+              const Conv2dOptions& o) {
+  detail::check_float_pair("conv2d", x, weight);
+  GALLEY_CHECK(x.dim() == 4, "conv2d: input must be [N, C, H, W], got ", shape_str(x.shape()));
+  GALLEY_CHECK(weight.dim() == 4, "conv2d: weight must be [O, C/groups, kH, kW], got ",
+               shape_str(weight.shape()));
+  GALLEY_CHECK(o.stride > 0 && o.dilation > 0 && o.padding >= 0 && o.groups > 0,
+               "conv2d: stride ", o.stride, ", dilation ", o.dilation, ", padding ", o.padding,
+               ", groups ", o.groups, " (stride, dilation, groups > 0; padding >= 0)");
+  cpu::Conv2dGeometry g{};
+  g.n = x.size(0), g.c = x.size(1), g.h = x.size(2), g.w = x.size(3);
+  g.o = weight.size(0), g.kh = weight.size(2), g.kw = weight.size(3);
+  g.stride = o.stride, g.pad = o.padding, g.dilation = o.dilation, g.groups = o.groups;
+  GALLEY_CHECK(g.c % g.groups == 0 && g.o % g.groups == 0 && weight.size(1) * g.groups == g.c,
+               "conv2d: input ", shape_str(x.shape()), " has ", g.c, " channels but weight ",
+               shape_str(weight.shape()), " with groups=", g.groups, " expects ",
+               weight.size(1) * g.groups);
+  g.oh = (g.h + 2 * g.pad - g.dilation * (g.kh - 1) - 1) / g.stride + 1;
+  g.ow = (g.w + 2 * g.pad - g.dilation * (g.kw - 1) - 1) / g.stride + 1;
+  GALLEY_CHECK(g.oh > 0 && g.ow > 0, "conv2d: input ", shape_str(x.shape()), " is smaller than "
+               "the kernel ", g.kh, "x", g.kw, " (dilation ", g.dilation, ", padding ", g.pad, ")");
+  if (bias.defined()) {
+    detail::check_float_pair("conv2d", x, bias);
+    GALLEY_CHECK(bias.dim() == 1 && bias.size(0) == g.o, "conv2d: bias ", shape_str(bias.shape()),
+                 " does not match ", g.o, " output channels");
+  }
+  Tensor cx = x.contiguous(), cw = weight.contiguous();
+  Tensor cb = bias.defined() ? bias.contiguous() : Tensor();
+  Tensor out = Tensor::empty({g.n, g.o, g.oh, g.ow});
+  cpu::conv2d_forward(g, cx.data<float>(), cw.data<float>(), cb.defined() ? cb.data<float>() : nullptr,
+                      out.data<float>());
+  if (!autograd::needs_grad({&x, &weight, &bias})) return out;
+  Tensor dx = cx.detach(), dw = cw.detach();
+  bool gx = x.requires_grad(), gw = weight.requires_grad(),
+       gb = bias.defined() && bias.requires_grad();
+  return autograd::record(out, "conv2d", {x, weight, bias},
+                          [=](const Tensor& gy, std::vector<Tensor>& gi) {
+    Tensor cgy = gy.contiguous();
+    if (gx) gi[0] = Tensor::empty(dx.shape());
+    if (gw) gi[1] = Tensor::empty(dw.shape());
+    if (gb) gi[2] = Tensor::empty({g.o});
+    cpu::conv2d_backward(g, dx.data<float>(), dw.data<float>(), cgy.data<float>(),
+                         gx ? gi[0].data<float>() : nullptr, gw ? gi[1].data<float>() : nullptr,
+                         gb ? gi[2].data<float>() : nullptr);
+  });
+}
+
+Tensor max_pool2d(const Tensor& x, const MaxPool2dOptions& o) {
+  detail::check_float("max_pool2d", x);
+  GALLEY_CHECK(x.dim() == 4, "max_pool2d: input must be [N, C, H, W], got ",
+               shape_str(x.shape()));
+  int64_t stride = o.stride == 0 ? o.kernel_size : o.stride;
+  GALLEY_CHECK(o.kernel_size > 0 && stride > 0 && o.padding >= 0 && 2 * o.padding <= o.kernel_size,
+               "max_pool2d: kernel ", o.kernel_size, ", stride ", stride, ", padding ", o.padding,
+               " (padding may be at most half the kernel)");
+  cpu::Pool2dGeometry g{};
+  g.planes = x.size(0) * x.size(1), g.h = x.size(2), g.w = x.size(3);
+  g.k = o.kernel_size, g.stride = stride, g.pad = o.padding;
+  g.oh = (g.h + 2 * g.pad - g.k) / g.stride + 1;
+  g.ow = (g.w + 2 * g.pad - g.k) / g.stride + 1;
+  GALLEY_CHECK(g.h + 2 * g.pad >= g.k && g.w + 2 * g.pad >= g.k && g.oh > 0 && g.ow > 0,
+               "max_pool2d: input ", shape_str(x.shape()), " is smaller than the ", g.k, "x", g.k,
+               " window");
+  Tensor cx = x.contiguous();
+  Tensor out = Tensor::empty({x.size(0), x.size(1), g.oh, g.ow});
+  // The winners' indices are kept for backward; the block comes from the host cache.
+  const bool grad = autograd::needs_grad({&x});
+  auto idx = std::make_shared<Storage>(out.numel() * sizeof(int32_t), Device::cpu());
+  int32_t* pidx = static_cast<int32_t*>(idx->data());
+  cpu::max_pool2d_forward(g, cx.data<float>(), out.data<float>(), pidx);
+  if (!grad) return out;
+  Shape in_shape = x.shape();
+  return autograd::record(out, "max_pool2d", {x}, [=](const Tensor& gy, std::vector<Tensor>& gi) {
+    Tensor cgy = gy.contiguous();
+    gi[0] = Tensor::empty(in_shape);
+    cpu::max_pool2d_backward(g, cgy.data<float>(), static_cast<const int32_t*>(idx->data()),
+                             gi[0].data<float>());
+  });
+}
+
+}  // namespace galley

@@ -1,0 +1,90 @@
+// matmul and linear (fully connected) on top of the GEMM kernel.
+#include "galley/autograd.h"
+#include "galley/ops.h"
+#include "kernels/cpu/gemm.h"
+#include "src/ops/dispatch.h"
+
+namespace galley {
+
+namespace cpu = kernels::cpu;
+
+Tensor matmul(const Tensor& a, const Tensor& b) {
+  detail::check_float_pair("matmul", a, b);
+  GALLEY_CHECK(a.dim() == 2 && b.dim() == 2 && a.size(1) == b.size(0), "matmul: cannot multiply ",
+               shape_str(a.shape()), " by ", shape_str(b.shape()),
+               " (need [m, k] x [k, n])");
+  Tensor ca = a.contiguous(), cb = b.contiguous();
+  int64_t m = a.size(0), k = a.size(1), n = b.size(1);
+  Tensor out = Tensor::empty({m, n});
+  cpu::gemm(false, false, m, n, k, 1.f, ca.data<float>(), k, cb.data<float>(), n, 0.f,
+            out.data<float>(), n);
+  if (!autograd::needs_grad({&a, &b})) return out;
+  Tensor da = ca.detach(), db = cb.detach();
+  bool ga = a.requires_grad(), gb = b.requires_grad();
+  return autograd::record(out, "matmul", {a, b}, [=](const Tensor& g, std::vector<Tensor>& gi) {
+    Tensor cg = g.contiguous();
+    if (ga) {  // dA = G B^T
+      gi[0] = Tensor::empty({m, k});
+      cpu::gemm(false, true, m, k, n, 1.f, cg.data<float>(), n, db.data<float>(), n, 0.f,
+                gi[0].data<float>(), k);
+    }
+    if (gb) {  // dB = A^T G
+      gi[1] = Tensor::empty({k, n});
+      cpu::gemm(true, false, k, n, m, 1.f, da.data<float>(), k, cg.data<float>(), n, 0.f,
+                gi[1].data<float>(), n);
+    }
+  });
+}
+
+Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
+  detail::check_float_pair("linear", x, weight);
+  GALLEY_CHECK(weight.dim() == 2, "linear: weight must be [out, in], got ",
+               shape_str(weight.shape()));
+  const int64_t out_f = weight.size(0), in_f = weight.size(1);
+  GALLEY_CHECK(x.dim() >= 1 && x.size(-1) == in_f, "linear: input of shape ",
+               shape_str(x.shape()), " does not match weight ", shape_str(weight.shape()),
+               " (the input's last dimension must be ", in_f, ")");
+  if (bias.defined()) {
+    detail::check_float_pair("linear", x, bias);
+    GALLEY_CHECK(bias.dim() == 1 && bias.size(0) == out_f, "linear: bias of shape ",
+                 shape_str(bias.shape()), " does not match weight ", shape_str(weight.shape()));
+  }
+  Tensor cx = x.contiguous(), cw = weight.contiguous();
+  const int64_t rows = x.numel() / in_f;
+  Shape out_shape = x.shape();
+  out_shape.back() = out_f;
+  Tensor out = Tensor::empty(out_shape);
+  float* po = out.data<float>();
+  if (bias.defined()) {  // seed C with the bias so the GEMM adds into it: one pass fewer
+    const float* pb = bias.contiguous().data<float>();
+    for (int64_t r = 0; r < rows; ++r) std::copy_n(pb, out_f, po + r * out_f);
+  }
+  cpu::gemm(false, true, rows, out_f, in_f, 1.f, cx.data<float>(), in_f, cw.data<float>(), in_f,
+            bias.defined() ? 1.f : 0.f, po, out_f);
+  if (!autograd::needs_grad({&x, &weight, &bias})) return out;
+  Tensor dx = cx.detach(), dw = cw.detach();
+  bool gx = x.requires_grad(), gw = weight.requires_grad(),
+       gb = bias.defined() && bias.requires_grad();
+  Shape x_shape = x.shape();
+  return autograd::record(
+      out, "linear", {x, weight, bias}, [=](const Tensor& g, std::vector<Tensor>& gi) {
+        Tensor cg = g.contiguous();
+        const float* pg = cg.data<float>();
+        if (gx) {  // dX = G W
+          gi[0] = Tensor::empty(x_shape);
+          cpu::gemm(false, false, rows, in_f, out_f, 1.f, pg, out_f, dw.data<float>(), in_f, 0.f,
+                    gi[0].data<float>(), in_f);
+        }
+        if (gw) {  // dW = G^T X
+          gi[1] = Tensor::empty({out_f, in_f});
+          cpu::gemm(true, false, out_f, in_f, rows, 1.f, pg, out_f, dx.data<float>(), in_f, 0.f,
+                    gi[1].data<float>(), in_f);
+        }
+        if (gb) {
+          gi[2] = Tensor::empty({out_f});
+          cpu::column_sums(pg, rows, out_f, gi[2].data<float>(), false);
+        }
+      });
+}
+
+}  // namespace galley

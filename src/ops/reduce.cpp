@@ -1,0 +1,168 @@
+// Reductions, softmax, argmax and the fused cross-entropy loss.
+#include <memory>
+
+#include "galley/autograd.h"
+#include "galley/ops.h"
+#include "kernels/cpu/cross_entropy.h"
+#include "kernels/cpu/reduce.h"
+#include "kernels/cpu/softmax.h"
+#include "src/ops/dispatch.h"
+
+namespace galley {
+
+namespace cpu = kernels::cpu;
+
+namespace {
+struct Split3 {
+  int64_t outer = 1, len = 1, inner = 1;
+};
+Split3 split_at(const Shape& s, int64_t dim) {
+  Split3 r;
+  for (int64_t i = 0; i < static_cast<int64_t>(s.size()); ++i) {
+    if (i < dim) r.outer *= s[i];
+    else if (i == dim) r.len = s[i];
+    else r.inner *= s[i];
+  }
+  return r;
+}
+Shape reduced_shape(const Shape& s, int64_t dim, bool keepdim) {
+  Shape out = s;
+  if (out.empty()) return out;
+  if (keepdim) out[dim] = 1;
+  else out.erase(out.begin() + dim);
+  return out;
+}
+
+Tensor scaled_sum_all(const Tensor& x, float scale, const char* name) {
+  detail::check_float(name, x);
+  Tensor cx = x.contiguous();
+  Tensor out = Tensor::empty({});
+  out.data<float>()[0] = static_cast<float>(cpu::sum_all(cx.data<float>(), cx.numel()) * scale);
+  if (!autograd::needs_grad({&x})) return out;
+  Shape in_shape = x.shape();
+  return autograd::record(out, name, {x}, [=](const Tensor& g, std::vector<Tensor>& gi) {
+    gi[0] = full(in_shape, g.item() * scale);
+  });
+}
+
+Tensor scaled_sum_dim(const Tensor& x, int64_t dim, bool keepdim, bool mean, const char* name) {
+  detail::check_float(name, x);
+  int64_t d = detail::wrap_dim(name, dim, x.dim());
+  if (x.dim() == 0) return mean ? scaled_sum_all(x, 1.f, name) : scaled_sum_all(x, 1.f, name);
+  Split3 sp = split_at(x.shape(), d);
+  const float scale = mean ? 1.f / float(sp.len) : 1.f;
+  Tensor cx = x.contiguous();
+  Tensor out = Tensor::empty(reduced_shape(x.shape(), d, keepdim));
+  cpu::sum_dim(cx.data<float>(), sp.outer, sp.len, sp.inner, out.data<float>());
+  if (mean) {
+    float* p = out.data<float>();
+    for (int64_t i = 0; i < out.numel(); ++i) p[i] *= scale;
+  }
+  if (!autograd::needs_grad({&x})) return out;
+  Shape in_shape = x.shape();
+  return autograd::record(out, name, {x}, [=](const Tensor& g, std::vector<Tensor>& gi) {
+    Tensor cg = g.contiguous();
+    gi[0] = Tensor::empty(in_shape);
+    cpu::expand_dim(cg.data<float>(), sp.outer, sp.len, sp.inner, scale, gi[0].data<float>());
+  });
+}
+
+Tensor softmax_impl(const Tensor& x, int64_t dim, bool log, const char* name) {
+  detail::check_float(name, x);
+  int64_t d = detail::wrap_dim(name, dim, x.dim());
+  Split3 sp = x.dim() == 0 ? Split3{} : split_at(x.shape(), d);
+  Tensor cx = x.contiguous();
+  Tensor out = Tensor::empty(x.shape());
+  cpu::softmax_forward(cx.data<float>(), sp.outer, sp.len, sp.inner, log, out.data<float>());
+  if (!autograd::needs_grad({&x})) return out;
+  Tensor y = out.detach();
+  return autograd::record(out, name, {x}, [=](const Tensor& g, std::vector<Tensor>& gi) {
+    Tensor cg = g.contiguous();
+    gi[0] = Tensor::empty(y.shape());
+    cpu::softmax_backward(y.data<float>(), cg.data<float>(), sp.outer, sp.len, sp.inner, log,
+                          gi[0].data<float>());
+  });
+}
+}  // namespace
+
+Tensor sum(const Tensor& x) { return scaled_sum_all(x, 1.f, "sum"); }
+Tensor mean(const Tensor& x) {
+  GALLEY_CHECK(x.defined() && x.numel() > 0, "mean: the tensor is empty");
+  return scaled_sum_all(x, 1.f / float(x.numel()), "mean");
+}
+Tensor sum(const Tensor& x, int64_t dim, bool keepdim) {
+  return scaled_sum_dim(x, dim, keepdim, false, "sum");
+}
+Tensor mean(const Tensor& x, int64_t dim, bool keepdim) {
+  return scaled_sum_dim(x, dim, keepdim, true, "mean");
+}
+Tensor softmax(const Tensor& x, int64_t dim) { return softmax_impl(x, dim, false, "softmax"); }
+Tensor log_softmax(const Tensor& x, int64_t dim) {
+  return softmax_impl(x, dim, true, "log_softmax");
+}
+
+Tensor argmax(const Tensor& x, int64_t dim, bool keepdim) {
+  detail::check_float("argmax", x);
+  int64_t d = detail::wrap_dim("argmax", dim, x.dim());
+  Split3 sp = x.dim() == 0 ? Split3{} : split_at(x.shape(), d);
+  GALLEY_CHECK(sp.len > 0, "argmax: dimension ", dim, " of ", shape_str(x.shape()), " is empty");
+  Tensor cx = x.contiguous();
+  Tensor out = Tensor::empty(reduced_shape(x.shape(), d, keepdim), DType::Int64);
+  cpu::argmax_dim(cx.data<float>(), sp.outer, sp.len, sp.inner, out.data<int64_t>());
+  return out;
+}
+
+Tensor cross_entropy(const Tensor& logits, const Tensor& labels, const CrossEntropyOptions& o) {
+  detail::check_float("cross_entropy", logits);
+  GALLEY_CHECK(labels.defined() && labels.dtype() == DType::Int64,
+               "cross_entropy: labels must be an int64 tensor of class indices",
+               labels.defined() ? ", got " + dtype_name(labels.dtype()) : std::string());
+  GALLEY_CHECK(logits.dim() == 2, "cross_entropy: logits must be [N, C], got ",
+               shape_str(logits.shape()));
+  GALLEY_CHECK(labels.dim() == 1 && labels.size(0) == logits.size(0), "cross_entropy: logits ",
+               shape_str(logits.shape()), " and labels ", shape_str(labels.shape()),
+               " disagree (labels must be [N] with N = ", logits.size(0), ")");
+  GALLEY_CHECK(o.label_smoothing >= 0.f && o.label_smoothing <= 1.f,
+               "cross_entropy: label_smoothing ", o.label_smoothing, " is outside [0, 1]");
+  const int64_t n = logits.size(0), c = logits.size(1);
+  Tensor cx = logits.contiguous(), cy = labels.contiguous();
+  Tensor per_row = Tensor::empty({n});
+  Tensor prob = Tensor::empty({n, c});
+  int64_t bad = -1;
+  const int64_t count = cpu::cross_entropy_forward(
+      cx.data<float>(), cy.data<int64_t>(), n, c, o.label_smoothing, o.ignore_index,
+      per_row.data<float>(), prob.data<float>(), &bad);
+  GALLEY_CHECK(bad < 0, "cross_entropy: label ", bad >= 0 ? cy.data<int64_t>()[bad] : 0,
+               " at row ", bad, " is outside [0, ", c, ")");
+  Tensor out;
+  if (o.reduction == Reduction::None) {
+    out = per_row;
+  } else {
+    double s = cpu::sum_all(per_row.data<float>(), n);
+    // A mean over no counted rows (all ignored) is defined as 0 with zero gradient.
+    if (o.reduction == Reduction::Mean) s = count > 0 ? s / double(count) : 0.0;
+    out = Tensor::empty({});
+    out.data<float>()[0] = static_cast<float>(s);
+  }
+  if (!autograd::needs_grad({&logits})) return out;
+  const Reduction red = o.reduction;
+  const float eps = o.label_smoothing;
+  const int64_t ignore = o.ignore_index;
+  return autograd::record(out, "cross_entropy", {logits},
+                          [=](const Tensor& g, std::vector<Tensor>& gi) {
+    std::vector<float> scale(n);
+    if (red == Reduction::None) {
+      Tensor cg = g.contiguous();
+      std::copy_n(cg.data<float>(), n, scale.begin());
+    } else {
+      float s = g.item();
+      if (red == Reduction::Mean) s = count > 0 ? s / float(count) : 0.f;
+      std::fill(scale.begin(), scale.end(), s);
+    }
+    gi[0] = Tensor::empty({n, c});
+    cpu::cross_entropy_backward(prob.data<float>(), cy.data<int64_t>(), scale.data(), n, c, eps,
+                                ignore, gi[0].data<float>());
+  });
+}
+
+}  // namespace galley

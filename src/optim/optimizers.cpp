@@ -1,0 +1,164 @@
+// Optimizer base, Adam/AdamW, SGD and the learning-rate schedulers.
+#include <cmath>
+
+#include "galley/optim/adam.h"
+#include "galley/optim/lr_scheduler.h"
+#include "galley/optim/sgd.h"
+#include "kernels/cpu/optimizer_update.h"
+
+namespace galley::optim {
+
+namespace cpu = kernels::cpu;
+
+// ---------------------------------------------------------------------------------------------
+// Optimizer
+
+Optimizer::Optimizer(std::vector<Tensor> params, double learning_rate)
+    : params_(std::move(params)), lr_(learning_rate) {
+  GALLEY_CHECK(!params_.empty(), "optimizer: got an empty parameter list");
+  GALLEY_CHECK(learning_rate >= 0, "optimizer: learning rate ", learning_rate, " is negative");
+  for (size_t i = 0; i < params_.size(); ++i) {
+    const Tensor& p = params_[i];
+    GALLEY_CHECK(p.defined() && p.is_leaf() && p.dtype() == DType::Float32, "optimizer: parameter ",
+                 i, " must be a defined float32 leaf tensor");
+    for (size_t j = 0; j < i; ++j)
+      GALLEY_CHECK(!params_[j].is_same(p), "optimizer: parameter ", i,
+                   " appears twice (also at ", j, ")");
+  }
+}
+
+void Optimizer::clear_grad() {
+  for (auto& p : params_) p.set_grad(Tensor());
+}
+
+void Optimizer::set_learning_rate(double lr) {
+  GALLEY_CHECK(lr >= 0, "optimizer: learning rate ", lr, " is negative");
+  lr_ = lr;
+}
+
+size_t Optimizer::index_of(const Tensor& param) const {
+  for (size_t i = 0; i < params_.size(); ++i)
+    if (params_[i].is_same(param)) return i;
+  GALLEY_CHECK(false, "optimizer: the tensor of shape ", shape_str(param.shape()),
+               " is not one of its parameters");
+  return 0;
+}
+
+namespace {
+// The gradient to apply, or undefined; checks shape and device.
+Tensor usable_grad(const Tensor& p, size_t i) {
+  Tensor g = p.grad();
+  if (!g.defined()) return g;
+  GALLEY_CHECK(g.shape() == p.shape(), "optimizer: gradient of parameter ", i, " has shape ",
+               shape_str(g.shape()), ", the parameter ", shape_str(p.shape()));
+  return g.contiguous();
+}
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------
+// Adam / AdamW
+
+Adam::Adam(std::vector<Tensor> params, AdamOptions options)
+    : Optimizer(std::move(params), options.learning_rate), opt_(options) {
+  GALLEY_CHECK(opt_.beta1 >= 0 && opt_.beta1 < 1 && opt_.beta2 >= 0 && opt_.beta2 < 1,
+               "Adam: betas (", opt_.beta1, ", ", opt_.beta2, ") must be in [0, 1)");
+  GALLEY_CHECK(opt_.eps >= 0, "Adam: eps ", opt_.eps, " is negative");
+  GALLEY_CHECK(opt_.weight_decay >= 0, "Adam: weight_decay ", opt_.weight_decay, " is negative");
+  state_.resize(params_.size());
+}
+
+void Adam::step() {
+  NoGradGuard no_grad;
+  for (size_t i = 0; i < params_.size(); ++i) {
+    Tensor& p = params_[i];
+    Tensor g = usable_grad(p, i);
+    if (!g.defined()) continue;
+    AdamState& st = state_[i];
+    if (st.step == 0) {
+      st.exp_avg = zeros(p.shape());
+      st.exp_avg_sq = zeros(p.shape());
+      if (opt_.amsgrad) st.max_exp_avg_sq = zeros(p.shape());
+    }
+    ++st.step;
+    cpu::AdamStep s{};
+    s.lr = static_cast<float>(lr_);
+    s.beta1 = static_cast<float>(opt_.beta1);
+    s.beta2 = static_cast<float>(opt_.beta2);
+    s.eps = static_cast<float>(opt_.eps);
+    s.weight_decay = static_cast<float>(opt_.weight_decay);
+    s.step_size = static_cast<float>(lr_ / (1.0 - std::pow(opt_.beta1, double(st.step))));
+    s.bias2_sqrt = static_cast<float>(std::sqrt(1.0 - std::pow(opt_.beta2, double(st.step))));
+    s.decoupled = decoupled_;
+    s.amsgrad = opt_.amsgrad;
+    cpu::adam_update(s, p.numel(), p.data<float>(), g.data<float>(), st.exp_avg.data<float>(),
+                     st.exp_avg_sq.data<float>(),
+                     opt_.amsgrad ? st.max_exp_avg_sq.data<float>() : nullptr);
+  }
+}
+
+AdamW::AdamW(std::vector<Tensor> params, AdamOptions options) : Adam(std::move(params), options) {
+  decoupled_ = true;
+}
+
+// ---------------------------------------------------------------------------------------------
+// SGD
+
+SGD::SGD(std::vector<Tensor> params, SGDOptions options)
+    : Optimizer(std::move(params), options.learning_rate), opt_(options) {
+  GALLEY_CHECK(opt_.momentum >= 0, "SGD: momentum ", opt_.momentum, " is negative");
+  GALLEY_CHECK(opt_.weight_decay >= 0, "SGD: weight_decay ", opt_.weight_decay, " is negative");
+  GALLEY_CHECK(!opt_.nesterov || (opt_.momentum > 0 && opt_.dampening == 0),
+               "SGD: Nesterov momentum needs momentum > 0 and zero dampening");
+  momentum_.resize(params_.size());
+}
+
+void SGD::step() {
+  NoGradGuard no_grad;
+  for (size_t i = 0; i < params_.size(); ++i) {
+    Tensor& p = params_[i];
+    Tensor g = usable_grad(p, i);
+    if (!g.defined()) continue;
+    cpu::SGDStep s{};
+    s.lr = static_cast<float>(lr_);
+    s.momentum = static_cast<float>(opt_.momentum);
+    s.dampening = static_cast<float>(opt_.dampening);
+    s.weight_decay = static_cast<float>(opt_.weight_decay);
+    s.nesterov = opt_.nesterov;
+    s.first = opt_.momentum != 0 && !momentum_[i].defined();
+    if (s.first) momentum_[i] = Tensor::empty(p.shape());
+    cpu::sgd_update(s, p.numel(), p.data<float>(), g.data<float>(),
+                    opt_.momentum != 0 ? momentum_[i].data<float>() : nullptr);
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Schedulers
+
+LRScheduler::LRScheduler(Optimizer& optimizer)
+    : opt_(optimizer), base_lr_(optimizer.learning_rate()) {}
+
+void LRScheduler::step() {
+  ++epoch_;
+  opt_.set_learning_rate(lr_at(epoch_));
+}
+
+StepLR::StepLR(Optimizer& optimizer, int64_t step_size, double gamma)
+    : LRScheduler(optimizer), step_size_(step_size), gamma_(gamma) {
+  GALLEY_CHECK(step_size > 0, "StepLR: step_size ", step_size, " must be positive");
+  GALLEY_CHECK(gamma > 0, "StepLR: gamma ", gamma, " must be positive");
+}
+
+double StepLR::lr_at(int64_t epoch) const {
+  return base_lr_ * std::pow(gamma_, double(epoch / step_size_));
+}
+
+CosineAnnealingLR::CosineAnnealingLR(Optimizer& optimizer, int64_t t_max, double eta_min)
+    : LRScheduler(optimizer), t_max_(t_max), eta_min_(eta_min) {
+  GALLEY_CHECK(t_max > 0, "CosineAnnealingLR: t_max ", t_max, " must be positive");
+}
+
+double CosineAnnealingLR::lr_at(int64_t epoch) const {
+  return eta_min_ + (base_lr_ - eta_min_) * (1 + std::cos(M_PI * double(epoch) / double(t_max_))) / 2;
+}
+
+}  // namespace galley::optim

@@ -1,0 +1,562 @@
+// Tensor handles: storage, shapes and views, host copies, factories and printing.
+#include "galley/tensor.h"
+
+#include <cmath>
+#include <cstring>
+#include <iomanip>
+#include <mutex>
+#include <sstream>
+
+#include "allocator.h"
+#include "galley/autograd.h"
+#include "galley/ops.h"
+
+namespace galley {
+
+std::string shape_str(const Shape& s) {
+  std::string out = "[";
+  for (size_t i = 0; i < s.size(); ++i) out += (i ? ", " : "") + std::to_string(s[i]);
+  return out + "]";
+}
+
+int64_t shape_numel(const Shape& s) {
+  int64_t n = 1;
+  for (int64_t d : s) n *= d;
+  return n;
+}
+
+namespace {
+Shape contiguous_strides(const Shape& shape) {
+  Shape st(shape.size());
+  int64_t acc = 1;
+  for (size_t i = shape.size(); i-- > 0;) {
+    st[i] = acc;
+    acc *= shape[i];
+  }
+  return st;
+}
+
+void check_cpu(const Tensor& t, const char* what) {
+  GALLEY_CHECK(t.device().is_cpu(), what, ": tensor is on ", t.device().str(),
+               " but this build has no kernels for that device");
+}
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------
+// Storage
+
+Storage::Storage(size_t bytes, Device device) : bytes_(bytes), device_(device) {
+  GALLEY_CHECK(device.is_cpu(), "cannot allocate on ", device.str(),
+               ": the CUDA backend is not available in this build");
+  data_ = detail::host_alloc(bytes, &capacity_);
+}
+
+Storage::~Storage() { detail::host_free(data_, capacity_); }
+
+// ---------------------------------------------------------------------------------------------
+// Construction and metadata
+
+Tensor Tensor::empty(const Shape& shape, DType dtype, Device device) {
+  for (int64_t d : shape)
+    GALLEY_CHECK(d >= 0, "Tensor::empty: negative size in shape ", shape_str(shape));
+  auto impl = std::make_shared<detail::TensorImpl>();
+  impl->storage = std::make_shared<Storage>(shape_numel(shape) * dtype_size(dtype), device);
+  impl->shape = shape;
+  impl->strides = contiguous_strides(shape);
+  impl->dtype = dtype;
+  return Tensor(std::move(impl));
+}
+
+Tensor Tensor::from_host(const void* data, const Shape& shape, DType dtype, Device device) {
+  Tensor t = empty(shape, dtype, device);
+  t.copy_from_host(data);
+  return t;
+}
+
+Tensor Tensor::from_vector(const std::vector<float>& values, const Shape& shape, Device device) {
+  GALLEY_CHECK(static_cast<int64_t>(values.size()) == shape_numel(shape), "from_vector: ",
+               values.size(), " values do not fill shape ", shape_str(shape));
+  return from_host(values.data(), shape, DType::Float32, device);
+}
+
+Tensor Tensor::from_vector(const std::vector<int64_t>& values, const Shape& shape, Device device) {
+  GALLEY_CHECK(static_cast<int64_t>(values.size()) == shape_numel(shape), "from_vector: ",
+               values.size(), " values do not fill shape ", shape_str(shape));
+  return from_host(values.data(), shape, DType::Int64, device);
+}
+
+#define GALLEY_CHECK_DEFINED(what) GALLEY_CHECK(impl_, what, ": the tensor is undefined")
+
+const Shape& Tensor::shape() const {
+  GALLEY_CHECK_DEFINED("shape");
+  return impl_->shape;
+}
+const Shape& Tensor::strides() const {
+  GALLEY_CHECK_DEFINED("strides");
+  return impl_->strides;
+}
+int64_t Tensor::size(int64_t d) const {
+  int64_t n = dim();
+  GALLEY_CHECK(d >= -n && d < n, "size: dimension ", d, " out of range for shape ",
+               shape_str(shape()));
+  return impl_->shape[d < 0 ? d + n : d];
+}
+int64_t Tensor::numel() const { return shape_numel(shape()); }
+DType Tensor::dtype() const {
+  GALLEY_CHECK_DEFINED("dtype");
+  return impl_->dtype;
+}
+Device Tensor::device() const {
+  GALLEY_CHECK_DEFINED("device");
+  return impl_->storage->device();
+}
+bool Tensor::is_contiguous() const {
+  return impl_->strides == contiguous_strides(impl_->shape);
+}
+
+void* Tensor::raw_data() const {
+  GALLEY_CHECK_DEFINED("data");
+  return static_cast<char*>(impl_->storage->data()) + impl_->offset * dtype_size(impl_->dtype);
+}
+
+template <typename T>
+T* Tensor::data() const {
+  GALLEY_CHECK_DEFINED("data");
+  GALLEY_CHECK(impl_->dtype == dtype_of<T>::value, "data<", dtype_name(dtype_of<T>::value),
+               ">: the tensor holds ", dtype_name(impl_->dtype));
+  return static_cast<T*>(raw_data());
+}
+template float* Tensor::data<float>() const;
+template int64_t* Tensor::data<int64_t>() const;
+template uint8_t* Tensor::data<uint8_t>() const;
+
+// ---------------------------------------------------------------------------------------------
+// Host copies
+
+void Tensor::copy_to_host(void* dst) const {
+  GALLEY_CHECK_DEFINED("copy_to_host");
+  check_cpu(*this, "copy_to_host");
+  Tensor c = contiguous();
+  std::memcpy(dst, c.raw_data(), c.numel() * dtype_size(c.dtype()));
+}
+
+void Tensor::copy_from_host(const void* src) {
+  GALLEY_CHECK_DEFINED("copy_from_host");
+  check_cpu(*this, "copy_from_host");
+  GALLEY_CHECK(is_contiguous(), "copy_from_host: the destination must be contiguous");
+  std::memcpy(raw_data(), src, numel() * dtype_size(dtype()));
+}
+
+template <typename T>
+std::vector<T> Tensor::to_vector() const {
+  GALLEY_CHECK(dtype() == dtype_of<T>::value, "to_vector<", dtype_name(dtype_of<T>::value),
+               ">: the tensor holds ", dtype_name(dtype()));
+  std::vector<T> out(numel());
+  copy_to_host(out.data());
+  return out;
+}
+template std::vector<float> Tensor::to_vector<float>() const;
+template std::vector<int64_t> Tensor::to_vector<int64_t>() const;
+template std::vector<uint8_t> Tensor::to_vector<uint8_t>() const;
+
+float Tensor::item() const {
+  GALLEY_CHECK(numel() == 1, "item: the tensor has shape ", shape_str(shape()),
+               ", not a single element");
+  check_cpu(*this, "item");
+  switch (dtype()) {
+    case DType::Float32: return *static_cast<const float*>(raw_data());
+    case DType::Int64: return static_cast<float>(*static_cast<const int64_t*>(raw_data()));
+    case DType::UInt8: return *static_cast<const uint8_t*>(raw_data());
+    default: GALLEY_CHECK(false, "item: unsupported dtype ", dtype_name(dtype()));
+  }
+  return 0.f;
+}
+
+void Tensor::copy_(const Tensor& src) {
+  GALLEY_CHECK_DEFINED("copy_");
+  GALLEY_CHECK(src.shape() == shape() && src.dtype() == dtype(), "copy_: source ",
+               shape_str(src.shape()), " ", dtype_name(src.dtype()), " does not match destination ",
+               shape_str(shape()), " ", dtype_name(dtype()));
+  GALLEY_CHECK(is_contiguous(), "copy_: the destination must be contiguous");
+  src.copy_to_host(raw_data());
+}
+
+void Tensor::fill_(float value) {
+  GALLEY_CHECK_DEFINED("fill_");
+  check_cpu(*this, "fill_");
+  GALLEY_CHECK(is_contiguous(), "fill_: the tensor must be contiguous");
+  int64_t n = numel();
+  switch (dtype()) {
+    case DType::Float32: std::fill_n(data<float>(), n, value); break;
+    case DType::Int64: std::fill_n(data<int64_t>(), n, static_cast<int64_t>(value)); break;
+    case DType::UInt8: std::fill_n(data<uint8_t>(), n, static_cast<uint8_t>(value)); break;
+    default: GALLEY_CHECK(false, "fill_: unsupported dtype ", dtype_name(dtype()));
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Views
+
+namespace {
+Shape infer_shape(Shape shape, int64_t numel, const Shape& from) {
+  int64_t known = 1, infer = -1;
+  for (size_t i = 0; i < shape.size(); ++i) {
+    if (shape[i] == -1) {
+      GALLEY_CHECK(infer < 0, "reshape: more than one -1 in ", shape_str(shape));
+      infer = static_cast<int64_t>(i);
+    } else {
+      GALLEY_CHECK(shape[i] >= 0, "reshape: negative size in ", shape_str(shape));
+      known *= shape[i];
+    }
+  }
+  if (infer >= 0) {
+    GALLEY_CHECK(known > 0 && numel % known == 0, "reshape: cannot view ", shape_str(from),
+                 " as ", shape_str(shape));
+    shape[infer] = numel / known;
+  }
+  GALLEY_CHECK(shape_numel(shape) == numel, "reshape: cannot view ", shape_str(from), " (",
+               numel, " elements) as ", shape_str(shape));
+  return shape;
+}
+}  // namespace
+
+Tensor Tensor::view(const Shape& new_shape) const {
+  GALLEY_CHECK_DEFINED("view");
+  GALLEY_CHECK(is_contiguous(), "view: the tensor of shape ", shape_str(shape()),
+               " is not contiguous; use reshape()");
+  Shape s = infer_shape(new_shape, numel(), shape());
+  auto impl = std::make_shared<detail::TensorImpl>();
+  impl->storage = impl_->storage;
+  impl->offset = impl_->offset;
+  impl->shape = s;
+  impl->strides = contiguous_strides(s);
+  impl->dtype = impl_->dtype;
+  Tensor out(std::move(impl));
+  if (!autograd::needs_grad({this})) return out;
+  Shape in_shape = shape();
+  return autograd::record(out, "view", {*this},
+                          [in_shape](const Tensor& g, std::vector<Tensor>& gi) {
+                            gi[0] = g.reshape(in_shape);
+                          });
+}
+
+Tensor Tensor::reshape(const Shape& new_shape) const {
+  return is_contiguous() ? view(new_shape) : contiguous().view(new_shape);
+}
+
+Tensor Tensor::flatten(int64_t start_axis, int64_t end_axis) const {
+  int64_t n = dim();
+  if (n == 0) return reshape({1});
+  int64_t s = start_axis < 0 ? start_axis + n : start_axis;
+  int64_t e = end_axis < 0 ? end_axis + n : end_axis;
+  GALLEY_CHECK(s >= 0 && s < n && e >= 0 && e < n && s <= e, "flatten: axes ", start_axis, "..",
+               end_axis, " invalid for shape ", shape_str(shape()));
+  Shape out;
+  for (int64_t i = 0; i < s; ++i) out.push_back(shape()[i]);
+  int64_t merged = 1;
+  for (int64_t i = s; i <= e; ++i) merged *= shape()[i];
+  out.push_back(merged);
+  for (int64_t i = e + 1; i < n; ++i) out.push_back(shape()[i]);
+  return reshape(out);
+}
+
+Tensor Tensor::contiguous() const {
+  GALLEY_CHECK_DEFINED("contiguous");
+  if (is_contiguous()) return *this;
+  check_cpu(*this, "contiguous");
+  Tensor out = empty(shape(), dtype(), device());
+  // Generic strided gather, one element at a time; only transposed views reach this.
+  size_t es = dtype_size(dtype());
+  int64_t n = numel(), d = dim();
+  std::vector<int64_t> idx(d, 0);
+  const char* src = static_cast<const char*>(raw_data());
+  char* dst = static_cast<char*>(out.raw_data());
+  for (int64_t i = 0; i < n; ++i) {
+    int64_t off = 0;
+    for (int64_t k = 0; k < d; ++k) off += idx[k] * impl_->strides[k];
+    std::memcpy(dst + i * es, src + off * es, es);
+    for (int64_t k = d - 1; k >= 0; --k) {
+      if (++idx[k] < impl_->shape[k]) break;
+      idx[k] = 0;
+    }
+  }
+  if (!autograd::needs_grad({this})) return out;
+  return autograd::record(out, "contiguous", {*this},
+                          [](const Tensor& g, std::vector<Tensor>& gi) { gi[0] = g; });
+}
+
+Tensor Tensor::clone() const {
+  GALLEY_CHECK_DEFINED("clone");
+  Tensor c = contiguous();
+  Tensor out = empty(shape(), dtype(), device());
+  std::memcpy(out.raw_data(), c.raw_data(), numel() * dtype_size(dtype()));
+  if (!autograd::needs_grad({this})) return out;
+  return autograd::record(out, "clone", {*this},
+                          [](const Tensor& g, std::vector<Tensor>& gi) { gi[0] = g; });
+}
+
+Tensor Tensor::detach() const {
+  GALLEY_CHECK_DEFINED("detach");
+  auto impl = std::make_shared<detail::TensorImpl>();
+  impl->storage = impl_->storage;
+  impl->offset = impl_->offset;
+  impl->shape = impl_->shape;
+  impl->strides = impl_->strides;
+  impl->dtype = impl_->dtype;
+  return Tensor(std::move(impl));
+}
+
+Tensor Tensor::to(Device device) const {
+  GALLEY_CHECK_DEFINED("to");
+  if (device == this->device()) return *this;
+  GALLEY_CHECK(device.is_cpu(), "to(", device.str(),
+               "): the CUDA backend is not available in this build");
+  // Two CPU "devices" share the host memory; a copy keeps replicas independent.
+  auto impl = std::make_shared<detail::TensorImpl>();
+  impl->storage = std::make_shared<Storage>(numel() * dtype_size(dtype()), device);
+  impl->shape = shape();
+  impl->strides = contiguous_strides(shape());
+  impl->dtype = dtype();
+  Tensor out(std::move(impl));
+  copy_to_host(out.raw_data());
+  if (!autograd::needs_grad({this})) return out;
+  Device from = this->device();
+  return autograd::record(out, "to", {*this}, [from](const Tensor& g, std::vector<Tensor>& gi) {
+    gi[0] = g.to(from);
+  });
+}
+
+// ---------------------------------------------------------------------------------------------
+// Autograd state
+
+bool Tensor::requires_grad() const {
+  return impl_ && (impl_->requires_grad || impl_->grad_fn != nullptr);
+}
+
+Tensor& Tensor::set_requires_grad(bool on) {
+  GALLEY_CHECK_DEFINED("set_requires_grad");
+  GALLEY_CHECK(!impl_->grad_fn, "set_requires_grad: only leaves can be marked; this tensor was "
+               "produced by ", impl_->grad_fn->name, " (use detach() first)");
+  GALLEY_CHECK(!on || impl_->dtype == DType::Float32, "set_requires_grad: only float tensors "
+               "can have gradients, this one is ", dtype_name(impl_->dtype));
+  impl_->requires_grad = on;
+  return *this;
+}
+
+bool Tensor::is_leaf() const { return impl_ && !impl_->grad_fn; }
+
+Tensor Tensor::grad() const {
+  GALLEY_CHECK_DEFINED("grad");
+  return impl_->grad ? Tensor(impl_->grad) : Tensor();
+}
+
+void Tensor::set_grad(const Tensor& g) {
+  GALLEY_CHECK_DEFINED("set_grad");
+  if (g.defined())
+    GALLEY_CHECK(g.shape() == shape(), "set_grad: gradient shape ", shape_str(g.shape()),
+                 " does not match tensor shape ", shape_str(shape()));
+  impl_->grad = g.impl_ptr();
+}
+
+void Tensor::register_grad_hook(std::function<void(const Tensor&)> hook) {
+  GALLEY_CHECK_DEFINED("register_grad_hook");
+  GALLEY_CHECK(is_leaf(), "register_grad_hook: only leaves accumulate gradients");
+  impl_->grad_hooks.push_back(std::move(hook));
+}
+
+void Tensor::backward(const Tensor& gradient) const {
+  GALLEY_CHECK_DEFINED("backward");
+  GALLEY_CHECK(requires_grad(), "backward: the tensor does not require a gradient (no input of "
+               "the ops that produced it was a parameter or marked set_requires_grad)");
+  Tensor g = gradient;
+  if (!g.defined()) {
+    GALLEY_CHECK(numel() == 1, "backward: a gradient must be given for a non-scalar output of "
+                 "shape ", shape_str(shape()));
+    g = ones(shape(), DType::Float32, device());
+  }
+  GALLEY_CHECK(g.shape() == shape(), "backward: gradient shape ", shape_str(g.shape()),
+               " does not match output shape ", shape_str(shape()));
+  autograd::run_backward(*this, g);
+}
+
+std::string Tensor::grad_fn_name() const {
+  return impl_ && impl_->grad_fn ? impl_->grad_fn->name : "";
+}
+
+// ---------------------------------------------------------------------------------------------
+// Printing
+
+std::string Tensor::to_string() const {
+  if (!impl_) return "Tensor(undefined)";
+  std::ostringstream os;
+  os << "Tensor(";
+  if (!device().is_cpu()) {
+    os << "shape=" << shape_str(shape()) << ", dtype=" << dtype_name(dtype())
+       << ", device=" << device().str() << ")";
+    return os.str();
+  }
+  Tensor c = contiguous();
+  const int64_t n = numel();
+  const int64_t edge = 3;  // elements shown at each end of a long row
+  auto value = [&](int64_t i) {
+    std::ostringstream v;
+    if (dtype() == DType::Float32) {
+      v << std::setprecision(4) << std::fixed << c.data<float>()[i];
+    } else if (dtype() == DType::Int64) {
+      v << c.data<int64_t>()[i];
+    } else if (dtype() == DType::UInt8) {
+      v << int(c.data<uint8_t>()[i]);
+    } else {
+      v << "?";
+    }
+    return v.str();
+  };
+  std::function<void(int64_t, int64_t, int)> rec = [&](int64_t d, int64_t base, int indent) {
+    if (d == dim()) {
+      os << value(base);
+      return;
+    }
+    int64_t len = shape()[d], stride = shape_numel(Shape(shape().begin() + d + 1, shape().end()));
+    os << "[";
+    for (int64_t i = 0; i < len; ++i) {
+      if (len > 2 * edge && i == edge) {
+        os << (d + 1 == dim() ? "..., " : "...,\n" + std::string(indent + 1, ' '));
+        i = len - edge;
+      }
+      rec(d + 1, base + i * stride, indent + 1);
+      if (i + 1 < len) os << (d + 1 == dim() ? ", " : ",\n" + std::string(indent + 1, ' '));
+    }
+    os << "]";
+  };
+  if (n > 0) rec(0, 0, 7);
+  else os << "[]";
+  os << ", shape=" << shape_str(shape()) << ", dtype=" << dtype_name(dtype());
+  if (!device().is_cpu() || device().index() != 0) os << ", device=" << device().str();
+  if (impl_->grad_fn) os << ", grad_fn=" << impl_->grad_fn->name;
+  else if (impl_->requires_grad) os << ", requires_grad=true";
+  os << ")";
+  return os.str();
+}
+
+std::ostream& operator<<(std::ostream& os, const Tensor& t) { return os << t.to_string(); }
+
+// ---------------------------------------------------------------------------------------------
+// Factories and random numbers
+
+Tensor full(const Shape& shape, float value, DType dtype, Device device) {
+  Tensor t = Tensor::empty(shape, dtype, device);
+  t.fill_(value);
+  return t;
+}
+Tensor zeros(const Shape& shape, DType dtype, Device device) {
+  return full(shape, 0.f, dtype, device);
+}
+Tensor ones(const Shape& shape, DType dtype, Device device) {
+  return full(shape, 1.f, dtype, device);
+}
+
+Tensor arange(double start, double end, double step, DType dtype) {
+  GALLEY_CHECK(step != 0, "arange: step must not be zero");
+  GALLEY_CHECK((end - start) / step >= 0, "arange: ", start, " to ", end, " by ", step,
+               " is empty in the wrong direction");
+  int64_t n = static_cast<int64_t>(std::ceil((end - start) / step));
+  Tensor t = Tensor::empty({n}, dtype);
+  for (int64_t i = 0; i < n; ++i) {
+    double v = start + i * step;
+    if (dtype == DType::Float32) t.data<float>()[i] = static_cast<float>(v);
+    else if (dtype == DType::Int64) t.data<int64_t>()[i] = static_cast<int64_t>(v);
+    else GALLEY_CHECK(false, "arange: unsupported dtype ", dtype_name(dtype));
+  }
+  return t;
+}
+
+namespace {
+uint64_t splitmix64(uint64_t& x) {
+  uint64_t z = (x += 0x9e3779b97f4a7c15ULL);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+  return z ^ (z >> 31);
+}
+uint64_t rotl(uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
+std::mutex& generator_mutex() {
+  static std::mutex mu;
+  return mu;
+}
+}  // namespace
+
+Generator::Generator(uint64_t seed) { manual_seed(seed); }
+
+void Generator::manual_seed(uint64_t seed) {
+  for (auto& s : state_) s = splitmix64(seed);
+  has_spare_ = false;
+}
+
+uint64_t Generator::next_u64() {  // xoshiro256**
+  uint64_t result = rotl(state_[1] * 5, 7) * 9;
+  uint64_t t = state_[1] << 17;
+  state_[2] ^= state_[0];
+  state_[3] ^= state_[1];
+  state_[1] ^= state_[2];
+  state_[0] ^= state_[3];
+  state_[2] ^= t;
+  state_[3] = rotl(state_[3], 45);
+  return result;
+}
+
+float Generator::next_float() { return (next_u64() >> 40) * (1.0f / 16777216.0f); }
+
+float Generator::next_normal() {
+  if (has_spare_) {
+    has_spare_ = false;
+    return spare_;
+  }
+  double u1, u2;
+  do u1 = (next_u64() >> 11) * (1.0 / 9007199254740992.0);
+  while (u1 <= 0.0);
+  u2 = (next_u64() >> 11) * (1.0 / 9007199254740992.0);
+  double r = std::sqrt(-2.0 * std::log(u1));
+  spare_ = static_cast<float>(r * std::sin(2 * M_PI * u2));
+  has_spare_ = true;
+  return static_cast<float>(r * std::cos(2 * M_PI * u2));
+}
+
+Generator& default_generator() {
+  static Generator gen(0);
+  return gen;
+}
+
+void manual_seed(uint64_t seed) {
+  std::lock_guard<std::mutex> lock(generator_mutex());
+  default_generator().manual_seed(seed);
+}
+
+Tensor uniform(const Shape& shape, float low, float high, Generator& gen) {
+  GALLEY_CHECK(low <= high, "uniform: low ", low, " is above high ", high);
+  Tensor t = Tensor::empty(shape);
+  float* p = t.data<float>();
+  std::lock_guard<std::mutex> lock(generator_mutex());
+  for (int64_t i = 0, n = t.numel(); i < n; ++i) p[i] = low + (high - low) * gen.next_float();
+  return t;
+}
+
+Tensor rand(const Shape& shape, Generator& gen) { return uniform(shape, 0.f, 1.f, gen); }
+
+Tensor randn(const Shape& shape, Generator& gen) {
+  Tensor t = Tensor::empty(shape);
+  float* p = t.data<float>();
+  std::lock_guard<std::mutex> lock(generator_mutex());
+  for (int64_t i = 0, n = t.numel(); i < n; ++i) p[i] = gen.next_normal();
+  return t;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Grad mode
+
+namespace {
+thread_local bool tls_grad_enabled = true;
+}
+NoGradGuard::NoGradGuard() : prev_(tls_grad_enabled) { tls_grad_enabled = false; }
+NoGradGuard::~NoGradGuard() { tls_grad_enabled = prev_; }
+bool grad_enabled() { return tls_grad_enabled; }
+
+}  // namespace galley
