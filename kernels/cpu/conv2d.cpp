@@ -19,6 +19,12 @@ std::vector<float>& scratch(size_t floats) {
   return buf;
 }
 
+// Images per thread chunk: small images are batched so that forking pays for itself.
+int64_t image_grain(const Conv2dGeometry& g) {
+  const int64_t flops = 2 * g.o * (g.c / g.groups) * g.kh * g.kw * g.oh * g.ow;
+  return std::max<int64_t>(1, (int64_t(1) << 20) / std::max<int64_t>(flops, 1));
+}
+
 bool is_pointwise(const Conv2dGeometry& g) {
   return g.kh == 1 && g.kw == 1 && g.stride == 1 && g.pad == 0;
 }
@@ -95,7 +101,7 @@ void conv2d_forward(const Conv2dGeometry& g, const float* x, const float* w, con
   const int64_t cg = g.c / g.groups, og = g.o / g.groups;
   const int64_t K = cg * g.kh * g.kw, P = g.oh * g.ow;
   const bool pointwise = is_pointwise(g);
-  parallel_for(g.n, 1, [&](int64_t n0, int64_t n1) {
+  parallel_for(g.n, image_grain(g), [&](int64_t n0, int64_t n1) {
     float* col = pointwise ? nullptr : scratch(K * P).data();
     for (int64_t n = n0; n < n1; ++n) {
       const float* xn = x + n * g.c * g.h * g.w;
@@ -122,12 +128,13 @@ void conv2d_backward(const Conv2dGeometry& g, const float* x, const float* w, co
   const int64_t cg = g.c / g.groups, og = g.o / g.groups;
   const int64_t K = cg * g.kh * g.kw, P = g.oh * g.ow;
   const bool pointwise = is_pointwise(g);
-  const int threads = static_cast<int>(std::min<int64_t>(num_threads(), g.n));
+  const int64_t grain = image_grain(g);
+  const int threads = static_cast<int>(std::min<int64_t>(num_threads(), (g.n + grain - 1) / grain));
   // Each thread sums its images' weight gradients privately; the partial sums are added after.
   std::vector<float> gw_parts(gw ? size_t(std::max(threads, 1)) * g.o * K : 0, 0.f);
   if (gb) std::fill_n(gb, g.o, 0.f);
   if (gx) std::fill_n(gx, g.n * g.c * g.h * g.w, 0.f);
-  parallel_for(g.n, 1, [&](int64_t n0, int64_t n1) {
+  parallel_for(g.n, grain, [&](int64_t n0, int64_t n1) {
     const int t = omp_in_parallel() ? omp_get_thread_num() : 0;
     float* col = pointwise ? nullptr : scratch(2 * K * P).data();
     float* gcol = pointwise ? nullptr : col + K * P;

@@ -1,0 +1,162 @@
+// Trains a small CNN on Fashion-MNIST with a live progress line and per-epoch test accuracy.
+//
+// Usage: fashion_mnist [--epochs N] [--batch-size N] [--lr X] [--data DIR] [--threads N]
+//                      [--limit N] [--target ACC] [--seed N]
+// --limit trains on the first N training images (quick runs); --target makes the program exit
+// with status 2 when the final test accuracy is below ACC (e.g. 0.91).
+#include <galley/galley.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+
+namespace nn = galley::nn;
+using galley::Tensor;
+
+// conv(1->32, 3, pad 1) relu pool2 -> conv(32->64, 3, pad 1) relu pool2 -> fc 3136->128 relu -> fc 10
+class FashionCNN : public nn::Layer {
+ public:
+  FashionCNN() {
+    register_layer("conv1", conv1_);
+    register_layer("conv2", conv2_);
+    register_layer("fc1", fc1_);
+    register_layer("fc2", fc2_);
+  }
+  Tensor forward(const Tensor& x) override {
+    auto h = pool_(galley::relu(conv1_(x)));
+    h = pool_(galley::relu(conv2_(h)));
+    h = galley::relu(fc1_(galley::flatten(h, 1)));
+    return fc2_(h);
+  }
+
+ private:
+  nn::Conv2D conv1_{1, 32, 3, {.padding = 1}};
+  nn::Conv2D conv2_{32, 64, 3, {.padding = 1}};
+  nn::MaxPool2D pool_{2};
+  nn::Linear fc1_{64 * 7 * 7, 128};
+  nn::Linear fc2_{128, 10};
+};
+
+namespace {
+struct Args {
+  int epochs = 5;
+  int64_t batch_size = 64;
+  double lr = 1e-3;
+  std::string data = galley::data::default_fashion_mnist_dir();
+  int threads = 0;
+  int64_t limit = 0;
+  double target = 0;
+  uint64_t seed = 0;
+};
+
+Args parse(int argc, char** argv) {
+  Args a;
+  for (int i = 1; i < argc; ++i) {
+    std::string k = argv[i];
+    auto next = [&]() -> const char* {
+      if (i + 1 >= argc) {
+        std::fprintf(stderr, "%s needs a value\n", k.c_str());
+        std::exit(64);
+      }
+      return argv[++i];
+    };
+    if (k == "--epochs") a.epochs = std::atoi(next());
+    else if (k == "--batch-size") a.batch_size = std::atoll(next());
+    else if (k == "--lr") a.lr = std::atof(next());
+    else if (k == "--data") a.data = next();
+    else if (k == "--threads") a.threads = std::atoi(next());
+    else if (k == "--limit") a.limit = std::atoll(next());
+    else if (k == "--target") a.target = std::atof(next());
+    else if (k == "--seed") a.seed = std::strtoull(next(), nullptr, 10);
+    else {
+      std::fprintf(stderr, "unknown option %s (see the comment at the top of fashion_mnist.cpp)\n",
+                   k.c_str());
+      std::exit(64);
+    }
+  }
+  return a;
+}
+
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+double evaluate(FashionCNN& model, const galley::data::Dataset& test) {
+  galley::NoGradGuard no_grad;
+  model.eval();
+  int64_t correct = 0;
+  galley::data::BatchIterator it(test, {.batch_size = 1000});
+  for (auto& [data, label] : it) {
+    auto pred = galley::argmax(model(data), 1);
+    const int64_t* p = pred.data<int64_t>();
+    const int64_t* y = label.data<int64_t>();
+    for (int64_t i = 0; i < label.numel(); ++i) correct += p[i] == y[i];
+  }
+  model.train();
+  return double(correct) / double(test.size());
+}
+}  // namespace
+
+int main(int argc, char** argv) {
+  Args args = parse(argc, argv);
+  try {
+    if (args.threads > 0) galley::set_num_threads(args.threads);
+    galley::manual_seed(args.seed);
+    galley::data::MNIST train_full(args.data, galley::data::Split::Train, /*normalize=*/true);
+    galley::data::MNIST test(args.data, galley::data::Split::Test, /*normalize=*/true);
+    galley::data::TensorDataset train = train_full;
+    if (args.limit > 0 && args.limit < int64_t(train_full.size())) {
+      const auto& d = train_full.data();
+      const auto& l = train_full.labels();
+      train = galley::data::TensorDataset(
+          Tensor::from_host(d.raw_data(), {args.limit, 1, 28, 28}),
+          Tensor::from_host(l.raw_data(), {args.limit}, galley::DType::Int64));
+    }
+    std::printf("Fashion-MNIST: %zu training, %zu test images from %s; %d threads\n", train.size(),
+                test.size(), args.data.c_str(), galley::num_threads());
+
+    FashionCNN model;
+    galley::optim::Adam optimizer(model.parameters(), {.learning_rate = args.lr});
+    nn::CrossEntropyLoss loss_fn;
+    galley::data::BatchIterator loader(train, {.batch_size = args.batch_size, .shuffle = true,
+                                               .seed = args.seed});
+    double accuracy = 0;
+    const auto start = std::chrono::steady_clock::now();
+    for (int epoch = 1; epoch <= args.epochs; ++epoch) {
+      const auto t0 = std::chrono::steady_clock::now();
+      double loss_sum = 0;
+      int64_t seen = 0, batches = 0;
+      for (auto& [data, label] : loader) {
+        auto loss = loss_fn(model(data), label);
+        loss.backward();
+        optimizer.step();
+        optimizer.clear_grad();
+        loss_sum += loss.item();
+        seen += label.numel();
+        if (++batches % 50 == 0 || seen == int64_t(train.size())) {
+          std::printf("\repoch %d/%d  %6lld/%zu  loss %.4f  %.0f samples/s", epoch, args.epochs,
+                      static_cast<long long>(seen), train.size(), loss_sum / batches,
+                      seen / seconds_since(t0));
+          std::fflush(stdout);
+        }
+      }
+      accuracy = evaluate(model, test);
+      std::printf("\repoch %d/%d  loss %.4f  %.0f samples/s  %.1f s  test accuracy %.2f%%\n",
+                  epoch, args.epochs, loss_sum / batches, seen / seconds_since(t0),
+                  seconds_since(t0), 100 * accuracy);
+    }
+    std::printf("final test accuracy %.2f%% after %d epochs in %.1f s\n", 100 * accuracy,
+                args.epochs, seconds_since(start));
+    if (args.target > 0 && accuracy < args.target) {
+      std::fprintf(stderr, "test accuracy %.2f%% is below the target %.2f%%\n", 100 * accuracy,
+                   100 * args.target);
+      return 2;
+    }
+  } catch (const galley::Error& e) {
+    std::fprintf(stderr, "error: %s\n", e.what());
+    return 1;
+  }
+  return 0;
+}
