@@ -16,8 +16,14 @@
 //     weight gradient of the SimpleCNN convolution, 1800 terms per entry), which leaves room
 //     for galley to add in another order.
 //   * SimpleCNN losses: rtol = 1e-4 elementwise (torch float32 vs float64: 5e-6).
-//   * SimpleCNN final parameters: atol = 1e-5, one hundredth of one Adam step at lr 1e-3
-//     (torch float32 vs float64: 6e-7).
+//   * SimpleCNN final parameters: atol = 1e-4, a tenth of one Adam step at lr 1e-3. Away
+//     from kinks the runs agree to ~5e-7 (torch float32 vs float64: 6e-7), but each step
+//     has 230k max-pool windows and a few are near-ties (gaps below 1e-6): rounding-level
+//     differences let galley pick the other element of such a window, which changes one
+//     conv channel's gradient by ~1e-3 for that step, and Adam turns this into parameter
+//     differences of a few hundredths of a step (2.3e-5 seen). A wrong update rule moves
+//     parameters by a sizeable fraction of a step each time and is caught here and by the
+//     losses.
 //   * tiny-model optimizer runs: as the ops (torch float32 vs float64: 1e-7).
 //   * learning rates: rtol = 1e-6 elementwise (the references are stored as float32).
 #include <gtest/gtest.h>
@@ -106,7 +112,7 @@ struct Tol {
 };
 constexpr Tol kOpTol{1e-5, 1e-5, true};
 constexpr Tol kLossTol{0.0, 1e-4, false};
-constexpr Tol kCnnParamTol{1e-5, 0.0, false};
+constexpr Tol kCnnParamTol{1e-4, 0.0, false};
 constexpr Tol kLrTol{0.0, 1e-6, false};
 
 std::string index_str(int64_t flat, const Shape& shape) {
