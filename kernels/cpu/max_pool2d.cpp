@@ -17,20 +17,27 @@ void max_pool2d_forward(const Pool2dGeometry& g, const float* x, float* y, int32
       const float* xp = x + p * in_plane;
       float* yp = y + p * out_plane;
       int32_t* ip = idx + p * out_plane;
-      if (fast2) {  // the common 2x2/2 window without bounds checks
+      if (fast2) {  // the common 2x2/2 window: branch-free selects that vectorise
         for (int64_t oh = 0; oh < g.oh; ++oh) {
           const float* r0 = xp + 2 * oh * g.w;
           const float* r1 = r0 + g.w;
+          float* yr = yp + oh * g.ow;
+          int32_t* ir = ip + oh * g.ow;
+          const int32_t base = static_cast<int32_t>(2 * oh * g.w), w = static_cast<int32_t>(g.w);
+#pragma omp simd
           for (int64_t ow = 0; ow < g.ow; ++ow) {
-            int64_t j = 2 * ow;
-            float best = r0[j];
-            int64_t bi = 2 * oh * g.w + j;
-            // `!(v <= best)` also lets a NaN win, so NaNs propagate as in PyTorch.
-            if (!(r0[j + 1] <= best)) best = r0[j + 1], bi = 2 * oh * g.w + j + 1;
-            if (!(r1[j] <= best)) best = r1[j], bi = (2 * oh + 1) * g.w + j;
-            if (!(r1[j + 1] <= best)) best = r1[j + 1], bi = (2 * oh + 1) * g.w + j + 1;
-            yp[oh * g.ow + ow] = best;
-            ip[oh * g.ow + ow] = static_cast<int32_t>(bi);
+            const int32_t j = static_cast<int32_t>(2 * ow);
+            const float a = r0[j], b = r0[j + 1], c = r1[j], d = r1[j + 1];
+            // `b > a || b != b` lets a NaN win, so NaNs propagate as in PyTorch.
+            const bool tb = b > a || b != b;
+            const float ab = tb ? b : a;
+            const int32_t iab = tb ? j + 1 : j;
+            const bool td = d > c || d != d;
+            const float cd = td ? d : c;
+            const int32_t icd = td ? w + j + 1 : w + j;
+            const bool tcd = (cd > ab || cd != cd) && !(ab != ab);
+            yr[ow] = tcd ? cd : ab;
+            ir[ow] = base + (tcd ? icd : iab);
           }
         }
         continue;
