@@ -1,0 +1,511 @@
+// Autograd: backward passes, accumulation, grad mode, graph lifetime, hooks, broadcasting and
+// independent graphs on several threads.
+#include <gtest/gtest.h>
+
+#include <galley/galley.h>
+
+#include <atomic>
+#include <cmath>
+#include <initializer_list>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace {
+
+using galley::Shape;
+using galley::Tensor;
+
+template <typename F>
+std::string error_of(F&& f) {
+  try {
+    f();
+  } catch (const galley::Error& e) {
+    return e.what();
+  } catch (const std::exception& e) {
+    ADD_FAILURE() << "expected galley::Error, got another exception: " << e.what();
+    return {};
+  }
+  ADD_FAILURE() << "expected galley::Error, nothing was thrown";
+  return {};
+}
+
+void expect_contains(const std::string& msg, std::initializer_list<std::string> parts) {
+  for (const std::string& p : parts)
+    EXPECT_NE(msg.find(p), std::string::npos) << "message lacks \"" << p << "\": " << msg;
+}
+
+Tensor fvec(const std::vector<float>& v, const Shape& s) {
+  return Tensor::from_vector(v, s);
+}
+
+// A leaf that wants a gradient.
+Tensor param(const std::vector<float>& v, const Shape& s) {
+  Tensor t = Tensor::from_vector(v, s);
+  t.set_requires_grad();
+  return t;
+}
+
+void expect_near_vec(const std::vector<float>& got, const std::vector<float>& want,
+                     float tol = 1e-5f) {
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t i = 0; i < got.size(); ++i)
+    EXPECT_NEAR(got[i], want[i], tol * (1.f + std::fabs(want[i]))) << "at index " << i;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Basic passes
+
+TEST(Backward, ScalarOutput) {
+  Tensor x = param({1, -2, 3}, {3});
+  Tensor y = galley::sum(x * x + x * 3.f);  // dy/dx = 2x + 3
+  EXPECT_EQ(y.dim(), 0);
+  EXPECT_TRUE(y.requires_grad());
+  EXPECT_FALSE(y.is_leaf());
+  y.backward();
+  ASSERT_TRUE(x.grad().defined());
+  EXPECT_EQ(x.grad().shape(), x.shape());
+  expect_near_vec(x.grad().to_vector(), {5, -1, 9});
+}
+
+TEST(Backward, OneElementNonScalarOutputNeedsNoGradient) {
+  Tensor x = param({2}, {1});
+  Tensor y = x * x;  // shape [1]
+  y.backward();
+  expect_near_vec(x.grad().to_vector(), {4});
+}
+
+TEST(Backward, ExplicitGradient) {
+  Tensor x = param({1, 2, 3}, {3});
+  Tensor y = x * 2.f;
+  y.backward(fvec({1, 10, 100}, {3}));
+  expect_near_vec(x.grad().to_vector(), {2, 20, 200});
+}
+
+TEST(Backward, ExplicitGradientIsNotModifiedByLaterAccumulation) {
+  // The leaf's gradient must be a private copy: later accumulation must not write into the
+  // gradient the caller passed in, nor into another leaf's gradient.
+  Tensor x = param({1, 2}, {2});
+  Tensor z = param({3, 4}, {2});
+  Tensor g = fvec({1, 1}, {2});
+  (x + z).backward(g);
+  (x + z).backward(g);
+  EXPECT_EQ(g.to_vector(), (std::vector<float>{1, 1}));
+  expect_near_vec(x.grad().to_vector(), {2, 2});
+  expect_near_vec(z.grad().to_vector(), {2, 2});
+  (x * 5.f).backward(g);
+  expect_near_vec(x.grad().to_vector(), {7, 7});
+  expect_near_vec(z.grad().to_vector(), {2, 2});
+  EXPECT_EQ(g.to_vector(), (std::vector<float>{1, 1}));
+}
+
+TEST(Backward, LeafRoot) {
+  Tensor x = param({1, 2}, {2});
+  x.backward(fvec({3, 4}, {2}));
+  expect_near_vec(x.grad().to_vector(), {3, 4});
+}
+
+TEST(Backward, NonScalarWithoutGradientThrows) {
+  Tensor x = param({1, 2, 3, 4}, {2, 2});
+  Tensor y = x * 2.f;
+  std::string msg = error_of([&] { y.backward(); });
+  expect_contains(msg, {"[2, 2]"});
+  EXPECT_FALSE(x.grad().defined());
+}
+
+TEST(Backward, GradientOfWrongShapeThrows) {
+  Tensor x = param({1, 2, 3}, {3});
+  Tensor y = x * 2.f;
+  std::string msg = error_of([&] { y.backward(galley::ones({2})); });
+  expect_contains(msg, {"[2]", "[3]"});
+}
+
+TEST(Backward, WithoutRequiresGradThrows) {
+  Tensor x = fvec({1, 2}, {2});
+  Tensor y = galley::sum(x * x);
+  EXPECT_FALSE(y.requires_grad());
+  EXPECT_TRUE(y.is_leaf());
+  EXPECT_THROW(y.backward(), galley::Error);
+}
+
+TEST(Backward, AccumulatesAcrossSeparateGraphs) {
+  Tensor x = param({1, 2, 3}, {3});
+  galley::sum(x * 2.f).backward();
+  expect_near_vec(x.grad().to_vector(), {2, 2, 2});
+  galley::sum(x * x).backward();  // + 2x
+  expect_near_vec(x.grad().to_vector(), {4, 6, 8});
+  x.set_grad(Tensor());
+  EXPECT_FALSE(x.grad().defined());
+  galley::sum(x * 3.f).backward();
+  expect_near_vec(x.grad().to_vector(), {3, 3, 3});
+}
+
+TEST(Backward, SetGradChecksShape) {
+  Tensor x = param({1, 2, 3}, {3});
+  std::string msg = error_of([&] { x.set_grad(galley::zeros({2})); });
+  expect_contains(msg, {"[2]", "[3]"});
+  x.set_grad(galley::ones({3}));
+  galley::sum(x).backward();
+  expect_near_vec(x.grad().to_vector(), {2, 2, 2});
+}
+
+TEST(Backward, InputUsedTwice) {
+  Tensor x = param({-1.5f, 0.5f, 3}, {3});
+  galley::sum(x * x).backward();
+  expect_near_vec(x.grad().to_vector(), {-3, 1, 6});
+
+  Tensor a = param({2, 5}, {2});
+  galley::sum(a + a).backward();
+  expect_near_vec(a.grad().to_vector(), {2, 2});
+
+  Tensor b = param({2, 3}, {2});
+  galley::sum(b * b * b).backward();  // 3 b^2
+  expect_near_vec(b.grad().to_vector(), {12, 27});
+}
+
+TEST(Backward, DiamondGraph) {
+  // h = 2x feeds two branches that meet again: y = sum(h * h + exp(h)).
+  Tensor x = param({0.1f, -0.3f}, {2});
+  Tensor h = x * 2.f;
+  Tensor y = galley::sum(h * h + galley::exp(h));
+  y.backward();
+  std::vector<float> xv{0.1f, -0.3f}, want;
+  for (float v : xv) want.push_back(2.f * (2.f * (2 * v)) + 2.f * std::exp(2 * v));
+  expect_near_vec(x.grad().to_vector(), want);
+}
+
+TEST(Backward, ElementwiseOps) {
+  Tensor a = param({1, 2}, {2});
+  Tensor b = param({4, -2}, {2});
+  galley::sum(a / b - galley::log(a) + galley::pow(b, 2.f) + galley::relu(-a + 1.5f)).backward();
+  // d/da: 1/b - 1/a - [a < 1.5];  d/db: -a/b^2 + 2b
+  expect_near_vec(a.grad().to_vector(), {1.f / 4 - 1.f - 1.f, -1.f / 2 - 1.f / 2});
+  expect_near_vec(b.grad().to_vector(), {-1.f / 16 + 8, -2.f / 4 - 4});
+}
+
+TEST(Backward, MatmulAndMean) {
+  Tensor a = param({1, 2, 3, 4}, {2, 2});
+  Tensor b = param({5, 6, 7, 8}, {2, 2});
+  galley::mean(galley::matmul(a, b)).backward();
+  // d mean(AB)/dA = (1/4) 1 B^T ; d/dB = (1/4) A^T 1
+  expect_near_vec(a.grad().to_vector(), {11.f / 4, 15.f / 4, 11.f / 4, 15.f / 4});
+  expect_near_vec(b.grad().to_vector(), {4.f / 4, 4.f / 4, 6.f / 4, 6.f / 4});
+}
+
+// ---------------------------------------------------------------------------------------------
+// Grad mode and graph cutting
+
+TEST(GradMode, NoGradGuardDisablesRecording) {
+  Tensor x = param({1, 2}, {2});
+  EXPECT_TRUE(galley::grad_enabled());
+  {
+    galley::NoGradGuard guard;
+    EXPECT_FALSE(galley::grad_enabled());
+    Tensor y = x * x;
+    EXPECT_FALSE(y.requires_grad());
+    EXPECT_TRUE(y.is_leaf());
+    EXPECT_EQ(y.grad_fn_name(), "");
+    {
+      galley::NoGradGuard inner;
+      EXPECT_FALSE(galley::grad_enabled());
+    }
+    EXPECT_FALSE(galley::grad_enabled());  // the inner guard restores "disabled"
+    EXPECT_THROW(galley::sum(y).backward(), galley::Error);
+  }
+  EXPECT_TRUE(galley::grad_enabled());
+  Tensor z = x * x;
+  EXPECT_TRUE(z.requires_grad());
+  EXPECT_EQ(z.grad_fn_name(), "mul");
+}
+
+TEST(GradMode, IsPerThread) {
+  galley::NoGradGuard guard;
+  bool other = false;
+  std::thread t([&] { other = galley::grad_enabled(); });
+  t.join();
+  EXPECT_TRUE(other);
+  EXPECT_FALSE(galley::grad_enabled());
+}
+
+TEST(GradMode, DetachCutsTheGraph) {
+  Tensor x = param({2, 3}, {2});
+  Tensor y = galley::sum(x.detach() * x);  // only the right-hand factor carries a gradient
+  y.backward();
+  expect_near_vec(x.grad().to_vector(), {2, 3});
+
+  Tensor w = param({1, 1}, {2});
+  Tensor h = (w * 4.f).detach();
+  EXPECT_FALSE(h.requires_grad());
+  Tensor out = galley::sum(h * w);
+  out.backward();
+  expect_near_vec(w.grad().to_vector(), {4, 4});
+}
+
+TEST(GradMode, OpsOnPlainTensorsRecordNothing) {
+  Tensor a = galley::ones({2}), b = galley::ones({2});
+  Tensor c = a * b + a;
+  EXPECT_FALSE(c.requires_grad());
+  EXPECT_EQ(c.grad_fn_name(), "");
+}
+
+TEST(GradMode, GradFnNames) {
+  Tensor x = param({1, 2, 3, 4}, {2, 2});
+  EXPECT_EQ(x.grad_fn_name(), "");
+  EXPECT_TRUE(x.is_leaf());
+  EXPECT_EQ((x + x).grad_fn_name(), "add");
+  EXPECT_EQ((x * x).grad_fn_name(), "mul");
+  EXPECT_EQ(galley::matmul(x, x).grad_fn_name(), "matmul");
+  EXPECT_FALSE((x * x).is_leaf());
+}
+
+TEST(Graph, SecondBackwardOnSameGraphThrows) {
+  Tensor x = param({1, 2}, {2});
+  Tensor y = galley::sum(x * x);
+  y.backward();
+  expect_near_vec(x.grad().to_vector(), {2, 4});
+  std::string msg = error_of([&] { y.backward(); });
+  EXPECT_FALSE(msg.empty());
+  // The failed pass must not have added anything.
+  expect_near_vec(x.grad().to_vector(), {2, 4});
+}
+
+TEST(Graph, BackwardThroughFreedIntermediateThrows) {
+  Tensor x = param({1, 2}, {2});
+  Tensor h = x * x;
+  galley::sum(h * 2.f).backward();
+  EXPECT_THROW(galley::sum(h).backward(), galley::Error);
+}
+
+TEST(Graph, SetRequiresGradOnNonLeafThrows) {
+  Tensor x = param({1, 2}, {2});
+  Tensor y = x * 2.f;
+  std::string msg = error_of([&] { y.set_requires_grad(); });
+  expect_contains(msg, {"mul"});
+  // A detached copy is a leaf again and may be marked.
+  Tensor d = y.detach();
+  EXPECT_NO_THROW(d.set_requires_grad());
+  EXPECT_TRUE(d.requires_grad());
+  d.set_requires_grad(false);
+  EXPECT_FALSE(d.requires_grad());
+}
+
+TEST(Graph, IntegerTensorsCannotRequireGrad) {
+  Tensor i = galley::zeros({2}, galley::DType::Int64);
+  std::string msg = error_of([&] { i.set_requires_grad(); });
+  expect_contains(msg, {"int64"});
+}
+
+TEST(Graph, GraphKeepsInputsAlive) {
+  // The graph owns what backward needs, even when the caller drops its handles.
+  Tensor x = param({3}, {1});
+  Tensor y;
+  {
+    Tensor h = x * 2.f;
+    Tensor k = h * h;
+    y = galley::sum(k);
+  }
+  y.backward();
+  expect_near_vec(x.grad().to_vector(), {24});  // d(4x^2)/dx = 8x
+}
+
+// ---------------------------------------------------------------------------------------------
+// Hooks
+
+TEST(Hooks, CalledAfterAccumulation) {
+  Tensor x = param({1, 2}, {2});
+  std::vector<std::vector<float>> seen;
+  x.register_grad_hook([&](const Tensor& g) {
+    seen.push_back(g.to_vector());
+    // The hook runs after the gradient has been stored on the leaf.
+    EXPECT_TRUE(x.grad().defined());
+    EXPECT_EQ(x.grad().to_vector(), g.to_vector());
+  });
+  galley::sum(x * 3.f).backward();
+  galley::sum(x * 2.f).backward();
+  ASSERT_EQ(seen.size(), 2u);
+  expect_near_vec(seen[0], {3, 3});
+  expect_near_vec(seen[1], {5, 5});  // the accumulated sum, not the second pass alone
+}
+
+TEST(Hooks, SeveralHooksRunInOrder) {
+  Tensor x = param({1}, {1});
+  std::vector<int> calls;
+  x.register_grad_hook([&](const Tensor&) { calls.push_back(1); });
+  x.register_grad_hook([&](const Tensor&) { calls.push_back(2); });
+  galley::sum(x).backward();
+  EXPECT_EQ(calls, (std::vector<int>{1, 2}));
+}
+
+TEST(Hooks, CalledOnceWithTheFullGradientWhenALeafIsUsedTwice) {
+  // A parameter used twice in one graph (x * x, tied weights) gets one complete gradient per
+  // backward pass; a hook that reduces gradients across replicas must not see a partial one.
+  Tensor x = param({1, 2}, {2});
+  std::vector<std::vector<float>> seen;
+  x.register_grad_hook([&](const Tensor& g) { seen.push_back(g.to_vector()); });
+  galley::sum(x * x).backward();
+  EXPECT_EQ(seen.size(), 1u) << "the hook must run once per backward pass";
+  ASSERT_FALSE(seen.empty());
+  expect_near_vec(seen[0], {2, 4});  // the complete gradient 2x
+  expect_near_vec(x.grad().to_vector(), {2, 4});
+}
+
+TEST(Hooks, OnlyOnLeaves) {
+  Tensor x = param({1}, {1});
+  Tensor y = x * 2.f;
+  EXPECT_THROW(y.register_grad_hook([](const Tensor&) {}), galley::Error);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Broadcasting
+
+TEST(Broadcast, AddReducesToRowVector) {
+  Tensor a = param({1, 2, 3, 4, 5, 6}, {2, 3});
+  Tensor b = param({10, 20, 30}, {3});
+  Tensor y = a + b;
+  EXPECT_EQ(y.shape(), (Shape{2, 3}));
+  expect_near_vec(y.to_vector(), {11, 22, 33, 14, 25, 36});
+  y.backward(fvec({1, 2, 3, 4, 5, 6}, {2, 3}));
+  EXPECT_EQ(b.grad().shape(), (Shape{3}));
+  expect_near_vec(b.grad().to_vector(), {5, 7, 9});
+  EXPECT_EQ(a.grad().shape(), (Shape{2, 3}));
+  expect_near_vec(a.grad().to_vector(), {1, 2, 3, 4, 5, 6});
+}
+
+TEST(Broadcast, MulReducesToColumn) {
+  Tensor a = param({1, 2, 3, 4, 5, 6}, {2, 3});
+  Tensor c = param({2, -1}, {2, 1});
+  Tensor y = a * c;
+  expect_near_vec(y.to_vector(), {2, 4, 6, -4, -5, -6});
+  galley::sum(y).backward();
+  EXPECT_EQ(c.grad().shape(), (Shape{2, 1}));
+  expect_near_vec(c.grad().to_vector(), {6, 15});
+  expect_near_vec(a.grad().to_vector(), {2, 2, 2, -1, -1, -1});
+}
+
+TEST(Broadcast, BothSidesBroadcast) {
+  Tensor r = param({1, 2, 3}, {1, 3});
+  Tensor c = param({10, 20}, {2, 1});
+  Tensor y = r * c;  // [2, 3]
+  EXPECT_EQ(y.shape(), (Shape{2, 3}));
+  y.backward(fvec({1, 1, 1, 2, 2, 2}, {2, 3}));
+  EXPECT_EQ(r.grad().shape(), (Shape{1, 3}));
+  expect_near_vec(r.grad().to_vector(), {50, 50, 50});
+  EXPECT_EQ(c.grad().shape(), (Shape{2, 1}));
+  expect_near_vec(c.grad().to_vector(), {6, 12});
+}
+
+TEST(Broadcast, ScalarTensor) {
+  Tensor a = param({1, 2, 3, 4}, {2, 2});
+  Tensor s = param({3}, {});
+  galley::sum(a * s + s).backward();
+  EXPECT_EQ(s.grad().shape(), Shape{});
+  expect_near_vec(s.grad().to_vector(), {10 + 4});
+  expect_near_vec(a.grad().to_vector(), {3, 3, 3, 3});
+}
+
+TEST(Broadcast, SubAndDivReduce) {
+  Tensor a = param({2, 4, 6, 8}, {2, 2});
+  Tensor b = param({2, 4}, {2});
+  galley::sum(a - b).backward();
+  expect_near_vec(b.grad().to_vector(), {-2, -2});
+  Tensor c = param({2, 4}, {2});
+  galley::sum(a.detach() / c).backward();  // d/dc = -a / c^2, summed over rows
+  expect_near_vec(c.grad().to_vector(), {-(2.f + 6.f) / 4, -(4.f + 8.f) / 16});
+}
+
+TEST(Broadcast, IncompatibleShapesThrow) {
+  Tensor a = galley::zeros({2, 3}), b = galley::zeros({2});
+  std::string msg = error_of([&] { a + b; });
+  expect_contains(msg, {"[2, 3]", "[2]"});
+}
+
+// ---------------------------------------------------------------------------------------------
+// Threads
+
+struct ThreadCase {
+  std::shared_ptr<galley::nn::Sequential> model;
+  Tensor x, y;
+  std::vector<std::vector<float>> serial_grads;
+};
+
+std::vector<std::vector<float>> grads_of(const galley::nn::Layer& model) {
+  std::vector<std::vector<float>> out;
+  for (const Tensor& p : model.parameters()) out.push_back(p.grad().to_vector());
+  return out;
+}
+
+void one_step(ThreadCase& c) {
+  c.model->zero_grad();
+  Tensor loss = galley::cross_entropy((*c.model)(c.x), c.y);
+  loss.backward();
+}
+
+TEST(Threads, IndependentGraphsOnSeveralThreads) {
+  constexpr int kThreads = 4;
+  std::vector<ThreadCase> cases(kThreads);
+  for (int t = 0; t < kThreads; ++t) {
+    galley::manual_seed(100 + t);
+    cases[t].model = std::make_shared<galley::nn::Sequential>(
+        std::make_shared<galley::nn::Linear>(16, 32), std::make_shared<galley::nn::ReLU>(),
+        std::make_shared<galley::nn::Linear>(32, 5));
+    galley::Generator gen(7 + t);
+    cases[t].x = galley::randn({64, 16}, gen);
+    std::vector<int64_t> labels(64);
+    for (int i = 0; i < 64; ++i) labels[i] = (i * 7 + t) % 5;
+    cases[t].y = Tensor::from_vector(labels, {64});
+  }
+  for (auto& c : cases) {
+    one_step(c);
+    c.serial_grads = grads_of(*c.model);
+  }
+  // Same models and data, all at once, several times over.
+  std::vector<std::vector<std::vector<float>>> threaded(kThreads);
+  std::vector<std::string> errors(kThreads);
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      try {
+        for (int it = 0; it < 20; ++it) one_step(cases[t]);
+        threaded[t] = grads_of(*cases[t].model);
+      } catch (const std::exception& e) {
+        errors[t] = e.what();
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  for (int t = 0; t < kThreads; ++t) {
+    ASSERT_EQ(errors[t], "") << "thread " << t;
+    ASSERT_EQ(threaded[t].size(), cases[t].serial_grads.size());
+    for (size_t p = 0; p < threaded[t].size(); ++p) {
+      SCOPED_TRACE("thread " + std::to_string(t) + ", parameter " + std::to_string(p));
+      expect_near_vec(threaded[t][p], cases[t].serial_grads[p], 1e-5f);
+    }
+  }
+}
+
+TEST(Threads, SeveralThreadsNoGradAndGradAtOnce) {
+  // One thread runs inference under a NoGradGuard while another records a graph.
+  Tensor w = param({1, 2, 3}, {3});
+  std::atomic<bool> recorded_under_guard{false};
+  std::thread infer([&] {
+    galley::NoGradGuard guard;
+    for (int i = 0; i < 200; ++i)
+      if ((w * w).requires_grad()) recorded_under_guard = true;
+  });
+  std::vector<float> grad;
+  std::thread train([&] {
+    Tensor local = param({1, 2, 3}, {3});
+    for (int i = 0; i < 200; ++i) {
+      local.set_grad(Tensor());
+      galley::sum(local * local).backward();
+    }
+    grad = local.grad().to_vector();
+  });
+  infer.join();
+  train.join();
+  EXPECT_FALSE(recorded_under_guard.load());
+  expect_near_vec(grad, {2, 4, 6});
+}
+
+}  // namespace

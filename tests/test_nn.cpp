@@ -1,0 +1,545 @@
+// Layers: registration and naming, modes, state dicts, default initialisation, forward results
+// and the errors that name the layer and the shapes at fault.
+#include <gtest/gtest.h>
+
+#include <galley/galley.h>
+
+#include <cmath>
+#include <initializer_list>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace {
+
+using galley::Shape;
+using galley::Tensor;
+namespace nn = galley::nn;
+
+template <typename F>
+std::string error_of(F&& f) {
+  try {
+    f();
+  } catch (const galley::Error& e) {
+    return e.what();
+  } catch (const std::exception& e) {
+    ADD_FAILURE() << "expected galley::Error, got another exception: " << e.what();
+    return {};
+  }
+  ADD_FAILURE() << "expected galley::Error, nothing was thrown";
+  return {};
+}
+
+void expect_contains(const std::string& msg, std::initializer_list<std::string> parts) {
+  for (const std::string& p : parts)
+    EXPECT_NE(msg.find(p), std::string::npos) << "message lacks \"" << p << "\": " << msg;
+}
+
+Tensor fvec(const std::vector<float>& v, const Shape& s) {
+  return Tensor::from_vector(v, s);
+}
+Tensor labels(const std::vector<int64_t>& v) {
+  return Tensor::from_vector(v, {static_cast<int64_t>(v.size())});
+}
+
+// A model with its own parameter, a member layer and an owned Sequential.
+class Net : public nn::Layer {
+ public:
+  Net()
+      : block_(std::make_shared<nn::Sequential>(std::make_shared<nn::Linear>(8, 8),
+                                                std::make_shared<nn::ReLU>(),
+                                                std::make_shared<nn::Linear>(8, 2))) {
+    scale_ = register_parameter("scale", galley::ones({4}));
+    register_layer("fc", fc_);
+    register_layer("block", block_);
+  }
+  Tensor forward(const Tensor& x) override { return (*block_)(fc_(x * scale_)); }
+  nn::Linear& fc() { return fc_; }
+  nn::Sequential& block() { return *block_; }
+
+ private:
+  Tensor scale_;
+  nn::Linear fc_{4, 8};
+  std::shared_ptr<nn::Sequential> block_;
+};
+
+// A layer with a buffer next to its parameter.
+class WithBuffer : public nn::Layer {
+ public:
+  WithBuffer() {
+    register_parameter("w", galley::ones({2}));
+    register_buffer("running", galley::zeros({2}));
+  }
+  Tensor forward(const Tensor& x) override { return x; }
+};
+
+std::vector<std::string> names_of(const std::vector<nn::NamedTensor>& v) {
+  std::vector<std::string> out;
+  for (auto& [n, t] : v) out.push_back(n);
+  return out;
+}
+
+std::map<std::string, std::vector<float>> values_of(const nn::Layer& l) {
+  std::map<std::string, std::vector<float>> out;
+  for (auto& [n, t] : l.named_buffers()) out[n] = t.to_vector();
+  return out;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Registration
+
+TEST(Registration, NamedParametersOrderAndDottedNames) {
+  Net net;
+  const std::vector<std::string> want{"scale",          "fc.weight",    "fc.bias",
+                                      "block.0.weight", "block.0.bias", "block.2.weight",
+                                      "block.2.bias"};
+  EXPECT_EQ(names_of(net.named_parameters()), want);
+  EXPECT_EQ(net.parameters().size(), 7u);
+  // The handles are the layers' own, not copies.
+  auto named = net.named_parameters();
+  EXPECT_TRUE(named[1].second.is_same(net.fc().weight()));
+  EXPECT_TRUE(named[2].second.is_same(net.fc().bias()));
+  EXPECT_TRUE(named[5].second.is_same(static_cast<nn::Linear&>(net.block()[2]).weight()));
+  auto params = net.parameters();
+  for (size_t i = 0; i < params.size(); ++i) {
+    EXPECT_TRUE(params[i].is_same(named[i].second));
+    EXPECT_TRUE(params[i].requires_grad());
+    EXPECT_TRUE(params[i].is_leaf());
+  }
+  EXPECT_EQ(params[3].shape(), (Shape{8, 8}));
+  EXPECT_EQ(params[5].shape(), (Shape{2, 8}));
+}
+
+TEST(Registration, Children) {
+  Net net;
+  auto kids = net.children();
+  ASSERT_EQ(kids.size(), 2u);
+  EXPECT_EQ(kids[0].first, "fc");
+  EXPECT_EQ(kids[0].second, &net.fc());
+  EXPECT_EQ(kids[1].first, "block");
+  EXPECT_EQ(net.block().size(), 3u);
+  auto seq_kids = net.block().children();
+  ASSERT_EQ(seq_kids.size(), 3u);
+  EXPECT_EQ(seq_kids[0].first, "0");
+  EXPECT_EQ(seq_kids[2].first, "2");
+}
+
+TEST(Registration, BuffersAreStateButNotParameters) {
+  WithBuffer l;
+  EXPECT_EQ(names_of(l.named_parameters()), (std::vector<std::string>{"w"}));
+  EXPECT_EQ(names_of(l.named_buffers()), (std::vector<std::string>{"w", "running"}));
+  auto sd = l.state_dict();
+  EXPECT_EQ(sd.size(), 2u);
+  EXPECT_TRUE(sd.count("running"));
+  EXPECT_FALSE(l.named_buffers()[1].second.requires_grad());
+}
+
+TEST(Registration, BadNamesAndDuplicatesThrow) {
+  WithBuffer l;
+  EXPECT_THROW(l.register_parameter("w", galley::ones({1})), galley::Error);
+  EXPECT_THROW(l.register_parameter("a.b", galley::ones({1})), galley::Error);
+  EXPECT_THROW(l.register_parameter("", galley::ones({1})), galley::Error);
+  EXPECT_THROW(l.register_parameter("u", Tensor()), galley::Error);
+  nn::Linear a(2, 2), b(2, 2);
+  l.register_layer("a", a);
+  EXPECT_THROW(l.register_layer("a", b), galley::Error);
+  EXPECT_THROW(l.register_layer("x.y", b), galley::Error);
+  EXPECT_THROW(l.register_layer("self", l), galley::Error);
+}
+
+TEST(Registration, NonLeafValueBecomesItsOwnLeaf) {
+  Tensor x = galley::ones({2});
+  x.set_requires_grad();
+  WithBuffer l;
+  Tensor& p = l.register_parameter("derived", x * 2.f);
+  EXPECT_TRUE(p.is_leaf());
+  EXPECT_TRUE(p.requires_grad());
+  EXPECT_EQ(p.to_vector(), (std::vector<float>{2, 2}));
+  Tensor& frozen = l.register_parameter("frozen", galley::ones({1}), false);
+  EXPECT_FALSE(frozen.requires_grad());
+}
+
+TEST(Registration, LinearWithoutBias) {
+  nn::Linear l(3, 2, false);
+  EXPECT_EQ(names_of(l.named_parameters()), (std::vector<std::string>{"weight"}));
+  EXPECT_FALSE(l.bias().defined());
+  nn::Conv2D c(2, 4, 3, {.bias = false});
+  EXPECT_EQ(c.parameters().size(), 1u);
+  EXPECT_EQ(c.weight().shape(), (Shape{4, 2, 3, 3}));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Modes and devices
+
+TEST(Modes, TrainEvalPropagate) {
+  Net net;
+  EXPECT_TRUE(net.is_training());
+  EXPECT_TRUE(net.fc().is_training());
+  net.eval();
+  EXPECT_FALSE(net.is_training());
+  EXPECT_FALSE(net.fc().is_training());
+  EXPECT_FALSE(net.block().is_training());
+  EXPECT_FALSE(net.block()[0].is_training());
+  EXPECT_FALSE(net.block()[2].is_training());
+  net.train();
+  EXPECT_TRUE(net.block()[1].is_training());
+  EXPECT_TRUE(net.fc().is_training());
+  net.train(false);
+  EXPECT_FALSE(net.block()[2].is_training());
+}
+
+TEST(Devices, ToCpuKeepsHandlesValid) {
+  Net net;
+  galley::optim::SGD opt(net.parameters(), {.learning_rate = 0.1});
+  std::vector<void*> before;
+  for (auto& p : net.parameters()) before.push_back(p.raw_data());
+  auto values = values_of(net);
+  net.to(galley::Device::cpu());
+  auto params = net.parameters();
+  for (size_t i = 0; i < params.size(); ++i) {
+    EXPECT_TRUE(opt.parameters()[i].is_same(params[i]));
+    EXPECT_EQ(params[i].raw_data(), before[i]);
+    EXPECT_TRUE(params[i].device().is_cpu());
+  }
+  EXPECT_EQ(values_of(net), values);
+}
+
+TEST(Devices, ToAnotherCpuDeviceMovesUnderTheSameHandles) {
+  Net net;
+  galley::optim::SGD opt(net.parameters(), {.learning_rate = 0.1});
+  auto values = values_of(net);
+  Tensor w = net.fc().weight();
+  net.to(galley::Device::cpu(1));
+  EXPECT_EQ(values_of(net), values);
+  for (size_t i = 0; i < opt.parameters().size(); ++i) {
+    EXPECT_EQ(opt.parameters()[i].device(), galley::Device::cpu(1));
+    EXPECT_TRUE(opt.parameters()[i].is_same(net.parameters()[i]));
+  }
+  EXPECT_EQ(w.device(), galley::Device::cpu(1));
+  // A step through the optimizer's handles changes the tensors the model holds.
+  for (auto& p : opt.parameters()) {
+    Tensor g = galley::ones(p.shape()).to(galley::Device::cpu(1));
+    Tensor(p).set_grad(g);
+  }
+  opt.step();
+  EXPECT_NE(values_of(net), values);
+  EXPECT_EQ(net.fc().weight().device(), galley::Device::cpu(1));
+}
+
+TEST(Devices, ForwardAndBackwardOnAnotherCpuDevice) {
+  // A replica moved to cpu:1 (data-parallel testing) computes there: every op's output stays
+  // on its inputs' device, so the next layer sees matching devices.
+  galley::manual_seed(5);
+  Net ref;
+  galley::manual_seed(5);
+  Net net;
+  net.to(galley::Device::cpu(1));
+  Tensor x = galley::ones({3, 4});
+  Tensor out;
+  ASSERT_NO_THROW(out = net(x.to(galley::Device::cpu(1))));
+  EXPECT_EQ(out.device(), galley::Device::cpu(1));
+  EXPECT_EQ(out.to(galley::Device::cpu()).to_vector(), ref(x).to_vector());
+  ASSERT_NO_THROW(galley::sum(out).backward());
+  for (auto& p : net.parameters()) {
+    ASSERT_TRUE(p.grad().defined());
+    EXPECT_EQ(p.grad().device(), galley::Device::cpu(1));
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// State dicts
+
+TEST(StateDict, RoundTrip) {
+  galley::manual_seed(1);
+  Net a;
+  galley::manual_seed(2);
+  Net b;
+  EXPECT_NE(values_of(a), values_of(b));
+  auto sd = a.state_dict();
+  EXPECT_EQ(sd.size(), 7u);
+  for (auto& [n, t] : a.named_parameters()) {
+    ASSERT_TRUE(sd.count(n)) << n;
+    EXPECT_EQ(sd[n].shape(), t.shape());
+    EXPECT_FALSE(sd[n].is_same(t));
+  }
+  b.load_state_dict(sd);
+  EXPECT_EQ(values_of(a), values_of(b));
+  // Loading copies values under b's own handles; later changes to the dict don't leak in.
+  Tensor bw = b.fc().weight();
+  sd["fc.weight"].fill_(123.f);
+  EXPECT_TRUE(bw.is_same(b.fc().weight()));
+  EXPECT_EQ(b.fc().weight().to_vector(), a.fc().weight().to_vector());
+  EXPECT_TRUE(b.fc().weight().requires_grad());
+  EXPECT_TRUE(b.fc().weight().is_leaf());
+}
+
+TEST(StateDict, IsACopy) {
+  Net a;
+  auto before = a.fc().bias().to_vector();
+  auto sd = a.state_dict();
+  sd["fc.bias"].fill_(5.f);
+  EXPECT_EQ(a.fc().bias().to_vector(), before);
+  EXPECT_FALSE(sd["fc.bias"].requires_grad());
+}
+
+TEST(StateDict, WrongShapeNamesEntryAndShapesAndChangesNothing) {
+  galley::manual_seed(3);
+  Net a;
+  galley::manual_seed(4);
+  Net b;
+  auto before = values_of(b);
+  auto sd = a.state_dict();  // every other entry is valid and differs from b's values
+  sd["fc.weight"] = galley::zeros({8, 5});
+  std::string msg = error_of([&] { b.load_state_dict(sd); });
+  expect_contains(msg, {"fc.weight", "[8, 5]", "[8, 4]"});
+  EXPECT_EQ(values_of(b), before);
+
+  // An entry that sorts after the bad one must not have been written either.
+  auto sd2 = a.state_dict();
+  sd2["block.0.bias"] = galley::zeros({3});
+  msg = error_of([&] { b.load_state_dict(sd2); });
+  expect_contains(msg, {"block.0.bias", "[3]", "[8]"});
+  EXPECT_EQ(values_of(b), before);
+}
+
+TEST(StateDict, WrongDTypeThrows) {
+  Net a, b;
+  auto sd = a.state_dict();
+  sd["scale"] = galley::zeros({4}, galley::DType::Int64);
+  std::string msg = error_of([&] { b.load_state_dict(sd); });
+  expect_contains(msg, {"scale", "int64"});
+}
+
+TEST(StateDict, MissingAndUnexpectedEntries) {
+  Net a, b;
+  auto before = values_of(b);
+  auto sd = a.state_dict();
+  sd.erase("block.2.bias");
+  std::string msg = error_of([&] { b.load_state_dict(sd); });
+  expect_contains(msg, {"block.2.bias", "missing"});
+  EXPECT_EQ(values_of(b), before);
+
+  // Not strict: the rest is loaded.
+  b.load_state_dict(sd, /*strict=*/false);
+  EXPECT_EQ(b.fc().weight().to_vector(), a.fc().weight().to_vector());
+  EXPECT_EQ(values_of(b)["block.2.bias"], before["block.2.bias"]);
+
+  auto sd2 = a.state_dict();
+  sd2["block.3.weight"] = galley::zeros({2});
+  auto before2 = values_of(b);
+  msg = error_of([&] { b.load_state_dict(sd2); });
+  expect_contains(msg, {"block.3.weight", "unexpected"});
+  EXPECT_EQ(values_of(b), before2);
+  EXPECT_THROW(b.load_state_dict(sd2, false), galley::Error);
+}
+
+TEST(StateDict, IncludesBuffers) {
+  WithBuffer a, b;
+  a.named_buffers()[1].second.fill_(7.f);
+  b.load_state_dict(a.state_dict());
+  EXPECT_EQ(b.named_buffers()[1].second.to_vector(), (std::vector<float>{7, 7}));
+}
+
+TEST(StateDict, ZeroGradClearsEveryParameter) {
+  Net net;
+  galley::sum(net(galley::ones({2, 4}))).backward();
+  for (auto& p : net.parameters()) EXPECT_TRUE(p.grad().defined());
+  net.zero_grad();
+  for (auto& p : net.parameters()) EXPECT_FALSE(p.grad().defined());
+}
+
+// ---------------------------------------------------------------------------------------------
+// Default initialisation
+
+void check_uniform_init(const Tensor& t, double bound, double var_tol, const std::string& what) {
+  SCOPED_TRACE(what);
+  std::vector<float> v = t.to_vector();
+  double sq = 0, mx = 0, mean = 0;
+  for (float x : v) {
+    EXPECT_LE(std::fabs(x), bound + 1e-7) << x;
+    sq += double(x) * x;
+    mean += x;
+    mx = std::max(mx, double(std::fabs(x)));
+  }
+  mean /= double(v.size());
+  const double var = sq / double(v.size());
+  const double want = bound * bound / 3.0;  // variance of uniform(-b, b)
+  EXPECT_NEAR(var, want, var_tol * want);
+  EXPECT_NEAR(mean, 0.0, 4.0 * std::sqrt(want / double(v.size())));
+  EXPECT_GT(mx, 0.8 * bound);  // the whole interval is used
+}
+
+TEST(Init, LinearBoundsAndVariance) {
+  galley::manual_seed(10);
+  nn::Linear l(100, 10);
+  const double b = 1.0 / std::sqrt(100.0);
+  check_uniform_init(l.weight(), b, 0.12, "weight");
+  for (float x : l.bias().to_vector()) EXPECT_LE(std::fabs(x), b);
+  nn::Linear wide(100, 200);  // enough bias entries for statistics
+  check_uniform_init(wide.bias(), b, 0.25, "bias");
+}
+
+TEST(Init, Conv2DBoundsAndVariance) {
+  galley::manual_seed(11);
+  nn::Conv2D c(3, 8, 3);
+  const double b = 1.0 / std::sqrt(27.0);
+  EXPECT_EQ(c.weight().shape(), (Shape{8, 3, 3, 3}));
+  check_uniform_init(c.weight(), b, 0.25, "weight");
+  for (float x : c.bias().to_vector()) EXPECT_LE(std::fabs(x), b);
+
+  nn::Conv2D big(16, 64, 3);  // fan_in 144
+  check_uniform_init(big.weight(), 1.0 / 12.0, 0.08, "big weight");
+  check_uniform_init(big.bias(), 1.0 / 12.0, 0.35, "big bias");
+
+  nn::Conv2D grouped(4, 8, 3, {.groups = 2});  // fan_in 2 * 9
+  EXPECT_EQ(grouped.weight().shape(), (Shape{8, 2, 3, 3}));
+  for (float x : grouped.weight().to_vector()) EXPECT_LE(std::fabs(x), 1.0 / std::sqrt(18.0));
+}
+
+TEST(Init, FansAndInitialisers) {
+  EXPECT_EQ(nn::init::fans(galley::zeros({10, 20})), std::make_pair(int64_t(20), int64_t(10)));
+  EXPECT_EQ(nn::init::fans(galley::zeros({8, 3, 5, 5})), std::make_pair(int64_t(75), int64_t(200)));
+  EXPECT_THROW(nn::init::fans(galley::zeros({4})), galley::Error);
+  Tensor t = galley::zeros({1000});
+  galley::Generator g(1);
+  nn::init::uniform_(t, 2.f, 3.f, g);
+  for (float x : t.to_vector()) {
+    EXPECT_GE(x, 2.f);
+    EXPECT_LT(x, 3.f);
+  }
+  Tensor w = galley::zeros({50, 60});
+  nn::init::kaiming_uniform_(w, 0.f, g);  // bound sqrt(6 / fan_in)
+  check_uniform_init(w, std::sqrt(6.0 / 60.0), 0.1, "kaiming a=0");
+}
+
+TEST(Init, SeededConstructionIsReproducible) {
+  galley::manual_seed(77);
+  Net a;
+  galley::manual_seed(77);
+  Net b;
+  EXPECT_EQ(values_of(a), values_of(b));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Forward results
+
+TEST(Forward, LinearComputesXWtPlusB) {
+  nn::Linear l(3, 2);
+  l.weight().copy_(fvec({1, 2, 3, -1, 0, 1}, {2, 3}));
+  l.bias().copy_(fvec({0.5f, -0.5f}, {2}));
+  Tensor y = l(fvec({1, 1, 1, 2, 0, -1}, {2, 3}));
+  EXPECT_EQ(y.shape(), (Shape{2, 2}));
+  EXPECT_EQ(y.to_vector(), (std::vector<float>{6.5f, -0.5f, -0.5f, -3.5f}));
+  // Any leading dimensions.
+  Tensor y3 = l(galley::ones({4, 5, 3}));
+  EXPECT_EQ(y3.shape(), (Shape{4, 5, 2}));
+  EXPECT_FLOAT_EQ(y3.to_vector()[1], -0.5f);
+}
+
+TEST(Forward, SequentialChainsLayers) {
+  auto fc = std::make_shared<nn::Linear>(2, 2, false);
+  fc->weight().copy_(fvec({1, 0, 0, -1}, {2, 2}));
+  nn::Sequential seq(fc, std::make_shared<nn::ReLU>());
+  EXPECT_EQ(seq(fvec({3, 4}, {1, 2})).to_vector(), (std::vector<float>{3, 0}));
+  seq.push_back(std::make_shared<nn::Flatten>(0));
+  EXPECT_EQ(seq.size(), 3u);
+  EXPECT_EQ(seq(fvec({3, 4}, {1, 2})).shape(), (Shape{2}));
+  expect_contains(seq.repr(), {"Sequential", "Linear", "ReLU"});
+}
+
+TEST(Forward, SequentialIndexOutOfRangeIsAGalleyError) {
+  // Every error galley raises derives from galley::Error.
+  nn::Sequential seq(std::make_shared<nn::ReLU>());
+  EXPECT_NO_THROW(seq[0]);
+  EXPECT_THROW(seq[1], galley::Error);
+}
+
+TEST(Forward, ConvPoolFlattenShapes) {
+  nn::Sequential seq(std::make_shared<nn::Conv2D>(3, 8, 3, nn::Conv2DOptions{.padding = 1}),
+                     std::make_shared<nn::ReLU>(), std::make_shared<nn::MaxPool2D>(2),
+                     std::make_shared<nn::Conv2D>(8, 4, 3, nn::Conv2DOptions{.stride = 2}),
+                     std::make_shared<nn::Flatten>());
+  Tensor y = seq(galley::ones({2, 3, 16, 16}));
+  // 16 -> conv(pad 1) 16 -> pool 8 -> conv(k3, s2) 3 -> flatten 4*3*3
+  EXPECT_EQ(y.shape(), (Shape{2, 36}));
+}
+
+TEST(Forward, MaxPoolPicksMaxima) {
+  nn::MaxPool2D pool(2);
+  Tensor x = fvec({1, 5, 2, 0, 3, 4, 8, 1, 0, 0, 1, 1, 9, 0, 1, 2}, {1, 1, 4, 4});
+  EXPECT_EQ(pool(x).to_vector(), (std::vector<float>{5, 8, 9, 2}));
+}
+
+TEST(Forward, CrossEntropyLossMatchesFormula) {
+  nn::CrossEntropyLoss loss;
+  Tensor logits = fvec({1, 2, 3, 0, 0, 0}, {2, 3});
+  const double lse0 = std::log(std::exp(1.0) + std::exp(2.0) + std::exp(3.0));
+  const double want = ((lse0 - 3.0) + std::log(3.0)) / 2.0;
+  EXPECT_NEAR(loss(logits, labels({2, 0})).item(), want, 1e-5);
+  EXPECT_THROW(nn::CrossEntropyLoss({.label_smoothing = 1.5f}), galley::Error);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Errors name the layer and the shapes
+
+TEST(Errors, LinearWrongInput) {
+  nn::Linear l(4, 2);
+  std::string msg = error_of([&] { l(galley::zeros({3, 5})); });
+  expect_contains(msg, {"Linear", "[3, 5]", "4"});
+}
+
+TEST(Errors, Conv2DWrongChannels) {
+  nn::Conv2D c(3, 8, 3);
+  std::string msg = error_of([&] { c(galley::zeros({1, 4, 8, 8})); });
+  expect_contains(msg, {"Conv2D", "[1, 4, 8, 8]", "3"});
+  msg = error_of([&] { c(galley::zeros({3, 8, 8})); });
+  expect_contains(msg, {"Conv2D", "[3, 8, 8]"});
+  msg = error_of([&] { c(galley::zeros({1, 3, 2, 2})); });  // smaller than the kernel
+  expect_contains(msg, {"Conv2D", "[1, 3, 2, 2]"});
+}
+
+TEST(Errors, Conv2DBadGeometry) {
+  EXPECT_THROW(nn::Conv2D(3, 8, 0), galley::Error);
+  EXPECT_THROW(nn::Conv2D(3, 8, 3, {.stride = 0}), galley::Error);
+  EXPECT_THROW(nn::Conv2D(3, 8, 3, {.groups = 2}), galley::Error);
+  EXPECT_THROW(nn::Linear(0, 3), galley::Error);
+}
+
+TEST(Errors, CrossEntropyLabelsOfWrongLength) {
+  nn::CrossEntropyLoss loss;
+  std::string msg = error_of([&] { loss(galley::zeros({3, 4}), labels({0, 1})); });
+  expect_contains(msg, {"[3, 4]", "[2]"});
+  msg = error_of([&] { loss(galley::zeros({3, 4}), galley::zeros({3})); });
+  expect_contains(msg, {"int64"});
+}
+
+TEST(Errors, CrossEntropyLabelOutOfRangeNamesRow) {
+  nn::CrossEntropyLoss loss;
+  std::string msg = error_of([&] { loss(galley::zeros({3, 4}), labels({0, 7, 1})); });
+  expect_contains(msg, {"row 1", "7", "4"});
+  msg = error_of([&] { loss(galley::zeros({3, 4}), labels({0, 1, -2})); });
+  expect_contains(msg, {"row 2", "-2"});
+  // The ignore index is not out of range.
+  EXPECT_NO_THROW(loss(galley::zeros({3, 4}), labels({0, -100, 1})));
+}
+
+TEST(Errors, MaxPoolLargerThanInput) {
+  nn::MaxPool2D pool(3);
+  std::string msg = error_of([&] { pool(galley::zeros({1, 1, 2, 2})); });
+  expect_contains(msg, {"MaxPool2D", "[1, 1, 2, 2]"});
+  msg = error_of([&] { nn::MaxPool2D(2)(galley::zeros({4, 4})); });
+  expect_contains(msg, {"MaxPool2D", "[4, 4]"});
+  EXPECT_THROW(nn::MaxPool2D(0), galley::Error);
+  EXPECT_THROW(nn::MaxPool2D(2, 2, 2), galley::Error);  // padding above half the kernel
+}
+
+TEST(Errors, SequentialNamesTheFailingIndex) {
+  nn::Sequential seq(std::make_shared<nn::Linear>(4, 8), std::make_shared<nn::ReLU>(),
+                     std::make_shared<nn::Linear>(8, 6), std::make_shared<nn::Linear>(5, 2));
+  std::string msg = error_of([&] { seq(galley::zeros({2, 4})); });
+  expect_contains(msg, {"Sequential", "3", "Linear", "[2, 6]", "5"});
+  EXPECT_EQ(msg.find("Sequential[0]"), std::string::npos) << msg;
+}
+
+}  // namespace

@@ -1,0 +1,546 @@
+// Tensor handles: factories, random numbers, host copies, shapes and views, printing, dtypes
+// and the errors these raise.
+#include <gtest/gtest.h>
+
+#include <galley/galley.h>
+
+#include <cmath>
+#include <cstring>
+#include <initializer_list>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <vector>
+
+namespace {
+
+using galley::DType;
+using galley::Generator;
+using galley::Shape;
+using galley::Tensor;
+
+// Runs `f` and returns the message of the galley::Error it throws (a test failure otherwise).
+template <typename F>
+std::string error_of(F&& f) {
+  try {
+    f();
+  } catch (const galley::Error& e) {
+    return e.what();
+  } catch (const std::exception& e) {
+    ADD_FAILURE() << "expected galley::Error, got another exception: " << e.what();
+    return {};
+  }
+  ADD_FAILURE() << "expected galley::Error, nothing was thrown";
+  return {};
+}
+
+void expect_contains(const std::string& msg, std::initializer_list<std::string> parts) {
+  for (const std::string& p : parts)
+    EXPECT_NE(msg.find(p), std::string::npos) << "message lacks \"" << p << "\": " << msg;
+}
+
+// A float32 tensor from values (integer literals welcome).
+Tensor fvec(const std::vector<float>& v, const Shape& s) {
+  return Tensor::from_vector(v, s);
+}
+
+// A transposed (non-contiguous) view of a 2-D tensor, sharing its storage.
+Tensor transposed_view(const Tensor& t) {
+  auto impl = std::make_shared<galley::detail::TensorImpl>();
+  impl->storage = t.impl()->storage;
+  impl->offset = t.impl()->offset;
+  impl->shape = {t.size(1), t.size(0)};
+  impl->strides = {t.strides()[1], t.strides()[0]};
+  impl->dtype = t.dtype();
+  return Tensor(impl);
+}
+
+double mean_of(const std::vector<float>& v) {
+  double s = 0;
+  for (float x : v) s += x;
+  return s / double(v.size());
+}
+
+double std_of(const std::vector<float>& v) {
+  const double m = mean_of(v);
+  double s = 0;
+  for (float x : v) s += (x - m) * (x - m);
+  return std::sqrt(s / double(v.size()));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Shapes and dtypes
+
+TEST(Shape, StrAndNumel) {
+  EXPECT_EQ(galley::shape_str({}), "[]");
+  EXPECT_EQ(galley::shape_str({7}), "[7]");
+  EXPECT_EQ(galley::shape_str({2, 3, 4}), "[2, 3, 4]");
+  EXPECT_EQ(galley::shape_numel({}), 1);
+  EXPECT_EQ(galley::shape_numel({2, 3, 4}), 24);
+  EXPECT_EQ(galley::shape_numel({5, 0, 3}), 0);
+}
+
+TEST(DType, SizesAndNames) {
+  EXPECT_EQ(galley::dtype_size(DType::Float32), 4u);
+  EXPECT_EQ(galley::dtype_size(DType::Float16), 2u);
+  EXPECT_EQ(galley::dtype_size(DType::BFloat16), 2u);
+  EXPECT_EQ(galley::dtype_size(DType::Int64), 8u);
+  EXPECT_EQ(galley::dtype_size(DType::UInt8), 1u);
+  EXPECT_EQ(galley::dtype_name(DType::Float32), "float32");
+  EXPECT_EQ(galley::dtype_name(DType::Float16), "float16");
+  EXPECT_EQ(galley::dtype_name(DType::BFloat16), "bfloat16");
+  EXPECT_EQ(galley::dtype_name(DType::Int64), "int64");
+  EXPECT_EQ(galley::dtype_name(DType::UInt8), "uint8");
+  EXPECT_EQ(galley::dtype_of<float>::value, DType::Float32);
+  EXPECT_EQ(galley::dtype_of<int64_t>::value, DType::Int64);
+  EXPECT_EQ(galley::dtype_of<uint8_t>::value, DType::UInt8);
+}
+
+TEST(Device, NamesAndEquality) {
+  EXPECT_EQ(galley::Device::cpu().str(), "cpu");
+  EXPECT_EQ(galley::Device::cpu(1).str(), "cpu:1");
+  EXPECT_EQ(galley::Device::cuda(2).str(), "cuda:2");
+  EXPECT_TRUE(galley::Device::cpu().is_cpu());
+  EXPECT_TRUE(galley::Device::cuda().is_cuda());
+  EXPECT_EQ(galley::Device(), galley::Device::cpu());
+  EXPECT_NE(galley::Device::cpu(0), galley::Device::cpu(1));
+  EXPECT_FALSE(galley::all_devices().empty());
+}
+
+// ---------------------------------------------------------------------------------------------
+// Factories
+
+TEST(Factories, ZerosOnesFull) {
+  Tensor z = galley::zeros({2, 3});
+  EXPECT_EQ(z.shape(), (Shape{2, 3}));
+  EXPECT_EQ(z.dtype(), DType::Float32);
+  EXPECT_EQ(z.numel(), 6);
+  EXPECT_EQ(z.dim(), 2);
+  EXPECT_TRUE(z.is_contiguous());
+  EXPECT_TRUE(z.device().is_cpu());
+  EXPECT_EQ(z.to_vector(), std::vector<float>(6, 0.f));
+
+  EXPECT_EQ(galley::ones({4}).to_vector(), std::vector<float>(4, 1.f));
+  EXPECT_EQ(galley::full({2, 2}, -2.5f).to_vector(), std::vector<float>(4, -2.5f));
+
+  Tensor zi = galley::zeros({3}, DType::Int64);
+  EXPECT_EQ(zi.dtype(), DType::Int64);
+  EXPECT_EQ(zi.to_vector<int64_t>(), std::vector<int64_t>(3, 0));
+  EXPECT_EQ(galley::ones({2}, DType::Int64).to_vector<int64_t>(), std::vector<int64_t>(2, 1));
+  EXPECT_EQ(galley::full({3}, 7.f, DType::Int64).to_vector<int64_t>(), std::vector<int64_t>(3, 7));
+  EXPECT_EQ(galley::full({2}, 200.f, DType::UInt8).to_vector<uint8_t>(),
+            std::vector<uint8_t>(2, 200));
+}
+
+TEST(Factories, ScalarAndEmptyShapes) {
+  Tensor s = galley::full({}, 3.f);
+  EXPECT_EQ(s.dim(), 0);
+  EXPECT_EQ(s.numel(), 1);
+  EXPECT_FLOAT_EQ(s.item(), 3.f);
+
+  Tensor e = galley::zeros({0, 3});
+  EXPECT_EQ(e.numel(), 0);
+  EXPECT_EQ(e.shape(), (Shape{0, 3}));
+  EXPECT_TRUE(e.to_vector().empty());
+}
+
+TEST(Factories, EmptyRejectsNegativeSizes) {
+  std::string msg = error_of([] { Tensor::empty({2, -1}); });
+  expect_contains(msg, {"[2, -1]"});
+}
+
+TEST(Factories, Arange) {
+  EXPECT_EQ(galley::arange(0, 5).to_vector(), (std::vector<float>{0, 1, 2, 3, 4}));
+  EXPECT_EQ(galley::arange(2, 5).to_vector(), (std::vector<float>{2, 3, 4}));
+  EXPECT_EQ(galley::arange(1, 2, 0.25).to_vector(), (std::vector<float>{1, 1.25, 1.5, 1.75}));
+  EXPECT_EQ(galley::arange(0, 1, 0.3).numel(), 4);  // 0, .3, .6, .9
+  EXPECT_EQ(galley::arange(5, 0, -2).to_vector(), (std::vector<float>{5, 3, 1}));
+  EXPECT_EQ(galley::arange(3, 3).numel(), 0);
+  Tensor i = galley::arange(0, 4, 1, DType::Int64);
+  EXPECT_EQ(i.dtype(), DType::Int64);
+  EXPECT_EQ(i.to_vector<int64_t>(), (std::vector<int64_t>{0, 1, 2, 3}));
+  EXPECT_THROW(galley::arange(0, 5, 0), galley::Error);
+  EXPECT_THROW(galley::arange(0, 5, -1), galley::Error);
+}
+
+TEST(Random, SameSeedSameValues) {
+  Generator a(123), b(123);
+  EXPECT_EQ(galley::rand({64}, a).to_vector(), galley::rand({64}, b).to_vector());
+  EXPECT_EQ(galley::randn({64}, a).to_vector(), galley::randn({64}, b).to_vector());
+  EXPECT_EQ(galley::uniform({64}, -3.f, 2.f, a).to_vector(),
+            galley::uniform({64}, -3.f, 2.f, b).to_vector());
+}
+
+TEST(Random, DifferentSeedsDiffer) {
+  Generator a(1), b(2);
+  EXPECT_NE(galley::rand({64}, a).to_vector(), galley::rand({64}, b).to_vector());
+  Generator c(1), d(2);
+  EXPECT_NE(galley::randn({64}, c).to_vector(), galley::randn({64}, d).to_vector());
+}
+
+TEST(Random, StreamAdvancesAndManualSeedRestarts) {
+  Generator g(7);
+  std::vector<float> first = galley::rand({32}, g).to_vector();
+  std::vector<float> second = galley::rand({32}, g).to_vector();
+  EXPECT_NE(first, second);
+  g.manual_seed(7);
+  EXPECT_EQ(galley::rand({32}, g).to_vector(), first);
+
+  // A half-used normal pair must not leak across a re-seed.
+  Generator h(9);
+  std::vector<float> n1 = galley::randn({3}, h).to_vector();
+  h.manual_seed(9);
+  EXPECT_EQ(galley::randn({3}, h).to_vector(), n1);
+}
+
+TEST(Random, DefaultGeneratorManualSeed) {
+  galley::manual_seed(42);
+  std::vector<float> a = galley::rand({16}).to_vector();
+  galley::manual_seed(42);
+  std::vector<float> b = galley::rand({16}).to_vector();
+  EXPECT_EQ(a, b);
+}
+
+TEST(Random, RandInUnitInterval) {
+  Generator g(5);
+  std::vector<float> v = galley::rand({20000}, g).to_vector();
+  for (float x : v) {
+    ASSERT_GE(x, 0.f);
+    ASSERT_LT(x, 1.f);
+  }
+  EXPECT_NEAR(mean_of(v), 0.5, 0.01);
+  EXPECT_NEAR(std_of(v), std::sqrt(1.0 / 12.0), 0.01);
+}
+
+TEST(Random, UniformBoundsAndMoments) {
+  Generator g(11);
+  const float lo = -2.f, hi = 3.f;
+  std::vector<float> v = galley::uniform({20000}, lo, hi, g).to_vector();
+  float mn = hi, mx = lo;
+  for (float x : v) {
+    ASSERT_GE(x, lo);
+    ASSERT_LT(x, hi);
+    mn = std::min(mn, x);
+    mx = std::max(mx, x);
+  }
+  // The whole range is covered, not a corner of it.
+  EXPECT_LT(mn, lo + 0.01f);
+  EXPECT_GT(mx, hi - 0.01f);
+  EXPECT_NEAR(mean_of(v), 0.5, 0.05);
+  EXPECT_NEAR(std_of(v), 5.0 / std::sqrt(12.0), 0.03);
+  EXPECT_THROW(galley::uniform({2}, 1.f, 0.f, g), galley::Error);
+}
+
+TEST(Random, RandnMoments) {
+  Generator g(2024);
+  std::vector<float> v = galley::randn({100000}, g).to_vector();
+  EXPECT_NEAR(mean_of(v), 0.0, 0.02);
+  EXPECT_NEAR(std_of(v), 1.0, 0.02);
+  int beyond2 = 0;
+  for (float x : v) {
+    ASSERT_TRUE(std::isfinite(x));
+    beyond2 += std::fabs(x) > 2.f;
+  }
+  // P(|z| > 2) = 4.55%.
+  EXPECT_NEAR(beyond2 / 100000.0, 0.0455, 0.005);
+}
+
+TEST(Random, RandnOddSizesUseBothHalvesOfEachPair) {
+  // An odd count leaves a spare; the next call must continue the same stream.
+  Generator a(3), b(3);
+  std::vector<float> one = galley::randn({5}, a).to_vector();
+  std::vector<float> two = galley::randn({5}, a).to_vector();
+  std::vector<float> all = galley::randn({10}, b).to_vector();
+  one.insert(one.end(), two.begin(), two.end());
+  EXPECT_EQ(one, all);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Host copies
+
+TEST(HostCopies, FromVectorToVector) {
+  std::vector<float> v{1, 2, 3, 4, 5, 6};
+  Tensor t = Tensor::from_vector(v, {2, 3});
+  EXPECT_EQ(t.shape(), (Shape{2, 3}));
+  EXPECT_EQ(t.to_vector(), v);
+  EXPECT_EQ(t.strides(), (Shape{3, 1}));
+  EXPECT_EQ(t.size(0), 2);
+  EXPECT_EQ(t.size(-1), 3);
+  EXPECT_THROW(t.size(2), galley::Error);
+  EXPECT_THROW(t.size(-3), galley::Error);
+
+  std::vector<int64_t> l{3, -1, 9};
+  Tensor ti = Tensor::from_vector(l, {3});
+  EXPECT_EQ(ti.dtype(), DType::Int64);
+  EXPECT_EQ(ti.to_vector<int64_t>(), l);
+
+  // The tensor owns a copy.
+  v[0] = 100.f;
+  EXPECT_FLOAT_EQ(t.to_vector()[0], 1.f);
+}
+
+TEST(HostCopies, FromVectorWrongCountNamesShape) {
+  std::string msg = error_of([] { Tensor::from_vector(std::vector<float>{1, 2, 3}, {2, 2}); });
+  expect_contains(msg, {"3", "[2, 2]"});
+  EXPECT_THROW(Tensor::from_vector(std::vector<int64_t>{1}, {2}), galley::Error);
+}
+
+TEST(HostCopies, FromHostAndCopyToHost) {
+  const uint8_t bytes[4] = {0, 7, 200, 255};
+  Tensor u = Tensor::from_host(bytes, {2, 2}, DType::UInt8);
+  EXPECT_EQ(u.dtype(), DType::UInt8);
+  EXPECT_EQ(u.to_vector<uint8_t>(), (std::vector<uint8_t>{0, 7, 200, 255}));
+
+  const float f[3] = {0.5f, -1.f, 2.f};
+  Tensor t = Tensor::from_host(f, {3});
+  float out[3] = {};
+  t.copy_to_host(out);
+  EXPECT_EQ(std::memcmp(out, f, sizeof f), 0);
+
+  Tensor w = galley::zeros({3});
+  w.copy_from_host(f);
+  EXPECT_EQ(w.to_vector(), (std::vector<float>{0.5f, -1.f, 2.f}));
+}
+
+TEST(HostCopies, TypedAccessChecksDType) {
+  Tensor t = galley::zeros({2});
+  EXPECT_NO_THROW(t.data<float>());
+  std::string msg = error_of([&] { t.data<int64_t>(); });
+  expect_contains(msg, {"int64", "float32"});
+  EXPECT_THROW(t.to_vector<int64_t>(), galley::Error);
+  Tensor i = galley::zeros({2}, DType::Int64);
+  EXPECT_THROW(i.to_vector<float>(), galley::Error);
+}
+
+TEST(HostCopies, CopyAndFill) {
+  Tensor dst = galley::zeros({2, 2});
+  dst.copy_(fvec({1, 2, 3, 4}, {2, 2}));
+  EXPECT_EQ(dst.to_vector(), (std::vector<float>{1, 2, 3, 4}));
+  std::string msg = error_of([&] { dst.copy_(galley::zeros({4})); });
+  expect_contains(msg, {"[4]", "[2, 2]"});
+  EXPECT_THROW(dst.copy_(galley::zeros({2, 2}, DType::Int64)), galley::Error);
+  dst.fill_(9.f);
+  EXPECT_EQ(dst.to_vector(), std::vector<float>(4, 9.f));
+  dst.zero_();
+  EXPECT_EQ(dst.to_vector(), std::vector<float>(4, 0.f));
+}
+
+TEST(HostCopies, CopyFromTransposedSource) {
+  Tensor src = fvec({1, 2, 3, 4, 5, 6}, {2, 3});
+  Tensor dst = galley::zeros({3, 2});
+  dst.copy_(transposed_view(src));
+  EXPECT_EQ(dst.to_vector(), (std::vector<float>{1, 4, 2, 5, 3, 6}));
+}
+
+TEST(HostCopies, ItemSingleElementOnly) {
+  EXPECT_FLOAT_EQ(galley::full({1, 1}, 2.5f).item(), 2.5f);
+  EXPECT_FLOAT_EQ(Tensor::from_vector(std::vector<int64_t>{-4}, {}).item(), -4.f);
+  std::string msg = error_of([] { galley::zeros({2, 3}).item(); });
+  expect_contains(msg, {"item", "[2, 3]"});
+  EXPECT_THROW(galley::zeros({0}).item(), galley::Error);
+}
+
+TEST(HostCopies, UndefinedTensorErrors) {
+  Tensor u;
+  EXPECT_FALSE(u.defined());
+  EXPECT_THROW(u.shape(), galley::Error);
+  EXPECT_THROW(u.dtype(), galley::Error);
+  EXPECT_THROW(u.to_vector(), galley::Error);
+  EXPECT_THROW(u.clone(), galley::Error);
+  EXPECT_THROW(u.view({1}), galley::Error);
+  EXPECT_EQ(u.to_string(), "Tensor(undefined)");
+}
+
+// ---------------------------------------------------------------------------------------------
+// Shapes and views
+
+TEST(Views, ReshapeAndViewInferMinusOne) {
+  Tensor t = galley::arange(0, 24).reshape({2, 3, 4});
+  EXPECT_EQ(t.shape(), (Shape{2, 3, 4}));
+  EXPECT_EQ(t.strides(), (Shape{12, 4, 1}));
+  EXPECT_EQ(t.reshape({-1, 4}).shape(), (Shape{6, 4}));
+  EXPECT_EQ(t.reshape({4, -1}).shape(), (Shape{4, 6}));
+  EXPECT_EQ(t.view({2, -1, 2}).shape(), (Shape{2, 6, 2}));
+  EXPECT_EQ(t.view({-1}).shape(), (Shape{24}));
+  EXPECT_EQ(t.reshape({24, 1}).to_vector(), galley::arange(0, 24).to_vector());
+  EXPECT_EQ(galley::full({1}, 5.f).reshape({}).shape(), Shape{});
+  EXPECT_EQ(galley::full({}, 5.f).reshape({-1}).shape(), (Shape{1}));
+  EXPECT_THROW(t.reshape({-1, -1}), galley::Error);
+  EXPECT_THROW(t.reshape({-2, 12}), galley::Error);
+}
+
+TEST(Views, BadReshapeNamesBothShapes) {
+  Tensor t = galley::zeros({2, 3});
+  std::string msg = error_of([&] { t.reshape({4, 2}); });
+  expect_contains(msg, {"[2, 3]", "[4, 2]"});
+  msg = error_of([&] { t.view({4, -1}); });
+  expect_contains(msg, {"[2, 3]", "[4, -1]"});
+  msg = error_of([&] { galley::reshape(t, {7}); });
+  expect_contains(msg, {"[2, 3]", "[7]"});
+}
+
+TEST(Views, ViewSharesStorage) {
+  Tensor t = galley::zeros({2, 3});
+  Tensor v = t.view({3, 2});
+  Tensor r = t.reshape({6});
+  v.data<float>()[3] = 42.f;  // row 1, column 1 of the view is element 3
+  EXPECT_FLOAT_EQ(t.to_vector()[3], 42.f);
+  EXPECT_FLOAT_EQ(r.to_vector()[3], 42.f);
+  t.data<float>()[5] = -1.f;
+  EXPECT_FLOAT_EQ(v.to_vector()[5], -1.f);
+  EXPECT_FLOAT_EQ(r.to_vector()[5], -1.f);
+  EXPECT_EQ(v.raw_data(), t.raw_data());
+  // fill_ through a view writes the original too.
+  r.fill_(2.f);
+  EXPECT_EQ(t.to_vector(), std::vector<float>(6, 2.f));
+}
+
+TEST(Views, Flatten) {
+  Tensor t = galley::zeros({2, 3, 4, 5});
+  EXPECT_EQ(t.flatten().shape(), (Shape{120}));
+  EXPECT_EQ(t.flatten(1).shape(), (Shape{2, 60}));
+  EXPECT_EQ(t.flatten(1, 2).shape(), (Shape{2, 12, 5}));
+  EXPECT_EQ(t.flatten(0, 1).shape(), (Shape{6, 4, 5}));
+  EXPECT_EQ(t.flatten(-2, -1).shape(), (Shape{2, 3, 20}));
+  EXPECT_EQ(t.flatten(2, 2).shape(), (Shape{2, 3, 4, 5}));
+  EXPECT_EQ(galley::flatten(t, 1).shape(), (Shape{2, 60}));
+  EXPECT_EQ(galley::full({}, 1.f).flatten().shape(), (Shape{1}));
+  std::string msg = error_of([&] { t.flatten(2, 1); });
+  expect_contains(msg, {"[2, 3, 4, 5]"});
+  EXPECT_THROW(t.flatten(0, 4), galley::Error);
+  EXPECT_THROW(t.flatten(-5), galley::Error);
+  // Flatten keeps the order of the elements.
+  Tensor a = galley::arange(0, 6).reshape({1, 2, 3});
+  EXPECT_EQ(a.flatten().to_vector(), galley::arange(0, 6).to_vector());
+}
+
+TEST(Views, ContiguousOfContiguousIsSameTensor) {
+  Tensor t = galley::zeros({2, 3});
+  EXPECT_TRUE(t.contiguous().is_same(t));
+}
+
+TEST(Views, NonContiguousViews) {
+  Tensor t = fvec({1, 2, 3, 4, 5, 6}, {2, 3});
+  Tensor tt = transposed_view(t);
+  EXPECT_FALSE(tt.is_contiguous());
+  EXPECT_EQ(tt.shape(), (Shape{3, 2}));
+  EXPECT_EQ(tt.to_vector(), (std::vector<float>{1, 4, 2, 5, 3, 6}));
+
+  Tensor c = tt.contiguous();
+  EXPECT_TRUE(c.is_contiguous());
+  EXPECT_FALSE(c.is_same(tt));
+  EXPECT_EQ(c.to_vector(), (std::vector<float>{1, 4, 2, 5, 3, 6}));
+  EXPECT_NE(c.raw_data(), t.raw_data());
+
+  // view needs contiguity; reshape copies instead.
+  std::string msg = error_of([&] { tt.view({6}); });
+  expect_contains(msg, {"[3, 2]", "contiguous"});
+  Tensor r = tt.reshape({6});
+  EXPECT_EQ(r.to_vector(), (std::vector<float>{1, 4, 2, 5, 3, 6}));
+  r.data<float>()[0] = 100.f;
+  EXPECT_FLOAT_EQ(t.to_vector()[0], 1.f);
+
+  // clone of a non-contiguous tensor is dense and in logical order.
+  Tensor cl = tt.clone();
+  EXPECT_TRUE(cl.is_contiguous());
+  EXPECT_EQ(cl.to_vector(), (std::vector<float>{1, 4, 2, 5, 3, 6}));
+}
+
+TEST(Views, CloneIsIndependent) {
+  Tensor t = fvec({1, 2, 3}, {3});
+  Tensor c = t.clone();
+  EXPECT_FALSE(c.is_same(t));
+  EXPECT_NE(c.raw_data(), t.raw_data());
+  EXPECT_EQ(c.shape(), t.shape());
+  EXPECT_EQ(c.dtype(), t.dtype());
+  c.data<float>()[0] = 10.f;
+  t.data<float>()[2] = 30.f;
+  EXPECT_EQ(t.to_vector(), (std::vector<float>{1, 2, 30}));
+  EXPECT_EQ(c.to_vector(), (std::vector<float>{10, 2, 3}));
+
+  Tensor i = Tensor::from_vector(std::vector<int64_t>{5, 6}, {2});
+  Tensor ic = i.clone();
+  EXPECT_EQ(ic.dtype(), DType::Int64);
+  EXPECT_EQ(ic.to_vector<int64_t>(), (std::vector<int64_t>{5, 6}));
+}
+
+TEST(Views, DetachSharesDataWithoutGrad) {
+  Tensor x = fvec({1, 2}, {2});
+  x.set_requires_grad();
+  Tensor y = x * 3.f;
+  Tensor d = y.detach();
+  EXPECT_FALSE(d.requires_grad());
+  EXPECT_TRUE(d.is_leaf());
+  EXPECT_EQ(d.grad_fn_name(), "");
+  EXPECT_TRUE(y.requires_grad());
+  EXPECT_EQ(d.raw_data(), y.raw_data());
+  d.data<float>()[0] = -7.f;
+  EXPECT_FLOAT_EQ(y.to_vector()[0], -7.f);
+  Tensor dx = x.detach();
+  EXPECT_FALSE(dx.requires_grad());
+  EXPECT_TRUE(x.requires_grad());
+}
+
+TEST(Views, HandlesShareState) {
+  Tensor a = galley::zeros({2});
+  Tensor b = a;
+  EXPECT_TRUE(a.is_same(b));
+  b.fill_(4.f);
+  EXPECT_EQ(a.to_vector(), std::vector<float>(2, 4.f));
+  b.set_requires_grad();
+  EXPECT_TRUE(a.requires_grad());
+}
+
+TEST(Views, ToDevice) {
+  Tensor t = fvec({1, 2, 3}, {3});
+  EXPECT_TRUE(t.to(galley::Device::cpu()).is_same(t));
+  Tensor c1 = t.to(galley::Device::cpu(1));
+  EXPECT_EQ(c1.device(), galley::Device::cpu(1));
+  EXPECT_EQ(c1.to_vector(), t.to_vector());
+  c1.data<float>()[0] = 50.f;  // a replica on another CPU "device" is a copy
+  EXPECT_FLOAT_EQ(t.to_vector()[0], 1.f);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Printing
+
+TEST(Printing, SmallTensorShowsValuesShapeAndDType) {
+  Tensor t = fvec({1.5f, -2.f, 3.f, 4.f, 5.f, 6.f}, {2, 3});
+  std::string s = t.to_string();
+  expect_contains(s, {"[2, 3]", "float32", "1.5", "-2.0", "6.0"});
+  std::ostringstream os;
+  os << t;
+  EXPECT_EQ(os.str(), s);
+
+  std::string si = Tensor::from_vector(std::vector<int64_t>{7, 8}, {2}).to_string();
+  expect_contains(si, {"7", "8", "[2]", "int64"});
+
+  std::string sc = galley::full({}, 2.f).to_string();
+  expect_contains(sc, {"2.0", "[]", "float32"});
+
+  std::string se = galley::zeros({0, 4}).to_string();
+  expect_contains(se, {"[0, 4]", "float32"});
+}
+
+TEST(Printing, MarksAutogradState) {
+  Tensor x = galley::ones({2});
+  x.set_requires_grad();
+  expect_contains(x.to_string(), {"requires_grad"});
+  expect_contains((x * x).to_string(), {"grad_fn", "mul"});
+}
+
+TEST(Printing, LargeTensorsAreAbbreviated) {
+  Tensor big = galley::arange(0, 1000);
+  std::string s = big.to_string();
+  expect_contains(s, {"...", "[1000]", "float32", "0.0", "999.0"});
+  EXPECT_EQ(s.find("500.0"), std::string::npos) << s;
+  EXPECT_LT(s.size(), 300u) << s;
+
+  Tensor m = galley::arange(0, 10000).reshape({100, 100});
+  std::string sm = m.to_string();
+  expect_contains(sm, {"...", "[100, 100]", "9999.0"});
+  EXPECT_EQ(sm.find("5050.0"), std::string::npos);
+  EXPECT_LT(sm.size(), 2000u) << sm;
+}
+
+}  // namespace
