@@ -119,6 +119,8 @@ int main(int argc, char** argv) {
 
     FashionCNN model;
     galley::optim::Adam optimizer(model.parameters(), {.learning_rate = args.lr});
+    // The rate follows a cosine from lr down to lr/100 over the run, stepped once per epoch.
+    galley::optim::CosineAnnealingLR schedule(optimizer, args.epochs, args.lr / 100);
     nn::CrossEntropyLoss loss_fn;
     galley::data::BatchIterator loader(train, {.batch_size = args.batch_size, .shuffle = true,
                                                .seed = args.seed});
@@ -142,6 +144,7 @@ int main(int argc, char** argv) {
           std::fflush(stdout);
         }
       }
+      schedule.step();
       accuracy = evaluate(model, test);
       std::printf("\repoch %d/%d  loss %.4f  %.0f samples/s  %.1f s  test accuracy %.2f%%\n",
                   epoch, args.epochs, loss_sum / batches, seen / seconds_since(t0),

@@ -4,6 +4,7 @@
 #include <unordered_map>
 #include <unordered_set>
 
+#include "device_scope.h"
 #include "kernels/cpu/binary.h"
 
 namespace galley::autograd {
@@ -81,26 +82,44 @@ void run_backward(const Tensor& root, const Tensor& gradient) {
       stack.pop_back();
     }
   }
+  // A leaf's gradient is written once per backward, when the last node that feeds it has run,
+  // so its hooks see the complete gradient as early as possible.
+  struct LeafSlot {
+    Tensor leaf, sum;
+    int pending = 0;
+  };
+  std::unordered_map<detail::TensorImpl*, LeafSlot> leaves;
+  for (auto& node : order)
+    for (const Tensor& in : node->inputs)
+      if (in.defined() && in.is_leaf() && in.requires_grad()) {
+        LeafSlot& slot = leaves[in.impl()];
+        slot.leaf = in;
+        ++slot.pending;
+      }
   std::unordered_map<Node*, Tensor> grads;
   grads[root.impl()->grad_fn.get()] = gradient;
   std::vector<Tensor> grad_inputs;
   for (auto it = order.rbegin(); it != order.rend(); ++it) {
     Node* node = it->get();
     auto git = grads.find(node);
-    if (git == grads.end()) continue;  // nothing reached it
-    Tensor g = std::move(git->second);
-    grads.erase(git);
     grad_inputs.assign(node->inputs.size(), Tensor());
-    node->backward(g, grad_inputs);
+    if (git != grads.end()) {  // else nothing reached it: its inputs get no gradient from it
+      Tensor g = std::move(git->second);
+      grads.erase(git);
+      detail::DeviceScope scope(g.device());
+      node->backward(g, grad_inputs);
+    }
     for (size_t i = 0; i < node->inputs.size(); ++i) {
       const Tensor& in = node->inputs[i];
+      if (!in.defined() || !in.requires_grad()) continue;
       const Tensor& gi = grad_inputs[i];
-      if (!gi.defined() || !in.defined() || !in.requires_grad()) continue;
       if (Node* child = in.impl()->grad_fn.get()) {
-        accumulate(grads[child], gi);
-      } else {
-        accumulate_leaf(in, gi);
+        if (gi.defined()) accumulate(grads[child], gi);
+        continue;
       }
+      LeafSlot& slot = leaves[in.impl()];
+      if (gi.defined()) accumulate(slot.sum, gi);
+      if (--slot.pending == 0 && slot.sum.defined()) accumulate_leaf(slot.leaf, slot.sum);
     }
     // Free the graph as we go: saved tensors and closures are no longer needed.
     node->backward = nullptr;

@@ -8,6 +8,7 @@
 #include <sstream>
 
 #include "allocator.h"
+#include "device_scope.h"
 #include "galley/autograd.h"
 #include "galley/ops.h"
 
@@ -56,7 +57,19 @@ Storage::~Storage() { detail::host_free(data_, capacity_); }
 // ---------------------------------------------------------------------------------------------
 // Construction and metadata
 
+namespace detail {
+namespace {
+thread_local int tls_cpu_index = 0;
+}
+DeviceScope::DeviceScope(Device device) : prev_(tls_cpu_index) {
+  if (device.is_cpu()) tls_cpu_index = device.index();
+}
+DeviceScope::~DeviceScope() { tls_cpu_index = prev_; }
+int current_cpu_index() { return tls_cpu_index; }
+}  // namespace detail
+
 Tensor Tensor::empty(const Shape& shape, DType dtype, Device device) {
+  if (device == Device::cpu(0)) device = Device::cpu(detail::current_cpu_index());
   for (int64_t d : shape)
     GALLEY_CHECK(d >= 0, "Tensor::empty: negative size in shape ", shape_str(shape));
   auto impl = std::make_shared<detail::TensorImpl>();
@@ -111,6 +124,7 @@ Device Tensor::device() const {
   return impl_->storage->device();
 }
 bool Tensor::is_contiguous() const {
+  GALLEY_CHECK_DEFINED("is_contiguous");
   return impl_->strides == contiguous_strides(impl_->shape);
 }
 

@@ -101,6 +101,9 @@ BatchIterator::iterator BatchIterator::begin() {
 BatchIterator::iterator BatchIterator::end() { return iterator(this, size()); }
 
 Example BatchIterator::load(size_t b) const {
+  GALLEY_CHECK(b < size(), "BatchIterator: batch ", b, " out of range for ", size(),
+               " batches per epoch");
+  GALLEY_CHECK(order_.size() == ds_.size(), "BatchIterator: load() before begin()");
   const size_t start = b * opt_.batch_size;
   const size_t count = std::min<size_t>(opt_.batch_size, order_.size() - start);
   std::vector<size_t> idx(order_.begin() + start, order_.begin() + start + count);

@@ -23,6 +23,27 @@ struct GzFile {
     GALLEY_CHECK(f, "cannot open IDX file '", p, "'");
     gzbuffer(f, 1 << 17);
   }
+  // Decompressed size of the whole stream: the file size for a raw file, the gzip trailer's
+  // ISIZE for a compressed one (exact below 4 GiB, which IDX files are). -1 if unknown.
+  int64_t stream_size() const {
+    std::ifstream in(path, std::ios::binary | std::ios::ate);
+    const int64_t file_size = static_cast<int64_t>(in.tellg());
+    if (gzdirect(f)) return file_size;
+    if (file_size < 18) return -1;
+    unsigned char b[4];
+    in.seekg(file_size - 4);
+    in.read(reinterpret_cast<char*>(b), 4);
+    if (!in) return -1;
+    return int64_t(b[0]) | (int64_t(b[1]) << 8) | (int64_t(b[2]) << 16) | (int64_t(b[3]) << 24);
+  }
+  // Fails before allocating when the header promises more bytes than the stream holds.
+  void expect_remaining(int64_t bytes, const char* what) const {
+    const int64_t total = stream_size();
+    if (total < 0) return;
+    GALLEY_CHECK(offset + bytes <= total, "IDX file '", path, "' is truncated: the header at byte ",
+                 offset - 4, " promises ", bytes, " bytes of ", what, " but only ",
+                 std::max<int64_t>(0, total - offset), " follow");
+  }
   ~GzFile() {
     if (f) gzclose(f);
   }
@@ -64,6 +85,7 @@ Tensor read_idx_images(const std::string& path) {
   GALLEY_CHECK(rows > 0 && cols > 0 && rows <= 4096 && cols <= 4096, "IDX file '", path,
                "': implausible image size ", rows, "x", cols, " at byte 8");
   const int64_t plane = int64_t(rows) * cols;
+  f.expect_remaining(int64_t(n) * plane, "pixel data");
   std::vector<uint8_t> raw(size_t(n) * plane);
   f.read(raw.data(), static_cast<int64_t>(raw.size()), "pixel data");
   Tensor out = Tensor::empty({int64_t(n), 1, int64_t(rows), int64_t(cols)});
@@ -78,6 +100,7 @@ Tensor read_idx_labels(const std::string& path) {
   GALLEY_CHECK(magic == 0x00000801, "IDX file '", path, "': magic number 0x", std::hex, magic,
                " at byte 0, expected 0x00000801 (unsigned-byte labels, 1 dimension)");
   uint32_t n = f.read_u32("the label count");
+  f.expect_remaining(n, "labels");
   std::vector<uint8_t> raw(n);
   f.read(raw.data(), n, "labels");
   Tensor out = Tensor::empty({int64_t(n)}, DType::Int64);

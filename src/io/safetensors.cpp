@@ -1,4 +1,7 @@
 // safetensors: an 8-byte little-endian header length, a JSON header, then raw tensor bytes.
+#include <unistd.h>
+
+#include <atomic>
 #include <cstdio>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -45,7 +48,9 @@ void save_safetensors(const std::string& path, const std::map<std::string, Tenso
   }
   std::string text = header.dump();
   while (text.size() % 8) text += ' ';  // keeps the data 8-byte aligned
-  const std::string tmp = path + ".tmp";
+  // A name of its own per save, so concurrent saves to one path cannot mix their bytes.
+  static std::atomic<uint64_t> counter{0};
+  const std::string tmp = detail::str_cat(path, ".tmp.", ::getpid(), ".", counter++);
   {
     std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
     GALLEY_CHECK(out.good(), "save_safetensors: cannot write '", tmp, "'");
@@ -64,8 +69,10 @@ void save_safetensors(const std::string& path, const std::map<std::string, Tenso
       GALLEY_CHECK(false, "save_safetensors: writing '", tmp, "' failed (disk full?)");
     }
   }
-  GALLEY_CHECK(std::rename(tmp.c_str(), path.c_str()) == 0, "save_safetensors: cannot rename '",
-               tmp, "' to '", path, "'");
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
+    std::remove(tmp.c_str());
+    GALLEY_CHECK(false, "save_safetensors: cannot rename '", tmp, "' to '", path, "'");
+  }
 }
 
 std::map<std::string, Tensor> load_safetensors(const std::string& path) {

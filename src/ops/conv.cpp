@@ -6,6 +6,7 @@
 #include "galley/ops.h"
 #include "kernels/cpu/conv2d.h"
 #include "kernels/cpu/max_pool2d.h"
+#include "src/device_scope.h"
 #include "src/ops/dispatch.h"
 
 namespace galley {
@@ -15,6 +16,7 @@ namespace cpu = kernels::cpu;
 Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias,
               const Conv2dOptions& o) {
   detail::check_float_pair("conv2d", x, weight);
+  detail::DeviceScope scope(x.device());
   GALLEY_CHECK(x.dim() == 4, "conv2d: input must be [N, C, H, W], got ", shape_str(x.shape()));
   GALLEY_CHECK(weight.dim() == 4, "conv2d: weight must be [O, C/groups, kH, kW], got ",
                shape_str(weight.shape()));
@@ -61,6 +63,7 @@ Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias,
 
 Tensor max_pool2d(const Tensor& x, const MaxPool2dOptions& o) {
   detail::check_float("max_pool2d", x);
+  detail::DeviceScope scope(x.device());
   GALLEY_CHECK(x.dim() == 4, "max_pool2d: input must be [N, C, H, W], got ",
                shape_str(x.shape()));
   int64_t stride = o.stride == 0 ? o.kernel_size : o.stride;

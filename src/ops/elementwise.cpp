@@ -3,6 +3,7 @@
 #include "galley/ops.h"
 #include "kernels/cpu/binary.h"
 #include "kernels/cpu/unary.h"
+#include "src/device_scope.h"
 #include "src/ops/dispatch.h"
 
 namespace galley {
@@ -12,6 +13,7 @@ using autograd::record;
 
 Tensor add(const Tensor& a, const Tensor& b) {
   detail::check_float_pair("add", a, b);
+  detail::DeviceScope scope(a.device());
   Tensor out = cpu::binary(cpu::BinaryOp::Add, a, b);
   if (!autograd::needs_grad({&a, &b})) return out;
   return record(out, "add", {a, b}, [sa = a.shape(), sb = b.shape()](const Tensor& g, std::vector<Tensor>& gi) {
@@ -22,6 +24,7 @@ Tensor add(const Tensor& a, const Tensor& b) {
 
 Tensor sub(const Tensor& a, const Tensor& b) {
   detail::check_float_pair("sub", a, b);
+  detail::DeviceScope scope(a.device());
   Tensor out = cpu::binary(cpu::BinaryOp::Sub, a, b);
   if (!autograd::needs_grad({&a, &b})) return out;
   return record(out, "sub", {a, b}, [sa = a.shape(), sb = b.shape()](const Tensor& g, std::vector<Tensor>& gi) {
@@ -32,6 +35,7 @@ Tensor sub(const Tensor& a, const Tensor& b) {
 
 Tensor mul(const Tensor& a, const Tensor& b) {
   detail::check_float_pair("mul", a, b);
+  detail::DeviceScope scope(a.device());
   Tensor out = cpu::binary(cpu::BinaryOp::Mul, a, b);
   if (!autograd::needs_grad({&a, &b})) return out;
   Tensor da = a.detach(), db = b.detach();
@@ -43,6 +47,7 @@ Tensor mul(const Tensor& a, const Tensor& b) {
 
 Tensor div(const Tensor& a, const Tensor& b) {
   detail::check_float_pair("div", a, b);
+  detail::DeviceScope scope(a.device());
   Tensor out = cpu::binary(cpu::BinaryOp::Div, a, b);
   if (!autograd::needs_grad({&a, &b})) return out;
   Tensor db = b.detach(), dout = out.detach();
@@ -58,6 +63,7 @@ Tensor div(const Tensor& a, const Tensor& b) {
 
 Tensor add(const Tensor& a, float s) {
   detail::check_float("add", a);
+  detail::DeviceScope scope(a.device());
   Tensor out = cpu::affine(a, 1.f, s);
   if (!autograd::needs_grad({&a})) return out;
   return record(out, "add_scalar", {a}, [](const Tensor& g, std::vector<Tensor>& gi) { gi[0] = g; });
@@ -65,6 +71,7 @@ Tensor add(const Tensor& a, float s) {
 
 Tensor mul(const Tensor& a, float s) {
   detail::check_float("mul", a);
+  detail::DeviceScope scope(a.device());
   Tensor out = cpu::affine(a, s, 0.f);
   if (!autograd::needs_grad({&a})) return out;
   return record(out, "mul_scalar", {a}, [s](const Tensor& g, std::vector<Tensor>& gi) {
@@ -74,6 +81,7 @@ Tensor mul(const Tensor& a, float s) {
 
 Tensor neg(const Tensor& a) {
   detail::check_float("neg", a);
+  detail::DeviceScope scope(a.device());
   Tensor out = cpu::affine(a, -1.f, 0.f);
   if (!autograd::needs_grad({&a})) return out;
   return record(out, "neg", {a}, [](const Tensor& g, std::vector<Tensor>& gi) {
@@ -83,6 +91,7 @@ Tensor neg(const Tensor& a) {
 
 Tensor exp(const Tensor& a) {
   detail::check_float("exp", a);
+  detail::DeviceScope scope(a.device());
   Tensor out = cpu::exp(a);
   if (!autograd::needs_grad({&a})) return out;
   Tensor dout = out.detach();
@@ -93,6 +102,7 @@ Tensor exp(const Tensor& a) {
 
 Tensor log(const Tensor& a) {
   detail::check_float("log", a);
+  detail::DeviceScope scope(a.device());
   Tensor out = cpu::log(a);
   if (!autograd::needs_grad({&a})) return out;
   Tensor da = a.detach();
@@ -103,6 +113,7 @@ Tensor log(const Tensor& a) {
 
 Tensor pow(const Tensor& a, float p) {
   detail::check_float("pow", a);
+  detail::DeviceScope scope(a.device());
   Tensor out = cpu::pow(a, p);
   if (!autograd::needs_grad({&a})) return out;
   Tensor da = a.detach();
@@ -113,6 +124,7 @@ Tensor pow(const Tensor& a, float p) {
 
 Tensor relu(const Tensor& a) {
   detail::check_float("relu", a);
+  detail::DeviceScope scope(a.device());
   Tensor out = cpu::relu(a);
   if (!autograd::needs_grad({&a})) return out;
   Tensor dout = out.detach();

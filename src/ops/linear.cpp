@@ -2,6 +2,7 @@
 #include "galley/autograd.h"
 #include "galley/ops.h"
 #include "kernels/cpu/gemm.h"
+#include "src/device_scope.h"
 #include "src/ops/dispatch.h"
 
 namespace galley {
@@ -10,6 +11,7 @@ namespace cpu = kernels::cpu;
 
 Tensor matmul(const Tensor& a, const Tensor& b) {
   detail::check_float_pair("matmul", a, b);
+  detail::DeviceScope scope(a.device());
   GALLEY_CHECK(a.dim() == 2 && b.dim() == 2 && a.size(1) == b.size(0), "matmul: cannot multiply ",
                shape_str(a.shape()), " by ", shape_str(b.shape()),
                " (need [m, k] x [k, n])");
@@ -38,6 +40,7 @@ Tensor matmul(const Tensor& a, const Tensor& b) {
 
 Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
   detail::check_float_pair("linear", x, weight);
+  detail::DeviceScope scope(x.device());
   GALLEY_CHECK(weight.dim() == 2, "linear: weight must be [out, in], got ",
                shape_str(weight.shape()));
   const int64_t out_f = weight.size(0), in_f = weight.size(1);

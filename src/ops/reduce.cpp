@@ -6,6 +6,7 @@
 #include "kernels/cpu/cross_entropy.h"
 #include "kernels/cpu/reduce.h"
 #include "kernels/cpu/softmax.h"
+#include "src/device_scope.h"
 #include "src/ops/dispatch.h"
 
 namespace galley {
@@ -35,6 +36,7 @@ Shape reduced_shape(const Shape& s, int64_t dim, bool keepdim) {
 
 Tensor scaled_sum_all(const Tensor& x, float scale, const char* name) {
   detail::check_float(name, x);
+  detail::DeviceScope scope(x.device());
   Tensor cx = x.contiguous();
   Tensor out = Tensor::empty({});
   out.data<float>()[0] = static_cast<float>(cpu::sum_all(cx.data<float>(), cx.numel()) * scale);
@@ -47,6 +49,7 @@ Tensor scaled_sum_all(const Tensor& x, float scale, const char* name) {
 
 Tensor scaled_sum_dim(const Tensor& x, int64_t dim, bool keepdim, bool mean, const char* name) {
   detail::check_float(name, x);
+  detail::DeviceScope scope(x.device());
   int64_t d = detail::wrap_dim(name, dim, x.dim());
   if (x.dim() == 0) return mean ? scaled_sum_all(x, 1.f, name) : scaled_sum_all(x, 1.f, name);
   Split3 sp = split_at(x.shape(), d);
@@ -69,6 +72,7 @@ Tensor scaled_sum_dim(const Tensor& x, int64_t dim, bool keepdim, bool mean, con
 
 Tensor softmax_impl(const Tensor& x, int64_t dim, bool log, const char* name) {
   detail::check_float(name, x);
+  detail::DeviceScope scope(x.device());
   int64_t d = detail::wrap_dim(name, dim, x.dim());
   Split3 sp = x.dim() == 0 ? Split3{} : split_at(x.shape(), d);
   Tensor cx = x.contiguous();
@@ -103,6 +107,7 @@ Tensor log_softmax(const Tensor& x, int64_t dim) {
 
 Tensor argmax(const Tensor& x, int64_t dim, bool keepdim) {
   detail::check_float("argmax", x);
+  detail::DeviceScope scope(x.device());
   int64_t d = detail::wrap_dim("argmax", dim, x.dim());
   Split3 sp = x.dim() == 0 ? Split3{} : split_at(x.shape(), d);
   GALLEY_CHECK(sp.len > 0, "argmax: dimension ", dim, " of ", shape_str(x.shape()), " is empty");
@@ -114,6 +119,7 @@ Tensor argmax(const Tensor& x, int64_t dim, bool keepdim) {
 
 Tensor cross_entropy(const Tensor& logits, const Tensor& labels, const CrossEntropyOptions& o) {
   detail::check_float("cross_entropy", logits);
+  detail::DeviceScope scope(logits.device());
   GALLEY_CHECK(labels.defined() && labels.dtype() == DType::Int64,
                "cross_entropy: labels must be an int64 tensor of class indices",
                labels.defined() ? ", got " + dtype_name(labels.dtype()) : std::string());

@@ -5,6 +5,7 @@
 #include "galley/optim/lr_scheduler.h"
 #include "galley/optim/sgd.h"
 #include "kernels/cpu/optimizer_update.h"
+#include "src/device_scope.h"
 
 namespace galley::optim {
 
@@ -73,6 +74,7 @@ void Adam::step() {
     Tensor& p = params_[i];
     Tensor g = usable_grad(p, i);
     if (!g.defined()) continue;
+    detail::DeviceScope scope(p.device());
     AdamState& st = state_[i];
     if (st.step == 0) {
       st.exp_avg = zeros(p.shape());
@@ -118,6 +120,7 @@ void SGD::step() {
     Tensor& p = params_[i];
     Tensor g = usable_grad(p, i);
     if (!g.defined()) continue;
+    detail::DeviceScope scope(p.device());
     cpu::SGDStep s{};
     s.lr = static_cast<float>(lr_);
     s.momentum = static_cast<float>(opt_.momentum);

@@ -26,7 +26,11 @@ class Sequential : public Layer {
   /// Number of layers.
   size_t size() const { return layers_.size(); }
   /// Layer `i`.
-  Layer& operator[](size_t i) { return *layers_.at(i); }
+  Layer& operator[](size_t i) {
+    GALLEY_CHECK(i < layers_.size(), "Sequential: index ", i, " out of range for ", layers_.size(),
+                 " layers");
+    return *layers_[i];
+  }
   std::string repr() const override;
 
  private:
