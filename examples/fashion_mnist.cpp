@@ -15,7 +15,8 @@
 namespace nn = galley::nn;
 using galley::Tensor;
 
-// conv(1->32, 3, pad 1) relu pool2 -> conv(32->64, 3, pad 1) relu pool2 -> fc 3136->128 relu -> fc 10
+// conv(1->32, 3, pad 1) relu pool2 -> conv(32->64, 3, pad 1) relu pool2 -> fc 3136->128 relu -> fc
+// 10
 class FashionCNN : public nn::Layer {
  public:
   FashionCNN() {
@@ -62,14 +63,22 @@ Args parse(int argc, char** argv) {
       }
       return argv[++i];
     };
-    if (k == "--epochs") a.epochs = std::atoi(next());
-    else if (k == "--batch-size") a.batch_size = std::atoll(next());
-    else if (k == "--lr") a.lr = std::atof(next());
-    else if (k == "--data") a.data = next();
-    else if (k == "--threads") a.threads = std::atoi(next());
-    else if (k == "--limit") a.limit = std::atoll(next());
-    else if (k == "--target") a.target = std::atof(next());
-    else if (k == "--seed") a.seed = std::strtoull(next(), nullptr, 10);
+    if (k == "--epochs")
+      a.epochs = std::atoi(next());
+    else if (k == "--batch-size")
+      a.batch_size = std::atoll(next());
+    else if (k == "--lr")
+      a.lr = std::atof(next());
+    else if (k == "--data")
+      a.data = next();
+    else if (k == "--threads")
+      a.threads = std::atoi(next());
+    else if (k == "--limit")
+      a.limit = std::atoll(next());
+    else if (k == "--target")
+      a.target = std::atof(next());
+    else if (k == "--seed")
+      a.seed = std::strtoull(next(), nullptr, 10);
     else {
       std::fprintf(stderr, "unknown option %s (see the comment at the top of fashion_mnist.cpp)\n",
                    k.c_str());
@@ -122,8 +131,8 @@ int main(int argc, char** argv) {
     // The rate follows a cosine from lr down to lr/100 over the run, stepped once per epoch.
     galley::optim::CosineAnnealingLR schedule(optimizer, args.epochs, args.lr / 100);
     nn::CrossEntropyLoss loss_fn;
-    galley::data::BatchIterator loader(train, {.batch_size = args.batch_size, .shuffle = true,
-                                               .seed = args.seed});
+    galley::data::BatchIterator loader(
+        train, {.batch_size = args.batch_size, .shuffle = true, .seed = args.seed});
     double accuracy = 0;
     const auto start = std::chrono::steady_clock::now();
     for (int epoch = 1; epoch <= args.epochs; ++epoch) {
@@ -146,9 +155,9 @@ int main(int argc, char** argv) {
       }
       schedule.step();
       accuracy = evaluate(model, test);
-      std::printf("\repoch %d/%d  loss %.4f  %.0f samples/s  %.1f s  test accuracy %.2f%%\n",
-                  epoch, args.epochs, loss_sum / batches, seen / seconds_since(t0),
-                  seconds_since(t0), 100 * accuracy);
+      std::printf("\repoch %d/%d  loss %.4f  %.0f samples/s  %.1f s  test accuracy %.2f%%\n", epoch,
+                  args.epochs, loss_sum / batches, seen / seconds_since(t0), seconds_since(t0),
+                  100 * accuracy);
     }
     std::printf("final test accuracy %.2f%% after %d epochs in %.1f s\n", 100 * accuracy,
                 args.epochs, seconds_since(start));

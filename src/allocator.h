@@ -6,8 +6,8 @@
 namespace galley::detail {
 
 struct HostAllocatorStats {
-  size_t in_use = 0;       // bytes held by live storages
-  size_t cached = 0;       // bytes in free lists
+  size_t in_use = 0;  // bytes held by live storages
+  size_t cached = 0;  // bytes in free lists
   uint64_t system_allocs = 0;
   uint64_t reused = 0;
 };

@@ -32,22 +32,32 @@ void throw_error(const char* file, int line, const char* expr, const std::string
 
 size_t dtype_size(DType t) {
   switch (t) {
-    case DType::Float32: return 4;
-    case DType::Float16: return 2;
-    case DType::BFloat16: return 2;
-    case DType::Int64: return 8;
-    case DType::UInt8: return 1;
+    case DType::Float32:
+      return 4;
+    case DType::Float16:
+      return 2;
+    case DType::BFloat16:
+      return 2;
+    case DType::Int64:
+      return 8;
+    case DType::UInt8:
+      return 1;
   }
   return 0;
 }
 
 std::string dtype_name(DType t) {
   switch (t) {
-    case DType::Float32: return "float32";
-    case DType::Float16: return "float16";
-    case DType::BFloat16: return "bfloat16";
-    case DType::Int64: return "int64";
-    case DType::UInt8: return "uint8";
+    case DType::Float32:
+      return "float32";
+    case DType::Float16:
+      return "float16";
+    case DType::BFloat16:
+      return "bfloat16";
+    case DType::Int64:
+      return "int64";
+    case DType::UInt8:
+      return "uint8";
   }
   return "unknown";
 }

@@ -52,7 +52,9 @@ Storage::Storage(size_t bytes, Device device) : bytes_(bytes), device_(device) {
   data_ = detail::host_alloc(bytes, &capacity_);
 }
 
-Storage::~Storage() { detail::host_free(data_, capacity_); }
+Storage::~Storage() {
+  detail::host_free(data_, capacity_);
+}
 
 // ---------------------------------------------------------------------------------------------
 // Construction and metadata
@@ -64,8 +66,12 @@ thread_local int tls_cpu_index = 0;
 DeviceScope::DeviceScope(Device device) : prev_(tls_cpu_index) {
   if (device.is_cpu()) tls_cpu_index = device.index();
 }
-DeviceScope::~DeviceScope() { tls_cpu_index = prev_; }
-int current_cpu_index() { return tls_cpu_index; }
+DeviceScope::~DeviceScope() {
+  tls_cpu_index = prev_;
+}
+int current_cpu_index() {
+  return tls_cpu_index;
+}
 }  // namespace detail
 
 Tensor Tensor::empty(const Shape& shape, DType dtype, Device device) {
@@ -87,14 +93,14 @@ Tensor Tensor::from_host(const void* data, const Shape& shape, DType dtype, Devi
 }
 
 Tensor Tensor::from_vector(const std::vector<float>& values, const Shape& shape, Device device) {
-  GALLEY_CHECK(static_cast<int64_t>(values.size()) == shape_numel(shape), "from_vector: ",
-               values.size(), " values do not fill shape ", shape_str(shape));
+  GALLEY_CHECK(static_cast<int64_t>(values.size()) == shape_numel(shape),
+               "from_vector: ", values.size(), " values do not fill shape ", shape_str(shape));
   return from_host(values.data(), shape, DType::Float32, device);
 }
 
 Tensor Tensor::from_vector(const std::vector<int64_t>& values, const Shape& shape, Device device) {
-  GALLEY_CHECK(static_cast<int64_t>(values.size()) == shape_numel(shape), "from_vector: ",
-               values.size(), " values do not fill shape ", shape_str(shape));
+  GALLEY_CHECK(static_cast<int64_t>(values.size()) == shape_numel(shape),
+               "from_vector: ", values.size(), " values do not fill shape ", shape_str(shape));
   return from_host(values.data(), shape, DType::Int64, device);
 }
 
@@ -114,7 +120,9 @@ int64_t Tensor::size(int64_t d) const {
                shape_str(shape()));
   return impl_->shape[d < 0 ? d + n : d];
 }
-int64_t Tensor::numel() const { return shape_numel(shape()); }
+int64_t Tensor::numel() const {
+  return shape_numel(shape());
+}
 DType Tensor::dtype() const {
   GALLEY_CHECK_DEFINED("dtype");
   return impl_->dtype;
@@ -178,10 +186,14 @@ float Tensor::item() const {
                ", not a single element");
   check_cpu(*this, "item");
   switch (dtype()) {
-    case DType::Float32: return *static_cast<const float*>(raw_data());
-    case DType::Int64: return static_cast<float>(*static_cast<const int64_t*>(raw_data()));
-    case DType::UInt8: return *static_cast<const uint8_t*>(raw_data());
-    default: GALLEY_CHECK(false, "item: unsupported dtype ", dtype_name(dtype()));
+    case DType::Float32:
+      return *static_cast<const float*>(raw_data());
+    case DType::Int64:
+      return static_cast<float>(*static_cast<const int64_t*>(raw_data()));
+    case DType::UInt8:
+      return *static_cast<const uint8_t*>(raw_data());
+    default:
+      GALLEY_CHECK(false, "item: unsupported dtype ", dtype_name(dtype()));
   }
   return 0.f;
 }
@@ -201,10 +213,17 @@ void Tensor::fill_(float value) {
   GALLEY_CHECK(is_contiguous(), "fill_: the tensor must be contiguous");
   int64_t n = numel();
   switch (dtype()) {
-    case DType::Float32: std::fill_n(data<float>(), n, value); break;
-    case DType::Int64: std::fill_n(data<int64_t>(), n, static_cast<int64_t>(value)); break;
-    case DType::UInt8: std::fill_n(data<uint8_t>(), n, static_cast<uint8_t>(value)); break;
-    default: GALLEY_CHECK(false, "fill_: unsupported dtype ", dtype_name(dtype()));
+    case DType::Float32:
+      std::fill_n(data<float>(), n, value);
+      break;
+    case DType::Int64:
+      std::fill_n(data<int64_t>(), n, static_cast<int64_t>(value));
+      break;
+    case DType::UInt8:
+      std::fill_n(data<uint8_t>(), n, static_cast<uint8_t>(value));
+      break;
+    default:
+      GALLEY_CHECK(false, "fill_: unsupported dtype ", dtype_name(dtype()));
   }
 }
 
@@ -224,12 +243,12 @@ Shape infer_shape(Shape shape, int64_t numel, const Shape& from) {
     }
   }
   if (infer >= 0) {
-    GALLEY_CHECK(known > 0 && numel % known == 0, "reshape: cannot view ", shape_str(from),
-                 " as ", shape_str(shape));
+    GALLEY_CHECK(known > 0 && numel % known == 0, "reshape: cannot view ", shape_str(from), " as ",
+                 shape_str(shape));
     shape[infer] = numel / known;
   }
-  GALLEY_CHECK(shape_numel(shape) == numel, "reshape: cannot view ", shape_str(from), " (",
-               numel, " elements) as ", shape_str(shape));
+  GALLEY_CHECK(shape_numel(shape) == numel, "reshape: cannot view ", shape_str(from), " (", numel,
+               " elements) as ", shape_str(shape));
   return shape;
 }
 }  // namespace
@@ -248,10 +267,9 @@ Tensor Tensor::view(const Shape& new_shape) const {
   Tensor out(std::move(impl));
   if (!autograd::needs_grad({this})) return out;
   Shape in_shape = shape();
-  return autograd::record(out, "view", {*this},
-                          [in_shape](const Tensor& g, std::vector<Tensor>& gi) {
-                            gi[0] = g.reshape(in_shape);
-                          });
+  return autograd::record(
+      out, "view", {*this},
+      [in_shape](const Tensor& g, std::vector<Tensor>& gi) { gi[0] = g.reshape(in_shape); });
 }
 
 Tensor Tensor::reshape(const Shape& new_shape) const {
@@ -335,9 +353,8 @@ Tensor Tensor::to(Device device) const {
   copy_to_host(out.raw_data());
   if (!autograd::needs_grad({this})) return out;
   Device from = this->device();
-  return autograd::record(out, "to", {*this}, [from](const Tensor& g, std::vector<Tensor>& gi) {
-    gi[0] = g.to(from);
-  });
+  return autograd::record(out, "to", {*this},
+                          [from](const Tensor& g, std::vector<Tensor>& gi) { gi[0] = g.to(from); });
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -349,15 +366,21 @@ bool Tensor::requires_grad() const {
 
 Tensor& Tensor::set_requires_grad(bool on) {
   GALLEY_CHECK_DEFINED("set_requires_grad");
-  GALLEY_CHECK(!impl_->grad_fn, "set_requires_grad: only leaves can be marked; this tensor was "
-               "produced by ", impl_->grad_fn->name, " (use detach() first)");
-  GALLEY_CHECK(!on || impl_->dtype == DType::Float32, "set_requires_grad: only float tensors "
-               "can have gradients, this one is ", dtype_name(impl_->dtype));
+  GALLEY_CHECK(!impl_->grad_fn,
+               "set_requires_grad: only leaves can be marked; this tensor was "
+               "produced by ",
+               impl_->grad_fn->name, " (use detach() first)");
+  GALLEY_CHECK(!on || impl_->dtype == DType::Float32,
+               "set_requires_grad: only float tensors "
+               "can have gradients, this one is ",
+               dtype_name(impl_->dtype));
   impl_->requires_grad = on;
   return *this;
 }
 
-bool Tensor::is_leaf() const { return impl_ && !impl_->grad_fn; }
+bool Tensor::is_leaf() const {
+  return impl_ && !impl_->grad_fn;
+}
 
 Tensor Tensor::grad() const {
   GALLEY_CHECK_DEFINED("grad");
@@ -380,12 +403,15 @@ void Tensor::register_grad_hook(std::function<void(const Tensor&)> hook) {
 
 void Tensor::backward(const Tensor& gradient) const {
   GALLEY_CHECK_DEFINED("backward");
-  GALLEY_CHECK(requires_grad(), "backward: the tensor does not require a gradient (no input of "
+  GALLEY_CHECK(requires_grad(),
+               "backward: the tensor does not require a gradient (no input of "
                "the ops that produced it was a parameter or marked set_requires_grad)");
   Tensor g = gradient;
   if (!g.defined()) {
-    GALLEY_CHECK(numel() == 1, "backward: a gradient must be given for a non-scalar output of "
-                 "shape ", shape_str(shape()));
+    GALLEY_CHECK(numel() == 1,
+                 "backward: a gradient must be given for a non-scalar output of "
+                 "shape ",
+                 shape_str(shape()));
     g = ones(shape(), DType::Float32, device());
   }
   GALLEY_CHECK(g.shape() == shape(), "backward: gradient shape ", shape_str(g.shape()),
@@ -442,17 +468,23 @@ std::string Tensor::to_string() const {
     }
     os << "]";
   };
-  if (n > 0) rec(0, 0, 7);
-  else os << "[]";
+  if (n > 0)
+    rec(0, 0, 7);
+  else
+    os << "[]";
   os << ", shape=" << shape_str(shape()) << ", dtype=" << dtype_name(dtype());
   if (!device().is_cpu() || device().index() != 0) os << ", device=" << device().str();
-  if (impl_->grad_fn) os << ", grad_fn=" << impl_->grad_fn->name;
-  else if (impl_->requires_grad) os << ", requires_grad=true";
+  if (impl_->grad_fn)
+    os << ", grad_fn=" << impl_->grad_fn->name;
+  else if (impl_->requires_grad)
+    os << ", requires_grad=true";
   os << ")";
   return os.str();
 }
 
-std::ostream& operator<<(std::ostream& os, const Tensor& t) { return os << t.to_string(); }
+std::ostream& operator<<(std::ostream& os, const Tensor& t) {
+  return os << t.to_string();
+}
 
 // ---------------------------------------------------------------------------------------------
 // Factories and random numbers
@@ -477,9 +509,12 @@ Tensor arange(double start, double end, double step, DType dtype) {
   Tensor t = Tensor::empty({n}, dtype);
   for (int64_t i = 0; i < n; ++i) {
     double v = start + i * step;
-    if (dtype == DType::Float32) t.data<float>()[i] = static_cast<float>(v);
-    else if (dtype == DType::Int64) t.data<int64_t>()[i] = static_cast<int64_t>(v);
-    else GALLEY_CHECK(false, "arange: unsupported dtype ", dtype_name(dtype));
+    if (dtype == DType::Float32)
+      t.data<float>()[i] = static_cast<float>(v);
+    else if (dtype == DType::Int64)
+      t.data<int64_t>()[i] = static_cast<int64_t>(v);
+    else
+      GALLEY_CHECK(false, "arange: unsupported dtype ", dtype_name(dtype));
   }
   return t;
 }
@@ -491,14 +526,18 @@ uint64_t splitmix64(uint64_t& x) {
   z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
   return z ^ (z >> 31);
 }
-uint64_t rotl(uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
+uint64_t rotl(uint64_t x, int k) {
+  return (x << k) | (x >> (64 - k));
+}
 std::mutex& generator_mutex() {
   static std::mutex mu;
   return mu;
 }
 }  // namespace
 
-Generator::Generator(uint64_t seed) { manual_seed(seed); }
+Generator::Generator(uint64_t seed) {
+  manual_seed(seed);
+}
 
 void Generator::manual_seed(uint64_t seed) {
   for (auto& s : state_) s = splitmix64(seed);
@@ -517,7 +556,9 @@ uint64_t Generator::next_u64() {  // xoshiro256**
   return result;
 }
 
-float Generator::next_float() { return (next_u64() >> 40) * (1.0f / 16777216.0f); }
+float Generator::next_float() {
+  return (next_u64() >> 40) * (1.0f / 16777216.0f);
+}
 
 float Generator::next_normal() {
   if (has_spare_) {
@@ -553,7 +594,9 @@ Tensor uniform(const Shape& shape, float low, float high, Generator& gen) {
   return t;
 }
 
-Tensor rand(const Shape& shape, Generator& gen) { return uniform(shape, 0.f, 1.f, gen); }
+Tensor rand(const Shape& shape, Generator& gen) {
+  return uniform(shape, 0.f, 1.f, gen);
+}
 
 Tensor randn(const Shape& shape, Generator& gen) {
   Tensor t = Tensor::empty(shape);
@@ -569,8 +612,14 @@ Tensor randn(const Shape& shape, Generator& gen) {
 namespace {
 thread_local bool tls_grad_enabled = true;
 }
-NoGradGuard::NoGradGuard() : prev_(tls_grad_enabled) { tls_grad_enabled = false; }
-NoGradGuard::~NoGradGuard() { tls_grad_enabled = prev_; }
-bool grad_enabled() { return tls_grad_enabled; }
+NoGradGuard::NoGradGuard() : prev_(tls_grad_enabled) {
+  tls_grad_enabled = false;
+}
+NoGradGuard::~NoGradGuard() {
+  tls_grad_enabled = prev_;
+}
+bool grad_enabled() {
+  return tls_grad_enabled;
+}
 
 }  // namespace galley

@@ -84,7 +84,8 @@ Tensor distinct(const Shape& s, uint64_t seed) {
 
 TEST(GradCheck, Add) {
   gradcheck("add", [](auto& v) { return v[0] + v[1]; }, {rnd({3, 4}, 1), rnd({3, 4}, 2)});
-  gradcheck("add broadcast", [](auto& v) { return v[0] + v[1]; }, {rnd({2, 3, 4}, 1), rnd({3, 1}, 2)});
+  gradcheck("add broadcast", [](auto& v) { return v[0] + v[1]; },
+            {rnd({2, 3, 4}, 1), rnd({3, 1}, 2)});
   gradcheck("add row", [](auto& v) { return v[0] + v[1]; }, {rnd({5, 4}, 1), rnd({4}, 2)});
   gradcheck("add scalar", [](auto& v) { return v[0] + 3.f; }, {rnd({5}, 1)});
 }
@@ -96,7 +97,8 @@ TEST(GradCheck, Sub) {
 
 TEST(GradCheck, Mul) {
   gradcheck("mul", [](auto& v) { return v[0] * v[1]; }, {rnd({3, 4}, 5), rnd({3, 4}, 6)});
-  gradcheck("mul broadcast", [](auto& v) { return v[0] * v[1]; }, {rnd({4, 1, 3}, 5), rnd({2, 1}, 6)});
+  gradcheck("mul broadcast", [](auto& v) { return v[0] * v[1]; },
+            {rnd({4, 1, 3}, 5), rnd({2, 1}, 6)});
   gradcheck("mul scalar", [](auto& v) { return v[0] * 1.5f; }, {rnd({6}, 5)});
   gradcheck("square", [](auto& v) { return v[0] * v[0]; }, {rnd({6}, 9)});
 }
@@ -144,9 +146,9 @@ TEST(GradCheck, Conv2d) {
     auto o = c.o;
     std::vector<Tensor> in = {rnd(c.x, 30 + i), rnd(c.w, 40 + i, 0.5f)};
     if (c.bias) in.push_back(rnd({c.w[0]}, 50 + i));
-    gradcheck(("conv2d case " + std::to_string(i)).c_str(),
-              [o](auto& v) { return galley::conv2d(v[0], v[1], v.size() > 2 ? v[2] : Tensor(), o); },
-              in);
+    gradcheck(
+        ("conv2d case " + std::to_string(i)).c_str(),
+        [o](auto& v) { return galley::conv2d(v[0], v[1], v.size() > 2 ? v[2] : Tensor(), o); }, in);
   }
 }
 
@@ -154,7 +156,9 @@ TEST(GradCheck, MaxPool2d) {
   gradcheck("max_pool2d 2/2", [](auto& v) { return galley::max_pool2d(v[0], {.kernel_size = 2}); },
             {distinct({2, 3, 6, 6}, 61)});
   gradcheck("max_pool2d 3/2 pad 1",
-            [](auto& v) { return galley::max_pool2d(v[0], {.kernel_size = 3, .stride = 2, .padding = 1}); },
+            [](auto& v) {
+              return galley::max_pool2d(v[0], {.kernel_size = 3, .stride = 2, .padding = 1});
+            },
             {distinct({1, 2, 7, 7}, 62)});
   gradcheck("max_pool2d 3/1",
             [](auto& v) { return galley::max_pool2d(v[0], {.kernel_size = 3, .stride = 1}); },
@@ -162,8 +166,13 @@ TEST(GradCheck, MaxPool2d) {
 }
 
 TEST(GradCheck, ShapeOps) {
-  gradcheck("flatten", [](auto& v) { return galley::flatten(v[0], 1) * 2.f; }, {rnd({2, 3, 4}, 71)});
-  gradcheck("reshape", [](auto& v) { return galley::reshape(v[0], {4, -1}); }, {rnd({2, 3, 4}, 72)});
+  gradcheck("flatten", [](auto& v) { return galley::flatten(v[0], 1) * 2.f; },
+            {rnd({2, 3, 4}, 71)});
+  gradcheck("reshape",
+            [](auto& v) {
+              return galley::reshape(v[0], {4, -1});
+            },
+            {rnd({2, 3, 4}, 72)});
 }
 
 TEST(GradCheck, Reductions) {
@@ -176,8 +185,10 @@ TEST(GradCheck, Reductions) {
 
 TEST(GradCheck, Softmax) {
   gradcheck("softmax", [](auto& v) { return galley::softmax(v[0], 1); }, {rnd({3, 5}, 91)});
-  gradcheck("softmax dim 1 of 3", [](auto& v) { return galley::softmax(v[0], 1); }, {rnd({2, 4, 3}, 92)});
-  gradcheck("log_softmax", [](auto& v) { return galley::log_softmax(v[0], -1); }, {rnd({3, 5}, 93)});
+  gradcheck("softmax dim 1 of 3", [](auto& v) { return galley::softmax(v[0], 1); },
+            {rnd({2, 4, 3}, 92)});
+  gradcheck("log_softmax", [](auto& v) { return galley::log_softmax(v[0], -1); },
+            {rnd({3, 5}, 93)});
 }
 
 TEST(GradCheck, CrossEntropy) {
@@ -196,14 +207,17 @@ TEST(GradCheck, CrossEntropy) {
 }
 
 TEST(GradCheck, SimpleCnnComposite) {
-  // The whole SimpleCNN-shaped chain on a small input: conv -> relu -> pool -> flatten -> linear -> CE.
+  // The whole SimpleCNN-shaped chain on a small input: conv -> relu -> pool -> flatten -> linear ->
+  // CE.
   Tensor labels = Tensor::from_vector(std::vector<int64_t>{1, 0}, {2});
-  gradcheck("conv-relu-pool-linear-ce",
-            [&](auto& v) {
-              auto h = galley::max_pool2d(galley::relu(galley::conv2d(v[0], v[1], v[2])), {.kernel_size = 2});
-              return galley::cross_entropy(galley::linear(galley::flatten(h, 1), v[3], v[4]), labels);
-            },
-            {rnd({2, 3, 6, 6}, 111), rnd({4, 3, 3, 3}, 112, 0.3f), rnd({4}, 113, 0.1f),
-             rnd({2, 16}, 114, 0.3f), rnd({2}, 115, 0.1f)},
-            7, 1e-3f, 3e-2f);
+  gradcheck(
+      "conv-relu-pool-linear-ce",
+      [&](auto& v) {
+        auto h =
+            galley::max_pool2d(galley::relu(galley::conv2d(v[0], v[1], v[2])), {.kernel_size = 2});
+        return galley::cross_entropy(galley::linear(galley::flatten(h, 1), v[3], v[4]), labels);
+      },
+      {rnd({2, 3, 6, 6}, 111), rnd({4, 3, 3, 3}, 112, 0.3f), rnd({4}, 113, 0.1f),
+       rnd({2, 16}, 114, 0.3f), rnd({2}, 115, 0.1f)},
+      7, 1e-3f, 3e-2f);
 }

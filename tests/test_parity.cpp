@@ -54,8 +54,9 @@ using Refs = std::map<std::string, Tensor>;
 std::optional<std::string> parity_dir(std::string* why) {
   const char* dir = std::getenv("GALLEY_PARITY_DIR");
   if (dir == nullptr || *dir == '\0') {
-    *why = "GALLEY_PARITY_DIR is not set; run through ctest, or generate the references with "
-           "tests/parity/make_reference.py --out DIR and set GALLEY_PARITY_DIR=DIR";
+    *why =
+        "GALLEY_PARITY_DIR is not set; run through ctest, or generate the references with "
+        "tests/parity/make_reference.py --out DIR and set GALLEY_PARITY_DIR=DIR";
     return std::nullopt;
   }
   std::error_code ec;
@@ -70,19 +71,19 @@ std::optional<std::string> parity_dir(std::string* why) {
 
 /// Loads DIR/<name>.safetensors into `refs`; skips the test without a directory, and fails
 /// it when the file is absent or unreadable.
-#define LOAD_REFS(refs, name)                                                              \
-  Refs refs;                                                                               \
-  do {                                                                                     \
-    std::string why_;                                                                      \
-    auto dir_ = parity_dir(&why_);                                                         \
-    if (!dir_) GTEST_SKIP() << why_;                                                       \
-    const std::string path_ = *dir_ + "/" + (name) + ".safetensors";                       \
-    try {                                                                                  \
-      refs = galley::io::load_safetensors(path_);                                          \
-    } catch (const std::exception& e_) {                                                   \
-      FAIL() << "cannot load the references " << path_ << ": " << e_.what()               \
-             << " (regenerate with tests/parity/make_reference.py)";                      \
-    }                                                                                      \
+#define LOAD_REFS(refs, name)                                               \
+  Refs refs;                                                                \
+  do {                                                                      \
+    std::string why_;                                                       \
+    auto dir_ = parity_dir(&why_);                                          \
+    if (!dir_) GTEST_SKIP() << why_;                                        \
+    const std::string path_ = *dir_ + "/" + (name) + ".safetensors";        \
+    try {                                                                   \
+      refs = galley::io::load_safetensors(path_);                           \
+    } catch (const std::exception& e_) {                                    \
+      FAIL() << "cannot load the references " << path_ << ": " << e_.what() \
+             << " (regenerate with tests/parity/make_reference.py)";        \
+    }                                                                       \
   } while (0)
 
 const Tensor& at(const Refs& refs, const std::string& key) {
@@ -135,13 +136,11 @@ std::string index_str(int64_t flat, const Shape& shape) {
   if (!actual.defined())
     return ::testing::AssertionFailure() << what << ": galley's tensor is undefined";
   if (actual.shape() != expected.shape())
-    return ::testing::AssertionFailure()
-           << what << ": shape " << galley::shape_str(actual.shape()) << ", torch has "
-           << galley::shape_str(expected.shape());
+    return ::testing::AssertionFailure() << what << ": shape " << galley::shape_str(actual.shape())
+                                         << ", torch has " << galley::shape_str(expected.shape());
   if (actual.dtype() != expected.dtype())
-    return ::testing::AssertionFailure()
-           << what << ": dtype " << galley::dtype_name(actual.dtype()) << ", torch has "
-           << galley::dtype_name(expected.dtype());
+    return ::testing::AssertionFailure() << what << ": dtype " << galley::dtype_name(actual.dtype())
+                                         << ", torch has " << galley::dtype_name(expected.dtype());
   const Shape& shape = expected.shape();
   if (expected.dtype() == galley::DType::Int64) {
     auto a = actual.to_vector<int64_t>(), b = expected.to_vector<int64_t>();
@@ -174,9 +173,9 @@ std::string index_str(int64_t flat, const Shape& shape) {
   std::ostringstream os;
   os.precision(9);
   os << what << ": " << bad << " of " << b.size() << " elements out of tolerance; worst at "
-     << index_str(worst, shape) << ": galley " << a[worst] << ", torch " << b[worst]
-     << ", |diff| " << std::fabs(static_cast<double>(a[worst]) - b[worst]) << " > allowed "
-     << limit << " (atol " << tol.atol << " + rtol " << tol.rtol;
+     << index_str(worst, shape) << ": galley " << a[worst] << ", torch " << b[worst] << ", |diff| "
+     << std::fabs(static_cast<double>(a[worst]) - b[worst]) << " > allowed " << limit << " (atol "
+     << tol.atol << " + rtol " << tol.rtol;
   if (tol.normwise)
     os << " x max|torch| " << max_abs << ")";
   else
@@ -359,8 +358,7 @@ TEST(parity, Softmax) {
 
 TEST(parity, LogSoftmax) {
   LOAD_REFS(refs, "log_softmax");
-  check_op(refs, "log_softmax",
-           [](Case& c) { return galley::log_softmax(c.in("x"), c.i("dim")); });
+  check_op(refs, "log_softmax", [](Case& c) { return galley::log_softmax(c.in("x"), c.i("dim")); });
 }
 
 galley::CrossEntropyOptions ce_options(const Case& c) {
@@ -391,9 +389,8 @@ TEST(parity, CrossEntropyLossLayer) {
 
 TEST(parity, Argmax) {
   LOAD_REFS(refs, "argmax");
-  check_op(refs, "argmax", [](Case& c) {
-    return galley::argmax(c.in("x"), c.i("dim"), c.i("keepdim") != 0);
-  });
+  check_op(refs, "argmax",
+           [](Case& c) { return galley::argmax(c.in("x"), c.i("dim"), c.i("keepdim") != 0); });
 }
 
 // ----------------------------------------------------------------------------- training
@@ -447,7 +444,8 @@ TEST(parity, SimpleCnnAdam20Steps) {
   std::vector<float> losses;
   for (int64_t s = 0; s < steps; ++s) {
     opt.zero_grad();
-    Tensor loss = loss_fn(model(at(refs, "x" + std::to_string(s))), at(refs, "y" + std::to_string(s)));
+    Tensor loss =
+        loss_fn(model(at(refs, "x" + std::to_string(s))), at(refs, "y" + std::to_string(s)));
     losses.push_back(loss.item());
     loss.backward();
     opt.step();
@@ -489,10 +487,9 @@ TEST(parity, SgdNesterovWeightDecay) {
   expect_setting(refs, "weight_decay", 1e-4);
   galley::nn::Linear model(6, 4);
   model.load_state_dict(params_from(refs, model, ""));
-  galley::optim::SGD opt(model.parameters(), {.learning_rate = 0.1,
-                                              .momentum = 0.9,
-                                              .weight_decay = 1e-4,
-                                              .nesterov = true});
+  galley::optim::SGD opt(
+      model.parameters(),
+      {.learning_rate = 0.1, .momentum = 0.9, .weight_decay = 1e-4, .nesterov = true});
   check_tiny_run("optim_sgd_nesterov", refs, model, opt);
 }
 
@@ -505,11 +502,9 @@ TEST(parity, AdamW) {
   expect_setting(refs, "weight_decay", 1e-2);
   galley::nn::Linear model(6, 4);
   model.load_state_dict(params_from(refs, model, ""));
-  galley::optim::AdamW opt(model.parameters(), {.learning_rate = 1e-2,
-                                                .beta1 = 0.9,
-                                                .beta2 = 0.999,
-                                                .eps = 1e-8,
-                                                .weight_decay = 1e-2});
+  galley::optim::AdamW opt(
+      model.parameters(),
+      {.learning_rate = 1e-2, .beta1 = 0.9, .beta2 = 0.999, .eps = 1e-8, .weight_decay = 1e-2});
   check_tiny_run("optim_adamw", refs, model, opt);
 }
 

@@ -32,9 +32,9 @@ std::string str_cat(const Args&... args) {
 }  // namespace galley
 
 /// Throws galley::Error with file:line, the failed condition and a message built from the rest.
-#define GALLEY_CHECK(cond, ...)                                                              \
-  do {                                                                                       \
-    if (!(cond))                                                                             \
-      ::galley::detail::throw_error(__FILE__, __LINE__, #cond,                               \
-                                    ::galley::detail::str_cat(__VA_ARGS__));                 \
+#define GALLEY_CHECK(cond, ...)                                              \
+  do {                                                                       \
+    if (!(cond))                                                             \
+      ::galley::detail::throw_error(__FILE__, __LINE__, #cond,               \
+                                    ::galley::detail::str_cat(__VA_ARGS__)); \
   } while (0)

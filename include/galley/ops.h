@@ -31,18 +31,42 @@ Tensor pow(const Tensor& a, float p);
 /// max(a, 0).
 Tensor relu(const Tensor& a);
 
-inline Tensor operator+(const Tensor& a, const Tensor& b) { return add(a, b); }
-inline Tensor operator-(const Tensor& a, const Tensor& b) { return sub(a, b); }
-inline Tensor operator*(const Tensor& a, const Tensor& b) { return mul(a, b); }
-inline Tensor operator/(const Tensor& a, const Tensor& b) { return div(a, b); }
-inline Tensor operator+(const Tensor& a, float s) { return add(a, s); }
-inline Tensor operator+(float s, const Tensor& a) { return add(a, s); }
-inline Tensor operator-(const Tensor& a, float s) { return add(a, -s); }
-inline Tensor operator-(float s, const Tensor& a) { return add(neg(a), s); }
-inline Tensor operator*(const Tensor& a, float s) { return mul(a, s); }
-inline Tensor operator*(float s, const Tensor& a) { return mul(a, s); }
-inline Tensor operator/(const Tensor& a, float s) { return mul(a, 1.f / s); }
-inline Tensor operator-(const Tensor& a) { return neg(a); }
+inline Tensor operator+(const Tensor& a, const Tensor& b) {
+  return add(a, b);
+}
+inline Tensor operator-(const Tensor& a, const Tensor& b) {
+  return sub(a, b);
+}
+inline Tensor operator*(const Tensor& a, const Tensor& b) {
+  return mul(a, b);
+}
+inline Tensor operator/(const Tensor& a, const Tensor& b) {
+  return div(a, b);
+}
+inline Tensor operator+(const Tensor& a, float s) {
+  return add(a, s);
+}
+inline Tensor operator+(float s, const Tensor& a) {
+  return add(a, s);
+}
+inline Tensor operator-(const Tensor& a, float s) {
+  return add(a, -s);
+}
+inline Tensor operator-(float s, const Tensor& a) {
+  return add(neg(a), s);
+}
+inline Tensor operator*(const Tensor& a, float s) {
+  return mul(a, s);
+}
+inline Tensor operator*(float s, const Tensor& a) {
+  return mul(a, s);
+}
+inline Tensor operator/(const Tensor& a, float s) {
+  return mul(a, 1.f / s);
+}
+inline Tensor operator-(const Tensor& a) {
+  return neg(a);
+}
 
 /// Matrix product of 2-D tensors [m, k] x [k, n] -> [m, n].
 Tensor matmul(const Tensor& a, const Tensor& b);

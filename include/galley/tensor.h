@@ -57,9 +57,9 @@ struct TensorImpl {
   Shape shape;
   Shape strides;
   DType dtype = DType::Float32;
-  bool requires_grad = false;           // leaf flag
-  std::shared_ptr<TensorImpl> grad;     // accumulated gradient of a leaf
-  std::shared_ptr<autograd::Node> grad_fn;  // the op that produced a non-leaf
+  bool requires_grad = false;                                  // leaf flag
+  std::shared_ptr<TensorImpl> grad;                            // accumulated gradient of a leaf
+  std::shared_ptr<autograd::Node> grad_fn;                     // the op that produced a non-leaf
   std::vector<std::function<void(const Tensor&)>> grad_hooks;  // called after each accumulation
 };
 }  // namespace detail

@@ -11,8 +11,8 @@ Shape broadcast_shapes(const Shape& a, const Shape& b, const char* op) {
     int64_t da = i < n - a.size() ? 1 : a[i - (n - a.size())];
     int64_t db = i < n - b.size() ? 1 : b[i - (n - b.size())];
     GALLEY_CHECK(da == db || da == 1 || db == 1, op, ": shapes ", shape_str(a), " and ",
-                 shape_str(b), " cannot be broadcast together (dimension ", i, ": ", da, " vs ",
-                 db, ")");
+                 shape_str(b), " cannot be broadcast together (dimension ", i, ": ", da, " vs ", db,
+                 ")");
     out[i] = da == 1 ? db : da;
   }
   return out;
@@ -46,7 +46,8 @@ void run(const Tensor& ta, const Tensor& tb, Tensor& to, F f) {
   const Shape& out = to.shape();
   int64_t n = to.numel();
   if (ta.shape() == tb.shape()) {
-    parallel_for(n, kElementwiseGrain, [&](int64_t s, int64_t e) { apply(a + s, b + s, o + s, e - s, f); });
+    parallel_for(n, kElementwiseGrain,
+                 [&](int64_t s, int64_t e) { apply(a + s, b + s, o + s, e - s, f); });
     return;
   }
   if (tb.numel() == 1 && ta.numel() == n) {
@@ -64,31 +65,31 @@ void run(const Tensor& ta, const Tensor& tb, Tensor& to, F f) {
   int64_t ia = d ? sa[d - 1] : 0, ib = d ? sb[d - 1] : 0;
   parallel_for(rows, std::max<int64_t>(1, kElementwiseGrain / std::max<int64_t>(inner, 1)),
                [&](int64_t r0, int64_t r1) {
-    for (int64_t r = r0; r < r1; ++r) {
-      int64_t oa = 0, ob = 0, rem = r;
-      for (int64_t k = d - 2; k >= 0; --k) {
-        int64_t idx = rem % out[k];
-        rem /= out[k];
-        oa += idx * sa[k];
-        ob += idx * sb[k];
-      }
-      const float* pa = a + oa;
-      const float* pb = b + ob;
-      float* po = o + r * inner;
-      if (ia && ib) {
-        apply(pa, pb, po, inner, f);
-      } else if (ia) {
-        float bv = *pb;
-        for (int64_t i = 0; i < inner; ++i) po[i] = f(pa[i], bv);
-      } else if (ib) {
-        float av = *pa;
-        for (int64_t i = 0; i < inner; ++i) po[i] = f(av, pb[i]);
-      } else {
-        float v = f(*pa, *pb);
-        for (int64_t i = 0; i < inner; ++i) po[i] = v;
-      }
-    }
-  });
+                 for (int64_t r = r0; r < r1; ++r) {
+                   int64_t oa = 0, ob = 0, rem = r;
+                   for (int64_t k = d - 2; k >= 0; --k) {
+                     int64_t idx = rem % out[k];
+                     rem /= out[k];
+                     oa += idx * sa[k];
+                     ob += idx * sb[k];
+                   }
+                   const float* pa = a + oa;
+                   const float* pb = b + ob;
+                   float* po = o + r * inner;
+                   if (ia && ib) {
+                     apply(pa, pb, po, inner, f);
+                   } else if (ia) {
+                     float bv = *pb;
+                     for (int64_t i = 0; i < inner; ++i) po[i] = f(pa[i], bv);
+                   } else if (ib) {
+                     float av = *pa;
+                     for (int64_t i = 0; i < inner; ++i) po[i] = f(av, pb[i]);
+                   } else {
+                     float v = f(*pa, *pb);
+                     for (int64_t i = 0; i < inner; ++i) po[i] = v;
+                   }
+                 }
+               });
 }
 
 }  // namespace
@@ -99,10 +100,18 @@ Tensor binary(BinaryOp op, const Tensor& a, const Tensor& b) {
   Tensor ca = a.contiguous(), cb = b.contiguous();
   Tensor out = Tensor::empty(out_shape);
   switch (op) {
-    case BinaryOp::Add: run(ca, cb, out, [](float x, float y) { return x + y; }); break;
-    case BinaryOp::Sub: run(ca, cb, out, [](float x, float y) { return x - y; }); break;
-    case BinaryOp::Mul: run(ca, cb, out, [](float x, float y) { return x * y; }); break;
-    case BinaryOp::Div: run(ca, cb, out, [](float x, float y) { return x / y; }); break;
+    case BinaryOp::Add:
+      run(ca, cb, out, [](float x, float y) { return x + y; });
+      break;
+    case BinaryOp::Sub:
+      run(ca, cb, out, [](float x, float y) { return x - y; });
+      break;
+    case BinaryOp::Mul:
+      run(ca, cb, out, [](float x, float y) { return x * y; });
+      break;
+    case BinaryOp::Div:
+      run(ca, cb, out, [](float x, float y) { return x / y; });
+      break;
   }
   return out;
 }
@@ -139,7 +148,9 @@ Tensor sum_to(const Tensor& g, const Shape& shape) {
   return out;
 }
 
-Tensor add_same_shape(const Tensor& a, const Tensor& b) { return binary(BinaryOp::Add, a, b); }
+Tensor add_same_shape(const Tensor& a, const Tensor& b) {
+  return binary(BinaryOp::Add, a, b);
+}
 
 void add_inplace(Tensor& acc, const Tensor& g) {
   GALLEY_CHECK(acc.shape() == g.shape(), "add_inplace: ", shape_str(acc.shape()), " vs ",

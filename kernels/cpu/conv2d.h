@@ -5,10 +5,10 @@
 namespace galley::kernels::cpu {
 
 struct Conv2dGeometry {
-  int64_t n, c, h, w;       // input
-  int64_t o, kh, kw;        // output channels and kernel
+  int64_t n, c, h, w;  // input
+  int64_t o, kh, kw;   // output channels and kernel
   int64_t stride, pad, dilation, groups;
-  int64_t oh, ow;           // output spatial size
+  int64_t oh, ow;  // output spatial size
 };
 
 // y[n, o, oh, ow] = sum w * x (+ b[o] when b is not null).

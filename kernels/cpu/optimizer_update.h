@@ -6,9 +6,9 @@ namespace galley::kernels::cpu {
 
 struct AdamStep {
   float lr, beta1, beta2, eps, weight_decay;
-  float step_size;        // lr / (1 - beta1^t)
-  float bias2_sqrt;       // sqrt(1 - beta2^t)
-  bool decoupled;         // AdamW: p *= 1 - lr * wd before the update
+  float step_size;   // lr / (1 - beta1^t)
+  float bias2_sqrt;  // sqrt(1 - beta2^t)
+  bool decoupled;    // AdamW: p *= 1 - lr * wd before the update
   bool amsgrad;
 };
 // Updates p, m, v (and vmax when amsgrad) from g in place, as torch.optim.Adam / AdamW.

@@ -41,13 +41,21 @@ Tensor zip(const Tensor& a, const Tensor& b, F f) {
 Tensor affine(const Tensor& a, float scale, float shift) {
   return map(a, [=](float x) { return x * scale + shift; });
 }
-Tensor exp(const Tensor& a) { return map(a, [](float x) { return std::exp(x); }); }
-Tensor log(const Tensor& a) { return map(a, [](float x) { return std::log(x); }); }
-Tensor pow(const Tensor& a, float p) { return map(a, [=](float x) { return std::pow(x, p); }); }
+Tensor exp(const Tensor& a) {
+  return map(a, [](float x) { return std::exp(x); });
+}
+Tensor log(const Tensor& a) {
+  return map(a, [](float x) { return std::log(x); });
+}
+Tensor pow(const Tensor& a, float p) {
+  return map(a, [=](float x) { return std::pow(x, p); });
+}
 Tensor pow_backward(const Tensor& grad, const Tensor& a, float p) {
   return zip(grad, a, [=](float g, float x) { return g * p * std::pow(x, p - 1.f); });
 }
-Tensor relu(const Tensor& a) { return map(a, [](float x) { return x > 0.f ? x : 0.f; }); }
+Tensor relu(const Tensor& a) {
+  return map(a, [](float x) { return x > 0.f ? x : 0.f; });
+}
 Tensor relu_backward(const Tensor& grad, const Tensor& out) {
   return zip(grad, out, [](float g, float y) { return y > 0.f ? g : 0.f; });
 }

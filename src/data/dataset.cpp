@@ -24,8 +24,8 @@ void Dataset::get_batch(const std::vector<size_t>& indices, Tensor& data, Tensor
     Example e = get(indices[i]);
     GALLEY_CHECK(e.data.shape() == data_shape() && e.label.numel() == shape_numel(label_shape()),
                  "dataset: example ", indices[i], " has data ", shape_str(e.data.shape()),
-                 " and label ", shape_str(e.label.shape()), ", expected ",
-                 shape_str(data_shape()), " and ", shape_str(label_shape()));
+                 " and label ", shape_str(e.label.shape()), ", expected ", shape_str(data_shape()),
+                 " and ", shape_str(label_shape()));
     e.data.copy_to_host(pd + i * dbytes);
     e.label.copy_to_host(pl + i * lbytes);
   }
@@ -40,13 +40,19 @@ TensorDataset::TensorDataset(Tensor data, Tensor labels)
                dtype_name(data_.dtype()));
 }
 
-size_t TensorDataset::size() const { return static_cast<size_t>(data_.size(0)); }
+size_t TensorDataset::size() const {
+  return static_cast<size_t>(data_.size(0));
+}
 
-Shape TensorDataset::data_shape() const { return Shape(data_.shape().begin() + 1, data_.shape().end()); }
+Shape TensorDataset::data_shape() const {
+  return Shape(data_.shape().begin() + 1, data_.shape().end());
+}
 Shape TensorDataset::label_shape() const {
   return Shape(labels_.shape().begin() + 1, labels_.shape().end());
 }
-DType TensorDataset::label_dtype() const { return labels_.dtype(); }
+DType TensorDataset::label_dtype() const {
+  return labels_.dtype();
+}
 
 Example TensorDataset::get(size_t index) const {
   GALLEY_CHECK(index < size(), "TensorDataset: index ", index, " out of range for ", size(),
@@ -98,7 +104,9 @@ BatchIterator::iterator BatchIterator::begin() {
   return iterator(this, 0);
 }
 
-BatchIterator::iterator BatchIterator::end() { return iterator(this, size()); }
+BatchIterator::iterator BatchIterator::end() {
+  return iterator(this, size());
+}
 
 Example BatchIterator::load(size_t b) const {
   GALLEY_CHECK(b < size(), "BatchIterator: batch ", b, " out of range for ", size(),

@@ -13,11 +13,16 @@ namespace galley::io {
 namespace {
 const char* st_dtype(DType t) {
   switch (t) {
-    case DType::Float32: return "F32";
-    case DType::Int64: return "I64";
-    case DType::UInt8: return "U8";
-    case DType::Float16: return "F16";
-    case DType::BFloat16: return "BF16";
+    case DType::Float32:
+      return "F32";
+    case DType::Int64:
+      return "I64";
+    case DType::UInt8:
+      return "U8";
+    case DType::Float16:
+      return "F16";
+    case DType::BFloat16:
+      return "BF16";
   }
   return "";
 }
@@ -116,12 +121,12 @@ std::map<std::string, Tensor> load_safetensors(const std::string& path) {
       Tensor t = Tensor::empty(shape, dt);
       in.seekg(static_cast<std::streamoff>(data_start + offs[0]));
       in.read(static_cast<char*>(t.raw_data()), static_cast<std::streamsize>(bytes));
-      GALLEY_CHECK(in.good(), "safetensors file '", path, "': reading tensor '", name,
-                   "' at byte ", data_start + offs[0], " failed");
+      GALLEY_CHECK(in.good(), "safetensors file '", path, "': reading tensor '", name, "' at byte ",
+                   data_start + offs[0], " failed");
       out[name] = t;
     } catch (const nlohmann::json::exception& e) {
-      GALLEY_CHECK(false, "safetensors file '", path, "': entry '", name, "' is malformed: ",
-                   e.what());
+      GALLEY_CHECK(false, "safetensors file '", path, "': entry '", name,
+                   "' is malformed: ", e.what());
     }
   }
   return out;

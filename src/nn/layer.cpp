@@ -66,7 +66,9 @@ std::vector<NamedTensor> Layer::named_buffers() const {
   return out;
 }
 
-std::vector<std::pair<std::string, Layer*>> Layer::children() const { return children_; }
+std::vector<std::pair<std::string, Layer*>> Layer::children() const {
+  return children_;
+}
 
 void Layer::train(bool on) {
   training_ = on;

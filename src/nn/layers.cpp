@@ -76,7 +76,9 @@ Tensor Conv2D::forward(const Tensor& x) {
                in_, ", H, W], got ", x.defined() ? shape_str(x.shape()) : "undefined");
   try {
     return conv2d(x, weight_, bias_,
-                  {.stride = opt_.stride, .padding = opt_.padding, .dilation = opt_.dilation,
+                  {.stride = opt_.stride,
+                   .padding = opt_.padding,
+                   .dilation = opt_.dilation,
                    .groups = opt_.groups});
   } catch (const Error& e) {
     throw Error(with_layer(repr(), e));
@@ -141,9 +143,13 @@ std::string Linear::repr() const {
 // ---------------------------------------------------------------------------------------------
 // ReLU, Flatten, Sequential
 
-Tensor ReLU::forward(const Tensor& x) { return relu(x); }
+Tensor ReLU::forward(const Tensor& x) {
+  return relu(x);
+}
 
-Tensor Flatten::forward(const Tensor& x) { return flatten(x, start_, end_); }
+Tensor Flatten::forward(const Tensor& x) {
+  return flatten(x, start_, end_);
+}
 
 std::string Flatten::repr() const {
   return detail::str_cat("Flatten(", start_, ", ", end_, ")");

@@ -13,16 +13,15 @@ namespace galley {
 
 namespace cpu = kernels::cpu;
 
-Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias,
-              const Conv2dOptions& o) {
+Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias, const Conv2dOptions& o) {
   detail::check_float_pair("conv2d", x, weight);
   detail::DeviceScope scope(x.device());
   GALLEY_CHECK(x.dim() == 4, "conv2d: input must be [N, C, H, W], got ", shape_str(x.shape()));
   GALLEY_CHECK(weight.dim() == 4, "conv2d: weight must be [O, C/groups, kH, kW], got ",
                shape_str(weight.shape()));
-  GALLEY_CHECK(o.stride > 0 && o.dilation > 0 && o.padding >= 0 && o.groups > 0,
-               "conv2d: stride ", o.stride, ", dilation ", o.dilation, ", padding ", o.padding,
-               ", groups ", o.groups, " (stride, dilation, groups > 0; padding >= 0)");
+  GALLEY_CHECK(o.stride > 0 && o.dilation > 0 && o.padding >= 0 && o.groups > 0, "conv2d: stride ",
+               o.stride, ", dilation ", o.dilation, ", padding ", o.padding, ", groups ", o.groups,
+               " (stride, dilation, groups > 0; padding >= 0)");
   cpu::Conv2dGeometry g{};
   g.n = x.size(0), g.c = x.size(1), g.h = x.size(2), g.w = x.size(3);
   g.o = weight.size(0), g.kh = weight.size(2), g.kw = weight.size(3);
@@ -33,8 +32,10 @@ Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias,
                weight.size(1) * g.groups);
   g.oh = (g.h + 2 * g.pad - g.dilation * (g.kh - 1) - 1) / g.stride + 1;
   g.ow = (g.w + 2 * g.pad - g.dilation * (g.kw - 1) - 1) / g.stride + 1;
-  GALLEY_CHECK(g.oh > 0 && g.ow > 0, "conv2d: input ", shape_str(x.shape()), " is smaller than "
-               "the kernel ", g.kh, "x", g.kw, " (dilation ", g.dilation, ", padding ", g.pad, ")");
+  GALLEY_CHECK(g.oh > 0 && g.ow > 0, "conv2d: input ", shape_str(x.shape()),
+               " is smaller than "
+               "the kernel ",
+               g.kh, "x", g.kw, " (dilation ", g.dilation, ", padding ", g.pad, ")");
   if (bias.defined()) {
     detail::check_float_pair("conv2d", x, bias);
     GALLEY_CHECK(bias.dim() == 1 && bias.size(0) == g.o, "conv2d: bias ", shape_str(bias.shape()),
@@ -43,29 +44,28 @@ Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias,
   Tensor cx = x.contiguous(), cw = weight.contiguous();
   Tensor cb = bias.defined() ? bias.contiguous() : Tensor();
   Tensor out = Tensor::empty({g.n, g.o, g.oh, g.ow});
-  cpu::conv2d_forward(g, cx.data<float>(), cw.data<float>(), cb.defined() ? cb.data<float>() : nullptr,
-                      out.data<float>());
+  cpu::conv2d_forward(g, cx.data<float>(), cw.data<float>(),
+                      cb.defined() ? cb.data<float>() : nullptr, out.data<float>());
   if (!autograd::needs_grad({&x, &weight, &bias})) return out;
   Tensor dx = cx.detach(), dw = cw.detach();
   bool gx = x.requires_grad(), gw = weight.requires_grad(),
        gb = bias.defined() && bias.requires_grad();
-  return autograd::record(out, "conv2d", {x, weight, bias},
-                          [=](const Tensor& gy, std::vector<Tensor>& gi) {
-    Tensor cgy = gy.contiguous();
-    if (gx) gi[0] = Tensor::empty(dx.shape());
-    if (gw) gi[1] = Tensor::empty(dw.shape());
-    if (gb) gi[2] = Tensor::empty({g.o});
-    cpu::conv2d_backward(g, dx.data<float>(), dw.data<float>(), cgy.data<float>(),
-                         gx ? gi[0].data<float>() : nullptr, gw ? gi[1].data<float>() : nullptr,
-                         gb ? gi[2].data<float>() : nullptr);
-  });
+  return autograd::record(
+      out, "conv2d", {x, weight, bias}, [=](const Tensor& gy, std::vector<Tensor>& gi) {
+        Tensor cgy = gy.contiguous();
+        if (gx) gi[0] = Tensor::empty(dx.shape());
+        if (gw) gi[1] = Tensor::empty(dw.shape());
+        if (gb) gi[2] = Tensor::empty({g.o});
+        cpu::conv2d_backward(g, dx.data<float>(), dw.data<float>(), cgy.data<float>(),
+                             gx ? gi[0].data<float>() : nullptr, gw ? gi[1].data<float>() : nullptr,
+                             gb ? gi[2].data<float>() : nullptr);
+      });
 }
 
 Tensor max_pool2d(const Tensor& x, const MaxPool2dOptions& o) {
   detail::check_float("max_pool2d", x);
   detail::DeviceScope scope(x.device());
-  GALLEY_CHECK(x.dim() == 4, "max_pool2d: input must be [N, C, H, W], got ",
-               shape_str(x.shape()));
+  GALLEY_CHECK(x.dim() == 4, "max_pool2d: input must be [N, C, H, W], got ", shape_str(x.shape()));
   int64_t stride = o.stride == 0 ? o.kernel_size : o.stride;
   GALLEY_CHECK(o.kernel_size > 0 && stride > 0 && o.padding >= 0 && 2 * o.padding <= o.kernel_size,
                "max_pool2d: kernel ", o.kernel_size, ", stride ", stride, ", padding ", o.padding,

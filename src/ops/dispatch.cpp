@@ -13,8 +13,8 @@ void check_float(const char* op, const Tensor& t) {
 void check_float_pair(const char* op, const Tensor& a, const Tensor& b) {
   check_float(op, a);
   check_float(op, b);
-  GALLEY_CHECK(a.device() == b.device(), op, ": inputs on different devices (",
-               a.device().str(), " and ", b.device().str(), ")");
+  GALLEY_CHECK(a.device() == b.device(), op, ": inputs on different devices (", a.device().str(),
+               " and ", b.device().str(), ")");
 }
 
 int64_t wrap_dim(const char* op, int64_t dim, int64_t rank) {

@@ -16,10 +16,11 @@ Tensor add(const Tensor& a, const Tensor& b) {
   detail::DeviceScope scope(a.device());
   Tensor out = cpu::binary(cpu::BinaryOp::Add, a, b);
   if (!autograd::needs_grad({&a, &b})) return out;
-  return record(out, "add", {a, b}, [sa = a.shape(), sb = b.shape()](const Tensor& g, std::vector<Tensor>& gi) {
-    gi[0] = cpu::sum_to(g, sa);
-    gi[1] = cpu::sum_to(g, sb);
-  });
+  return record(out, "add", {a, b},
+                [sa = a.shape(), sb = b.shape()](const Tensor& g, std::vector<Tensor>& gi) {
+                  gi[0] = cpu::sum_to(g, sa);
+                  gi[1] = cpu::sum_to(g, sb);
+                });
 }
 
 Tensor sub(const Tensor& a, const Tensor& b) {
@@ -27,10 +28,11 @@ Tensor sub(const Tensor& a, const Tensor& b) {
   detail::DeviceScope scope(a.device());
   Tensor out = cpu::binary(cpu::BinaryOp::Sub, a, b);
   if (!autograd::needs_grad({&a, &b})) return out;
-  return record(out, "sub", {a, b}, [sa = a.shape(), sb = b.shape()](const Tensor& g, std::vector<Tensor>& gi) {
-    gi[0] = cpu::sum_to(g, sa);
-    gi[1] = cpu::sum_to(cpu::affine(g, -1.f, 0.f), sb);
-  });
+  return record(out, "sub", {a, b},
+                [sa = a.shape(), sb = b.shape()](const Tensor& g, std::vector<Tensor>& gi) {
+                  gi[0] = cpu::sum_to(g, sa);
+                  gi[1] = cpu::sum_to(cpu::affine(g, -1.f, 0.f), sb);
+                });
 }
 
 Tensor mul(const Tensor& a, const Tensor& b) {
@@ -66,7 +68,8 @@ Tensor add(const Tensor& a, float s) {
   detail::DeviceScope scope(a.device());
   Tensor out = cpu::affine(a, 1.f, s);
   if (!autograd::needs_grad({&a})) return out;
-  return record(out, "add_scalar", {a}, [](const Tensor& g, std::vector<Tensor>& gi) { gi[0] = g; });
+  return record(out, "add_scalar", {a},
+                [](const Tensor& g, std::vector<Tensor>& gi) { gi[0] = g; });
 }
 
 Tensor mul(const Tensor& a, float s) {
@@ -74,9 +77,8 @@ Tensor mul(const Tensor& a, float s) {
   detail::DeviceScope scope(a.device());
   Tensor out = cpu::affine(a, s, 0.f);
   if (!autograd::needs_grad({&a})) return out;
-  return record(out, "mul_scalar", {a}, [s](const Tensor& g, std::vector<Tensor>& gi) {
-    gi[0] = cpu::affine(g, s, 0.f);
-  });
+  return record(out, "mul_scalar", {a},
+                [s](const Tensor& g, std::vector<Tensor>& gi) { gi[0] = cpu::affine(g, s, 0.f); });
 }
 
 Tensor neg(const Tensor& a) {

@@ -13,8 +13,7 @@ Tensor matmul(const Tensor& a, const Tensor& b) {
   detail::check_float_pair("matmul", a, b);
   detail::DeviceScope scope(a.device());
   GALLEY_CHECK(a.dim() == 2 && b.dim() == 2 && a.size(1) == b.size(0), "matmul: cannot multiply ",
-               shape_str(a.shape()), " by ", shape_str(b.shape()),
-               " (need [m, k] x [k, n])");
+               shape_str(a.shape()), " by ", shape_str(b.shape()), " (need [m, k] x [k, n])");
   Tensor ca = a.contiguous(), cb = b.contiguous();
   int64_t m = a.size(0), k = a.size(1), n = b.size(1);
   Tensor out = Tensor::empty({m, n});
@@ -44,8 +43,8 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
   GALLEY_CHECK(weight.dim() == 2, "linear: weight must be [out, in], got ",
                shape_str(weight.shape()));
   const int64_t out_f = weight.size(0), in_f = weight.size(1);
-  GALLEY_CHECK(x.dim() >= 1 && x.size(-1) == in_f, "linear: input of shape ",
-               shape_str(x.shape()), " does not match weight ", shape_str(weight.shape()),
+  GALLEY_CHECK(x.dim() >= 1 && x.size(-1) == in_f, "linear: input of shape ", shape_str(x.shape()),
+               " does not match weight ", shape_str(weight.shape()),
                " (the input's last dimension must be ", in_f, ")");
   if (bias.defined()) {
     detail::check_float_pair("linear", x, bias);
@@ -69,25 +68,25 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
   bool gx = x.requires_grad(), gw = weight.requires_grad(),
        gb = bias.defined() && bias.requires_grad();
   Shape x_shape = x.shape();
-  return autograd::record(
-      out, "linear", {x, weight, bias}, [=](const Tensor& g, std::vector<Tensor>& gi) {
-        Tensor cg = g.contiguous();
-        const float* pg = cg.data<float>();
-        if (gx) {  // dX = G W
-          gi[0] = Tensor::empty(x_shape);
-          cpu::gemm(false, false, rows, in_f, out_f, 1.f, pg, out_f, dw.data<float>(), in_f, 0.f,
-                    gi[0].data<float>(), in_f);
-        }
-        if (gw) {  // dW = G^T X
-          gi[1] = Tensor::empty({out_f, in_f});
-          cpu::gemm(true, false, out_f, in_f, rows, 1.f, pg, out_f, dx.data<float>(), in_f, 0.f,
-                    gi[1].data<float>(), in_f);
-        }
-        if (gb) {
-          gi[2] = Tensor::empty({out_f});
-          cpu::column_sums(pg, rows, out_f, gi[2].data<float>(), false);
-        }
-      });
+  return autograd::record(out, "linear", {x, weight, bias},
+                          [=](const Tensor& g, std::vector<Tensor>& gi) {
+                            Tensor cg = g.contiguous();
+                            const float* pg = cg.data<float>();
+                            if (gx) {  // dX = G W
+                              gi[0] = Tensor::empty(x_shape);
+                              cpu::gemm(false, false, rows, in_f, out_f, 1.f, pg, out_f,
+                                        dw.data<float>(), in_f, 0.f, gi[0].data<float>(), in_f);
+                            }
+                            if (gw) {  // dW = G^T X
+                              gi[1] = Tensor::empty({out_f, in_f});
+                              cpu::gemm(true, false, out_f, in_f, rows, 1.f, pg, out_f,
+                                        dx.data<float>(), in_f, 0.f, gi[1].data<float>(), in_f);
+                            }
+                            if (gb) {
+                              gi[2] = Tensor::empty({out_f});
+                              cpu::column_sums(pg, rows, out_f, gi[2].data<float>(), false);
+                            }
+                          });
 }
 
 }  // namespace galley

@@ -20,17 +20,22 @@ struct Split3 {
 Split3 split_at(const Shape& s, int64_t dim) {
   Split3 r;
   for (int64_t i = 0; i < static_cast<int64_t>(s.size()); ++i) {
-    if (i < dim) r.outer *= s[i];
-    else if (i == dim) r.len = s[i];
-    else r.inner *= s[i];
+    if (i < dim)
+      r.outer *= s[i];
+    else if (i == dim)
+      r.len = s[i];
+    else
+      r.inner *= s[i];
   }
   return r;
 }
 Shape reduced_shape(const Shape& s, int64_t dim, bool keepdim) {
   Shape out = s;
   if (out.empty()) return out;
-  if (keepdim) out[dim] = 1;
-  else out.erase(out.begin() + dim);
+  if (keepdim)
+    out[dim] = 1;
+  else
+    out.erase(out.begin() + dim);
   return out;
 }
 
@@ -89,7 +94,9 @@ Tensor softmax_impl(const Tensor& x, int64_t dim, bool log, const char* name) {
 }
 }  // namespace
 
-Tensor sum(const Tensor& x) { return scaled_sum_all(x, 1.f, "sum"); }
+Tensor sum(const Tensor& x) {
+  return scaled_sum_all(x, 1.f, "sum");
+}
 Tensor mean(const Tensor& x) {
   GALLEY_CHECK(x.defined() && x.numel() > 0, "mean: the tensor is empty");
   return scaled_sum_all(x, 1.f / float(x.numel()), "mean");
@@ -100,7 +107,9 @@ Tensor sum(const Tensor& x, int64_t dim, bool keepdim) {
 Tensor mean(const Tensor& x, int64_t dim, bool keepdim) {
   return scaled_sum_dim(x, dim, keepdim, true, "mean");
 }
-Tensor softmax(const Tensor& x, int64_t dim) { return softmax_impl(x, dim, false, "softmax"); }
+Tensor softmax(const Tensor& x, int64_t dim) {
+  return softmax_impl(x, dim, false, "softmax");
+}
 Tensor log_softmax(const Tensor& x, int64_t dim) {
   return softmax_impl(x, dim, true, "log_softmax");
 }
@@ -135,11 +144,11 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& labels, const CrossEntr
   Tensor per_row = Tensor::empty({n});
   Tensor prob = Tensor::empty({n, c});
   int64_t bad = -1;
-  const int64_t count = cpu::cross_entropy_forward(
-      cx.data<float>(), cy.data<int64_t>(), n, c, o.label_smoothing, o.ignore_index,
-      per_row.data<float>(), prob.data<float>(), &bad);
-  GALLEY_CHECK(bad < 0, "cross_entropy: label ", bad >= 0 ? cy.data<int64_t>()[bad] : 0,
-               " at row ", bad, " is outside [0, ", c, ")");
+  const int64_t count =
+      cpu::cross_entropy_forward(cx.data<float>(), cy.data<int64_t>(), n, c, o.label_smoothing,
+                                 o.ignore_index, per_row.data<float>(), prob.data<float>(), &bad);
+  GALLEY_CHECK(bad < 0, "cross_entropy: label ", bad >= 0 ? cy.data<int64_t>()[bad] : 0, " at row ",
+               bad, " is outside [0, ", c, ")");
   Tensor out;
   if (o.reduction == Reduction::None) {
     out = per_row;
@@ -154,21 +163,21 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& labels, const CrossEntr
   const Reduction red = o.reduction;
   const float eps = o.label_smoothing;
   const int64_t ignore = o.ignore_index;
-  return autograd::record(out, "cross_entropy", {logits},
-                          [=](const Tensor& g, std::vector<Tensor>& gi) {
-    std::vector<float> scale(n);
-    if (red == Reduction::None) {
-      Tensor cg = g.contiguous();
-      std::copy_n(cg.data<float>(), n, scale.begin());
-    } else {
-      float s = g.item();
-      if (red == Reduction::Mean) s = count > 0 ? s / float(count) : 0.f;
-      std::fill(scale.begin(), scale.end(), s);
-    }
-    gi[0] = Tensor::empty({n, c});
-    cpu::cross_entropy_backward(prob.data<float>(), cy.data<int64_t>(), scale.data(), n, c, eps,
-                                ignore, gi[0].data<float>());
-  });
+  return autograd::record(
+      out, "cross_entropy", {logits}, [=](const Tensor& g, std::vector<Tensor>& gi) {
+        std::vector<float> scale(n);
+        if (red == Reduction::None) {
+          Tensor cg = g.contiguous();
+          std::copy_n(cg.data<float>(), n, scale.begin());
+        } else {
+          float s = g.item();
+          if (red == Reduction::Mean) s = count > 0 ? s / float(count) : 0.f;
+          std::fill(scale.begin(), scale.end(), s);
+        }
+        gi[0] = Tensor::empty({n, c});
+        cpu::cross_entropy_backward(prob.data<float>(), cy.data<int64_t>(), scale.data(), n, c, eps,
+                                    ignore, gi[0].data<float>());
+      });
 }
 
 }  // namespace galley

@@ -23,8 +23,8 @@ Optimizer::Optimizer(std::vector<Tensor> params, double learning_rate)
     GALLEY_CHECK(p.defined() && p.is_leaf() && p.dtype() == DType::Float32, "optimizer: parameter ",
                  i, " must be a defined float32 leaf tensor");
     for (size_t j = 0; j < i; ++j)
-      GALLEY_CHECK(!params_[j].is_same(p), "optimizer: parameter ", i,
-                   " appears twice (also at ", j, ")");
+      GALLEY_CHECK(!params_[j].is_same(p), "optimizer: parameter ", i, " appears twice (also at ",
+                   j, ")");
   }
 }
 
@@ -161,7 +161,8 @@ CosineAnnealingLR::CosineAnnealingLR(Optimizer& optimizer, int64_t t_max, double
 }
 
 double CosineAnnealingLR::lr_at(int64_t epoch) const {
-  return eta_min_ + (base_lr_ - eta_min_) * (1 + std::cos(M_PI * double(epoch) / double(t_max_))) / 2;
+  return eta_min_ +
+         (base_lr_ - eta_min_) * (1 + std::cos(M_PI * double(epoch) / double(t_max_))) / 2;
 }
 
 }  // namespace galley::optim

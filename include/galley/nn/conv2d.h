@@ -19,7 +19,8 @@ struct Conv2DOptions {
 class Conv2D : public Layer {
  public:
   /// Checks the geometry and initialises the parameters from the default generator.
-  Conv2D(int64_t in_channels, int64_t out_channels, int64_t kernel_size, Conv2DOptions options = {});
+  Conv2D(int64_t in_channels, int64_t out_channels, int64_t kernel_size,
+         Conv2DOptions options = {});
   /// Convolves; the input must be [N, in_channels, H, W].
   Tensor forward(const Tensor& x) override;
   std::string repr() const override;
