@@ -1,0 +1,171 @@
+// SimpleCNN train-step throughput in galley (CPU).
+//
+// Model: Conv2D(3, 64, 3) -> ReLU -> MaxPool2D(2) -> Flatten -> Linear(64*15*15, 10).
+// One step: forward, CrossEntropyLoss, backward, Adam(lr=1e-3) step, zero grad.
+// simple_cnn_torch.py and bench_simple_cnn_libtorch.cpp run the same step in PyTorch.
+//
+//   bench_simple_cnn --batch 64 --threads 1 --warmup 5 --iters 20 --repeats 5 [--json] [--phases]
+//
+// Prints samples/s: the median over `repeats` timed blocks of `iters` steps each. With --phases
+// it also times forward / loss / backward / optimizer separately (averages over iters*repeats
+// extra steps).
+#include <galley/galley.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+namespace nn = galley::nn;
+using galley::Tensor;
+
+namespace {
+
+struct Args {
+  int batch = 64;
+  int threads = 1;
+  int warmup = 5;
+  int iters = 20;
+  int repeats = 5;
+  bool json = false;
+  bool phases = false;
+};
+
+void usage(const char* prog) {
+  std::fprintf(stderr,
+               "usage: %s [--batch N] [--threads T] [--warmup W] [--iters I] [--repeats R] "
+               "[--json] [--phases]\n",
+               prog);
+}
+
+bool parse(int argc, char** argv, Args& a) {
+  for (int i = 1; i < argc; ++i) {
+    std::string s = argv[i];
+    auto next = [&](int& v) {
+      if (i + 1 >= argc) return false;
+      v = std::atoi(argv[++i]);
+      return v > 0 || (s == "--warmup" && v == 0);
+    };
+    if (s == "--batch") {
+      if (!next(a.batch)) return false;
+    } else if (s == "--threads") {
+      if (!next(a.threads)) return false;
+    } else if (s == "--warmup") {
+      if (!next(a.warmup)) return false;
+    } else if (s == "--iters") {
+      if (!next(a.iters)) return false;
+    } else if (s == "--repeats") {
+      if (!next(a.repeats)) return false;
+    } else if (s == "--json") {
+      a.json = true;
+    } else if (s == "--phases") {
+      a.phases = true;
+    } else {
+      return false;
+    }
+  }
+  return true;
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+using Clock = std::chrono::steady_clock;
+double seconds_since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Args a;
+  if (!parse(argc, argv, a)) {
+    usage(argv[0]);
+    return 2;
+  }
+  galley::set_num_threads(a.threads);
+  galley::manual_seed(0);
+
+  nn::Sequential model(std::make_shared<nn::Conv2D>(3, 64, 3), std::make_shared<nn::ReLU>(),
+                       std::make_shared<nn::MaxPool2D>(2), std::make_shared<nn::Flatten>(1),
+                       std::make_shared<nn::Linear>(64 * 15 * 15, 10));
+  galley::optim::Adam opt(model.parameters(), {.learning_rate = 1e-3});
+  nn::CrossEntropyLoss loss_fn;
+
+  galley::Generator gen(1);
+  Tensor x = galley::randn({a.batch, 3, 32, 32}, gen);
+  std::vector<int64_t> labels(a.batch);
+  for (auto& l : labels) l = static_cast<int64_t>(gen.next_u64() % 10);
+  Tensor y = Tensor::from_vector(labels, {a.batch});
+
+  Tensor loss;
+  auto step = [&] {
+    Tensor out = model(x);
+    loss = loss_fn(out, y);
+    loss.backward();
+    opt.step();
+    opt.zero_grad();
+  };
+
+  for (int i = 0; i < a.warmup; ++i) step();
+
+  std::vector<double> rates;
+  for (int r = 0; r < a.repeats; ++r) {
+    auto t0 = Clock::now();
+    for (int i = 0; i < a.iters; ++i) step();
+    (void)loss.item();
+    rates.push_back(double(a.batch) * a.iters / seconds_since(t0));
+  }
+  double med = median(rates);
+  float final_loss = loss.item();
+
+  double ph[4] = {0, 0, 0, 0};
+  if (a.phases) {
+    int n = a.iters * a.repeats;
+    for (int i = 0; i < n; ++i) {
+      auto t0 = Clock::now();
+      Tensor out = model(x);
+      ph[0] += seconds_since(t0);
+      t0 = Clock::now();
+      loss = loss_fn(out, y);
+      ph[1] += seconds_since(t0);
+      t0 = Clock::now();
+      loss.backward();
+      ph[2] += seconds_since(t0);
+      t0 = Clock::now();
+      opt.step();
+      opt.zero_grad();
+      ph[3] += seconds_since(t0);
+    }
+    for (double& p : ph) p = 1e3 * p / n;
+  }
+
+  if (a.json) {
+    std::printf(
+        "{\"impl\": \"galley\", \"version\": \"%s\", \"batch\": %d, \"threads\": %d, "
+        "\"warmup\": %d, \"iters\": %d, \"repeats\": %d, \"samples_per_s\": %.3f, "
+        "\"samples_per_s_all\": [",
+        GALLEY_BENCH_VERSION, a.batch, galley::num_threads(), a.warmup, a.iters, a.repeats, med);
+    for (size_t i = 0; i < rates.size(); ++i) std::printf("%s%.3f", i ? ", " : "", rates[i]);
+    std::printf("], \"step_ms\": %.4f, \"final_loss\": %.6f", 1e3 * a.batch / med, final_loss);
+    if (a.phases)
+      std::printf(
+          ", \"phases_ms\": {\"forward\": %.4f, \"loss\": %.4f, \"backward\": %.4f, "
+          "\"optimizer\": %.4f}",
+          ph[0], ph[1], ph[2], ph[3]);
+    std::printf("}\n");
+  } else {
+    std::printf("galley %s batch=%d threads=%d: %.1f samples/s (%.2f ms/step, loss %.4f)\n",
+                GALLEY_BENCH_VERSION, a.batch, galley::num_threads(), med, 1e3 * a.batch / med,
+                final_loss);
+    if (a.phases)
+      std::printf("  forward %.2f ms  loss %.2f ms  backward %.2f ms  optimizer %.2f ms\n", ph[0],
+                  ph[1], ph[2], ph[3]);
+  }
+  return 0;
+}
