@@ -2,6 +2,7 @@
 /// \file The Tensor value: shape, strides, shared storage, device, and its autograd state.
 #include <cstdint>
 #include <functional>
+#include <initializer_list>
 #include <iosfwd>
 #include <memory>
 #include <string>
@@ -103,6 +104,11 @@ class Tensor {
   /// Copies `values` (row-major) into a new tensor of `shape`.
   static Tensor from_vector(const std::vector<float>& values, const Shape& shape,
                             Device device = Device::cpu());
+  /// Copies a brace list of floats: Tensor::from_vector({1.f, 2.f}, {2}).
+  static Tensor from_vector(std::initializer_list<float> values, const Shape& shape,
+                            Device device = Device::cpu()) {
+    return from_vector(std::vector<float>(values), shape, device);
+  }
   /// Copies int64 `values` (e.g. labels) into a new tensor of `shape`.
   static Tensor from_vector(const std::vector<int64_t>& values, const Shape& shape,
                             Device device = Device::cpu());

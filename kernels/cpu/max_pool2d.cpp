@@ -6,89 +6,139 @@
 
 #include "kernels/cpu/parallel.h"
 
-namespace galley::kernels::cpu {
+#ifdef __AVX512F__
+#include <immintrin.h>
+#endif
 
+namespace galley::kernels::cpu {
 namespace {
-constexpr int64_t kMaxRow = 4096;  // widest input row the 2x2 fast path buffers on the stack
+
+// The common 2x2/2 window of one plane. `v > best || v != v` lets a NaN win, so NaNs propagate
+// as in PyTorch. Selects, never branches: a data-dependent branch mispredicts half the time, and
+// whether the compiler turns the scalar form into selects depends on flags such as -fPIC, so
+// AVX-512 machines get it spelled out (16 outputs per step).
+#ifdef __AVX512F__
+void pool_2x2(const Pool2dGeometry& g, const float* xp, float* yp, int32_t* ip) {
+  const __m512i even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+  const __m512i odd = _mm512_add_epi32(even, _mm512_set1_epi32(1));
+  const __m512i w = _mm512_set1_epi32(static_cast<int32_t>(g.w));
+  const __m512i one = _mm512_set1_epi32(1);
+  for (int64_t oh = 0; oh < g.oh; ++oh) {
+    const float* r0 = xp + 2 * oh * g.w;
+    const float* r1 = r0 + g.w;
+    const int32_t base = static_cast<int32_t>(2 * oh * g.w);
+    for (int64_t ow = 0; ow < g.ow; ow += 16) {
+      const int64_t n = std::min<int64_t>(16, g.ow - ow);
+      const __mmask16 out_mask = static_cast<__mmask16>((1u << n) - 1);
+      const __mmask16 lo_mask = static_cast<__mmask16>(n >= 8 ? 0xFFFF : (1u << (2 * n)) - 1);
+      const __mmask16 hi_mask = static_cast<__mmask16>(n > 8 ? (1u << (2 * (n - 8))) - 1 : 0);
+      const float* p0 = r0 + 2 * ow;
+      const float* p1 = r1 + 2 * ow;
+      const __m512 r0lo = _mm512_maskz_loadu_ps(lo_mask, p0),
+                   r0hi = _mm512_maskz_loadu_ps(hi_mask, p0 + 16);
+      const __m512 r1lo = _mm512_maskz_loadu_ps(lo_mask, p1),
+                   r1hi = _mm512_maskz_loadu_ps(hi_mask, p1 + 16);
+      const __m512 a = _mm512_permutex2var_ps(r0lo, even, r0hi),
+                   b = _mm512_permutex2var_ps(r0lo, odd, r0hi);
+      const __m512 c = _mm512_permutex2var_ps(r1lo, even, r1hi),
+                   d = _mm512_permutex2var_ps(r1lo, odd, r1hi);
+      const __mmask16 tb =
+          _mm512_cmp_ps_mask(b, a, _CMP_GT_OQ) | _mm512_cmp_ps_mask(b, b, _CMP_UNORD_Q);
+      const __mmask16 td =
+          _mm512_cmp_ps_mask(d, c, _CMP_GT_OQ) | _mm512_cmp_ps_mask(d, d, _CMP_UNORD_Q);
+      const __m512 ab = _mm512_mask_blend_ps(tb, a, b), cd = _mm512_mask_blend_ps(td, c, d);
+      const __mmask16 t =
+          (_mm512_cmp_ps_mask(cd, ab, _CMP_GT_OQ) | _mm512_cmp_ps_mask(cd, cd, _CMP_UNORD_Q)) &
+          _mm512_cmp_ps_mask(ab, ab, _CMP_ORD_Q);
+      // Winner offsets inside the plane: j = base + 2 * (ow + lane), +1 for the right column,
+      // +w for the lower row.
+      const __m512i j =
+          _mm512_add_epi32(_mm512_set1_epi32(base + static_cast<int32_t>(2 * ow)), even);
+      const __m512i iab = _mm512_mask_add_epi32(j, tb, j, one);
+      const __m512i jc = _mm512_add_epi32(j, w);
+      const __m512i icd = _mm512_mask_add_epi32(jc, td, jc, one);
+      _mm512_mask_storeu_ps(yp + oh * g.ow + ow, out_mask, _mm512_mask_blend_ps(t, ab, cd));
+      _mm512_mask_storeu_epi32(ip + oh * g.ow + ow, out_mask, _mm512_mask_blend_epi32(t, iab, icd));
+    }
+  }
 }
+#else
+void pool_2x2(const Pool2dGeometry& g, const float* xp, float* yp, int32_t* ip) {
+  const int32_t w = static_cast<int32_t>(g.w);
+  for (int64_t oh = 0; oh < g.oh; ++oh) {
+    const float* r0 = xp + 2 * oh * g.w;
+    const float* r1 = r0 + g.w;
+    const int32_t base = static_cast<int32_t>(2 * oh * g.w);
+    for (int64_t ow = 0; ow < g.ow; ++ow) {
+      const int32_t j = static_cast<int32_t>(2 * ow);
+      const float a = r0[j], b = r0[j + 1], c = r1[j], d = r1[j + 1];
+      const bool tb = b > a || b != b;
+      const float ab = tb ? b : a;
+      const bool td = d > c || d != d;
+      const float cd = td ? d : c;
+      const bool t = (cd > ab || cd != cd) && ab == ab;
+      yp[oh * g.ow + ow] = t ? cd : ab;
+      ip[oh * g.ow + ow] = base + (t ? (td ? w + j + 1 : w + j) : (tb ? j + 1 : j));
+    }
+  }
+}
+#endif
+
+// Any window, stride and padding; padded positions never win.
+void pool_generic(const Pool2dGeometry& g, const float* xp, float* yp, int32_t* ip) {
+  for (int64_t oh = 0; oh < g.oh; ++oh) {
+    const int64_t h0 = oh * g.stride - g.pad;
+    const int64_t hs = std::max<int64_t>(h0, 0), he = std::min(h0 + g.k, g.h);
+    for (int64_t ow = 0; ow < g.ow; ++ow) {
+      const int64_t w0 = ow * g.stride - g.pad;
+      const int64_t ws = std::max<int64_t>(w0, 0), we = std::min(w0 + g.k, g.w);
+      float best = -std::numeric_limits<float>::infinity();
+      int64_t bi = hs * g.w + ws;
+      for (int64_t ih = hs; ih < he; ++ih)
+        for (int64_t iw = ws; iw < we; ++iw) {
+          const float v = xp[ih * g.w + iw];
+          if (v > best || v != v) {
+            best = v;
+            bi = ih * g.w + iw;
+            if (v != v) ih = he, iw = we;  // a NaN wins; stop looking
+          }
+        }
+      yp[oh * g.ow + ow] = best;
+      ip[oh * g.ow + ow] = static_cast<int32_t>(bi);
+    }
+  }
+}
+
+int64_t plane_grain(const Pool2dGeometry& g) {
+  return std::max<int64_t>(1, kElementwiseGrain / std::max<int64_t>(g.h * g.w, 1));
+}
+
+}  // namespace
 
 void max_pool2d_forward(const Pool2dGeometry& g, const float* x, float* y, int32_t* idx) {
   const int64_t in_plane = g.h * g.w, out_plane = g.oh * g.ow;
-  const bool fast2 = g.k == 2 && g.stride == 2 && g.pad == 0 && 2 * g.ow <= kMaxRow;
-  parallel_for(g.planes, std::max<int64_t>(1, 4096 / std::max<int64_t>(out_plane, 1)),
-               [&](int64_t p0, int64_t p1) {
-                 for (int64_t p = p0; p < p1; ++p) {
-                   const float* xp = x + p * in_plane;
-                   float* yp = y + p * out_plane;
-                   int32_t* ip = idx + p * out_plane;
-                   if (fast2) {
-                     // The common 2x2/2 window, branch-free (a data-dependent branch per comparison
-                     // mispredicts half the time): first the max of each column pair of two rows,
-                     // which vectorises, then the max of neighbouring columns. `v > best || v != v`
-                     // lets a NaN win, so NaNs propagate as in PyTorch.
-                     float vm[kMaxRow];
-                     int32_t vi[kMaxRow];
-                     const int64_t w2 = 2 * g.ow;
-                     for (int64_t oh = 0; oh < g.oh; ++oh) {
-                       const float* __restrict r0 = xp + 2 * oh * g.w;
-                       const float* __restrict r1 = r0 + g.w;
-                       const int32_t base = static_cast<int32_t>(2 * oh * g.w),
-                                     w = static_cast<int32_t>(g.w);
-#pragma omp simd
-                       for (int64_t j = 0; j < w2; ++j) {
-                         const float a = r0[j], b = r1[j];
-                         const bool t = b > a || b != b;
-                         vm[j] = t ? b : a;
-                         vi[j] = base + static_cast<int32_t>(j) + (t ? w : 0);
-                       }
-                       float* __restrict yr = yp + oh * g.ow;
-                       int32_t* __restrict ir = ip + oh * g.ow;
-                       for (int64_t ow = 0; ow < g.ow; ++ow) {
-                         const float a = vm[2 * ow], b = vm[2 * ow + 1];
-                         const bool t = (b > a || b != b) && a == a;
-                         yr[ow] = t ? b : a;
-                         ir[ow] = t ? vi[2 * ow + 1] : vi[2 * ow];
-                       }
-                     }
-                     continue;
-                   }
-                   for (int64_t oh = 0; oh < g.oh; ++oh) {
-                     const int64_t h0 = oh * g.stride - g.pad;
-                     const int64_t hs = std::max<int64_t>(h0, 0), he = std::min(h0 + g.k, g.h);
-                     for (int64_t ow = 0; ow < g.ow; ++ow) {
-                       const int64_t w0 = ow * g.stride - g.pad;
-                       const int64_t ws = std::max<int64_t>(w0, 0), we = std::min(w0 + g.k, g.w);
-                       float best = -std::numeric_limits<float>::infinity();
-                       int64_t bi = hs * g.w + ws;
-                       for (int64_t ih = hs; ih < he; ++ih)
-                         for (int64_t iw = ws; iw < we; ++iw) {
-                           float v = xp[ih * g.w + iw];
-                           if (v > best || std::isnan(v)) {
-                             best = v;
-                             bi = ih * g.w + iw;
-                             if (std::isnan(v)) ih = he, iw = we;  // NaN wins; stop looking
-                           }
-                         }
-                       yp[oh * g.ow + ow] = best;
-                       ip[oh * g.ow + ow] = static_cast<int32_t>(bi);
-                     }
-                   }
-                 }
-               });
+  const bool fast = g.k == 2 && g.stride == 2 && g.pad == 0;
+  parallel_for(g.planes, plane_grain(g), [&](int64_t p0, int64_t p1) {
+    for (int64_t p = p0; p < p1; ++p) {
+      if (fast)
+        pool_2x2(g, x + p * in_plane, y + p * out_plane, idx + p * out_plane);
+      else
+        pool_generic(g, x + p * in_plane, y + p * out_plane, idx + p * out_plane);
+    }
+  });
 }
 
 void max_pool2d_backward(const Pool2dGeometry& g, const float* gy, const int32_t* idx, float* gx) {
   const int64_t in_plane = g.h * g.w, out_plane = g.oh * g.ow;
-  parallel_for(g.planes, std::max<int64_t>(1, 4096 / std::max<int64_t>(out_plane, 1)),
-               [&](int64_t p0, int64_t p1) {
-                 for (int64_t p = p0; p < p1; ++p) {
-                   float* gp = gx + p * in_plane;
-                   std::fill_n(gp, in_plane, 0.f);
-                   const float* gyp = gy + p * out_plane;
-                   const int32_t* ip = idx + p * out_plane;
-                   for (int64_t i = 0; i < out_plane; ++i) gp[ip[i]] += gyp[i];
-                 }
-               });
+  parallel_for(g.planes, plane_grain(g), [&](int64_t p0, int64_t p1) {
+    for (int64_t p = p0; p < p1; ++p) {
+      float* gp = gx + p * in_plane;
+      std::fill_n(gp, in_plane, 0.f);
+      const float* gyp = gy + p * out_plane;
+      const int32_t* ip = idx + p * out_plane;
+      for (int64_t i = 0; i < out_plane; ++i) gp[ip[i]] += gyp[i];
+    }
+  });
 }
 
 }  // namespace galley::kernels::cpu

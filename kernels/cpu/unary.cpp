@@ -53,8 +53,9 @@ Tensor pow(const Tensor& a, float p) {
 Tensor pow_backward(const Tensor& grad, const Tensor& a, float p) {
   return zip(grad, a, [=](float g, float x) { return g * p * std::pow(x, p - 1.f); });
 }
+// `!(x <= 0)` keeps a NaN as NaN, as PyTorch does, instead of hiding it behind a zero.
 Tensor relu(const Tensor& a) {
-  return map(a, [](float x) { return x > 0.f ? x : 0.f; });
+  return map(a, [](float x) { return !(x <= 0.f) ? x : 0.f; });
 }
 Tensor relu_backward(const Tensor& grad, const Tensor& out) {
   return zip(grad, out, [](float g, float y) { return y > 0.f ? g : 0.f; });
