@@ -28,8 +28,10 @@ Tensor exp(const Tensor& a);
 Tensor log(const Tensor& a);
 /// a^p elementwise.
 Tensor pow(const Tensor& a, float p);
-/// max(a, 0).
+/// max(a, 0); NaN stays NaN.
 Tensor relu(const Tensor& a);
+/// max(a, 0) on a temporary: when nothing else holds its data, the result reuses its buffer.
+Tensor relu(Tensor&& a);
 
 inline Tensor operator+(const Tensor& a, const Tensor& b) {
   return add(a, b);

@@ -57,6 +57,23 @@ Tensor pow_backward(const Tensor& grad, const Tensor& a, float p) {
 Tensor relu(const Tensor& a) {
   return map(a, [](float x) { return !(x <= 0.f) ? x : 0.f; });
 }
+void relu_(Tensor& a) {
+  float* p = a.data<float>();
+  parallel_for(a.numel(), kElementwiseGrain, [&](int64_t s, int64_t e) {
+#pragma omp simd
+    for (int64_t i = s; i < e; ++i) p[i] = !(p[i] <= 0.f) ? p[i] : 0.f;
+  });
+}
+void relu_backward_(Tensor& grad, const Tensor& out) {
+  GALLEY_CHECK(grad.shape() == out.shape(), "relu_backward: shapes ", shape_str(grad.shape()),
+               " and ", shape_str(out.shape()), " differ");
+  float* g = grad.data<float>();
+  const float* y = out.data<float>();
+  parallel_for(grad.numel(), kElementwiseGrain, [&](int64_t s, int64_t e) {
+#pragma omp simd
+    for (int64_t i = s; i < e; ++i) g[i] = y[i] > 0.f ? g[i] : 0.f;
+  });
+}
 Tensor relu_backward(const Tensor& grad, const Tensor& out) {
   return zip(grad, out, [](float g, float y) { return y > 0.f ? g : 0.f; });
 }

@@ -13,6 +13,10 @@ Tensor pow(const Tensor& a, float p);
 // grad * p * a^(p-1).
 Tensor pow_backward(const Tensor& grad, const Tensor& a, float p);
 Tensor relu(const Tensor& a);
+// max(a, 0) in place.
+void relu_(Tensor& a);
+// grad where out > 0, else 0, in place into grad.
+void relu_backward_(Tensor& grad, const Tensor& out);
 // grad where out > 0, else 0.
 Tensor relu_backward(const Tensor& grad, const Tensor& out);
 

@@ -124,15 +124,52 @@ Tensor pow(const Tensor& a, float p) {
   });
 }
 
-Tensor relu(const Tensor& a) {
+namespace {
+// True when `t` is the only handle to its data (no views, no saved copies), so an op may write
+// its result into t's buffer without anyone observing it.
+bool sole_owner(const Tensor& t) {
+  return t.impl_ptr().use_count() == 1 && t.impl()->storage.use_count() == 1 && t.is_contiguous();
+}
+
+Tensor relu_impl(const Tensor& a, bool reuse_input) {
   detail::check_float("relu", a);
   detail::DeviceScope scope(a.device());
-  Tensor out = cpu::relu(a);
+  Tensor out;
+  if (reuse_input) {
+    // The input is a temporary nobody else holds: rectify it in place (one pass over memory
+    // instead of a read and a write to a fresh buffer). The graph keeps the input's handle for
+    // linking only; its producer's backward never reads its own output.
+    auto impl = std::make_shared<detail::TensorImpl>();
+    impl->storage = a.impl()->storage;
+    impl->offset = a.impl()->offset;
+    impl->shape = a.shape();
+    impl->strides = a.strides();
+    out = Tensor(std::move(impl));
+    cpu::relu_(out);
+  } else {
+    out = cpu::relu(a);
+  }
   if (!autograd::needs_grad({&a})) return out;
   Tensor dout = out.detach();
   return record(out, "relu", {a}, [dout](const Tensor& g, std::vector<Tensor>& gi) {
-    gi[0] = cpu::relu_backward(g, dout);
+    // The incoming gradient is usually a temporary of the engine's: mask it in place.
+    if (sole_owner(g)) {
+      Tensor gm = g;
+      cpu::relu_backward_(gm, dout);
+      gi[0] = gm;
+    } else {
+      gi[0] = cpu::relu_backward(g, dout);
+    }
   });
+}
+}  // namespace
+
+Tensor relu(const Tensor& a) {
+  return relu_impl(a, false);
+}
+
+Tensor relu(Tensor&& a) {
+  return relu_impl(a, a.defined() && sole_owner(a));
 }
 
 }  // namespace galley
