@@ -1,6 +1,8 @@
 // Datasets, the batch iterator, and IDX files (raw and gzip) including MNIST-style directories.
 #include <gtest/gtest.h>
 
+#include "test_util.h"
+
 #include <galley/galley.h>
 #include <stdlib.h>
 
@@ -24,24 +26,9 @@ using galley::data::BatchOptions;
 using galley::data::Example;
 using galley::data::TensorDataset;
 
-template <typename F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const galley::Error& e) {
-    return e.what();
-  } catch (const std::exception& e) {
-    ADD_FAILURE() << "expected galley::Error, got another exception: " << e.what();
-    return {};
-  }
-  ADD_FAILURE() << "expected galley::Error, nothing was thrown";
-  return {};
-}
+using testutil::error_of;
 
-void expect_contains(const std::string& msg, std::initializer_list<std::string> parts) {
-  for (const std::string& p : parts)
-    EXPECT_NE(msg.find(p), std::string::npos) << "message lacks \"" << p << "\": " << msg;
-}
+using testutil::expect_contains;
 
 // N examples whose data [2, 3] is filled with the example's index, labelled index * 10.
 TensorDataset indexed_dataset(int64_t n) {

@@ -1,6 +1,8 @@
 // safetensors files: round trips, the on-disk format, damaged files and safe replacement.
 #include <gtest/gtest.h>
 
+#include "test_util.h"
+
 #include <galley/galley.h>
 #include <stdlib.h>
 #include <unistd.h>
@@ -25,24 +27,9 @@ using galley::Tensor;
 using galley::io::load_safetensors;
 using galley::io::save_safetensors;
 
-template <typename F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const galley::Error& e) {
-    return e.what();
-  } catch (const std::exception& e) {
-    ADD_FAILURE() << "expected galley::Error, got another exception: " << e.what();
-    return {};
-  }
-  ADD_FAILURE() << "expected galley::Error, nothing was thrown";
-  return {};
-}
+using testutil::error_of;
 
-void expect_contains(const std::string& msg, std::initializer_list<std::string> parts) {
-  for (const std::string& p : parts)
-    EXPECT_NE(msg.find(p), std::string::npos) << "message lacks \"" << p << "\": " << msg;
-}
+using testutil::expect_contains;
 
 Tensor fvec(const std::vector<float>& v, const Shape& s) {
   return Tensor::from_vector(v, s);

@@ -2,6 +2,8 @@
 // and the errors that name the layer and the shapes at fault.
 #include <gtest/gtest.h>
 
+#include "test_util.h"
+
 #include <galley/galley.h>
 
 #include <cmath>
@@ -17,24 +19,9 @@ using galley::Shape;
 using galley::Tensor;
 namespace nn = galley::nn;
 
-template <typename F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const galley::Error& e) {
-    return e.what();
-  } catch (const std::exception& e) {
-    ADD_FAILURE() << "expected galley::Error, got another exception: " << e.what();
-    return {};
-  }
-  ADD_FAILURE() << "expected galley::Error, nothing was thrown";
-  return {};
-}
+using testutil::error_of;
 
-void expect_contains(const std::string& msg, std::initializer_list<std::string> parts) {
-  for (const std::string& p : parts)
-    EXPECT_NE(msg.find(p), std::string::npos) << "message lacks \"" << p << "\": " << msg;
-}
+using testutil::expect_contains;
 
 Tensor fvec(const std::vector<float>& v, const Shape& s) {
   return Tensor::from_vector(v, s);

@@ -1,6 +1,8 @@
 // Optimizers and schedules against PyTorch's update rules, written out here in double precision.
 #include <gtest/gtest.h>
 
+#include "test_util.h"
+
 #include <galley/galley.h>
 
 #include <algorithm>
@@ -21,24 +23,9 @@ using galley::optim::AdamW;
 using galley::optim::SGD;
 using galley::optim::SGDOptions;
 
-template <typename F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const galley::Error& e) {
-    return e.what();
-  } catch (const std::exception& e) {
-    ADD_FAILURE() << "expected galley::Error, got another exception: " << e.what();
-    return {};
-  }
-  ADD_FAILURE() << "expected galley::Error, nothing was thrown";
-  return {};
-}
+using testutil::error_of;
 
-void expect_contains(const std::string& msg, std::initializer_list<std::string> parts) {
-  for (const std::string& p : parts)
-    EXPECT_NE(msg.find(p), std::string::npos) << "message lacks \"" << p << "\": " << msg;
-}
+using testutil::expect_contains;
 
 Tensor leaf(const std::vector<double>& v) {
   std::vector<float> f(v.begin(), v.end());

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <utility>
 #include <vector>
 
 #include "kernels/cpu/gemm.h"
@@ -29,6 +30,14 @@ bool is_pointwise(const Conv2dGeometry& g) {
   return g.kh == 1 && g.kw == 1 && g.stride == 1 && g.pad == 0;
 }
 
+// Output columns [lo, hi) whose input column ow * stride + dj lies inside the image.
+std::pair<int64_t, int64_t> inside_columns(const Conv2dGeometry& g, int64_t dj) {
+  int64_t lo = dj >= 0 ? 0 : (-dj + g.stride - 1) / g.stride;
+  int64_t hi = (g.w - dj + g.stride - 1) / g.stride;
+  lo = std::min(lo, g.ow);
+  return {lo, std::max(lo, std::min(hi, g.ow))};
+}
+
 // Unfolds channels [c0, c0 + cg) of one image into col[(c * kh + i) * kw + j][oh * ow].
 void im2col(const Conv2dGeometry& g, const float* x, int64_t cg, float* col) {
   const int64_t P = g.oh * g.ow;
@@ -38,11 +47,7 @@ void im2col(const Conv2dGeometry& g, const float* x, int64_t cg, float* col) {
       for (int64_t kj = 0; kj < g.kw; ++kj) {
         float* row = col + ((c * g.kh + ki) * g.kw + kj) * P;
         const int64_t dj = kj * g.dilation - g.pad;
-        // Output columns whose input column lies inside the image: [ow_lo, ow_hi).
-        int64_t ow_lo = dj >= 0 ? 0 : (-dj + g.stride - 1) / g.stride;
-        int64_t ow_hi = (g.w - dj + g.stride - 1) / g.stride;
-        ow_lo = std::min(ow_lo, g.ow);
-        ow_hi = std::max(ow_lo, std::min(ow_hi, g.ow));
+        const auto [ow_lo, ow_hi] = inside_columns(g, dj);
         for (int64_t oh = 0; oh < g.oh; ++oh) {
           float* r = row + oh * g.ow;
           const int64_t ih = oh * g.stride - g.pad + ki * g.dilation;
@@ -73,10 +78,7 @@ void col2im(const Conv2dGeometry& g, const float* col, int64_t cg, float* gx) {
       for (int64_t kj = 0; kj < g.kw; ++kj) {
         const float* row = col + ((c * g.kh + ki) * g.kw + kj) * P;
         const int64_t dj = kj * g.dilation - g.pad;
-        int64_t ow_lo = dj >= 0 ? 0 : (-dj + g.stride - 1) / g.stride;
-        int64_t ow_hi = (g.w - dj + g.stride - 1) / g.stride;
-        ow_lo = std::min(ow_lo, g.ow);
-        ow_hi = std::max(ow_lo, std::min(ow_hi, g.ow));
+        const auto [ow_lo, ow_hi] = inside_columns(g, dj);
         for (int64_t oh = 0; oh < g.oh; ++oh) {
           const int64_t ih = oh * g.stride - g.pad + ki * g.dilation;
           if (ih < 0 || ih >= g.h) continue;

@@ -37,6 +37,21 @@ void Optimizer::set_learning_rate(double lr) {
   lr_ = lr;
 }
 
+void Optimizer::for_each_gradient(
+    const std::function<void(size_t, Tensor&, const Tensor&)>& update) {
+  NoGradGuard no_grad;
+  for (size_t i = 0; i < params_.size(); ++i) {
+    Tensor& p = params_[i];
+    Tensor g = p.grad();
+    if (!g.defined()) continue;
+    GALLEY_CHECK(g.shape() == p.shape(), "optimizer: gradient of parameter ", i, " has shape ",
+                 shape_str(g.shape()), ", the parameter ", shape_str(p.shape()));
+    // State created for a parameter lives on the parameter's device.
+    detail::DeviceScope scope(p.device());
+    update(i, p, g.contiguous());
+  }
+}
+
 size_t Optimizer::index_of(const Tensor& param) const {
   for (size_t i = 0; i < params_.size(); ++i)
     if (params_[i].is_same(param)) return i;
@@ -44,17 +59,6 @@ size_t Optimizer::index_of(const Tensor& param) const {
                " is not one of its parameters");
   return 0;
 }
-
-namespace {
-// The gradient to apply, or undefined; checks shape and device.
-Tensor usable_grad(const Tensor& p, size_t i) {
-  Tensor g = p.grad();
-  if (!g.defined()) return g;
-  GALLEY_CHECK(g.shape() == p.shape(), "optimizer: gradient of parameter ", i, " has shape ",
-               shape_str(g.shape()), ", the parameter ", shape_str(p.shape()));
-  return g.contiguous();
-}
-}  // namespace
 
 // ---------------------------------------------------------------------------------------------
 // Adam / AdamW
@@ -69,12 +73,7 @@ Adam::Adam(std::vector<Tensor> params, AdamOptions options)
 }
 
 void Adam::step() {
-  NoGradGuard no_grad;
-  for (size_t i = 0; i < params_.size(); ++i) {
-    Tensor& p = params_[i];
-    Tensor g = usable_grad(p, i);
-    if (!g.defined()) continue;
-    detail::DeviceScope scope(p.device());
+  for_each_gradient([&](size_t i, Tensor& p, const Tensor& g) {
     AdamState& st = state_[i];
     if (st.step == 0) {
       st.exp_avg = zeros(p.shape());
@@ -95,7 +94,7 @@ void Adam::step() {
     cpu::adam_update(s, p.numel(), p.data<float>(), g.data<float>(), st.exp_avg.data<float>(),
                      st.exp_avg_sq.data<float>(),
                      opt_.amsgrad ? st.max_exp_avg_sq.data<float>() : nullptr);
-  }
+  });
 }
 
 AdamW::AdamW(std::vector<Tensor> params, AdamOptions options) : Adam(std::move(params), options) {
@@ -115,12 +114,7 @@ SGD::SGD(std::vector<Tensor> params, SGDOptions options)
 }
 
 void SGD::step() {
-  NoGradGuard no_grad;
-  for (size_t i = 0; i < params_.size(); ++i) {
-    Tensor& p = params_[i];
-    Tensor g = usable_grad(p, i);
-    if (!g.defined()) continue;
-    detail::DeviceScope scope(p.device());
+  for_each_gradient([&](size_t i, Tensor& p, const Tensor& g) {
     cpu::SGDStep s{};
     s.lr = static_cast<float>(lr_);
     s.momentum = static_cast<float>(opt_.momentum);
@@ -131,7 +125,7 @@ void SGD::step() {
     if (s.first) momentum_[i] = Tensor::empty(p.shape());
     cpu::sgd_update(s, p.numel(), p.data<float>(), g.data<float>(),
                     opt_.momentum != 0 ? momentum_[i].data<float>() : nullptr);
-  }
+  });
 }
 
 // ---------------------------------------------------------------------------------------------

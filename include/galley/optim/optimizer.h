@@ -1,5 +1,6 @@
 #pragma once
 /// \file The base of every optimizer.
+#include <functional>
 #include <vector>
 
 #include "galley/tensor.h"
@@ -31,6 +32,10 @@ class Optimizer {
   size_t index_of(const Tensor& param) const;
 
  protected:
+  /// Calls update(index, param, gradient) for each parameter that has a gradient, without
+  /// recording a graph, with new tensors placed on the parameter's device.
+  void for_each_gradient(const std::function<void(size_t, Tensor&, const Tensor&)>& update);
+
   std::vector<Tensor> params_;
   double lr_;
 };

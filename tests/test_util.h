@@ -1,0 +1,34 @@
+#pragma once
+// Helpers shared by the unit tests.
+#include <gtest/gtest.h>
+
+#include <initializer_list>
+#include <string>
+
+#include "galley/error.h"
+
+namespace testutil {
+
+// Runs f and returns the message of the galley::Error it throws; records a failure if it
+// throws something else or nothing.
+template <typename F>
+std::string error_of(F&& f) {
+  try {
+    f();
+  } catch (const galley::Error& e) {
+    return e.what();
+  } catch (const std::exception& e) {
+    ADD_FAILURE() << "expected galley::Error, got another exception: " << e.what();
+    return {};
+  }
+  ADD_FAILURE() << "expected galley::Error, nothing was thrown";
+  return {};
+}
+
+// Expects every part to appear in msg.
+inline void expect_contains(const std::string& msg, std::initializer_list<std::string> parts) {
+  for (const std::string& p : parts)
+    EXPECT_NE(msg.find(p), std::string::npos) << "message lacks \"" << p << "\": " << msg;
+}
+
+}  // namespace testutil
