@@ -1,6 +1,7 @@
 // Errors, dtypes, devices and the thread setting: the small pieces everything else uses.
 #include <omp.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <mutex>
 
@@ -8,6 +9,7 @@
 #include "galley/dtype.h"
 #include "galley/error.h"
 #include "galley/ops.h"
+#include "thread_budget.h"
 
 #ifdef GALLEY_HAVE_CUDA
 #include <cuda_runtime_api.h>
@@ -110,7 +112,20 @@ void set_num_threads(int n) {
   omp_set_num_threads(n);
 }
 
+namespace detail {
+namespace {
+thread_local int tls_thread_budget = 0;
+}
+ThreadBudget::ThreadBudget(int threads) : prev_(tls_thread_budget) {
+  tls_thread_budget = std::max(1, threads);
+}
+ThreadBudget::~ThreadBudget() {
+  tls_thread_budget = prev_;
+}
+}  // namespace detail
+
 int num_threads() {
+  if (detail::tls_thread_budget > 0) return detail::tls_thread_budget;
   std::call_once(threads_once, [] {
     if (threads_setting == 0) {
       threads_setting = initial_threads();

@@ -20,4 +20,6 @@
 #include "galley/optim/lr_scheduler.h"
 #include "galley/optim/optimizer.h"
 #include "galley/optim/sgd.h"
+#include "galley/parallel/communicator.h"
+#include "galley/parallel/data_parallel.h"
 #include "galley/tensor.h"

@@ -1,5 +1,7 @@
 #include "kernels/cpu/gemm.h"
 
+#include <omp.h>
+
 #include <Eigen/Core>
 
 #include "galley/ops.h"
@@ -30,7 +32,10 @@ void finish(Map& c, const A& a, const B& b, float alpha, float beta) {
 void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
           int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
   if (m == 0 || n == 0) return;
-  Eigen::setNbThreads(num_threads());
+  // Eigen forks omp_get_max_threads() threads for a large product; that setting is per calling
+  // thread, so replicas on their own threads each keep to their own share of the cores.
+  if (!omp_in_parallel() && omp_get_max_threads() != num_threads())
+    omp_set_num_threads(num_threads());
   Map C(c, m, n, Eigen::OuterStride<>(ldc));
   if (k == 0) {
     if (beta == 0.f)

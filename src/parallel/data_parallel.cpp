@@ -1,0 +1,458 @@
+// DataParallel: persistent replica threads, bucketed all-reduce started from gradient hooks.
+#include "galley/parallel/data_parallel.h"
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstring>
+#include <deque>
+#include <functional>
+#include <future>
+#include <mutex>
+#include <thread>
+
+#include "galley/autograd.h"
+#include "galley/ops.h"
+#include "src/device_scope.h"
+#include "src/thread_budget.h"
+
+namespace galley {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+double ms_between(Clock::time_point a, Clock::time_point b) {
+  return std::chrono::duration<double, std::milli>(b - a).count();
+}
+
+// A thread that runs posted tasks in order; exceptions travel back through the futures.
+class Worker {
+ public:
+  Worker() : thread_([this] { loop(); }) {}
+  ~Worker() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    thread_.join();
+  }
+  std::future<void> post(std::function<void()> fn) {
+    std::packaged_task<void()> task(std::move(fn));
+    std::future<void> f = task.get_future();
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      tasks_.push_back(std::move(task));
+    }
+    cv_.notify_one();
+    return f;
+  }
+
+ private:
+  void loop() {
+    for (;;) {
+      std::packaged_task<void()> task;
+      {
+        std::unique_lock<std::mutex> lock(mu_);
+        cv_.wait(lock, [&] { return stop_ || !tasks_.empty(); });
+        if (tasks_.empty()) return;
+        task = std::move(tasks_.front());
+        tasks_.pop_front();
+      }
+      task();
+    }
+  }
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::packaged_task<void()>> tasks_;
+  bool stop_ = false;
+  std::thread thread_;
+};
+
+// Waits for every future; rethrows the first failure, naming the replica's device.
+void wait_all(std::vector<std::future<void>>& fs, const std::vector<Device>& devices,
+              const char* what) {
+  std::string first;
+  for (size_t i = 0; i < fs.size(); ++i) {
+    if (!fs[i].valid()) continue;
+    try {
+      fs[i].get();
+    } catch (const std::exception& e) {
+      if (first.empty())
+        first = detail::str_cat("DataParallel ", what, " on replica ", i, " (", devices[i].str(),
+                                "): ", e.what());
+    }
+  }
+  if (!first.empty()) throw Error(first);
+}
+
+// A group of parameters reduced together. Its flat buffer holds their gradients back to back,
+// then one flag per parameter (1 where this replica produced a gradient), so that after the
+// reduction every replica knows whether any replica had a gradient for it.
+struct Bucket {
+  std::vector<size_t> params;    // indices into a replica's parameter list
+  std::vector<int64_t> offsets;  // element offset of each in the flat buffer
+  int64_t numel = 0;             // gradient elements; the flags follow them
+  int64_t total() const { return numel + static_cast<int64_t>(params.size()); }
+};
+
+}  // namespace
+
+struct DataParallelBase::Impl {
+  struct Replica {
+    std::unique_ptr<nn::Layer> layer;
+    Device device;
+    std::vector<Tensor> params;
+    std::vector<Tensor> flat;  // one buffer per bucket, on the replica's device
+    std::shared_ptr<parallel::Communicator> comm;
+    std::unique_ptr<Worker> compute, comms;
+    // Per backward: which parameters have handed over their gradient, and bucket readiness.
+    std::mutex mu;
+    std::condition_variable cv;
+    std::vector<char> param_ready;
+    std::vector<int> pending;
+    std::vector<char> bucket_ready;
+    Clock::time_point bwd_begin, bwd_end;
+    double allreduce_ms = 0, hidden_ms = 0;
+  };
+
+  std::vector<Device> devices;
+  DataParallelOptions opt;
+  std::vector<std::unique_ptr<Replica>> replicas;
+  std::vector<Bucket> buckets;
+  std::vector<size_t> bucket_of;  // parameter index -> bucket
+  std::atomic<bool> in_backward{false};
+  bool sync = true;
+  int threads_per_replica = 1;
+  DataParallelStats stats;
+
+  size_t n() const { return replicas.size(); }
+
+  void build_buckets() {
+    const auto& params = replicas[0]->params;
+    bucket_of.assign(params.size(), 0);
+    Bucket cur;
+    for (size_t k = params.size(); k-- > 0;) {  // reverse registration order
+      const int64_t numel = params[k].numel();
+      if (!cur.params.empty() && (cur.numel + numel) * 4 > opt.bucket_bytes) {
+        buckets.push_back(std::move(cur));
+        cur = Bucket{};
+      }
+      cur.params.push_back(k);
+      cur.offsets.push_back(cur.numel);
+      cur.numel += numel;
+      bucket_of[k] = buckets.size();
+    }
+    if (!cur.params.empty()) buckets.push_back(std::move(cur));
+    for (auto& r : replicas) {
+      detail::DeviceScope scope(r->device);
+      for (auto& b : buckets) r->flat.push_back(zeros({b.total()}, DType::Float32, r->device));
+    }
+  }
+
+  // Called on replica r's compute thread when parameter k's gradient is final for this backward.
+  void on_gradient(size_t r, size_t k, const Tensor& grad) {
+    if (!in_backward.load() || !sync || n() == 1) return;
+    Replica& rep = *replicas[r];
+    const size_t b = bucket_of[k];
+    const Bucket& bucket = buckets[b];
+    size_t slot = 0;
+    while (bucket.params[slot] != k) ++slot;
+    Tensor g = grad.contiguous();
+    float* flat = rep.flat[b].data<float>();
+    std::memcpy(flat + bucket.offsets[slot], g.data<float>(), g.numel() * sizeof(float));
+    flat[bucket.numel + slot] = 1.f;
+    std::lock_guard<std::mutex> lock(rep.mu);
+    if (rep.param_ready[k]) return;
+    rep.param_ready[k] = 1;
+    if (--rep.pending[b] == 0) {
+      rep.bucket_ready[b] = 1;
+      rep.cv.notify_all();
+    }
+  }
+
+  // After replica r's backward (or its failure): parameters that got no gradient contribute
+  // zeros, so every bucket completes and the collectives stay matched across replicas.
+  void finish_buckets(size_t r) {
+    Replica& rep = *replicas[r];
+    std::lock_guard<std::mutex> lock(rep.mu);
+    for (size_t b = 0; b < buckets.size(); ++b) {
+      if (rep.bucket_ready[b]) continue;
+      for (size_t s = 0; s < buckets[b].params.size(); ++s) {
+        const size_t k = buckets[b].params[s];
+        if (rep.param_ready[k]) continue;
+        float* flat = rep.flat[b].data<float>();
+        std::fill_n(flat + buckets[b].offsets[s], rep.params[k].numel(), 0.f);
+        flat[buckets[b].numel + s] = 0.f;
+        rep.param_ready[k] = 1;
+      }
+      rep.pending[b] = 0;
+      rep.bucket_ready[b] = 1;
+    }
+    rep.cv.notify_all();
+  }
+
+  // Replica r's communication thread: all-reduce buckets in index order (the same order on
+  // every replica) as they become ready, and write the sums back into the gradients.
+  void reduce_buckets(size_t r) {
+    Replica& rep = *replicas[r];
+    for (size_t b = 0; b < buckets.size(); ++b) {
+      {
+        std::unique_lock<std::mutex> lock(rep.mu);
+        rep.cv.wait(lock, [&] { return rep.bucket_ready[b] != 0; });
+      }
+      const auto t0 = Clock::now();
+      rep.comm->all_reduce(rep.flat[b].data<float>(), buckets[b].total(), parallel::ReduceOp::Sum);
+      const auto t1 = Clock::now();
+      const float* flat = rep.flat[b].data<float>();
+      for (size_t s = 0; s < buckets[b].params.size(); ++s) {
+        if (flat[buckets[b].numel + s] == 0.f) continue;  // no replica had a gradient
+        Tensor& p = rep.params[buckets[b].params[s]];
+        Tensor g = p.grad();
+        if (!g.defined()) {  // this replica had no samples: it takes the others' gradient
+          detail::DeviceScope scope(rep.device);
+          g = Tensor::empty(p.shape());
+          p.set_grad(g);
+        }
+        std::memcpy(g.data<float>(), flat + buckets[b].offsets[s], g.numel() * sizeof(float));
+      }
+      rep.allreduce_ms += ms_between(t0, t1);
+      std::lock_guard<std::mutex> lock(rep.mu);
+      // The part of [t0, t1] before backward ended ran in its shadow. bwd_end is set when
+      // backward finishes, which happens-before the wait above returns for later buckets.
+      if (rep.bwd_end > t0) rep.hidden_ms += ms_between(t0, std::min(t1, rep.bwd_end));
+    }
+  }
+
+  void backward(const std::vector<Tensor>& outs, const std::vector<int64_t>& starts,
+                const Tensor& grad) {
+    const bool reduce = sync && n() > 1;
+    for (auto& rep : replicas) {
+      std::lock_guard<std::mutex> lock(rep->mu);
+      rep->param_ready.assign(rep->params.size(), 0);
+      rep->bucket_ready.assign(buckets.size(), 0);
+      rep->pending.clear();
+      for (auto& b : buckets) rep->pending.push_back(static_cast<int>(b.params.size()));
+      rep->bwd_end = Clock::time_point::max();
+      rep->allreduce_ms = rep->hidden_ms = 0;
+    }
+    in_backward = true;
+    std::vector<std::future<void>> comm_tasks(n()), compute_tasks(n());
+    if (reduce)
+      for (size_t r = 0; r < n(); ++r)
+        comm_tasks[r] = replicas[r]->comms->post([this, r] { reduce_buckets(r); });
+    Tensor cg = grad.contiguous();
+    for (size_t r = 0; r < n(); ++r) {
+      const int64_t rows = starts[r + 1] - starts[r];
+      Tensor g_r;
+      if (rows > 0) {
+        Shape s = cg.shape();
+        s[0] = rows;
+        const int64_t row = cg.numel() / std::max<int64_t>(cg.size(0), 1);
+        detail::DeviceScope scope(replicas[r]->device);
+        g_r = Tensor::from_host(cg.data<float>() + starts[r] * row, s, DType::Float32,
+                                replicas[r]->device);
+      }
+      compute_tasks[r] = replicas[r]->compute->post([this, r, reduce, out = outs[r], g_r] {
+        Replica& rep = *replicas[r];
+        detail::ThreadBudget budget(threads_per_replica);
+        detail::DeviceScope scope(rep.device);
+        {
+          std::lock_guard<std::mutex> lock(rep.mu);
+          rep.bwd_begin = Clock::now();
+        }
+        try {
+          if (out.defined() && out.requires_grad()) out.backward(g_r);
+        } catch (...) {
+          if (reduce) finish_buckets(r);
+          throw;
+        }
+        {
+          std::lock_guard<std::mutex> lock(rep.mu);
+          rep.bwd_end = Clock::now();
+        }
+        if (reduce) finish_buckets(r);
+      });
+    }
+    const auto t0 = Clock::now();
+    try {
+      wait_all(compute_tasks, devices, "backward");
+    } catch (...) {
+      for (auto& f : comm_tasks)
+        if (f.valid()) f.wait();
+      in_backward = false;
+      throw;
+    }
+    wait_all(comm_tasks, devices, "all-reduce");
+    in_backward = false;
+    stats.backward_ms = ms_between(t0, Clock::now());
+    stats.allreduce_ms = stats.hidden_ms = 0;
+    for (auto& rep : replicas) {
+      stats.allreduce_ms += rep->allreduce_ms;
+      stats.hidden_ms += rep->hidden_ms;
+    }
+    stats.buckets = reduce ? static_cast<int64_t>(buckets.size()) : 0;
+  }
+};
+
+DataParallelBase::DataParallelBase(std::vector<std::unique_ptr<nn::Layer>> layers,
+                                   std::vector<Device> devices, DataParallelOptions options)
+    : impl_(std::make_unique<Impl>()) {
+  GALLEY_CHECK(!devices.empty(), "DataParallel: the device list is empty");
+  GALLEY_CHECK(options.bucket_bytes > 0, "DataParallel: bucket_bytes ", options.bucket_bytes,
+               " must be positive");
+  for (size_t i = 0; i < devices.size(); ++i)
+    for (size_t j = 0; j < i; ++j)
+      GALLEY_CHECK(devices[i] != devices[j], "DataParallel: device ", devices[i].str(),
+                   " is listed twice");
+  Impl& m = *impl_;
+  m.devices = devices;
+  m.opt = options;
+  int cpu_replicas = 0;
+  for (auto& d : devices) cpu_replicas += d.is_cpu();
+  m.threads_per_replica = std::max(1, num_threads() / std::max(1, cpu_replicas));
+  auto comms = parallel::make_thread_communicators(static_cast<int>(devices.size()),
+                                                   {.timeout_seconds = options.timeout_seconds});
+  for (size_t i = 0; i < devices.size(); ++i) {
+    auto rep = std::make_unique<Impl::Replica>();
+    rep->layer = std::move(layers[i]);
+    rep->device = devices[i];
+    rep->layer->to(devices[i]);
+    rep->params = rep->layer->parameters();
+    rep->comm = comms[i];
+    rep->compute = std::make_unique<Worker>();
+    rep->comms = std::make_unique<Worker>();
+    m.replicas.push_back(std::move(rep));
+  }
+  // Replicas start identical: every one takes replica 0's parameters and buffers.
+  const auto state = m.replicas[0]->layer->named_buffers();
+  for (size_t i = 1; i < m.n(); ++i) {
+    auto mine = m.replicas[i]->layer->named_buffers();
+    GALLEY_CHECK(mine.size() == state.size(), "DataParallel: replica ", i,
+                 " has a different parameter list from replica 0");
+    NoGradGuard no_grad;
+    for (size_t k = 0; k < state.size(); ++k) {
+      GALLEY_CHECK(
+          mine[k].first == state[k].first && mine[k].second.shape() == state[k].second.shape(),
+          "DataParallel: replica ", i, " parameter '", mine[k].first,
+          "' does not match replica 0's '", state[k].first, "'");
+      mine[k].second.copy_(state[k].second);
+    }
+  }
+  m.build_buckets();
+  for (size_t r = 0; r < m.n(); ++r)
+    for (size_t k = 0; k < m.replicas[r]->params.size(); ++k)
+      m.replicas[r]->params[k].register_grad_hook(
+          [impl = impl_.get(), r, k](const Tensor& g) { impl->on_gradient(r, k, g); });
+}
+
+DataParallelBase::~DataParallelBase() = default;
+
+nn::Layer& DataParallelBase::replica_layer(size_t i) const {
+  GALLEY_CHECK(i < impl_->n(), "DataParallel: replica ", i, " out of range for ", impl_->n());
+  return *impl_->replicas[i]->layer;
+}
+
+const std::vector<Device>& DataParallelBase::devices() const {
+  return impl_->devices;
+}
+
+Tensor DataParallelBase::forward(const Tensor& x) {
+  Impl& m = *impl_;
+  GALLEY_CHECK(x.defined() && x.dim() >= 1, "DataParallel: input must have a batch dimension");
+  const auto t0 = Clock::now();
+  const int64_t batch = x.size(0), n = static_cast<int64_t>(m.n());
+  std::vector<int64_t> starts{0};
+  for (int64_t r = 0; r < n; ++r) starts.push_back(starts.back() + batch / n + (r < batch % n));
+  const bool grad_mode = grad_enabled();
+  Tensor cx = x.contiguous();
+  const int64_t row = batch > 0 ? cx.numel() / batch : 0;
+  std::vector<Tensor> outs(m.n());
+  std::vector<std::future<void>> tasks(m.n());
+  for (size_t r = 0; r < m.n(); ++r) {
+    const int64_t rows = starts[r + 1] - starts[r];
+    if (rows == 0) continue;
+    Shape s = cx.shape();
+    s[0] = rows;
+    Tensor x_r = Tensor::from_host(
+        static_cast<const char*>(cx.raw_data()) + starts[r] * row * dtype_size(cx.dtype()), s,
+        cx.dtype(), m.replicas[r]->device);
+    tasks[r] = m.replicas[r]->compute->post([&m, &outs, r, x_r, grad_mode] {
+      detail::ThreadBudget budget(m.threads_per_replica);
+      detail::DeviceScope scope(m.replicas[r]->device);
+      std::unique_ptr<NoGradGuard> no_grad;
+      if (!grad_mode) no_grad = std::make_unique<NoGradGuard>();
+      outs[r] = m.replicas[r]->layer->forward(x_r);
+    });
+  }
+  wait_all(tasks, m.devices, "forward");
+  // Gather the outputs (not gradients) on the first device: the loss sees the whole batch.
+  Tensor first;
+  for (auto& o : outs)
+    if (o.defined()) {
+      first = o;
+      break;
+    }
+  GALLEY_CHECK(first.defined(), "DataParallel: the batch is empty");
+  Shape out_shape = first.shape();
+  out_shape[0] = batch;
+  Tensor out = Tensor::empty(out_shape, first.dtype(), m.devices[0]);
+  const int64_t orow = first.numel() / first.size(0);
+  for (size_t r = 0; r < m.n(); ++r) {
+    if (!outs[r].defined()) continue;
+    GALLEY_CHECK(outs[r].dim() >= 1 && outs[r].size(0) == starts[r + 1] - starts[r] &&
+                     outs[r].numel() / outs[r].size(0) == orow,
+                 "DataParallel: replica ", r, " returned ", shape_str(outs[r].shape()),
+                 "; outputs must keep the batch dimension and agree in shape");
+    outs[r].contiguous().copy_to_host(static_cast<char*>(out.raw_data()) +
+                                      starts[r] * orow * dtype_size(out.dtype()));
+  }
+  m.stats.forward_ms = ms_between(t0, Clock::now());
+  bool any_grad = false;
+  for (auto& o : outs) any_grad = any_grad || (o.defined() && o.requires_grad());
+  if (!grad_mode || !any_grad) return out;
+  // The gathered output's node owns the replica graphs; its backward drives them all.
+  auto node = std::make_shared<autograd::Node>();
+  node->name = "data_parallel";
+  node->backward = [&m, outs, starts](const Tensor& g, std::vector<Tensor>&) {
+    m.backward(outs, starts, g);
+  };
+  out.impl()->grad_fn = std::move(node);
+  return out;
+}
+
+std::vector<Tensor> DataParallelBase::parameters() const {
+  std::vector<Tensor> out;
+  for (auto& rep : impl_->replicas) out.insert(out.end(), rep->params.begin(), rep->params.end());
+  return out;
+}
+
+std::vector<nn::NamedTensor> DataParallelBase::named_parameters() const {
+  return impl_->replicas[0]->layer->named_parameters();
+}
+
+std::map<std::string, Tensor> DataParallelBase::state_dict() const {
+  return impl_->replicas[0]->layer->state_dict();
+}
+
+void DataParallelBase::load_state_dict(const std::map<std::string, Tensor>& state, bool strict) {
+  for (auto& rep : impl_->replicas) rep->layer->load_state_dict(state, strict);
+}
+
+void DataParallelBase::train(bool on) {
+  for (auto& rep : impl_->replicas) rep->layer->train(on);
+}
+
+DataParallelStats DataParallelBase::last_stats() const {
+  return impl_->stats;
+}
+
+DataParallelBase::NoSync::NoSync(DataParallelBase& owner)
+    : owner_(owner), prev_(owner.impl_->sync) {
+  owner.impl_->sync = false;
+}
+DataParallelBase::NoSync::~NoSync() {
+  owner_.impl_->sync = prev_;
+}
+
+}  // namespace galley

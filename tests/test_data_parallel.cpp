@@ -1,0 +1,290 @@
+// DataParallel over several CPU devices must train exactly like one model on the whole batch.
+#include <gtest/gtest.h>
+
+#include <thread>
+
+#include "galley/galley.h"
+#include "test_util.h"
+
+namespace nn = galley::nn;
+using galley::Device;
+using galley::Tensor;
+
+namespace {
+
+class SmallCNN : public nn::Layer {
+ public:
+  SmallCNN() {
+    register_layer("conv", conv_);
+    register_layer("pool", pool_);
+    register_layer("fc", fc_);
+    register_layer("out", out_);
+  }
+  Tensor forward(const Tensor& x) override {
+    auto h = pool_(galley::relu(conv_(x)));
+    return out_(galley::relu(fc_(galley::flatten(h, 1))));
+  }
+
+ private:
+  nn::Conv2D conv_{2, 4, 3, {.padding = 1}};
+  nn::MaxPool2D pool_{2};
+  nn::Linear fc_{4 * 4 * 4, 16};
+  nn::Linear out_{16, 5};
+};
+
+std::vector<Device> cpus(int n) {
+  std::vector<Device> d;
+  for (int i = 0; i < n; ++i) d.push_back(Device::cpu(i));
+  return d;
+}
+
+struct Batch {
+  Tensor x, y;
+};
+
+std::vector<Batch> batches(int count, int64_t size, uint64_t seed) {
+  galley::Generator gen(seed);
+  std::vector<Batch> out;
+  for (int i = 0; i < count; ++i) {
+    std::vector<int64_t> labels(size);
+    for (auto& l : labels) l = static_cast<int64_t>(gen.next_u64() % 5);
+    out.push_back({galley::randn({size, 2, 8, 8}, gen), Tensor::from_vector(labels, {size})});
+  }
+  return out;
+}
+
+// Parameters after `steps` Adam steps of one model on whole batches, from `init`.
+std::vector<std::vector<float>> train_single(const std::map<std::string, Tensor>& init,
+                                             const std::vector<Batch>& data) {
+  SmallCNN model;
+  model.load_state_dict(init);
+  galley::optim::Adam opt(model.parameters(), {.learning_rate = 1e-2});
+  nn::CrossEntropyLoss loss_fn;
+  for (auto& b : data) {
+    loss_fn(model(b.x), b.y).backward();
+    opt.step();
+    opt.clear_grad();
+  }
+  std::vector<std::vector<float>> out;
+  for (auto& p : model.parameters()) out.push_back(p.to_vector());
+  return out;
+}
+
+void expect_close(const std::vector<std::vector<float>>& a, const std::vector<Tensor>& b,
+                  const std::string& what) {
+  ASSERT_EQ(a.size(), b.size()) << what;
+  for (size_t k = 0; k < a.size(); ++k) {
+    auto v = b[k].to_vector();
+    for (size_t i = 0; i < v.size(); ++i)
+      ASSERT_NEAR(v[i], a[k][i], 1e-5f) << what << ": parameter " << k << " element " << i;
+  }
+}
+
+}  // namespace
+
+TEST(DataParallel, MatchesOneDeviceOnTheFullBatchAfterTenAdamSteps) {
+  galley::manual_seed(3);
+  SmallCNN reference;
+  const auto init = reference.state_dict();
+  const auto data = batches(10, 10, 11);  // 10 does not split evenly over 3 or 4 replicas
+  const auto expected = train_single(init, data);
+  for (int n : {1, 2, 3, 4}) {
+    galley::DataParallel<SmallCNN> model(cpus(n));
+    model.load_state_dict(init);
+    galley::optim::Adam opt(model.parameters(), {.learning_rate = 1e-2});
+    nn::CrossEntropyLoss loss_fn;
+    for (auto& b : data) {
+      auto loss = loss_fn(model(b.x), b.y);
+      loss.backward();
+      opt.step();
+      opt.clear_grad();
+    }
+    for (size_t r = 0; r < model.num_replicas(); ++r)
+      expect_close(expected, model.module(r).parameters(),
+                   std::to_string(n) + " replicas, replica " + std::to_string(r));
+  }
+}
+
+TEST(DataParallel, ReplicasStartIdenticalAndLiveOnTheirDevices) {
+  galley::DataParallel<SmallCNN> model(cpus(3));
+  auto p0 = model.module(0).parameters();
+  for (size_t r = 1; r < 3; ++r) {
+    auto pr = model.module(r).parameters();
+    for (size_t k = 0; k < p0.size(); ++k) {
+      EXPECT_EQ(pr[k].to_vector(), p0[k].to_vector());
+      EXPECT_EQ(pr[k].device(), Device::cpu(static_cast<int>(r)));
+    }
+  }
+  EXPECT_EQ(model.parameters().size(), 3 * p0.size());
+}
+
+TEST(DataParallel, BucketSizesFromTinyToHugeGiveTheSameResult) {
+  galley::manual_seed(5);
+  SmallCNN reference;
+  const auto init = reference.state_dict();
+  const auto data = batches(3, 8, 12);
+  const auto expected = train_single(init, data);
+  for (int64_t bytes : {int64_t(1), int64_t(256), int64_t(4096), int64_t(1) << 30}) {
+    galley::DataParallel<SmallCNN> model(cpus(2), {.bucket_bytes = bytes});
+    model.load_state_dict(init);
+    galley::optim::Adam opt(model.parameters(), {.learning_rate = 1e-2});
+    nn::CrossEntropyLoss loss_fn;
+    for (auto& b : data) {
+      loss_fn(model(b.x), b.y).backward();
+      opt.step();
+      opt.clear_grad();
+    }
+    expect_close(expected, model.module(1).parameters(), "bucket_bytes " + std::to_string(bytes));
+  }
+}
+
+TEST(DataParallel, NoSyncAccumulationEqualsOneLargeBatch) {
+  galley::manual_seed(7);
+  SmallCNN single;
+  const auto init = single.state_dict();
+  const auto data = batches(2, 6, 13);
+  nn::CrossEntropyLoss loss_fn;
+  // One model: the two half-batch losses summed, one step.
+  for (auto& b : data) loss_fn(single(b.x), b.y).backward();
+  std::vector<std::vector<float>> expected;
+  for (auto& p : single.parameters()) expected.push_back(p.grad().to_vector());
+
+  galley::DataParallel<SmallCNN> model(cpus(3));
+  model.load_state_dict(init);
+  {
+    auto guard = model.no_sync();
+    loss_fn(model(data[0].x), data[0].y).backward();
+    EXPECT_EQ(model.last_stats().buckets, 0);
+  }
+  loss_fn(model(data[1].x), data[1].y).backward();
+  EXPECT_GT(model.last_stats().buckets, 0);
+  for (size_t r = 0; r < 3; ++r) {
+    std::vector<Tensor> grads;
+    for (auto& p : model.module(r).parameters()) grads.push_back(p.grad());
+    expect_close(expected, grads, "no_sync replica " + std::to_string(r));
+  }
+}
+
+TEST(DataParallel, BatchSmallerThanTheReplicaCount) {
+  galley::manual_seed(9);
+  SmallCNN reference;
+  const auto init = reference.state_dict();
+  const auto data = batches(2, 2, 14);
+  const auto expected = train_single(init, data);
+  galley::DataParallel<SmallCNN> model(cpus(3));
+  model.load_state_dict(init);
+  galley::optim::Adam opt(model.parameters(), {.learning_rate = 1e-2});
+  nn::CrossEntropyLoss loss_fn;
+  for (auto& b : data) {
+    loss_fn(model(b.x), b.y).backward();
+    opt.step();
+    opt.clear_grad();
+  }
+  expect_close(expected, model.module(2).parameters(), "idle third replica");
+}
+
+TEST(DataParallel, InferenceUnderNoGradRecordsNothing) {
+  galley::DataParallel<SmallCNN> model(cpus(2));
+  galley::NoGradGuard no_grad;
+  Tensor out = model(galley::randn({5, 2, 8, 8}));
+  EXPECT_EQ(out.shape(), (galley::Shape{5, 5}));
+  EXPECT_FALSE(out.requires_grad());
+}
+
+TEST(DataParallel, ReplicaErrorsNameTheReplicaAndDevice) {
+  galley::DataParallel<SmallCNN> model(cpus(2));
+  std::string msg = testutil::error_of([&] { model(galley::randn({4, 3, 8, 8})); });
+  testutil::expect_contains(msg,
+                            {"DataParallel forward on replica", "(cpu", "Conv2D", "[2, 3, 8, 8]"});
+  // The replicas still work afterwards.
+  EXPECT_EQ(model(galley::randn({4, 2, 8, 8})).shape(), (galley::Shape{4, 5}));
+}
+
+TEST(DataParallel, RejectsBadOptions) {
+  testutil::expect_contains(
+      testutil::error_of([] { galley::DataParallel<SmallCNN> m(std::vector<Device>{}); }),
+      {"device list is empty"});
+  testutil::expect_contains(testutil::error_of([] {
+                              galley::DataParallel<SmallCNN> m({Device::cpu(0), Device::cpu(0)});
+                            }),
+                            {"listed twice"});
+}
+
+TEST(DataParallel, ReportsHowMuchAllReduceWasHidden) {
+  galley::DataParallel<SmallCNN> model(cpus(2), {.bucket_bytes = 512});
+  nn::CrossEntropyLoss loss_fn;
+  auto b = batches(1, 8, 15)[0];
+  loss_fn(model(b.x), b.y).backward();
+  auto s = model.last_stats();
+  EXPECT_GT(s.buckets, 1);
+  EXPECT_GE(s.allreduce_ms, 0.0);
+  EXPECT_GE(s.hidden_fraction(), 0.0);
+  EXPECT_LE(s.hidden_fraction(), 1.0);
+}
+
+// ---------------------------------------------------------------------------------------------
+// The in-process communicator
+
+namespace {
+template <typename F>
+void on_threads(int n, F f) {
+  std::vector<std::thread> ts;
+  for (int r = 0; r < n; ++r) ts.emplace_back([&, r] { f(r); });
+  for (auto& t : ts) t.join();
+}
+}  // namespace
+
+TEST(ThreadCommunicator, AllReduceBroadcastAllGather) {
+  const int n = 3;
+  auto comms = galley::parallel::make_thread_communicators(n);
+  std::vector<std::vector<float>> sums(n), avgs(n), bcast(n), gathered(n);
+  on_threads(n, [&](int r) {
+    auto& c = *comms[r];
+    std::vector<float> v(7);
+    for (int i = 0; i < 7; ++i) v[i] = float(r * 10 + i);
+    auto s = v;
+    c.all_reduce(s.data(), 7, galley::parallel::ReduceOp::Sum);
+    sums[r] = s;
+    auto a = v;
+    c.all_reduce(a.data(), 7, galley::parallel::ReduceOp::Avg);
+    avgs[r] = a;
+    auto b = v;
+    c.broadcast(b.data(), 7, 2);
+    bcast[r] = b;
+    std::vector<float> g(n * 7);
+    c.all_gather(v.data(), 7, g.data());
+    gathered[r] = g;
+    c.barrier();
+  });
+  for (int r = 0; r < n; ++r)
+    for (int i = 0; i < 7; ++i) {
+      EXPECT_EQ(sums[r][i], float(30 + 3 * i));
+      EXPECT_FLOAT_EQ(avgs[r][i], float(10 + i));
+      EXPECT_EQ(bcast[r][i], float(20 + i));
+      for (int q = 0; q < n; ++q) EXPECT_EQ(gathered[r][q * 7 + i], float(q * 10 + i));
+    }
+}
+
+TEST(ThreadCommunicator, APeerThatNeverArrivesIsAnErrorNotAHang) {
+  auto comms = galley::parallel::make_thread_communicators(2, {.timeout_seconds = 0.2});
+  std::vector<float> v(4, 1.f);
+  std::string msg = testutil::error_of(
+      [&] { comms[0]->all_reduce(v.data(), 4, galley::parallel::ReduceOp::Sum); });
+  testutil::expect_contains(msg, {"all_reduce", "timed out", "1 of 2"});
+  // The group stays unusable rather than pairing a late peer with the wrong collective.
+  testutil::expect_contains(testutil::error_of([&] { comms[1]->barrier(); }), {"unusable"});
+}
+
+TEST(ThreadCommunicator, MismatchedSizesAreAnError) {
+  auto comms = galley::parallel::make_thread_communicators(2, {.timeout_seconds = 5});
+  std::vector<std::string> errors(2);
+  on_threads(2, [&](int r) {
+    std::vector<float> v(4 + r, 1.f);
+    try {
+      comms[r]->all_reduce(v.data(), 4 + r, galley::parallel::ReduceOp::Sum);
+    } catch (const galley::Error& e) {
+      errors[r] = e.what();
+    }
+  });
+  for (auto& e : errors) testutil::expect_contains(e, {"elements"});
+}
