@@ -1,0 +1,376 @@
+// The prefetching DataLoader: a fixed pool of batch buffers cycling between a free list, the
+// workers and an ordered ready ring.
+#include "galley/data/dataloader.h"
+
+#include <algorithm>
+#include <atomic>
+
+namespace galley::data {
+
+struct DataLoader::Slot {
+  Example buffer;  // batch_size rows, allocated once (again only if the user kept it)
+  Example tail;    // views of the first tail_rows rows, for the short last batch
+  int64_t tail_rows = 0;
+  Example out;                  // the handles the consumer gets: buffer's or tail's
+  std::vector<size_t> indices;  // capacity batch_size
+  size_t rows = 0;
+  std::exception_ptr error;  // set by a failed fill; rethrown by the consumer
+};
+
+namespace {
+
+// The first `rows` rows of `t`, sharing its storage.
+Tensor first_rows(const Tensor& t, int64_t rows) {
+  auto impl = std::make_shared<detail::TensorImpl>();
+  impl->storage = t.impl()->storage;
+  impl->offset = t.impl()->offset;
+  impl->shape = t.shape();
+  impl->shape[0] = rows;
+  impl->strides = t.strides();
+  impl->dtype = t.dtype();
+  return Tensor(std::move(impl));
+}
+
+// Only the loader's own handles (`impls` tensor views) refer to `t`'s memory.
+bool sole_owner(const Tensor& t, long impls) {
+  return t.impl_ptr().use_count() == 1 && t.impl()->storage.use_count() == impls;
+}
+
+// A galley::Error with `msg`, holding the exception being handled as its nested exception.
+std::exception_ptr nested_error(const std::string& msg) {
+  try {
+    std::throw_with_nested(Error(msg));
+  } catch (...) {
+    return std::current_exception();
+  }
+}
+
+}  // namespace
+
+DataLoader::DataLoader(const Dataset& dataset, DataLoaderOptions options)
+    : ds_(dataset), opt_(std::move(options)) {
+  GALLEY_CHECK(opt_.batch_size > 0, "DataLoader: batch_size ", opt_.batch_size,
+               " must be positive");
+  GALLEY_CHECK(opt_.num_workers >= 0 && opt_.num_workers <= 1024, "DataLoader: num_workers ",
+               opt_.num_workers, " must be in [0, 1024]");
+  GALLEY_CHECK(opt_.prefetch >= 1, "DataLoader: prefetch ", opt_.prefetch,
+               " must be at least 1 batch per worker");
+  GALLEY_CHECK(opt_.device.is_cpu(), "DataLoader: device ", opt_.device.str(),
+               " is not supported yet: batches on a CUDA device need the CUDA backend's "
+               "side-stream copies; load to Device::cpu() and move them with Tensor::to()");
+  GALLEY_CHECK(!(opt_.sampler && opt_.shuffle),
+               "DataLoader: give either shuffle = true or a sampler, not both (a sampler decides "
+               "the order itself)");
+  if (opt_.sampler) {
+    GALLEY_CHECK(opt_.sampler->dataset_size() == ds_.size(), "DataLoader: the sampler is for ",
+                 opt_.sampler->dataset_size(), " examples but the dataset has ", ds_.size());
+    sampler_ = opt_.sampler;
+  } else if (opt_.shuffle) {
+    sampler_ = std::make_shared<RandomSampler>(ds_.size(), opt_.seed);
+  } else {
+    sampler_ = std::make_shared<SequentialSampler>(ds_.size());
+  }
+  data_shape_ = ds_.data_shape();
+  label_shape_ = ds_.label_shape();
+  label_dtype_ = ds_.label_dtype();
+  const size_t n = sampler_->size(), b = static_cast<size_t>(opt_.batch_size);
+  num_batches_ = opt_.drop_last ? n / b : (n + b - 1) / b;
+  order_.reserve(std::max(n, ds_.size()));
+
+  const size_t pool =
+      opt_.num_workers == 0 ? 1 : static_cast<size_t>(opt_.num_workers) * opt_.prefetch + 1;
+  for (size_t i = 0; i < pool; ++i) {
+    slots_.push_back(std::make_unique<Slot>());
+    allocate(*slots_.back());
+    slots_.back()->indices.reserve(b);
+  }
+  free_.reserve(pool);
+  for (auto& s : slots_) free_.push_back(s.get());
+  ready_.assign(pool, nullptr);
+  epoch_done_ = true;
+
+  try {
+    for (int w = 0; w < opt_.num_workers; ++w) workers_.emplace_back([this] { worker_loop(); });
+  } catch (...) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      shutdown_ = true;
+    }
+    work_cv_.notify_all();
+    for (auto& t : workers_) t.join();
+    throw;
+  }
+}
+
+DataLoader::~DataLoader() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    shutdown_ = true;
+    active_ = false;
+    ++generation_;
+  }
+  work_cv_.notify_all();
+  for (auto& t : workers_) t.join();
+}
+
+Shape DataLoader::batch_shape(const Shape& sample, int64_t rows) const {
+  Shape s{rows};
+  s.insert(s.end(), sample.begin(), sample.end());
+  return s;
+}
+
+void DataLoader::allocate(Slot& slot) {
+  slot.buffer.data =
+      Tensor::empty(batch_shape(data_shape_, opt_.batch_size), DType::Float32, opt_.device);
+  slot.buffer.label =
+      Tensor::empty(batch_shape(label_shape_, opt_.batch_size), label_dtype_, opt_.device);
+  slot.tail = Example{};
+  slot.tail_rows = 0;
+}
+
+void DataLoader::set_epoch(uint64_t epoch) {
+  next_epoch_ = epoch;
+}
+
+LoaderStats DataLoader::stats() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  LoaderStats s = stats_;
+  if (!epoch_done_)
+    s.wall_seconds = std::chrono::duration<double>(Clock::now() - epoch_start_).count();
+  return s;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Epochs
+
+void DataLoader::stop_epoch(std::unique_lock<std::mutex>& lock) {
+  ++generation_;
+  active_ = false;
+  // Fills in progress finish (a dataset call is not interruptible) and return their slots.
+  ready_cv_.wait(lock, [&] { return busy_ == 0; });
+  for (Slot*& r : ready_) {
+    if (!r) continue;
+    r->error = nullptr;
+    free_.push_back(r);
+    r = nullptr;
+  }
+}
+
+DataLoader::iterator DataLoader::begin() {
+  if (held_) {
+    release(held_);
+    held_ = nullptr;
+  }
+  {
+    std::unique_lock<std::mutex> lock(mu_);
+    stop_epoch(lock);
+    epoch_ = next_epoch_++;
+    // No worker is filling now, so order_ may change; workers read it only after claiming a
+    // batch under the lock, which orders these writes before their reads.
+    sampler_->indices(epoch_, order_);
+    next_claim_ = 0;
+    next_consume_ = 0;
+    stats_ = LoaderStats{};
+    stats_.epoch = epoch_;
+    epoch_start_ = Clock::now();
+    epoch_done_ = num_batches_ == 0;
+    active_ = true;
+  }
+  work_cv_.notify_all();
+  return iterator(this, 0);
+}
+
+DataLoader::iterator& DataLoader::iterator::operator++() {
+  loader_->advance(batch_);
+  ++batch_;
+  return *this;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Workers
+
+void DataLoader::worker_loop() {
+  std::unique_lock<std::mutex> lock(mu_);
+  for (;;) {
+    work_cv_.wait(lock, [&] {
+      return shutdown_ || (active_ && next_claim_ < num_batches_ && !free_.empty());
+    });
+    if (shutdown_) return;
+    Slot* slot = free_.back();
+    free_.pop_back();
+    const size_t k = next_claim_++;
+    const uint64_t generation = generation_, epoch = epoch_;
+    ++busy_;
+    lock.unlock();
+
+    const auto t0 = Clock::now();
+    fill(*slot, k, epoch);
+    const double took = std::chrono::duration<double>(Clock::now() - t0).count();
+
+    lock.lock();
+    --busy_;
+    if (generation == generation_) {
+      stats_.load_seconds += took;
+      ready_[k % ready_.size()] = slot;
+      ready_cv_.notify_one();
+    } else {  // the epoch was stopped while this batch was being filled
+      slot->error = nullptr;
+      free_.push_back(slot);
+      if (busy_ == 0) ready_cv_.notify_one();
+    }
+  }
+}
+
+void DataLoader::fill(Slot& slot, size_t k, uint64_t epoch) {
+  const size_t b = static_cast<size_t>(opt_.batch_size), start = k * b;
+  const size_t rows = std::min(b, order_.size() - start);
+  slot.indices.assign(order_.begin() + start, order_.begin() + start + rows);
+  slot.rows = rows;
+  slot.error = nullptr;
+  Example* target = &slot.buffer;
+  if (rows < b) {
+    if (slot.tail_rows != int64_t(rows)) {  // once per slot: the short batch has the same size
+      slot.tail = Example{first_rows(slot.buffer.data, rows), first_rows(slot.buffer.label, rows)};
+      slot.tail_rows = static_cast<int64_t>(rows);
+    }
+    target = &slot.tail;
+  }
+
+  try {
+    ds_.get_batch(slot.indices, target->data, target->label);
+  } catch (...) {
+    // Find the sample at fault by loading the batch's samples one at a time.
+    Tensor d = Tensor::empty(batch_shape(data_shape_, 1));
+    Tensor l = Tensor::empty(batch_shape(label_shape_, 1), label_dtype_);
+    std::vector<size_t> one(1);
+    for (size_t i : slot.indices) {
+      one[0] = i;
+      try {
+        ds_.get_batch(one, d, l);
+      } catch (const std::exception& e) {
+        slot.error = nested_error(detail::str_cat("DataLoader: loading sample ", i, " (batch ", k,
+                                                  " of epoch ", epoch, ") failed: ", e.what()));
+        return;
+      } catch (...) {
+        slot.error = nested_error(detail::str_cat("DataLoader: loading sample ", i, " (batch ", k,
+                                                  " of epoch ", epoch,
+                                                  ") failed with an exception that is not a "
+                                                  "std::exception"));
+        return;
+      }
+    }
+    // Every sample loads alone: report the batch with the original error.
+    try {
+      throw;
+    } catch (const std::exception& e) {
+      slot.error = nested_error(detail::str_cat("DataLoader: loading batch ", k, " of epoch ",
+                                                epoch, " (samples ", slot.indices.front(), " ... ",
+                                                slot.indices.back(), ") failed: ", e.what()));
+    } catch (...) {
+      slot.error = std::current_exception();
+    }
+    return;
+  }
+
+  try {
+    apply_transforms(opt_.transforms, target->data, slot.indices, opt_.seed, epoch);
+  } catch (const std::exception& e) {
+    slot.error =
+        nested_error(detail::str_cat("DataLoader: batch ", k, " of epoch ", epoch, ": ", e.what()));
+    return;
+  }
+  // Delivery to opt_.device: nothing to copy for a CPU device, whose buffers are the batch. The
+  // CUDA side-stream copy and its event go here (see dataloader.h).
+}
+
+// ---------------------------------------------------------------------------------------------
+// Consumer
+
+Example& DataLoader::batch(size_t k) {
+  if (held_ && held_batch_ == k) return held_->out;
+  GALLEY_CHECK(k < num_batches_, "DataLoader: batch ", k, " is past the end of the epoch (",
+               num_batches_, " batches)");
+  GALLEY_CHECK(k >= next_consume_, "DataLoader: batch ", k,
+               " was already handed out; iterators are single-pass");
+  if (held_) {
+    release(held_);
+    held_ = nullptr;
+  }
+  for (;;) {
+    const size_t want = next_consume_;
+    const auto t0 = Clock::now();
+    Slot* slot;
+    if (workers_.empty()) {
+      slot = free_.back();
+      free_.pop_back();
+      fill(*slot, want, epoch_);
+    } else {
+      std::unique_lock<std::mutex> lock(mu_);
+      Slot*& r = ready_[want % ready_.size()];
+      ready_cv_.wait(lock, [&] { return r != nullptr; });
+      slot = r;
+      r = nullptr;
+    }
+    const double waited = std::chrono::duration<double>(Clock::now() - t0).count();
+    ++next_consume_;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stats_.wait_seconds += waited;
+      if (want == 0) stats_.first_wait_seconds = waited;
+      if (workers_.empty()) stats_.load_seconds += waited;
+      if (!slot->error && want == k) {
+        stats_.batches += 1;
+        stats_.samples += slot->rows;
+      }
+    }
+    if (slot->error) {
+      std::exception_ptr e = slot->error;
+      slot->error = nullptr;
+      release(slot);
+      if (want == k) std::rethrow_exception(e);
+      continue;
+    }
+    if (want < k) {  // a batch skipped by advancing the iterator without dereferencing it
+      release(slot);
+      continue;
+    }
+    slot->out = slot->rows == static_cast<size_t>(opt_.batch_size) ? slot->buffer : slot->tail;
+    held_ = slot;
+    held_batch_ = k;
+    return slot->out;
+  }
+}
+
+void DataLoader::advance(size_t k) {
+  if (held_ && held_batch_ == k) {
+    release(held_);
+    held_ = nullptr;
+  }
+  if (k + 1 == num_batches_) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!epoch_done_) {
+      stats_.wall_seconds = std::chrono::duration<double>(Clock::now() - epoch_start_).count();
+      epoch_done_ = true;
+    }
+  }
+}
+
+void DataLoader::release(Slot* slot) {
+  slot->out = Example{};
+  const bool has_tail = slot->tail.data.defined();
+  const long impls = has_tail ? 2 : 1;
+  bool sole = sole_owner(slot->buffer.data, impls) && sole_owner(slot->buffer.label, impls);
+  if (has_tail) sole = sole && sole_owner(slot->tail.data, 2) && sole_owner(slot->tail.label, 2);
+  // Pairs with the release decrement of a handle another thread dropped, so its last reads of
+  // the batch happen before a worker overwrites it.
+  std::atomic_thread_fence(std::memory_order_acquire);
+  if (!sole) allocate(*slot);  // the consumer kept the batch: it keeps that memory
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!sole) ++stats_.reallocations;
+    free_.push_back(slot);
+  }
+  work_cv_.notify_one();
+}
+
+}  // namespace galley::data
