@@ -4,6 +4,7 @@
 #include "galley/data/dataset.h"
 #include "galley/data/idx.h"
 #include "galley/device.h"
+#include "galley/distributed.h"
 #include "galley/dtype.h"
 #include "galley/error.h"
 #include "galley/io/checkpoint.h"

@@ -12,6 +12,7 @@
 #include <thread>
 
 #include "galley/autograd.h"
+#include "galley/distributed.h"
 #include "galley/ops.h"
 #include "src/device_scope.h"
 #include "src/thread_budget.h"
@@ -118,6 +119,7 @@ struct DataParallelBase::Impl {
 
   std::vector<Device> devices;
   DataParallelOptions opt;
+  std::shared_ptr<parallel::Communicator> procs;  // null for a single process
   std::vector<std::unique_ptr<Replica>> replicas;
   std::vector<Bucket> buckets;
   std::vector<size_t> bucket_of;  // parameter index -> bucket
@@ -152,7 +154,7 @@ struct DataParallelBase::Impl {
 
   // Called on replica r's compute thread when parameter k's gradient is final for this backward.
   void on_gradient(size_t r, size_t k, const Tensor& grad) {
-    if (!in_backward.load() || !sync || n() == 1) return;
+    if (!in_backward.load() || !sync || (n() == 1 && !procs)) return;
     Replica& rep = *replicas[r];
     const size_t b = bucket_of[k];
     const Bucket& bucket = buckets[b];
@@ -202,7 +204,15 @@ struct DataParallelBase::Impl {
         rep.cv.wait(lock, [&] { return rep.bucket_ready[b] != 0; });
       }
       const auto t0 = Clock::now();
-      rep.comm->all_reduce(rep.flat[b].data<float>(), buckets[b].total(), parallel::ReduceOp::Sum);
+      float* data = rep.flat[b].data<float>();
+      const int64_t count = buckets[b].total();
+      // Sum over this process's replicas, average over processes (replica 0 speaks for the
+      // process), then hand the result back to the local replicas.
+      rep.comm->all_reduce(data, count, parallel::ReduceOp::Sum);
+      if (procs) {
+        if (r == 0) procs->all_reduce(data, count, parallel::ReduceOp::Avg);
+        rep.comm->broadcast(data, count, 0);
+      }
       const auto t1 = Clock::now();
       const float* flat = rep.flat[b].data<float>();
       for (size_t s = 0; s < buckets[b].params.size(); ++s) {
@@ -226,7 +236,7 @@ struct DataParallelBase::Impl {
 
   void backward(const std::vector<Tensor>& outs, const std::vector<int64_t>& starts,
                 const Tensor& grad) {
-    const bool reduce = sync && n() > 1;
+    const bool reduce = sync && (n() > 1 || procs);
     for (auto& rep : replicas) {
       std::lock_guard<std::mutex> lock(rep->mu);
       rep->param_ready.assign(rep->params.size(), 0);
@@ -308,6 +318,8 @@ DataParallelBase::DataParallelBase(std::vector<std::unique_ptr<nn::Layer>> layer
   Impl& m = *impl_;
   m.devices = devices;
   m.opt = options;
+  m.procs = options.process_group ? options.process_group : distributed::world();
+  if (m.procs && m.procs->size() == 1) m.procs = nullptr;
   int cpu_replicas = 0;
   for (auto& d : devices) cpu_replicas += d.is_cpu();
   m.threads_per_replica = std::max(1, num_threads() / std::max(1, cpu_replicas));
@@ -324,8 +336,14 @@ DataParallelBase::DataParallelBase(std::vector<std::unique_ptr<nn::Layer>> layer
     rep->comms = std::make_unique<Worker>();
     m.replicas.push_back(std::move(rep));
   }
-  // Replicas start identical: every one takes replica 0's parameters and buffers.
+  // Replicas start identical: every one takes replica 0's parameters and buffers, and
+  // replica 0 takes process 0's.
   const auto state = m.replicas[0]->layer->named_buffers();
+  if (m.procs)
+    for (auto& [name, t] : state) {
+      Tensor h = t;
+      if (h.dtype() == DType::Float32) m.procs->broadcast(h, 0);
+    }
   for (size_t i = 1; i < m.n(); ++i) {
     auto mine = m.replicas[i]->layer->named_buffers();
     GALLEY_CHECK(mine.size() == state.size(), "DataParallel: replica ", i,

@@ -19,6 +19,11 @@ struct DataParallelOptions {
   int64_t bucket_bytes = 25 << 20;
   /// A collective that waits longer than this for a replica raises galley::Error.
   double timeout_seconds = 300.0;
+  /// Communicator between processes (one DataParallel per process). Null means the world of
+  /// galley::distributed::init_parallel_env() when that has more than one process. Gradients
+  /// are summed over this process's replicas first, then averaged over the processes (each
+  /// process's loss is the mean over its own batch), and parameters start as process 0's.
+  std::shared_ptr<parallel::Communicator> process_group;
 };
 
 /// Timings of the last training step (milliseconds, wall clock).

@@ -1,0 +1,134 @@
+// Multi-process data parallelism over MPI. ctest runs this under `mpirun -np 2`, with one and
+// with two CPU devices per process (GALLEY_TEST_DEVICES); run alone it skips.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <thread>
+
+#include "galley/galley.h"
+#include "test_util.h"
+
+namespace nn = galley::nn;
+using galley::Tensor;
+
+namespace {
+
+class TinyNet : public nn::Layer {
+ public:
+  TinyNet() {
+    register_layer("conv", conv_);
+    register_layer("fc", fc_);
+  }
+  Tensor forward(const Tensor& x) override {
+    return fc_(galley::flatten(galley::max_pool2d(galley::relu(conv_(x)), {.kernel_size = 2}), 1));
+  }
+
+ private:
+  nn::Conv2D conv_{1, 3, 3, {.padding = 1}};
+  nn::Linear fc_{3 * 3 * 3, 4};
+};
+
+const galley::distributed::ParallelEnv& env() {
+  const char* t = std::getenv("GALLEY_TEST_MPI_TIMEOUT");
+  return galley::distributed::init_parallel_env({.timeout_seconds = t ? std::atof(t) : 60.0});
+}
+
+int local_devices() {
+  const char* d = std::getenv("GALLEY_TEST_DEVICES");
+  return d ? std::atoi(d) : 1;
+}
+
+}  // namespace
+
+TEST(Mpi, EnvironmentMatchesTheLauncher) {
+  const auto& e = env();
+  if (e.world_size == 1) GTEST_SKIP() << "single process: run under mpirun -np 2";
+  EXPECT_EQ(e.launcher, "mpirun");
+  ASSERT_TRUE(galley::distributed::world());
+  EXPECT_EQ(galley::distributed::world()->size(), e.world_size);
+}
+
+TEST(Mpi, DataParallelAcrossProcessesMatchesOneModelOnTheGlobalBatch) {
+  const auto& e = env();
+  if (e.world_size == 1) GTEST_SKIP() << "single process: run under mpirun -np 2";
+  // Every process builds the same data; process r trains on its slice of each global batch.
+  const int64_t per_rank = 6, global = per_rank * e.world_size;
+  galley::Generator gen(42);
+  std::vector<Tensor> xs, ys;
+  for (int s = 0; s < 8; ++s) {
+    xs.push_back(galley::randn({global, 1, 6, 6}, gen));
+    std::vector<int64_t> l(global);
+    for (auto& v : l) v = static_cast<int64_t>(gen.next_u64() % 4);
+    ys.push_back(Tensor::from_vector(l, {global}));
+  }
+  galley::manual_seed(1);
+  TinyNet single;
+  const auto init = single.state_dict();
+  galley::optim::Adam opt1(single.parameters(), {.learning_rate = 1e-2});
+  nn::CrossEntropyLoss loss_fn;
+  for (size_t s = 0; s < xs.size(); ++s) {
+    loss_fn(single(xs[s]), ys[s]).backward();
+    opt1.step();
+    opt1.clear_grad();
+  }
+
+  std::vector<galley::Device> devs;
+  for (int i = 0; i < local_devices(); ++i) devs.push_back(galley::Device::cpu(i));
+  // Different seeds per process: the constructor must still make every replica process 0's.
+  galley::DataParallel<TinyNet> model(devs);
+  model.load_state_dict(init);
+  galley::optim::Adam opt(model.parameters(), {.learning_rate = 1e-2});
+  for (size_t s = 0; s < xs.size(); ++s) {
+    const int64_t row = 36;
+    Tensor x =
+        Tensor::from_host(xs[s].data<float>() + e.rank * per_rank * row, {per_rank, 1, 6, 6});
+    Tensor y = Tensor::from_host(ys[s].data<int64_t>() + e.rank * per_rank, {per_rank},
+                                 galley::DType::Int64);
+    loss_fn(model(x), y).backward();
+    opt.step();
+    opt.clear_grad();
+  }
+  auto a = single.parameters();
+  for (size_t r = 0; r < model.num_replicas(); ++r) {
+    auto b = model.module(r).parameters();
+    for (size_t k = 0; k < a.size(); ++k) {
+      auto va = a[k].to_vector(), vb = b[k].to_vector();
+      for (size_t i = 0; i < va.size(); ++i)
+        ASSERT_NEAR(vb[i], va[i], 1e-5f)
+            << "rank " << e.rank << " replica " << r << " param " << k << " element " << i;
+    }
+  }
+}
+
+TEST(Mpi, ReplicasOfEveryProcessStartAsProcessZeros) {
+  const auto& e = env();
+  if (e.world_size == 1) GTEST_SKIP() << "single process: run under mpirun -np 2";
+  galley::manual_seed(500 + e.rank);  // different initial weights in every process
+  galley::DataParallel<TinyNet> model;
+  auto p = model.module(0).parameters()[0];
+  auto gathered = galley::distributed::world()->all_gather(p);
+  auto v = gathered.to_vector();
+  const size_t n = p.numel();
+  for (int r = 1; r < e.world_size; ++r)
+    for (size_t i = 0; i < n; ++i) ASSERT_EQ(v[r * n + i], v[i]) << "process " << r;
+}
+
+TEST(MpiTimeout, APeerThatNeverArrivesIsAnErrorNotAHang) {
+  const auto& e = env();
+  if (e.world_size == 1) GTEST_SKIP() << "single process: run under mpirun -np 2";
+  auto world = galley::distributed::world();
+  std::vector<float> v(8, 1.f);
+  if (e.rank == 0) {
+    std::string msg = testutil::error_of(
+        [&] { world->all_reduce(v.data(), 8, galley::parallel::ReduceOp::Sum); });
+    testutil::expect_contains(msg, {"all_reduce", "timed out"});
+  } else {
+    // Arrive only after rank 0 has given up (rank 0 then waits in the barrier below, which
+    // lets the abandoned collective finish), so both processes exit cleanly.
+    const char* t = std::getenv("GALLEY_TEST_MPI_TIMEOUT");
+    std::this_thread::sleep_for(std::chrono::duration<double>(1.5 * (t ? std::atof(t) : 60.0)));
+    world->all_reduce(v.data(), 8, galley::parallel::ReduceOp::Sum);
+  }
+  world->barrier();
+}
