@@ -133,10 +133,16 @@ struct DataParallelBase::Impl {
   void build_buckets() {
     const auto& params = replicas[0]->params;
     bucket_of.assign(params.size(), 0);
+    // A model smaller than a few buckets would otherwise fit in one, reduced only after the
+    // whole backward: cap buckets at a quarter of the model (not below 64 KB) so the first
+    // gradients are on the wire while the rest of backward runs.
+    int64_t total = 0;
+    for (auto& p : params) total += p.numel() * 4;
+    const int64_t cap = std::min<int64_t>(opt.bucket_bytes, std::max<int64_t>(total / 4, 64 << 10));
     Bucket cur;
     for (size_t k = params.size(); k-- > 0;) {  // reverse registration order
       const int64_t numel = params[k].numel();
-      if (!cur.params.empty() && (cur.numel + numel) * 4 > opt.bucket_bytes) {
+      if (!cur.params.empty() && (cur.numel + numel) * 4 > cap) {
         buckets.push_back(std::move(cur));
         cur = Bucket{};
       }

@@ -13,9 +13,11 @@ namespace galley {
 
 /// Options of DataParallel.
 struct DataParallelOptions {
-  /// Gradients are grouped into buckets of about this many bytes, filled in reverse
-  /// registration order (the order backward produces them); each bucket is all-reduced as soon
-  /// as all its gradients are ready.
+  /// Gradients are grouped into buckets of at most this many bytes (a parameter larger than
+  /// that gets a bucket of its own), filled in reverse registration order (the order backward
+  /// produces them); each bucket is all-reduced as soon as all its gradients are ready. A model
+  /// smaller than four buckets gets buckets of a quarter of its size (at least 64 KB), so that
+  /// communication starts before backward ends.
   int64_t bucket_bytes = 25 << 20;
   /// A collective that waits longer than this for a replica raises galley::Error.
   double timeout_seconds = 300.0;

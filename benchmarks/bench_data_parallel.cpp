@@ -1,0 +1,105 @@
+// DataParallel train-step throughput of the SimpleCNN over N CPU devices, and how much of the
+// gradient all-reduce ran hidden behind backward.
+//
+// Usage: bench_data_parallel [--devices N] [--batch B] [--iters I] [--bucket-kb K] [--json]
+#include <galley/galley.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+
+namespace nn = galley::nn;
+using galley::Tensor;
+
+class SimpleCNN : public nn::Layer {
+ public:
+  SimpleCNN() {
+    register_layer("conv", conv_);
+    register_layer("pool", pool_);
+    register_layer("fc", fc_);
+  }
+  Tensor forward(const Tensor& x) override {
+    return fc_(galley::flatten(pool_(galley::relu(conv_(x))), 1));
+  }
+
+ private:
+  nn::Conv2D conv_{3, 64, 3};
+  nn::MaxPool2D pool_{2};
+  nn::Linear fc_{64 * 15 * 15, 10};
+};
+
+int main(int argc, char** argv) {
+  int devices = 2, iters = 20;
+  int64_t batch = 256, bucket_kb = 25 * 1024;
+  bool json = false;
+  for (int i = 1; i < argc; ++i) {
+    std::string k = argv[i];
+    auto next = [&] {
+      return i + 1 < argc
+                 ? argv[++i]
+                 : (std::fprintf(stderr, "%s needs a value\n", k.c_str()), std::exit(64), argv[0]);
+    };
+    if (k == "--devices")
+      devices = std::atoi(next());
+    else if (k == "--batch")
+      batch = std::atoll(next());
+    else if (k == "--iters")
+      iters = std::atoi(next());
+    else if (k == "--bucket-kb")
+      bucket_kb = std::atoll(next());
+    else if (k == "--json")
+      json = true;
+    else
+      return std::fprintf(stderr, "unknown option %s\n", k.c_str()), 64;
+  }
+  try {
+    std::vector<galley::Device> devs;
+    for (int i = 0; i < devices; ++i) devs.push_back(galley::Device::cpu(i));
+    galley::DataParallel<SimpleCNN> model(devs, {.bucket_bytes = bucket_kb * 1024});
+    galley::optim::Adam opt(model.parameters(), {.learning_rate = 1e-3});
+    nn::CrossEntropyLoss loss_fn;
+    Tensor x = galley::randn({batch, 3, 32, 32});
+    std::vector<int64_t> l(batch);
+    for (int64_t i = 0; i < batch; ++i) l[i] = i % 10;
+    Tensor y = Tensor::from_vector(l, {batch});
+    auto step = [&] {
+      loss_fn(model(x), y).backward();
+      opt.step();
+      opt.clear_grad();
+    };
+    for (int i = 0; i < 3; ++i) step();
+    std::vector<double> times;
+    double hidden = 0, reduce_ms = 0, bwd_ms = 0;
+    for (int i = 0; i < iters; ++i) {
+      auto t0 = std::chrono::steady_clock::now();
+      step();
+      times.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+      auto s = model.last_stats();
+      hidden += s.hidden_ms;
+      reduce_ms += s.allreduce_ms;
+      bwd_ms += s.backward_ms;
+    }
+    std::sort(times.begin(), times.end());
+    const double sps = batch / times[times.size() / 2];
+    const double frac = reduce_ms > 0 ? hidden / reduce_ms : 0;
+    if (json)
+      std::printf(
+          "{\"devices\": %d, \"batch\": %lld, \"samples_per_s\": %.1f, \"allreduce_ms\": %.3f, "
+          "\"backward_ms\": %.3f, \"hidden_fraction\": %.3f, \"threads\": %d}\n",
+          devices, static_cast<long long>(batch), sps, reduce_ms / iters, bwd_ms / iters, frac,
+          galley::num_threads());
+    else
+      std::printf(
+          "devices %d  batch %lld  %.0f samples/s  all-reduce %.2f ms/step  backward %.2f "
+          "ms/step  hidden %.0f%%\n",
+          devices, static_cast<long long>(batch), sps, reduce_ms / iters, bwd_ms / iters,
+          100 * frac);
+  } catch (const galley::Error& e) {
+    std::fprintf(stderr, "error: %s\n", e.what());
+    return 1;
+  }
+  return 0;
+}
