@@ -1,10 +1,20 @@
 #!/usr/bin/env bash
 # The whole test suite: install dependencies, build everything, run every ctest test
-# (unit, gradient checks, PyTorch parity, install/find_package, the Fashion-MNIST accuracy run).
-# Pass ctest arguments to narrow it, e.g. scripts/test.sh -L unit  or  -LE slow.
+# (unit, gradient checks, PyTorch parity, install/find_package, the Fashion-MNIST accuracy run),
+# then the DataLoader tests under ThreadSanitizer (their own build in build-tsan).
+# Pass ctest arguments to narrow it, e.g. scripts/test.sh -L unit  or  -LE slow; a narrowed run
+# skips the ThreadSanitizer stage unless GALLEY_TSAN=1.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/install-deps.sh
 scripts/build.sh -DGALLEY_BUILD_TESTS=ON -DGALLEY_REQUIRE_PARITY=ON
-cd build
-ctest --output-on-failure -j "$(nproc)" "$@"
+(cd build && ctest --output-on-failure -j "$(nproc)" "$@")
+
+if [ $# -eq 0 ] || [ "${GALLEY_TSAN:-0}" = 1 ]; then
+  launcher=()
+  command -v ccache >/dev/null && launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DCMAKE_CUDA_COMPILER_LAUNCHER=ccache)
+  cmake -S . -B build-tsan -DCMAKE_BUILD_TYPE=Release -DGALLEY_TSAN_TESTS=ON \
+    -DGALLEY_BUILD_EXAMPLES=OFF -DGALLEY_BUILD_BENCHMARKS=OFF "${launcher[@]}"
+  cmake --build build-tsan -j "$(nproc)" --target test_dataloader_tsan
+  (cd build-tsan && ctest -L tsan --output-on-failure)
+fi
