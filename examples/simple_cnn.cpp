@@ -1,5 +1,7 @@
 // The SimpleCNN program of galley's design, on one device with synthetic 3x32x32 data.
 // Usage: simple_cnn [epochs] [samples]
+// Each epoch line ends with the share of the epoch the loop waited for data (starvation).
+#include <galley/data/dataloader.h>
 #include <galley/galley.h>
 
 #include <chrono>
@@ -47,7 +49,8 @@ int main(int argc, char** argv) {
     SimpleCNN model;
     galley::optim::Adam optimizer(model.parameters(), {.learning_rate = 1e-3});
     nn::CrossEntropyLoss loss_fn;
-    galley::data::BatchIterator train_loader(dataset, {.batch_size = 256, .shuffle = true});
+    galley::data::DataLoader train_loader(dataset,
+                                          {.batch_size = 256, .shuffle = true, .num_workers = 4});
     for (int epoch = 0; epoch < epochs; ++epoch) {
       auto t0 = std::chrono::steady_clock::now();
       double loss_sum = 0;
@@ -61,8 +64,8 @@ int main(int argc, char** argv) {
         ++batches;
       }
       double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-      std::printf("epoch %d  loss %.4f  %.0f samples/s\n", epoch + 1, loss_sum / batches,
-                  samples / s);
+      std::printf("epoch %d  loss %.4f  %.0f samples/s  %.2f%% starved\n", epoch + 1,
+                  loss_sum / batches, samples / s, 100 * train_loader.stats().starvation());
     }
   } catch (const galley::Error& e) {
     std::fprintf(stderr, "error: %s\n", e.what());
