@@ -144,14 +144,19 @@ def fmt(v):
     return f"{v:,.0f}" if v is not None else "n/a"
 
 
-def summarise(runs, impls, batches, threads):
-    """median over rounds per (impl, batch, threads), then each impl's best thread count."""
-    med = {}
+def summarise(runs, impls, batches, threads, idle_threshold):
+    """median over rounds per (impl, batch, threads), then each impl's best thread count.
+
+    Runs that shared the CPU with other processes count only when a cell has no other run."""
+    med, shared = {}, set()
     for impl in impls:
         for b in batches:
             for t in threads:
-                vals = [r["samples_per_s"] for r in runs
-                        if r["impl"] == impl and r["batch"] == b and r["threads"] == t]
+                cell = [r for r in runs if r["impl"] == impl and r["batch"] == b and r["threads"] == t]
+                clean = [r for r in cell if r["background_cores"] < idle_threshold]
+                if cell and not clean:
+                    shared.add((impl, b, t))
+                vals = [r["samples_per_s"] for r in (clean or cell)]
                 if vals:
                     med[(impl, b, t)] = statistics.median(vals)
     best = {}
@@ -160,11 +165,12 @@ def summarise(runs, impls, batches, threads):
             cands = [(med[(impl, b, t)], t) for t in threads if (impl, b, t) in med]
             if cands:
                 v, t = max(cands)
-                best[(impl, b)] = {"samples_per_s": v, "threads": t}
-    return med, best
+                best[(impl, b)] = {"samples_per_s": v, "threads": t,
+                                   "shared_cpu": (impl, b, t) in shared}
+    return med, best, shared
 
 
-def markdown(meta, med, best, impls, batches, threads):
+def markdown(meta, med, best, impls, batches, threads, shared=frozenset()):
     peers = [i for i in impls if i != "galley"]
     lines = [
         f"SimpleCNN train step (Conv2d(3,64,3) - ReLU - MaxPool2d(2) - Linear(14400,10), "
@@ -176,8 +182,9 @@ def markdown(meta, med, best, impls, batches, threads):
         "",
         "Samples per second, higher is better; each framework at its best thread count "
         "(in brackets); median of " + f"{meta['rounds']} rounds."
-        + (f" {meta['shared_cpu_runs']} runs shared the CPU with other processes; "
-           "see `background_cores` in the JSON." if meta.get("shared_cpu_runs") else ""),
+        + (f" {meta['shared_cpu_runs']} of {meta['n_runs']} runs shared the CPU with other "
+           "processes (`background_cores` in the JSON); medians leave them out where a "
+           "clean run exists, and cells marked * have none." if meta.get("shared_cpu_runs") else ""),
         "",
         "| batch | " + " | ".join(LABELS[i] for i in impls) +
         (" | galley / best peer |" if peers and "galley" in impls else " |"),
@@ -187,7 +194,8 @@ def markdown(meta, med, best, impls, batches, threads):
         cells = []
         for i in impls:
             e = best.get((i, b))
-            cells.append(f"{fmt(e['samples_per_s'])} ({e['threads']}T)" if e else "n/a")
+            cells.append(f"{fmt(e['samples_per_s'])} ({e['threads']}T){'*' if e['shared_cpu'] else ''}"
+                         if e else "n/a")
         row = f"| {b} | " + " | ".join(cells) + " |"
         if peers and "galley" in impls:
             pv = [best[(p, b)]["samples_per_s"] for p in peers if (p, b) in best]
@@ -199,7 +207,8 @@ def markdown(meta, med, best, impls, batches, threads):
               "|---:|---:|" + "---:|" * len(impls)]
     for b in batches:
         for t in threads:
-            lines.append(f"| {b} | {t} | " + " | ".join(fmt(med.get((i, b, t))) for i in impls) + " |")
+            lines.append(f"| {b} | {t} | " + " | ".join(
+                fmt(med.get((i, b, t))) + ("*" if (i, b, t) in shared else "") for i in impls) + " |")
     return "\n".join(lines) + "\n"
 
 
@@ -238,9 +247,22 @@ def main():
     ap.add_argument("--retries", type=int, default=2, help="reruns of a run that shared the CPU")
     ap.add_argument("--timeout", type=float, default=300.0, help="seconds per run")
     ap.add_argument("--out", type=Path, default=ROOT / "docs" / "benchmarks")
+    ap.add_argument("--git-commit", default="",
+                    help="commit to record, when the binaries were built from an export of it "
+                         "rather than from this checkout")
     ap.add_argument("--no-readme", action="store_true",
                     help="do not refresh the table in <out>/README.md")
+    ap.add_argument("--from-json", type=Path,
+                    help="rebuild the tables from a JSON written earlier instead of running")
     a = ap.parse_args()
+
+    if a.from_json:
+        d = json.loads(a.from_json.read_text())
+        runs = d["runs"]
+        meta = {k: v for k, v in d.items() if k not in ("summary", "runs")}
+        a.idle_threshold = d.get("idle_threshold_cores", a.idle_threshold)
+        impls = [i for i in IMPLS if any(r["impl"] == i for r in runs)]
+        return report(a, meta, runs, impls, d["batches"], d["threads"])
 
     batches = [int(v) for v in a.batches.split(",")]
     threads = [int(v) for v in a.threads.split(",")]
@@ -264,7 +286,17 @@ def main():
             print(f"note: {a.python} cannot import torch, skipping PyTorch", file=sys.stderr)
             impls.remove("pytorch")
 
-    commit, dirty = git("rev-parse", "HEAD"), bool(git("status", "--porcelain", "--untracked-files=no"))
+    # Uncommitted changes to tracked files, other than the figures this script writes.
+    exclude = []
+    try:
+        exclude = [f":(exclude){a.out.resolve().relative_to(ROOT)}"]
+    except ValueError:
+        pass
+    if a.git_commit:
+        commit, dirty = a.git_commit, False
+    else:
+        commit = git("rev-parse", "HEAD")
+        dirty = bool(git("status", "--porcelain", "--untracked-files=no", "--", ".", *exclude))
     runs = []
     t_start = time.monotonic()
     spent = 0.0  # seconds of waiting for idle and of reruns
@@ -296,7 +328,6 @@ def main():
                     print(f"[{k:2d}/{n_total}] round {rnd} batch {b:4d} threads {t} {impl:9s}"
                           f"{res['samples_per_s']:10.1f} samples/s{flag}", flush=True)
 
-    med, best = summarise(runs, impls, batches, threads)
     versions = {i: next((r["version"] for r in runs if r["impl"] == i), None) for i in impls}
     versions["python"] = platform.python_version()
     versions["compiler"] = compiler_version()
@@ -318,9 +349,17 @@ def main():
         "batches": batches,
         "threads": threads,
         "runtime_s": round(time.monotonic() - t_start, 1),
-        "shared_cpu_runs": sum(r["background_cores"] >= a.idle_threshold for r in runs),
     }
-    table = markdown(meta, med, best, impls, batches, threads)
+    return report(a, meta, runs, impls, batches, threads)
+
+
+def report(a, meta, runs, impls, batches, threads):
+    """Writes the JSON, the Markdown table and the README block from `runs`."""
+    meta["n_runs"] = len(runs)
+    meta["shared_cpu_runs"] = sum(r["background_cores"] >= a.idle_threshold for r in runs)
+    meta["idle_threshold_cores"] = a.idle_threshold
+    med, best, shared = summarise(runs, impls, batches, threads, a.idle_threshold)
+    table = markdown(meta, med, best, impls, batches, threads, shared)
     summary = []
     for b in batches:
         row = {"batch": b}
