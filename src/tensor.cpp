@@ -357,6 +357,124 @@ Tensor Tensor::to(Device device) const {
                           [from](const Tensor& g, std::vector<Tensor>& gi) { gi[0] = g.to(from); });
 }
 
+namespace {
+// IEEE half and bfloat16 to and from float, round to nearest even, NaN kept as NaN.
+uint16_t float_to_half(float f) {
+  uint32_t x;
+  std::memcpy(&x, &f, 4);
+  const uint32_t sign = (x >> 16) & 0x8000u;
+  const uint32_t abs = x & 0x7fffffffu;
+  if (abs >= 0x7f800000u)
+    return static_cast<uint16_t>(sign | 0x7c00u | (abs > 0x7f800000u ? 0x200u : 0));
+  if (abs >= 0x477ff000u) return static_cast<uint16_t>(sign | 0x7c00u);  // overflows to inf
+  if (abs < 0x38800000u) {  // subnormal or zero in half
+    if (abs < 0x33000001u) return static_cast<uint16_t>(sign);
+    // value = full * 2^(e - 150) = h * 2^-24, so h = full >> (126 - e).
+    const uint32_t mant = (abs & 0x7fffffu) | 0x800000u;
+    const int shift = 126 - static_cast<int>(abs >> 23);
+    uint32_t h = mant >> shift;
+    const uint32_t rem = mant & ((1u << shift) - 1), half = 1u << (shift - 1);
+    if (rem > half || (rem == half && (h & 1u))) ++h;
+    return static_cast<uint16_t>(sign | h);
+  }
+  uint32_t h = ((abs - 0x38000000u) >> 13);
+  const uint32_t rem = abs & 0x1fffu;
+  if (rem > 0x1000u || (rem == 0x1000u && (h & 1u))) ++h;
+  return static_cast<uint16_t>(sign | h);
+}
+float half_to_float(uint16_t h) {
+  const uint32_t sign = uint32_t(h & 0x8000u) << 16;
+  uint32_t exp = (h >> 10) & 0x1fu, mant = h & 0x3ffu, x;
+  if (exp == 0x1f) {
+    x = sign | 0x7f800000u | (mant << 13);
+  } else if (exp == 0) {
+    if (mant == 0) {
+      x = sign;
+    } else {  // subnormal: normalise
+      int e = -1;
+      do {
+        mant <<= 1;
+        ++e;
+      } while (!(mant & 0x400u));
+      x = sign | (uint32_t(112 - e) << 23) | ((mant & 0x3ffu) << 13);
+    }
+  } else {
+    x = sign | ((exp + 112) << 23) | (mant << 13);
+  }
+  float f;
+  std::memcpy(&f, &x, 4);
+  return f;
+}
+uint16_t float_to_bf16(float f) {
+  uint32_t x;
+  std::memcpy(&x, &f, 4);
+  if ((x & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((x >> 16) | 0x40u);
+  x += 0x7fffu + ((x >> 16) & 1u);
+  return static_cast<uint16_t>(x >> 16);
+}
+float bf16_to_float(uint16_t b) {
+  uint32_t x = uint32_t(b) << 16;
+  float f;
+  std::memcpy(&f, &x, 4);
+  return f;
+}
+float load_as_float(const void* p, DType t, int64_t i) {
+  switch (t) {
+    case DType::Float32:
+      return static_cast<const float*>(p)[i];
+    case DType::Float16:
+      return half_to_float(static_cast<const uint16_t*>(p)[i]);
+    case DType::BFloat16:
+      return bf16_to_float(static_cast<const uint16_t*>(p)[i]);
+    case DType::Int64:
+      return static_cast<float>(static_cast<const int64_t*>(p)[i]);
+    case DType::UInt8:
+      return static_cast<const uint8_t*>(p)[i];
+  }
+  return 0.f;
+}
+void store_float(void* p, DType t, int64_t i, float v) {
+  switch (t) {
+    case DType::Float32:
+      static_cast<float*>(p)[i] = v;
+      break;
+    case DType::Float16:
+      static_cast<uint16_t*>(p)[i] = float_to_half(v);
+      break;
+    case DType::BFloat16:
+      static_cast<uint16_t*>(p)[i] = float_to_bf16(v);
+      break;
+    case DType::Int64:
+      static_cast<int64_t*>(p)[i] = static_cast<int64_t>(v);
+      break;
+    case DType::UInt8:
+      static_cast<uint8_t*>(p)[i] = static_cast<uint8_t>(v);
+      break;
+  }
+}
+}  // namespace
+
+Tensor Tensor::to_dtype(DType dtype) const {
+  GALLEY_CHECK_DEFINED("to_dtype");
+  if (dtype == this->dtype()) return *this;
+  check_cpu(*this, "to_dtype");
+  const bool from_float = this->dtype() == DType::Float32 || this->dtype() == DType::Float16 ||
+                          this->dtype() == DType::BFloat16;
+  const bool to_float =
+      dtype == DType::Float32 || dtype == DType::Float16 || dtype == DType::BFloat16;
+  GALLEY_CHECK(
+      (from_float && to_float) || dtype == DType::Float32 || this->dtype() == DType::Float32,
+      "to_dtype: cannot convert ", dtype_name(this->dtype()), " to ", dtype_name(dtype),
+      " directly (go through float32)");
+  Tensor c = contiguous();
+  Tensor out = empty(shape(), dtype, device());
+  const void* src = c.raw_data();
+  void* dst = out.raw_data();
+  for (int64_t i = 0, n = numel(); i < n; ++i)
+    store_float(dst, dtype, i, load_as_float(src, c.dtype(), i));
+  return out;
+}
+
 // ---------------------------------------------------------------------------------------------
 // Autograd state
 
@@ -573,6 +691,32 @@ float Generator::next_normal() {
   spare_ = static_cast<float>(r * std::sin(2 * M_PI * u2));
   has_spare_ = true;
   return static_cast<float>(r * std::cos(2 * M_PI * u2));
+}
+
+std::string Generator::state() const {
+  char buf[128];
+  uint32_t spare_bits;
+  std::memcpy(&spare_bits, &spare_, 4);
+  std::snprintf(buf, sizeof buf, "%016llx %016llx %016llx %016llx %d %08x",
+                static_cast<unsigned long long>(state_[0]),
+                static_cast<unsigned long long>(state_[1]),
+                static_cast<unsigned long long>(state_[2]),
+                static_cast<unsigned long long>(state_[3]), has_spare_ ? 1 : 0, spare_bits);
+  return buf;
+}
+
+void Generator::set_state(const std::string& text) {
+  unsigned long long s[4];
+  int spare = 0;
+  unsigned int bits = 0;
+  char tail = 0;
+  const int n = std::sscanf(text.c_str(), "%llx %llx %llx %llx %d %x%c", &s[0], &s[1], &s[2], &s[3],
+                            &spare, &bits, &tail);
+  GALLEY_CHECK(n == 6 && (spare == 0 || spare == 1), "Generator::set_state: '", text,
+               "' is not a generator state");
+  for (int i = 0; i < 4; ++i) state_[i] = s[i];
+  has_spare_ = spare == 1;
+  std::memcpy(&spare_, &bits, 4);
 }
 
 Generator& default_generator() {

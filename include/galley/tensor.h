@@ -78,6 +78,10 @@ class Generator {
   float next_float();
   /// Standard normal.
   float next_normal();
+  /// The complete state as text, for checkpoints.
+  std::string state() const;
+  /// Restores a state returned by state().
+  void set_state(const std::string& state);
 
  private:
   uint64_t state_[4];
@@ -172,6 +176,10 @@ class Tensor {
   Tensor detach() const;
   /// A copy on `device` (this tensor if already there).
   Tensor to(Device device) const;
+  /// A copy converted to `dtype` (this tensor if it already has it); no autograd. Converts
+  /// between float32, float16 and bfloat16 (round to nearest even), and between int64 or
+  /// uint8 and float32.
+  Tensor to_dtype(DType dtype) const;
 
   /// True for a leaf that wants gradients or any tensor produced from one.
   bool requires_grad() const;

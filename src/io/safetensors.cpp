@@ -1,8 +1,13 @@
 // safetensors: an 8-byte little-endian header length, a JSON header, then raw tensor bytes.
+#include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <fstream>
 #include <nlohmann/json.hpp>
 
@@ -11,37 +16,61 @@
 namespace galley::io {
 
 namespace {
+
 const char* st_dtype(DType t) {
   switch (t) {
     case DType::Float32:
       return "F32";
-    case DType::Int64:
-      return "I64";
-    case DType::UInt8:
-      return "U8";
     case DType::Float16:
       return "F16";
     case DType::BFloat16:
       return "BF16";
+    case DType::Int64:
+      return "I64";
+    case DType::UInt8:
+      return "U8";
   }
   return "";
 }
 
 DType from_st_dtype(const std::string& s, const std::string& path, const std::string& name) {
   if (s == "F32") return DType::Float32;
+  if (s == "F16") return DType::Float16;
+  if (s == "BF16") return DType::BFloat16;
   if (s == "I64") return DType::Int64;
   if (s == "U8") return DType::UInt8;
   GALLEY_CHECK(false, "safetensors file '", path, "': tensor '", name, "' has dtype ", s,
-               ", supported are F32, I64 and U8");
+               ", supported are F32, F16, BF16, I64 and U8");
   return DType::Float32;
 }
+
+std::string directory_of(const std::string& path) {
+  auto slash = path.rfind('/');
+  return slash == std::string::npos ? "." : (slash == 0 ? "/" : path.substr(0, slash));
+}
+
+// Writes all of `bytes` to fd or throws naming `path`.
+void write_all(int fd, const void* data, size_t bytes, const std::string& path) {
+  const char* p = static_cast<const char*>(data);
+  while (bytes > 0) {
+    ssize_t w = ::write(fd, p, bytes);
+    if (w < 0 && errno == EINTR) continue;
+    GALLEY_CHECK(w > 0, "save_safetensors: writing '", path, "' failed: ", std::strerror(errno));
+    p += w;
+    bytes -= static_cast<size_t>(w);
+  }
+}
+
 }  // namespace
 
-void save_safetensors(const std::string& path, const std::map<std::string, Tensor>& tensors) {
+void save_safetensors(const std::string& path, const std::map<std::string, Tensor>& tensors,
+                      const std::map<std::string, std::string>& metadata) {
   nlohmann::json header = nlohmann::json::object();
+  if (!metadata.empty()) header["__metadata__"] = metadata;
   std::vector<Tensor> host;
   uint64_t offset = 0;
   for (auto& [name, t] : tensors) {
+    GALLEY_CHECK(name != "__metadata__", "save_safetensors: '__metadata__' is reserved");
     GALLEY_CHECK(t.defined(), "save_safetensors: tensor '", name, "' is undefined");
     Tensor h = t.detach().to(Device::cpu()).contiguous();
     uint64_t bytes = h.numel() * dtype_size(h.dtype());
@@ -53,34 +82,43 @@ void save_safetensors(const std::string& path, const std::map<std::string, Tenso
   }
   std::string text = header.dump();
   while (text.size() % 8) text += ' ';  // keeps the data 8-byte aligned
-  // A name of its own per save, so concurrent saves to one path cannot mix their bytes.
+  // Written beside the target under a name of its own, flushed to disk, then renamed over the
+  // target: a crash at any point leaves either the old file or the new one, never half of one.
   static std::atomic<uint64_t> counter{0};
   const std::string tmp = detail::str_cat(path, ".tmp.", ::getpid(), ".", counter++);
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    GALLEY_CHECK(out.good(), "save_safetensors: cannot write '", tmp, "'");
-    uint64_t len = text.size();
+  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  GALLEY_CHECK(fd >= 0, "save_safetensors: cannot create '", tmp, "': ", std::strerror(errno));
+  try {
+    const uint64_t len = text.size();
     unsigned char le[8];
     for (int i = 0; i < 8; ++i) le[i] = static_cast<unsigned char>(len >> (8 * i));
-    out.write(reinterpret_cast<const char*>(le), 8);
-    out.write(text.data(), static_cast<std::streamsize>(text.size()));
+    write_all(fd, le, 8, tmp);
+    write_all(fd, text.data(), text.size(), tmp);
     for (const Tensor& h : host)
-      out.write(static_cast<const char*>(h.raw_data()),
-                static_cast<std::streamsize>(h.numel() * dtype_size(h.dtype())));
-    out.flush();
-    if (!out.good()) {
-      out.close();
-      std::remove(tmp.c_str());
-      GALLEY_CHECK(false, "save_safetensors: writing '", tmp, "' failed (disk full?)");
-    }
-  }
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
+      write_all(fd, h.raw_data(), h.numel() * dtype_size(h.dtype()), tmp);
+    GALLEY_CHECK(::fsync(fd) == 0, "save_safetensors: flushing '", tmp,
+                 "' failed: ", std::strerror(errno));
+  } catch (...) {
+    ::close(fd);
     std::remove(tmp.c_str());
-    GALLEY_CHECK(false, "save_safetensors: cannot rename '", tmp, "' to '", path, "'");
+    throw;
+  }
+  ::close(fd);
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
+    const int err = errno;
+    std::remove(tmp.c_str());
+    GALLEY_CHECK(false, "save_safetensors: cannot rename '", tmp, "' to '", path,
+                 "': ", std::strerror(err));
+  }
+  // Make the rename itself durable.
+  int dir = ::open(directory_of(path).c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dir >= 0) {
+    ::fsync(dir);
+    ::close(dir);
   }
 }
 
-std::map<std::string, Tensor> load_safetensors(const std::string& path) {
+SafetensorsFile read_safetensors(const std::string& path) {
   std::ifstream in(path, std::ios::binary | std::ios::ate);
   GALLEY_CHECK(in.good(), "load_safetensors: cannot open '", path, "'");
   const uint64_t file_size = static_cast<uint64_t>(in.tellg());
@@ -104,17 +142,28 @@ std::map<std::string, Tensor> load_safetensors(const std::string& path) {
   }
   GALLEY_CHECK(header.is_object(), "safetensors file '", path, "': the header is not an object");
   const uint64_t data_start = 8 + len, data_size = file_size - data_start;
-  std::map<std::string, Tensor> out;
+  SafetensorsFile out;
+  struct Span {
+    uint64_t begin, end;
+    std::string name;
+  };
+  std::vector<Span> spans;
   for (auto& [name, entry] : header.items()) {
-    if (name == "__metadata__") continue;
     try {
+      if (name == "__metadata__") {
+        for (auto& [k, v] : entry.items()) out.metadata[k] = v.get<std::string>();
+        continue;
+      }
       DType dt = from_st_dtype(entry.at("dtype").get<std::string>(), path, name);
       Shape shape = entry.at("shape").get<Shape>();
+      for (int64_t d : shape)
+        GALLEY_CHECK(d >= 0, "safetensors file '", path, "': tensor '", name,
+                     "' has a negative size in shape ", shape_str(shape));
       auto offs = entry.at("data_offsets").get<std::vector<uint64_t>>();
       GALLEY_CHECK(offs.size() == 2 && offs[0] <= offs[1] && offs[1] <= data_size,
                    "safetensors file '", path, "': tensor '", name, "' data offsets run past the ",
                    data_size, " bytes of data");
-      uint64_t bytes = shape_numel(shape) * dtype_size(dt);
+      const uint64_t bytes = shape_numel(shape) * dtype_size(dt);
       GALLEY_CHECK(offs[1] - offs[0] == bytes, "safetensors file '", path, "': tensor '", name,
                    "' of shape ", shape_str(shape), " needs ", bytes, " bytes but spans ",
                    offs[1] - offs[0], " (at byte ", data_start + offs[0], ")");
@@ -123,13 +172,27 @@ std::map<std::string, Tensor> load_safetensors(const std::string& path) {
       in.read(static_cast<char*>(t.raw_data()), static_cast<std::streamsize>(bytes));
       GALLEY_CHECK(in.good(), "safetensors file '", path, "': reading tensor '", name, "' at byte ",
                    data_start + offs[0], " failed");
-      out[name] = t;
+      out.tensors[name] = t;
+      spans.push_back({offs[0], offs[1], name});
     } catch (const nlohmann::json::exception& e) {
       GALLEY_CHECK(false, "safetensors file '", path, "': entry '", name,
                    "' is malformed: ", e.what());
     }
   }
+  // Tensors may not share bytes: a file whose tensors overlap was not written by a
+  // safetensors writer and would alias weights.
+  std::sort(spans.begin(), spans.end(),
+            [](const Span& a, const Span& b) { return a.begin < b.begin; });
+  for (size_t i = 1; i < spans.size(); ++i)
+    GALLEY_CHECK(spans[i].begin >= spans[i - 1].end || spans[i].begin == spans[i].end,
+                 "safetensors file '", path, "': tensors '", spans[i - 1].name, "' and '",
+                 spans[i].name, "' overlap (bytes ", data_start + spans[i].begin, "..",
+                 data_start + spans[i - 1].end, ")");
   return out;
+}
+
+std::map<std::string, Tensor> load_safetensors(const std::string& path) {
+  return read_safetensors(path).tensors;
 }
 
 }  // namespace galley::io

@@ -8,6 +8,10 @@
 namespace galley::nn {
 
 namespace {
+bool is_float_dtype(DType d) {
+  return d == DType::Float32 || d == DType::Float16 || d == DType::BFloat16;
+}
+
 void check_name(const std::string& name, const char* what) {
   GALLEY_CHECK(!name.empty() && name.find('.') == std::string::npos, what, " name '", name,
                "' must be non-empty and contain no '.'");
@@ -107,15 +111,18 @@ void Layer::load_state_dict(const std::map<std::string, Tensor>& state, bool str
       GALLEY_CHECK(!strict, repr(), ": load_state_dict: missing entry '", n, "'");
       continue;
     }
-    GALLEY_CHECK(it->second.shape() == t.shape() && it->second.dtype() == t.dtype(), repr(),
-                 ": load_state_dict: '", n, "' has shape ", shape_str(it->second.shape()), " ",
-                 dtype_name(it->second.dtype()), ", the layer expects ", shape_str(t.shape()), " ",
-                 dtype_name(t.dtype()));
+    GALLEY_CHECK(it->second.shape() == t.shape() &&
+                     (it->second.dtype() == t.dtype() || is_float_dtype(it->second.dtype())) &&
+                     is_float_dtype(t.dtype()) == is_float_dtype(it->second.dtype()),
+                 repr(), ": load_state_dict: '", n, "' has shape ", shape_str(it->second.shape()),
+                 " ", dtype_name(it->second.dtype()), ", the layer expects ", shape_str(t.shape()),
+                 " ", dtype_name(t.dtype()));
   }
   NoGradGuard no_grad;
   for (auto& [n, t] : mine) {
     auto it = state.find(n);
-    if (it != state.end()) Tensor(t).copy_(it->second);
+    // Half-precision files load into float32 parameters (rounded values widen exactly).
+    if (it != state.end()) Tensor(t).copy_(it->second.to_dtype(t.dtype()));
   }
 }
 

@@ -60,6 +60,44 @@ size_t Optimizer::index_of(const Tensor& param) const {
   return 0;
 }
 
+namespace {
+std::string key(size_t i, const char* what) {
+  return detail::str_cat("state.", i, ".", what);
+}
+
+// The saved tensor for parameter i, checked against the parameter's shape.
+Tensor saved(const StateDict& st, size_t i, const char* what, const Tensor& param,
+             const std::string& owner) {
+  auto it = st.tensors.find(key(i, what));
+  GALLEY_CHECK(it != st.tensors.end(), owner, ": saved state lacks '", key(i, what), "'");
+  GALLEY_CHECK(it->second.shape() == param.shape() && it->second.dtype() == DType::Float32, owner,
+               ": saved '", key(i, what), "' is ", shape_str(it->second.shape()), " ",
+               dtype_name(it->second.dtype()), " but parameter ", i, " is ",
+               shape_str(param.shape()), " float32");
+  return it->second;
+}
+
+Tensor copy_on(const Tensor& src, const Tensor& like) {
+  Tensor t = Tensor::empty(like.shape(), DType::Float32, like.device());
+  t.copy_(src);
+  return t;
+}
+}  // namespace
+
+StateDict Optimizer::state_dict() const {
+  StateDict st;
+  st.set("lr", lr_);
+  st.set("num_params", static_cast<int64_t>(params_.size()));
+  return st;
+}
+
+void Optimizer::load_state_dict(const StateDict& st) {
+  const int64_t n = st.get_int("num_params", name());
+  GALLEY_CHECK(n == static_cast<int64_t>(params_.size()), name(), ": saved state is for ", n,
+               " parameters, this optimizer has ", params_.size());
+  set_learning_rate(st.get_double("lr", name()));
+}
+
 // ---------------------------------------------------------------------------------------------
 // Adam / AdamW
 
@@ -97,6 +135,36 @@ void Adam::step() {
   });
 }
 
+StateDict Adam::state_dict() const {
+  StateDict st = Optimizer::state_dict();
+  for (size_t i = 0; i < state_.size(); ++i) {
+    const AdamState& a = state_[i];
+    st.set(key(i, "step"), a.step);
+    if (a.step == 0) continue;
+    st.tensors[key(i, "exp_avg")] = a.exp_avg.clone();
+    st.tensors[key(i, "exp_avg_sq")] = a.exp_avg_sq.clone();
+    if (a.max_exp_avg_sq.defined()) st.tensors[key(i, "max_exp_avg_sq")] = a.max_exp_avg_sq.clone();
+  }
+  return st;
+}
+
+void Adam::load_state_dict(const StateDict& st) {
+  // Read and check everything first: a bad state leaves the optimizer as it was.
+  std::vector<AdamState> next(params_.size());
+  for (size_t i = 0; i < params_.size(); ++i) {
+    next[i].step = st.get_int(key(i, "step"), name());
+    GALLEY_CHECK(next[i].step >= 0, name(), ": saved step of parameter ", i, " is negative");
+    if (next[i].step == 0) continue;
+    next[i].exp_avg = copy_on(saved(st, i, "exp_avg", params_[i], name()), params_[i]);
+    next[i].exp_avg_sq = copy_on(saved(st, i, "exp_avg_sq", params_[i], name()), params_[i]);
+    if (opt_.amsgrad)
+      next[i].max_exp_avg_sq =
+          copy_on(saved(st, i, "max_exp_avg_sq", params_[i], name()), params_[i]);
+  }
+  Optimizer::load_state_dict(st);
+  state_ = std::move(next);
+}
+
 AdamW::AdamW(std::vector<Tensor> params, AdamOptions options) : Adam(std::move(params), options) {
   decoupled_ = true;
 }
@@ -128,6 +196,22 @@ void SGD::step() {
   });
 }
 
+StateDict SGD::state_dict() const {
+  StateDict st = Optimizer::state_dict();
+  for (size_t i = 0; i < momentum_.size(); ++i)
+    if (momentum_[i].defined()) st.tensors[key(i, "momentum_buffer")] = momentum_[i].clone();
+  return st;
+}
+
+void SGD::load_state_dict(const StateDict& st) {
+  std::vector<Tensor> next(params_.size());
+  for (size_t i = 0; i < params_.size(); ++i)
+    if (st.tensors.count(key(i, "momentum_buffer")))
+      next[i] = copy_on(saved(st, i, "momentum_buffer", params_[i], name()), params_[i]);
+  Optimizer::load_state_dict(st);
+  momentum_ = std::move(next);
+}
+
 // ---------------------------------------------------------------------------------------------
 // Schedulers
 
@@ -137,6 +221,22 @@ LRScheduler::LRScheduler(Optimizer& optimizer)
 void LRScheduler::step() {
   ++epoch_;
   opt_.set_learning_rate(lr_at(epoch_));
+}
+
+StateDict LRScheduler::state_dict() const {
+  StateDict st;
+  st.set("last_epoch", epoch_);
+  st.set("base_lr", base_lr_);
+  return st;
+}
+
+void LRScheduler::load_state_dict(const StateDict& st) {
+  const int64_t epoch = st.get_int("last_epoch", "LRScheduler");
+  const double base = st.get_double("base_lr", "LRScheduler");
+  GALLEY_CHECK(epoch >= 0, "LRScheduler: saved last_epoch ", epoch, " is negative");
+  epoch_ = epoch;
+  base_lr_ = base;
+  opt_.set_learning_rate(epoch_ == 0 ? base_lr_ : lr_at(epoch_));
 }
 
 StepLR::StepLR(Optimizer& optimizer, int64_t step_size, double gamma)

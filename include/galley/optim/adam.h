@@ -26,6 +26,9 @@ class Adam : public Optimizer {
   /// Validates the options (lr >= 0, betas in [0, 1), eps >= 0, weight_decay >= 0).
   Adam(std::vector<Tensor> params, AdamOptions options = {});
   void step() override;
+  StateDict state_dict() const override;
+  void load_state_dict(const StateDict& state) override;
+  std::string name() const override { return "Adam"; }
   /// The moments of `param` (empty before its first update).
   const AdamState& state(const Tensor& param) const { return state_.at(index_of(param)); }
   /// The options in force.

@@ -1,6 +1,7 @@
 #pragma once
 /// \file Learning-rate schedules, stepped once per epoch (or per step, as the user chooses).
 #include "galley/optim/optimizer.h"
+#include "galley/state.h"
 
 namespace galley::optim {
 
@@ -15,6 +16,10 @@ class LRScheduler {
   int64_t last_epoch() const { return epoch_; }
   /// The rate for period `epoch`.
   virtual double lr_at(int64_t epoch) const = 0;
+  /// Periods stepped and the initial rate, for checkpoints.
+  StateDict state_dict() const;
+  /// Restores state_dict() and sets the optimizer's rate for the restored period.
+  void load_state_dict(const StateDict& state);
 
  protected:
   Optimizer& opt_;

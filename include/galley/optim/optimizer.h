@@ -3,6 +3,7 @@
 #include <functional>
 #include <vector>
 
+#include "galley/state.h"
 #include "galley/tensor.h"
 
 namespace galley::optim {
@@ -30,6 +31,13 @@ class Optimizer {
   const std::vector<Tensor>& parameters() const { return params_; }
   /// Index of `param` in parameters(); throws if it is not one of them.
   size_t index_of(const Tensor& param) const;
+
+  /// Learning rate and per-parameter state ("state.<index>.<name>"), for checkpoints.
+  virtual StateDict state_dict() const;
+  /// Restores state_dict(); shapes are checked against the parameters before anything changes.
+  virtual void load_state_dict(const StateDict& state);
+  /// Name used in error messages.
+  virtual std::string name() const { return "Optimizer"; }
 
  protected:
   /// Calls update(index, param, gradient) for each parameter that has a gradient, without

@@ -19,6 +19,9 @@ class SGD : public Optimizer {
   /// Validates the options (Nesterov needs momentum > 0 and zero dampening).
   SGD(std::vector<Tensor> params, SGDOptions options = {});
   void step() override;
+  StateDict state_dict() const override;
+  void load_state_dict(const StateDict& state) override;
+  std::string name() const override { return "SGD"; }
   /// The options in force.
   const SGDOptions& options() const { return opt_; }
 

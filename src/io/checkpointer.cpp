@@ -1,0 +1,214 @@
+// Training checkpoints on top of safetensors.
+#include "galley/io/checkpointer.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <filesystem>
+
+#include "galley/io/checkpoint.h"
+
+namespace galley::io {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+constexpr const char* kFormat = "galley-checkpoint-1";
+
+// Prefixes `part`'s entries with `scope.` into the file's tensors and metadata.
+void put(const std::string& scope, const StateDict& part, std::map<std::string, Tensor>& tensors,
+         std::map<std::string, std::string>& meta) {
+  for (auto& [k, t] : part.tensors) tensors[scope + "." + k] = t;
+  for (auto& [k, v] : part.values) meta[scope + "." + k] = v;
+}
+
+// The entries under `scope.`, prefix removed.
+StateDict take(const std::string& scope, const SafetensorsFile& f) {
+  StateDict st;
+  const std::string p = scope + ".";
+  for (auto& [k, t] : f.tensors)
+    if (k.compare(0, p.size(), p) == 0) st.tensors[k.substr(p.size())] = t;
+  for (auto& [k, v] : f.metadata)
+    if (k.compare(0, p.size(), p) == 0) st.values[k.substr(p.size())] = v;
+  return st;
+}
+
+// With a data-parallel model the optimizer holds every replica's parameters; their states are
+// identical, so only replica 0's share is saved and it is given to every replica on load.
+size_t replica_share(const TrainingState& s) {
+  if (!s.parallel_model || !s.optimizer) return 0;
+  const size_t per = s.parallel_model->named_parameters().size();
+  const size_t all = s.optimizer->parameters().size();
+  return all == per * s.parallel_model->num_replicas() ? per : 0;
+}
+
+// Splits an optimizer key "state.<index>.<rest>"; false for keys of the optimizer as a whole.
+bool split_key(const std::string& key, size_t* index, std::string* rest) {
+  if (key.compare(0, 6, "state.") != 0) return false;
+  const size_t dot = key.find('.', 6);
+  if (dot == std::string::npos || dot == 6) return false;
+  const std::string num = key.substr(6, dot - 6);
+  if (num.find_first_not_of("0123456789") != std::string::npos) return false;
+  *index = std::stoul(num);
+  *rest = key.substr(dot + 1);
+  return true;
+}
+
+// Keeps the per-parameter entries of parameters [0, per) and hands them to `copies` replicas:
+// parameter i's state also becomes parameter i + r * per's.
+template <typename V>
+std::map<std::string, V> spread(const std::map<std::string, V>& in, size_t per, size_t copies) {
+  std::map<std::string, V> out;
+  for (auto& [k, v] : in) {
+    size_t i;
+    std::string rest;
+    if (!split_key(k, &i, &rest)) {
+      out[k] = v;
+      continue;
+    }
+    if (i >= per) continue;
+    for (size_t r = 0; r < copies; ++r) out[detail::str_cat("state.", i + r * per, ".", rest)] = v;
+  }
+  return out;
+}
+
+}  // namespace
+
+void save_checkpoint(const std::string& path, const TrainingState& s) {
+  GALLEY_CHECK(!(s.model && s.parallel_model),
+               "save_checkpoint: give model or parallel_model, not both");
+  std::map<std::string, Tensor> tensors;
+  std::map<std::string, std::string> meta{{"format", kFormat},
+                                          {"epoch", std::to_string(s.epoch)},
+                                          {"step", std::to_string(s.step)},
+                                          {"batch", std::to_string(s.batch)},
+                                          {"rng.default", default_generator().state()}};
+  if (s.model || s.parallel_model) {
+    auto model = s.model ? s.model->state_dict() : s.parallel_model->state_dict();
+    for (auto& [k, t] : model) tensors["model." + k] = t;
+  }
+  if (s.optimizer) {
+    StateDict opt = s.optimizer->state_dict();
+    if (size_t per = replica_share(s)) {
+      opt.tensors = spread(opt.tensors, per, 1);
+      opt.values = spread(opt.values, per, 1);
+      opt.set("num_params", static_cast<int64_t>(per));
+    }
+    put("optimizer", opt, tensors, meta);
+  }
+  if (s.scheduler) put("scheduler", s.scheduler->state_dict(), tensors, meta);
+  for (auto& [k, v] : s.extra) meta["extra." + k] = v;
+  save_safetensors(path, tensors, meta);
+}
+
+void load_checkpoint(const std::string& path, TrainingState& s) {
+  GALLEY_CHECK(!(s.model && s.parallel_model),
+               "load_checkpoint: give model or parallel_model, not both");
+  SafetensorsFile f = read_safetensors(path);
+  auto meta = [&](const std::string& k) -> const std::string& {
+    auto it = f.metadata.find(k);
+    GALLEY_CHECK(it != f.metadata.end(), "checkpoint '", path, "' lacks '", k, "'");
+    return it->second;
+  };
+  GALLEY_CHECK(meta("format") == kFormat, "checkpoint '", path, "' has format '", meta("format"),
+               "', expected '", kFormat, "'");
+  try {
+    StateDict counters;
+    counters.values = f.metadata;
+    const int64_t epoch = counters.get_int("epoch", path), step = counters.get_int("step", path),
+                  batch = counters.get_int("batch", path);
+    std::map<std::string, Tensor> model;
+    for (auto& [k, t] : f.tensors)
+      if (k.compare(0, 6, "model.") == 0) model[k.substr(6)] = t;
+    // Each component checks its own entries before changing anything.
+    if (s.model) s.model->load_state_dict(model);
+    if (s.parallel_model) s.parallel_model->load_state_dict(model);
+    if (s.optimizer) {
+      StateDict opt = take("optimizer", f);
+      if (size_t per = replica_share(s)) {
+        opt.tensors = spread(opt.tensors, per, s.parallel_model->num_replicas());
+        opt.values = spread(opt.values, per, s.parallel_model->num_replicas());
+        opt.set("num_params", static_cast<int64_t>(s.optimizer->parameters().size()));
+      }
+      s.optimizer->load_state_dict(opt);
+    }
+    if (s.scheduler) s.scheduler->load_state_dict(take("scheduler", f));
+    default_generator().set_state(meta("rng.default"));
+    s.epoch = epoch;
+    s.step = step;
+    s.batch = batch;
+    s.extra.clear();
+    for (auto& [k, v] : f.metadata)
+      if (k.compare(0, 6, "extra.") == 0) s.extra[k.substr(6)] = v;
+  } catch (const Error& e) {
+    throw Error(detail::str_cat("checkpoint '", path, "': ", e.what()));
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Checkpointer
+
+Checkpointer::Checkpointer(std::string directory, CheckpointOptions options)
+    : dir_(std::move(directory)), opt_(std::move(options)) {
+  GALLEY_CHECK(opt_.keep_last >= 1, "Checkpointer: keep_last ", opt_.keep_last, " must be >= 1");
+  GALLEY_CHECK(!opt_.prefix.empty() && opt_.prefix.find('/') == std::string::npos,
+               "Checkpointer: prefix '", opt_.prefix, "' must be a plain file name");
+  std::error_code ec;
+  fs::create_directories(dir_, ec);
+  GALLEY_CHECK(!ec && fs::is_directory(dir_), "Checkpointer: cannot create directory '", dir_,
+               "': ", ec.message());
+  // Temporary files of saves that were killed: never complete, never to be loaded.
+  for (auto& e : fs::directory_iterator(dir_)) {
+    const std::string name = e.path().filename().string();
+    if (name.compare(0, opt_.prefix.size() + 1, opt_.prefix + "-") == 0 &&
+        name.find(".safetensors.tmp.") != std::string::npos)
+      fs::remove(e.path(), ec);
+  }
+}
+
+std::vector<std::string> Checkpointer::list() const {
+  std::vector<std::pair<int64_t, std::string>> found;
+  const std::string head = opt_.prefix + "-", tail = ".safetensors";
+  for (auto& e : fs::directory_iterator(dir_)) {
+    const std::string name = e.path().filename().string();
+    if (name.size() <= head.size() + tail.size() || name.compare(0, head.size(), head) != 0 ||
+        name.compare(name.size() - tail.size(), tail.size(), tail) != 0)
+      continue;
+    const std::string num = name.substr(head.size(), name.size() - head.size() - tail.size());
+    if (num.empty() || num.find_first_not_of("0123456789") != std::string::npos) continue;
+    found.emplace_back(std::stoll(num), e.path().string());
+  }
+  std::sort(found.begin(), found.end());
+  std::vector<std::string> out;
+  for (auto& [step, path] : found) out.push_back(path);
+  return out;
+}
+
+std::string Checkpointer::save(const TrainingState& state) {
+  char name[64];
+  std::snprintf(name, sizeof name, "-%012lld.safetensors", static_cast<long long>(state.step));
+  const std::string path = (fs::path(dir_) / (opt_.prefix + name)).string();
+  save_checkpoint(path, state);
+  auto all = list();
+  for (size_t i = 0; i + opt_.keep_last < all.size(); ++i) std::remove(all[i].c_str());
+  return path;
+}
+
+bool Checkpointer::resume(TrainingState& state) {
+  auto all = list();
+  std::string errors;
+  for (auto it = all.rbegin(); it != all.rend(); ++it) {
+    try {
+      load_checkpoint(*it, state);
+      return true;
+    } catch (const Error& e) {
+      // An unreadable newest file (a damaged disk, a foreign file) falls back to the one before.
+      errors += std::string("\n  ") + e.what();
+    }
+  }
+  GALLEY_CHECK(errors.empty(), "Checkpointer: no checkpoint in '", dir_,
+               "' could be loaded:", errors);
+  return false;
+}
+
+}  // namespace galley::io

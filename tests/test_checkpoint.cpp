@@ -1,0 +1,342 @@
+// Training checkpoints: exact resume (also in a new process), atomic saves that survive a
+// kill, retention, bad files, data-parallel models, half precision.
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <thread>
+
+#include "galley/galley.h"
+#include "test_util.h"
+
+extern char** environ;
+
+namespace fs = std::filesystem;
+namespace nn = galley::nn;
+using galley::Tensor;
+
+namespace {
+
+class Net : public nn::Layer {
+ public:
+  Net() {
+    register_layer("conv", conv_);
+    register_layer("fc1", fc1_);
+    register_layer("fc2", fc2_);
+  }
+  Tensor forward(const Tensor& x) override {
+    auto h = galley::max_pool2d(galley::relu(conv_(x)), {.kernel_size = 2});
+    // Noise from the default generator: resuming must restore its state too.
+    auto noise = galley::randn(h.shape()) * 0.01f;
+    return fc2_(galley::relu(fc1_(galley::flatten(h + noise, 1))));
+  }
+
+ private:
+  nn::Conv2D conv_{1, 2, 3, {.padding = 1}};
+  nn::Linear fc1_{2 * 3 * 3, 16};
+  nn::Linear fc2_{16, 4};
+};
+
+std::string temp_dir(const std::string& name) {
+  auto d =
+      fs::path(::testing::TempDir()) / ("galley_ckpt_" + name + "_" + std::to_string(::getpid()));
+  fs::remove_all(d);
+  fs::create_directories(d);
+  return d.string();
+}
+
+struct TrainRun {
+  Net model;
+  galley::optim::Adam opt{model.parameters(), {.learning_rate = 1e-2}};
+  galley::optim::StepLR sched{opt, 3, 0.5};
+  nn::CrossEntropyLoss loss_fn;
+
+  galley::io::TrainingState state() {
+    return {.model = &model, .optimizer = &opt, .scheduler = &sched};
+  }
+  // Step k's batch depends only on k.
+  float step(int64_t k) {
+    galley::Generator gen(1000 + k);
+    Tensor x = galley::randn({6, 1, 6, 6}, gen);
+    std::vector<int64_t> l(6);
+    for (auto& v : l) v = static_cast<int64_t>(gen.next_u64() % 4);
+    auto loss = loss_fn(model(x), Tensor::from_vector(l, {6}));
+    loss.backward();
+    opt.step();
+    opt.clear_grad();
+    sched.step();
+    return loss.item();
+  }
+};
+
+std::vector<float> straight_losses(int64_t steps) {
+  galley::manual_seed(17);
+  TrainRun run;
+  std::vector<float> out;
+  for (int64_t k = 0; k < steps; ++k) out.push_back(run.step(k));
+  return out;
+}
+
+// Runs this test binary again with `filter` and extra environment; returns its exit status.
+int run_child(const std::string& filter, const std::vector<std::string>& env,
+              pid_t* pid_out = nullptr, bool wait = true) {
+  std::string self = fs::read_symlink("/proc/self/exe").string();
+  std::string arg = "--gtest_filter=" + filter;
+  std::vector<char*> argv{self.data(), arg.data(), nullptr};
+  std::vector<std::string> envs(env);
+  for (char** e = environ; *e; ++e) envs.emplace_back(*e);
+  std::vector<char*> envp;
+  for (auto& e : envs) envp.push_back(e.data());
+  envp.push_back(nullptr);
+  pid_t pid;
+  EXPECT_EQ(posix_spawn(&pid, self.c_str(), nullptr, nullptr, argv.data(), envp.data()), 0);
+  if (pid_out) *pid_out = pid;
+  if (!wait) return 0;
+  int status = 0;
+  waitpid(pid, &status, 0);
+  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+}  // namespace
+
+TEST(Checkpoint, ResumeContinuesBitForBit) {
+  const int64_t n = 5;
+  const auto expected = straight_losses(2 * n);
+  const std::string dir = temp_dir("resume");
+  {
+    galley::manual_seed(17);
+    TrainRun run;
+    for (int64_t k = 0; k < n; ++k) ASSERT_EQ(run.step(k), expected[k]);
+    galley::io::Checkpointer ck(dir);
+    auto st = run.state();
+    st.epoch = 1;
+    st.step = n;
+    st.extra["note"] = "half way";
+    ck.save(st);
+  }
+  galley::manual_seed(999);  // a fresh start that differs everywhere
+  TrainRun fresh;
+  galley::io::Checkpointer ck(dir);
+  auto st = fresh.state();
+  ASSERT_TRUE(ck.resume(st));
+  EXPECT_EQ(st.step, n);
+  EXPECT_EQ(st.epoch, 1);
+  EXPECT_EQ(st.extra["note"], "half way");
+  EXPECT_DOUBLE_EQ(fresh.opt.learning_rate(), 1e-2 * 0.5);  // StepLR(3) after 5 steps
+  for (int64_t k = n; k < 2 * n; ++k) EXPECT_EQ(fresh.step(k), expected[k]) << "step " << k;
+}
+
+// The second half of ResumeInANewProcess, run in a child process.
+TEST(CheckpointChild, ContinueFromDirectory) {
+  const char* dir = std::getenv("GALLEY_CKPT_CHILD_DIR");
+  if (!dir) GTEST_SKIP() << "runs only as the child of Checkpoint.ResumeInANewProcess";
+  TrainRun run;
+  galley::io::Checkpointer ck(dir);
+  auto st = run.state();
+  ASSERT_TRUE(ck.resume(st));
+  std::ofstream out(std::string(dir) + "/child_losses.txt");
+  out.precision(9);
+  for (int64_t k = st.step; k < 2 * st.step; ++k) out << run.step(k) << "\n";
+}
+
+TEST(Checkpoint, ResumeInANewProcess) {
+  const int64_t n = 4;
+  const auto expected = straight_losses(2 * n);
+  const std::string dir = temp_dir("process");
+  {
+    galley::manual_seed(17);
+    TrainRun run;
+    for (int64_t k = 0; k < n; ++k) run.step(k);
+    auto st = run.state();
+    st.step = n;
+    galley::io::Checkpointer(dir).save(st);
+  }
+  ASSERT_EQ(run_child("CheckpointChild.ContinueFromDirectory", {"GALLEY_CKPT_CHILD_DIR=" + dir}),
+            0);
+  std::ifstream in(dir + "/child_losses.txt");
+  for (int64_t k = n; k < 2 * n; ++k) {
+    float v = 0;
+    ASSERT_TRUE(in >> v) << "child wrote too few losses";
+    EXPECT_EQ(v, expected[k]) << "step " << k;
+  }
+}
+
+// Saves ever-growing checkpoints until killed; run by KilledDuringSaveKeepsTheLastGoodOne.
+TEST(CheckpointChild, SaveUntilKilled) {
+  const char* dir = std::getenv("GALLEY_CKPT_KILL_DIR");
+  if (!dir)
+    GTEST_SKIP() << "runs only as the child of Checkpoint.KilledDuringSaveKeepsTheLastGoodOne";
+  nn::Linear big(2048, 2048);  // 16 MB per save: the kill lands inside a write
+  galley::io::Checkpointer ck(dir, {.keep_last = 2});
+  for (int64_t step = 1;; ++step) ck.save({.model = &big, .step = step});
+}
+
+TEST(Checkpoint, KilledDuringSaveKeepsTheLastGoodOne) {
+  const std::string dir = temp_dir("kill");
+  pid_t pid;
+  run_child("CheckpointChild.SaveUntilKilled", {"GALLEY_CKPT_KILL_DIR=" + dir}, &pid, false);
+  // Wait until a few checkpoints exist, then kill the writer in the middle of the next one.
+  for (int i = 0; i < 400; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(25));
+    size_t done = 0;
+    for (auto& e : fs::directory_iterator(dir)) done += e.path().extension() == ".safetensors";
+    if (done >= 2) break;
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(37));
+  kill(pid, SIGKILL);
+  waitpid(pid, nullptr, 0);
+  galley::io::Checkpointer ck(dir, {.keep_last = 2});
+  auto files = ck.list();
+  ASSERT_FALSE(files.empty());
+  for (auto& e : fs::directory_iterator(dir))
+    EXPECT_EQ(e.path().string().find(".tmp."), std::string::npos) << "temporary left: " << e.path();
+  nn::Linear big(2048, 2048);
+  galley::io::TrainingState st{.model = &big};
+  ASSERT_TRUE(ck.resume(st));
+  EXPECT_GE(st.step, 1);
+}
+
+TEST(Checkpoint, KeepsTheNewestK) {
+  const std::string dir = temp_dir("keep");
+  nn::Linear fc(3, 2);
+  galley::io::Checkpointer ck(dir, {.keep_last = 3});
+  for (int64_t s = 1; s <= 6; ++s) ck.save({.model = &fc, .step = s * 10});
+  auto files = ck.list();
+  ASSERT_EQ(files.size(), 3u);
+  EXPECT_NE(files.back().find("000000000060"), std::string::npos);
+  EXPECT_NE(files.front().find("000000000040"), std::string::npos);
+}
+
+TEST(Checkpoint, AnUnreadableNewestFileFallsBackToThePreviousOne) {
+  const std::string dir = temp_dir("fallback");
+  nn::Linear fc(3, 2);
+  galley::io::Checkpointer ck(dir);
+  ck.save({.model = &fc, .step = 1});
+  ck.save({.model = &fc, .step = 2});
+  fs::resize_file(ck.list().back(), 20);  // damaged after the fact
+  galley::io::TrainingState st{.model = &fc};
+  ASSERT_TRUE(ck.resume(st));
+  EXPECT_EQ(st.step, 1);
+}
+
+TEST(Checkpoint, MismatchedModelIsAnErrorNamingTheEntryAndChangesNothing) {
+  const std::string dir = temp_dir("mismatch");
+  nn::Linear small(3, 2), other(4, 2);
+  const std::string path = dir + "/a.safetensors";
+  galley::io::save_checkpoint(path, {.model = &small});
+  auto before = other.weight().to_vector();
+  galley::io::TrainingState st{.model = &other};
+  std::string msg = testutil::error_of([&] { galley::io::load_checkpoint(path, st); });
+  testutil::expect_contains(msg, {"a.safetensors", "weight", "[2, 3]", "[2, 4]"});
+  EXPECT_EQ(other.weight().to_vector(), before);
+}
+
+TEST(Checkpoint, OptimizerStateOfTheWrongShapeIsAnError) {
+  nn::Linear a(3, 2), b(5, 2);
+  galley::optim::Adam oa(a.parameters()), ob(b.parameters());
+  galley::Tensor x = galley::randn({4, 3});
+  galley::sum(a(x)).backward();
+  oa.step();
+  std::string msg = testutil::error_of([&] { ob.load_state_dict(oa.state_dict()); });
+  testutil::expect_contains(msg, {"Adam", "state.0.exp_avg", "[2, 3]", "[2, 5]"});
+}
+
+TEST(SafeTensorsFile, OverlappingTensorsAreAnError) {
+  const std::string dir = temp_dir("overlap");
+  const std::string path = dir + "/o.safetensors";
+  std::string header =
+      R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"b":{"dtype":"F32","shape":[2],"data_offsets":[4,12]}})";
+  std::ofstream out(path, std::ios::binary);
+  uint64_t len = header.size();
+  out.write(reinterpret_cast<const char*>(&len), 8);
+  out << header << std::string(12, '\0');
+  out.close();
+  testutil::expect_contains(testutil::error_of([&] { galley::io::load_safetensors(path); }),
+                            {"o.safetensors", "overlap", "'a'", "'b'"});
+}
+
+TEST(SafeTensorsFile, HalfPrecisionRoundTripsAndLoadsIntoFloatLayers) {
+  const std::string dir = temp_dir("half");
+  nn::Linear fc(4, 3);
+  std::map<std::string, Tensor> half;
+  for (auto& [k, t] : fc.state_dict()) half[k] = t.to_dtype(galley::DType::BFloat16);
+  half["weight"] = fc.state_dict()["weight"].to_dtype(galley::DType::Float16);
+  galley::io::save_safetensors(dir + "/h.safetensors", half, {{"origin", "test"}});
+  auto back = galley::io::read_safetensors(dir + "/h.safetensors");
+  EXPECT_EQ(back.metadata["origin"], "test");
+  EXPECT_EQ(back.tensors["weight"].dtype(), galley::DType::Float16);
+  EXPECT_EQ(back.tensors["bias"].dtype(), galley::DType::BFloat16);
+  nn::Linear loaded(4, 3);
+  loaded.load_state_dict(back.tensors);
+  auto w = fc.weight().to_vector(), lw = loaded.weight().to_vector();
+  for (size_t i = 0; i < w.size(); ++i) EXPECT_NEAR(lw[i], w[i], std::abs(w[i]) * 1e-3 + 1e-7);
+}
+
+TEST(SafeTensorsFile, HalfConversionsAreExactWhereTheyShouldBe) {
+  auto h =
+      Tensor::from_vector({1.f, -2.5f, 65504.f, 6.1035156e-05f, 5.9604645e-08f, 0.f, 1e6f}, {7})
+          .to_dtype(galley::DType::Float16)
+          .to_dtype(galley::DType::Float32)
+          .to_vector();
+  EXPECT_EQ(h[0], 1.f);
+  EXPECT_EQ(h[1], -2.5f);
+  EXPECT_EQ(h[2], 65504.f);
+  EXPECT_EQ(h[3], 6.1035156e-05f);  // smallest normal
+  EXPECT_EQ(h[4], 5.9604645e-08f);  // smallest subnormal
+  EXPECT_EQ(h[5], 0.f);
+  EXPECT_TRUE(std::isinf(h[6]));
+  auto b = Tensor::from_vector({1.f, 3.140625f, -1e30f}, {3})
+               .to_dtype(galley::DType::BFloat16)
+               .to_dtype(galley::DType::Float32)
+               .to_vector();
+  EXPECT_EQ(b[0], 1.f);
+  EXPECT_EQ(b[1], 3.140625f);
+  EXPECT_NEAR(b[2], -1e30f, 1e28f);
+}
+
+namespace {
+class Tiny : public nn::Layer {
+ public:
+  Tiny() { register_layer("fc", fc_); }
+  Tensor forward(const Tensor& x) override { return fc_(x); }
+
+ private:
+  nn::Linear fc_{3, 2};
+};
+}  // namespace
+
+TEST(Checkpoint, DataParallelSavesOnceAndLoadsOntoEveryReplica) {
+  const std::string dir = temp_dir("dp");
+  std::vector<galley::Device> two{galley::Device::cpu(0), galley::Device::cpu(1)};
+  galley::DataParallel<Tiny> dp(two);
+  galley::optim::Adam opt(dp.parameters());
+  nn::CrossEntropyLoss loss_fn;
+  auto y = Tensor::from_vector(std::vector<int64_t>{0, 1, 1, 0}, {4});
+  loss_fn(dp(galley::randn({4, 3})), y).backward();
+  opt.step();
+  const std::string path = dir + "/dp.safetensors";
+  galley::io::save_checkpoint(path, {.parallel_model = &dp, .optimizer = &opt, .step = 1});
+  auto file = galley::io::load_safetensors(path);
+  EXPECT_TRUE(file.count("model.fc.weight"));
+  EXPECT_TRUE(file.count("optimizer.state.1.exp_avg"));
+  EXPECT_FALSE(file.count("optimizer.state.2.exp_avg"));  // replica 1's copy is not stored
+
+  std::vector<galley::Device> three{galley::Device::cpu(0), galley::Device::cpu(1),
+                                    galley::Device::cpu(2)};
+  galley::DataParallel<Tiny> dp3(three);
+  galley::optim::Adam opt3(dp3.parameters());
+  galley::io::TrainingState st{.parallel_model = &dp3, .optimizer = &opt3};
+  galley::io::load_checkpoint(path, st);
+  for (size_t r = 0; r < 3; ++r) {
+    EXPECT_EQ(dp3.module(r).parameters()[0].to_vector(), dp.module(0).parameters()[0].to_vector());
+    EXPECT_EQ(opt3.state(dp3.module(r).parameters()[0]).exp_avg.to_vector(),
+              opt.state(dp.module(0).parameters()[0]).exp_avg.to_vector());
+  }
+}
