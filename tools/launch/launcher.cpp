@@ -1,0 +1,870 @@
+#include "launcher.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <iostream>
+#include <map>
+#include <optional>
+#include <sstream>
+
+#include <nlohmann/json.hpp>
+
+#include "gpu_monitor.h"
+#include "process.h"
+#include "scheduler.h"
+
+namespace galley::launch {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using Json = nlohmann::ordered_json;
+
+// Signal handlers only write a byte here; the main loop polls the read end.
+int g_signal_pipe[2] = {-1, -1};
+volatile sig_atomic_t g_stop_signal = 0;
+
+void on_signal(int sig) {
+  const int saved = errno;
+  if (sig != SIGCHLD) g_stop_signal = sig;
+  const char byte = char(sig);
+  [[maybe_unused]] ssize_t n = write(g_signal_pipe[1], &byte, 1);
+  errno = saved;
+}
+
+double seconds(Clock::duration d) {
+  return std::chrono::duration<double>(d).count();
+}
+
+double rounded(double x) {
+  return std::round(x * 1000.0) / 1000.0;
+}
+
+Clock::duration from_seconds(double s) {
+  return std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(s));
+}
+
+// Local wall-clock time with milliseconds and UTC offset: 2024-05-01T10:00:00.123+0200.
+std::string timestamp() {
+  const auto now = std::chrono::system_clock::now();
+  const time_t t = std::chrono::system_clock::to_time_t(now);
+  const int ms = int(
+      std::chrono::duration_cast<std::chrono::milliseconds>(now.time_since_epoch()).count() % 1000);
+  struct tm tm {};
+  localtime_r(&t, &tm);
+  char date[32], zone[8];
+  strftime(date, sizeof date, "%Y-%m-%dT%H:%M:%S", &tm);
+  strftime(zone, sizeof zone, "%z", &tm);
+  char out[48];
+  snprintf(out, sizeof out, "%s.%03d%s", date, ms, zone);
+  return out;
+}
+
+std::string join(const std::vector<int>& ids, const char* sep = ",") {
+  std::string s;
+  for (std::size_t i = 0; i < ids.size(); ++i) s += (i ? sep : "") + std::to_string(ids[i]);
+  return s;
+}
+
+std::string format_number(double x) {
+  std::ostringstream out;
+  out << x;
+  return out.str();
+}
+
+std::string format_duration(double s) {
+  char buf[32];
+  if (s < 60) {
+    snprintf(buf, sizeof buf, "%.1fs", s);
+  } else if (s < 3600) {
+    snprintf(buf, sizeof buf, "%dm%02ds", int(s) / 60, int(s) % 60);
+  } else {
+    snprintf(buf, sizeof buf, "%dh%02dm", int(s) / 3600, (int(s) / 60) % 60);
+  }
+  return buf;
+}
+
+void make_parent_dirs(const std::string& path) {
+  const auto parent = std::filesystem::path(path).parent_path();
+  if (parent.empty()) return;
+  std::error_code ec;
+  std::filesystem::create_directories(parent, ec);
+  if (ec) throw LaunchError("cannot create directory '" + parent.string() + "': " + ec.message());
+}
+
+std::FILE* open_for_writing(const std::string& path, const std::string& what) {
+  make_parent_dirs(path);
+  std::FILE* f = std::fopen(path.c_str(), "we");
+  if (!f) throw LaunchError("cannot write " + what + " '" + path + "': " + strerror(errno));
+  return f;
+}
+
+enum class Phase { kQueued, kRunning, kStopping, kBackoff, kDone };
+
+const char* phase_name(Phase p) {
+  switch (p) {
+    case Phase::kQueued:
+      return "queued";
+    case Phase::kRunning:
+      return "running";
+    case Phase::kStopping:
+      return "stopping";
+    case Phase::kBackoff:
+      return "backoff";
+    case Phase::kDone:
+      return "done";
+  }
+  return "?";
+}
+
+struct JobState {
+  JobSpec spec;
+  std::size_t id = 0;  // scheduler id
+  std::string log_path;
+  std::FILE* log = nullptr;
+  Phase phase = Phase::kQueued;
+  pid_t pid = -1;
+  int out_fd = -1, err_fd = -1;
+  std::string out_buf, err_buf;
+  std::string last_line;
+  int attempts = 0, restarts = 0;
+  std::vector<int> gpus;
+  double share = 0;
+  Clock::time_point attempt_start, first_start, end, last_output, kill_at, restart_at;
+  bool started = false, hung = false, killed = false;
+  double run_s = 0;
+  std::string status = "queued";
+  std::optional<int> exit_code;
+  int term_signal = 0;
+  std::string message;
+};
+
+struct GpuStats {
+  double util_sum = 0, mem_sum = 0;
+  long mem_max = 0;
+  long samples = 0;
+};
+
+}  // namespace
+
+struct Launcher::Impl {
+  LauncherOptions options;
+  std::vector<JobState> jobs;
+  std::unique_ptr<Scheduler> scheduler;
+  GpuMonitor monitor;
+  bool fake_inventory = false;
+  std::vector<int> sample_ids;
+  std::string sampling_note;
+  std::map<int, GpuStats> gpu_stats;
+
+  std::FILE* event_log = nullptr;
+  Clock::time_point t0;
+  bool shutting_down = false;
+  int stop_signal = 0;
+  bool table = false;
+  int table_lines = 0;
+  std::vector<std::string> pending_lines;
+  Clock::time_point next_sample, next_draw;
+
+  ~Impl() {
+    if (event_log) std::fclose(event_log);
+    for (auto& job : jobs)
+      if (job.log) std::fclose(job.log);
+  }
+
+  // --- events --------------------------------------------------------------------------------
+
+  void say(const std::string& line) {
+    if (table) {
+      pending_lines.push_back(line);
+    } else {
+      std::cout << line << '\n' << std::flush;
+    }
+  }
+
+  void emit(const std::string& event, const JobState* job, Json extra, const std::string& human) {
+    const double elapsed = seconds(Clock::now() - t0);
+    Json record;
+    record["time"] = timestamp();
+    record["elapsed_s"] = rounded(elapsed);
+    record["event"] = event;
+    if (job) record["job"] = job->spec.name;
+    for (auto& [key, value] : extra.items()) record[key] = value;
+    if (event_log) {
+      std::fputs((record.dump() + "\n").c_str(), event_log);
+      std::fflush(event_log);
+    }
+    char prefix[32];
+    snprintf(prefix, sizeof prefix, "[%8.2fs] ", elapsed);
+    say(prefix + human);
+  }
+
+  void log_line(JobState& job, const char* tag, const std::string& line) {
+    if (!job.log) return;
+    std::fprintf(job.log, "%s [%s] %s\n", timestamp().c_str(), tag, line.c_str());
+  }
+
+  // --- setup ---------------------------------------------------------------------------------
+
+  void build_inventory(std::vector<GpuInfo>& gpus) {
+    if (options.gpus_available) {
+      fake_inventory = true;
+      for (int id : *options.gpus_available) gpus.push_back(GpuInfo{id, options.gpu_memory_mb});
+    } else if (const char* fake = std::getenv("GALLEY_LAUNCH_FAKE_GPUS"); fake && *fake) {
+      fake_inventory = true;
+      std::string text(fake);
+      if (text.find(',') == std::string::npos && text != "none") {
+        char* end = nullptr;
+        const long count = std::strtol(text.c_str(), &end, 10);
+        if (*end != '\0' || count < 0 || count > 4096)
+          throw LaunchError("GALLEY_LAUNCH_FAKE_GPUS: expected a GPU count such as 2, got \"" +
+                            text + "\"");
+        for (int i = 0; i < count; ++i) gpus.push_back(GpuInfo{i, options.gpu_memory_mb});
+      } else {
+        for (int id : parse_gpu_ids(text, "GALLEY_LAUNCH_FAKE_GPUS"))
+          gpus.push_back(GpuInfo{id, options.gpu_memory_mb});
+      }
+    } else {
+      gpus = monitor.devices();
+    }
+    if (!monitor.available()) {
+      sampling_note = "not sampled: " + monitor.unavailable_reason();
+      return;
+    }
+    const auto real = monitor.devices();
+    for (const auto& gpu : gpus)
+      for (const auto& r : real)
+        if (r.id == gpu.id) sample_ids.push_back(gpu.id);
+    if (sample_ids.empty())
+      sampling_note = "not sampled: NVML sees none of the scheduled GPUs";
+    else
+      sampling_note =
+          "sampled through NVML every " + format_number(options.sample_interval_s) + "s";
+  }
+
+  // --- starting ------------------------------------------------------------------------------
+
+  void start_attempt(JobState& job, const Assignment& assignment) {
+    const auto now = Clock::now();
+    job.attempts += 1;
+    job.gpus = assignment.gpu_ids;
+    job.share = assignment.share;
+    job.hung = job.killed = false;
+    job.out_buf.clear(), job.err_buf.clear();
+
+    std::vector<std::pair<std::string, std::string>> env(job.spec.env.begin(), job.spec.env.end());
+    // Placement wins over anything the job's own env says about devices.
+    env.emplace_back("CUDA_DEVICE_ORDER", "PCI_BUS_ID");
+    env.emplace_back("CUDA_VISIBLE_DEVICES", join(job.gpus));
+    if (job.spec.memory_fraction)
+      env.emplace_back("GALLEY_GPU_MEMORY_FRACTION", format_number(*job.spec.memory_fraction));
+    if (job.spec.memory_limit_mb)
+      env.emplace_back("GALLEY_GPU_MEMORY_LIMIT_MB", std::to_string(*job.spec.memory_limit_mb));
+    env.emplace_back("GALLEY_LAUNCH_JOB", job.spec.name);
+    env.emplace_back("GALLEY_LAUNCH_ATTEMPT", std::to_string(job.attempts));
+
+    if (job.attempts > 1) {
+      log_line(job, "launcher",
+               "restart " + std::to_string(job.restarts) + " (attempt " +
+                   std::to_string(job.attempts) + ")");
+    }
+    Child child;
+    try {
+      child = spawn_child(
+          SpawnRequest{job.spec.command, job.spec.working_dir, merged_environment(env)});
+    } catch (const LaunchError& e) {
+      scheduler->release(job.id);
+      job.message = e.what();
+      log_line(job, "launcher", job.message);
+      if (job.log) std::fflush(job.log);
+      job.phase = Phase::kDone;
+      job.status = "failed_to_start";
+      job.end = now;
+      if (!job.started) job.first_start = now;
+      job.started = true;
+      emit("failed_to_start", &job, Json{{"attempt", job.attempts}, {"message", job.message}},
+           job.spec.name + ": " + job.message);
+      finish(job);
+      return;
+    }
+    job.pid = child.pid;
+    job.out_fd = child.out_fd;
+    job.err_fd = child.err_fd;
+    job.phase = Phase::kRunning;
+    job.status = "running";
+    job.attempt_start = job.last_output = now;
+    if (!job.started) job.first_start = now;
+    job.started = true;
+    if (job.attempts > 1)
+      emit("restarted", &job,
+           Json{{"restart", job.restarts}, {"max_restarts", job.spec.max_restarts}},
+           job.spec.name + " restarted (" + std::to_string(job.restarts) + "/" +
+               std::to_string(job.spec.max_restarts) + ")");
+    Json extra{{"attempt", job.attempts}, {"pid", job.pid}, {"gpus", job.gpus}};
+    if (!job.gpus.empty()) extra["share"] = rounded(job.share);
+    if (job.spec.memory_fraction) extra["memory_fraction"] = *job.spec.memory_fraction;
+    if (job.spec.memory_limit_mb) extra["memory_limit_mb"] = *job.spec.memory_limit_mb;
+    emit("started", &job, extra,
+         "started " + job.spec.name + " (pid " + std::to_string(job.pid) + ", " +
+             (job.gpus.empty() ? std::string("no GPU") : "GPU " + join(job.gpus)) + ")");
+  }
+
+  void start_ready() {
+    for (const auto& assignment : scheduler->schedule()) {
+      for (auto& job : jobs)
+        if (job.id == assignment.job) start_attempt(job, assignment);
+    }
+  }
+
+  // --- output --------------------------------------------------------------------------------
+
+  void consume(JobState& job, std::string& buf, const char* tag, bool flush_partial) {
+    std::size_t begin = 0;
+    for (std::size_t nl; (nl = buf.find('\n', begin)) != std::string::npos; begin = nl + 1) {
+      std::string line = buf.substr(begin, nl - begin);
+      if (!line.empty() && line.back() == '\r') line.pop_back();
+      log_line(job, tag, line);
+      if (!line.empty()) job.last_line = line;
+    }
+    buf.erase(0, begin);
+    if (flush_partial && !buf.empty()) {
+      log_line(job, tag, buf);
+      job.last_line = buf;
+      buf.clear();
+    }
+  }
+
+  // Reads what is available; returns false at end of file.
+  bool read_stream(JobState& job, int& fd, bool is_err) {
+    char chunk[65536];
+    std::string& buf = is_err ? job.err_buf : job.out_buf;
+    bool open = true;
+    while (true) {
+      const ssize_t n = read(fd, chunk, sizeof chunk);
+      if (n > 0) {
+        buf.append(chunk, std::size_t(n));
+        job.last_output = Clock::now();
+        // A line longer than 1 MiB is written in pieces rather than held.
+        consume(job, buf, is_err ? "err" : "out", buf.size() > (1u << 20));
+        continue;
+      }
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) break;
+      open = false;  // EOF or error
+      break;
+    }
+    if (job.log) std::fflush(job.log);
+    if (!open) {
+      consume(job, buf, is_err ? "err" : "out", true);
+      close(fd);
+      fd = -1;
+    }
+    return open;
+  }
+
+  // --- ending --------------------------------------------------------------------------------
+
+  void finish(JobState& job) {
+    Json extra{{"status", job.status}, {"attempts", job.attempts}, {"restarts", job.restarts}};
+    if (job.exit_code) extra["exit_code"] = *job.exit_code;
+    if (job.term_signal) extra["signal"] = signal_name(job.term_signal);
+    emit("finished", &job, extra, job.spec.name + " " + job.status);
+  }
+
+  void on_exit(JobState& job, int wait_status) {
+    const auto now = Clock::now();
+    for (int* fd : {&job.out_fd, &job.err_fd})
+      if (*fd >= 0) {
+        // Whatever the job wrote before exiting is in the pipe; leftovers of its group that
+        // still hold the pipe open are killed just below.
+        read_stream(job, *fd, fd == &job.err_fd);
+        if (*fd >= 0) {
+          consume(job, fd == &job.err_fd ? job.err_buf : job.out_buf,
+                  fd == &job.err_fd ? "err" : "out", true);
+          close(*fd);
+          *fd = -1;
+        }
+      }
+    kill(-job.pid, SIGKILL);  // anything the job left behind in its process group
+    scheduler->release(job.id);
+    job.end = now;
+    job.run_s += seconds(now - job.attempt_start);
+    const pid_t pid = job.pid;
+    job.pid = -1;
+    job.exit_code.reset();
+    job.term_signal = 0;
+    if (WIFEXITED(wait_status)) {
+      job.exit_code = WEXITSTATUS(wait_status);
+      log_line(job, "launcher", "exited with code " + std::to_string(*job.exit_code));
+      emit("exited", &job,
+           Json{{"attempt", job.attempts},
+                {"pid", pid},
+                {"code", *job.exit_code},
+                {"run_s", rounded(seconds(now - job.attempt_start))}},
+           job.spec.name + " exited with code " + std::to_string(*job.exit_code));
+    } else {
+      job.term_signal = WTERMSIG(wait_status);
+      log_line(job, "launcher", "killed by " + signal_name(job.term_signal));
+      emit("signalled", &job,
+           Json{{"attempt", job.attempts},
+                {"pid", pid},
+                {"signal", signal_name(job.term_signal)},
+                {"signal_number", job.term_signal},
+                {"run_s", rounded(seconds(now - job.attempt_start))}},
+           job.spec.name + " killed by " + signal_name(job.term_signal));
+    }
+    if (job.log) std::fflush(job.log);
+    const bool ok = job.exit_code && *job.exit_code == 0 && !job.hung;
+    if (ok) {
+      job.phase = Phase::kDone;
+      job.status = "succeeded";
+    } else if (shutting_down) {
+      job.phase = Phase::kDone;
+      job.status = "stopped";
+    } else if (job.restarts < job.spec.max_restarts) {
+      job.restarts += 1;
+      const double delay = std::min(options.backoff_max_s,
+                                    options.backoff_initial_s * std::pow(2.0, job.restarts - 1));
+      job.phase = Phase::kBackoff;
+      job.status = "backoff";
+      job.restart_at = now + from_seconds(delay);
+      emit("backoff", &job, Json{{"restart", job.restarts}, {"delay_s", rounded(delay)}},
+           job.spec.name + " restarts in " + format_number(rounded(delay)) + "s (" +
+               std::to_string(job.restarts) + "/" + std::to_string(job.spec.max_restarts) + ")");
+      return;
+    } else {
+      job.phase = Phase::kDone;
+      job.status = job.hung ? "hung" : "failed";
+    }
+    finish(job);
+  }
+
+  void reap() {
+    while (true) {
+      int status = 0;
+      const pid_t pid = waitpid(-1, &status, WNOHANG);
+      if (pid <= 0) return;
+      // Other pids are descendants of jobs handed to us as subreaper: reaping them is all.
+      for (auto& job : jobs)
+        if (job.pid == pid && (job.phase == Phase::kRunning || job.phase == Phase::kStopping))
+          on_exit(job, status);
+    }
+  }
+
+  void stop(JobState& job, const std::string& why) {
+    kill(-job.pid, SIGTERM);
+    job.phase = Phase::kStopping;
+    job.status = "stopping";
+    job.kill_at = Clock::now() + from_seconds(options.grace_period_s);
+    log_line(job, "launcher", "sent SIGTERM (" + why + ")");
+  }
+
+  void begin_shutdown(int sig) {
+    if (shutting_down) {
+      emit("kill", nullptr, Json{{"signal", signal_name(sig)}},
+           "second " + signal_name(sig) + ": killing every job now");
+      for (auto& job : jobs)
+        if (job.phase == Phase::kRunning || job.phase == Phase::kStopping) {
+          kill(-job.pid, SIGKILL);
+          job.killed = true;
+        }
+      return;
+    }
+    shutting_down = true;
+    stop_signal = sig;
+    emit("stopping", nullptr,
+         Json{{"signal", signal_name(sig)}, {"grace_period_s", options.grace_period_s}},
+         "received " + signal_name(sig) + ": stopping every job (grace period " +
+             format_number(options.grace_period_s) + "s)");
+    for (auto& job : jobs) {
+      if (job.phase == Phase::kQueued || job.phase == Phase::kBackoff) {
+        scheduler->cancel(job.id);
+        job.phase = Phase::kDone;
+        job.status = "cancelled";
+        finish(job);
+      } else if (job.phase == Phase::kRunning) {
+        stop(job, "launcher stopping");
+      }
+    }
+  }
+
+  // --- timers --------------------------------------------------------------------------------
+
+  void check_timers() {
+    const auto now = Clock::now();
+    for (auto& job : jobs) {
+      if (job.phase == Phase::kRunning && job.spec.heartbeat_timeout_s > 0 &&
+          now - job.last_output >= from_seconds(job.spec.heartbeat_timeout_s)) {
+        job.hung = true;
+        const double silent = seconds(now - job.last_output);
+        emit("hung", &job,
+             Json{{"attempt", job.attempts}, {"pid", job.pid}, {"silent_s", rounded(silent)}},
+             job.spec.name + " hung: no output for " + format_number(rounded(silent)) + "s");
+        stop(job, "no output for " + format_number(rounded(silent)) + "s");
+      }
+      if (job.phase == Phase::kStopping && !job.killed && now >= job.kill_at) {
+        kill(-job.pid, SIGKILL);
+        job.killed = true;
+        emit("killed", &job, Json{{"pid", job.pid}},
+             job.spec.name + " did not stop within the grace period: SIGKILL");
+      }
+      if (job.phase == Phase::kBackoff && now >= job.restart_at) {
+        job.phase = Phase::kQueued;
+        job.status = "queued";
+        scheduler->requeue(job.id);
+      }
+    }
+    if (!sample_ids.empty() && now >= next_sample) {
+      next_sample = now + from_seconds(options.sample_interval_s);
+      bool any_running = false;
+      for (const auto& job : jobs) any_running |= job.phase == Phase::kRunning;
+      if (any_running)
+        for (const auto& s : monitor.sample(sample_ids)) {
+          auto& stats = gpu_stats[s.id];
+          stats.util_sum += s.utilization_percent;
+          stats.mem_sum += double(s.memory_used_mb);
+          stats.mem_max = std::max(stats.mem_max, s.memory_used_mb);
+          stats.samples += 1;
+        }
+    }
+  }
+
+  Clock::time_point next_deadline() const {
+    auto deadline = Clock::now() + std::chrono::seconds(1);
+    for (const auto& job : jobs) {
+      if (job.phase == Phase::kRunning && job.spec.heartbeat_timeout_s > 0)
+        deadline = std::min(deadline, job.last_output + from_seconds(job.spec.heartbeat_timeout_s));
+      if (job.phase == Phase::kStopping && !job.killed) deadline = std::min(deadline, job.kill_at);
+      if (job.phase == Phase::kBackoff) deadline = std::min(deadline, job.restart_at);
+    }
+    if (!sample_ids.empty()) deadline = std::min(deadline, next_sample);
+    if (table) deadline = std::min(deadline, next_draw);
+    return deadline;
+  }
+
+  // --- status table --------------------------------------------------------------------------
+
+  void draw_table(bool final_draw) {
+    std::ostringstream out;
+    if (table_lines > 0) out << "\x1b[" << table_lines << "A\x1b[J";
+    for (const auto& line : pending_lines) out << line << '\n';
+    pending_lines.clear();
+    int counts[5] = {0, 0, 0, 0, 0};
+    for (const auto& job : jobs) counts[int(job.phase)] += 1;
+    const auto now = Clock::now();
+    char line[512];
+    snprintf(line, sizeof line,
+             "galley-launch %s  running %d  queued %d  backoff %d  done %d/%zu%s\n",
+             format_duration(seconds(now - t0)).c_str(), counts[1] + counts[2], counts[0],
+             counts[3], counts[4], jobs.size(), shutting_down ? "  (stopping)" : "");
+    std::string text = line;
+    snprintf(line, sizeof line, "  %-20s %-16s %-8s %-8s %-9s %-8s %s\n", "JOB", "STATE", "GPUS",
+             "PID", "RESTARTS", "TIME", "LAST OUTPUT");
+    text += line;
+    for (const auto& job : jobs) {
+      const double t = job.phase == Phase::kRunning || job.phase == Phase::kStopping
+                           ? job.run_s + seconds(now - job.attempt_start)
+                           : job.run_s;
+      std::string last = job.last_line.substr(0, 40);
+      for (char& c : last)
+        if (static_cast<unsigned char>(c) < 32) c = ' ';
+      snprintf(
+          line, sizeof line, "  %-20.20s %-16.16s %-8.8s %-8s %-9s %-8s %s\n",
+          job.spec.name.c_str(),
+          (job.phase == Phase::kDone ? job.status : std::string(phase_name(job.phase))).c_str(),
+          job.gpus.empty() ? "-" : join(job.gpus).c_str(),
+          job.pid > 0 ? std::to_string(job.pid).c_str() : "-",
+          (std::to_string(job.restarts) + "/" + std::to_string(job.spec.max_restarts)).c_str(),
+          format_duration(t).c_str(), last.c_str());
+      text += line;
+    }
+    out << text;
+    table_lines = final_draw ? 0 : int(std::count(text.begin(), text.end(), '\n'));
+    std::cout << out.str() << std::flush;
+    next_draw = now + std::chrono::milliseconds(500);
+  }
+
+  // --- summary -------------------------------------------------------------------------------
+
+  Json summary() const {
+    Json root;
+    std::optional<Clock::time_point> first, last;
+    double sum = 0;
+    Json job_list = Json::array();
+    for (const auto& job : jobs) {
+      Json j;
+      j["name"] = job.spec.name;
+      j["status"] = job.status;
+      j["exit_code"] = job.exit_code ? Json(*job.exit_code) : Json(nullptr);
+      j["signal"] = job.term_signal ? Json(signal_name(job.term_signal)) : Json(nullptr);
+      j["attempts"] = job.attempts;
+      j["restarts"] = job.restarts;
+      j["wall_s"] = job.started ? rounded(seconds(job.end - job.first_start)) : 0.0;
+      j["run_s"] = rounded(job.run_s);
+      j["gpus"] = job.gpus;
+      if (job.spec.memory_fraction) j["memory_fraction"] = *job.spec.memory_fraction;
+      if (job.spec.memory_limit_mb) j["memory_limit_mb"] = *job.spec.memory_limit_mb;
+      j["priority"] = job.spec.priority;
+      j["log"] = job.log_path;
+      if (!job.message.empty()) j["message"] = job.message;
+      job_list.push_back(j);
+      if (job.started) {
+        if (!first || job.first_start < *first) first = job.first_start;
+        if (!last || job.end > *last) last = job.end;
+        sum += job.run_s;
+      }
+    }
+    const double makespan = first ? seconds(*last - *first) : 0.0;
+    root["makespan_s"] = rounded(makespan);
+    root["sum_of_job_times_s"] = rounded(sum);
+    root["packing_speedup"] = makespan > 0 ? rounded(sum / makespan) : 0.0;
+    root["stopped_by_signal"] = stop_signal ? Json(signal_name(stop_signal)) : Json(nullptr);
+    root["jobs"] = job_list;
+    Json gpus;
+    gpus["sampled"] = !gpu_stats.empty();
+    gpus["note"] = sampling_note;
+    gpus["fake_inventory"] = fake_inventory;
+    Json devices = Json::array();
+    for (const auto& gpu : scheduler->gpus()) {
+      Json d{{"id", gpu.id}};
+      auto it = gpu_stats.find(gpu.id);
+      if (it != gpu_stats.end() && it->second.samples > 0) {
+        const auto& s = it->second;
+        d["mean_utilization_percent"] = rounded(s.util_sum / double(s.samples));
+        d["mean_memory_used_mb"] = rounded(s.mem_sum / double(s.samples));
+        d["max_memory_used_mb"] = s.mem_max;
+        d["samples"] = s.samples;
+      } else {
+        d["mean_utilization_percent"] = nullptr;
+      }
+      devices.push_back(d);
+    }
+    gpus["devices"] = devices;
+    root["gpus"] = gpus;
+    return root;
+  }
+
+  void print_summary(const Json& s, const std::string& path) const {
+    std::ostringstream out;
+    char line[512];
+    out << "\nsummary\n";
+    snprintf(line, sizeof line, "  %-20s %-16s %-8s %-9s %-9s %-9s\n", "JOB", "STATUS", "EXIT",
+             "RESTARTS", "WALL", "RUN");
+    out << line;
+    for (const auto& j : s["jobs"]) {
+      std::string exit = j["exit_code"].is_null()
+                             ? (j["signal"].is_null() ? "-" : j["signal"].get<std::string>())
+                             : std::to_string(j["exit_code"].get<int>());
+      snprintf(line, sizeof line, "  %-20.20s %-16.16s %-8s %-9d %-9s %-9s\n",
+               j["name"].get<std::string>().c_str(), j["status"].get<std::string>().c_str(),
+               exit.c_str(), j["restarts"].get<int>(),
+               format_duration(j["wall_s"].get<double>()).c_str(),
+               format_duration(j["run_s"].get<double>()).c_str());
+      out << line;
+    }
+    const auto& gpus = s["gpus"];
+    if (gpus["sampled"].get<bool>()) {
+      for (const auto& d : gpus["devices"]) {
+        if (d["mean_utilization_percent"].is_null()) continue;
+        snprintf(line, sizeof line,
+                 "  GPU %d: mean utilisation %.1f%%, mean memory %.0f MiB, "
+                 "max %ld MiB (%ld samples)\n",
+                 d["id"].get<int>(), d["mean_utilization_percent"].get<double>(),
+                 d["mean_memory_used_mb"].get<double>(), d["max_memory_used_mb"].get<long>(),
+                 d["samples"].get<long>());
+        out << line;
+      }
+    } else {
+      out << "  GPU utilisation " << gpus["note"].get<std::string>() << "\n";
+    }
+    snprintf(line, sizeof line,
+             "  makespan %.2fs, sum of job times %.2fs (packing speedup %.2fx)\n",
+             s["makespan_s"].get<double>(), s["sum_of_job_times_s"].get<double>(),
+             s["packing_speedup"].get<double>());
+    out << line << "  summary written to " << path << "\n";
+    std::cout << out.str() << std::flush;
+  }
+
+  // --- main loop -----------------------------------------------------------------------------
+
+  void handle_signals() {
+    char bytes[64];
+    while (read(g_signal_pipe[0], bytes, sizeof bytes) > 0) {
+    }
+    const int sig = g_stop_signal;
+    if (sig) {
+      g_stop_signal = 0;
+      begin_shutdown(sig);
+    }
+  }
+
+  bool all_done() const {
+    return std::all_of(jobs.begin(), jobs.end(),
+                       [](const JobState& j) { return j.phase == Phase::kDone; });
+  }
+
+  void loop() {
+    std::vector<pollfd> fds;
+    std::vector<std::pair<JobState*, bool>> owners;  // job and is-stderr, per fd after the first
+    while (true) {
+      if (!shutting_down) start_ready();
+      reap();
+      if (all_done()) break;
+      if (table && Clock::now() >= next_draw) draw_table(false);
+      fds.assign(1, pollfd{g_signal_pipe[0], POLLIN, 0});
+      owners.clear();
+      for (auto& job : jobs) {
+        if (job.out_fd >= 0)
+          fds.push_back({job.out_fd, POLLIN, 0}), owners.emplace_back(&job, false);
+        if (job.err_fd >= 0)
+          fds.push_back({job.err_fd, POLLIN, 0}), owners.emplace_back(&job, true);
+      }
+      const auto wait = next_deadline() - Clock::now();
+      const int timeout_ms = int(std::clamp<long long>(
+          std::chrono::duration_cast<std::chrono::milliseconds>(wait).count() + 1, 0, 1000));
+      const int ready = poll(fds.data(), fds.size(), timeout_ms);
+      if (ready < 0 && errno != EINTR)
+        throw LaunchError(std::string("poll failed: ") + strerror(errno));
+      for (std::size_t i = 1; ready > 0 && i < fds.size(); ++i) {
+        if (!(fds[i].revents & (POLLIN | POLLHUP | POLLERR))) continue;
+        auto [job, is_err] = owners[i - 1];
+        int& fd = is_err ? job->err_fd : job->out_fd;
+        if (fd >= 0) read_stream(*job, fd, is_err);
+      }
+      if (ready > 0 && (fds[0].revents & POLLIN)) handle_signals();
+      if (g_stop_signal) handle_signals();
+      check_timers();
+    }
+  }
+
+  void install_signals() {
+    if (pipe2(g_signal_pipe, O_CLOEXEC | O_NONBLOCK) != 0)
+      throw LaunchError(std::string("cannot create the signal pipe: ") + strerror(errno));
+    struct sigaction action {};
+    action.sa_handler = on_signal;
+    sigemptyset(&action.sa_mask);
+    action.sa_flags = SA_RESTART;
+    sigaction(SIGINT, &action, nullptr);
+    sigaction(SIGTERM, &action, nullptr);
+    action.sa_flags = SA_RESTART | SA_NOCLDSTOP;
+    sigaction(SIGCHLD, &action, nullptr);
+    signal(SIGPIPE, SIG_IGN);
+    // Descendants that outlive their job's main process become ours to reap and to kill.
+    prctl(PR_SET_CHILD_SUBREAPER, 1);
+  }
+
+  void restore_signals() {
+    signal(SIGINT, SIG_DFL);
+    signal(SIGTERM, SIG_DFL);
+    signal(SIGCHLD, SIG_DFL);
+    for (int& fd : g_signal_pipe)
+      if (fd >= 0) close(fd), fd = -1;
+  }
+};
+
+Launcher::Launcher(std::vector<JobSpec> jobs, LauncherOptions options)
+    : impl_(std::make_unique<Impl>()) {
+  auto& m = *impl_;
+  m.options = std::move(options);
+  if (m.options.backoff_initial_s < 0 || m.options.backoff_max_s < 0 ||
+      m.options.grace_period_s < 0 || m.options.sample_interval_s <= 0)
+    throw LaunchError("back-off, grace period and sample interval must be positive");
+  if (jobs.empty()) throw LaunchError("no jobs to run");
+  std::vector<GpuInfo> gpus;
+  m.build_inventory(gpus);
+  m.scheduler = std::make_unique<Scheduler>(
+      gpus, SchedulerOptions{m.options.max_parallel, m.options.strict_order});
+  for (auto& spec : jobs) {
+    validate_job(spec);
+    for (const auto& other : m.jobs)
+      if (other.spec.name == spec.name)
+        throw LaunchError("two jobs are named '" + spec.name + "'; names must be unique");
+    JobState state;
+    try {
+      state.id = m.scheduler->submit(JobRequest{spec.gpu_count, spec.gpu_ids, spec.memory_fraction,
+                                                spec.memory_limit_mb, spec.priority});
+    } catch (const LaunchError& e) {
+      throw LaunchError((spec.origin.empty() ? "" : spec.origin + ": ") + "job '" + spec.name +
+                        "': " + e.what());
+    }
+    state.log_path =
+        spec.log_file.empty() ? m.options.log_dir + "/" + spec.name + ".log" : spec.log_file;
+    state.spec = std::move(spec);
+    m.jobs.push_back(std::move(state));
+  }
+}
+
+Launcher::~Launcher() = default;
+
+RunResult Launcher::run() {
+  auto& m = *impl_;
+  std::error_code ec;
+  std::filesystem::create_directories(m.options.log_dir, ec);
+  if (ec)
+    throw LaunchError("cannot create log directory '" + m.options.log_dir + "': " + ec.message());
+  m.event_log = open_for_writing(m.options.event_log_path(), "the event log");
+  for (auto& job : m.jobs)
+    job.log = open_for_writing(job.log_path, "the log of job '" + job.spec.name + "'");
+  m.table = m.options.status_table == StatusTable::kOn ||
+            (m.options.status_table == StatusTable::kAuto && isatty(STDOUT_FILENO));
+  m.install_signals();
+  m.t0 = Clock::now();
+  m.next_sample = m.next_draw = m.t0;
+  for (const auto& job : m.jobs) {
+    Json extra{{"priority", job.spec.priority}, {"command", job.spec.command}};
+    if (!job.spec.gpu_ids.empty())
+      extra["gpu_ids"] = job.spec.gpu_ids;
+    else
+      extra["gpus"] = job.spec.gpu_count;
+    if (job.spec.memory_fraction) extra["memory_fraction"] = *job.spec.memory_fraction;
+    if (job.spec.memory_limit_mb) extra["memory_limit_mb"] = *job.spec.memory_limit_mb;
+    extra["log"] = job.log_path;
+    m.emit("queued", &job, extra,
+           "queued " + job.spec.name + " (priority " + std::to_string(job.spec.priority) + ")");
+  }
+  try {
+    m.loop();
+  } catch (...) {
+    // Never leave jobs behind, whatever went wrong in the launcher itself.
+    for (auto& job : m.jobs)
+      if (job.pid > 0) kill(-job.pid, SIGKILL);
+    m.restore_signals();
+    throw;
+  }
+  if (m.table) m.draw_table(true);
+  m.table = false;  // from here on, plain lines
+  m.restore_signals();
+  const Json s = m.summary();
+  m.emit("summary", nullptr,
+         Json{{"makespan_s", s["makespan_s"]}, {"sum_of_job_times_s", s["sum_of_job_times_s"]}},
+         "all jobs ended");
+  const std::string path = m.options.summary_path();
+  std::FILE* f = open_for_writing(path, "the summary");
+  std::fputs((s.dump(2) + "\n").c_str(), f);
+  std::fclose(f);
+  m.print_summary(s, path);
+
+  RunResult result;
+  if (m.stop_signal) {
+    result.exit_code = 128 + m.stop_signal;
+  } else {
+    for (const auto& job : m.jobs)
+      if (job.status != "succeeded") result.exit_code = 1;
+  }
+  return result;
+}
+
+}  // namespace galley::launch

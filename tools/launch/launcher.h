@@ -1,0 +1,40 @@
+#pragma once
+/// \file
+/// The launcher: runs jobs as the scheduler places them, logs them, restarts them, stops them.
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "job.h"
+#include "options.h"
+
+namespace galley::launch {
+
+/// How a run ended.
+struct RunResult {
+  /// Suggested exit status of the launcher: 0 all jobs succeeded, 1 some failed,
+  /// 128 + signal when stopped by SIGINT/SIGTERM.
+  int exit_code = 0;
+};
+
+/// Runs a set of jobs to completion. One per process: it installs SIGINT, SIGTERM and SIGCHLD
+/// handlers and makes itself the subreaper of its jobs' descendants.
+class Launcher {
+ public:
+  /// Validates the jobs against the machine (or the declared GPU inventory); throws LaunchError
+  /// for a job that could never run, before anything starts.
+  Launcher(std::vector<JobSpec> jobs, LauncherOptions options);
+  ~Launcher();
+  Launcher(const Launcher&) = delete;
+  Launcher& operator=(const Launcher&) = delete;
+
+  /// Runs every job, prints the summary and writes it as JSON; returns when all have ended.
+  RunResult run();
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace galley::launch

@@ -1,0 +1,56 @@
+#pragma once
+/// \file
+/// Settings of the launcher itself (as opposed to those of one job).
+
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace galley::launch {
+
+/// When to draw the live status table.
+enum class StatusTable { kAuto, kOn, kOff };
+
+/// How the launcher runs: where it writes, how it restarts, how it stops.
+struct LauncherOptions {
+  /// Directory of the default job logs, the event log and the summary.
+  std::string log_dir = "galley-launch-logs";
+  /// JSON-lines event log; empty means `<log_dir>/events.jsonl`.
+  std::string event_log;
+  /// JSON summary written at the end; empty means `<log_dir>/summary.json`.
+  std::string summary_file;
+  /// GPUs to schedule on instead of those NVML reports: a dry-run and testing aid (the
+  /// launcher does not check that they exist). Also set by GALLEY_LAUNCH_FAKE_GPUS.
+  std::optional<std::vector<int>> gpus_available;
+  /// Memory of each declared GPU in MiB (0: unknown, memory limits then take a GPU alone).
+  long gpu_memory_mb = 0;
+  /// Delay before the first restart; doubled for each further one.
+  double backoff_initial_s = 1.0;
+  /// Longest delay between restarts.
+  double backoff_max_s = 60.0;
+  /// Time between SIGTERM and SIGKILL when stopping a job.
+  double grace_period_s = 10.0;
+  /// Most jobs at once (0: no limit).
+  int max_parallel = 0;
+  /// A job that does not fit blocks every job queued behind it (no backfill).
+  bool strict_order = false;
+  /// Live table on a terminal, plain event lines otherwise.
+  StatusTable status_table = StatusTable::kAuto;
+  /// Seconds between GPU utilisation samples.
+  double sample_interval_s = 1.0;
+
+  /// Event log path after defaults are applied.
+  std::string event_log_path() const {
+    return event_log.empty() ? log_dir + "/events.jsonl" : event_log;
+  }
+  /// Summary path after defaults are applied.
+  std::string summary_path() const {
+    return summary_file.empty() ? log_dir + "/summary.json" : summary_file;
+  }
+};
+
+/// Parses a GPU id list such as "0,1,3" ("none" or "" is the empty list); throws LaunchError
+/// naming `what` on anything else.
+std::vector<int> parse_gpu_ids(const std::string& text, const std::string& what);
+
+}  // namespace galley::launch

@@ -1,0 +1,401 @@
+// Runs the built galley-launch binary on small shell jobs and checks what it did through its
+// exit status, its JSON-lines event log, its summary and the jobs' log files.
+
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <regex>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+namespace {
+
+namespace fs = std::filesystem;
+using Json = nlohmann::json;
+using namespace std::chrono_literals;
+
+std::string read_text(const fs::path& path) {
+  std::ifstream in(path);
+  std::ostringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+void write_text(const fs::path& path, const std::string& text) {
+  std::ofstream(path) << text;
+}
+
+// One test's scratch directory; the launcher runs inside it.
+class LaunchTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
+    dir_ = fs::path(GALLEY_LAUNCH_TEST_DIR) / info->name();
+    fs::remove_all(dir_);
+    fs::create_directories(dir_);
+  }
+
+  // Starts galley-launch with `args` (and extra environment) in the test directory.
+  pid_t start(const std::vector<std::string>& args, const std::vector<std::string>& env = {}) {
+    const pid_t pid = fork();
+    if (pid == 0) {
+      if (chdir(dir_.c_str()) != 0) _exit(99);
+      int out = open("stdout.txt", O_WRONLY | O_CREAT | O_TRUNC, 0644);
+      int err = open("stderr.txt", O_WRONLY | O_CREAT | O_TRUNC, 0644);
+      dup2(out, 1);
+      dup2(err, 2);
+      for (const auto& e : env) putenv(const_cast<char*>(e.c_str()));
+      std::vector<char*> argv{const_cast<char*>(GALLEY_LAUNCH_BIN)};
+      for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+      argv.push_back(nullptr);
+      execv(GALLEY_LAUNCH_BIN, argv.data());
+      _exit(98);
+    }
+    return pid;
+  }
+
+  // Waits for the launcher; fails the test (and kills it) after `limit`.
+  int wait_for(pid_t pid, std::chrono::milliseconds limit = 20s) {
+    const auto end = std::chrono::steady_clock::now() + limit;
+    while (std::chrono::steady_clock::now() < end) {
+      int status = 0;
+      if (waitpid(pid, &status, WNOHANG) == pid)
+        return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+      std::this_thread::sleep_for(10ms);
+    }
+    kill(pid, SIGKILL);
+    waitpid(pid, nullptr, 0);
+    ADD_FAILURE() << "galley-launch did not finish in time";
+    return -1;
+  }
+
+  int run(const std::vector<std::string>& args, const std::vector<std::string>& env = {}) {
+    return wait_for(start(args, env));
+  }
+
+  std::vector<Json> events() const {
+    std::vector<Json> list;
+    std::istringstream in(read_text(dir_ / "galley-launch-logs/events.jsonl"));
+    for (std::string line; std::getline(in, line);)
+      if (!line.empty()) list.push_back(Json::parse(line));
+    return list;
+  }
+
+  std::vector<Json> events(const std::string& kind, const std::string& job = "") const {
+    std::vector<Json> list;
+    for (const auto& e : events())
+      if (e["event"] == kind && (job.empty() || e.value("job", "") == job)) list.push_back(e);
+    return list;
+  }
+
+  Json summary() const { return Json::parse(read_text(dir_ / "galley-launch-logs/summary.json")); }
+
+  Json summary_of(const std::string& job) const {
+    const Json all = summary();
+    for (const auto& j : all["jobs"])
+      if (j["name"] == job) return j;
+    ADD_FAILURE() << "no job " << job << " in the summary";
+    return Json();
+  }
+
+  std::string job_log(const std::string& job) const {
+    return read_text(dir_ / "galley-launch-logs" / (job + ".log"));
+  }
+
+  std::string stderr_text() const { return read_text(dir_ / "stderr.txt"); }
+
+  fs::path dir_;
+};
+
+TEST_F(LaunchTest, ExitCodesReachTheEventLogAndTheSummary) {
+  write_text(dir_ / "jobs.toml", R"(
+[[job]]
+name = "ok"
+command = "exit 0"
+
+[[job]]
+name = "bad"
+command = ["sh", "-c", "exit 3"]
+)");
+  EXPECT_EQ(run({"jobs.toml"}), 1);
+  auto exited = events("exited", "bad");
+  ASSERT_EQ(exited.size(), 1u);
+  EXPECT_EQ(exited[0]["code"], 3);
+  EXPECT_EQ(summary_of("bad")["status"], "failed");
+  EXPECT_EQ(summary_of("bad")["exit_code"], 3);
+  EXPECT_EQ(summary_of("ok")["status"], "succeeded");
+  EXPECT_EQ(events("queued").size(), 2u);
+}
+
+TEST_F(LaunchTest, AllJobsSucceedingExitsZero) {
+  EXPECT_EQ(run({"--", "sh", "-c", "exit 0"}), 0);
+  EXPECT_EQ(summary_of("sh")["status"], "succeeded");
+  const auto s = summary();
+  EXPECT_GE(s["makespan_s"].get<double>(), 0.0);
+  EXPECT_EQ(s["gpus"]["sampled"], false);
+  EXPECT_FALSE(s["gpus"]["note"].get<std::string>().empty());
+}
+
+TEST_F(LaunchTest, FailuresRestartWithDoublingBackoff) {
+  EXPECT_EQ(run({"--backoff-initial", "0.2", "--max-restarts", "2", "--", "sh", "-c", "exit 1"}),
+            1);
+  const auto started = events("started");
+  const auto exited = events("exited");
+  const auto backoff = events("backoff");
+  ASSERT_EQ(started.size(), 3u);
+  ASSERT_EQ(exited.size(), 3u);
+  ASSERT_EQ(backoff.size(), 2u);
+  EXPECT_EQ(events("restarted").size(), 2u);
+  EXPECT_DOUBLE_EQ(backoff[0]["delay_s"].get<double>(), 0.2);
+  EXPECT_DOUBLE_EQ(backoff[1]["delay_s"].get<double>(), 0.4);
+  const double gap1 = started[1]["elapsed_s"].get<double>() - exited[0]["elapsed_s"].get<double>();
+  const double gap2 = started[2]["elapsed_s"].get<double>() - exited[1]["elapsed_s"].get<double>();
+  EXPECT_GE(gap1, 0.19);
+  EXPECT_GE(gap2, 0.39);
+  EXPECT_EQ(summary_of("sh")["restarts"], 2);
+  EXPECT_EQ(summary_of("sh")["attempts"], 3);
+}
+
+TEST_F(LaunchTest, ARestartThatSucceedsEndsTheJobWell) {
+  EXPECT_EQ(run({"--backoff-initial", "0.05", "--max-restarts", "3", "--name", "flaky", "--", "sh",
+                 "-c", "test \"$GALLEY_LAUNCH_ATTEMPT\" = 2"}),
+            0);
+  EXPECT_EQ(summary_of("flaky")["status"], "succeeded");
+  EXPECT_EQ(summary_of("flaky")["restarts"], 1);
+}
+
+TEST_F(LaunchTest, PrioritiesDecideTheStartOrder) {
+  write_text(dir_ / "jobs.toml", R"(
+[launcher]
+gpus_available = [0]
+
+[[job]]
+name = "low"
+command = "sleep 0.05"
+gpus = 1
+priority = 1
+
+[[job]]
+name = "high"
+command = "sleep 0.05"
+gpus = 1
+priority = 5
+
+[[job]]
+name = "mid1"
+command = "sleep 0.05"
+gpus = 1
+priority = 3
+
+[[job]]
+name = "mid2"
+command = "sleep 0.05"
+gpus = 1
+priority = 3
+)");
+  EXPECT_EQ(run({"jobs.toml"}), 0);
+  std::vector<std::string> order;
+  for (const auto& e : events("started")) order.push_back(e["job"]);
+  EXPECT_EQ(order, (std::vector<std::string>{"high", "mid1", "mid2", "low"}));
+}
+
+TEST_F(LaunchTest, TwoJobsAtPointFourShareAGpuAndPointSevenWaits) {
+  write_text(dir_ / "jobs.toml", R"(
+[[job]]
+name = "a"
+command = "echo gpu=$CUDA_VISIBLE_DEVICES; sleep 0.4"
+gpus = 1
+memory_fraction = 0.4
+
+[[job]]
+name = "b"
+command = "sleep 0.4"
+gpus = 1
+memory_fraction = 0.4
+
+[[job]]
+name = "c"
+command = "sleep 0.1"
+gpus = 1
+memory_fraction = 0.7
+)");
+  // The fake inventory through the environment: one GPU, id 0.
+  EXPECT_EQ(run({"jobs.toml"}, {"GALLEY_LAUNCH_FAKE_GPUS=1"}), 0);
+  auto at = [&](const std::string& kind, const std::string& job) {
+    auto list = events(kind, job);
+    EXPECT_EQ(list.size(), 1u) << kind << " " << job;
+    return list.empty() ? -1.0 : list[0]["elapsed_s"].get<double>();
+  };
+  EXPECT_LT(at("started", "b"), at("exited", "a"));  // a and b ran together
+  EXPECT_GE(at("started", "c"), at("exited", "a"));  // 0.7 + 0.4 > 1: c waited
+  EXPECT_GE(at("started", "c"), at("exited", "b"));
+  EXPECT_EQ(events("started", "a")[0]["gpus"], Json::array({0}));
+  EXPECT_NE(job_log("a").find("gpu=0"), std::string::npos);
+  EXPECT_GT(summary()["packing_speedup"].get<double>(), 1.0);
+}
+
+TEST_F(LaunchTest, JobLogsHaveTimestampedLinesFromBothStreams) {
+  EXPECT_EQ(run({"--name", "talk", "--", "sh", "-c", "echo hello; echo oops >&2; printf tail"}), 0);
+  const std::string log = job_log("talk");
+  const std::string ts = R"(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}[+-]\d{4})";
+  EXPECT_TRUE(std::regex_search(log, std::regex("(^|\n)" + ts + R"( \[out\] hello\n)"))) << log;
+  EXPECT_TRUE(std::regex_search(log, std::regex("(^|\n)" + ts + R"( \[err\] oops\n)"))) << log;
+  EXPECT_TRUE(std::regex_search(log, std::regex("(^|\n)" + ts + R"( \[out\] tail\n)"))) << log;
+}
+
+TEST_F(LaunchTest, LogFileAndWorkingDirectoryCanBeChosen) {
+  fs::create_directories(dir_ / "work");
+  EXPECT_EQ(run({"--log", "mine/custom.log", "--workdir", "work", "--", "sh", "-c", "pwd"}), 0);
+  const std::string log = read_text(dir_ / "mine/custom.log");
+  EXPECT_NE(log.find("/work\n"), std::string::npos) << log;
+}
+
+TEST_F(LaunchTest, SilentJobIsHungKilledAndRestarted) {
+  const auto t0 = std::chrono::steady_clock::now();
+  EXPECT_EQ(
+      run({"--heartbeat-timeout", "0.4", "--max-restarts", "1", "--backoff-initial", "0.05",
+           "--grace-period", "0.5", "--name", "quiet", "--", "sh", "-c", "echo start; sleep 30"}),
+      1);
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 10s);
+  EXPECT_EQ(events("hung", "quiet").size(), 2u);
+  EXPECT_EQ(events("started", "quiet").size(), 2u);
+  const auto signalled = events("signalled", "quiet");
+  ASSERT_EQ(signalled.size(), 2u);
+  EXPECT_EQ(signalled[0]["signal"], "SIGTERM");
+  EXPECT_EQ(summary_of("quiet")["status"], "hung");
+}
+
+// Reads a pid the job wrote, waiting for it to appear.
+pid_t wait_for_pid(const fs::path& path) {
+  for (int i = 0; i < 500; ++i) {
+    std::ifstream in(path);
+    pid_t pid = 0;
+    if (in >> pid && pid > 0) return pid;
+    std::this_thread::sleep_for(10ms);
+  }
+  ADD_FAILURE() << "no pid in " << path;
+  return -1;
+}
+
+bool alive(pid_t pid) {
+  if (kill(pid, 0) != 0) return false;
+  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+  std::string text;
+  std::getline(stat, text);
+  const auto paren = text.rfind(')');
+  return paren == std::string::npos || text.substr(paren + 2, 1) != "Z";
+}
+
+// Any live process whose command line holds `marker`.
+std::vector<pid_t> processes_with(const std::string& marker) {
+  std::vector<pid_t> found;
+  for (const auto& entry : fs::directory_iterator("/proc")) {
+    const std::string name = entry.path().filename();
+    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
+    std::string cmdline = read_text(entry.path() / "cmdline");
+    for (char& c : cmdline)
+      if (c == '\0') c = ' ';
+    if (cmdline.find(marker) != std::string::npos && alive(std::stoi(name)))
+      found.push_back(std::stoi(name));
+  }
+  return found;
+}
+
+TEST_F(LaunchTest, SigtermStopsEveryJobAndLeavesNoOrphans) {
+  // `polite` dies on SIGTERM; `stubborn` (and its children) ignore it and need SIGKILL; `later`
+  // waits for the GPU and is cancelled.
+  write_text(dir_ / "jobs.toml", R"(
+[launcher]
+gpus_available = [0]
+grace_period = 0.5
+
+[[job]]
+name = "polite"
+command = "echo $$ > polite.pid; sleep 47.1234 & echo $! > polite.child; wait"
+
+[[job]]
+name = "stubborn"
+command = "trap '' TERM; echo $$ > stubborn.pid; sleep 47.1234 & echo $! > stubborn.child; wait; wait"
+
+[[job]]
+name = "holder"
+command = "sleep 47.1234"
+gpus = 1
+
+[[job]]
+name = "later"
+command = "true"
+gpus = 1
+)");
+  const pid_t launcher = start({"jobs.toml"});
+  std::vector<pid_t> pids;
+  for (const char* file : {"polite.pid", "polite.child", "stubborn.pid", "stubborn.child"})
+    pids.push_back(wait_for_pid(dir_ / file));
+  kill(launcher, SIGTERM);
+  EXPECT_EQ(wait_for(launcher), 128 + SIGTERM);
+  for (pid_t pid : pids) EXPECT_FALSE(alive(pid)) << "pid " << pid << " survived";
+  EXPECT_TRUE(processes_with("47.1234").empty());
+  EXPECT_EQ(events("stopping").size(), 1u);
+  EXPECT_EQ(events("killed", "stubborn").size(), 1u);
+  EXPECT_EQ(summary_of("later")["status"], "cancelled");
+  EXPECT_EQ(summary_of("polite")["status"], "stopped");
+  EXPECT_EQ(summary_of("stubborn")["signal"], "SIGKILL");
+}
+
+TEST_F(LaunchTest, PlacementAndMemoryCapsReachTheChildEnvironment) {
+  write_text(dir_ / "jobs.toml", R"(
+[[job]]
+name = "limit"
+command = "echo \"[$CUDA_VISIBLE_DEVICES|$GALLEY_GPU_MEMORY_LIMIT_MB|$SEED]\""
+gpus = [1]
+memory_limit_mb = 1000
+env = { SEED = 7 }
+
+[[job]]
+name = "cpu"
+command = "echo \"[${CUDA_VISIBLE_DEVICES-unset}]\""
+)");
+  EXPECT_EQ(run({"--gpus-available", "0,1", "jobs.toml", "--gpus", "2", "--memory-fraction", "0.25",
+                 "--env", "FOO=bar", "--name", "frac", "--", "sh", "-c",
+                 "echo \"[$CUDA_VISIBLE_DEVICES|$GALLEY_GPU_MEMORY_FRACTION|$FOO|"
+                 "$GALLEY_LAUNCH_JOB|$CUDA_DEVICE_ORDER]\""}),
+            0);
+  EXPECT_NE(job_log("frac").find("[0,1|0.25|bar|frac|PCI_BUS_ID]"), std::string::npos)
+      << job_log("frac");
+  EXPECT_NE(job_log("limit").find("[1|1000|7]"), std::string::npos) << job_log("limit");
+  EXPECT_NE(job_log("cpu").find("[]"), std::string::npos) << job_log("cpu");  // no GPU visible
+}
+
+TEST_F(LaunchTest, BadJobFileExitsTwoNamingLineAndKey) {
+  write_text(dir_ / "jobs.toml", "[[job]]\nname = \"a\"\ncommand = \"true\"\ngpus = \"two\"\n");
+  EXPECT_EQ(run({"jobs.toml"}), 2);
+  EXPECT_NE(stderr_text().find("jobs.toml:4:"), std::string::npos) << stderr_text();
+  EXPECT_NE(stderr_text().find("key 'gpus'"), std::string::npos) << stderr_text();
+  EXPECT_FALSE(fs::exists(dir_ / "galley-launch-logs/events.jsonl"));
+}
+
+TEST_F(LaunchTest, JobLargerThanTheMachineIsRefusedBeforeAnythingRuns) {
+  EXPECT_EQ(run({"--gpus-available", "0", "--gpus", "2", "--", "true"}), 2);
+  EXPECT_NE(stderr_text().find("wants 2 GPU(s) but this machine has 1"), std::string::npos)
+      << stderr_text();
+}
+
+TEST_F(LaunchTest, MissingProgramFailsToStartWithTheReason) {
+  EXPECT_EQ(run({"--max-restarts", "3", "--", "no-such-program-galley"}), 1);
+  const auto failed = events("failed_to_start");
+  ASSERT_EQ(failed.size(), 1u);
+  EXPECT_NE(failed[0]["message"].get<std::string>().find("No such file"), std::string::npos);
+}
+
+}  // namespace
