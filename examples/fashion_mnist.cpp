@@ -2,17 +2,21 @@
 //
 // Usage: fashion_mnist [--epochs N] [--batch-size N] [--lr X] [--data DIR] [--threads N]
 //                      [--limit N] [--target ACC] [--seed N] [--workers N]
+//                      [--checkpoint-dir DIR] [--resume] [--stop-after N]
 // --limit trains on the first N training images (quick runs); --target makes the program exit
 // with status 2 when the final test accuracy is below ACC (e.g. 0.91); --workers sets the data
 // loader's threads (default 2; 0 loads in the training thread). Each epoch line ends with the
 // time the training loop waited for data and its share of the epoch (starvation).
-#include <galley/data/dataloader.h>
+// --checkpoint-dir saves a checkpoint (model, optimizer, schedule, generator) after every epoch;
+// --resume continues from the newest one there, exactly as if the run had not stopped;
+// --stop-after N ends the run after epoch N (as a killed run would), for trying that out.
 #include <galley/galley.h>
 
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <string>
 
 namespace nn = galley::nn;
@@ -54,6 +58,9 @@ struct Args {
   double target = 0;
   uint64_t seed = 0;
   int workers = 2;
+  std::string checkpoint_dir;
+  bool resume = false;
+  int stop_after = 0;
 };
 
 Args parse(int argc, char** argv) {
@@ -85,6 +92,12 @@ Args parse(int argc, char** argv) {
       a.seed = std::strtoull(next(), nullptr, 10);
     else if (k == "--workers")
       a.workers = std::atoi(next());
+    else if (k == "--checkpoint-dir")
+      a.checkpoint_dir = next();
+    else if (k == "--resume")
+      a.resume = true;
+    else if (k == "--stop-after")
+      a.stop_after = std::atoi(next());
     else {
       std::fprintf(stderr, "unknown option %s (see the comment at the top of fashion_mnist.cpp)\n",
                    k.c_str());
@@ -144,9 +157,25 @@ int main(int argc, char** argv) {
                                             .seed = args.seed,
                                             .num_workers = args.workers});
     galley::data::DataLoader test_loader(test, {.batch_size = 1000, .num_workers = args.workers});
-    double accuracy = 0;
+    double accuracy = 0, last_loss = 0;
+    int first_epoch = 1;
+    std::unique_ptr<galley::io::Checkpointer> checkpoints;
+    galley::io::TrainingState state{
+        .model = &model, .optimizer = &optimizer, .scheduler = &schedule};
+    if (!args.checkpoint_dir.empty()) {
+      checkpoints = std::make_unique<galley::io::Checkpointer>(args.checkpoint_dir);
+      if (args.resume && checkpoints->resume(state)) {
+        first_epoch = static_cast<int>(state.epoch) + 1;
+        loader.set_epoch(state.epoch);  // the next epoch's order, as in an uninterrupted run
+        std::printf("resumed after epoch %lld from %s\n", static_cast<long long>(state.epoch),
+                    checkpoints->list().back().c_str());
+      }
+    } else if (args.resume) {
+      std::fprintf(stderr, "--resume needs --checkpoint-dir\n");
+      return 64;
+    }
     const auto start = std::chrono::steady_clock::now();
-    for (int epoch = 1; epoch <= args.epochs; ++epoch) {
+    for (int epoch = first_epoch; epoch <= args.epochs; ++epoch) {
       const auto t0 = std::chrono::steady_clock::now();
       double loss_sum = 0;
       int64_t seen = 0, batches = 0;
@@ -165,6 +194,12 @@ int main(int argc, char** argv) {
         }
       }
       schedule.step();
+      last_loss = loss_sum / batches;
+      if (checkpoints) {
+        state.epoch = epoch;
+        state.step += batches;
+        checkpoints->save(state);
+      }
       const galley::data::LoaderStats data = loader.stats();
       accuracy = evaluate(model, test_loader);
       std::printf(
@@ -172,9 +207,13 @@ int main(int argc, char** argv) {
           "data wait %.3f s (%.2f%% starved)\n",
           epoch, args.epochs, loss_sum / batches, seen / seconds_since(t0), seconds_since(t0),
           100 * accuracy, data.wait_seconds, 100 * data.starvation());
+      if (args.stop_after > 0 && epoch == args.stop_after) {
+        std::printf("stopping after epoch %d as asked\n", epoch);
+        return 0;
+      }
     }
-    std::printf("final test accuracy %.2f%% after %d epochs in %.1f s\n", 100 * accuracy,
-                args.epochs, seconds_since(start));
+    std::printf("final test accuracy %.2f%% after %d epochs in %.1f s (last epoch loss %.6f)\n",
+                100 * accuracy, args.epochs, seconds_since(start), last_loss);
     if (args.target > 0 && accuracy < args.target) {
       std::fprintf(stderr, "test accuracy %.2f%% is below the target %.2f%%\n", 100 * accuracy,
                    100 * args.target);
