@@ -398,4 +398,36 @@ TEST_F(LaunchTest, MissingProgramFailsToStartWithTheReason) {
   EXPECT_NE(failed[0]["message"].get<std::string>().find("No such file"), std::string::npos);
 }
 
+TEST_F(LaunchTest, KilledLauncherTakesItsJobsWithIt) {
+  const pid_t launcher = start({"--", "sleep", "47.5678"});
+  for (int i = 0; i < 500 && events("started").empty(); ++i) std::this_thread::sleep_for(10ms);
+  ASSERT_EQ(events("started").size(), 1u);
+  kill(launcher, SIGKILL);
+  wait_for(launcher);
+  // PR_SET_PDEATHSIG: the kernel kills the job when the launcher dies.
+  for (int i = 0; i < 200 && !processes_with("47.5678").empty(); ++i)
+    std::this_thread::sleep_for(10ms);
+  EXPECT_TRUE(processes_with("47.5678").empty());
+}
+
+TEST_F(LaunchTest, UtilisationIsSampledThroughNvmlWhenPresent) {
+  // A fake libnvidia-ml.so.1 with two 80 GiB GPUs at 50% and 60%.
+  const std::string path = std::string("LD_LIBRARY_PATH=") + GALLEY_LAUNCH_FAKE_NVML_DIR;
+  EXPECT_EQ(run({"--sample-interval", "0.05", "--gpus", "1", "--memory-limit-mb", "40960", "--name",
+                 "big", "--", "sh", "-c", "echo $CUDA_VISIBLE_DEVICES; sleep 0.5"},
+                {path}),
+            0);
+  const Json gpus = summary()["gpus"];
+  ASSERT_TRUE(gpus["sampled"].get<bool>()) << gpus.dump();
+  EXPECT_FALSE(gpus["fake_inventory"].get<bool>());
+  ASSERT_EQ(gpus["devices"].size(), 2u);
+  EXPECT_DOUBLE_EQ(gpus["devices"][0]["mean_utilization_percent"].get<double>(), 50.0);
+  EXPECT_DOUBLE_EQ(gpus["devices"][1]["mean_utilization_percent"].get<double>(), 60.0);
+  EXPECT_EQ(gpus["devices"][1]["max_memory_used_mb"], 2048);
+  EXPECT_GE(gpus["devices"][0]["samples"].get<int>(), 3);
+  // The inventory came from NVML with its memory: 40 GiB of 80 is a share of 0.5.
+  EXPECT_DOUBLE_EQ(events("started", "big")[0]["share"].get<double>(), 0.5);
+  EXPECT_NE(read_text(dir_ / "stdout.txt").find("mean utilisation 50.0%"), std::string::npos);
+}
+
 }  // namespace

@@ -1,5 +1,6 @@
 #include <gtest/gtest.h>
 
+#include "gpu_monitor.h"
 #include "job.h"
 #include "options.h"
 #include "scheduler.h"
@@ -227,6 +228,17 @@ TEST(ParseGpuIds, ListsAndNone) {
   EXPECT_TRUE(parse_gpu_ids("none", "x").empty());
   EXPECT_THROW(parse_gpu_ids("0,,1", "x"), LaunchError);
   EXPECT_THROW(parse_gpu_ids("a", "x"), LaunchError);
+}
+
+TEST(GpuMonitor, NeverThrowsAndExplainsItsAbsence) {
+  GpuMonitor monitor;
+  if (monitor.available()) {
+    EXPECT_TRUE(monitor.unavailable_reason().empty());
+  } else {
+    EXPECT_TRUE(monitor.devices().empty());
+    EXPECT_TRUE(monitor.sample({0, 1}).empty());
+    EXPECT_NE(monitor.unavailable_reason().find("libnvidia-ml.so.1"), std::string::npos);
+  }
 }
 
 }  // namespace
