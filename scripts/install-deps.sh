@@ -7,7 +7,7 @@ if [ "$(id -u)" -ne 0 ]; then
 fi
 export DEBIAN_FRONTEND=noninteractive
 packages=(cmake make g++ ccache libeigen3-dev libgtest-dev libbenchmark-dev zlib1g-dev
-          nlohmann-json3-dev libopenmpi-dev openmpi-bin libtomlplusplus-dev python3-torch dataset-fashion-mnist)
+          nlohmann-json3-dev libopenmpi-dev openmpi-bin libtomlplusplus-dev clang libclang-rt-dev libomp-dev python3-torch dataset-fashion-mnist)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # The whole test suite: install dependencies, build everything, run every ctest test
 # (unit, gradient checks, PyTorch parity, install/find_package, the Fashion-MNIST accuracy run),
-# then the DataLoader tests under ThreadSanitizer (their own build in build-tsan).
+# then the DataLoader tests under ThreadSanitizer (their own build in build-tsan) and a short
+# libFuzzer run of the safetensors reader (clang, build-fuzz).
 # Pass ctest arguments to narrow it, e.g. scripts/test.sh -L unit  or  -LE slow; a narrowed run
-# skips the ThreadSanitizer stage unless GALLEY_TSAN=1.
+# skips the ThreadSanitizer and fuzzing stages unless GALLEY_TSAN=1 / GALLEY_FUZZ=1.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/install-deps.sh
@@ -17,4 +18,16 @@ if [ $# -eq 0 ] || [ "${GALLEY_TSAN:-0}" = 1 ]; then
     -DGALLEY_BUILD_EXAMPLES=OFF -DGALLEY_BUILD_BENCHMARKS=OFF "${launcher[@]}"
   cmake --build build-tsan -j "$(nproc)" --target test_dataloader_tsan
   (cd build-tsan && ctest -L tsan --output-on-failure)
+fi
+
+if [ $# -eq 0 ] || [ "${GALLEY_FUZZ:-0}" = 1 ]; then
+  launcher=()
+  command -v ccache >/dev/null && launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
+  cmake -S tests/fuzz -B build-fuzz -DCMAKE_CXX_COMPILER=clang++ "${launcher[@]}"
+  cmake --build build-fuzz -j "$(nproc)"
+  # A fresh copy of the seed corpus, so the run never writes into the source tree.
+  rm -rf build-fuzz/corpus && cp -r tests/fuzz/corpus build-fuzz/corpus
+  build-fuzz/fuzz_safetensors -max_total_time="${GALLEY_FUZZ_SECONDS:-30}" -print_final_stats=1 \
+    build-fuzz/corpus
+  echo "fuzz_safetensors: no crash in ${GALLEY_FUZZ_SECONDS:-30} s"
 fi

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -47,7 +48,8 @@ void im2col(const Conv2dGeometry& g, const float* x, int64_t cg, float* col) {
       for (int64_t kj = 0; kj < g.kw; ++kj) {
         float* row = col + ((c * g.kh + ki) * g.kw + kj) * P;
         const int64_t dj = kj * g.dilation - g.pad;
-        const auto [ow_lo, ow_hi] = inside_columns(g, dj);
+        int64_t ow_lo, ow_hi;
+        std::tie(ow_lo, ow_hi) = inside_columns(g, dj);
         for (int64_t oh = 0; oh < g.oh; ++oh) {
           float* r = row + oh * g.ow;
           const int64_t ih = oh * g.stride - g.pad + ki * g.dilation;
@@ -78,7 +80,8 @@ void col2im(const Conv2dGeometry& g, const float* col, int64_t cg, float* gx) {
       for (int64_t kj = 0; kj < g.kw; ++kj) {
         const float* row = col + ((c * g.kh + ki) * g.kw + kj) * P;
         const int64_t dj = kj * g.dilation - g.pad;
-        const auto [ow_lo, ow_hi] = inside_columns(g, dj);
+        int64_t ow_lo, ow_hi;
+        std::tie(ow_lo, ow_hi) = inside_columns(g, dj);
         for (int64_t oh = 0; oh < g.oh; ++oh) {
           const int64_t ih = oh * g.stride - g.pad + ki * g.dilation;
           if (ih < 0 || ih >= g.h) continue;
