@@ -444,3 +444,28 @@ TEST(DataLoader, OptionsAreValidated) {
 }
 
 }  // namespace
+
+TEST(DataLoaderPosition, ResumingMidEpochYieldsTheRestOfThatEpochsOrder) {
+  std::vector<float> v(50);
+  for (int i = 0; i < 50; ++i) v[i] = float(i);
+  galley::data::TensorDataset ds(galley::Tensor::from_vector(v, {50, 1}),
+                                 galley::Tensor::from_vector(std::vector<int64_t>(50, 0), {50}));
+  for (int workers : {0, 2}) {
+    galley::data::DataLoader full(
+        ds, {.batch_size = 8, .shuffle = true, .seed = 3, .num_workers = workers});
+    full.set_epoch(4);
+    std::vector<std::vector<float>> expected;
+    for (auto& [data, label] : full) expected.push_back(data.to_vector());
+    galley::data::DataLoader resumed(
+        ds, {.batch_size = 8, .shuffle = true, .seed = 3, .num_workers = workers});
+    resumed.set_position(4, 3);
+    std::vector<std::vector<float>> rest;
+    for (auto& [data, label] : resumed) rest.push_back(data.to_vector());
+    ASSERT_EQ(rest.size(), expected.size() - 3) << workers << " workers";
+    for (size_t i = 0; i < rest.size(); ++i) EXPECT_EQ(rest[i], expected[i + 3]);
+    // The epoch after it starts at its first batch again.
+    size_t n = 0;
+    for (auto& b : resumed) n += (void(b), 1);
+    EXPECT_EQ(n, expected.size());
+  }
+}

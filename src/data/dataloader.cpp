@@ -130,6 +130,14 @@ void DataLoader::allocate(Slot& slot) {
 
 void DataLoader::set_epoch(uint64_t epoch) {
   next_epoch_ = epoch;
+  next_start_ = 0;
+}
+
+void DataLoader::set_position(uint64_t epoch, size_t batch) {
+  GALLEY_CHECK(batch <= num_batches_, "DataLoader: set_position: batch ", batch,
+               " is past the end of an epoch of ", num_batches_, " batches");
+  next_epoch_ = epoch;
+  next_start_ = batch;
 }
 
 LoaderStats DataLoader::stats() const {
@@ -161,6 +169,7 @@ DataLoader::iterator DataLoader::begin() {
     release(held_);
     held_ = nullptr;
   }
+  size_t start = 0;
   {
     std::unique_lock<std::mutex> lock(mu_);
     stop_epoch(lock);
@@ -168,16 +177,18 @@ DataLoader::iterator DataLoader::begin() {
     // No worker is filling now, so order_ may change; workers read it only after claiming a
     // batch under the lock, which orders these writes before their reads.
     sampler_->indices(epoch_, order_);
-    next_claim_ = 0;
-    next_consume_ = 0;
+    start = std::min(next_start_, num_batches_);
+    next_start_ = 0;
+    next_claim_ = start;
+    next_consume_ = start;
     stats_ = LoaderStats{};
     stats_.epoch = epoch_;
     epoch_start_ = Clock::now();
-    epoch_done_ = num_batches_ == 0;
+    epoch_done_ = start == num_batches_;
     active_ = true;
   }
   work_cv_.notify_all();
-  return iterator(this, 0);
+  return iterator(this, start);
 }
 
 DataLoader::iterator& DataLoader::iterator::operator++() {

@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <filesystem>
 
+#include "galley/distributed.h"
 #include "galley/io/checkpoint.h"
 
 namespace galley::io {
@@ -188,6 +189,8 @@ std::string Checkpointer::save(const TrainingState& state) {
   char name[64];
   std::snprintf(name, sizeof name, "-%012lld.safetensors", static_cast<long long>(state.step));
   const std::string path = (fs::path(dir_) / (opt_.prefix + name)).string();
+  // Every process holds the same state: process 0 writes it, the others would only race it.
+  if (distributed::parallel_env().rank != 0) return path;
   save_checkpoint(path, state);
   auto all = list();
   for (size_t i = 0; i + opt_.keep_last < all.size(); ++i) std::remove(all[i].c_str());

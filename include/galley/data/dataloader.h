@@ -128,6 +128,10 @@ class DataLoader {
   void set_epoch(uint64_t epoch);
   /// The epoch the next begin() runs.
   uint64_t epoch() const { return next_epoch_; }
+  /// The next begin() runs `epoch` from batch `batch` on (the batches before it are neither
+  /// loaded nor returned), as after a resume from a checkpoint taken mid-epoch. The order is
+  /// the epoch's usual one, so the run continues exactly where it stopped.
+  void set_position(uint64_t epoch, size_t batch);
   /// The options in force.
   const DataLoaderOptions& options() const { return opt_; }
   /// Timing of the epoch in progress, or of the last one.
@@ -185,6 +189,7 @@ class DataLoader {
   DType label_dtype_;
   size_t num_batches_ = 0;
   uint64_t next_epoch_ = 0;
+  size_t next_start_ = 0;  // first batch of the next begin() (set_position)
 
   std::vector<std::unique_ptr<Slot>> slots_;
   std::vector<size_t> order_;  // this epoch's indices; written only while no worker is filling

@@ -44,7 +44,8 @@ class Checkpointer {
  public:
   /// Creates the directory if needed and removes temporary files left by killed saves.
   explicit Checkpointer(std::string directory, CheckpointOptions options = {});
-  /// Saves `state` as <prefix>-<step>.safetensors; returns the path.
+  /// Saves `state` as <prefix>-<step>.safetensors; returns the path. In a multi-process job
+  /// only process 0 writes (the state is the same everywhere); every process may resume.
   std::string save(const TrainingState& state);
   /// Complete checkpoints, oldest first.
   std::vector<std::string> list() const;
