@@ -30,4 +30,5 @@
 #include "galley/optim/sgd.h"
 #include "galley/parallel/communicator.h"
 #include "galley/parallel/data_parallel.h"
+#include "galley/runtime/memory.h"
 #include "galley/tensor.h"

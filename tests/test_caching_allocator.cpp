@@ -1,0 +1,203 @@
+// The device allocator's bookkeeping, over a fake device: reuse, splitting and merging, streams,
+// statistics, the cap and its error message, and the environment variables.
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <map>
+
+#include "galley/galley.h"
+#include "src/runtime/caching_allocator.h"
+#include "test_util.h"
+
+using galley::detail::CachingAllocator;
+
+namespace {
+
+constexpr size_t MiB = size_t(1) << 20;
+
+// A device of `total` bytes that hands out distinct fake addresses and counts its calls.
+class FakeDevice : public galley::detail::DeviceMemory {
+ public:
+  explicit FakeDevice(size_t total, std::map<uintptr_t, size_t>* live)
+      : total_(total), live_(live) {}
+  void* allocate(size_t bytes) override {
+    if (used_ + bytes > total_) return nullptr;
+    used_ += bytes;
+    uintptr_t p = next_;
+    next_ += bytes + 4096;
+    (*live_)[p] = bytes;
+    return reinterpret_cast<void*>(p);
+  }
+  void release(void* p) override {
+    auto it = live_->find(reinterpret_cast<uintptr_t>(p));
+    ASSERT_NE(it, live_->end()) << "release of an address never allocated";
+    used_ -= it->second;
+    live_->erase(it);
+  }
+  size_t total_bytes() const override { return total_; }
+  std::string name() const override { return "fake:0"; }
+
+ private:
+  size_t total_, used_ = 0;
+  uintptr_t next_ = 0x10000000;
+  std::map<uintptr_t, size_t>* live_;
+};
+
+struct Fixture {
+  std::map<uintptr_t, size_t> device;  // live segments
+  CachingAllocator alloc;
+  explicit Fixture(size_t total = 64 * MiB, size_t limit = 0)
+      : alloc(std::make_unique<FakeDevice>(total, &device), limit) {}
+};
+
+}  // namespace
+
+TEST(CachingAllocator, FreedBlocksAreReusedWithoutNewDeviceAllocations) {
+  Fixture f;
+  void* a = f.alloc.allocate(3 * MiB);
+  f.alloc.free(a);
+  void* b = f.alloc.allocate(3 * MiB);
+  EXPECT_EQ(a, b);
+  auto s = f.alloc.stats();
+  EXPECT_EQ(s.device_allocs, 1u);
+  EXPECT_EQ(s.reuses, 1u);
+  EXPECT_EQ(s.allocated, 3 * MiB);
+  EXPECT_EQ(s.reserved, 4 * MiB);  // large segments are rounded to 2 MiB
+}
+
+TEST(CachingAllocator, SmallRequestsShareOneSegmentAndMergeBack) {
+  Fixture f;
+  std::vector<void*> ps;
+  for (int i = 0; i < 8; ++i) ps.push_back(f.alloc.allocate(1000));  // rounded to 1024
+  auto s = f.alloc.stats();
+  EXPECT_EQ(s.device_allocs, 1u);
+  EXPECT_EQ(s.reserved, CachingAllocator::kSmallSegment);
+  EXPECT_EQ(s.allocated, 8 * 1024u);
+  for (int i = 1; i < 8; ++i)
+    EXPECT_EQ(static_cast<char*>(ps[i]) - static_cast<char*>(ps[i - 1]), 1024);
+  for (int i : {1, 3, 0, 2, 7, 5, 4, 6}) f.alloc.free(ps[i]);
+  EXPECT_EQ(f.alloc.stats().allocated, 0u);
+  // Everything merged back into one free segment, which empty_cache returns.
+  f.alloc.empty_cache();
+  EXPECT_EQ(f.alloc.stats().reserved, 0u);
+  EXPECT_TRUE(f.device.empty());
+}
+
+TEST(CachingAllocator, LargeBlocksSplitAndTheRestIsUsable) {
+  Fixture f;
+  void* big = f.alloc.allocate(8 * MiB);
+  f.alloc.free(big);
+  void* part = f.alloc.allocate(3 * MiB);  // takes the front of the cached 8 MiB block
+  void* rest = f.alloc.allocate(4 * MiB);  // and the rest comes from the remainder
+  EXPECT_EQ(part, big);
+  EXPECT_EQ(static_cast<char*>(rest) - static_cast<char*>(part), static_cast<ptrdiff_t>(3 * MiB));
+  EXPECT_EQ(f.alloc.stats().device_allocs, 1u);
+  f.alloc.free(part);
+  f.alloc.free(rest);
+  void* again = f.alloc.allocate(8 * MiB);  // merged again
+  EXPECT_EQ(again, big);
+}
+
+TEST(CachingAllocator, BlocksAreReusedOnlyOnTheirStream) {
+  Fixture f;
+  void* a = f.alloc.allocate(2 * MiB, /*stream=*/1);
+  f.alloc.free(a);
+  void* b = f.alloc.allocate(2 * MiB, /*stream=*/2);
+  EXPECT_NE(a, b);
+  void* c = f.alloc.allocate(2 * MiB, /*stream=*/1);
+  EXPECT_EQ(a, c);
+  EXPECT_EQ(f.alloc.stats().device_allocs, 2u);
+}
+
+TEST(CachingAllocator, TheCapIsAnOutOfMemoryErrorNamingRequestUseAndCap) {
+  Fixture f(64 * MiB, 10 * MiB);
+  void* a = f.alloc.allocate(6 * MiB);
+  std::string msg;
+  try {
+    f.alloc.allocate(6 * MiB);
+    ADD_FAILURE() << "no error over the cap";
+  } catch (const galley::OutOfMemoryError& e) {
+    msg = e.what();
+  }
+  testutil::expect_contains(msg, {"fake:0", "requested 6.00 MiB", "6.00 MiB in use",
+                                  "cap 10.00 MiB", "over the cap", "GALLEY_GPU_MEMORY_FRACTION"});
+  // Memory under the cap still works, and the failed request changed nothing.
+  EXPECT_EQ(f.alloc.stats().allocated, 6 * MiB);
+  void* b = f.alloc.allocate(2 * MiB);
+  f.alloc.free(a);
+  f.alloc.free(b);
+  EXPECT_EQ(f.alloc.stats().peak_allocated, 8 * MiB);
+}
+
+TEST(CachingAllocator, CachedSegmentsAreReturnedBeforeGivingUp) {
+  Fixture f(64 * MiB, 10 * MiB);
+  void* a = f.alloc.allocate(8 * MiB);
+  f.alloc.free(a);                      // cached: 8 MiB reserved, nothing in use
+  void* b = f.alloc.allocate(9 * MiB);  // needs 10 MiB: the cache is given back first
+  EXPECT_NE(b, nullptr);
+  auto s = f.alloc.stats();
+  EXPECT_EQ(s.reserved, 10 * MiB);
+  EXPECT_EQ(s.device_frees, 1u);
+}
+
+TEST(CachingAllocator, AFullDeviceIsAnOutOfMemoryErrorToo) {
+  Fixture f(8 * MiB, 0);
+  void* a = f.alloc.allocate(6 * MiB);
+  EXPECT_THROW(f.alloc.allocate(4 * MiB), galley::OutOfMemoryError);
+  f.alloc.free(a);
+  EXPECT_NO_THROW(f.alloc.free(f.alloc.allocate(4 * MiB)));
+}
+
+TEST(CachingAllocator, LoweringTheCapReturnsFreeMemory) {
+  Fixture f;
+  f.alloc.free(f.alloc.allocate(20 * MiB));
+  EXPECT_EQ(f.alloc.stats().reserved, 20 * MiB);
+  f.alloc.set_limit(4 * MiB);
+  EXPECT_EQ(f.alloc.stats().reserved, 0u);
+  EXPECT_EQ(f.alloc.stats().limit, 4 * MiB);
+}
+
+TEST(CachingAllocator, FreeingAForeignPointerIsAnError) {
+  Fixture f;
+  int x = 0;
+  testutil::expect_contains(testutil::error_of([&] { f.alloc.free(&x); }), {"did not hand out"});
+}
+
+TEST(CachingAllocator, EveryDeviceSegmentIsReturnedAtDestruction) {
+  std::map<uintptr_t, size_t> device;
+  {
+    CachingAllocator alloc(std::make_unique<FakeDevice>(64 * MiB, &device), 0);
+    alloc.allocate(3 * MiB);  // still in use at destruction
+    alloc.free(alloc.allocate(100));
+  }
+  EXPECT_TRUE(device.empty());
+}
+
+TEST(MemoryLimitFromEnv, LimitThenFractionThenNone) {
+  unsetenv("GALLEY_GPU_MEMORY_LIMIT_MB");
+  unsetenv("GALLEY_GPU_MEMORY_FRACTION");
+  EXPECT_EQ(galley::detail::memory_limit_from_env(100 * MiB), 0u);
+  setenv("GALLEY_GPU_MEMORY_FRACTION", "0.4", 1);
+  EXPECT_EQ(galley::detail::memory_limit_from_env(100 * MiB), 40 * MiB);
+  setenv("GALLEY_GPU_MEMORY_LIMIT_MB", "512", 1);
+  EXPECT_EQ(galley::detail::memory_limit_from_env(100 * MiB), 512 * MiB);
+  setenv("GALLEY_GPU_MEMORY_LIMIT_MB", "lots", 1);
+  testutil::expect_contains(
+      testutil::error_of([] { galley::detail::memory_limit_from_env(100 * MiB); }),
+      {"GALLEY_GPU_MEMORY_LIMIT_MB='lots'"});
+  unsetenv("GALLEY_GPU_MEMORY_LIMIT_MB");
+  setenv("GALLEY_GPU_MEMORY_FRACTION", "1.5", 1);
+  testutil::expect_contains(
+      testutil::error_of([] { galley::detail::memory_limit_from_env(100 * MiB); }),
+      {"GALLEY_GPU_MEMORY_FRACTION='1.5'", "(0, 1]"});
+  unsetenv("GALLEY_GPU_MEMORY_FRACTION");
+}
+
+TEST(DeviceMemory, WithoutAGpuTheMemoryApiSaysSo) {
+  if (galley::cuda_device_count() > 0) GTEST_SKIP() << "a GPU is present";
+  testutil::expect_contains(
+      testutil::error_of([] { galley::memory_stats(galley::Device::cuda(0)); }),
+      {"cuda:0 does not exist", "0 CUDA device"});
+  testutil::expect_contains(testutil::error_of([] { galley::empty_cache(galley::Device::cpu()); }),
+                            {"not a GPU"});
+}
