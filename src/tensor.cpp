@@ -11,6 +11,7 @@
 #include "device_scope.h"
 #include "galley/autograd.h"
 #include "galley/ops.h"
+#include "runtime/device_memory.h"
 
 namespace galley {
 
@@ -47,13 +48,19 @@ void check_cpu(const Tensor& t, const char* what) {
 // Storage
 
 Storage::Storage(size_t bytes, Device device) : bytes_(bytes), device_(device) {
-  GALLEY_CHECK(device.is_cpu(), "cannot allocate on ", device.str(),
-               ": the CUDA backend is not available in this build");
-  data_ = detail::host_alloc(bytes, &capacity_);
+  if (device.is_cpu()) {
+    data_ = detail::host_alloc(bytes, &capacity_);
+  } else {
+    data_ = detail::device_alloc(device, bytes);
+    capacity_ = bytes;
+  }
 }
 
 Storage::~Storage() {
-  detail::host_free(data_, capacity_);
+  if (device_.is_cpu())
+    detail::host_free(data_, capacity_);
+  else
+    detail::device_free(device_, data_);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -157,16 +164,17 @@ template uint8_t* Tensor::data<uint8_t>() const;
 
 void Tensor::copy_to_host(void* dst) const {
   GALLEY_CHECK_DEFINED("copy_to_host");
-  check_cpu(*this, "copy_to_host");
+  GALLEY_CHECK(device().is_cpu() || is_contiguous(), "copy_to_host: a ", device().str(),
+               " tensor must be contiguous");
   Tensor c = contiguous();
-  std::memcpy(dst, c.raw_data(), c.numel() * dtype_size(c.dtype()));
+  detail::copy_bytes(dst, Device::cpu(), c.raw_data(), c.device(),
+                     c.numel() * dtype_size(c.dtype()));
 }
 
 void Tensor::copy_from_host(const void* src) {
   GALLEY_CHECK_DEFINED("copy_from_host");
-  check_cpu(*this, "copy_from_host");
   GALLEY_CHECK(is_contiguous(), "copy_from_host: the destination must be contiguous");
-  std::memcpy(raw_data(), src, numel() * dtype_size(dtype()));
+  detail::copy_bytes(raw_data(), device(), src, Device::cpu(), numel() * dtype_size(dtype()));
 }
 
 template <typename T>
@@ -184,7 +192,7 @@ template std::vector<uint8_t> Tensor::to_vector<uint8_t>() const;
 float Tensor::item() const {
   GALLEY_CHECK(numel() == 1, "item: the tensor has shape ", shape_str(shape()),
                ", not a single element");
-  check_cpu(*this, "item");
+  if (!device().is_cpu()) return to(Device::cpu()).item();
   switch (dtype()) {
     case DType::Float32:
       return *static_cast<const float*>(raw_data());
@@ -209,8 +217,14 @@ void Tensor::copy_(const Tensor& src) {
 
 void Tensor::fill_(float value) {
   GALLEY_CHECK_DEFINED("fill_");
-  check_cpu(*this, "fill_");
   GALLEY_CHECK(is_contiguous(), "fill_: the tensor must be contiguous");
+  if (!device().is_cpu()) {
+    GALLEY_CHECK(dtype() == DType::Float32, "fill_: on ", device().str(), " only float32 so far");
+    uint32_t bits;
+    std::memcpy(&bits, &value, 4);
+    detail::fill_words(device(), raw_data(), numel(), bits);
+    return;
+  }
   int64_t n = numel();
   switch (dtype()) {
     case DType::Float32:
@@ -341,8 +355,6 @@ Tensor Tensor::detach() const {
 Tensor Tensor::to(Device device) const {
   GALLEY_CHECK_DEFINED("to");
   if (device == this->device()) return *this;
-  GALLEY_CHECK(device.is_cpu(), "to(", device.str(),
-               "): the CUDA backend is not available in this build");
   // Two CPU "devices" share the host memory; a copy keeps replicas independent.
   auto impl = std::make_shared<detail::TensorImpl>();
   impl->storage = std::make_shared<Storage>(numel() * dtype_size(dtype()), device);
@@ -350,7 +362,9 @@ Tensor Tensor::to(Device device) const {
   impl->strides = contiguous_strides(shape());
   impl->dtype = dtype();
   Tensor out(std::move(impl));
-  copy_to_host(out.raw_data());
+  Tensor c = contiguous();
+  detail::copy_bytes(out.raw_data(), device, c.raw_data(), c.device(),
+                     numel() * dtype_size(dtype()));
   if (!autograd::needs_grad({this})) return out;
   Device from = this->device();
   return autograd::record(out, "to", {*this},

@@ -2,15 +2,20 @@
 // initialisation), over the CUDA runtime.
 #include "galley/runtime/memory.h"
 
+#include <cstring>
 #include <memory>
 #include <mutex>
 #include <vector>
 
 #include "galley/error.h"
+#include "galley/runtime/cuda.h"
 #include "src/runtime/caching_allocator.h"
+#include "src/runtime/device_memory.h"
 
 #ifdef GALLEY_HAVE_CUDA
 #include <cuda_runtime_api.h>
+
+#include "kernels/cuda/fill.cuh"
 #endif
 
 namespace galley {
@@ -116,5 +121,131 @@ void set_memory_fraction(Device device, double fraction) {
   auto& a = allocator_of(device, "set_memory_fraction");
   a.set_limit(static_cast<size_t>(fraction * double(a.memory().total_bytes())));
 }
+
+// ---------------------------------------------------------------------------------------------
+// Device memory and copies
+
+namespace detail {
+
+#ifdef GALLEY_HAVE_CUDA
+namespace {
+// Throws with the failed call and CUDA's own words.
+void cuda_check(cudaError_t rc, const char* what, Device device) {
+  if (rc == cudaSuccess) return;
+  (void)cudaGetLastError();
+  GALLEY_CHECK(false, what, " on ", device.str(), " failed: ", cudaGetErrorString(rc));
+}
+
+// Makes `device` current for the scope, restoring the caller's device after.
+class CurrentDevice {
+ public:
+  explicit CurrentDevice(int index) {
+    cudaGetDevice(&prev_);
+    if (index != prev_) cudaSetDevice(index);
+  }
+  ~CurrentDevice() { cudaSetDevice(prev_); }
+
+ private:
+  int prev_ = 0;
+};
+}  // namespace
+
+void* device_alloc(Device device, size_t bytes) {
+  return cuda_allocator(device.index()).allocate(bytes);
+}
+
+void device_free(Device device, void* p) noexcept {
+  try {
+    cuda_allocator(device.index()).free(p);
+  } catch (...) {
+    // A free that fails at exit is left to the driver rather than aborting the process.
+  }
+}
+
+void copy_bytes(void* dst, Device dst_device, const void* src, Device src_device, size_t bytes) {
+  if (bytes == 0) return;
+  if (dst_device.is_cpu() && src_device.is_cpu()) {
+    std::memcpy(dst, src, bytes);
+    return;
+  }
+  const Device gpu = dst_device.is_cuda() ? dst_device : src_device;
+  CurrentDevice current(gpu.index());
+  cudaError_t rc;
+  if (dst_device.is_cuda() && src_device.is_cuda() && dst_device != src_device)
+    rc = cudaMemcpyPeer(dst, dst_device.index(), src, src_device.index(), bytes);
+  else
+    rc = cudaMemcpy(dst, src, bytes, cudaMemcpyDefault);
+  cuda_check(rc, "copy", gpu);
+}
+
+void fill_words(Device device, void* dst, size_t count, uint32_t pattern) {
+  CurrentDevice current(device.index());
+  kernels::cuda::fill_u32(static_cast<uint32_t*>(dst), count, pattern, nullptr);
+  cuda_check(cudaGetLastError(), "fill", device);
+  cuda_check(cudaDeviceSynchronize(), "fill", device);
+}
+#else
+namespace {
+[[noreturn]] void no_backend(Device device) {
+  throw Error(
+      str_cat(device.str(),
+              ": this build of galley has no CUDA backend (configure "
+              "with the CUDA toolkit, cuDNN and NCCL present, GALLEY_WITH_CUDA=AUTO or ON)"));
+}
+}  // namespace
+void* device_alloc(Device device, size_t) {
+  no_backend(device);
+}
+void device_free(Device, void*) noexcept {}
+void copy_bytes(void* dst, Device dst_device, const void* src, Device src_device, size_t bytes) {
+  if (!dst_device.is_cpu()) no_backend(dst_device);
+  if (!src_device.is_cpu()) no_backend(src_device);
+  std::memcpy(dst, src, bytes);
+}
+void fill_words(Device device, void*, size_t, uint32_t) {
+  no_backend(device);
+}
+#endif
+
+}  // namespace detail
+
+// ---------------------------------------------------------------------------------------------
+// galley::cuda
+
+namespace cuda {
+
+bool available() {
+  return cuda_device_count() > 0;
+}
+
+std::string device_name(int index) {
+  GALLEY_CHECK(index >= 0 && index < cuda_device_count(), "cuda:", index,
+               " does not exist: this machine has ", cuda_device_count(), " CUDA device(s)");
+#ifdef GALLEY_HAVE_CUDA
+  cudaDeviceProp prop{};
+  if (cudaGetDeviceProperties(&prop, index) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return "cuda:" + std::to_string(index);
+  }
+  return prop.name;
+#else
+  return "";
+#endif
+}
+
+size_t total_memory(int index) {
+  return detail::cuda_allocator(index).memory().total_bytes();
+}
+
+void synchronize(Device device) {
+  if (!device.is_cuda()) return;
+  GALLEY_CHECK(device.index() < cuda_device_count(), device.str(), " does not exist");
+#ifdef GALLEY_HAVE_CUDA
+  detail::CurrentDevice current(device.index());
+  detail::cuda_check(cudaDeviceSynchronize(), "synchronize", device);
+#endif
+}
+
+}  // namespace cuda
 
 }  // namespace galley

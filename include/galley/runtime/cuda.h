@@ -1,0 +1,20 @@
+#pragma once
+/// \file The CUDA runtime as galley's users see it: devices, names, synchronisation.
+/// No CUDA type appears here; the backend's internals live in the library.
+#include <cstddef>
+#include <string>
+
+#include "galley/device.h"
+
+namespace galley::cuda {
+
+/// True when this build has the CUDA backend and the machine has at least one usable GPU.
+bool available();
+/// The GPU's name ("NVIDIA H200"); errors name the device when it does not exist.
+std::string device_name(int index);
+/// The GPU's total memory in bytes.
+size_t total_memory(int index);
+/// Waits until everything galley queued on the device's streams has finished.
+void synchronize(Device device);
+
+}  // namespace galley::cuda

@@ -1,0 +1,15 @@
+#pragma once
+// Filling device memory with a 32-bit pattern (zeros, ones, any float) — the CUDA side of
+// Tensor::fill_. Declared without CUDA types so C++ files can call the launcher.
+#include <cstddef>
+#include <cstdint>
+
+namespace galley::kernels::cuda {
+
+// ----------------------------------------------------------------------------------------------
+// launchers
+
+// Sets count words at dst to pattern on `stream` (a cudaStream_t; null: the default stream).
+void fill_u32(uint32_t* dst, size_t count, uint32_t pattern, void* stream);
+
+}  // namespace galley::kernels::cuda
