@@ -53,11 +53,9 @@ std::vector<Batch> batches(int count, int64_t size, uint64_t seed) {
   return out;
 }
 
-// Parameters after `steps` Adam steps of one model on whole batches, from `init`.
-std::vector<std::vector<float>> train_single(const std::map<std::string, Tensor>& init,
-                                             const std::vector<Batch>& data) {
-  SmallCNN model;
-  model.load_state_dict(init);
+// One Adam step per batch; works for a model and for a DataParallel of it alike.
+template <typename M>
+void train(M& model, const std::vector<Batch>& data) {
   galley::optim::Adam opt(model.parameters(), {.learning_rate = 1e-2});
   nn::CrossEntropyLoss loss_fn;
   for (auto& b : data) {
@@ -65,6 +63,14 @@ std::vector<std::vector<float>> train_single(const std::map<std::string, Tensor>
     opt.step();
     opt.clear_grad();
   }
+}
+
+// Parameters after one Adam step per batch of one model on whole batches, from `init`.
+std::vector<std::vector<float>> train_single(const std::map<std::string, Tensor>& init,
+                                             const std::vector<Batch>& data) {
+  SmallCNN model;
+  model.load_state_dict(init);
+  train(model, data);
   std::vector<std::vector<float>> out;
   for (auto& p : model.parameters()) out.push_back(p.to_vector());
   return out;
@@ -91,14 +97,7 @@ TEST(DataParallel, MatchesOneDeviceOnTheFullBatchAfterTenAdamSteps) {
   for (int n : {1, 2, 3, 4}) {
     galley::DataParallel<SmallCNN> model(cpus(n));
     model.load_state_dict(init);
-    galley::optim::Adam opt(model.parameters(), {.learning_rate = 1e-2});
-    nn::CrossEntropyLoss loss_fn;
-    for (auto& b : data) {
-      auto loss = loss_fn(model(b.x), b.y);
-      loss.backward();
-      opt.step();
-      opt.clear_grad();
-    }
+    train(model, data);
     for (size_t r = 0; r < model.num_replicas(); ++r)
       expect_close(expected, model.module(r).parameters(),
                    std::to_string(n) + " replicas, replica " + std::to_string(r));
@@ -127,13 +126,7 @@ TEST(DataParallel, BucketSizesFromTinyToHugeGiveTheSameResult) {
   for (int64_t bytes : {int64_t(1), int64_t(256), int64_t(4096), int64_t(1) << 30}) {
     galley::DataParallel<SmallCNN> model(cpus(2), {.bucket_bytes = bytes});
     model.load_state_dict(init);
-    galley::optim::Adam opt(model.parameters(), {.learning_rate = 1e-2});
-    nn::CrossEntropyLoss loss_fn;
-    for (auto& b : data) {
-      loss_fn(model(b.x), b.y).backward();
-      opt.step();
-      opt.clear_grad();
-    }
+    train(model, data);
     expect_close(expected, model.module(1).parameters(), "bucket_bytes " + std::to_string(bytes));
   }
 }
@@ -173,13 +166,7 @@ TEST(DataParallel, BatchSmallerThanTheReplicaCount) {
   const auto expected = train_single(init, data);
   galley::DataParallel<SmallCNN> model(cpus(3));
   model.load_state_dict(init);
-  galley::optim::Adam opt(model.parameters(), {.learning_rate = 1e-2});
-  nn::CrossEntropyLoss loss_fn;
-  for (auto& b : data) {
-    loss_fn(model(b.x), b.y).backward();
-    opt.step();
-    opt.clear_grad();
-  }
+  train(model, data);
   expect_close(expected, model.module(2).parameters(), "idle third replica");
 }
 

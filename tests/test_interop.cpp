@@ -7,27 +7,16 @@
 #include <filesystem>
 
 #include "galley/galley.h"
+#include "models.h"
 
 namespace nn = galley::nn;
 using galley::Tensor;
 
 namespace {
 
-class SimpleCNN : public nn::Layer {
- public:
-  SimpleCNN() {
-    register_layer("conv", conv_);
-    register_layer("pool", pool_);
-    register_layer("fc", fc_);
-  }
-  Tensor forward(const Tensor& x) override {
-    return fc_(galley::flatten(pool_(galley::relu(conv_(x))), 1));
-  }
-
- private:
-  nn::Conv2D conv_{3, 64, 3};
-  nn::MaxPool2D pool_{2};
-  nn::Linear fc_{64 * 15 * 15, 10};
+using testmodels::SimpleCNN;
+nn::MaxPool2D pool_{2};
+nn::Linear fc_{64 * 15 * 15, 10};
 };
 
 std::string interop_dir() {

@@ -30,6 +30,8 @@
 
 #include <galley/galley.h>
 
+#include "models.h"
+
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
@@ -395,22 +397,9 @@ TEST(parity, Argmax) {
 
 // ----------------------------------------------------------------------------- training
 
-/// The SimpleCNN of the design: conv 3->64 k3, relu, 2x2 max pooling, flatten, linear to 10.
-class SimpleCNN : public galley::nn::Layer {
- public:
-  SimpleCNN() {
-    register_layer("conv", conv_);
-    register_layer("pool", pool_);
-    register_layer("fc", fc_);
-  }
-  Tensor forward(const Tensor& x) override {
-    return fc_(galley::flatten(pool_(galley::relu(conv_(x))), 1));
-  }
-
- private:
-  galley::nn::Conv2D conv_{3, 64, 3};
-  galley::nn::MaxPool2D pool_{2};
-  galley::nn::Linear fc_{64 * 15 * 15, 10};
+using testmodels::SimpleCNN;
+galley::nn::MaxPool2D pool_{2};
+galley::nn::Linear fc_{64 * 15 * 15, 10};
 };
 
 /// The parameters a file holds under `prefix` + name, for every parameter of `model`.

@@ -17,6 +17,9 @@ import sys
 
 import torch
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from make_reference import SimpleCNN  # noqa: E402  the design's model, same parameter names
+
 TO_TORCH = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16, "I64": torch.int64}
 FROM_TORCH = {v: k for k, v in TO_TORCH.items()}
 
@@ -53,19 +56,6 @@ def write_safetensors(path, tensors):
     with open(tmp, "wb") as f:
         f.write(struct.pack("<Q", len(text)) + text + b"".join(chunks))
     os.replace(tmp, path)
-
-
-class SimpleCNN(torch.nn.Module):
-    """The design's model; attribute names give the same state_dict keys as galley's layers."""
-
-    def __init__(self):
-        super().__init__()
-        self.conv = torch.nn.Conv2d(3, 64, 3)
-        self.pool = torch.nn.MaxPool2d(2)
-        self.fc = torch.nn.Linear(64 * 15 * 15, 10)
-
-    def forward(self, x):
-        return self.fc(torch.flatten(self.pool(torch.relu(self.conv(x))), 1))
 
 
 def main():

@@ -1,0 +1,26 @@
+#pragma once
+// Models shared by the tests.
+#include "galley/galley.h"
+
+namespace testmodels {
+
+/// The SimpleCNN of the design: conv 3->64 k3, relu, 2x2 max pooling, flatten, linear to 10.
+/// Parameter names match the PyTorch module of tests/parity (conv.weight, fc.bias, ...).
+class SimpleCNN : public galley::nn::Layer {
+ public:
+  SimpleCNN() {
+    register_layer("conv", conv_);
+    register_layer("pool", pool_);
+    register_layer("fc", fc_);
+  }
+  galley::Tensor forward(const galley::Tensor& x) override {
+    return fc_(galley::flatten(pool_(galley::relu(conv_(x))), 1));
+  }
+
+ private:
+  galley::nn::Conv2D conv_{3, 64, 3};
+  galley::nn::MaxPool2D pool_{2};
+  galley::nn::Linear fc_{64 * 15 * 15, 10};
+};
+
+}  // namespace testmodels
