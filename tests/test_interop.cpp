@@ -15,9 +15,6 @@ using galley::Tensor;
 namespace {
 
 using testmodels::SimpleCNN;
-nn::MaxPool2D pool_{2};
-nn::Linear fc_{64 * 15 * 15, 10};
-};
 
 std::string interop_dir() {
   const char* d = std::getenv("GALLEY_INTEROP_DIR");

@@ -398,9 +398,6 @@ TEST(parity, Argmax) {
 // ----------------------------------------------------------------------------- training
 
 using testmodels::SimpleCNN;
-galley::nn::MaxPool2D pool_{2};
-galley::nn::Linear fc_{64 * 15 * 15, 10};
-};
 
 /// The parameters a file holds under `prefix` + name, for every parameter of `model`.
 std::map<std::string, Tensor> params_from(const Refs& refs, const galley::nn::Layer& model,
