@@ -130,13 +130,37 @@ void max_pool2d_forward(const Pool2dGeometry& g, const float* x, float* y, int32
 
 void max_pool2d_backward(const Pool2dGeometry& g, const float* gy, const int32_t* idx, float* gx) {
   const int64_t in_plane = g.h * g.w, out_plane = g.oh * g.ow;
+  // 2x2/2 windows tile the plane: every input element is written exactly once (the gradient at
+  // the winner, zero elsewhere), so no separate zeroing pass over gx is needed.
+  const bool tiled = g.k == 2 && g.stride == 2 && g.pad == 0;
   parallel_for(g.planes, plane_grain(g), [&](int64_t p0, int64_t p1) {
     for (int64_t p = p0; p < p1; ++p) {
       float* gp = gx + p * in_plane;
-      std::fill_n(gp, in_plane, 0.f);
       const float* gyp = gy + p * out_plane;
       const int32_t* ip = idx + p * out_plane;
-      for (int64_t i = 0; i < out_plane; ++i) gp[ip[i]] += gyp[i];
+      if (!tiled) {
+        std::fill_n(gp, in_plane, 0.f);
+        for (int64_t i = 0; i < out_plane; ++i) gp[ip[i]] += gyp[i];
+        continue;
+      }
+      for (int64_t oh = 0; oh < g.oh; ++oh) {
+        float* r0 = gp + 2 * oh * g.w;
+        float* r1 = r0 + g.w;
+        const int32_t base = static_cast<int32_t>(2 * oh * g.w), w = static_cast<int32_t>(g.w);
+        for (int64_t ow = 0; ow < g.ow; ++ow) {
+          const float v = gyp[oh * g.ow + ow];
+          const int32_t win = ip[oh * g.ow + ow] - base;
+          const int32_t j = static_cast<int32_t>(2 * ow);
+          r0[j] = win == j ? v : 0.f;
+          r0[j + 1] = win == j + 1 ? v : 0.f;
+          r1[j] = win == w + j ? v : 0.f;
+          r1[j + 1] = win == w + j + 1 ? v : 0.f;
+        }
+        // An odd width leaves a last column outside every window.
+        if (g.w > 2 * g.ow) r0[g.w - 1] = r1[g.w - 1] = 0.f;
+      }
+      // An odd height leaves a last row outside every window.
+      if (g.h > 2 * g.oh) std::fill_n(gp + (g.h - 1) * g.w, g.w, 0.f);
     }
   });
 }
