@@ -18,6 +18,18 @@ if [ $# -eq 0 ] || [ "${GALLEY_TSAN:-0}" = 1 ]; then
     -DGALLEY_BUILD_EXAMPLES=OFF -DGALLEY_BUILD_BENCHMARKS=OFF "${launcher[@]}"
   cmake --build build-tsan -j "$(nproc)" --target test_dataloader_tsan
   (cd build-tsan && ctest -L tsan --output-on-failure)
+  # The whole library under ThreadSanitizer for the tests whose threads share tensors:
+  # DataParallel's replica and communication threads, and concurrent autograd graphs.
+  # (One OpenMP thread: libgomp is not instrumented and would only add false reports.)
+  cmake -S . -B build-tsan-lib -DCMAKE_BUILD_TYPE=RelWithDebInfo -DGALLEY_WITH_CUDA=OFF \
+    -DGALLEY_WITH_MPI=OFF -DGALLEY_BUILD_EXAMPLES=OFF -DGALLEY_BUILD_BENCHMARKS=OFF \
+    -DGALLEY_BUILD_LAUNCHER=OFF -DCMAKE_CXX_FLAGS="-fsanitize=thread -O1 -g" \
+    -DCMAKE_EXE_LINKER_FLAGS=-fsanitize=thread -DCMAKE_SHARED_LINKER_FLAGS=-fsanitize=thread \
+    "${launcher[@]}"
+  cmake --build build-tsan-lib -j "$(nproc)" --target test_data_parallel test_autograd
+  for t in test_data_parallel test_autograd; do
+    OMP_NUM_THREADS=1 GALLEY_NUM_THREADS=1 TSAN_OPTIONS="halt_on_error=1" "build-tsan-lib/tests/$t"
+  done
 fi
 
 if [ $# -eq 0 ] || [ "${GALLEY_FUZZ:-0}" = 1 ]; then
