@@ -1,0 +1,195 @@
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+#include <cudnn.h>
+
+#include <map>
+#include <mutex>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "galley/error.h"
+#include "kernels/cuda/blas.cuh"
+
+namespace galley::kernels::cuda {
+
+namespace {
+
+// One generic checker; the macros add the failed expression.
+void check_status(bool ok, const char* lib, const char* expr, const char* file, int line,
+                  const std::string& detail) {
+  if (!ok) galley::detail::throw_error(file, line, expr, std::string(lib) + " error: " + detail);
+}
+#define CUBLAS_CHECK(call)                                                         \
+  do {                                                                             \
+    cublasStatus_t s_ = (call);                                                    \
+    check_status(s_ == CUBLAS_STATUS_SUCCESS, "cuBLAS", #call, __FILE__, __LINE__, \
+                 cublasGetStatusString(s_));                                       \
+  } while (0)
+#define CUDNN_CHECK(call)                                                        \
+  do {                                                                           \
+    cudnnStatus_t s_ = (call);                                                   \
+    check_status(s_ == CUDNN_STATUS_SUCCESS, "cuDNN", #call, __FILE__, __LINE__, \
+                 cudnnGetErrorString(s_));                                       \
+  } while (0)
+
+bool allow_tf32 = false;
+
+struct Handles {
+  cublasHandle_t blas = nullptr;
+  cudnnHandle_t dnn = nullptr;
+};
+
+// Per-device handles, created on first use and kept for the life of the process.
+Handles& handles(int device) {
+  static std::mutex mu;
+  static std::vector<Handles>* all = new std::vector<Handles>();
+  std::lock_guard<std::mutex> lock(mu);
+  if (all->size() <= size_t(device)) all->resize(device + 1);
+  Handles& h = (*all)[device];
+  if (!h.blas) {
+    int prev = 0;
+    cudaGetDevice(&prev);
+    cudaSetDevice(device);
+    CUBLAS_CHECK(cublasCreate(&h.blas));
+    CUDNN_CHECK(cudnnCreate(&h.dnn));
+    cudaSetDevice(prev);
+  }
+  return h;
+}
+
+// ----------------------------------------------------------------------------------------------
+// Convolution descriptors and the algorithm cache
+
+struct ConvDescs {
+  cudnnTensorDescriptor_t x, y, b;
+  cudnnFilterDescriptor_t w;
+  cudnnConvolutionDescriptor_t conv;
+  cudnnConvolutionFwdAlgo_t fwd;
+  cudnnConvolutionBwdDataAlgo_t bwd_data;
+  cudnnConvolutionBwdFilterAlgo_t bwd_filter;
+  size_t fwd_ws = 0, bwd_data_ws = 0, bwd_filter_ws = 0;
+};
+
+using ConvKey = std::tuple<int, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t,
+                           int64_t, int64_t, int64_t, int64_t>;
+
+ConvDescs& descs_for(int device, const cpu::Conv2dGeometry& g) {
+  static std::mutex mu;
+  static auto* cache = new std::map<ConvKey, ConvDescs>();
+  const ConvKey key{device, g.n,  g.c,      g.h,   g.w,        g.o,
+                    g.kh,   g.kw, g.stride, g.pad, g.dilation, g.groups};
+  std::lock_guard<std::mutex> lock(mu);
+  auto it = cache->find(key);
+  if (it != cache->end()) return it->second;
+  ConvDescs d{};
+  CUDNN_CHECK(cudnnCreateTensorDescriptor(&d.x));
+  CUDNN_CHECK(cudnnCreateTensorDescriptor(&d.y));
+  CUDNN_CHECK(cudnnCreateTensorDescriptor(&d.b));
+  CUDNN_CHECK(cudnnCreateFilterDescriptor(&d.w));
+  CUDNN_CHECK(cudnnCreateConvolutionDescriptor(&d.conv));
+  CUDNN_CHECK(cudnnSetTensor4dDescriptor(d.x, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, int(g.n),
+                                         int(g.c), int(g.h), int(g.w)));
+  CUDNN_CHECK(cudnnSetTensor4dDescriptor(d.y, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, int(g.n),
+                                         int(g.o), int(g.oh), int(g.ow)));
+  CUDNN_CHECK(
+      cudnnSetTensor4dDescriptor(d.b, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, 1, int(g.o), 1, 1));
+  CUDNN_CHECK(cudnnSetFilter4dDescriptor(d.w, CUDNN_DATA_FLOAT, CUDNN_TENSOR_NCHW, int(g.o),
+                                         int(g.c / g.groups), int(g.kh), int(g.kw)));
+  CUDNN_CHECK(cudnnSetConvolution2dDescriptor(d.conv, int(g.pad), int(g.pad), int(g.stride),
+                                              int(g.stride), int(g.dilation), int(g.dilation),
+                                              CUDNN_CROSS_CORRELATION, CUDNN_DATA_FLOAT));
+  CUDNN_CHECK(cudnnSetConvolutionGroupCount(d.conv, int(g.groups)));
+  CUDNN_CHECK(cudnnSetConvolutionMathType(
+      d.conv, allow_tf32 ? CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION : CUDNN_FMA_MATH));
+  // The heuristics' first choice per direction, chosen once per geometry.
+  cudnnHandle_t h = handles(device).dnn;
+  int found = 0;
+  cudnnConvolutionFwdAlgoPerf_t fp[8];
+  CUDNN_CHECK(cudnnGetConvolutionForwardAlgorithm_v7(h, d.x, d.w, d.conv, d.y, 8, &found, fp));
+  d.fwd = fp[0].algo;
+  for (int i = 0; i < found; ++i)
+    if (fp[i].status == CUDNN_STATUS_SUCCESS) {
+      d.fwd = fp[i].algo;
+      break;
+    }
+  cudnnConvolutionBwdDataAlgoPerf_t dp[8];
+  CUDNN_CHECK(cudnnGetConvolutionBackwardDataAlgorithm_v7(h, d.w, d.y, d.conv, d.x, 8, &found, dp));
+  d.bwd_data = dp[0].algo;
+  for (int i = 0; i < found; ++i)
+    if (dp[i].status == CUDNN_STATUS_SUCCESS) {
+      d.bwd_data = dp[i].algo;
+      break;
+    }
+  cudnnConvolutionBwdFilterAlgoPerf_t wp[8];
+  CUDNN_CHECK(
+      cudnnGetConvolutionBackwardFilterAlgorithm_v7(h, d.x, d.y, d.conv, d.w, 8, &found, wp));
+  d.bwd_filter = wp[0].algo;
+  for (int i = 0; i < found; ++i)
+    if (wp[i].status == CUDNN_STATUS_SUCCESS) {
+      d.bwd_filter = wp[i].algo;
+      break;
+    }
+  CUDNN_CHECK(cudnnGetConvolutionForwardWorkspaceSize(h, d.x, d.w, d.conv, d.y, d.fwd, &d.fwd_ws));
+  CUDNN_CHECK(cudnnGetConvolutionBackwardDataWorkspaceSize(h, d.w, d.y, d.conv, d.x, d.bwd_data,
+                                                           &d.bwd_data_ws));
+  CUDNN_CHECK(cudnnGetConvolutionBackwardFilterWorkspaceSize(h, d.x, d.y, d.conv, d.w, d.bwd_filter,
+                                                             &d.bwd_filter_ws));
+  return cache->emplace(key, d).first->second;
+}
+
+}  // namespace
+
+// ----------------------------------------------------------------------------------------------
+// launchers
+
+void set_allow_tf32(bool on) {
+  allow_tf32 = on;
+}
+
+void gemm(int device, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
+          const float* a, int64_t lda, const float* b, int64_t ldb, float beta, float* c,
+          int64_t ldc, void* stream) {
+  if (m == 0 || n == 0) return;
+  cublasHandle_t h = handles(device).blas;
+  CUBLAS_CHECK(cublasSetStream(h, static_cast<cudaStream_t>(stream)));
+  CUBLAS_CHECK(cublasSetMathMode(h, allow_tf32 ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH));
+  // Row-major C = op(A) op(B) is column-major C^T = op(B)^T op(A)^T: swap the operands.
+  CUBLAS_CHECK(cublasSgemm(h, trans_b ? CUBLAS_OP_T : CUBLAS_OP_N,
+                           trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, int(n), int(m), int(k), &alpha, b,
+                           int(ldb), a, int(lda), &beta, c, int(ldc)));
+}
+
+void conv2d_forward(int device, const cpu::Conv2dGeometry& g, const float* x, const float* w,
+                    const float* bias, float* y, const Workspace& ws, void* stream) {
+  ConvDescs& d = descs_for(device, g);
+  cudnnHandle_t h = handles(device).dnn;
+  CUDNN_CHECK(cudnnSetStream(h, static_cast<cudaStream_t>(stream)));
+  const float one = 1.f, zero = 0.f;
+  void* work = d.fwd_ws ? ws(d.fwd_ws) : nullptr;
+  CUDNN_CHECK(cudnnConvolutionForward(h, &one, d.x, x, d.w, w, d.conv, d.fwd, work, d.fwd_ws, &zero,
+                                      d.y, y));
+  if (bias) CUDNN_CHECK(cudnnAddTensor(h, &one, d.b, bias, &one, d.y, y));
+}
+
+void conv2d_backward(int device, const cpu::Conv2dGeometry& g, const float* x, const float* w,
+                     const float* gy, float* gx, float* gw, float* gb, const Workspace& ws,
+                     void* stream) {
+  ConvDescs& d = descs_for(device, g);
+  cudnnHandle_t h = handles(device).dnn;
+  CUDNN_CHECK(cudnnSetStream(h, static_cast<cudaStream_t>(stream)));
+  const float one = 1.f, zero = 0.f;
+  if (gx) {
+    void* work = d.bwd_data_ws ? ws(d.bwd_data_ws) : nullptr;
+    CUDNN_CHECK(cudnnConvolutionBackwardData(h, &one, d.w, w, d.y, gy, d.conv, d.bwd_data, work,
+                                             d.bwd_data_ws, &zero, d.x, gx));
+  }
+  if (gw) {
+    void* work = d.bwd_filter_ws ? ws(d.bwd_filter_ws) : nullptr;
+    CUDNN_CHECK(cudnnConvolutionBackwardFilter(h, &one, d.x, x, d.y, gy, d.conv, d.bwd_filter, work,
+                                               d.bwd_filter_ws, &zero, d.w, gw));
+  }
+  if (gb) CUDNN_CHECK(cudnnConvolutionBackwardBias(h, &one, d.y, gy, &zero, d.b, gb));
+}
+
+}  // namespace galley::kernels::cuda

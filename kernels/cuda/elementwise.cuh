@@ -1,0 +1,87 @@
+#pragma once
+// Elementwise, reduction, softmax, loss, pooling and optimizer kernels on CUDA: the GPU twins of
+// kernels/cpu (same arguments, device pointers, plus the stream to run on). Declared without
+// CUDA types so that the C++ op layer can call the launchers; `stream` is a cudaStream_t
+// (null: the legacy default stream). Launchers only enqueue: they never synchronise.
+#include <cstdint>
+
+#include "kernels/cpu/cross_entropy.h"
+#include "kernels/cpu/max_pool2d.h"
+#include "kernels/cpu/optimizer_update.h"
+
+namespace galley::kernels::cuda {
+
+// ----------------------------------------------------------------------------------------------
+// launchers
+
+enum class Binary { Add, Sub, Mul, Div };
+// out = a (op) b with NumPy broadcasting. Shapes are given as `rank` sizes each, already
+// aligned to the output's rank (missing leading dimensions are 1); sizes of 1 broadcast.
+void binary(Binary op, const float* a, const int64_t* a_shape, const float* b,
+            const int64_t* b_shape, float* out, const int64_t* out_shape, int rank, void* stream);
+// out = reduction of g (shape g_shape) to `shape` (aligned like binary): sums over broadcast dims.
+void sum_to(const float* g, const int64_t* g_shape, float* out, const int64_t* shape, int rank,
+            void* stream);
+// acc[i] += g[i]
+void add_inplace(float* acc, const float* g, int64_t n, void* stream);
+
+enum class Unary { Affine, Exp, Log, Pow, Relu };
+// out = f(a): Affine a*p0+p1, Exp, Log, Pow a^p0, Relu (NaN stays NaN). out may equal a.
+void unary(Unary op, const float* a, float* out, int64_t n, float p0, float p1, void* stream);
+// out = grad * p * a^(p-1)
+void pow_backward(const float* grad, const float* a, float* out, int64_t n, float p, void* stream);
+// out = out_fwd > 0 ? grad : 0. out may equal grad.
+void relu_backward(const float* grad, const float* out_fwd, float* out, int64_t n, void* stream);
+
+// x viewed as [outer, len, inner]:
+// out[o, i] = scale * sum_l x[o, l, i]
+void sum_dim(const float* x, int64_t outer, int64_t len, int64_t inner, float scale, float* out,
+             void* stream);
+// out[0] = scale * sum of all n elements (accumulated in double).
+void sum_all(const float* x, int64_t n, float scale, float* out, void* stream);
+// out[o, l, i] = g[o, i] * scale; `g_is_scalar` broadcasts g[0] (the backward of sum_all).
+void expand_dim(const float* g, int64_t outer, int64_t len, int64_t inner, float scale,
+                float* out, void* stream);
+// out[o, i] = argmax_l x[o, l, i] (first of equal maxima; NaN wins)
+void argmax_dim(const float* x, int64_t outer, int64_t len, int64_t inner, int64_t* out,
+                void* stream);
+// out[j] = sum over rows of g[i, j] (+ out[j] when accumulate) — bias gradients.
+void column_sums(const float* g, int64_t rows, int64_t n, float* out, bool accumulate,
+                 void* stream);
+// out[o] += bias broadcast over rows: y[r, o] = bias[o] for a rows x n matrix (seeding a GEMM).
+void broadcast_rows(const float* bias, int64_t rows, int64_t n, float* out, void* stream);
+// y[n, o, p] = bias[o] for a [N, O, P] tensor (seeding a convolution's output).
+void broadcast_channels(const float* bias, int64_t n, int64_t o, int64_t p, float* out,
+                        void* stream);
+
+// Softmax / log-softmax along len of [outer, len, inner], forward and backward (as kernels/cpu).
+void softmax_forward(const float* x, int64_t outer, int64_t len, int64_t inner, bool log,
+                     float* y, void* stream);
+void softmax_backward(const float* y, const float* gy, int64_t outer, int64_t len, int64_t inner,
+                      bool log, float* gx, void* stream);
+
+// Fused softmax cross-entropy, as kernels/cpu/cross_entropy.h, with the row count and the first
+// bad row written to device scalars (count: int64, bad_row: int64, -1 when none).
+void cross_entropy_forward(const float* logits, const int64_t* labels, int64_t n, int64_t c,
+                           float eps, int64_t ignore_index, float* loss, float* prob,
+                           int64_t* count, int64_t* bad_row, void* stream);
+// row_scale is a device array of n floats.
+void cross_entropy_backward(const float* prob, const int64_t* labels, const float* row_scale,
+                            int64_t n, int64_t c, float eps, int64_t ignore_index, float* gx,
+                            void* stream);
+// row_scale[i] = *scalar * factor for all i (mean/sum reductions' backward), on the device.
+void fill_scaled(const float* scalar, float factor, float* out, int64_t n, void* stream);
+
+// Max pooling with winner indices, as kernels/cpu/max_pool2d.h.
+void max_pool2d_forward(const cpu::Pool2dGeometry& g, const float* x, float* y, int32_t* idx,
+                        void* stream);
+void max_pool2d_backward(const cpu::Pool2dGeometry& g, const float* gy, const int32_t* idx,
+                         float* gx, void* stream);
+
+// Fused optimizer updates over one parameter tensor, as kernels/cpu/optimizer_update.h.
+void adam_update(const cpu::AdamStep& s, int64_t n, float* p, const float* g, float* m, float* v,
+                 float* vmax, void* stream);
+void sgd_update(const cpu::SGDStep& s, int64_t n, float* p, const float* g, float* buf,
+                void* stream);
+
+}  // namespace galley::kernels::cuda
