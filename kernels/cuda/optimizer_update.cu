@@ -1,0 +1,161 @@
+// Fused optimizer updates, one pass over parameter, gradient and state per tensor: the GPU side
+// of kernels/cpu/optimizer_update.cpp (torch.optim.Adam / AdamW / SGD formulas, same order of
+// operations).
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdint>
+
+#include "kernels/cuda/elementwise.cuh"
+
+namespace galley::kernels::cuda {
+
+// ----------------------------------------------------------------------------------------------
+// kernels
+
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int64_t kMaxBlocks = 8192;
+
+// One Adam element. Mirrors the CPU loop line by line; std::max(vmax, v) keeps vmax unless
+// vmax < v.
+__device__ __forceinline__ void adam_element(const cpu::AdamStep& s, float& p, float g, float& m,
+                                             float& v, float* vmax) {
+  const float l2 = s.decoupled ? 0.f : s.weight_decay;
+  const float shrink = s.decoupled ? 1.f - s.lr * s.weight_decay : 1.f;
+  const float pi = p * shrink;
+  const float gi = g + l2 * pi;
+  const float mi = m * s.beta1 + (1.f - s.beta1) * gi;
+  const float vi = v * s.beta2 + (1.f - s.beta2) * gi * gi;
+  m = mi;
+  v = vi;
+  float vv = vi;
+  if (vmax) {
+    vv = *vmax < vi ? vi : *vmax;
+    *vmax = vv;
+  }
+  const float denom = sqrtf(vv) / s.bias2_sqrt + s.eps;
+  p = pi - s.step_size * (mi / denom);
+}
+
+// kVec: every array is 16-byte aligned, so the bulk moves as float4 (five streams at once:
+// the update is bound by memory bandwidth). kAms: vmax is read and written.
+template <bool kVec, bool kAms>
+__global__ void adam_kernel(cpu::AdamStep s, int64_t n, float* __restrict__ p,
+                            const float* __restrict__ g, float* __restrict__ m,
+                            float* __restrict__ v, float* __restrict__ vmax) {
+  const int64_t stride = int64_t(blockDim.x) * gridDim.x;
+  const int64_t start = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  int64_t tail = 0;
+  if constexpr (kVec) {
+    const int64_t n4 = n / 4;
+    for (int64_t i = start; i < n4; i += stride) {
+      float4 pv = reinterpret_cast<float4*>(p)[i];
+      const float4 gv = reinterpret_cast<const float4*>(g)[i];
+      float4 mv = reinterpret_cast<float4*>(m)[i];
+      float4 vv = reinterpret_cast<float4*>(v)[i];
+      float4 xv = kAms ? reinterpret_cast<float4*>(vmax)[i] : float4{};
+      adam_element(s, pv.x, gv.x, mv.x, vv.x, kAms ? &xv.x : nullptr);
+      adam_element(s, pv.y, gv.y, mv.y, vv.y, kAms ? &xv.y : nullptr);
+      adam_element(s, pv.z, gv.z, mv.z, vv.z, kAms ? &xv.z : nullptr);
+      adam_element(s, pv.w, gv.w, mv.w, vv.w, kAms ? &xv.w : nullptr);
+      reinterpret_cast<float4*>(p)[i] = pv;
+      reinterpret_cast<float4*>(m)[i] = mv;
+      reinterpret_cast<float4*>(v)[i] = vv;
+      if (kAms) reinterpret_cast<float4*>(vmax)[i] = xv;
+    }
+    tail = n4 * 4;
+  }
+  for (int64_t i = tail + start; i < n; i += stride)
+    adam_element(s, p[i], g[i], m[i], v[i], kAms ? vmax + i : nullptr);
+}
+
+// One SGD element; the branches are uniform across the grid.
+__device__ __forceinline__ void sgd_element(const cpu::SGDStep& s, float& p, float g, float* buf) {
+  float d = g + s.weight_decay * p;
+  if (s.momentum != 0.f) {
+    const float bi = s.first ? d : *buf * s.momentum + (1.f - s.dampening) * d;
+    *buf = bi;
+    d = s.nesterov ? d + s.momentum * bi : bi;
+  }
+  p -= s.lr * d;
+}
+
+// kVec: p, g (and buf when momentum is on) are 16-byte aligned.
+template <bool kVec>
+__global__ void sgd_kernel(cpu::SGDStep s, int64_t n, float* __restrict__ p,
+                           const float* __restrict__ g, float* __restrict__ buf) {
+  const int64_t stride = int64_t(blockDim.x) * gridDim.x;
+  const int64_t start = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  const bool momentum = s.momentum != 0.f;
+  int64_t tail = 0;
+  if constexpr (kVec) {
+    const int64_t n4 = n / 4;
+    for (int64_t i = start; i < n4; i += stride) {
+      float4 pv = reinterpret_cast<float4*>(p)[i];
+      const float4 gv = reinterpret_cast<const float4*>(g)[i];
+      // The first step only writes the buffer; reading it would read uninitialised memory.
+      float4 bv = momentum && !s.first ? reinterpret_cast<float4*>(buf)[i] : float4{};
+      sgd_element(s, pv.x, gv.x, &bv.x);
+      sgd_element(s, pv.y, gv.y, &bv.y);
+      sgd_element(s, pv.z, gv.z, &bv.z);
+      sgd_element(s, pv.w, gv.w, &bv.w);
+      reinterpret_cast<float4*>(p)[i] = pv;
+      if (momentum) reinterpret_cast<float4*>(buf)[i] = bv;
+    }
+    tail = n4 * 4;
+  }
+  for (int64_t i = tail + start; i < n; i += stride) {
+    float b = momentum && !s.first ? buf[i] : 0.f;
+    sgd_element(s, p[i], g[i], &b);
+    if (momentum) buf[i] = b;
+  }
+}
+
+}  // namespace
+
+// ----------------------------------------------------------------------------------------------
+// launchers
+
+namespace {
+
+int blocks_for(int64_t work) {
+  return static_cast<int>(std::clamp<int64_t>((work + kThreads - 1) / kThreads, 1, kMaxBlocks));
+}
+
+bool aligned16(const void* p) {
+  return (reinterpret_cast<uintptr_t>(p) & 15) == 0;
+}
+
+}  // namespace
+
+void adam_update(const cpu::AdamStep& s, int64_t n, float* p, const float* g, float* m, float* v,
+                 float* vmax, void* stream) {
+  if (n <= 0) return;
+  const cudaStream_t st = static_cast<cudaStream_t>(stream);
+  const bool vec = aligned16(p) && aligned16(g) && aligned16(m) && aligned16(v) &&
+                   (!s.amsgrad || aligned16(vmax));
+  const int blocks = blocks_for(vec ? (n + 3) / 4 : n);
+  if (vec && s.amsgrad)
+    adam_kernel<true, true><<<blocks, kThreads, 0, st>>>(s, n, p, g, m, v, vmax);
+  else if (vec)
+    adam_kernel<true, false><<<blocks, kThreads, 0, st>>>(s, n, p, g, m, v, nullptr);
+  else if (s.amsgrad)
+    adam_kernel<false, true><<<blocks, kThreads, 0, st>>>(s, n, p, g, m, v, vmax);
+  else
+    adam_kernel<false, false><<<blocks, kThreads, 0, st>>>(s, n, p, g, m, v, nullptr);
+}
+
+void sgd_update(const cpu::SGDStep& s, int64_t n, float* p, const float* g, float* buf,
+                void* stream) {
+  if (n <= 0) return;
+  const cudaStream_t st = static_cast<cudaStream_t>(stream);
+  const bool vec = aligned16(p) && aligned16(g) && (s.momentum == 0.f || aligned16(buf));
+  if (vec)
+    sgd_kernel<true><<<blocks_for((n + 3) / 4), kThreads, 0, st>>>(s, n, p, g, buf);
+  else
+    sgd_kernel<false><<<blocks_for(n), kThreads, 0, st>>>(s, n, p, g, buf);
+}
+
+}  // namespace galley::kernels::cuda
