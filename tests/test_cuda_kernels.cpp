@@ -1,0 +1,875 @@
+// The CUDA elementwise, reduction, softmax, loss, pooling and optimizer kernels against the CPU
+// kernels they mirror (the oracle), on random inputs with broadcasting, odd sizes, misaligned
+// pointers and NaNs. Compiled always; skipped with the reason when there is no GPU (or the build
+// has no CUDA backend).
+//
+// Tolerances: results that are the same float operations in the same order (binary ops, relu,
+// broadcasts, pooling, argmax, gathers) must be bit-identical. Sums use values that are
+// multiples of 1/16 no larger than 8, so every partial sum is exact in float and any summation
+// order gives the same bits: they too must be bit-identical, which catches a missing or doubled
+// element that a tolerance would hide; sum_all (double accumulation) is also checked on normal
+// data to 1e-6 of the sum of magnitudes. Transcendentals differ by the libraries' documented
+// ulp errors (CUDA expf 2 ulp, logf 1 ulp, powf 4 ulp; glibc under 1 ulp), and expressions of the
+// form a * b + c may be fused into one FMA by either compiler (1 ulp): those are compared in ulps
+// or relative to the magnitudes that enter the last operation.
+#include <gtest/gtest.h>
+
+#include <cfloat>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "galley/galley.h"
+#include "galley/runtime/cuda.h"
+#include "kernels/cpu/binary.h"
+#include "kernels/cpu/cross_entropy.h"
+#include "kernels/cpu/gemm.h"
+#include "kernels/cpu/max_pool2d.h"
+#include "kernels/cpu/optimizer_update.h"
+#include "kernels/cpu/reduce.h"
+#include "kernels/cpu/softmax.h"
+#include "kernels/cpu/unary.h"
+#ifdef GALLEY_HAVE_CUDA
+#include "kernels/cuda/elementwise.cuh"
+#endif
+
+using galley::Device;
+using galley::Shape;
+using galley::Tensor;
+
+#ifdef GALLEY_HAVE_CUDA
+namespace {
+
+namespace cpu = galley::kernels::cpu;
+namespace gk = galley::kernels::cuda;
+
+const Device gpu = Device::cuda(0);
+constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
+constexpr float kInf = std::numeric_limits<float>::infinity();
+
+std::mt19937& rng() {
+  static std::mt19937 r(20240611);
+  return r;
+}
+
+int64_t numel(const Shape& s) {
+  int64_t n = 1;
+  for (int64_t d : s) n *= d;
+  return n;
+}
+
+std::vector<float> normal(int64_t n, float scale = 1.f) {
+  std::normal_distribution<float> d(0.f, scale);
+  std::vector<float> v(n);
+  for (float& x : v) x = d(rng());
+  return v;
+}
+
+std::vector<float> uniform(int64_t n, float lo, float hi) {
+  std::uniform_real_distribution<float> d(lo, hi);
+  std::vector<float> v(n);
+  for (float& x : v) x = d(rng());
+  return v;
+}
+
+// Multiples of 1/16 in [-8, 8]: partial sums of up to 2^19 of them are exact in float.
+std::vector<float> exact_values(int64_t n) {
+  std::uniform_int_distribution<int> d(-128, 128);
+  std::vector<float> v(n);
+  for (float& x : v) x = float(d(rng())) / 16.f;
+  return v;
+}
+
+// Small integers: many ties for max and argmax.
+std::vector<float> small_ints(int64_t n, int hi) {
+  std::uniform_int_distribution<int> d(0, hi - 1);
+  std::vector<float> v(n);
+  for (float& x : v) x = float(d(rng()));
+  return v;
+}
+
+// Overwrites about one element in `every` with NaN, +inf or -inf.
+void sprinkle_specials(std::vector<float>& v, int every) {
+  std::uniform_int_distribution<int> d(0, every - 1);
+  const float specials[] = {kNaN, kInf, -kInf};
+  for (size_t i = 0; i < v.size(); ++i)
+    if (d(rng()) == 0) v[i] = specials[i % 3];
+}
+
+// Makes sure nothing galley queued (copies, fills) is still running before a launcher runs on
+// the default stream, and that the launcher finished before results are read.
+void sync() {
+  galley::cuda::synchronize(gpu);
+}
+
+// A device copy of host floats, `pad` elements after the start of its allocation, so that
+// get() is misaligned for 16-byte loads when pad is odd.
+class DeviceFloats {
+ public:
+  explicit DeviceFloats(const std::vector<float>& v, int64_t pad = 0) : pad_(pad), n_(v.size()) {
+    std::vector<float> padded(pad, 0.f);
+    padded.insert(padded.end(), v.begin(), v.end());
+    if (padded.empty()) padded.push_back(0.f);
+    t_ = Tensor::from_vector(padded, {int64_t(padded.size())}).to(gpu);
+    sync();
+  }
+  static DeviceFloats zeros(int64_t n, int64_t pad = 0) {
+    return DeviceFloats(std::vector<float>(n, 0.f), pad);
+  }
+  float* get() const { return static_cast<float*>(t_.raw_data()) + pad_; }
+  std::vector<float> host() const {
+    sync();
+    std::vector<float> all = t_.to(Device::cpu()).to_vector();
+    return std::vector<float>(all.begin() + pad_, all.begin() + pad_ + n_);
+  }
+  // The same bytes read as int32 (pooling indices).
+  std::vector<int32_t> host_int32() const {
+    std::vector<float> f = host();
+    std::vector<int32_t> out(f.size());
+    std::memcpy(out.data(), f.data(), f.size() * sizeof(float));
+    return out;
+  }
+
+ private:
+  Tensor t_;
+  int64_t pad_;
+  int64_t n_;
+};
+
+class DeviceInts {
+ public:
+  explicit DeviceInts(const std::vector<int64_t>& v) : n_(v.size()) {
+    std::vector<int64_t> padded = v;
+    if (padded.empty()) padded.push_back(0);
+    t_ = Tensor::from_vector(padded, {int64_t(padded.size())}).to(gpu);
+    sync();
+  }
+  static DeviceInts zeros(int64_t n) { return DeviceInts(std::vector<int64_t>(n, 0)); }
+  int64_t* get() const { return static_cast<int64_t*>(t_.raw_data()); }
+  std::vector<int64_t> host() const {
+    sync();
+    std::vector<int64_t> all = t_.to(Device::cpu()).to_vector<int64_t>();
+    all.resize(n_);
+    return all;
+  }
+
+ private:
+  Tensor t_;
+  int64_t n_;
+};
+
+bool same(float a, float b) {
+  return a == b || (std::isnan(a) && std::isnan(b));
+}
+
+// Distance in representable floats between two finite values.
+int64_t ulps(float a, float b) {
+  auto key = [](float f) {
+    int32_t i;
+    std::memcpy(&i, &f, sizeof i);
+    return i < 0 ? int64_t(INT32_MIN) - i : int64_t(i);
+  };
+  return std::llabs(key(a) - key(b));
+}
+
+// Reports at most a few mismatches per check, with their index and both values.
+class Mismatches {
+ public:
+  explicit Mismatches(std::string what) : what_(std::move(what)) {}
+  ~Mismatches() { EXPECT_EQ(count_, 0) << what_ << ": " << count_ << " mismatching element(s)"; }
+  template <typename T>
+  void add(size_t i, T got, T want) {
+    if (count_++ < 5) ADD_FAILURE() << what_ << " [" << i << "]: got " << got << ", want " << want;
+  }
+
+ private:
+  std::string what_;
+  int64_t count_ = 0;
+};
+
+void expect_same(const std::vector<float>& got, const std::vector<float>& want,
+                 const std::string& what) {
+  ASSERT_EQ(got.size(), want.size()) << what;
+  Mismatches m(what);
+  for (size_t i = 0; i < got.size(); ++i)
+    if (!same(got[i], want[i])) m.add(i, got[i], want[i]);
+}
+
+template <typename T>
+void expect_equal(const std::vector<T>& got, const std::vector<T>& want, const std::string& what) {
+  ASSERT_EQ(got.size(), want.size()) << what;
+  Mismatches m(what);
+  for (size_t i = 0; i < got.size(); ++i)
+    if (got[i] != want[i]) m.add(i, got[i], want[i]);
+}
+
+void expect_ulps(const std::vector<float>& got, const std::vector<float>& want, int64_t max_ulps,
+                 const std::string& what) {
+  ASSERT_EQ(got.size(), want.size()) << what;
+  Mismatches m(what);
+  for (size_t i = 0; i < got.size(); ++i) {
+    if (same(got[i], want[i])) continue;
+    if (std::isfinite(got[i]) && std::isfinite(want[i]) && ulps(got[i], want[i]) <= max_ulps)
+      continue;
+    m.add(i, got[i], want[i]);
+  }
+}
+
+// |got - want| <= tol[i] (NaN matches NaN, infinities must be equal).
+void expect_within(const std::vector<float>& got, const std::vector<float>& want,
+                   const std::vector<double>& tol, const std::string& what) {
+  ASSERT_EQ(got.size(), want.size()) << what;
+  Mismatches m(what);
+  for (size_t i = 0; i < got.size(); ++i) {
+    if (same(got[i], want[i])) continue;
+    if (std::isfinite(got[i]) && std::isfinite(want[i]) &&
+        std::abs(double(got[i]) - double(want[i])) <= tol[i])
+      continue;
+    m.add(i, got[i], want[i]);
+  }
+}
+
+void expect_close(const std::vector<float>& got, const std::vector<float>& want, double rel,
+                  double abs, const std::string& what) {
+  std::vector<double> tol(want.size());
+  for (size_t i = 0; i < want.size(); ++i) tol[i] = abs + rel * std::abs(double(want[i]));
+  expect_within(got, want, tol, what);
+}
+
+std::string shape_text(const Shape& s) {
+  std::string t = "[";
+  for (size_t i = 0; i < s.size(); ++i) t += (i ? ", " : "") + std::to_string(s[i]);
+  return t + "]";
+}
+
+// `s` with leading 1s up to `rank` dimensions.
+Shape aligned(const Shape& s, size_t rank) {
+  Shape out(rank - s.size(), 1);
+  out.insert(out.end(), s.begin(), s.end());
+  return out;
+}
+
+}  // namespace
+#endif
+
+#ifdef GALLEY_HAVE_CUDA
+#define REQUIRE_GPU()             \
+  if (!galley::cuda::available()) \
+  GTEST_SKIP() << "no CUDA device here: the CUDA kernels are compiled but cannot run"
+#else
+#define REQUIRE_GPU() \
+  GTEST_SKIP() << "this build has no CUDA backend (GALLEY_HAVE_CUDA is not defined)"
+#endif
+
+// ----------------------------------------------------------------------------------------------
+// binary.cu
+
+TEST(CudaKernels, BinaryOpsMatchTheCpuWithBroadcasting) {
+  REQUIRE_GPU();
+#ifdef GALLEY_HAVE_CUDA
+  struct Case {
+    Shape a, b;
+    int64_t pad;
+  };
+  const Case cases[] = {
+      {{7, 13}, {7, 13}, 0},
+      {{1037}, {1037}, 1},
+      {{1037}, {1}, 0},
+      {{1}, {1037}, 1},
+      {{}, {3}, 0},
+      {{}, {}, 0},
+      {{4, 5, 6}, {5, 1}, 0},
+      {{2, 3, 4, 5}, {1, 3, 1, 1}, 0},
+      {{3, 1, 5}, {1, 4, 1}, 0},
+      {{6, 1}, {1, 7}, 1},
+      {{2049, 3}, {2049, 1}, 0},
+      {{2, 1, 3, 1, 5}, {4, 1, 2, 1}, 0},
+      {{9000001}, {1}, 0},
+      {{3000001}, {3000001}, 0},
+  };
+  const cpu::BinaryOp cpu_ops[] = {cpu::BinaryOp::Add, cpu::BinaryOp::Sub, cpu::BinaryOp::Mul,
+                                   cpu::BinaryOp::Div};
+  const gk::Binary gpu_ops[] = {gk::Binary::Add, gk::Binary::Sub, gk::Binary::Mul, gk::Binary::Div};
+  const char* names[] = {"add", "sub", "mul", "div"};
+  for (const Case& c : cases) {
+    std::vector<float> va = normal(numel(c.a)), vb = normal(numel(c.b));
+    sprinkle_specials(va, 97);
+    sprinkle_specials(vb, 89);
+    if (vb.size() > 5) vb[5] = 0.f;  // x / 0
+    const Tensor ta = Tensor::from_vector(va, c.a), tb = Tensor::from_vector(vb, c.b);
+    const DeviceFloats da(va, c.pad), db(vb, c.pad);
+    for (int op = 0; op < 4; ++op) {
+      const Tensor want = cpu::binary(cpu_ops[op], ta, tb);
+      const Shape out = want.shape();
+      const Shape as = aligned(c.a, out.size()), bs = aligned(c.b, out.size());
+      DeviceFloats dout = DeviceFloats::zeros(want.numel(), c.pad);
+      gk::binary(gpu_ops[op], da.get(), as.data(), db.get(), bs.data(), dout.get(), out.data(),
+                 static_cast<int>(out.size()), nullptr);
+      expect_same(dout.host(), want.to_vector(),
+                  std::string(names[op]) + " " + shape_text(c.a) + " " + shape_text(c.b));
+    }
+  }
+#endif
+}
+
+TEST(CudaKernels, AddInplaceMatchesTheCpu) {
+  REQUIRE_GPU();
+#ifdef GALLEY_HAVE_CUDA
+  for (int64_t n : {1, 7, 1024, 1000003})
+    for (int64_t pad : {0, 1}) {
+      std::vector<float> acc = normal(n), g = normal(n);
+      sprinkle_specials(g, 101);
+      Tensor want = Tensor::from_vector(acc, {n});
+      cpu::add_inplace(want, Tensor::from_vector(g, {n}));
+      DeviceFloats dacc(acc, pad), dg(g, pad);
+      gk::add_inplace(dacc.get(), dg.get(), n, nullptr);
+      expect_same(dacc.host(), want.to_vector(),
+                  "add_inplace n=" + std::to_string(n) + " pad=" + std::to_string(pad));
+    }
+#endif
+}
+
+TEST(CudaKernels, BroadcastRowsAndChannelsSeedEveryElement) {
+  REQUIRE_GPU();
+#ifdef GALLEY_HAVE_CUDA
+  for (auto [rows, n] : {std::pair<int64_t, int64_t>{5, 12}, {5, 7}, {1, 1}, {300, 1024}}) {
+    const std::vector<float> bias = normal(n);
+    std::vector<float> want(rows * n);
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t j = 0; j < n; ++j) want[r * n + j] = bias[j];
+    DeviceFloats db(bias), dout = DeviceFloats::zeros(rows * n);
+    gk::broadcast_rows(db.get(), rows, n, dout.get(), nullptr);
+    expect_same(dout.host(), want,
+                "broadcast_rows " + std::to_string(rows) + "x" + std::to_string(n));
+  }
+  struct Case {
+    int64_t n, o, p, pad;
+  };
+  for (const Case& c :
+       {Case{2, 3, 16, 0}, Case{2, 3, 5, 0}, Case{4, 64, 49, 0}, Case{3, 5, 8, 1}}) {
+    const std::vector<float> bias = normal(c.o);
+    std::vector<float> want(c.n * c.o * c.p);
+    for (int64_t i = 0; i < c.n; ++i)
+      for (int64_t ch = 0; ch < c.o; ++ch)
+        for (int64_t q = 0; q < c.p; ++q) want[(i * c.o + ch) * c.p + q] = bias[ch];
+    DeviceFloats db(bias), dout = DeviceFloats::zeros(c.n * c.o * c.p, c.pad);
+    gk::broadcast_channels(db.get(), c.n, c.o, c.p, dout.get(), nullptr);
+    expect_same(
+        dout.host(), want,
+        "broadcast_channels " + shape_text({c.n, c.o, c.p}) + " pad=" + std::to_string(c.pad));
+  }
+#endif
+}
+
+// ----------------------------------------------------------------------------------------------
+// unary.cu
+
+TEST(CudaKernels, UnaryOpsMatchTheCpu) {
+  REQUIRE_GPU();
+#ifdef GALLEY_HAVE_CUDA
+  std::vector<float> base = normal(1003, 3.f);
+  const float specials[] = {kNaN, kInf, -kInf, 0.f, -0.f, -1.f, 1e-40f, 88.7f, -104.f, 1.f};
+  for (size_t i = 0; i < std::size(specials); ++i) base[i * 37] = specials[i];
+  const Tensor t = Tensor::from_vector(base, {int64_t(base.size())});
+  const int64_t n = t.numel();
+  struct Case {
+    const char* name;
+    gk::Unary op;
+    float p0, p1;
+    Tensor want;
+    int64_t max_ulps;
+  };
+  const Case cases[] = {
+      {"exp", gk::Unary::Exp, 0.f, 0.f, cpu::exp(t), 3},
+      {"log", gk::Unary::Log, 0.f, 0.f, cpu::log(t), 3},
+      {"pow 2.5", gk::Unary::Pow, 2.5f, 0.f, cpu::pow(t, 2.5f), 8},
+      {"pow 2", gk::Unary::Pow, 2.f, 0.f, cpu::pow(t, 2.f), 8},
+      {"pow -1.5", gk::Unary::Pow, -1.5f, 0.f, cpu::pow(t, -1.5f), 8},
+      {"relu", gk::Unary::Relu, 0.f, 0.f, cpu::relu(t), 0},
+  };
+  for (const Case& c : cases)
+    for (int64_t pad : {0, 1}) {
+      DeviceFloats da(base, pad), dout = DeviceFloats::zeros(n, pad);
+      gk::unary(c.op, da.get(), dout.get(), n, c.p0, c.p1, nullptr);
+      expect_ulps(dout.host(), c.want.to_vector(), c.max_ulps,
+                  std::string(c.name) + " pad=" + std::to_string(pad));
+    }
+  // x * 0.7 - 1.3 may be one FMA on either side: within one rounding of the product.
+  for (int64_t pad : {0, 1}) {
+    DeviceFloats da(base, pad), dout = DeviceFloats::zeros(n, pad);
+    gk::unary(gk::Unary::Affine, da.get(), dout.get(), n, 0.7f, -1.3f, nullptr);
+    std::vector<double> tol(n);
+    for (int64_t i = 0; i < n; ++i) tol[i] = FLT_EPSILON * (std::abs(base[i] * 0.7) + 1.3);
+    expect_within(dout.host(), cpu::affine(t, 0.7f, -1.3f).to_vector(), tol,
+                  "affine pad=" + std::to_string(pad));
+  }
+  // In place (out == a), as the op layer's relu_ does.
+  DeviceFloats inplace(base);
+  gk::unary(gk::Unary::Relu, inplace.get(), inplace.get(), n, 0.f, 0.f, nullptr);
+  expect_same(inplace.host(), cpu::relu(t).to_vector(), "relu in place");
+#endif
+}
+
+TEST(CudaKernels, PowAndReluBackwardMatchTheCpu) {
+  REQUIRE_GPU();
+#ifdef GALLEY_HAVE_CUDA
+  const int64_t n = 1003;
+  std::vector<float> grad = normal(n), a = normal(n, 2.f);
+  a[3] = 0.f;
+  a[10] = kNaN;
+  grad[20] = kNaN;
+  const Tensor tg = Tensor::from_vector(grad, {n}), ta = Tensor::from_vector(a, {n});
+  for (float p : {2.5f, 3.f, 0.5f})
+    for (int64_t pad : {0, 1}) {
+      DeviceFloats dg(grad, pad), da(a, pad), dout = DeviceFloats::zeros(n, pad);
+      gk::pow_backward(dg.get(), da.get(), dout.get(), n, p, nullptr);
+      // g * p * a^(p-1): powf's error plus two roundings, either side.
+      expect_ulps(dout.host(), cpu::pow_backward(tg, ta, p).to_vector(), 12,
+                  "pow_backward p=" + std::to_string(p) + " pad=" + std::to_string(pad));
+    }
+  std::vector<float> y = normal(n);
+  y[0] = 0.f;
+  y[1] = -0.f;
+  y[2] = kNaN;
+  const Tensor ty = Tensor::from_vector(y, {n});
+  const std::vector<float> want = cpu::relu_backward(tg, ty).to_vector();
+  for (int64_t pad : {0, 1}) {
+    DeviceFloats dg(grad, pad), dy(y, pad), dout = DeviceFloats::zeros(n, pad);
+    gk::relu_backward(dg.get(), dy.get(), dout.get(), n, nullptr);
+    expect_same(dout.host(), want, "relu_backward pad=" + std::to_string(pad));
+  }
+  DeviceFloats dg(grad), dy(y);  // in place into grad
+  gk::relu_backward(dg.get(), dy.get(), dg.get(), n, nullptr);
+  expect_same(dg.host(), want, "relu_backward in place");
+#endif
+}
+
+// ----------------------------------------------------------------------------------------------
+// reduce.cu
+
+TEST(CudaKernels, SumToMatchesTheCpuForEveryBroadcastPattern) {
+  REQUIRE_GPU();
+#ifdef GALLEY_HAVE_CUDA
+  struct Case {
+    Shape g, to;
+  };
+  const Case cases[] = {
+      {{4, 5, 6}, {5, 1}},
+      {{2, 3, 4, 5}, {1, 3, 1, 1}},
+      {{3, 4}, {4}},
+      {{3, 4}, {3, 1}},
+      {{1000, 3}, {3}},
+      {{3, 1000}, {3, 1}},
+      {{5000, 7}, {1, 1}},
+      {{70000}, {1}},
+      {{2, 3, 4, 5}, {2, 1, 4, 1}},
+      {{6, 7}, {6, 7}},
+      {{2, 3000, 2}, {2, 1, 2}},
+      {{40, 3000}, {40, 1}},
+      {{8, 3, 300}, {1, 3, 1}},
+      {{8, 3, 50}, {3, 1}},
+      {{8, 3, 7}, {1, 3, 1}},
+      {{64, 64, 7, 7}, {64, 1, 1}},
+      {{3, 1, 4}, {1, 1, 4}},
+      {{1, 1}, {1}},
+  };
+  for (const Case& c : cases) {
+    const std::vector<float> g = exact_values(numel(c.g));
+    const Tensor want = cpu::sum_to(Tensor::from_vector(g, c.g), c.to);
+    const Shape to = aligned(c.to, c.g.size());
+    DeviceFloats dg(g), dout = DeviceFloats::zeros(numel(c.to));
+    gk::sum_to(dg.get(), c.g.data(), dout.get(), to.data(), static_cast<int>(c.g.size()), nullptr);
+    expect_same(dout.host(), want.to_vector(),
+                "sum_to " + shape_text(c.g) + " -> " + shape_text(c.to));
+  }
+#endif
+}
+
+TEST(CudaKernels, SumDimMatchesTheCpu) {
+  REQUIRE_GPU();
+#ifdef GALLEY_HAVE_CUDA
+  struct Case {
+    int64_t outer, len, inner;
+  };
+  const Case cases[] = {{3, 1000, 1}, {2, 5000, 1}, {1, 70000, 1}, {4, 33, 17},
+                        {1, 3000, 5}, {5, 1, 7},    {7, 3, 1},     {16, 2, 1000},
+                        {64, 64, 49}, {1, 1, 1},    {300, 9, 1},   {2, 100000, 3}};
+  for (const Case& c : cases)
+    for (bool mean : {false, true}) {
+      const float scale = mean ? 1.f / float(c.len) : 1.f;
+      const std::vector<float> x = exact_values(c.outer * c.len * c.inner);
+      // The op layer's CPU path: the float sum, then the mean's scale.
+      std::vector<float> want(c.outer * c.inner);
+      cpu::sum_dim(x.data(), c.outer, c.len, c.inner, want.data());
+      for (float& v : want) v *= scale;
+      DeviceFloats dx(x), dout = DeviceFloats::zeros(c.outer * c.inner);
+      gk::sum_dim(dx.get(), c.outer, c.len, c.inner, scale, dout.get(), nullptr);
+      expect_same(dout.host(), want,
+                  "sum_dim " + shape_text({c.outer, c.len, c.inner}) + (mean ? " mean" : ""));
+    }
+  // Normal data: within the worst-case error of float summation, len * eps * sum |x|, of the
+  // exact (double) sum.
+  for (const Case& c : {Case{3, 1000, 1}, Case{4, 333, 17}, Case{2, 20000, 1}}) {
+    const std::vector<float> x = normal(c.outer * c.len * c.inner);
+    std::vector<float> want(c.outer * c.inner);
+    std::vector<double> tol(c.outer * c.inner);
+    for (int64_t o = 0; o < c.outer; ++o)
+      for (int64_t i = 0; i < c.inner; ++i) {
+        double s = 0, a = 0;
+        for (int64_t l = 0; l < c.len; ++l) {
+          const double v = x[(o * c.len + l) * c.inner + i];
+          s += v;
+          a += std::abs(v);
+        }
+        want[o * c.inner + i] = static_cast<float>(s);
+        tol[o * c.inner + i] = double(c.len) * FLT_EPSILON * a;
+      }
+    DeviceFloats dx(x), dout = DeviceFloats::zeros(c.outer * c.inner);
+    gk::sum_dim(dx.get(), c.outer, c.len, c.inner, 1.f, dout.get(), nullptr);
+    expect_within(dout.host(), want, tol,
+                  "sum_dim normal " + shape_text({c.outer, c.len, c.inner}));
+  }
+#endif
+}
+
+TEST(CudaKernels, ColumnSumsMatchTheCpu) {
+  REQUIRE_GPU();
+#ifdef GALLEY_HAVE_CUDA
+  for (auto [rows, n] : {std::pair<int64_t, int64_t>{256, 10},
+                         {1000, 4096},
+                         {3, 1},
+                         {7, 1},
+                         {1, 5},
+                         {20000, 3},
+                         {5000, 1}})
+    for (bool accumulate : {false, true}) {
+      const std::vector<float> g = exact_values(rows * n), init = exact_values(n);
+      std::vector<float> want = init;
+      cpu::column_sums(g.data(), rows, n, want.data(), accumulate);
+      DeviceFloats dg(g), dout(init);
+      gk::column_sums(dg.get(), rows, n, dout.get(), accumulate, nullptr);
+      expect_same(dout.host(), want,
+                  "column_sums " + std::to_string(rows) + "x" + std::to_string(n) +
+                      (accumulate ? " accumulate" : ""));
+    }
+#endif
+}
+
+TEST(CudaKernels, SumAllMatchesTheCpuAndIsDeterministic) {
+  REQUIRE_GPU();
+#ifdef GALLEY_HAVE_CUDA
+  for (int64_t n : {1, 1000, 4096, 4097, 100003, 3000001})
+    for (int64_t pad : {0, 1})
+      for (bool mean : {false, true}) {
+        const float scale = mean ? 1.f / float(n) : 1.f;
+        const std::string what = "sum_all n=" + std::to_string(n) + " pad=" + std::to_string(pad) +
+                                 (mean ? " mean" : "");
+        // Exact data: every order of summation gives the same bits.
+        const std::vector<float> x = exact_values(n);
+        DeviceFloats dx(x, pad), dout = DeviceFloats::zeros(1);
+        gk::sum_all(dx.get(), n, scale, dout.get(), nullptr);
+        expect_same(dout.host(), {static_cast<float>(cpu::sum_all(x.data(), n) * scale)}, what);
+        // Normal data: double accumulation on both sides agrees far below float resolution.
+        const std::vector<float> y = normal(n);
+        double abs_sum = 0;
+        for (float v : y) abs_sum += std::abs(v);
+        DeviceFloats dy(y, pad), first = DeviceFloats::zeros(1), second = DeviceFloats::zeros(1);
+        gk::sum_all(dy.get(), n, scale, first.get(), nullptr);
+        gk::sum_all(dy.get(), n, scale, second.get(), nullptr);
+        const float want = static_cast<float>(cpu::sum_all(y.data(), n) * scale);
+        expect_within(first.host(), {want}, {1e-6 * abs_sum * scale + 1e-30}, what + " normal");
+        expect_same(second.host(), first.host(), what + " run twice");
+      }
+#endif
+}
+
+TEST(CudaKernels, ExpandDimMatchesTheCpu) {
+  REQUIRE_GPU();
+#ifdef GALLEY_HAVE_CUDA
+  struct Case {
+    int64_t outer, len, inner, pad;
+  };
+  for (const Case& c : {Case{3, 5, 7, 0}, Case{2, 4, 8, 0}, Case{1, 1000, 1, 0}, Case{5, 3, 12, 1},
+                        Case{2, 3, 1000000, 0}}) {
+    const std::vector<float> g = normal(c.outer * c.inner);
+    const int64_t total = c.outer * c.len * c.inner;
+    std::vector<float> want(total);
+    cpu::expand_dim(g.data(), c.outer, c.len, c.inner, 0.3f, want.data());
+    DeviceFloats dg(g, c.pad), dout = DeviceFloats::zeros(total, c.pad);
+    gk::expand_dim(dg.get(), c.outer, c.len, c.inner, 0.3f, dout.get(), nullptr);
+    expect_same(
+        dout.host(), want,
+        "expand_dim " + shape_text({c.outer, c.len, c.inner}) + " pad=" + std::to_string(c.pad));
+  }
+#endif
+}
+
+TEST(CudaKernels, ArgmaxTakesTheFirstMaximumAndLetsNaNWin) {
+  REQUIRE_GPU();
+#ifdef GALLEY_HAVE_CUDA
+  struct Case {
+    int64_t outer, len, inner;
+  };
+  for (const Case& c : {Case{6, 100, 1}, Case{6, 10, 1}, Case{6, 50, 3}, Case{5, 5000, 1},
+                        Case{6, 40, 1}, Case{5, 33, 64}}) {
+    std::vector<float> x = small_ints(c.outer * c.len * c.inner, 5);  // many ties
+    auto at = [&](int64_t o, int64_t l, int64_t i) -> float& {
+      return x[(o * c.len + l) * c.inner + i];
+    };
+    // Row 1: one NaN; row 2: two NaNs (the first wins); row 3: all -inf; row 4: NaN first.
+    for (int64_t i = 0; i < c.inner; ++i) {
+      at(1, (37 + i) % c.len, i) = kNaN;
+      at(2, 3 % c.len, i) = kNaN;
+      at(2, (c.len - 1 + i) % c.len, i) = kNaN;
+      for (int64_t l = 0; l < c.len; ++l) at(3, l, i) = -kInf;
+      at(4, 0, i) = kNaN;
+    }
+    std::vector<int64_t> want(c.outer * c.inner);
+    cpu::argmax_dim(x.data(), c.outer, c.len, c.inner, want.data());
+    DeviceFloats dx(x);
+    DeviceInts dout = DeviceInts::zeros(c.outer * c.inner);
+    gk::argmax_dim(dx.get(), c.outer, c.len, c.inner, dout.get(), nullptr);
+    expect_equal(dout.host(), want, "argmax_dim " + shape_text({c.outer, c.len, c.inner}));
+  }
+#endif
+}
+
+// ----------------------------------------------------------------------------------------------
+// softmax.cu
+
+TEST(CudaKernels, SoftmaxForwardAndBackwardMatchTheCpu) {
+  REQUIRE_GPU();
+#ifdef GALLEY_HAVE_CUDA
+  struct Case {
+    int64_t outer, len, inner;
+  };
+  for (const Case& c : {Case{64, 10, 1}, Case{3, 2000, 1}, Case{2, 20000, 1}, Case{4, 7, 9},
+                        Case{5, 1000, 1}, Case{2, 1, 1}})
+    for (bool log : {false, true}) {
+      const int64_t total = c.outer * c.len * c.inner;
+      const std::string what =
+          std::string(log ? "log_softmax " : "softmax ") + shape_text({c.outer, c.len, c.inner});
+      std::vector<float> x = normal(total, 4.f);
+      if (c.outer > 1) x[c.len * c.inner + 0] = kNaN;  // the second row/column group turns NaN
+      if (total > 3) x[2] = -kInf;
+      std::vector<float> want(total);
+      cpu::softmax_forward(x.data(), c.outer, c.len, c.inner, log, want.data());
+      DeviceFloats dx(x), dy = DeviceFloats::zeros(total);
+      gk::softmax_forward(dx.get(), c.outer, c.len, c.inner, log, dy.get(), nullptr);
+      // Both sides exponentiate and sum in double and round once at the end.
+      expect_close(dy.host(), want, 2e-6, 1e-30, what);
+
+      // Backward from the CPU's y, so both sides start from the same bits.
+      const std::vector<float> gy = normal(total);
+      std::vector<float> gx(total);
+      cpu::softmax_backward(want.data(), gy.data(), c.outer, c.len, c.inner, log, gx.data());
+      // Tolerance: a few ulps of the magnitudes that meet in the final subtraction.
+      std::vector<double> tol(total);
+      for (int64_t o = 0; o < c.outer; ++o)
+        for (int64_t i = 0; i < c.inner; ++i) {
+          double s = 0;
+          for (int64_t l = 0; l < c.len; ++l) {
+            const int64_t k = (o * c.len + l) * c.inner + i;
+            s += log ? double(gy[k]) : double(gy[k]) * want[k];
+          }
+          for (int64_t l = 0; l < c.len; ++l) {
+            const int64_t k = (o * c.len + l) * c.inner + i;
+            const double mag = log ? std::abs(gy[k]) + std::exp(double(want[k])) * std::abs(s)
+                                   : std::abs(double(want[k])) * (std::abs(gy[k]) + std::abs(s));
+            tol[k] = 8 * FLT_EPSILON * mag + 1e-30;
+          }
+        }
+      DeviceFloats dyy(want), dgy(gy), dgx = DeviceFloats::zeros(total);
+      gk::softmax_backward(dyy.get(), dgy.get(), c.outer, c.len, c.inner, log, dgx.get(), nullptr);
+      expect_within(dgx.host(), gx, tol, what + " backward");
+    }
+#endif
+}
+
+// ----------------------------------------------------------------------------------------------
+// cross_entropy.cu
+
+TEST(CudaKernels, CrossEntropyMatchesTheCpuWithSmoothingAndIgnoredRows) {
+  REQUIRE_GPU();
+#ifdef GALLEY_HAVE_CUDA
+  struct Case {
+    int64_t n, c;
+    float eps;
+    int64_t ignore;
+    bool bad;
+  };
+  for (const Case& cs : {Case{37, 10, 0.f, -100, false}, Case{37, 10, 0.1f, 3, false},
+                         Case{5, 3000, 0.1f, -100, false}, Case{3, 20000, 0.f, -100, false},
+                         Case{12, 10, 0.2f, -100, true}, Case{1, 1, 0.f, -100, false}}) {
+    const std::string what = "cross_entropy n=" + std::to_string(cs.n) +
+                             " c=" + std::to_string(cs.c) + " eps=" + std::to_string(cs.eps);
+    std::vector<float> logits = normal(cs.n * cs.c, 3.f);
+    std::uniform_int_distribution<int64_t> label(0, cs.c - 1);
+    std::vector<int64_t> labels(cs.n);
+    for (int64_t& y : labels) y = label(rng());
+    if (cs.n > 5) {
+      labels[1] = cs.ignore;
+      labels[5] = -100;
+      logits[2 * cs.c + cs.c / 2] = kNaN;  // row 2: NaN loss and probabilities
+    }
+    if (cs.bad) {
+      labels[4] = cs.c + 2;
+      labels[9] = -7;
+    }
+    std::vector<float> loss(cs.n), prob(cs.n * cs.c);
+    int64_t bad = -2;
+    const int64_t count =
+        cpu::cross_entropy_forward(logits.data(), labels.data(), cs.n, cs.c, cs.eps, cs.ignore,
+                                   loss.data(), prob.data(), &bad);
+    DeviceFloats dlogits(logits), dloss = DeviceFloats::zeros(cs.n),
+                                  dprob = DeviceFloats::zeros(cs.n * cs.c);
+    DeviceInts dlabels(labels), dcount = DeviceInts::zeros(1), dbad = DeviceInts::zeros(1);
+    gk::cross_entropy_forward(dlogits.get(), dlabels.get(), cs.n, cs.c, cs.eps, cs.ignore,
+                              dloss.get(), dprob.get(), dcount.get(), dbad.get(), nullptr);
+    expect_close(dloss.host(), loss, 2e-6, 1e-7, what + " loss");
+    expect_close(dprob.host(), prob, 2e-6, 1e-30, what + " prob");
+    EXPECT_EQ(dcount.host()[0], count) << what;
+    EXPECT_EQ(dbad.host()[0], bad) << what;
+
+    // Backward from the CPU's probabilities; each element is s * (p - eps/c), minus
+    // s * (1 - eps) at the label: a few ulps of |s|.
+    const std::vector<float> row_scale = normal(cs.n);
+    std::vector<float> gx(cs.n * cs.c);
+    cpu::cross_entropy_backward(prob.data(), labels.data(), row_scale.data(), cs.n, cs.c, cs.eps,
+                                cs.ignore, gx.data());
+    std::vector<double> tol(cs.n * cs.c);
+    for (int64_t i = 0; i < cs.n; ++i)
+      for (int64_t j = 0; j < cs.c; ++j)
+        tol[i * cs.c + j] = 4 * FLT_EPSILON * std::abs(row_scale[i]);
+    DeviceFloats dp(prob), dscale(row_scale), dgx = DeviceFloats::zeros(cs.n * cs.c);
+    gk::cross_entropy_backward(dp.get(), dlabels.get(), dscale.get(), cs.n, cs.c, cs.eps, cs.ignore,
+                               dgx.get(), nullptr);
+    expect_within(dgx.host(), gx, tol, what + " backward");
+  }
+#endif
+}
+
+TEST(CudaKernels, FillScaledReadsTheScalarOnTheDevice) {
+  REQUIRE_GPU();
+#ifdef GALLEY_HAVE_CUDA
+  DeviceFloats scalar({2.5f}), out = DeviceFloats::zeros(1001);
+  gk::fill_scaled(scalar.get(), 0.125f, out.get(), 1001, nullptr);
+  expect_same(out.host(), std::vector<float>(1001, 2.5f * 0.125f), "fill_scaled");
+#endif
+}
+
+// ----------------------------------------------------------------------------------------------
+// max_pool2d.cu
+
+TEST(CudaKernels, MaxPoolPicksTheCpuWinnersAndRoutesGradients) {
+  REQUIRE_GPU();
+#ifdef GALLEY_HAVE_CUDA
+  struct Case {
+    int64_t planes, h, w, k, stride, pad;
+  };
+  for (const Case& c : {Case{6, 13, 11, 2, 2, 0}, Case{4, 12, 12, 2, 2, 0}, Case{3, 9, 9, 3, 2, 1},
+                        Case{2, 7, 8, 3, 1, 0}, Case{5, 10, 10, 2, 1, 0}, Case{2, 6, 6, 3, 3, 1},
+                        Case{128, 32, 32, 2, 2, 0}}) {
+    cpu::Pool2dGeometry g{};
+    g.planes = c.planes, g.h = c.h, g.w = c.w, g.k = c.k, g.stride = c.stride, g.pad = c.pad;
+    g.oh = (c.h + 2 * c.pad - c.k) / c.stride + 1;
+    g.ow = (c.w + 2 * c.pad - c.k) / c.stride + 1;
+    const std::string what = "max_pool2d planes=" + std::to_string(c.planes) + " " +
+                             std::to_string(c.h) + "x" + std::to_string(c.w) +
+                             " k=" + std::to_string(c.k) + " s=" + std::to_string(c.stride) +
+                             " p=" + std::to_string(c.pad);
+    const int64_t in = g.planes * g.h * g.w, out = g.planes * g.oh * g.ow;
+    std::vector<float> x = small_ints(in, 4);  // ties in most windows
+    sprinkle_specials(x, 53);
+    std::vector<float> y(out);
+    std::vector<int32_t> idx(out);
+    cpu::max_pool2d_forward(g, x.data(), y.data(), idx.data());
+    DeviceFloats dx(x), dy = DeviceFloats::zeros(out), didx = DeviceFloats::zeros(out);
+    gk::max_pool2d_forward(g, dx.get(), dy.get(), reinterpret_cast<int32_t*>(didx.get()), nullptr);
+    expect_same(dy.host(), y, what + " values");
+    expect_equal(didx.host_int32(), idx, what + " indices");
+
+    // Overlapping windows add several gradients into one input: in the CPU's order, so exact.
+    const std::vector<float> gy = normal(out);
+    std::vector<float> gx(in);
+    cpu::max_pool2d_backward(g, gy.data(), idx.data(), gx.data());
+    DeviceFloats dgy(gy), dgx(normal(in));  // stale contents must be overwritten
+    gk::max_pool2d_backward(g, dgy.get(), reinterpret_cast<const int32_t*>(didx.get()), dgx.get(),
+                            nullptr);
+    expect_same(dgx.host(), gx, what + " backward");
+  }
+#endif
+}
+
+// ----------------------------------------------------------------------------------------------
+// optimizer_update.cu
+
+TEST(CudaKernels, AdamAndAdamWUpdatesMatchTheCpu) {
+  REQUIRE_GPU();
+#ifdef GALLEY_HAVE_CUDA
+  struct Case {
+    float weight_decay;
+    bool decoupled, amsgrad;
+  };
+  const int t = 3;
+  const float lr = 1e-2f, beta1 = 0.9f, beta2 = 0.999f;
+  for (const Case& c : {Case{0.01f, false, false}, Case{0.05f, true, false}, Case{0.f, false, true},
+                        Case{0.02f, true, true}})
+    for (int64_t n : {1003, 1 << 20})
+      for (int64_t pad : {0, 1}) {
+        cpu::AdamStep s{};
+        s.lr = lr, s.beta1 = beta1, s.beta2 = beta2, s.eps = 1e-8f;
+        s.weight_decay = c.weight_decay;
+        s.step_size = lr / (1.f - std::pow(beta1, float(t)));
+        s.bias2_sqrt = std::sqrt(1.f - std::pow(beta2, float(t)));
+        s.decoupled = c.decoupled, s.amsgrad = c.amsgrad;
+        const std::string what = std::string(c.decoupled ? "AdamW" : "Adam") +
+                                 (c.amsgrad ? " amsgrad" : "") + " n=" + std::to_string(n) +
+                                 " pad=" + std::to_string(pad);
+        std::vector<float> p = normal(n), g = normal(n), m = normal(n, 0.1f),
+                           v = uniform(n, 0.f, 0.01f), vmax = uniform(n, 0.f, 0.01f);
+        DeviceFloats dp(p, pad), dg(g, pad), dm(m, pad), dv(v, pad), dvmax(vmax, pad);
+        cpu::adam_update(s, n, p.data(), g.data(), m.data(), v.data(),
+                         c.amsgrad ? vmax.data() : nullptr);
+        gk::adam_update(s, n, dp.get(), dg.get(), dm.get(), dv.get(),
+                        c.amsgrad ? dvmax.get() : nullptr, nullptr);
+        // The same float operations; either compiler may fuse a multiply-add (1 ulp per step).
+        expect_close(dp.host(), p, 1e-6, 1e-7, what + " p");
+        expect_close(dm.host(), m, 1e-6, 1e-7, what + " m");
+        expect_close(dv.host(), v, 1e-6, 1e-9, what + " v");
+        if (c.amsgrad) expect_close(dvmax.host(), vmax, 1e-6, 1e-9, what + " vmax");
+      }
+#endif
+}
+
+TEST(CudaKernels, SgdUpdatesMatchTheCpu) {
+  REQUIRE_GPU();
+#ifdef GALLEY_HAVE_CUDA
+  struct Case {
+    float momentum, dampening, weight_decay;
+    bool nesterov, first;
+  };
+  for (const Case& c : {Case{0.f, 0.f, 1e-4f, false, false}, Case{0.9f, 0.f, 0.f, false, true},
+                        Case{0.9f, 0.1f, 1e-4f, true, false}, Case{0.9f, 0.f, 0.f, false, false}})
+    for (int64_t n : {1003, 1 << 20})
+      for (int64_t pad : {0, 1}) {
+        cpu::SGDStep s{};
+        s.lr = 0.1f, s.momentum = c.momentum, s.dampening = c.dampening;
+        s.weight_decay = c.weight_decay, s.nesterov = c.nesterov, s.first = c.first;
+        const std::string what = "SGD momentum=" + std::to_string(c.momentum) +
+                                 (c.nesterov ? " nesterov" : "") + (c.first ? " first" : "") +
+                                 " n=" + std::to_string(n) + " pad=" + std::to_string(pad);
+        const bool momentum = c.momentum != 0.f;
+        std::vector<float> p = normal(n), g = normal(n), buf = normal(n, 0.1f);
+        DeviceFloats dp(p, pad), dg(g, pad), dbuf(buf, pad);
+        cpu::sgd_update(s, n, p.data(), g.data(), momentum ? buf.data() : nullptr);
+        gk::sgd_update(s, n, dp.get(), dg.get(), momentum ? dbuf.get() : nullptr, nullptr);
+        expect_close(dp.host(), p, 1e-6, 1e-7, what + " p");
+        if (momentum) expect_close(dbuf.host(), buf, 1e-6, 1e-7, what + " buf");
+      }
+#endif
+}
