@@ -68,6 +68,8 @@ endmacro()
 # Adds the CUDA sources and libraries to `target` when the backend is enabled.
 function(galley_configure_cuda target)
   if(NOT GALLEY_CUDA_ENABLED)
+    # The launchers, each throwing: the op layer's single dispatch links either way.
+    target_sources(${target} PRIVATE ${PROJECT_SOURCE_DIR}/kernels/cuda/stub.cpp)
     return()
   endif()
   file(GLOB cuda_sources CONFIGURE_DEPENDS ${PROJECT_SOURCE_DIR}/kernels/cuda/*.cu)

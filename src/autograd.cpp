@@ -5,7 +5,7 @@
 #include <unordered_set>
 
 #include "device_scope.h"
-#include "kernels/cpu/binary.h"
+#include "src/ops/backend.h"
 
 namespace galley::autograd {
 
@@ -37,7 +37,7 @@ void accumulate(Tensor& slot, const Tensor& g) {
     slot = g;
     return;
   }
-  slot = kernels::cpu::add_same_shape(slot, g);
+  slot = backend::binary(backend::BinaryOp::Add, slot, g);
 }
 
 void accumulate_leaf(const Tensor& leaf, const Tensor& g) {
@@ -50,7 +50,7 @@ void accumulate_leaf(const Tensor& leaf, const Tensor& g) {
     impl->grad = g.detach().clone().impl_ptr();
   } else {
     Tensor acc(impl->grad);
-    kernels::cpu::add_inplace(acc, g);
+    backend::add_inplace(acc, g);
   }
   Tensor grad(impl->grad);
   for (auto& hook : impl->grad_hooks) hook(grad);

@@ -1,10 +1,10 @@
 #pragma once
-// Which CPU "device" new tensors belong to while an op runs (internal).
+// Which device new tensors belong to while an op runs (internal).
 //
-// Several CPU devices share host memory; the index is what keeps a replica's tensors apart.
 // An op opens a DeviceScope for its inputs' device, and every tensor Tensor::empty makes for
-// cpu:0 inside it is tagged with that device instead, so outputs and gradients stay on the
-// device of the inputs without every kernel passing a device around.
+// the default device (cpu:0) inside it goes to that device instead, so outputs, gradients and
+// optimizer state stay on the device of the inputs without every kernel passing a device
+// around. (Several CPU devices share host memory; the index keeps a replica's tensors apart.)
 #include "galley/device.h"
 
 namespace galley::detail {
@@ -17,10 +17,10 @@ class DeviceScope {
   DeviceScope& operator=(const DeviceScope&) = delete;
 
  private:
-  int prev_;
+  Device prev_;
 };
 
-// The CPU index new tensors get inside the innermost scope (0 outside any).
-int current_cpu_index();
+// The device new default tensors get inside the innermost scope (cpu:0 outside any).
+Device current_device();
 
 }  // namespace galley::detail

@@ -68,21 +68,21 @@ Storage::~Storage() {
 
 namespace detail {
 namespace {
-thread_local int tls_cpu_index = 0;
+thread_local Device tls_device = Device::cpu();
 }
-DeviceScope::DeviceScope(Device device) : prev_(tls_cpu_index) {
-  if (device.is_cpu()) tls_cpu_index = device.index();
+DeviceScope::DeviceScope(Device device) : prev_(tls_device) {
+  tls_device = device;
 }
 DeviceScope::~DeviceScope() {
-  tls_cpu_index = prev_;
+  tls_device = prev_;
 }
-int current_cpu_index() {
-  return tls_cpu_index;
+Device current_device() {
+  return tls_device;
 }
 }  // namespace detail
 
 Tensor Tensor::empty(const Shape& shape, DType dtype, Device device) {
-  if (device == Device::cpu(0)) device = Device::cpu(detail::current_cpu_index());
+  if (device == Device::cpu(0)) device = detail::current_device();
   for (int64_t d : shape)
     GALLEY_CHECK(d >= 0, "Tensor::empty: negative size in shape ", shape_str(shape));
   auto impl = std::make_shared<detail::TensorImpl>();
@@ -309,7 +309,7 @@ Tensor Tensor::flatten(int64_t start_axis, int64_t end_axis) const {
 Tensor Tensor::contiguous() const {
   GALLEY_CHECK_DEFINED("contiguous");
   if (is_contiguous()) return *this;
-  check_cpu(*this, "contiguous");
+  check_cpu(*this, "contiguous (of a strided view)");
   Tensor out = empty(shape(), dtype(), device());
   // Generic strided gather, one element at a time; only transposed views reach this.
   size_t es = dtype_size(dtype());
@@ -335,7 +335,8 @@ Tensor Tensor::clone() const {
   GALLEY_CHECK_DEFINED("clone");
   Tensor c = contiguous();
   Tensor out = empty(shape(), dtype(), device());
-  std::memcpy(out.raw_data(), c.raw_data(), numel() * dtype_size(dtype()));
+  detail::copy_bytes(out.raw_data(), device(), c.raw_data(), device(),
+                     numel() * dtype_size(dtype()));
   if (!autograd::needs_grad({this})) return out;
   return autograd::record(out, "clone", {*this},
                           [](const Tensor& g, std::vector<Tensor>& gi) { gi[0] = g; });

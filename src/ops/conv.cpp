@@ -4,9 +4,8 @@
 
 #include "galley/autograd.h"
 #include "galley/ops.h"
-#include "kernels/cpu/conv2d.h"
-#include "kernels/cpu/max_pool2d.h"
 #include "src/device_scope.h"
+#include "src/ops/backend.h"
 #include "src/ops/dispatch.h"
 
 namespace galley {
@@ -44,8 +43,9 @@ Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias, const C
   Tensor cx = x.contiguous(), cw = weight.contiguous();
   Tensor cb = bias.defined() ? bias.contiguous() : Tensor();
   Tensor out = Tensor::empty({g.n, g.o, g.oh, g.ow});
-  cpu::conv2d_forward(g, cx.data<float>(), cw.data<float>(),
-                      cb.defined() ? cb.data<float>() : nullptr, out.data<float>());
+  const Device dev = x.device();
+  backend::conv2d_forward(dev, g, cx.data<float>(), cw.data<float>(),
+                          cb.defined() ? cb.data<float>() : nullptr, out.data<float>());
   if (!autograd::needs_grad({&x, &weight, &bias})) return out;
   Tensor dx = cx.detach(), dw = cw.detach();
   bool gx = x.requires_grad(), gw = weight.requires_grad(),
@@ -56,9 +56,10 @@ Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias, const C
         if (gx) gi[0] = Tensor::empty(dx.shape());
         if (gw) gi[1] = Tensor::empty(dw.shape());
         if (gb) gi[2] = Tensor::empty({g.o});
-        cpu::conv2d_backward(g, dx.data<float>(), dw.data<float>(), cgy.data<float>(),
-                             gx ? gi[0].data<float>() : nullptr, gw ? gi[1].data<float>() : nullptr,
-                             gb ? gi[2].data<float>() : nullptr);
+        backend::conv2d_backward(dev, g, dx.data<float>(), dw.data<float>(), cgy.data<float>(),
+                                 gx ? gi[0].data<float>() : nullptr,
+                                 gw ? gi[1].data<float>() : nullptr,
+                                 gb ? gi[2].data<float>() : nullptr);
       });
 }
 
@@ -82,16 +83,17 @@ Tensor max_pool2d(const Tensor& x, const MaxPool2dOptions& o) {
   Tensor out = Tensor::empty({x.size(0), x.size(1), g.oh, g.ow});
   // The winners' indices are kept for backward; the block comes from the host cache.
   const bool grad = autograd::needs_grad({&x});
-  auto idx = std::make_shared<Storage>(out.numel() * sizeof(int32_t), Device::cpu());
+  const Device dev = x.device();
+  auto idx = std::make_shared<Storage>(out.numel() * sizeof(int32_t), dev);
   int32_t* pidx = static_cast<int32_t*>(idx->data());
-  cpu::max_pool2d_forward(g, cx.data<float>(), out.data<float>(), pidx);
+  backend::max_pool2d_forward(dev, g, cx.data<float>(), out.data<float>(), pidx);
   if (!grad) return out;
   Shape in_shape = x.shape();
   return autograd::record(out, "max_pool2d", {x}, [=](const Tensor& gy, std::vector<Tensor>& gi) {
     Tensor cgy = gy.contiguous();
     gi[0] = Tensor::empty(in_shape);
-    cpu::max_pool2d_backward(g, cgy.data<float>(), static_cast<const int32_t*>(idx->data()),
-                             gi[0].data<float>());
+    backend::max_pool2d_backward(dev, g, cgy.data<float>(),
+                                 static_cast<const int32_t*>(idx->data()), gi[0].data<float>());
   });
 }
 

@@ -1,72 +1,71 @@
 // Elementwise ops: arithmetic with broadcasting, scalar forms, exp/log/pow and relu.
 #include "galley/autograd.h"
 #include "galley/ops.h"
-#include "kernels/cpu/binary.h"
-#include "kernels/cpu/unary.h"
 #include "src/device_scope.h"
+#include "src/ops/backend.h"
 #include "src/ops/dispatch.h"
 
 namespace galley {
 
-namespace cpu = kernels::cpu;
 using autograd::record;
 
 Tensor add(const Tensor& a, const Tensor& b) {
   detail::check_float_pair("add", a, b);
   detail::DeviceScope scope(a.device());
-  Tensor out = cpu::binary(cpu::BinaryOp::Add, a, b);
+  Tensor out = backend::binary(backend::BinaryOp::Add, a, b);
   if (!autograd::needs_grad({&a, &b})) return out;
   return record(out, "add", {a, b},
                 [sa = a.shape(), sb = b.shape()](const Tensor& g, std::vector<Tensor>& gi) {
-                  gi[0] = cpu::sum_to(g, sa);
-                  gi[1] = cpu::sum_to(g, sb);
+                  gi[0] = backend::sum_to(g, sa);
+                  gi[1] = backend::sum_to(g, sb);
                 });
 }
 
 Tensor sub(const Tensor& a, const Tensor& b) {
   detail::check_float_pair("sub", a, b);
   detail::DeviceScope scope(a.device());
-  Tensor out = cpu::binary(cpu::BinaryOp::Sub, a, b);
+  Tensor out = backend::binary(backend::BinaryOp::Sub, a, b);
   if (!autograd::needs_grad({&a, &b})) return out;
   return record(out, "sub", {a, b},
                 [sa = a.shape(), sb = b.shape()](const Tensor& g, std::vector<Tensor>& gi) {
-                  gi[0] = cpu::sum_to(g, sa);
-                  gi[1] = cpu::sum_to(cpu::affine(g, -1.f, 0.f), sb);
+                  gi[0] = backend::sum_to(g, sa);
+                  gi[1] = backend::sum_to(backend::affine(g, -1.f, 0.f), sb);
                 });
 }
 
 Tensor mul(const Tensor& a, const Tensor& b) {
   detail::check_float_pair("mul", a, b);
   detail::DeviceScope scope(a.device());
-  Tensor out = cpu::binary(cpu::BinaryOp::Mul, a, b);
+  Tensor out = backend::binary(backend::BinaryOp::Mul, a, b);
   if (!autograd::needs_grad({&a, &b})) return out;
   Tensor da = a.detach(), db = b.detach();
   return record(out, "mul", {a, b}, [da, db](const Tensor& g, std::vector<Tensor>& gi) {
-    gi[0] = cpu::sum_to(cpu::binary(cpu::BinaryOp::Mul, g, db), da.shape());
-    gi[1] = cpu::sum_to(cpu::binary(cpu::BinaryOp::Mul, g, da), db.shape());
+    gi[0] = backend::sum_to(backend::binary(backend::BinaryOp::Mul, g, db), da.shape());
+    gi[1] = backend::sum_to(backend::binary(backend::BinaryOp::Mul, g, da), db.shape());
   });
 }
 
 Tensor div(const Tensor& a, const Tensor& b) {
   detail::check_float_pair("div", a, b);
   detail::DeviceScope scope(a.device());
-  Tensor out = cpu::binary(cpu::BinaryOp::Div, a, b);
+  Tensor out = backend::binary(backend::BinaryOp::Div, a, b);
   if (!autograd::needs_grad({&a, &b})) return out;
   Tensor db = b.detach(), dout = out.detach();
   Shape sa = a.shape();
   return record(out, "div", {a, b}, [sa, db, dout](const Tensor& g, std::vector<Tensor>& gi) {
-    Tensor g_over_b = cpu::binary(cpu::BinaryOp::Div, g, db);
-    gi[0] = cpu::sum_to(g_over_b, sa);
+    Tensor g_over_b = backend::binary(backend::BinaryOp::Div, g, db);
+    gi[0] = backend::sum_to(g_over_b, sa);
     // d(a/b)/db = -(a/b)/b = -out/b
-    gi[1] = cpu::sum_to(cpu::affine(cpu::binary(cpu::BinaryOp::Mul, g_over_b, dout), -1.f, 0.f),
-                        db.shape());
+    gi[1] = backend::sum_to(
+        backend::affine(backend::binary(backend::BinaryOp::Mul, g_over_b, dout), -1.f, 0.f),
+        db.shape());
   });
 }
 
 Tensor add(const Tensor& a, float s) {
   detail::check_float("add", a);
   detail::DeviceScope scope(a.device());
-  Tensor out = cpu::affine(a, 1.f, s);
+  Tensor out = backend::affine(a, 1.f, s);
   if (!autograd::needs_grad({&a})) return out;
   return record(out, "add_scalar", {a},
                 [](const Tensor& g, std::vector<Tensor>& gi) { gi[0] = g; });
@@ -75,52 +74,53 @@ Tensor add(const Tensor& a, float s) {
 Tensor mul(const Tensor& a, float s) {
   detail::check_float("mul", a);
   detail::DeviceScope scope(a.device());
-  Tensor out = cpu::affine(a, s, 0.f);
+  Tensor out = backend::affine(a, s, 0.f);
   if (!autograd::needs_grad({&a})) return out;
-  return record(out, "mul_scalar", {a},
-                [s](const Tensor& g, std::vector<Tensor>& gi) { gi[0] = cpu::affine(g, s, 0.f); });
+  return record(out, "mul_scalar", {a}, [s](const Tensor& g, std::vector<Tensor>& gi) {
+    gi[0] = backend::affine(g, s, 0.f);
+  });
 }
 
 Tensor neg(const Tensor& a) {
   detail::check_float("neg", a);
   detail::DeviceScope scope(a.device());
-  Tensor out = cpu::affine(a, -1.f, 0.f);
+  Tensor out = backend::affine(a, -1.f, 0.f);
   if (!autograd::needs_grad({&a})) return out;
   return record(out, "neg", {a}, [](const Tensor& g, std::vector<Tensor>& gi) {
-    gi[0] = cpu::affine(g, -1.f, 0.f);
+    gi[0] = backend::affine(g, -1.f, 0.f);
   });
 }
 
 Tensor exp(const Tensor& a) {
   detail::check_float("exp", a);
   detail::DeviceScope scope(a.device());
-  Tensor out = cpu::exp(a);
+  Tensor out = backend::exp(a);
   if (!autograd::needs_grad({&a})) return out;
   Tensor dout = out.detach();
   return record(out, "exp", {a}, [dout](const Tensor& g, std::vector<Tensor>& gi) {
-    gi[0] = cpu::binary(cpu::BinaryOp::Mul, g, dout);
+    gi[0] = backend::binary(backend::BinaryOp::Mul, g, dout);
   });
 }
 
 Tensor log(const Tensor& a) {
   detail::check_float("log", a);
   detail::DeviceScope scope(a.device());
-  Tensor out = cpu::log(a);
+  Tensor out = backend::log(a);
   if (!autograd::needs_grad({&a})) return out;
   Tensor da = a.detach();
   return record(out, "log", {a}, [da](const Tensor& g, std::vector<Tensor>& gi) {
-    gi[0] = cpu::binary(cpu::BinaryOp::Div, g, da);
+    gi[0] = backend::binary(backend::BinaryOp::Div, g, da);
   });
 }
 
 Tensor pow(const Tensor& a, float p) {
   detail::check_float("pow", a);
   detail::DeviceScope scope(a.device());
-  Tensor out = cpu::pow(a, p);
+  Tensor out = backend::pow(a, p);
   if (!autograd::needs_grad({&a})) return out;
   Tensor da = a.detach();
   return record(out, "pow", {a}, [da, p](const Tensor& g, std::vector<Tensor>& gi) {
-    gi[0] = cpu::pow_backward(g, da, p);
+    gi[0] = backend::pow_backward(g, da, p);
   });
 }
 
@@ -145,9 +145,9 @@ Tensor relu_impl(const Tensor& a, bool reuse_input) {
     impl->shape = a.shape();
     impl->strides = a.strides();
     out = Tensor(std::move(impl));
-    cpu::relu_(out);
+    backend::relu_(out);
   } else {
-    out = cpu::relu(a);
+    out = backend::relu(a);
   }
   if (!autograd::needs_grad({&a})) return out;
   Tensor dout = out.detach();
@@ -155,10 +155,10 @@ Tensor relu_impl(const Tensor& a, bool reuse_input) {
     // The incoming gradient is usually a temporary of the engine's: mask it in place.
     if (sole_owner(g)) {
       Tensor gm = g;
-      cpu::relu_backward_(gm, dout);
+      backend::relu_backward_(gm, dout);
       gi[0] = gm;
     } else {
-      gi[0] = cpu::relu_backward(g, dout);
+      gi[0] = backend::relu_backward(g, dout);
     }
   });
 }

@@ -1,13 +1,11 @@
 // matmul and linear (fully connected) on top of the GEMM kernel.
 #include "galley/autograd.h"
 #include "galley/ops.h"
-#include "kernels/cpu/gemm.h"
 #include "src/device_scope.h"
+#include "src/ops/backend.h"
 #include "src/ops/dispatch.h"
 
 namespace galley {
-
-namespace cpu = kernels::cpu;
 
 Tensor matmul(const Tensor& a, const Tensor& b) {
   detail::check_float_pair("matmul", a, b);
@@ -17,8 +15,9 @@ Tensor matmul(const Tensor& a, const Tensor& b) {
   Tensor ca = a.contiguous(), cb = b.contiguous();
   int64_t m = a.size(0), k = a.size(1), n = b.size(1);
   Tensor out = Tensor::empty({m, n});
-  cpu::gemm(false, false, m, n, k, 1.f, ca.data<float>(), k, cb.data<float>(), n, 0.f,
-            out.data<float>(), n);
+  const Device dev = a.device();
+  backend::gemm(dev, false, false, m, n, k, 1.f, ca.data<float>(), k, cb.data<float>(), n, 0.f,
+                out.data<float>(), n);
   if (!autograd::needs_grad({&a, &b})) return out;
   Tensor da = ca.detach(), db = cb.detach();
   bool ga = a.requires_grad(), gb = b.requires_grad();
@@ -26,13 +25,13 @@ Tensor matmul(const Tensor& a, const Tensor& b) {
     Tensor cg = g.contiguous();
     if (ga) {  // dA = G B^T
       gi[0] = Tensor::empty({m, k});
-      cpu::gemm(false, true, m, k, n, 1.f, cg.data<float>(), n, db.data<float>(), n, 0.f,
-                gi[0].data<float>(), k);
+      backend::gemm(dev, false, true, m, k, n, 1.f, cg.data<float>(), n, db.data<float>(), n, 0.f,
+                    gi[0].data<float>(), k);
     }
     if (gb) {  // dB = A^T G
       gi[1] = Tensor::empty({k, n});
-      cpu::gemm(true, false, k, n, m, 1.f, da.data<float>(), k, cg.data<float>(), n, 0.f,
-                gi[1].data<float>(), n);
+      backend::gemm(dev, true, false, k, n, m, 1.f, da.data<float>(), k, cg.data<float>(), n, 0.f,
+                    gi[1].data<float>(), n);
     }
   });
 }
@@ -57,12 +56,11 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
   out_shape.back() = out_f;
   Tensor out = Tensor::empty(out_shape);
   float* po = out.data<float>();
-  if (bias.defined()) {  // seed C with the bias so the GEMM adds into it: one pass fewer
-    const float* pb = bias.contiguous().data<float>();
-    for (int64_t r = 0; r < rows; ++r) std::copy_n(pb, out_f, po + r * out_f);
-  }
-  cpu::gemm(false, true, rows, out_f, in_f, 1.f, cx.data<float>(), in_f, cw.data<float>(), in_f,
-            bias.defined() ? 1.f : 0.f, po, out_f);
+  const Device dev = x.device();
+  if (bias.defined())  // seed C with the bias so the GEMM adds into it: one pass fewer
+    backend::broadcast_rows(dev, bias.contiguous().data<float>(), rows, out_f, po);
+  backend::gemm(dev, false, true, rows, out_f, in_f, 1.f, cx.data<float>(), in_f, cw.data<float>(),
+                in_f, bias.defined() ? 1.f : 0.f, po, out_f);
   if (!autograd::needs_grad({&x, &weight, &bias})) return out;
   Tensor dx = cx.detach(), dw = cw.detach();
   bool gx = x.requires_grad(), gw = weight.requires_grad(),
@@ -74,17 +72,17 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
                             const float* pg = cg.data<float>();
                             if (gx) {  // dX = G W
                               gi[0] = Tensor::empty(x_shape);
-                              cpu::gemm(false, false, rows, in_f, out_f, 1.f, pg, out_f,
-                                        dw.data<float>(), in_f, 0.f, gi[0].data<float>(), in_f);
+                              backend::gemm(dev, false, false, rows, in_f, out_f, 1.f, pg, out_f,
+                                            dw.data<float>(), in_f, 0.f, gi[0].data<float>(), in_f);
                             }
                             if (gw) {  // dW = G^T X
                               gi[1] = Tensor::empty({out_f, in_f});
-                              cpu::gemm(true, false, out_f, in_f, rows, 1.f, pg, out_f,
-                                        dx.data<float>(), in_f, 0.f, gi[1].data<float>(), in_f);
+                              backend::gemm(dev, true, false, out_f, in_f, rows, 1.f, pg, out_f,
+                                            dx.data<float>(), in_f, 0.f, gi[1].data<float>(), in_f);
                             }
                             if (gb) {
                               gi[2] = Tensor::empty({out_f});
-                              cpu::column_sums(pg, rows, out_f, gi[2].data<float>(), false);
+                              backend::column_sums(dev, pg, rows, out_f, gi[2].data<float>());
                             }
                           });
 }

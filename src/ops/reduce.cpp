@@ -7,6 +7,7 @@
 #include "kernels/cpu/reduce.h"
 #include "kernels/cpu/softmax.h"
 #include "src/device_scope.h"
+#include "src/ops/backend.h"
 #include "src/ops/dispatch.h"
 
 namespace galley {
@@ -42,13 +43,16 @@ Shape reduced_shape(const Shape& s, int64_t dim, bool keepdim) {
 Tensor scaled_sum_all(const Tensor& x, float scale, const char* name) {
   detail::check_float(name, x);
   detail::DeviceScope scope(x.device());
-  Tensor cx = x.contiguous();
-  Tensor out = Tensor::empty({});
-  out.data<float>()[0] = static_cast<float>(cpu::sum_all(cx.data<float>(), cx.numel()) * scale);
+  Tensor out = backend::sum_all(x, scale);
   if (!autograd::needs_grad({&x})) return out;
   Shape in_shape = x.shape();
+  const Device dev = x.device();
   return autograd::record(out, name, {x}, [=](const Tensor& g, std::vector<Tensor>& gi) {
-    gi[0] = full(in_shape, g.item() * scale);
+    // Every element's gradient is g * scale: one row of len numel() fed by the scalar.
+    Tensor cg = g.contiguous();
+    gi[0] = Tensor::empty(in_shape);
+    backend::expand_dim(dev, cg.data<float>(), 1, shape_numel(in_shape), 1, scale,
+                        gi[0].data<float>());
   });
 }
 
@@ -61,17 +65,15 @@ Tensor scaled_sum_dim(const Tensor& x, int64_t dim, bool keepdim, bool mean, con
   const float scale = mean ? 1.f / float(sp.len) : 1.f;
   Tensor cx = x.contiguous();
   Tensor out = Tensor::empty(reduced_shape(x.shape(), d, keepdim));
-  cpu::sum_dim(cx.data<float>(), sp.outer, sp.len, sp.inner, out.data<float>());
-  if (mean) {
-    float* p = out.data<float>();
-    for (int64_t i = 0; i < out.numel(); ++i) p[i] *= scale;
-  }
+  const Device dev = x.device();
+  backend::sum_dim(dev, cx.data<float>(), sp.outer, sp.len, sp.inner, scale, out.data<float>());
   if (!autograd::needs_grad({&x})) return out;
   Shape in_shape = x.shape();
   return autograd::record(out, name, {x}, [=](const Tensor& g, std::vector<Tensor>& gi) {
     Tensor cg = g.contiguous();
     gi[0] = Tensor::empty(in_shape);
-    cpu::expand_dim(cg.data<float>(), sp.outer, sp.len, sp.inner, scale, gi[0].data<float>());
+    backend::expand_dim(dev, cg.data<float>(), sp.outer, sp.len, sp.inner, scale,
+                        gi[0].data<float>());
   });
 }
 
@@ -82,14 +84,16 @@ Tensor softmax_impl(const Tensor& x, int64_t dim, bool log, const char* name) {
   Split3 sp = x.dim() == 0 ? Split3{} : split_at(x.shape(), d);
   Tensor cx = x.contiguous();
   Tensor out = Tensor::empty(x.shape());
-  cpu::softmax_forward(cx.data<float>(), sp.outer, sp.len, sp.inner, log, out.data<float>());
+  const Device dev = x.device();
+  backend::softmax_forward(dev, cx.data<float>(), sp.outer, sp.len, sp.inner, log,
+                           out.data<float>());
   if (!autograd::needs_grad({&x})) return out;
   Tensor y = out.detach();
   return autograd::record(out, name, {x}, [=](const Tensor& g, std::vector<Tensor>& gi) {
     Tensor cg = g.contiguous();
     gi[0] = Tensor::empty(y.shape());
-    cpu::softmax_backward(y.data<float>(), cg.data<float>(), sp.outer, sp.len, sp.inner, log,
-                          gi[0].data<float>());
+    backend::softmax_backward(dev, y.data<float>(), cg.data<float>(), sp.outer, sp.len, sp.inner,
+                              log, gi[0].data<float>());
   });
 }
 }  // namespace
@@ -122,7 +126,8 @@ Tensor argmax(const Tensor& x, int64_t dim, bool keepdim) {
   GALLEY_CHECK(sp.len > 0, "argmax: dimension ", dim, " of ", shape_str(x.shape()), " is empty");
   Tensor cx = x.contiguous();
   Tensor out = Tensor::empty(reduced_shape(x.shape(), d, keepdim), DType::Int64);
-  cpu::argmax_dim(cx.data<float>(), sp.outer, sp.len, sp.inner, out.data<int64_t>());
+  backend::argmax_dim(x.device(), cx.data<float>(), sp.outer, sp.len, sp.inner,
+                      out.data<int64_t>());
   return out;
 }
 
@@ -143,21 +148,28 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& labels, const CrossEntr
   Tensor cx = logits.contiguous(), cy = labels.contiguous();
   Tensor per_row = Tensor::empty({n});
   Tensor prob = Tensor::empty({n, c});
+  GALLEY_CHECK(labels.device() == logits.device(), "cross_entropy: logits on ",
+               logits.device().str(), " but labels on ", labels.device().str());
+  const Device dev = logits.device();
   int64_t bad = -1;
-  const int64_t count =
-      cpu::cross_entropy_forward(cx.data<float>(), cy.data<int64_t>(), n, c, o.label_smoothing,
-                                 o.ignore_index, per_row.data<float>(), prob.data<float>(), &bad);
-  GALLEY_CHECK(bad < 0, "cross_entropy: label ", bad >= 0 ? cy.data<int64_t>()[bad] : 0, " at row ",
-               bad, " is outside [0, ", c, ")");
+  const int64_t count = backend::cross_entropy_forward(
+      dev, cx.data<float>(), cy.data<int64_t>(), n, c, o.label_smoothing, o.ignore_index,
+      per_row.data<float>(), prob.data<float>(), &bad);
+  GALLEY_CHECK(bad < 0, "cross_entropy: label ",
+               bad >= 0 ? cy.to(Device::cpu()).data<int64_t>()[bad] : 0, " at row ", bad,
+               " is outside [0, ", c, ")");
   Tensor out;
   if (o.reduction == Reduction::None) {
     out = per_row;
-  } else {
+  } else if (dev.is_cpu()) {
     double s = cpu::sum_all(per_row.data<float>(), n);
     // A mean over no counted rows (all ignored) is defined as 0 with zero gradient.
     if (o.reduction == Reduction::Mean) s = count > 0 ? s / double(count) : 0.0;
     out = Tensor::empty({});
     out.data<float>()[0] = static_cast<float>(s);
+  } else {
+    const bool mean = o.reduction == Reduction::Mean;
+    out = backend::sum_all(per_row, mean ? (count > 0 ? 1.f / float(count) : 0.f) : 1.f);
   }
   if (!autograd::needs_grad({&logits})) return out;
   const Reduction red = o.reduction;
@@ -165,18 +177,20 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& labels, const CrossEntr
   const int64_t ignore = o.ignore_index;
   return autograd::record(
       out, "cross_entropy", {logits}, [=](const Tensor& g, std::vector<Tensor>& gi) {
-        std::vector<float> scale(n);
+        Tensor scale;
         if (red == Reduction::None) {
-          Tensor cg = g.contiguous();
-          std::copy_n(cg.data<float>(), n, scale.begin());
-        } else {
+          scale = g.contiguous();
+        } else if (dev.is_cpu()) {
           float s = g.item();
           if (red == Reduction::Mean) s = count > 0 ? s / float(count) : 0.f;
-          std::fill(scale.begin(), scale.end(), s);
+          scale = full({n}, s);
+        } else {
+          const bool mean = red == Reduction::Mean;
+          scale = backend::row_scales(g, mean ? (count > 0 ? 1.f / float(count) : 0.f) : 1.f, n);
         }
         gi[0] = Tensor::empty({n, c});
-        cpu::cross_entropy_backward(prob.data<float>(), cy.data<int64_t>(), scale.data(), n, c, eps,
-                                    ignore, gi[0].data<float>());
+        backend::cross_entropy_backward(dev, prob.data<float>(), cy.data<int64_t>(), scale, n, c,
+                                        eps, ignore, gi[0].data<float>());
       });
 }
 

@@ -6,6 +6,7 @@
 #include "galley/optim/sgd.h"
 #include "kernels/cpu/optimizer_update.h"
 #include "src/device_scope.h"
+#include "src/ops/backend.h"
 
 namespace galley::optim {
 
@@ -129,9 +130,9 @@ void Adam::step() {
     s.bias2_sqrt = static_cast<float>(std::sqrt(1.0 - std::pow(opt_.beta2, double(st.step))));
     s.decoupled = decoupled_;
     s.amsgrad = opt_.amsgrad;
-    cpu::adam_update(s, p.numel(), p.data<float>(), g.data<float>(), st.exp_avg.data<float>(),
-                     st.exp_avg_sq.data<float>(),
-                     opt_.amsgrad ? st.max_exp_avg_sq.data<float>() : nullptr);
+    backend::adam_update(p.device(), s, p.numel(), p.data<float>(), g.data<float>(),
+                         st.exp_avg.data<float>(), st.exp_avg_sq.data<float>(),
+                         opt_.amsgrad ? st.max_exp_avg_sq.data<float>() : nullptr);
   });
 }
 
@@ -191,8 +192,8 @@ void SGD::step() {
     s.nesterov = opt_.nesterov;
     s.first = opt_.momentum != 0 && !momentum_[i].defined();
     if (s.first) momentum_[i] = Tensor::empty(p.shape());
-    cpu::sgd_update(s, p.numel(), p.data<float>(), g.data<float>(),
-                    opt_.momentum != 0 ? momentum_[i].data<float>() : nullptr);
+    backend::sgd_update(p.device(), s, p.numel(), p.data<float>(), g.data<float>(),
+                        opt_.momentum != 0 ? momentum_[i].data<float>() : nullptr);
   });
 }
 

@@ -15,6 +15,7 @@
 #include "galley/distributed.h"
 #include "galley/ops.h"
 #include "src/device_scope.h"
+#include "src/runtime/device_memory.h"
 #include "src/thread_budget.h"
 
 namespace galley {
@@ -266,8 +267,9 @@ struct DataParallelBase::Impl {
         s[0] = rows;
         const int64_t row = cg.numel() / std::max<int64_t>(cg.size(0), 1);
         detail::DeviceScope scope(replicas[r]->device);
-        g_r = Tensor::from_host(cg.data<float>() + starts[r] * row, s, DType::Float32,
-                                replicas[r]->device);
+        g_r = Tensor::empty(s, DType::Float32, replicas[r]->device);
+        detail::copy_bytes(g_r.raw_data(), g_r.device(), cg.data<float>() + starts[r] * row,
+                           cg.device(), g_r.numel() * sizeof(float));
       }
       compute_tasks[r] = replicas[r]->compute->post([this, r, reduce, out = outs[r], g_r] {
         Replica& rep = *replicas[r];
@@ -317,6 +319,10 @@ DataParallelBase::DataParallelBase(std::vector<std::unique_ptr<nn::Layer>> layer
   GALLEY_CHECK(!devices.empty(), "DataParallel: the device list is empty");
   GALLEY_CHECK(options.bucket_bytes > 0, "DataParallel: bucket_bytes ", options.bucket_bytes,
                " must be positive");
+  for (const Device& d : devices)
+    GALLEY_CHECK(d.is_cpu() || devices.size() == 1, "DataParallel: ", d.str(),
+                 ": replicas on several GPUs need the NCCL communicator, which this version does "
+                 "not have yet; use one GPU or CPU devices");
   for (size_t i = 0; i < devices.size(); ++i)
     for (size_t j = 0; j < i; ++j)
       GALLEY_CHECK(devices[i] != devices[j], "DataParallel: device ", devices[i].str(),
@@ -326,6 +332,9 @@ DataParallelBase::DataParallelBase(std::vector<std::unique_ptr<nn::Layer>> layer
   m.opt = options;
   m.procs = options.process_group ? options.process_group : distributed::world();
   if (m.procs && m.procs->size() == 1) m.procs = nullptr;
+  GALLEY_CHECK(!m.procs || devices[0].is_cpu(), "DataParallel: ", devices[0].str(),
+               ": across processes, GPU replicas need the NCCL communicator, which this version "
+               "does not have yet");
   int cpu_replicas = 0;
   for (auto& d : devices) cpu_replicas += d.is_cpu();
   m.threads_per_replica = std::max(1, num_threads() / std::max(1, cpu_replicas));
@@ -398,9 +407,11 @@ Tensor DataParallelBase::forward(const Tensor& x) {
     if (rows == 0) continue;
     Shape s = cx.shape();
     s[0] = rows;
-    Tensor x_r = Tensor::from_host(
-        static_cast<const char*>(cx.raw_data()) + starts[r] * row * dtype_size(cx.dtype()), s,
-        cx.dtype(), m.replicas[r]->device);
+    Tensor x_r = Tensor::empty(s, cx.dtype(), m.replicas[r]->device);
+    detail::copy_bytes(
+        x_r.raw_data(), x_r.device(),
+        static_cast<const char*>(cx.raw_data()) + starts[r] * row * dtype_size(cx.dtype()),
+        cx.device(), x_r.numel() * dtype_size(cx.dtype()));
     tasks[r] = m.replicas[r]->compute->post([&m, &outs, r, x_r, grad_mode] {
       detail::ThreadBudget budget(m.threads_per_replica);
       detail::DeviceScope scope(m.replicas[r]->device);
@@ -428,8 +439,10 @@ Tensor DataParallelBase::forward(const Tensor& x) {
                      outs[r].numel() / outs[r].size(0) == orow,
                  "DataParallel: replica ", r, " returned ", shape_str(outs[r].shape()),
                  "; outputs must keep the batch dimension and agree in shape");
-    outs[r].contiguous().copy_to_host(static_cast<char*>(out.raw_data()) +
-                                      starts[r] * orow * dtype_size(out.dtype()));
+    Tensor o = outs[r].contiguous();
+    detail::copy_bytes(
+        static_cast<char*>(out.raw_data()) + starts[r] * orow * dtype_size(out.dtype()),
+        out.device(), o.raw_data(), o.device(), o.numel() * dtype_size(o.dtype()));
   }
   m.stats.forward_ms = ms_between(t0, Clock::now());
   bool any_grad = false;

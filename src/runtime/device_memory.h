@@ -14,6 +14,9 @@ void* device_alloc(Device device, size_t bytes);
 void device_free(Device device, void* p) noexcept;
 // Copies `bytes` between any two devices (host included); returns when the copy is complete.
 void copy_bytes(void* dst, Device dst_device, const void* src, Device src_device, size_t bytes);
+// The device's compute stream (a cudaStream_t), created on first use. It is a blocking stream,
+// so copies on the legacy default stream stay ordered with the kernels queued on it.
+void* compute_stream(Device device);
 // Sets `count` 4-byte words at `dst` on `device` to `pattern`'s bits.
 void fill_words(Device device, void* dst, size_t count, uint32_t pattern);
 

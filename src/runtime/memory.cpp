@@ -178,11 +178,23 @@ void copy_bytes(void* dst, Device dst_device, const void* src, Device src_device
   cuda_check(rc, "copy", gpu);
 }
 
+void* compute_stream(Device device) {
+  static std::mutex mu;
+  static auto* streams = new std::vector<cudaStream_t>();
+  std::lock_guard<std::mutex> lock(mu);
+  if (streams->size() <= size_t(device.index())) streams->resize(device.index() + 1, nullptr);
+  cudaStream_t& s = (*streams)[device.index()];
+  if (!s) {
+    CurrentDevice current(device.index());
+    cuda_check(cudaStreamCreate(&s), "creating the compute stream", device);
+  }
+  return s;
+}
+
 void fill_words(Device device, void* dst, size_t count, uint32_t pattern) {
   CurrentDevice current(device.index());
-  kernels::cuda::fill_u32(static_cast<uint32_t*>(dst), count, pattern, nullptr);
+  kernels::cuda::fill_u32(static_cast<uint32_t*>(dst), count, pattern, compute_stream(device));
   cuda_check(cudaGetLastError(), "fill", device);
-  cuda_check(cudaDeviceSynchronize(), "fill", device);
 }
 #else
 namespace {
@@ -201,6 +213,9 @@ void copy_bytes(void* dst, Device dst_device, const void* src, Device src_device
   if (!dst_device.is_cpu()) no_backend(dst_device);
   if (!src_device.is_cpu()) no_backend(src_device);
   std::memcpy(dst, src, bytes);
+}
+void* compute_stream(Device device) {
+  no_backend(device);
 }
 void fill_words(Device device, void*, size_t, uint32_t) {
   no_backend(device);

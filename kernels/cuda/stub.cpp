@@ -1,0 +1,103 @@
+// Built instead of the .cu files when the CUDA backend is off: every launcher says so. No GPU
+// tensor can exist in such a build (cuda_device_count() is 0), so these are never reached from
+// the ops; they keep the one dispatch in src/ops free of conditional compilation.
+#include "galley/error.h"
+#include "kernels/cuda/blas.cuh"
+#include "kernels/cuda/elementwise.cuh"
+#include "kernels/cuda/fill.cuh"
+
+namespace galley::kernels::cuda {
+namespace {
+[[noreturn]] void absent() {
+  throw Error("this build of galley has no CUDA backend");
+}
+}  // namespace
+
+void fill_u32(uint32_t*, size_t, uint32_t, void*) {
+  absent();
+}
+void gemm(int, bool, bool, int64_t, int64_t, int64_t, float, const float*, int64_t, const float*,
+          int64_t, float, float*, int64_t, void*) {
+  absent();
+}
+void set_allow_tf32(bool) {}
+void conv2d_forward(int, const cpu::Conv2dGeometry&, const float*, const float*, const float*,
+                    float*, const Workspace&, void*) {
+  absent();
+}
+void conv2d_backward(int, const cpu::Conv2dGeometry&, const float*, const float*, const float*,
+                     float*, float*, float*, const Workspace&, void*) {
+  absent();
+}
+void binary(Binary, const float*, const int64_t*, const float*, const int64_t*, float*,
+            const int64_t*, int, void*) {
+  absent();
+}
+void sum_to(const float*, const int64_t*, float*, const int64_t*, int, void*) {
+  absent();
+}
+void add_inplace(float*, const float*, int64_t, void*) {
+  absent();
+}
+void unary(Unary, const float*, float*, int64_t, float, float, void*) {
+  absent();
+}
+void pow_backward(const float*, const float*, float*, int64_t, float, void*) {
+  absent();
+}
+void relu_backward(const float*, const float*, float*, int64_t, void*) {
+  absent();
+}
+void sum_dim(const float*, int64_t, int64_t, int64_t, float, float*, void*) {
+  absent();
+}
+void sum_all(const float*, int64_t, float, float*, void*) {
+  absent();
+}
+void expand_dim(const float*, int64_t, int64_t, int64_t, float, float*, void*) {
+  absent();
+}
+void argmax_dim(const float*, int64_t, int64_t, int64_t, int64_t*, void*) {
+  absent();
+}
+void column_sums(const float*, int64_t, int64_t, float*, bool, void*) {
+  absent();
+}
+void broadcast_rows(const float*, int64_t, int64_t, float*, void*) {
+  absent();
+}
+void broadcast_channels(const float*, int64_t, int64_t, int64_t, float*, void*) {
+  absent();
+}
+void softmax_forward(const float*, int64_t, int64_t, int64_t, bool, float*, void*) {
+  absent();
+}
+void softmax_backward(const float*, const float*, int64_t, int64_t, int64_t, bool, float*, void*) {
+  absent();
+}
+void cross_entropy_forward(const float*, const int64_t*, int64_t, int64_t, float, int64_t, float*,
+                           float*, int64_t*, int64_t*, void*) {
+  absent();
+}
+void cross_entropy_backward(const float*, const int64_t*, const float*, int64_t, int64_t, float,
+                            int64_t, float*, void*) {
+  absent();
+}
+void fill_scaled(const float*, float, float*, int64_t, void*) {
+  absent();
+}
+void max_pool2d_forward(const cpu::Pool2dGeometry&, const float*, float*, int32_t*, void*) {
+  absent();
+}
+void max_pool2d_backward(const cpu::Pool2dGeometry&, const float*, const int32_t*, float*, void*) {
+  absent();
+}
+void adam_update(const cpu::AdamStep&, int64_t, float*, const float*, float*, float*, float*,
+                 void*) {
+  absent();
+}
+void sgd_update(const cpu::SGDStep&, int64_t, float*, const float*, float*, void*) {
+  absent();
+}
+
+}  // namespace galley::kernels::cuda

@@ -1,0 +1,287 @@
+// The device switch: CPU kernels for host tensors, CUDA launchers for GPU tensors.
+#include "src/ops/backend.h"
+
+#include <algorithm>
+
+#include "kernels/cpu/cross_entropy.h"
+#include "kernels/cpu/gemm.h"
+#include "kernels/cpu/reduce.h"
+#include "kernels/cpu/softmax.h"
+#include "kernels/cpu/unary.h"
+#include "kernels/cuda/blas.cuh"
+#include "kernels/cuda/elementwise.cuh"
+#include "src/runtime/device_memory.h"
+
+namespace galley::backend {
+
+namespace cpu = kernels::cpu;
+namespace gpu = kernels::cuda;
+
+void* stream(Device device) {
+  return device.is_cuda() ? detail::compute_stream(device) : nullptr;
+}
+
+namespace {
+bool on_gpu(const Tensor& t) {
+  return t.device().is_cuda();
+}
+
+Tensor empty_like_shape(const Shape& s, Device d) {
+  return Tensor::empty(s, DType::Float32, d);
+}
+
+// `s` with leading 1s up to `rank` dimensions.
+std::vector<int64_t> aligned(const Shape& s, size_t rank) {
+  std::vector<int64_t> out(rank - s.size(), 1);
+  out.insert(out.end(), s.begin(), s.end());
+  return out;
+}
+
+gpu::Binary to_gpu(BinaryOp op) {
+  switch (op) {
+    case BinaryOp::Add:
+      return gpu::Binary::Add;
+    case BinaryOp::Sub:
+      return gpu::Binary::Sub;
+    case BinaryOp::Mul:
+      return gpu::Binary::Mul;
+    case BinaryOp::Div:
+      return gpu::Binary::Div;
+  }
+  return gpu::Binary::Add;
+}
+
+Tensor gpu_unary(gpu::Unary op, const Tensor& a, float p0 = 0.f, float p1 = 0.f) {
+  Tensor ca = a.contiguous();
+  Tensor out = empty_like_shape(a.shape(), a.device());
+  gpu::unary(op, ca.data<float>(), out.data<float>(), a.numel(), p0, p1, stream(a.device()));
+  return out;
+}
+
+// cuDNN's scratch, from the caching allocator, kept alive until the op returns.
+struct Scratch {
+  Device device;
+  std::vector<Tensor> blocks;
+  gpu::Workspace fn() {
+    return [this](size_t bytes) {
+      blocks.push_back(Tensor::empty({int64_t((bytes + 3) / 4)}, DType::Float32, device));
+      return blocks.back().raw_data();
+    };
+  }
+};
+}  // namespace
+
+Tensor binary(BinaryOp op, const Tensor& a, const Tensor& b) {
+  if (!on_gpu(a)) return cpu::binary(op, a, b);
+  static const char* names[] = {"add", "sub", "mul", "div"};
+  const Shape out_shape = cpu::broadcast_shapes(a.shape(), b.shape(), names[int(op)]);
+  const size_t rank = std::max<size_t>(out_shape.size(), 1);
+  Tensor ca = a.contiguous(), cb = b.contiguous();
+  Tensor out = empty_like_shape(out_shape, a.device());
+  auto sa = aligned(a.shape(), rank), sb = aligned(b.shape(), rank), so = aligned(out_shape, rank);
+  gpu::binary(to_gpu(op), ca.data<float>(), sa.data(), cb.data<float>(), sb.data(),
+              out.data<float>(), so.data(), int(rank), stream(a.device()));
+  return out;
+}
+
+Tensor sum_to(const Tensor& g, const Shape& shape) {
+  if (!on_gpu(g)) return cpu::sum_to(g, shape);
+  if (g.shape() == shape) return g;
+  const size_t rank = std::max<size_t>(g.dim(), 1);
+  Tensor cg = g.contiguous();
+  Tensor out = empty_like_shape(shape, g.device());
+  auto sg = aligned(g.shape(), rank), so = aligned(shape, rank);
+  gpu::sum_to(cg.data<float>(), sg.data(), out.data<float>(), so.data(), int(rank),
+              stream(g.device()));
+  return out;
+}
+
+void add_inplace(Tensor& acc, const Tensor& g) {
+  if (!on_gpu(acc)) return cpu::add_inplace(acc, g);
+  GALLEY_CHECK(acc.shape() == g.shape(), "add_inplace: ", shape_str(acc.shape()), " vs ",
+               shape_str(g.shape()));
+  Tensor cg = g.contiguous();
+  gpu::add_inplace(acc.data<float>(), cg.data<float>(), acc.numel(), stream(acc.device()));
+}
+
+Tensor affine(const Tensor& a, float scale, float shift) {
+  return on_gpu(a) ? gpu_unary(gpu::Unary::Affine, a, scale, shift) : cpu::affine(a, scale, shift);
+}
+Tensor exp(const Tensor& a) {
+  return on_gpu(a) ? gpu_unary(gpu::Unary::Exp, a) : cpu::exp(a);
+}
+Tensor log(const Tensor& a) {
+  return on_gpu(a) ? gpu_unary(gpu::Unary::Log, a) : cpu::log(a);
+}
+Tensor pow(const Tensor& a, float p) {
+  return on_gpu(a) ? gpu_unary(gpu::Unary::Pow, a, p) : cpu::pow(a, p);
+}
+Tensor pow_backward(const Tensor& grad, const Tensor& a, float p) {
+  if (!on_gpu(a)) return cpu::pow_backward(grad, a, p);
+  Tensor cg = grad.contiguous(), ca = a.contiguous();
+  Tensor out = empty_like_shape(a.shape(), a.device());
+  gpu::pow_backward(cg.data<float>(), ca.data<float>(), out.data<float>(), a.numel(), p,
+                    stream(a.device()));
+  return out;
+}
+Tensor relu(const Tensor& a) {
+  return on_gpu(a) ? gpu_unary(gpu::Unary::Relu, a) : cpu::relu(a);
+}
+void relu_(Tensor& a) {
+  if (!on_gpu(a)) return cpu::relu_(a);
+  gpu::unary(gpu::Unary::Relu, a.data<float>(), a.data<float>(), a.numel(), 0.f, 0.f,
+             stream(a.device()));
+}
+Tensor relu_backward(const Tensor& grad, const Tensor& out) {
+  if (!on_gpu(out)) return cpu::relu_backward(grad, out);
+  Tensor cg = grad.contiguous();
+  Tensor r = empty_like_shape(out.shape(), out.device());
+  gpu::relu_backward(cg.data<float>(), out.data<float>(), r.data<float>(), out.numel(),
+                     stream(out.device()));
+  return r;
+}
+void relu_backward_(Tensor& grad, const Tensor& out) {
+  if (!on_gpu(out)) return cpu::relu_backward_(grad, out);
+  gpu::relu_backward(grad.data<float>(), out.data<float>(), grad.data<float>(), out.numel(),
+                     stream(out.device()));
+}
+
+void gemm(Device device, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
+          const float* a, int64_t lda, const float* b, int64_t ldb, float beta, float* c,
+          int64_t ldc) {
+  if (device.is_cpu())
+    return cpu::gemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+  gpu::gemm(device.index(), trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc,
+            stream(device));
+}
+
+void broadcast_rows(Device device, const float* bias, int64_t rows, int64_t n, float* out) {
+  if (device.is_cuda()) return gpu::broadcast_rows(bias, rows, n, out, stream(device));
+  for (int64_t r = 0; r < rows; ++r) std::copy_n(bias, n, out + r * n);
+}
+
+void column_sums(Device device, const float* g, int64_t rows, int64_t n, float* out) {
+  if (device.is_cuda()) return gpu::column_sums(g, rows, n, out, false, stream(device));
+  cpu::column_sums(g, rows, n, out, false);
+}
+
+void conv2d_forward(Device device, const cpu::Conv2dGeometry& g, const float* x, const float* w,
+                    const float* b, float* y) {
+  if (device.is_cpu()) return cpu::conv2d_forward(g, x, w, b, y);
+  Scratch scratch{device, {}};
+  gpu::conv2d_forward(device.index(), g, x, w, b, y, scratch.fn(), stream(device));
+}
+
+void conv2d_backward(Device device, const cpu::Conv2dGeometry& g, const float* x, const float* w,
+                     const float* gy, float* gx, float* gw, float* gb) {
+  if (device.is_cpu()) return cpu::conv2d_backward(g, x, w, gy, gx, gw, gb);
+  Scratch scratch{device, {}};
+  gpu::conv2d_backward(device.index(), g, x, w, gy, gx, gw, gb, scratch.fn(), stream(device));
+}
+
+void max_pool2d_forward(Device device, const cpu::Pool2dGeometry& g, const float* x, float* y,
+                        int32_t* idx) {
+  if (device.is_cpu()) return cpu::max_pool2d_forward(g, x, y, idx);
+  gpu::max_pool2d_forward(g, x, y, idx, stream(device));
+}
+
+void max_pool2d_backward(Device device, const cpu::Pool2dGeometry& g, const float* gy,
+                         const int32_t* idx, float* gx) {
+  if (device.is_cpu()) return cpu::max_pool2d_backward(g, gy, idx, gx);
+  gpu::max_pool2d_backward(g, gy, idx, gx, stream(device));
+}
+
+Tensor sum_all(const Tensor& x, float scale) {
+  Tensor cx = x.contiguous();
+  Tensor out = Tensor::empty({}, DType::Float32, x.device());
+  if (on_gpu(x)) {
+    gpu::sum_all(cx.data<float>(), cx.numel(), scale, out.data<float>(), stream(x.device()));
+  } else {
+    out.data<float>()[0] = static_cast<float>(cpu::sum_all(cx.data<float>(), cx.numel()) * scale);
+  }
+  return out;
+}
+
+void sum_dim(Device device, const float* x, int64_t outer, int64_t len, int64_t inner, float scale,
+             float* out) {
+  if (device.is_cuda()) return gpu::sum_dim(x, outer, len, inner, scale, out, stream(device));
+  cpu::sum_dim(x, outer, len, inner, out);
+  if (scale != 1.f)
+    for (int64_t i = 0; i < outer * inner; ++i) out[i] *= scale;
+}
+
+void expand_dim(Device device, const float* g, int64_t outer, int64_t len, int64_t inner,
+                float scale, float* out) {
+  if (device.is_cuda()) return gpu::expand_dim(g, outer, len, inner, scale, out, stream(device));
+  cpu::expand_dim(g, outer, len, inner, scale, out);
+}
+
+void argmax_dim(Device device, const float* x, int64_t outer, int64_t len, int64_t inner,
+                int64_t* out) {
+  if (device.is_cuda()) return gpu::argmax_dim(x, outer, len, inner, out, stream(device));
+  cpu::argmax_dim(x, outer, len, inner, out);
+}
+
+void softmax_forward(Device device, const float* x, int64_t outer, int64_t len, int64_t inner,
+                     bool log, float* y) {
+  if (device.is_cuda()) return gpu::softmax_forward(x, outer, len, inner, log, y, stream(device));
+  cpu::softmax_forward(x, outer, len, inner, log, y);
+}
+
+void softmax_backward(Device device, const float* y, const float* gy, int64_t outer, int64_t len,
+                      int64_t inner, bool log, float* gx) {
+  if (device.is_cuda())
+    return gpu::softmax_backward(y, gy, outer, len, inner, log, gx, stream(device));
+  cpu::softmax_backward(y, gy, outer, len, inner, log, gx);
+}
+
+int64_t cross_entropy_forward(Device device, const float* logits, const int64_t* labels, int64_t n,
+                              int64_t c, float eps, int64_t ignore_index, float* loss, float* prob,
+                              int64_t* bad_row) {
+  if (device.is_cpu())
+    return cpu::cross_entropy_forward(logits, labels, n, c, eps, ignore_index, loss, prob, bad_row);
+  // The count and the first bad row come back to the host: the caller needs them to check the
+  // labels and to scale the mean.
+  Tensor counters = Tensor::empty({2}, DType::Int64, device);
+  int64_t* d = counters.data<int64_t>();
+  gpu::cross_entropy_forward(logits, labels, n, c, eps, ignore_index, loss, prob, d, d + 1,
+                             stream(device));
+  auto host = counters.to_vector<int64_t>();
+  *bad_row = host[1];
+  return host[0];
+}
+
+Tensor row_scales(const Tensor& g_scalar, float factor, int64_t n) {
+  Tensor out = Tensor::empty({n}, DType::Float32, g_scalar.device());
+  if (on_gpu(g_scalar)) {
+    gpu::fill_scaled(g_scalar.data<float>(), factor, out.data<float>(), n,
+                     stream(g_scalar.device()));
+  } else {
+    std::fill_n(out.data<float>(), n, g_scalar.item() * factor);
+  }
+  return out;
+}
+
+void cross_entropy_backward(Device device, const float* prob, const int64_t* labels,
+                            const Tensor& row_scale, int64_t n, int64_t c, float eps,
+                            int64_t ignore_index, float* gx) {
+  Tensor s = row_scale.contiguous();
+  if (device.is_cpu())
+    return cpu::cross_entropy_backward(prob, labels, s.data<float>(), n, c, eps, ignore_index, gx);
+  gpu::cross_entropy_backward(prob, labels, s.data<float>(), n, c, eps, ignore_index, gx,
+                              stream(device));
+}
+
+void adam_update(Device device, const cpu::AdamStep& s, int64_t n, float* p, const float* g,
+                 float* m, float* v, float* vmax) {
+  if (device.is_cuda()) return gpu::adam_update(s, n, p, g, m, v, vmax, stream(device));
+  cpu::adam_update(s, n, p, g, m, v, vmax);
+}
+
+void sgd_update(Device device, const cpu::SGDStep& s, int64_t n, float* p, const float* g,
+                float* buf) {
+  if (device.is_cuda()) return gpu::sgd_update(s, n, p, g, buf, stream(device));
+  cpu::sgd_update(s, n, p, g, buf);
+}
+
+}  // namespace galley::backend

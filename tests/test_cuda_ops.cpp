@@ -1,0 +1,144 @@
+// Every op on the GPU against the same op on the CPU (the oracle), forward and gradients, and a
+// few SimpleCNN training steps on both. Compiled always; skipped with the reason without a GPU.
+#include <gtest/gtest.h>
+
+#include <functional>
+
+#include "galley/galley.h"
+#include "galley/runtime/cuda.h"
+#include "models.h"
+
+using galley::Device;
+using galley::Tensor;
+
+namespace {
+
+#define REQUIRE_GPU()                                                                         \
+  if (!galley::cuda::available())                                                             \
+  GTEST_SKIP() << "no CUDA device here (cuda_device_count() == 0): the GPU path is compiled " \
+                  "but cannot run"
+
+const Device gpu = Device::cuda(0);
+
+// Worst |a - b| over max(1, |b|) for float tensors.
+double worst_error(const Tensor& a, const Tensor& b) {
+  auto va = a.to(Device::cpu()).to_vector(), vb = b.to(Device::cpu()).to_vector();
+  EXPECT_EQ(va.size(), vb.size());
+  double worst = 0;
+  for (size_t i = 0; i < va.size() && i < vb.size(); ++i)
+    worst =
+        std::max(worst, std::abs(double(va[i]) - vb[i]) / std::max(1.0, std::abs(double(vb[i]))));
+  return worst;
+}
+
+using Fn = std::function<Tensor(const std::vector<Tensor>&)>;
+
+// Runs fn on CPU copies and GPU copies of `inputs`, with a random output gradient, and compares
+// the outputs and every input gradient within `tol`.
+void compare(const char* name, Fn fn, std::vector<Tensor> inputs, double tol = 1e-5) {
+  std::vector<Tensor> on_cpu, on_gpu;
+  for (auto& t : inputs) {
+    on_cpu.push_back(t.clone().set_requires_grad(true));
+    on_gpu.push_back(t.to(gpu).set_requires_grad(true));
+  }
+  Tensor yc = fn(on_cpu), yg = fn(on_gpu);
+  ASSERT_EQ(yg.device(), gpu) << name;
+  EXPECT_LE(worst_error(yg, yc), tol) << name << ": output";
+  Tensor g = galley::randn(yc.shape());
+  yc.backward(g);
+  yg.backward(g.to(gpu));
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    ASSERT_TRUE(on_gpu[i].grad().defined()) << name << ": no gradient for input " << i;
+    EXPECT_LE(worst_error(on_gpu[i].grad(), on_cpu[i].grad()), tol) << name << ": input " << i;
+  }
+}
+
+}  // namespace
+
+TEST(CudaOps, Elementwise) {
+  REQUIRE_GPU();
+  compare("add broadcast", [](auto& v) { return v[0] + v[1]; },
+          {galley::randn({4, 3, 5}), galley::randn({3, 1})});
+  compare("sub", [](auto& v) { return v[0] - v[1]; }, {galley::randn({7, 9}), galley::randn({9})});
+  compare("mul", [](auto& v) { return v[0] * v[1]; },
+          {galley::randn({5, 6}), galley::randn({5, 6})});
+  compare("div", [](auto& v) { return v[0] / v[1]; },
+          {galley::randn({5, 6}), galley::rand({6}) + 1.f});
+  compare("scalar", [](auto& v) { return v[0] * 3.f + 1.f; }, {galley::randn({1000})});
+  compare("exp log pow",
+          [](auto& v) { return galley::pow(galley::log(galley::exp(v[0]) + 1.f), 2.f); },
+          {galley::randn({333})});
+  compare("relu", [](auto& v) { return galley::relu(v[0]); }, {galley::randn({1, 2049})});
+}
+
+TEST(CudaOps, LinearAlgebra) {
+  REQUIRE_GPU();
+  compare("matmul", [](auto& v) { return galley::matmul(v[0], v[1]); },
+          {galley::randn({17, 33}), galley::randn({33, 9})});
+  compare("linear", [](auto& v) { return galley::linear(v[0], v[1], v[2]); },
+          {galley::randn({8, 300}), galley::randn({10, 300}), galley::randn({10})});
+}
+
+TEST(CudaOps, ConvolutionAndPooling) {
+  REQUIRE_GPU();
+  compare(
+      "conv2d", [](auto& v) { return galley::conv2d(v[0], v[1], v[2], {.padding = 1}); },
+      {galley::randn({4, 3, 16, 16}), galley::randn({8, 3, 3, 3}), galley::randn({8})}, 1e-4);
+  compare("max_pool2d", [](auto& v) { return galley::max_pool2d(v[0], {.kernel_size = 2}); },
+          {galley::randn({4, 8, 30, 30})});
+  compare("max_pool2d 3/2/1",
+          [](auto& v) {
+            return galley::max_pool2d(v[0], {.kernel_size = 3, .stride = 2, .padding = 1});
+          },
+          {galley::randn({2, 3, 9, 11})});
+}
+
+TEST(CudaOps, ReductionsSoftmaxAndLoss) {
+  REQUIRE_GPU();
+  compare("sum", [](auto& v) { return galley::sum(v[0]); }, {galley::randn({1000, 7})});
+  compare("mean dim", [](auto& v) { return galley::mean(v[0], 1); }, {galley::randn({6, 50, 4})});
+  compare("softmax", [](auto& v) { return galley::softmax(v[0], 1); }, {galley::randn({6, 50, 4})});
+  compare("log_softmax", [](auto& v) { return galley::log_softmax(v[0], -1); },
+          {galley::randn({64, 10})});
+  std::vector<int64_t> l(64);
+  for (int i = 0; i < 64; ++i) l[i] = i % 10 == 3 ? -100 : i % 10;
+  Tensor labels = Tensor::from_vector(l, {64});
+  for (auto red : {galley::Reduction::Mean, galley::Reduction::Sum, galley::Reduction::None}) {
+    compare("cross_entropy",
+            [&](auto& v) {
+              return galley::cross_entropy(v[0], labels.to(v[0].device()),
+                                           {.reduction = red, .label_smoothing = 0.1f});
+            },
+            {galley::randn({64, 10})});
+  }
+  Tensor x = galley::randn({5, 7});
+  EXPECT_EQ(galley::argmax(x.to(gpu), 1).to_vector<int64_t>(),
+            galley::argmax(x, 1).to_vector<int64_t>());
+}
+
+TEST(CudaOps, SimpleCnnTrainsLikeTheCpu) {
+  REQUIRE_GPU();
+  galley::manual_seed(5);
+  testmodels::SimpleCNN on_cpu, on_gpu;
+  on_gpu.load_state_dict(on_cpu.state_dict());
+  on_gpu.to(gpu);
+  galley::optim::Adam oc(on_cpu.parameters()), og(on_gpu.parameters());
+  galley::nn::CrossEntropyLoss loss_fn;
+  for (int step = 0; step < 5; ++step) {
+    Tensor x = galley::randn({16, 3, 32, 32});
+    std::vector<int64_t> l(16);
+    for (int i = 0; i < 16; ++i) l[i] = (i * 7 + step) % 10;
+    Tensor y = Tensor::from_vector(l, {16});
+    Tensor lc = loss_fn(on_cpu(x), y), lg = loss_fn(on_gpu(x.to(gpu)), y.to(gpu));
+    EXPECT_NEAR(lg.item(), lc.item(), 1e-4 * std::max(1.f, std::abs(lc.item()))) << "step " << step;
+    lc.backward();
+    lg.backward();
+    oc.step();
+    og.step();
+    oc.clear_grad();
+    og.clear_grad();
+  }
+  auto pc = on_cpu.parameters(), pg = on_gpu.parameters();
+  for (size_t k = 0; k < pc.size(); ++k)
+    EXPECT_LE(worst_error(pg[k], pc[k]), 1e-4) << "parameter " << k;
+}
