@@ -61,12 +61,12 @@ __device__ __forceinline__ T group_all(T v, Op op, T* scratch) {
 // The last block counts the rows that are not ignored and finds the first bad label; the
 // others take one row per group (warp or block). One launch, no atomics, no memset.
 template <bool kWarp>
-__global__ void cross_entropy_forward_kernel(const float* __restrict__ logits,
-                                             const int64_t* __restrict__ labels, int64_t n,
-                                             int64_t c, float eps, int64_t ignore_index,
-                                             float* __restrict__ loss, float* __restrict__ prob,
-                                             int64_t* __restrict__ count,
-                                             int64_t* __restrict__ bad_row) {
+__global__ void __launch_bounds__(1024)
+    cross_entropy_forward_kernel(const float* __restrict__ logits,
+                                 const int64_t* __restrict__ labels, int64_t n, int64_t c,
+                                 float eps, int64_t ignore_index, float* __restrict__ loss,
+                                 float* __restrict__ prob, int64_t* __restrict__ count,
+                                 int64_t* __restrict__ bad_row) {
   __shared__ float fscratch[32];
   __shared__ double dscratch[2][32];
   __shared__ unsigned long long uscratch[32];

@@ -80,10 +80,10 @@ __device__ __forceinline__ void store(float* out, float v, bool accumulate) {
 // innermost reduced dimension (contiguous) is long, rows of it are walked with no division per
 // element (red_outer describes the reduced dimensions above it).
 template <typename Index, bool kWarp>
-__global__ void reduce_inner_kernel(const float* __restrict__ g, Dims kept, Dims red,
-                                    Dims red_outer, Index n_out, Index n_red, Index red_inner,
-                                    bool by_rows, float scale, bool accumulate,
-                                    float* __restrict__ out) {
+__global__ void __launch_bounds__(1024)
+    reduce_inner_kernel(const float* __restrict__ g, Dims kept, Dims red, Dims red_outer,
+                        Index n_out, Index n_red, Index red_inner, bool by_rows, float scale,
+                        bool accumulate, float* __restrict__ out) {
   __shared__ float scratch[32];
   const Index group_size = kWarp ? 32 : blockDim.x;
   const Index lane = kWarp ? (threadIdx.x & 31) : threadIdx.x;

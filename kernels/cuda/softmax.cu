@@ -55,7 +55,8 @@ __device__ __forceinline__ T group_all(T v, Op op, T* scratch) {
 // One group per contiguous row (inner == 1). x and y may be the same buffer: every element is
 // read and written by one thread, reads first.
 template <bool kWarp>
-__global__ void softmax_rows_kernel(const float* x, int64_t rows, int64_t len, bool log, float* y) {
+__global__ void __launch_bounds__(1024)
+    softmax_rows_kernel(const float* x, int64_t rows, int64_t len, bool log, float* y) {
   __shared__ float fscratch[32];
   __shared__ double dscratch[32];
   const int64_t group = kWarp ? 32 : blockDim.x;
@@ -84,8 +85,9 @@ __global__ void softmax_rows_kernel(const float* x, int64_t rows, int64_t len, b
 
 // Softmax: gx = y * (gy - sum(gy * y)); log-softmax: gx = gy - exp(y) * sum(gy).
 template <bool kWarp>
-__global__ void softmax_backward_rows_kernel(const float* y, const float* gy, int64_t rows,
-                                             int64_t len, bool log, float* gx) {
+__global__ void __launch_bounds__(1024)
+    softmax_backward_rows_kernel(const float* y, const float* gy, int64_t rows, int64_t len,
+                                 bool log, float* gx) {
   __shared__ double dscratch[32];
   const int64_t group = kWarp ? 32 : blockDim.x;
   const int64_t lane = kWarp ? (threadIdx.x & 31) : threadIdx.x;
