@@ -23,7 +23,6 @@
 #include "galley/nn/max_pool2d.h"
 #include "galley/nn/sequential.h"
 #include "galley/ops.h"
-#include "galley/state.h"
 #include "galley/optim/adam.h"
 #include "galley/optim/lr_scheduler.h"
 #include "galley/optim/optimizer.h"
@@ -31,4 +30,5 @@
 #include "galley/parallel/communicator.h"
 #include "galley/parallel/data_parallel.h"
 #include "galley/runtime/memory.h"
+#include "galley/state.h"
 #include "galley/tensor.h"

@@ -39,24 +39,24 @@ void sum_dim(const float* x, int64_t outer, int64_t len, int64_t inner, float sc
              void* stream);
 // out[0] = scale * sum of all n elements (accumulated in double).
 void sum_all(const float* x, int64_t n, float scale, float* out, void* stream);
-// out[o, l, i] = g[o, i] * scale; `g_is_scalar` broadcasts g[0] (the backward of sum_all).
-void expand_dim(const float* g, int64_t outer, int64_t len, int64_t inner, float scale,
-                float* out, void* stream);
+// out[o, l, i] = g[o, i] * scale (outer = inner = 1 spreads g[0]: the backward of sum_all).
+void expand_dim(const float* g, int64_t outer, int64_t len, int64_t inner, float scale, float* out,
+                void* stream);
 // out[o, i] = argmax_l x[o, l, i] (first of equal maxima; NaN wins)
 void argmax_dim(const float* x, int64_t outer, int64_t len, int64_t inner, int64_t* out,
                 void* stream);
 // out[j] = sum over rows of g[i, j] (+ out[j] when accumulate) — bias gradients.
 void column_sums(const float* g, int64_t rows, int64_t n, float* out, bool accumulate,
                  void* stream);
-// out[o] += bias broadcast over rows: y[r, o] = bias[o] for a rows x n matrix (seeding a GEMM).
+// out[r, j] = bias[j] for a rows x n matrix (seeding a GEMM that then adds into it).
 void broadcast_rows(const float* bias, int64_t rows, int64_t n, float* out, void* stream);
 // y[n, o, p] = bias[o] for a [N, O, P] tensor (seeding a convolution's output).
 void broadcast_channels(const float* bias, int64_t n, int64_t o, int64_t p, float* out,
                         void* stream);
 
 // Softmax / log-softmax along len of [outer, len, inner], forward and backward (as kernels/cpu).
-void softmax_forward(const float* x, int64_t outer, int64_t len, int64_t inner, bool log,
-                     float* y, void* stream);
+void softmax_forward(const float* x, int64_t outer, int64_t len, int64_t inner, bool log, float* y,
+                     void* stream);
 void softmax_backward(const float* y, const float* gy, int64_t outer, int64_t len, int64_t inner,
                       bool log, float* gx, void* stream);
 
