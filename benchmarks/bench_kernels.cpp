@@ -3,16 +3,24 @@
 //   bench_kernels [--benchmark_filter=conv] [--threads=T]
 //
 // Shapes are those of the SimpleCNN (Conv2D(3, 64, 3) on 32x32, MaxPool2D(2), Linear(14400, 10))
-// at batch 64 and 256, plus a square GEMM. Counters: GFLOP/s for conv and GEMM, GB/s (bytes read
-// + written once) for the memory-bound ops. Backward benchmarks time only the backward call.
+// at batch 64 and 256, the padded 3x3 convolutions of the VGG-style model of models.h at batch
+// 64, plus a square GEMM. Counters: GFLOP/s for conv and GEMM, GB/s (bytes read + written once)
+// for the memory-bound ops, and `of_peak`: that figure as a fraction of this machine's peak for
+// the thread count, measured at start-up (single-precision FMA throughput of a tight loop with
+// independent accumulators on every thread, and the bandwidth of a STREAM-like copy of arrays
+// far larger than the caches; both printed in the context lines). Backward benchmarks time only
+// the backward call.
 // --threads=T calls galley::set_num_threads(T) first (default: galley's default).
 #include <benchmark/benchmark.h>
 #include <galley/galley.h>
+#include <immintrin.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <thread>
 #include <vector>
 
 namespace nn = galley::nn;
@@ -20,6 +28,96 @@ using galley::Tensor;
 
 namespace {
 
+using Clock = std::chrono::steady_clock;
+double seconds_since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+// ----------------------------------------------------------------------------- machine peak
+// Runs fn(thread_index) on `threads` threads at once; returns the wall time.
+template <typename Fn>
+double timed_on_threads(int threads, Fn fn) {
+  std::vector<std::thread> pool;
+  auto t0 = Clock::now();
+  for (int t = 1; t < threads; ++t) pool.emplace_back(fn, t);
+  fn(0);
+  for (auto& th : pool) th.join();
+  return seconds_since(t0);
+}
+
+// Single-precision FMAs per second of one thread's tight loop: 12 independent accumulators
+// cover the FMA latency of every pipe, so the loop runs at the FMA units' throughput.
+double fma_loop(int64_t iters) {
+#if defined(__AVX512F__)
+  constexpr int kLanes = 16;
+  __m512 acc[12];
+  for (int k = 0; k < 12; ++k) acc[k] = _mm512_set1_ps(float(k));
+  const __m512 m = _mm512_set1_ps(0.999999f), c = _mm512_set1_ps(1e-7f);
+  for (int64_t i = 0; i < iters; ++i)
+    for (int k = 0; k < 12; ++k) acc[k] = _mm512_fmadd_ps(acc[k], m, c);
+  __m512 sum = acc[0];
+  for (int k = 1; k < 12; ++k) sum = _mm512_add_ps(sum, acc[k]);
+  float out = _mm512_reduce_add_ps(sum);
+#elif defined(__FMA__)
+  constexpr int kLanes = 8;
+  __m256 acc[12];
+  for (int k = 0; k < 12; ++k) acc[k] = _mm256_set1_ps(float(k));
+  const __m256 m = _mm256_set1_ps(0.999999f), c = _mm256_set1_ps(1e-7f);
+  for (int64_t i = 0; i < iters; ++i)
+    for (int k = 0; k < 12; ++k) acc[k] = _mm256_fmadd_ps(acc[k], m, c);
+  __m256 sum = acc[0];
+  for (int k = 1; k < 12; ++k) sum = _mm256_add_ps(sum, acc[k]);
+  float lanes[8];
+  _mm256_storeu_ps(lanes, sum);
+  float out = 0;
+  for (float v : lanes) out += v;
+#else
+  constexpr int kLanes = 1;
+  float acc[12];
+  for (int k = 0; k < 12; ++k) acc[k] = float(k);
+  for (int64_t i = 0; i < iters; ++i)
+    for (int k = 0; k < 12; ++k) acc[k] = acc[k] * 0.999999f + 1e-7f;
+  float out = 0;
+  for (float v : acc) out += v;
+#endif
+  benchmark::DoNotOptimize(out);
+  return 2.0 * 12 * kLanes * double(iters);  // flops
+}
+
+// Peak single-precision GFLOP/s of `threads` threads: the best of a few runs.
+double measure_peak_gflops(int threads) {
+  const int64_t iters = int64_t(1) << 23;
+  double best = 0;
+  for (int rep = 0; rep < 5; ++rep) {
+    double flops = 0;
+    double s = timed_on_threads(threads, [&](int t) {
+      double f = fma_loop(iters);
+      if (t == 0) flops = f;
+    });
+    best = std::max(best, flops * threads / s / 1e9);
+  }
+  return best;
+}
+
+// Memory bandwidth of `threads` threads copying 2 x 256 MiB (bytes read + written), best of 3.
+double measure_peak_gbs(int threads) {
+  const size_t n = size_t(64) << 20;  // floats per array
+  std::vector<float> a(n, 1.0f), b(n, 0.0f);
+  double best = 0;
+  for (int rep = 0; rep < 4; ++rep) {
+    double s = timed_on_threads(threads, [&](int t) {
+      size_t lo = n * t / threads, hi = n * (t + 1) / threads;
+      std::memcpy(b.data() + lo, a.data() + lo, (hi - lo) * sizeof(float));
+    });
+    if (rep > 0) best = std::max(best, 2.0 * n * sizeof(float) / s / 1e9);  // rep 0 faults pages
+  }
+  benchmark::DoNotOptimize(b.data());
+  return best;
+}
+
+double g_peak_gflops = 0, g_peak_gbs = 0;
+
+// ----------------------------------------------------------------------------- ops
 constexpr int64_t kC = 3, kO = 64, kK = 3, kH = 32, kOH = kH - kK + 1, kPH = kOH / 2;
 constexpr int64_t kFeat = kO * kPH * kPH, kClasses = 10;
 
@@ -34,14 +132,22 @@ Tensor labels(int64_t n) {
   return Tensor::from_vector(v, {n});
 }
 
-void set_rate(benchmark::State& st, double flops, double bytes) {
-  if (flops > 0)
-    st.counters["GFLOP/s"] = benchmark::Counter(flops * st.iterations() / 1e9,
-                                                benchmark::Counter::kIsRate);
-  if (bytes > 0)
-    st.counters["GB/s"] = benchmark::Counter(bytes * st.iterations() / 1e9,
-                                             benchmark::Counter::kIsRate);
-  st.SetItemsProcessed(st.iterations() * st.range(0));  // samples
+// Sets GFLOP/s (when flops > 0, else GB/s) and its fraction of the machine's peak, from the
+// seconds the timed calls took in all (wall time, whatever the thread count).
+void set_rate(benchmark::State& st, double flops, double bytes, double seconds,
+              bool samples = true) {
+  if (seconds <= 0) return;
+  if (flops > 0) {
+    double g = flops * st.iterations() / seconds / 1e9;
+    st.counters["GFLOP/s"] = g;
+    if (g_peak_gflops > 0) st.counters["of_peak"] = g / g_peak_gflops;
+  }
+  if (bytes > 0) {
+    double g = bytes * st.iterations() / seconds / 1e9;
+    st.counters["GB/s"] = g;
+    if (flops <= 0 && g_peak_gbs > 0) st.counters["of_peak"] = g / g_peak_gbs;
+  }
+  if (samples) st.SetItemsProcessed(st.iterations() * st.range(0));
 }
 
 // Conv2D(3, 64, 3) forward on [N, 3, 32, 32].
@@ -50,11 +156,13 @@ void BM_conv2d_forward(benchmark::State& st) {
   Tensor x = galley::randn({n, kC, kH, kH}, gen());
   Tensor w = galley::randn({kO, kC, kK, kK}, gen()), b = galley::randn({kO}, gen());
   galley::NoGradGuard ng;
+  auto t0 = Clock::now();
   for (auto _ : st) {
     Tensor y = galley::conv2d(x, w, b);
     benchmark::DoNotOptimize(y.raw_data());
   }
-  set_rate(st, 2.0 * n * kO * kOH * kOH * kC * kK * kK, 0);
+  const double secs = seconds_since(t0);
+  set_rate(st, 2.0 * n * kO * kOH * kOH * kC * kK * kK, 0, secs);
 }
 
 // Backward of the same conv: weight and bias gradients, plus the input gradient when
@@ -67,17 +175,56 @@ void BM_conv2d_backward(benchmark::State& st) {
   Tensor w = galley::randn({kO, kC, kK, kK}, gen()).set_requires_grad(true);
   Tensor b = galley::randn({kO}, gen()).set_requires_grad(true);
   Tensor gy = galley::randn({n, kO, kOH, kOH}, gen());
+  double secs = 0;
   for (auto _ : st) {
     Tensor y = galley::conv2d(x, w, b);
-    auto t0 = std::chrono::steady_clock::now();
+    auto t0 = Clock::now();
     y.backward(gy);
-    st.SetIterationTime(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    double dt = seconds_since(t0);
+    st.SetIterationTime(dt);
+    secs += dt;
     w.set_grad(Tensor());
     b.set_grad(Tensor());
     if (need_gx) x.set_grad(Tensor());
   }
   double gemm = 2.0 * n * kO * kOH * kOH * kC * kK * kK;
-  set_rate(st, need_gx ? 2 * gemm : gemm, 0);
+  set_rate(st, need_gx ? 2 * gemm : gemm, 0, secs);
+}
+
+// The padded 3x3 convolutions of the VGG-style model at batch 64: (in, out, size) =
+// (32, 32, 32), (64, 64, 16), (64, 128, 8). Forward, then backward with every gradient.
+void BM_conv2d_vgg_forward(benchmark::State& st) {
+  const int64_t n = 64, c = st.range(0), o = st.range(1), hw = st.range(2);
+  Tensor x = galley::randn({n, c, hw, hw}, gen());
+  Tensor w = galley::randn({o, c, kK, kK}, gen()), b = galley::randn({o}, gen());
+  galley::NoGradGuard ng;
+  auto t0 = Clock::now();
+  for (auto _ : st) {
+    Tensor y = galley::conv2d(x, w, b, {.padding = 1});
+    benchmark::DoNotOptimize(y.raw_data());
+  }
+  set_rate(st, 2.0 * n * o * hw * hw * c * kK * kK, 0, seconds_since(t0), /*samples=*/false);
+}
+
+void BM_conv2d_vgg_backward(benchmark::State& st) {
+  const int64_t n = 64, c = st.range(0), o = st.range(1), hw = st.range(2);
+  Tensor x = galley::randn({n, c, hw, hw}, gen()).set_requires_grad(true);
+  Tensor w = galley::randn({o, c, kK, kK}, gen()).set_requires_grad(true);
+  Tensor b = galley::randn({o}, gen()).set_requires_grad(true);
+  Tensor gy = galley::randn({n, o, hw, hw}, gen());
+  double secs = 0;
+  for (auto _ : st) {
+    Tensor y = galley::conv2d(x, w, b, {.padding = 1});
+    auto t0 = Clock::now();
+    y.backward(gy);
+    double dt = seconds_since(t0);
+    st.SetIterationTime(dt);
+    secs += dt;
+    x.set_grad(Tensor());
+    w.set_grad(Tensor());
+    b.set_grad(Tensor());
+  }
+  set_rate(st, 2 * 2.0 * n * o * hw * hw * c * kK * kK, 0, secs, /*samples=*/false);
 }
 
 // ReLU forward on the conv output.
@@ -85,11 +232,13 @@ void BM_relu(benchmark::State& st) {
   int64_t n = st.range(0);
   Tensor x = galley::randn({n, kO, kOH, kOH}, gen());
   galley::NoGradGuard ng;
+  auto t0 = Clock::now();
   for (auto _ : st) {
     Tensor y = galley::relu(x);
     benchmark::DoNotOptimize(y.raw_data());
   }
-  set_rate(st, 0, 2.0 * 4 * x.numel());
+  const double secs = seconds_since(t0);
+  set_rate(st, 0, 2.0 * 4 * x.numel(), secs);
 }
 
 // ReLU backward (mask the incoming gradient).
@@ -97,14 +246,17 @@ void BM_relu_backward(benchmark::State& st) {
   int64_t n = st.range(0);
   Tensor x = galley::randn({n, kO, kOH, kOH}, gen()).set_requires_grad(true);
   Tensor gy = galley::randn({n, kO, kOH, kOH}, gen());
+  double secs = 0;
   for (auto _ : st) {
     Tensor y = galley::relu(x);
-    auto t0 = std::chrono::steady_clock::now();
+    auto t0 = Clock::now();
     y.backward(gy);
-    st.SetIterationTime(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    double dt = seconds_since(t0);
+    st.SetIterationTime(dt);
+    secs += dt;
     x.set_grad(Tensor());
   }
-  set_rate(st, 0, 3.0 * 4 * x.numel());
+  set_rate(st, 0, 3.0 * 4 * x.numel(), secs);
 }
 
 // MaxPool2D(2) forward on [N, 64, 30, 30].
@@ -112,25 +264,30 @@ void BM_max_pool2d_forward(benchmark::State& st) {
   int64_t n = st.range(0);
   Tensor x = galley::randn({n, kO, kOH, kOH}, gen());
   galley::NoGradGuard ng;
+  auto t0 = Clock::now();
   for (auto _ : st) {
     Tensor y = galley::max_pool2d(x, {.kernel_size = 2});
     benchmark::DoNotOptimize(y.raw_data());
   }
-  set_rate(st, 0, 4.0 * x.numel() * 1.25);
+  const double secs = seconds_since(t0);
+  set_rate(st, 0, 4.0 * x.numel() * 1.25, secs);
 }
 
 void BM_max_pool2d_backward(benchmark::State& st) {
   int64_t n = st.range(0);
   Tensor x = galley::randn({n, kO, kOH, kOH}, gen()).set_requires_grad(true);
   Tensor gy = galley::randn({n, kO, kPH, kPH}, gen());
+  double secs = 0;
   for (auto _ : st) {
     Tensor y = galley::max_pool2d(x, {.kernel_size = 2});
-    auto t0 = std::chrono::steady_clock::now();
+    auto t0 = Clock::now();
     y.backward(gy);
-    st.SetIterationTime(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    double dt = seconds_since(t0);
+    st.SetIterationTime(dt);
+    secs += dt;
     x.set_grad(Tensor());
   }
-  set_rate(st, 0, 4.0 * (x.numel() + gy.numel() * 2));
+  set_rate(st, 0, 4.0 * (x.numel() + gy.numel() * 2), secs);
 }
 
 // Linear(14400, 10) forward: [N, 14400] x [10, 14400]^T.
@@ -139,11 +296,13 @@ void BM_linear_forward(benchmark::State& st) {
   Tensor x = galley::randn({n, kFeat}, gen());
   Tensor w = galley::randn({kClasses, kFeat}, gen()), b = galley::randn({kClasses}, gen());
   galley::NoGradGuard ng;
+  auto t0 = Clock::now();
   for (auto _ : st) {
     Tensor y = galley::linear(x, w, b);
     benchmark::DoNotOptimize(y.raw_data());
   }
-  set_rate(st, 2.0 * n * kFeat * kClasses, 4.0 * (n + kClasses) * kFeat);
+  const double secs = seconds_since(t0);
+  set_rate(st, 2.0 * n * kFeat * kClasses, 4.0 * (n + kClasses) * kFeat, secs);
 }
 
 // Its backward: input, weight and bias gradients.
@@ -153,16 +312,19 @@ void BM_linear_backward(benchmark::State& st) {
   Tensor w = galley::randn({kClasses, kFeat}, gen()).set_requires_grad(true);
   Tensor b = galley::randn({kClasses}, gen()).set_requires_grad(true);
   Tensor gy = galley::randn({n, kClasses}, gen());
+  double secs = 0;
   for (auto _ : st) {
     Tensor y = galley::linear(x, w, b);
-    auto t0 = std::chrono::steady_clock::now();
+    auto t0 = Clock::now();
     y.backward(gy);
-    st.SetIterationTime(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    double dt = seconds_since(t0);
+    st.SetIterationTime(dt);
+    secs += dt;
     x.set_grad(Tensor());
     w.set_grad(Tensor());
     b.set_grad(Tensor());
   }
-  set_rate(st, 4.0 * n * kFeat * kClasses, 4.0 * (2 * n + 2 * kClasses) * kFeat);
+  set_rate(st, 4.0 * n * kFeat * kClasses, 4.0 * (2 * n + 2 * kClasses) * kFeat, secs);
 }
 
 // Square GEMM [s, s] x [s, s] (range(0) = s).
@@ -170,12 +332,12 @@ void BM_matmul(benchmark::State& st) {
   int64_t s = st.range(0);
   Tensor a = galley::randn({s, s}, gen()), b = galley::randn({s, s}, gen());
   galley::NoGradGuard ng;
+  auto t0 = Clock::now();
   for (auto _ : st) {
     Tensor c = galley::matmul(a, b);
     benchmark::DoNotOptimize(c.raw_data());
   }
-  st.counters["GFLOP/s"] =
-      benchmark::Counter(2.0 * s * s * s * st.iterations() / 1e9, benchmark::Counter::kIsRate);
+  set_rate(st, 2.0 * s * s * s, 0, seconds_since(t0), /*samples=*/false);
 }
 
 // Fused softmax cross-entropy, forward + backward, on [N, 10] logits.
@@ -183,18 +345,19 @@ void BM_cross_entropy(benchmark::State& st) {
   int64_t n = st.range(0);
   Tensor logits = galley::randn({n, kClasses}, gen()).set_requires_grad(true);
   Tensor y = labels(n);
+  auto t0 = Clock::now();
   for (auto _ : st) {
     Tensor loss = galley::cross_entropy(logits, y);
     loss.backward();
     logits.set_grad(Tensor());
   }
-  set_rate(st, 0, 4.0 * 3 * n * kClasses);
+  const double secs = seconds_since(t0);
+  set_rate(st, 0, 4.0 * 3 * n * kClasses, secs);
 }
 
 // Adam step over the SimpleCNN's parameters (1728 + 64 + 144000 + 10 floats).
 void BM_adam_step(benchmark::State& st) {
-  std::vector<Tensor> params = {galley::randn({kO, kC, kK, kK}, gen()),
-                                galley::randn({kO}, gen()),
+  std::vector<Tensor> params = {galley::randn({kO, kC, kK, kK}, gen()), galley::randn({kO}, gen()),
                                 galley::randn({kClasses, kFeat}, gen()),
                                 galley::randn({kClasses}, gen())};
   int64_t total = 0;
@@ -204,10 +367,10 @@ void BM_adam_step(benchmark::State& st) {
     total += p.numel();
   }
   galley::optim::Adam opt(params, {.learning_rate = 1e-3});
+  auto t0 = Clock::now();
   for (auto _ : st) opt.step();
   // Reads p, g, m, v; writes p, m, v.
-  st.counters["GB/s"] =
-      benchmark::Counter(7.0 * 4 * total * st.iterations() / 1e9, benchmark::Counter::kIsRate);
+  set_rate(st, 0, 7.0 * 4 * total, seconds_since(t0), /*samples=*/false);
   st.counters["params"] = static_cast<double>(total);
 }
 
@@ -217,21 +380,35 @@ void batches(benchmark::internal::Benchmark* b) {
 
 }  // namespace
 
-BENCHMARK(BM_conv2d_forward)->Apply(batches);
+BENCHMARK(BM_conv2d_forward)->Apply(batches)->UseRealTime();
 BENCHMARK(BM_conv2d_backward)
     ->ArgsProduct({{64, 256}, {0, 1}})
     ->ArgNames({"batch", "grad_input"})
     ->UseManualTime()
     ->Unit(benchmark::kMillisecond);
-BENCHMARK(BM_relu)->Apply(batches);
+BENCHMARK(BM_conv2d_vgg_forward)
+    ->Args({32, 32, 32})
+    ->Args({64, 64, 16})
+    ->Args({64, 128, 8})
+    ->ArgNames({"in", "out", "hw"})
+    ->UseRealTime()
+    ->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_conv2d_vgg_backward)
+    ->Args({32, 32, 32})
+    ->Args({64, 64, 16})
+    ->Args({64, 128, 8})
+    ->ArgNames({"in", "out", "hw"})
+    ->UseManualTime()
+    ->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_relu)->Apply(batches)->UseRealTime();
 BENCHMARK(BM_relu_backward)->Apply(batches)->UseManualTime();
-BENCHMARK(BM_max_pool2d_forward)->Apply(batches);
+BENCHMARK(BM_max_pool2d_forward)->Apply(batches)->UseRealTime();
 BENCHMARK(BM_max_pool2d_backward)->Apply(batches)->UseManualTime();
-BENCHMARK(BM_linear_forward)->Apply(batches);
+BENCHMARK(BM_linear_forward)->Apply(batches)->UseRealTime();
 BENCHMARK(BM_linear_backward)->Apply(batches)->UseManualTime();
-BENCHMARK(BM_matmul)->Arg(256)->Arg(1024)->Unit(benchmark::kMillisecond);
-BENCHMARK(BM_cross_entropy)->Arg(64)->Arg(256)->Unit(benchmark::kMicrosecond);
-BENCHMARK(BM_adam_step)->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_matmul)->Arg(256)->Arg(1024)->UseRealTime()->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_cross_entropy)->Arg(64)->Arg(256)->UseRealTime()->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_adam_step)->UseRealTime()->Unit(benchmark::kMicrosecond);
 
 int main(int argc, char** argv) {
   // Our own flag, removed before Google Benchmark sees the rest.
@@ -245,7 +422,12 @@ int main(int argc, char** argv) {
   int n = static_cast<int>(rest.size());
   benchmark::Initialize(&n, rest.data());
   if (benchmark::ReportUnrecognizedArguments(n, rest.data())) return 1;
-  benchmark::AddCustomContext("galley_threads", std::to_string(galley::num_threads()));
+  const int threads = galley::num_threads();
+  g_peak_gflops = measure_peak_gflops(threads);
+  g_peak_gbs = measure_peak_gbs(threads);
+  benchmark::AddCustomContext("galley_threads", std::to_string(threads));
+  benchmark::AddCustomContext("peak_fp32_gflops", std::to_string(g_peak_gflops));
+  benchmark::AddCustomContext("peak_copy_gbs", std::to_string(g_peak_gbs));
   benchmark::RunSpecifiedBenchmarks();
   benchmark::Shutdown();
   return 0;

@@ -1,20 +1,24 @@
-// SimpleCNN train-step throughput in galley (CPU).
+// Train-step throughput in galley (CPU) for the models of models.h.
 //
-// Model: Conv2D(3, 64, 3) -> ReLU -> MaxPool2D(2) -> Flatten -> Linear(64*15*15, 10).
-// One step: forward, CrossEntropyLoss, backward, Adam(lr=1e-3) step, zero grad.
-// simple_cnn_torch.py and bench_simple_cnn_libtorch.cpp run the same step in PyTorch.
+// One step: forward, CrossEntropyLoss, backward, Adam(lr=1e-3) step, zero grad, on a fixed
+// random batch. train_step_torch.py and bench_train_step_libtorch.cpp run the same step in
+// PyTorch and libtorch; run_cpu.py runs them side by side.
 //
-//   bench_simple_cnn --batch 64 --threads 1 --warmup 5 --iters 20 --repeats 5 [--json] [--phases]
+//   bench_train_step --model vgg --batch 64 --threads 1 --warmup 5 --iters 20 --repeats 5
+//                    [--json] [--phases]
 //
 // Prints samples/s: the median over `repeats` timed blocks of `iters` steps each. With --phases
 // it also times forward / loss / backward / optimizer separately (averages over iters*repeats
 // extra steps).
 #include <galley/galley.h>
 
+#include "models.h"
+
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -24,6 +28,7 @@ using galley::Tensor;
 namespace {
 
 struct Args {
+  std::string model = "simple";
   int batch = 64;
   int threads = 1;
   int warmup = 5;
@@ -35,7 +40,8 @@ struct Args {
 
 void usage(const char* prog) {
   std::fprintf(stderr,
-               "usage: %s [--batch N] [--threads T] [--warmup W] [--iters I] [--repeats R] "
+               "usage: %s [--model simple|fashion|vgg] [--batch N] [--threads T] [--warmup W] "
+               "[--iters I] [--repeats R] "
                "[--json] [--phases]\n",
                prog);
 }
@@ -48,7 +54,10 @@ bool parse(int argc, char** argv, Args& a) {
       v = std::atoi(argv[++i]);
       return v > 0 || (s == "--warmup" && v == 0);
     };
-    if (s == "--batch") {
+    if (s == "--model") {
+      if (i + 1 >= argc) return false;
+      a.model = argv[++i];
+    } else if (s == "--batch") {
       if (!next(a.batch)) return false;
     } else if (s == "--threads") {
       if (!next(a.threads)) return false;
@@ -91,14 +100,19 @@ int main(int argc, char** argv) {
   galley::set_num_threads(a.threads);
   galley::manual_seed(0);
 
-  nn::Sequential model(std::make_shared<nn::Conv2D>(3, 64, 3), std::make_shared<nn::ReLU>(),
-                       std::make_shared<nn::MaxPool2D>(2), std::make_shared<nn::Flatten>(1),
-                       std::make_shared<nn::Linear>(64 * 15 * 15, 10));
+  bench::Model m;
+  try {
+    m = bench::make_model(a.model);
+  } catch (const std::invalid_argument& e) {
+    std::fprintf(stderr, "%s\n", e.what());
+    return 2;
+  }
+  nn::Sequential& model = *m.net;
   galley::optim::Adam opt(model.parameters(), {.learning_rate = 1e-3});
   nn::CrossEntropyLoss loss_fn;
 
   galley::Generator gen(1);
-  Tensor x = galley::randn({a.batch, 3, 32, 32}, gen);
+  Tensor x = galley::randn({a.batch, m.input[0], m.input[1], m.input[2]}, gen);
   std::vector<int64_t> labels(a.batch);
   for (auto& l : labels) l = static_cast<int64_t>(gen.next_u64() % 10);
   Tensor y = Tensor::from_vector(labels, {a.batch});
@@ -147,10 +161,12 @@ int main(int argc, char** argv) {
 
   if (a.json) {
     std::printf(
-        "{\"impl\": \"galley\", \"version\": \"%s\", \"batch\": %d, \"threads\": %d, "
+        "{\"impl\": \"galley\", \"version\": \"%s\", \"model\": \"%s\", \"batch\": %d, "
+        "\"threads\": %d, "
         "\"warmup\": %d, \"iters\": %d, \"repeats\": %d, \"samples_per_s\": %.3f, "
         "\"samples_per_s_all\": [",
-        GALLEY_BENCH_VERSION, a.batch, galley::num_threads(), a.warmup, a.iters, a.repeats, med);
+        GALLEY_BENCH_VERSION, a.model.c_str(), a.batch, galley::num_threads(), a.warmup, a.iters,
+        a.repeats, med);
     for (size_t i = 0; i < rates.size(); ++i) std::printf("%s%.3f", i ? ", " : "", rates[i]);
     std::printf("], \"step_ms\": %.4f, \"final_loss\": %.6f", 1e3 * a.batch / med, final_loss);
     if (a.phases)
@@ -160,9 +176,9 @@ int main(int argc, char** argv) {
           ph[0], ph[1], ph[2], ph[3]);
     std::printf("}\n");
   } else {
-    std::printf("galley %s batch=%d threads=%d: %.1f samples/s (%.2f ms/step, loss %.4f)\n",
-                GALLEY_BENCH_VERSION, a.batch, galley::num_threads(), med, 1e3 * a.batch / med,
-                final_loss);
+    std::printf("galley %s %s batch=%d threads=%d: %.1f samples/s (%.2f ms/step, loss %.4f)\n",
+                GALLEY_BENCH_VERSION, a.model.c_str(), a.batch, galley::num_threads(), med,
+                1e3 * a.batch / med, final_loss);
     if (a.phases)
       std::printf("  forward %.2f ms  loss %.2f ms  backward %.2f ms  optimizer %.2f ms\n", ph[0],
                   ph[1], ph[2], ph[3]);

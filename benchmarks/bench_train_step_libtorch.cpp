@@ -1,24 +1,28 @@
-// SimpleCNN train-step throughput in libtorch (CPU), the C++ reference for bench_simple_cnn.
-//
-// Model: Conv2d(3, 64, 3) -> ReLU -> MaxPool2d(2) -> Flatten -> Linear(64*15*15, 10).
+// Train-step throughput in libtorch (CPU), the C++ reference for bench_train_step, for the
+// models of models_libtorch.h (the same as models.h).
 // One step: forward, CrossEntropyLoss, backward, Adam(lr=1e-3) step, zero grad.
 //
-//   bench_simple_cnn_libtorch --batch 64 --threads 1 --warmup 5 --iters 20 --repeats 5 [--json]
+//   bench_train_step_libtorch --model vgg --batch 64 --threads 1 --warmup 5 --iters 20 --repeats 5
+//   [--json]
 //
 // Prints samples/s: the median over `repeats` timed blocks of `iters` steps each.
 #include <torch/torch.h>
+
+#include "models_libtorch.h"
 
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
 namespace {
 
 struct Args {
+  std::string model = "simple";
   int batch = 64;
   int threads = 1;
   int warmup = 5;
@@ -30,7 +34,8 @@ struct Args {
 
 void usage(const char* prog) {
   std::fprintf(stderr,
-               "usage: %s [--batch N] [--threads T] [--warmup W] [--iters I] [--repeats R] "
+               "usage: %s [--model simple|fashion|vgg] [--batch N] [--threads T] [--warmup W] "
+               "[--iters I] [--repeats R] "
                "[--json] [--phases]\n",
                prog);
 }
@@ -43,7 +48,10 @@ bool parse(int argc, char** argv, Args& a) {
       v = std::atoi(argv[++i]);
       return v > 0 || (s == "--warmup" && v == 0);
     };
-    if (s == "--batch") {
+    if (s == "--model") {
+      if (i + 1 >= argc) return false;
+      a.model = argv[++i];
+    } else if (s == "--batch") {
       if (!next(a.batch)) return false;
     } else if (s == "--threads") {
       if (!next(a.threads)) return false;
@@ -86,15 +94,18 @@ int main(int argc, char** argv) {
   torch::set_num_threads(a.threads);
   torch::manual_seed(0);
 
-  torch::nn::Sequential model(torch::nn::Conv2d(torch::nn::Conv2dOptions(3, 64, 3)),
-                              torch::nn::ReLU(),
-                              torch::nn::MaxPool2d(torch::nn::MaxPool2dOptions(2)),
-                              torch::nn::Flatten(torch::nn::FlattenOptions().start_dim(1)),
-                              torch::nn::Linear(64 * 15 * 15, 10));
+  bench::TorchModel m;
+  try {
+    m = bench::make_torch_model(a.model);
+  } catch (const std::invalid_argument& e) {
+    std::fprintf(stderr, "%s\n", e.what());
+    return 2;
+  }
+  torch::nn::Sequential model = m.net;
   torch::optim::Adam opt(model->parameters(), torch::optim::AdamOptions(1e-3));
   torch::nn::CrossEntropyLoss loss_fn;
 
-  torch::Tensor x = torch::randn({a.batch, 3, 32, 32});
+  torch::Tensor x = torch::randn({a.batch, m.input[0], m.input[1], m.input[2]});
   torch::Tensor y = torch::randint(0, 10, {a.batch}, torch::kInt64);
 
   torch::Tensor loss;
@@ -141,10 +152,11 @@ int main(int argc, char** argv) {
 
   if (a.json) {
     std::printf(
-        "{\"impl\": \"libtorch\", \"version\": \"%s\", \"batch\": %d, \"threads\": %d, "
+        "{\"impl\": \"libtorch\", \"version\": \"%s\", \"model\": \"%s\", \"batch\": %d, "
+        "\"threads\": %d, "
         "\"warmup\": %d, \"iters\": %d, \"repeats\": %d, \"samples_per_s\": %.3f, "
         "\"samples_per_s_all\": [",
-        TORCH_VERSION, a.batch, a.threads, a.warmup, a.iters, a.repeats, med);
+        TORCH_VERSION, a.model.c_str(), a.batch, a.threads, a.warmup, a.iters, a.repeats, med);
     for (size_t i = 0; i < rates.size(); ++i) std::printf("%s%.3f", i ? ", " : "", rates[i]);
     std::printf("], \"step_ms\": %.4f, \"final_loss\": %.6f", 1e3 * a.batch / med, final_loss);
     if (a.phases)
@@ -154,8 +166,9 @@ int main(int argc, char** argv) {
           ph[0], ph[1], ph[2], ph[3]);
     std::printf("}\n");
   } else {
-    std::printf("libtorch %s batch=%d threads=%d: %.1f samples/s (%.2f ms/step, loss %.4f)\n",
-                TORCH_VERSION, a.batch, a.threads, med, 1e3 * a.batch / med, final_loss);
+    std::printf("libtorch %s %s batch=%d threads=%d: %.1f samples/s (%.2f ms/step, loss %.4f)\n",
+                TORCH_VERSION, a.model.c_str(), a.batch, a.threads, med, 1e3 * a.batch / med,
+                final_loss);
     if (a.phases)
       std::printf("  forward %.2f ms  loss %.2f ms  backward %.2f ms  optimizer %.2f ms\n", ph[0],
                   ph[1], ph[2], ph[3]);

@@ -1,18 +1,31 @@
 #!/usr/bin/env python3
-"""Side-by-side CPU benchmark of the SimpleCNN train step: galley vs PyTorch vs libtorch.
+"""Side-by-side CPU benchmarks of galley against PyTorch, libtorch and PaddlePaddle.
 
-For each batch size and thread count, runs the three implementations one after the other
-(the order rotates every round), for several rounds. Each run reports the median samples/s of
-its timed blocks; the table shows the median over rounds, each framework's best thread count,
-and galley's throughput divided by the best peer's.
+Two suites, run by one driver on the same machine, one process per measurement:
 
-  python3 benchmarks/run_cpu.py --build build            # writes docs/benchmarks/cpu-simple-cnn.{json,md}
-  python3 benchmarks/run_cpu.py --rounds 1 --batches 64  # a quick look
+throughput  samples/s of a full train step (forward, cross-entropy, backward, Adam, clearing the
+            gradients) of each model of models.h ("simple", "fashion", "vgg"), for each batch
+            size and thread count. Every round runs all frameworks one after the other for each
+            cell, their order rotating from round to round; each run reports the median of its
+            timed blocks, the table the median over rounds, each framework at its best thread
+            count, and galley's throughput divided by each peer's.
+tta         time to reach a Fashion-MNIST test accuracy (default 90%) with the same recipe
+            (the "fashion" model, Adam 1e-3, batch 64, same normalisation), in galley and in
+            each PyTorch, at all cores; training time only, evaluation every --eval-every steps.
+
+  python3 benchmarks/run_cpu.py --build build                    # both suites, ~15 min on 2 cores
+  python3 benchmarks/run_cpu.py --suite throughput --rounds 1 --models vgg --batches 64
+  python3 benchmarks/run_cpu.py --torch-python VENV/bin/python --paddle-python VENV2/bin/python
+
+Outputs under --out (default docs/benchmarks/): cpu-train-step.{json,md,png} and
+cpu-time-to-accuracy.{json,md,png}, each with the machine, versions, date and git commit, and
+the tables copied into <out>/README.md between markers.
 
 Other processes competing for the CPU spoil the figures, so before each run the driver waits
 (up to --max-wait seconds) for the machine to be idle, measures how many cores other processes
 used during the run, and repeats a run that shared the machine (up to --retries times). The
-JSON records that background load for every run.
+JSON records that background load for every run; medians leave such runs out where a clean
+run of the same cell exists.
 """
 import argparse
 import datetime
@@ -29,10 +42,22 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-IMPLS = ("galley", "pytorch", "libtorch")
-LABELS = {"galley": "galley", "pytorch": "PyTorch", "libtorch": "libtorch"}
-README_START = "<!-- cpu-simple-cnn:start -->"
-README_END = "<!-- cpu-simple-cnn:end -->"
+BENCH = ROOT / "benchmarks"
+IMPLS = ("galley", "pytorch", "pytorch_alt", "libtorch", "paddle")
+LABELS = {"galley": "galley", "pytorch": "PyTorch", "pytorch_alt": "PyTorch", "libtorch": "libtorch",
+          "paddle": "Paddle"}
+MODELS = ("simple", "fashion", "vgg")
+MODEL_DESC = {
+    "simple": "SimpleCNN [B,3,32,32]: conv 3->64 relu pool | fc 14400->10",
+    "fashion": "Fashion-MNIST CNN [B,1,28,28]: conv 1->32 p1 relu pool | conv 32->64 p1 relu pool | "
+               "fc 3136->128 relu | fc 10",
+    "vgg": "VGG-style [B,3,32,32], 3x3 convs with padding 1: [32, 32, pool] [64, 64, pool] "
+           "[128, pool] | fc 2048->10",
+}
+# Samples per timed block, so that each block lasts a fraction of a second in galley.
+BLOCK_SAMPLES = {"simple": 512, "fashion": 512, "vgg": 128}
+MARKERS = {"train": ("<!-- cpu-train-step:start -->", "<!-- cpu-train-step:end -->"),
+           "tta": ("<!-- cpu-time-to-accuracy:start -->", "<!-- cpu-time-to-accuracy:end -->")}
 
 
 # ----------------------------------------------------------------------------- machine load
@@ -74,7 +99,7 @@ def run_one(cmd, env, timeout):
     b0, _ = cpu_jiffies()
     c0 = child_cpu_seconds()
     t0 = time.monotonic()
-    p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
+    p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout, cwd=BENCH)
     wall = time.monotonic() - t0
     b1, _ = cpu_jiffies()
     c1 = child_cpu_seconds()
@@ -88,16 +113,57 @@ def run_one(cmd, env, timeout):
     return res
 
 
-def commands(a, impl, batch, threads):
-    warmup, iters = (3, 10) if batch <= 64 else (2, 4)
-    iters = max(1, int(round(iters * a.scale)))
-    common = ["--batch", str(batch), "--threads", str(threads), "--warmup", str(warmup),
-              "--iters", str(iters), "--repeats", str(a.repeats), "--json"]
+class Runner:
+    """Runs measurements with the idle wait, the contamination check and the reruns."""
+
+    def __init__(self, a):
+        self.a = a
+        self.spent = 0.0  # seconds of waiting for idle and of reruns
+
+    def __call__(self, cmd, threads, timeout=None, retries=None):
+        a = self.a
+        env = dict(os.environ, OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads),
+                   GALLEY_NUM_THREADS=str(threads))
+        retries = a.retries if retries is None else retries
+        for attempt in range(retries + 1):
+            t_wait = time.monotonic()
+            idle = wait_idle(a.idle_threshold, min(a.max_wait, max(0.0, a.wait_budget - self.spent)))
+            waited = time.monotonic() - t_wait
+            self.spent += max(0.0, waited - 0.5)
+            res = run_one(cmd, env, timeout or a.timeout)
+            res.update(attempt=attempt, idle_before_cores=round(idle, 3), waited_s=round(waited, 1))
+            if res["background_cores"] < a.idle_threshold or self.spent >= a.wait_budget:
+                break
+            self.spent += res["wall_s"]
+        return res
+
+
+def step_command(a, impl, model, batch, threads):
+    warmup = 2
+    iters = max(1, int(round(BLOCK_SAMPLES[model] * a.scale / batch)))
+    if impl == "paddle":
+        # Paddle's first steps are very slow (kernel selection) and its steps are 10x slower than
+        # the others': more warm-up, less timed work.
+        warmup, iters = warmup + 3, max(1, iters // 4)
+    common = ["--model", model, "--batch", str(batch), "--threads", str(threads), "--warmup",
+              str(warmup), "--iters", str(iters), "--repeats", str(a.repeats), "--json"]
     if impl == "galley":
         return [str(a.galley_bin)] + common
     if impl == "libtorch":
         return [str(a.libtorch_bin)] + common
-    return [a.python, str(ROOT / "benchmarks" / "simple_cnn_torch.py")] + common
+    if impl == "paddle":
+        return [a.paddle_python, str(BENCH / "train_step_paddle.py")] + common
+    return [a.pythons[impl], str(BENCH / "train_step_torch.py")] + common
+
+
+def tta_command(a, impl, threads):
+    common = ["--threads", str(threads), "--target", str(a.target), "--epochs", str(a.tta_epochs),
+              "--eval-every", str(a.eval_every), "--json"]
+    if a.data:
+        common += ["--data", a.data]
+    if impl == "galley":
+        return [str(a.tta_bin)] + common
+    return [a.pythons[impl], str(BENCH / "time_to_accuracy_torch.py")] + common
 
 
 def find_binary(build_dirs, name):
@@ -106,6 +172,14 @@ def find_binary(build_dirs, name):
             if p.is_file() and os.access(p, os.X_OK):
                 return p
     return None
+
+
+def python_has(python, module):
+    try:
+        return subprocess.run([python, "-c", f"import {module}"], capture_output=True,
+                              timeout=120).returncode == 0
+    except (OSError, subprocess.SubprocessError):
+        return False
 
 
 # ----------------------------------------------------------------------------- metadata
@@ -139,106 +213,318 @@ def compiler_version():
         return ""
 
 
-# ----------------------------------------------------------------------------- report
+def metadata(a, benchmark, impls, runs, commit, dirty, t_start):
+    versions = {i: next((r["version"] for r in runs if r["impl"] == i), None) for i in impls}
+    versions["python"] = platform.python_version()
+    versions["compiler"] = compiler_version()
+    return {
+        "benchmark": benchmark,
+        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "git_commit": commit,
+        "git_dirty": dirty,
+        "machine": {
+            "cpu_model": cpu_model(),
+            "logical_cpus": os.cpu_count(),
+            "usable_cpus": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
+            "kernel": platform.release(),
+            "arch": platform.machine(),
+        },
+        "versions": versions,
+        "runtime_s": round(time.monotonic() - t_start, 1),
+    }
+
+
+def label(impl, versions):
+    v = versions.get(impl) or ""
+    if impl in ("pytorch", "pytorch_alt") and v:
+        return f"PyTorch {'.'.join(v.split('+')[0].split('.')[:2])}"
+    return LABELS[impl]
+
+
+def header(meta):
+    v = meta["versions"]
+    peers = ", ".join(f"{LABELS[i]} {v[i]}" for i in IMPLS if i != "galley" and v.get(i))
+    return (f"CPU: {meta['machine']['cpu_model']}, {meta['machine']['logical_cpus']} logical CPUs. "
+            f"{meta['date']}, galley {v.get('galley') or '?'} at "
+            f"{meta['git_commit'][:12] or 'unknown commit'}{' (modified)' if meta.get('git_dirty') else ''}"
+            f"; {peers}.")
+
+
+# ----------------------------------------------------------------------------- throughput report
 def fmt(v):
     return f"{v:,.0f}" if v is not None else "n/a"
 
 
-def summarise(runs, impls, batches, threads, idle_threshold):
-    """median over rounds per (impl, batch, threads), then each impl's best thread count.
+def summarise(runs, impls, models, batches, threads, idle_threshold):
+    """median over rounds per (impl, model, batch, threads), then each impl's best thread count.
 
     Runs that shared the CPU with other processes count only when a cell has no other run."""
     med, shared = {}, set()
     for impl in impls:
-        for b in batches:
-            for t in threads:
-                cell = [r for r in runs if r["impl"] == impl and r["batch"] == b and r["threads"] == t]
-                clean = [r for r in cell if r["background_cores"] < idle_threshold]
-                if cell and not clean:
-                    shared.add((impl, b, t))
-                vals = [r["samples_per_s"] for r in (clean or cell)]
-                if vals:
-                    med[(impl, b, t)] = statistics.median(vals)
+        for m in models:
+            for b in batches:
+                for t in threads:
+                    cell = [r for r in runs if (r["impl"], r["model"], r["batch"], r["threads"]) == (impl, m, b, t)]
+                    clean = [r for r in cell if r["background_cores"] < idle_threshold]
+                    if cell and not clean:
+                        shared.add((impl, m, b, t))
+                    vals = [r["samples_per_s"] for r in (clean or cell)]
+                    if vals:
+                        med[(impl, m, b, t)] = statistics.median(vals)
     best = {}
     for impl in impls:
-        for b in batches:
-            cands = [(med[(impl, b, t)], t) for t in threads if (impl, b, t) in med]
-            if cands:
-                v, t = max(cands)
-                best[(impl, b)] = {"samples_per_s": v, "threads": t,
-                                   "shared_cpu": (impl, b, t) in shared}
+        for m in models:
+            for b in batches:
+                cands = [(med[(impl, m, b, t)], t) for t in threads if (impl, m, b, t) in med]
+                if cands:
+                    v, t = max(cands)
+                    best[(impl, m, b)] = {"samples_per_s": v, "threads": t,
+                                          "shared_cpu": (impl, m, b, t) in shared}
     return med, best, shared
 
 
-def markdown(meta, med, best, impls, batches, threads, shared=frozenset()):
+def train_markdown(meta, med, best, shared, impls, models, batches, threads):
+    v = meta["versions"]
     peers = [i for i in impls if i != "galley"]
+    rounds = meta["rounds"]
     lines = [
-        f"SimpleCNN train step (Conv2d(3,64,3) - ReLU - MaxPool2d(2) - Linear(14400,10), "
-        f"cross-entropy, Adam), float32, CPU: {meta['machine']['cpu_model']}, "
-        f"{meta['machine']['logical_cpus']} logical CPUs. {meta['date']}, galley "
-        f"{meta['versions'].get('galley', '?')} at {meta['git_commit'][:12] or 'unknown commit'}"
-        f"{' (modified)' if meta.get('git_dirty') else ''}, PyTorch "
-        f"{meta['versions'].get('pytorch', 'n/a')}, libtorch {meta['versions'].get('libtorch', 'n/a')}.",
+        "Train step (forward, cross-entropy, backward, Adam, zero grad), float32. " + header(meta),
         "",
-        "Samples per second, higher is better; each framework at its best thread count "
-        "(in brackets); median of " + f"{meta['rounds']} rounds."
+        "Samples per second, higher is better; each framework at its best thread count (in "
+        f"brackets); median of {rounds} rounds"
+        + (f" ({meta['paddle_rounds']} for Paddle, at batch {', '.join(map(str, meta.get('paddle_batches', [])))} only)"
+           if "paddle" in impls and meta.get("paddle_rounds", rounds) < rounds else "")
+        + ". The last columns divide galley's figure by each peer's."
         + (f" {meta['shared_cpu_runs']} of {meta['n_runs']} runs shared the CPU with other "
            "processes (`background_cores` in the JSON); medians leave them out where a "
            "clean run exists, and cells marked * have none." if meta.get("shared_cpu_runs") else ""),
         "",
-        "| batch | " + " | ".join(LABELS[i] for i in impls) +
-        (" | galley / best peer |" if peers and "galley" in impls else " |"),
-        "|---:|" + "---:|" * len(impls) + ("---:|" if peers and "galley" in impls else ""),
+        "| model | batch | " + " | ".join(label(i, v) for i in impls) + " | "
+        + " | ".join(f"÷ {label(p, v)}" for p in peers) + " |",
+        "|---|---:|" + "---:|" * (len(impls) + len(peers)),
     ]
-    for b in batches:
-        cells = []
-        for i in impls:
-            e = best.get((i, b))
-            cells.append(f"{fmt(e['samples_per_s'])} ({e['threads']}T){'*' if e['shared_cpu'] else ''}"
-                         if e else "n/a")
-        row = f"| {b} | " + " | ".join(cells) + " |"
-        if peers and "galley" in impls:
-            pv = [best[(p, b)]["samples_per_s"] for p in peers if (p, b) in best]
-            g = best.get(("galley", b))
-            row += f" {g['samples_per_s'] / max(pv):.2f}x |" if g and pv else " n/a |"
-        lines.append(row)
+    for m in models:
+        for b in batches:
+            cells = []
+            for i in impls:
+                e = best.get((i, m, b))
+                cells.append(f"{fmt(e['samples_per_s'])} ({e['threads']}T){'*' if e['shared_cpu'] else ''}"
+                             if e else "n/a")
+            g = best.get(("galley", m, b))
+            ratios = [f"{g['samples_per_s'] / best[(p, m, b)]['samples_per_s']:.2f}x"
+                      if g and (p, m, b) in best else "n/a" for p in peers]
+            lines.append(f"| {m} | {b} | " + " | ".join(cells + ratios) + " |")
+    torches = [p for p in peers if p.startswith("pytorch")]
+    if "galley" in impls and torches and 64 in batches:
+        lines += ["", "Goal: galley ≥ 2x PyTorch at batch 64 (against the faster PyTorch here):", ""]
+        for m in models:
+            g = best.get(("galley", m, 64))
+            pv = [best[(p, m, 64)]["samples_per_s"] for p in torches if (p, m, 64) in best]
+            if g and pv:
+                r = g["samples_per_s"] / max(pv)
+                lines.append(f"- {m}: {r:.2f}x — {'met' if r >= 2 else 'not met'}")
+    lines += ["", "Models:", ""] + [f"- `{m}`: {MODEL_DESC[m]}" for m in models]
     lines += ["", "All thread counts (samples/s, median over rounds):", "",
-              "| batch | threads | " + " | ".join(LABELS[i] for i in impls) + " |",
-              "|---:|---:|" + "---:|" * len(impls)]
-    for b in batches:
-        for t in threads:
-            lines.append(f"| {b} | {t} | " + " | ".join(
-                fmt(med.get((i, b, t))) + ("*" if (i, b, t) in shared else "") for i in impls) + " |")
+              "| model | batch | threads | " + " | ".join(label(i, v) for i in impls) + " |",
+              "|---|---:|---:|" + "---:|" * len(impls)]
+    for m in models:
+        for b in batches:
+            for t in threads:
+                lines.append(f"| {m} | {b} | {t} | " + " | ".join(
+                    fmt(med.get((i, m, b, t))) + ("*" if (i, m, b, t) in shared else "") for i in impls) + " |")
     return "\n".join(lines) + "\n"
 
 
-def update_readme(path, table):
+def train_plot(path, meta, best, impls, models, batches):
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("note: matplotlib not importable, no plot", file=sys.stderr)
+        return False
+    v = meta["versions"]
+    fig, axes = plt.subplots(1, len(models), figsize=(4.2 * len(models), 4), squeeze=False)
+    width = 0.8 / len(impls)
+    for ax, m in zip(axes[0], models):
+        for k, i in enumerate(impls):
+            ys = [best.get((i, m, b), {}).get("samples_per_s", 0) for b in batches]
+            xs = [j + (k - (len(impls) - 1) / 2) * width for j in range(len(batches))]
+            ax.bar(xs, ys, width, label=label(i, v))
+        # galley's ratio to the faster PyTorch above its bar.
+        torches = [p for p in impls if p.startswith("pytorch")]
+        if "galley" in impls and torches:
+            k = impls.index("galley")
+            for j, b in enumerate(batches):
+                g = best.get(("galley", m, b))
+                pv = [best[(p, m, b)]["samples_per_s"] for p in torches if (p, m, b) in best]
+                if g and pv:
+                    ax.annotate(f"{g['samples_per_s'] / max(pv):.1f}x",
+                                (j + (k - (len(impls) - 1) / 2) * width, g["samples_per_s"]),
+                                ha="center", va="bottom", fontsize=7)
+        ax.set_xticks(range(len(batches)), [str(b) for b in batches])
+        ax.set_xlabel("batch")
+        ax.set_title(m)
+        ax.grid(axis="y", alpha=0.3)
+    axes[0][0].set_ylabel("samples/s (each at its best thread count)")
+    handles, names = axes[0][0].get_legend_handles_labels()
+    fig.legend(handles, names, loc="lower left", ncol=len(impls), fontsize=8, frameon=False)
+    fig.text(0.99, 0.015, "above galley's bars: galley / the faster PyTorch", ha="right", fontsize=8)
+    fig.suptitle(f"CPU train-step throughput, {meta['machine']['cpu_model']} x{meta['machine']['logical_cpus']}, "
+                 f"{meta['date']}, galley {meta['git_commit'][:10]}", fontsize=9)
+    fig.tight_layout(rect=(0, 0.06, 1, 1))
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True
+
+
+def update_readme(path, which, table):
+    start, end = MARKERS[which]
     if not path.is_file():
         return False
     text = path.read_text()
-    pat = re.compile(re.escape(README_START) + r".*?" + re.escape(README_END), re.S)
+    pat = re.compile(re.escape(start) + r".*?" + re.escape(end), re.S)
     if not pat.search(text):
         return False
-    path.write_text(pat.sub(lambda _: f"{README_START}\n{table}{README_END}", text))
+    path.write_text(pat.sub(lambda _: f"{start}\n{table}{end}", text))
     return True
+
+
+def report_train(a, meta, runs, impls, models, batches, threads):
+    meta["n_runs"] = len(runs)
+    meta["shared_cpu_runs"] = sum(r["background_cores"] >= a.idle_threshold for r in runs)
+    meta["idle_threshold_cores"] = a.idle_threshold
+    med, best, shared = summarise(runs, impls, models, batches, threads, a.idle_threshold)
+    table = train_markdown(meta, med, best, shared, impls, models, batches, threads)
+    summary = []
+    for m in models:
+        for b in batches:
+            row = {"model": m, "batch": b}
+            g = best.get(("galley", m, b))
+            for i in impls:
+                row[i] = best.get((i, m, b))
+                row[i + "_by_threads"] = {str(t): med.get((i, m, b, t)) for t in threads}
+                if i != "galley" and g and (i, m, b) in best:
+                    row[f"galley_over_{i}"] = g["samples_per_s"] / best[(i, m, b)]["samples_per_s"]
+            summary.append(row)
+    a.out.mkdir(parents=True, exist_ok=True)
+    (a.out / "cpu-train-step.json").write_text(
+        json.dumps({**meta, "models": models, "batches": batches, "threads": threads,
+                    "summary": summary, "runs": runs}, indent=2) + "\n")
+    (a.out / "cpu-train-step.md").write_text(table)
+    train_plot(a.out / "cpu-train-step.png", meta, best, impls, models, batches)
+    if not a.no_readme and update_readme(a.out / "README.md", "train", table):
+        print(f"updated {a.out / 'README.md'}")
+    print()
+    print(table)
+    print(f"wrote {a.out}/cpu-train-step.{{json,md,png}} ({meta['runtime_s']} s)")
+
+
+# ----------------------------------------------------------------------------- tta report
+def tta_markdown(meta, runs, impls):
+    v = meta["versions"]
+    g = next((r for r in runs if r["impl"] == "galley"), None)
+    lines = [
+        f"Time to {100 * meta['target']:.0f}% Fashion-MNIST test accuracy: the `fashion` model, Adam "
+        f"(lr 1e-3), batch 64, images normalised with mean 0.2860 / std 0.3530, a fresh shuffle "
+        f"each epoch, at most {meta['epochs']} epochs, test accuracy measured every "
+        f"{meta['eval_every']} steps and at each epoch's end; {meta['threads']} "
+        f"thread{'s' if meta['threads'] != 1 else ''}. Time is training only (evaluation excluded); "
+        f"one run per framework, counted as clean when other processes kept fewer than "
+        f"{meta['idle_threshold_cores']} cores busy. " + header(meta),
+        "",
+        "| framework | time to target | steps (epochs) | samples/s while training | best accuracy | galley ÷ peer time |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
+    for i in impls:
+        r = next((x for x in runs if x["impl"] == i), None)
+        if not r:
+            continue
+        rate = r["steps"] * 64 / r["train_s"] if r["train_s"] else None
+        t = f"{r['time_s']:.1f} s" if r["reached"] else f"not reached ({r['train_s']:.0f} s)"
+        ratio = ""
+        if i != "galley" and g and g["reached"] and r["reached"]:
+            ratio = f"{g['time_s'] / r['time_s']:.2f}x"
+        elif i != "galley":
+            ratio = "n/a"
+        flag = "*" if r["background_cores"] >= meta["idle_threshold_cores"] else ""
+        lines.append(f"| {label(i, v)} | {t}{flag} | {r['steps']} ({r['epochs']:.2f}) | {fmt(rate)} | "
+                     f"{100 * r['best_accuracy']:.2f}% | {ratio} |")
+    lines += ["", "Goal: galley's time ≤ 0.5x PyTorch's. Steps to the target differ between "
+              "frameworks through initial weights and data order (same distributions, different "
+              "random streams), so compare the samples/s column for speed alone."]
+    if any(r["background_cores"] >= meta["idle_threshold_cores"] for r in runs):
+        lines += ["", "\\* the run shared the CPU with other processes (see `background_cores` in the JSON)."]
+    return "\n".join(lines) + "\n"
+
+
+def tta_plot(path, meta, runs, impls):
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    v = meta["versions"]
+    fig, ax = plt.subplots(figsize=(6.5, 4))
+    for i in impls:
+        r = next((x for x in runs if x["impl"] == i), None)
+        if r:
+            ax.plot([e["train_s"] for e in r["evals"]], [100 * e["accuracy"] for e in r["evals"]],
+                    marker="o", ms=3, label=label(i, v))
+    ax.axhline(100 * meta["target"], color="grey", ls="--", lw=1)
+    ax.set_xlabel("training time (s)")
+    ax.set_ylabel("Fashion-MNIST test accuracy (%)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    ax.set_title(f"Time to accuracy, {meta['threads']} thread{'s' if meta['threads'] != 1 else ''}, "
+                 f"{meta['date']}, galley "
+                 f"{meta['git_commit'][:10]}", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True
+
+
+def report_tta(a, meta, runs, impls):
+    meta["idle_threshold_cores"] = a.idle_threshold
+    table = tta_markdown(meta, runs, impls)
+    a.out.mkdir(parents=True, exist_ok=True)
+    (a.out / "cpu-time-to-accuracy.json").write_text(json.dumps({**meta, "runs": runs}, indent=2) + "\n")
+    (a.out / "cpu-time-to-accuracy.md").write_text(table)
+    tta_plot(a.out / "cpu-time-to-accuracy.png", meta, runs, impls)
+    if not a.no_readme and update_readme(a.out / "README.md", "tta", table):
+        print(f"updated {a.out / 'README.md'}")
+    print()
+    print(table)
+    print(f"wrote {a.out}/cpu-time-to-accuracy.{{json,md,png}} ({meta['runtime_s']} s)")
 
 
 # ----------------------------------------------------------------------------- main
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--suite", default="throughput,tta", help="throughput, tta or both")
     ap.add_argument("--build", action="append", default=None,
-                    help="build folder(s) holding benchmarks/bench_simple_cnn[_libtorch] "
-                         "(default: build, build-bench)")
-    ap.add_argument("--galley-bin", type=Path, help="bench_simple_cnn executable")
-    ap.add_argument("--libtorch-bin", type=Path, help="bench_simple_cnn_libtorch executable")
+                    help="build folder(s) holding benchmarks/bench_* (default: build, build-bench)")
     ap.add_argument("--python", default="/usr/bin/python3" if Path("/usr/bin/python3").exists()
-                    else sys.executable, help="Python with torch for simple_cnn_torch.py")
-    ap.add_argument("--batches", default="64,256")
-    ap.add_argument("--threads", default="1,2")
-    ap.add_argument("--impls", default=",".join(IMPLS))
+                    else sys.executable, help="Python with torch (the 'pytorch' peer)")
+    ap.add_argument("--torch-python", help="a second Python with another torch (the 'pytorch_alt' peer)")
+    ap.add_argument("--paddle-python", help="Python with paddlepaddle (the 'paddle' peer)")
+    ap.add_argument("--models", default=",".join(MODELS))
+    ap.add_argument("--batches", default="32,64,256")
+    ap.add_argument("--threads", default=f"1,{os.cpu_count()}" if os.cpu_count() > 1 else "1")
+    ap.add_argument("--impls", default=",".join(IMPLS), help="those missing are left out with a note")
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--paddle-rounds", type=int, default=1,
+                    help="rounds that include Paddle (its steps are slow)")
+    ap.add_argument("--paddle-batches", default="64", help="batch sizes that include Paddle")
     ap.add_argument("--repeats", type=int, default=3, help="timed blocks inside each run")
     ap.add_argument("--scale", type=float, default=1.0, help="multiplies the steps per timed block")
+    ap.add_argument("--target", type=float, default=0.9, help="time-to-accuracy target")
+    ap.add_argument("--tta-epochs", type=int, default=3, help="time-to-accuracy: most epochs")
+    ap.add_argument("--eval-every", type=int, default=235, help="time-to-accuracy: steps between evaluations")
+    ap.add_argument("--tta-threads", type=int, default=os.cpu_count())
+    ap.add_argument("--data", help="Fashion-MNIST folder (default: each program's default)")
     ap.add_argument("--idle-threshold", type=float, default=0.2,
                     help="busy cores below which the machine counts as idle")
     ap.add_argument("--max-wait", type=float, default=20.0, help="seconds to wait for idle per run")
@@ -250,41 +536,54 @@ def main():
     ap.add_argument("--git-commit", default="",
                     help="commit to record, when the binaries were built from an export of it "
                          "rather than from this checkout")
-    ap.add_argument("--no-readme", action="store_true",
-                    help="do not refresh the table in <out>/README.md")
-    ap.add_argument("--from-json", type=Path,
-                    help="rebuild the tables from a JSON written earlier instead of running")
+    ap.add_argument("--no-readme", action="store_true", help="do not refresh the tables in <out>/README.md")
+    ap.add_argument("--from-json", type=Path, action="append",
+                    help="rebuild tables and plots from a JSON written earlier instead of running")
     a = ap.parse_args()
 
     if a.from_json:
-        d = json.loads(a.from_json.read_text())
-        runs = d["runs"]
-        meta = {k: v for k, v in d.items() if k not in ("summary", "runs")}
-        a.idle_threshold = d.get("idle_threshold_cores", a.idle_threshold)
-        impls = [i for i in IMPLS if any(r["impl"] == i for r in runs)]
-        return report(a, meta, runs, impls, d["batches"], d["threads"])
+        for path in a.from_json:
+            d = json.loads(path.read_text())
+            runs = d["runs"]
+            a.idle_threshold = d.get("idle_threshold_cores", a.idle_threshold)
+            impls = [i for i in IMPLS if any(r["impl"] == i for r in runs)]
+            if d["benchmark"] == "cpu-train-step":
+                meta = {k: v for k, v in d.items() if k not in ("summary", "runs", "models", "batches", "threads")}
+                report_train(a, meta, runs, impls, d["models"], d["batches"], d["threads"])
+            else:
+                meta = {k: v for k, v in d.items() if k != "runs"}
+                report_tta(a, meta, runs, impls)
+        return 0
 
+    suites = [s for s in a.suite.split(",") if s]
+    models = [m for m in a.models.split(",") if m]
     batches = [int(v) for v in a.batches.split(",")]
     threads = [int(v) for v in a.threads.split(",")]
     impls = [i for i in a.impls.split(",") if i]
     for i in impls:
         if i not in IMPLS:
             ap.error(f"unknown implementation {i!r}")
+    for m in models:
+        if m not in MODELS:
+            ap.error(f"unknown model {m!r}")
     builds = a.build or [str(ROOT / "build"), str(ROOT / "build-bench")]
-    if "galley" in impls:
-        a.galley_bin = a.galley_bin or find_binary(builds, "bench_simple_cnn")
-        if not a.galley_bin:
-            sys.exit(f"bench_simple_cnn not found in {builds}; build it or pass --galley-bin")
-    if "libtorch" in impls:
-        a.libtorch_bin = a.libtorch_bin or find_binary(builds, "bench_simple_cnn_libtorch")
-        if not a.libtorch_bin:
-            print("note: bench_simple_cnn_libtorch not built (no libtorch?), skipping it", file=sys.stderr)
-            impls.remove("libtorch")
-    if "pytorch" in impls:
-        ok = subprocess.run([a.python, "-c", "import torch"], capture_output=True).returncode == 0
-        if not ok:
-            print(f"note: {a.python} cannot import torch, skipping PyTorch", file=sys.stderr)
-            impls.remove("pytorch")
+    a.galley_bin = find_binary(builds, "bench_train_step")
+    a.tta_bin = find_binary(builds, "bench_time_to_accuracy")
+    a.libtorch_bin = find_binary(builds, "bench_train_step_libtorch")
+    a.pythons = {"pytorch": a.python, "pytorch_alt": a.torch_python}
+    if "galley" in impls and not (a.galley_bin and a.tta_bin):
+        sys.exit(f"bench_train_step / bench_time_to_accuracy not found in {builds}; build them")
+    available = {"galley": True, "libtorch": a.libtorch_bin is not None,
+                 "pytorch": python_has(a.python, "torch"),
+                 "pytorch_alt": bool(a.torch_python) and python_has(a.torch_python, "torch"),
+                 "paddle": bool(a.paddle_python) and python_has(a.paddle_python, "paddle")}
+    for i in list(impls):
+        if not available[i]:
+            asked = {"pytorch_alt": a.torch_python, "paddle": a.paddle_python}.get(i, True)
+            if asked:
+                print(f"note: {i} is not available (not built, or no such Python module), skipping it",
+                      file=sys.stderr)
+            impls.remove(i)
 
     # Uncommitted changes to tracked files, other than the figures this script writes.
     exclude = []
@@ -297,90 +596,52 @@ def main():
     else:
         commit = git("rev-parse", "HEAD")
         dirty = bool(git("status", "--porcelain", "--untracked-files=no", "--", ".", *exclude))
-    runs = []
-    t_start = time.monotonic()
-    spent = 0.0  # seconds of waiting for idle and of reruns
-    n_total = a.rounds * len(batches) * len(threads) * len(impls)
-    k = 0
-    for rnd in range(a.rounds):
-        for b in batches:
-            for t in threads:
-                order = impls[rnd % len(impls):] + impls[:rnd % len(impls)]
+    runner = Runner(a)
+
+    if "throughput" in suites:
+        t_start = time.monotonic()
+        runs = []
+        cells = [(m, b, t) for m in models for b in batches for t in threads]
+        paddle_batches = {int(v) for v in a.paddle_batches.split(",") if v}
+
+        def active(rnd, b):
+            return [i for i in impls if i != "paddle" or (rnd < a.paddle_rounds and b in paddle_batches)]
+
+        n_total = sum(len(active(rnd, b)) for rnd in range(a.rounds) for _, b, _ in cells)
+        k = 0
+        for rnd in range(a.rounds):
+            for m, b, t in cells:
+                act = active(rnd, b)
+                order = act[rnd % len(act):] + act[:rnd % len(act)]
                 for impl in order:
                     k += 1
-                    env = dict(os.environ, OMP_NUM_THREADS=str(t), MKL_NUM_THREADS=str(t),
-                               GALLEY_NUM_THREADS=str(t))
-                    cmd = commands(a, impl, b, t)
-                    for attempt in range(a.retries + 1):
-                        t_wait = time.monotonic()
-                        idle = wait_idle(a.idle_threshold, min(a.max_wait, max(0.0, a.wait_budget - spent)))
-                        waited = time.monotonic() - t_wait
-                        spent += max(0.0, waited - 0.5)
-                        res = run_one(cmd, env, a.timeout)
-                        res.update(round=rnd, attempt=attempt, idle_before_cores=round(idle, 3),
-                                   waited_s=round(waited, 1))
-                        if res["background_cores"] < a.idle_threshold or spent >= a.wait_budget:
-                            break
-                        spent += res["wall_s"]
-                    res["impl"] = impl
+                    res = runner(step_command(a, impl, m, b, t), t)
+                    res.update(impl=impl, model=m, round=rnd)
                     runs.append(res)
                     flag = "  (shared CPU)" if res["background_cores"] >= a.idle_threshold else ""
-                    print(f"[{k:2d}/{n_total}] round {rnd} batch {b:4d} threads {t} {impl:9s}"
+                    print(f"[{k:3d}/{n_total}] round {rnd} {m:7s} batch {b:4d} threads {t} {impl:11s}"
                           f"{res['samples_per_s']:10.1f} samples/s{flag}", flush=True)
+        meta = metadata(a, "cpu-train-step", impls, runs, commit, dirty, t_start)
+        meta.update(rounds=a.rounds, paddle_rounds=min(a.paddle_rounds, a.rounds),
+                    paddle_batches=sorted(paddle_batches), repeats_per_run=a.repeats)
+        report_train(a, meta, runs, impls, models, batches, threads)
 
-    versions = {i: next((r["version"] for r in runs if r["impl"] == i), None) for i in impls}
-    versions["python"] = platform.python_version()
-    versions["compiler"] = compiler_version()
-    meta = {
-        "benchmark": "cpu-simple-cnn",
-        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-        "git_commit": commit,
-        "git_dirty": dirty,
-        "machine": {
-            "cpu_model": cpu_model(),
-            "logical_cpus": os.cpu_count(),
-            "usable_cpus": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
-            "kernel": platform.release(),
-            "arch": platform.machine(),
-        },
-        "versions": versions,
-        "rounds": a.rounds,
-        "repeats_per_run": a.repeats,
-        "batches": batches,
-        "threads": threads,
-        "runtime_s": round(time.monotonic() - t_start, 1),
-    }
-    return report(a, meta, runs, impls, batches, threads)
-
-
-def report(a, meta, runs, impls, batches, threads):
-    """Writes the JSON, the Markdown table and the README block from `runs`."""
-    meta["n_runs"] = len(runs)
-    meta["shared_cpu_runs"] = sum(r["background_cores"] >= a.idle_threshold for r in runs)
-    meta["idle_threshold_cores"] = a.idle_threshold
-    med, best, shared = summarise(runs, impls, batches, threads, a.idle_threshold)
-    table = markdown(meta, med, best, impls, batches, threads, shared)
-    summary = []
-    for b in batches:
-        row = {"batch": b}
-        for i in impls:
-            row[i] = best.get((i, b))
-            row[i + "_by_threads"] = {str(t): med.get((i, b, t)) for t in threads}
-        peers = [best[(p, b)]["samples_per_s"] for p in impls if p != "galley" and (p, b) in best]
-        if ("galley", b) in best and peers:
-            row["galley_over_best_peer"] = best[("galley", b)]["samples_per_s"] / max(peers)
-        summary.append(row)
-
-    a.out.mkdir(parents=True, exist_ok=True)
-    (a.out / "cpu-simple-cnn.json").write_text(
-        json.dumps({**meta, "summary": summary, "runs": runs}, indent=2) + "\n")
-    (a.out / "cpu-simple-cnn.md").write_text(table)
-    if not a.no_readme and update_readme(a.out / "README.md", table):
-        print(f"updated {a.out / 'README.md'}")
-    print()
-    print(table)
-    print(f"wrote {a.out / 'cpu-simple-cnn.json'} and {a.out / 'cpu-simple-cnn.md'} "
-          f"({meta['runtime_s']} s)")
+    if "tta" in suites:
+        t_start = time.monotonic()
+        tta_impls = [i for i in impls if i in ("galley", "pytorch", "pytorch_alt")]
+        runs = []
+        for impl in tta_impls:
+            res = runner(tta_command(a, impl, a.tta_threads), a.tta_threads, timeout=1800, retries=1)
+            res["impl"] = impl
+            runs.append(res)
+            flag = "  (shared CPU)" if res["background_cores"] >= a.idle_threshold else ""
+            t = f"{res['time_s']:.1f} s" if res["reached"] else "not reached"
+            print(f"time to {100 * a.target:.0f}%: {impl:11s} {t} after {res['steps']} steps "
+                  f"({res['train_s']:.1f} s training){flag}", flush=True)
+        meta = metadata(a, "cpu-time-to-accuracy", tta_impls, runs, commit, dirty, t_start)
+        meta.update(target=a.target, epochs=a.tta_epochs, eval_every=a.eval_every,
+                    threads=a.tta_threads, batch=64)
+        report_tta(a, meta, runs, tta_impls)
     return 0
 
 

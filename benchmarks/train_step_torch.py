@@ -1,12 +1,12 @@
 #!/usr/bin/env python3
-"""SimpleCNN train-step throughput in PyTorch (CPU), the reference for bench_simple_cnn.
+"""Train-step throughput in PyTorch (CPU), the reference for bench_train_step, for the models
+of models_torch.py (the same as models.h).
 
-Model: Conv2d(3, 64, 3) -> ReLU -> MaxPool2d(2) -> Flatten -> Linear(64*15*15, 10).
 One step: forward, CrossEntropyLoss, backward, Adam(lr=1e-3) step, zero grad.
 
-  python3 simple_cnn_torch.py --batch 64 --threads 1 --warmup 5 --iters 20 --repeats 5 [--json]
-  python3 simple_cnn_torch.py --batch 64 --phases      # time forward / backward / optimizer
-  python3 simple_cnn_torch.py --batch 64 --profile     # per-op table from torch.profiler
+  python3 train_step_torch.py --model vgg --batch 64 --threads 1 --warmup 5 --iters 20 --repeats 5 [--json]
+  python3 train_step_torch.py --batch 64 --phases      # time forward / backward / optimizer
+  python3 train_step_torch.py --batch 64 --profile     # per-op table from torch.profiler
 
 Prints samples/s: the median over `repeats` timed blocks of `iters` steps each.
 """
@@ -19,22 +19,12 @@ import time
 import torch
 import torch.nn as nn
 
-
-def build(seed: int = 0):
-    torch.manual_seed(seed)
-    model = nn.Sequential(
-        nn.Conv2d(3, 64, 3),
-        nn.ReLU(),
-        nn.MaxPool2d(2),
-        nn.Flatten(1),
-        nn.Linear(64 * 15 * 15, 10),
-    )
-    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
-    return model, opt
+from models_torch import MODELS, build
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", choices=MODELS, default="simple")
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--warmup", type=int, default=5)
@@ -46,10 +36,12 @@ def main() -> int:
     a = ap.parse_args()
 
     torch.set_num_threads(a.threads)
-    model, opt = build()
+    torch.manual_seed(0)
+    model, shape = build(a.model)
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
     loss_fn = nn.CrossEntropyLoss()
     g = torch.Generator().manual_seed(1)
-    x = torch.randn(a.batch, 3, 32, 32, generator=g)
+    x = torch.randn(a.batch, *shape, generator=g)
     y = torch.randint(0, 10, (a.batch,), generator=g, dtype=torch.int64)
 
     def step():
@@ -105,6 +97,7 @@ def main() -> int:
     result = {
         "impl": "pytorch",
         "version": torch.__version__,
+        "model": a.model,
         "batch": a.batch,
         "threads": a.threads,
         "warmup": a.warmup,
@@ -120,7 +113,7 @@ def main() -> int:
     if a.json:
         print(json.dumps(result))
     else:
-        print(f"pytorch {torch.__version__} batch={a.batch} threads={a.threads}: "
+        print(f"pytorch {torch.__version__} {a.model} batch={a.batch} threads={a.threads}: "
               f"{med:.1f} samples/s ({result['step_ms']:.2f} ms/step, loss {result['final_loss']:.4f})")
         if phases:
             print("  " + "  ".join(f"{k} {v:.2f} ms" for k, v in phases.items()))

@@ -1,0 +1,169 @@
+// Time to a Fashion-MNIST test accuracy in galley (CPU): the "fashion" model of models.h,
+// Adam(lr=1e-3), batch 64, images scaled to [0, 1] and normalised with mean 0.2860 and
+// std 0.3530, a fresh shuffle each epoch. Every --eval-every steps of an epoch and at its
+// end it measures the accuracy on the 10,000 test images; the run stops at the first
+// evaluation at or above --target, or after --epochs epochs ("not reached").
+// time_to_accuracy_torch.py runs the same recipe in PyTorch; run_cpu.py --suite tta runs both.
+//
+//   bench_time_to_accuracy [--data DIR] [--threads T] [--target 0.9] [--epochs 3]
+//                          [--eval-every 235] [--seed 0] [--json]
+//
+// The reported time is training only (forward, backward, optimizer and loading batches);
+// evaluation time is reported separately.
+#include <galley/galley.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include "models.h"
+
+namespace {
+
+struct Args {
+  std::string data = galley::data::default_fashion_mnist_dir();
+  int threads = 0;
+  double target = 0.9;
+  int epochs = 3;
+  int eval_every = 235;
+  uint64_t seed = 0;
+  bool json = false;
+};
+
+bool parse(int argc, char** argv, Args& a) {
+  for (int i = 1; i < argc; ++i) {
+    std::string k = argv[i];
+    if (k == "--json") {
+      a.json = true;
+      continue;
+    }
+    if (i + 1 >= argc) return false;
+    const char* v = argv[++i];
+    if (k == "--data")
+      a.data = v;
+    else if (k == "--threads")
+      a.threads = std::atoi(v);
+    else if (k == "--target")
+      a.target = std::atof(v);
+    else if (k == "--epochs")
+      a.epochs = std::atoi(v);
+    else if (k == "--eval-every")
+      a.eval_every = std::atoi(v);
+    else if (k == "--seed")
+      a.seed = std::strtoull(v, nullptr, 10);
+    else
+      return false;
+  }
+  return a.epochs > 0 && a.eval_every > 0;
+}
+
+using Clock = std::chrono::steady_clock;
+double seconds_since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+double evaluate(galley::nn::Layer& model, galley::data::DataLoader& test) {
+  galley::NoGradGuard no_grad;
+  model.eval();
+  int64_t correct = 0, total = 0;
+  for (auto& [data, label] : test) {
+    auto pred = galley::argmax(model(data), 1);
+    const int64_t* p = pred.data<int64_t>();
+    const int64_t* y = label.data<int64_t>();
+    for (int64_t i = 0; i < label.numel(); ++i) correct += p[i] == y[i];
+    total += label.numel();
+  }
+  model.train();
+  return double(correct) / double(total);
+}
+
+struct Eval {
+  int64_t step;
+  double epoch, train_s, accuracy;
+};
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Args a;
+  if (!parse(argc, argv, a)) {
+    std::fprintf(stderr,
+                 "usage: %s [--data DIR] [--threads T] [--target ACC] [--epochs N] "
+                 "[--eval-every STEPS] [--seed N] [--json]\n",
+                 argv[0]);
+    return 2;
+  }
+  try {
+    if (a.threads > 0) galley::set_num_threads(a.threads);
+    galley::manual_seed(a.seed);
+    galley::data::MNIST train(a.data, galley::data::Split::Train, /*normalize=*/true);
+    galley::data::MNIST test(a.data, galley::data::Split::Test, /*normalize=*/true);
+    bench::Model m = bench::make_model("fashion");
+    galley::nn::Sequential& model = *m.net;
+    galley::optim::Adam opt(model.parameters(), {.learning_rate = 1e-3});
+    galley::nn::CrossEntropyLoss loss_fn;
+    galley::data::DataLoader loader(train, {.batch_size = 64, .shuffle = true, .seed = a.seed});
+    galley::data::DataLoader test_loader(test, {.batch_size = 1000});
+    const double steps_per_epoch = double(loader.size());
+
+    std::vector<Eval> evals;
+    double train_s = 0, eval_s = 0;
+    int64_t step = 0;
+    bool reached = false;
+    auto check = [&] {
+      auto t0 = Clock::now();
+      double acc = evaluate(model, test_loader);
+      eval_s += seconds_since(t0);
+      evals.push_back({step, step / steps_per_epoch, train_s, acc});
+      if (!a.json)
+        std::printf("step %6lld  epoch %.2f  train %.1f s  test accuracy %.2f%%\n",
+                    static_cast<long long>(step), step / steps_per_epoch, train_s, 100 * acc);
+      reached = acc >= a.target;
+    };
+    for (int epoch = 0; epoch < a.epochs && !reached; ++epoch) {
+      auto t0 = Clock::now();
+      int64_t in_epoch = 0;
+      for (auto& [data, label] : loader) {
+        auto loss = loss_fn(model(data), label);
+        loss.backward();
+        opt.step();
+        opt.clear_grad();
+        ++step;
+        if (++in_epoch % a.eval_every == 0 || in_epoch == int64_t(loader.size())) {
+          train_s += seconds_since(t0);
+          check();
+          if (reached) break;
+          t0 = Clock::now();
+        }
+      }
+    }
+
+    const Eval& last = evals.back();
+    if (a.json) {
+      std::printf(
+          "{\"impl\": \"galley\", \"version\": \"%s\", \"threads\": %d, \"target\": %.4f, "
+          "\"reached\": %s, \"time_s\": %s, \"steps\": %lld, \"epochs\": %.3f, "
+          "\"train_s\": %.3f, \"eval_s\": %.3f, \"best_accuracy\": %.4f, \"evals\": [",
+          GALLEY_BENCH_VERSION, galley::num_threads(), a.target, reached ? "true" : "false",
+          reached ? std::to_string(last.train_s).c_str() : "null",
+          static_cast<long long>(last.step), last.epoch, train_s, eval_s, last.accuracy);
+      for (size_t i = 0; i < evals.size(); ++i)
+        std::printf("%s{\"step\": %lld, \"epoch\": %.3f, \"train_s\": %.3f, \"accuracy\": %.4f}",
+                    i ? ", " : "", static_cast<long long>(evals[i].step), evals[i].epoch,
+                    evals[i].train_s, evals[i].accuracy);
+      std::printf("]}\n");
+    } else if (reached) {
+      std::printf("reached %.2f%% after %lld steps (%.2f epochs) in %.1f s of training\n",
+                  100 * last.accuracy, static_cast<long long>(last.step), last.epoch, last.train_s);
+    } else {
+      std::printf("not reached: %.2f%% after %d epochs (%.1f s of training)\n", 100 * last.accuracy,
+                  a.epochs, train_s);
+    }
+  } catch (const galley::Error& e) {
+    std::fprintf(stderr, "error: %s\n", e.what());
+    return 1;
+  }
+  return 0;
+}
