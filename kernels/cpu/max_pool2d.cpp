@@ -147,14 +147,20 @@ void max_pool2d_backward(const Pool2dGeometry& g, const float* gy, const int32_t
         float* r0 = gp + 2 * oh * g.w;
         float* r1 = r0 + g.w;
         const int32_t base = static_cast<int32_t>(2 * oh * g.w), w = static_cast<int32_t>(g.w);
+        // Bit masks instead of selects: whether the compiler turns `?:` into branches (which
+        // mispredict on random winners) depends on its mood; a mask is always branch-free and
+        // keeps a NaN gradient at the winner only.
+        uint32_t* q0 = reinterpret_cast<uint32_t*>(r0);
+        uint32_t* q1 = reinterpret_cast<uint32_t*>(r1);
+        const uint32_t* gbits = reinterpret_cast<const uint32_t*>(gyp + oh * g.ow);
         for (int64_t ow = 0; ow < g.ow; ++ow) {
-          const float v = gyp[oh * g.ow + ow];
+          const uint32_t v = gbits[ow];
           const int32_t win = ip[oh * g.ow + ow] - base;
           const int32_t j = static_cast<int32_t>(2 * ow);
-          r0[j] = win == j ? v : 0.f;
-          r0[j + 1] = win == j + 1 ? v : 0.f;
-          r1[j] = win == w + j ? v : 0.f;
-          r1[j + 1] = win == w + j + 1 ? v : 0.f;
+          q0[j] = v & (0u - uint32_t(win == j));
+          q0[j + 1] = v & (0u - uint32_t(win == j + 1));
+          q1[j] = v & (0u - uint32_t(win == w + j));
+          q1[j + 1] = v & (0u - uint32_t(win == w + j + 1));
         }
         // An odd width leaves a last column outside every window.
         if (g.w > 2 * g.ow) r0[g.w - 1] = r1[g.w - 1] = 0.f;
