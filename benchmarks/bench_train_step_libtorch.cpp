@@ -8,6 +8,7 @@
 // Prints samples/s: the median over `repeats` timed blocks of `iters` steps each.
 #include <torch/torch.h>
 
+#include "bench_args.h"
 #include "models_libtorch.h"
 
 #include <algorithm>
@@ -19,71 +20,12 @@
 #include <string>
 #include <vector>
 
-namespace {
-
-struct Args {
-  std::string model = "simple";
-  int batch = 64;
-  int threads = 1;
-  int warmup = 5;
-  int iters = 20;
-  int repeats = 5;
-  bool json = false;
-  bool phases = false;
-};
-
-void usage(const char* prog) {
-  std::fprintf(stderr,
-               "usage: %s [--model simple|fashion|vgg] [--batch N] [--threads T] [--warmup W] "
-               "[--iters I] [--repeats R] "
-               "[--json] [--phases]\n",
-               prog);
-}
-
-bool parse(int argc, char** argv, Args& a) {
-  for (int i = 1; i < argc; ++i) {
-    std::string s = argv[i];
-    auto next = [&](int& v) {
-      if (i + 1 >= argc) return false;
-      v = std::atoi(argv[++i]);
-      return v > 0 || (s == "--warmup" && v == 0);
-    };
-    if (s == "--model") {
-      if (i + 1 >= argc) return false;
-      a.model = argv[++i];
-    } else if (s == "--batch") {
-      if (!next(a.batch)) return false;
-    } else if (s == "--threads") {
-      if (!next(a.threads)) return false;
-    } else if (s == "--warmup") {
-      if (!next(a.warmup)) return false;
-    } else if (s == "--iters") {
-      if (!next(a.iters)) return false;
-    } else if (s == "--repeats") {
-      if (!next(a.repeats)) return false;
-    } else if (s == "--json") {
-      a.json = true;
-    } else if (s == "--phases") {
-      a.phases = true;
-    } else {
-      return false;
-    }
-  }
-  return true;
-}
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  size_t n = v.size();
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
-
-using Clock = std::chrono::steady_clock;
-double seconds_since(Clock::time_point t0) {
-  return std::chrono::duration<double>(Clock::now() - t0).count();
-}
-
-}  // namespace
+using bench::Args;
+using bench::Clock;
+using bench::median;
+using bench::parse;
+using bench::seconds_since;
+using bench::usage;
 
 int main(int argc, char** argv) {
   Args a;
