@@ -47,8 +47,13 @@ void check_cpu(const Tensor& t, const char* what) {
 // ---------------------------------------------------------------------------------------------
 // Storage
 
-Storage::Storage(size_t bytes, Device device) : bytes_(bytes), device_(device) {
-  if (device.is_cpu()) {
+Storage::Storage(size_t bytes, Device device, bool pinned) : bytes_(bytes), device_(device) {
+  GALLEY_CHECK(!pinned || device.is_cpu(), "page-locked memory is host memory, not ", device.str());
+  if (pinned) data_ = detail::pinned_alloc(bytes);
+  if (data_) {
+    pinned_ = true;
+    capacity_ = bytes;
+  } else if (device.is_cpu()) {
     data_ = detail::host_alloc(bytes, &capacity_);
   } else {
     data_ = detail::device_alloc(device, bytes);
@@ -57,7 +62,9 @@ Storage::Storage(size_t bytes, Device device) : bytes_(bytes), device_(device) {
 }
 
 Storage::~Storage() {
-  if (device_.is_cpu())
+  if (pinned_)
+    detail::pinned_free(data_);
+  else if (device_.is_cpu())
     detail::host_free(data_, capacity_);
   else
     detail::device_free(device_, data_);
@@ -91,6 +98,33 @@ Tensor Tensor::empty(const Shape& shape, DType dtype, Device device) {
   impl->strides = contiguous_strides(shape);
   impl->dtype = dtype;
   return Tensor(std::move(impl));
+}
+
+Tensor Tensor::empty_pinned(const Shape& shape, DType dtype) {
+  for (int64_t d : shape)
+    GALLEY_CHECK(d >= 0, "Tensor::empty_pinned: negative size in shape ", shape_str(shape));
+  auto impl = std::make_shared<detail::TensorImpl>();
+  impl->storage =
+      std::make_shared<Storage>(shape_numel(shape) * dtype_size(dtype), Device::cpu(), true);
+  impl->shape = shape;
+  impl->strides = contiguous_strides(shape);
+  impl->dtype = dtype;
+  return Tensor(std::move(impl));
+}
+
+bool Tensor::is_pinned() const {
+  return defined() && impl_->storage && impl_->storage->pinned();
+}
+
+Tensor Tensor::pin_memory() const {
+  GALLEY_CHECK(defined(), "pin_memory: the tensor is undefined");
+  GALLEY_CHECK(device().is_cpu(), "pin_memory: the tensor is on ", device().str(),
+               "; only host tensors can be page-locked");
+  if (is_pinned()) return *this;
+  Tensor out = empty_pinned(shape(), dtype());
+  Tensor c = contiguous();
+  std::memcpy(out.raw_data(), c.raw_data(), numel() * dtype_size(dtype()));
+  return out;
 }
 
 Tensor Tensor::from_host(const void* data, const Shape& shape, DType dtype, Device device) {

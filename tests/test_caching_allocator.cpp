@@ -109,6 +109,43 @@ TEST(CachingAllocator, BlocksAreReusedOnlyOnTheirStream) {
   EXPECT_EQ(f.alloc.stats().device_allocs, 2u);
 }
 
+TEST(CachingAllocator, APrivatePoolKeepsItsBlocksAndIsReleasedAlone) {
+  // A CUDA graph's capture allocates under its own key: its blocks must never go to eager
+  // requests (the graph writes into them at every replay), and releasing the pool when the
+  // graph goes leaves the eager cache alone.
+  Fixture f;
+  constexpr uintptr_t graph = 0x3;
+  void* eager = f.alloc.allocate(2 * MiB);
+  f.alloc.free(eager);
+  void* g1 = f.alloc.allocate(2 * MiB, graph, /*may_release=*/false);
+  EXPECT_NE(g1, eager);
+  f.alloc.free(g1);
+  void* g2 = f.alloc.allocate(2 * MiB, graph, false);  // reuse inside the capture is fine
+  EXPECT_EQ(g2, g1);
+  f.alloc.free(g2);
+  void* e2 = f.alloc.allocate(2 * MiB);
+  EXPECT_EQ(e2, eager);
+  EXPECT_EQ(f.alloc.stats().device_allocs, 2u);
+  f.alloc.release_pool(graph);
+  EXPECT_EQ(f.alloc.stats().device_frees, 1u);
+  EXPECT_EQ(f.device.size(), 1u);  // the eager segment stays
+  f.alloc.free(e2);
+}
+
+TEST(CachingAllocator, DuringACaptureTheCacheIsNotEmptiedToMakeRoom) {
+  Fixture f(64 * MiB, 10 * MiB);
+  f.alloc.free(f.alloc.allocate(8 * MiB));  // cached
+  std::string msg;
+  try {
+    f.alloc.allocate(9 * MiB, 0x3, /*may_release=*/false);
+    ADD_FAILURE() << "no error";
+  } catch (const galley::OutOfMemoryError& e) {
+    msg = e.what();
+  }
+  testutil::expect_contains(msg, {"requested 9.00 MiB", "during a CUDA graph capture"});
+  EXPECT_EQ(f.alloc.stats().device_frees, 0u);
+}
+
 TEST(CachingAllocator, TheCapIsAnOutOfMemoryErrorNamingRequestUseAndCap) {
   Fixture f(64 * MiB, 10 * MiB);
   void* a = f.alloc.allocate(6 * MiB);

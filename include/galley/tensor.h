@@ -25,8 +25,9 @@ int64_t shape_numel(const Shape& s);
 /// A block of device memory that several tensors (views) may share.
 class Storage {
  public:
-  /// Allocates `bytes` on `device` (uninitialised).
-  Storage(size_t bytes, Device device);
+  /// Allocates `bytes` on `device` (uninitialised). `pinned` asks for page-locked host memory
+  /// (host devices only; ordinary memory when the process has no CUDA device).
+  Storage(size_t bytes, Device device, bool pinned = false);
   ~Storage();
   Storage(const Storage&) = delete;
   Storage& operator=(const Storage&) = delete;
@@ -37,12 +38,15 @@ class Storage {
   size_t bytes() const { return bytes_; }
   /// Where the block lives.
   Device device() const { return device_; }
+  /// True for page-locked host memory.
+  bool pinned() const { return pinned_; }
 
  private:
   void* data_ = nullptr;
   size_t bytes_ = 0;
   size_t capacity_ = 0;
   Device device_;
+  bool pinned_ = false;
 };
 
 class Tensor;
@@ -105,6 +109,9 @@ class Tensor {
   /// Uninitialised contiguous tensor.
   static Tensor empty(const Shape& shape, DType dtype = DType::Float32,
                       Device device = Device::cpu());
+  /// Uninitialised contiguous host tensor in page-locked memory, from which copies to a GPU run
+  /// asynchronously (ordinary host memory when the process has no CUDA device).
+  static Tensor empty_pinned(const Shape& shape, DType dtype = DType::Float32);
   /// Copies `values` (row-major) into a new tensor of `shape`.
   static Tensor from_vector(const std::vector<float>& values, const Shape& shape,
                             Device device = Device::cpu());
@@ -138,6 +145,10 @@ class Tensor {
   Device device() const;
   /// True when strides are row-major dense.
   bool is_contiguous() const;
+  /// True when the data is in page-locked host memory.
+  bool is_pinned() const;
+  /// A copy in page-locked host memory (this tensor if it already is); from a host tensor.
+  Tensor pin_memory() const;
   /// True when `other` is a handle to the same tensor.
   bool is_same(const Tensor& other) const { return impl_ == other.impl_; }
 

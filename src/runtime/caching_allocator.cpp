@@ -94,12 +94,12 @@ void CachingAllocator::split(Block* b, size_t size, Pool& pool) {
   pool.insert(r);
 }
 
-size_t CachingAllocator::release_free_segments() {
+size_t CachingAllocator::release_free_segments(bool any, uintptr_t stream) {
   size_t freed = 0;
   for (auto* pool : {&small_, &large_}) {
     for (auto it = pool->begin(); it != pool->end();) {
       Block* b = *it;
-      if (!b->prev && !b->next) {  // a whole segment, free
+      if (!b->prev && !b->next && (any || b->stream == stream)) {  // a whole segment, free
         mem_->release(b->ptr);
         stats_.reserved -= b->size;
         ++stats_.device_frees;
@@ -124,13 +124,17 @@ void CachingAllocator::out_of_memory(size_t requested, size_t segment, const cha
 }
 
 CachingAllocator::Block* CachingAllocator::new_segment(size_t size, bool small, uintptr_t stream,
-                                                       size_t requested) {
+                                                       size_t requested, bool may_release) {
   const size_t seg = small ? kSmallSegment : round_up(size, kLargeRound);
   if (stats_.limit && stats_.reserved + seg > stats_.limit) {
-    release_free_segments();
-    if (stats_.reserved + seg > stats_.limit) out_of_memory(requested, seg, "over the cap");
+    if (may_release) release_free_segments();
+    if (stats_.reserved + seg > stats_.limit)
+      out_of_memory(requested, seg,
+                    may_release ? "over the cap" : "over the cap during a CUDA graph capture");
   }
   void* p = mem_->allocate(seg);
+  if (!p && !may_release)
+    out_of_memory(requested, seg, "the device has no more free memory (during a capture)");
   if (!p) {  // the device is full: give back what the cache holds and try once more
     release_free_segments();
     p = mem_->allocate(seg);
@@ -142,7 +146,7 @@ CachingAllocator::Block* CachingAllocator::new_segment(size_t size, bool small, 
   return new Block{p, seg, stream, small};
 }
 
-void* CachingAllocator::allocate(size_t bytes, uintptr_t stream) {
+void* CachingAllocator::allocate(size_t bytes, uintptr_t stream, bool may_release) {
   const size_t size = round_up(std::max<size_t>(bytes, 1), kRound);
   const bool small = size <= kSmallRequest;
   std::lock_guard<std::mutex> lock(mu_);
@@ -151,7 +155,7 @@ void* CachingAllocator::allocate(size_t bytes, uintptr_t stream) {
   if (b)
     ++stats_.reuses;
   else
-    b = new_segment(size, small, stream, bytes);
+    b = new_segment(size, small, stream, bytes, may_release);
   split(b, size, pool);
   b->allocated = true;
   live_[b->ptr] = b;
@@ -189,6 +193,11 @@ void CachingAllocator::free(void* p) {
 void CachingAllocator::empty_cache() {
   std::lock_guard<std::mutex> lock(mu_);
   release_free_segments();
+}
+
+void CachingAllocator::release_pool(uintptr_t stream) {
+  std::lock_guard<std::mutex> lock(mu_);
+  release_free_segments(false, stream);
 }
 
 void CachingAllocator::set_limit(size_t bytes) {

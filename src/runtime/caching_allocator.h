@@ -60,12 +60,17 @@ class CachingAllocator {
 
   // A block of at least `bytes` for use on `stream`. Over the cap, or when the device is full
   // even after returning the cache, throws galley::OutOfMemoryError naming the request, the
-  // bytes in use and the cap.
-  void* allocate(size_t bytes, uintptr_t stream = 0);
+  // bytes in use and the cap. `stream` is a pool key: a block is only ever reused by requests
+  // with the same key, which is how a CUDA graph's memory stays its own (its capture allocates
+  // under a private key). With `may_release` false (during a capture, where returning memory to
+  // the device would synchronise it) the cache is not emptied to make room.
+  void* allocate(size_t bytes, uintptr_t stream = 0, bool may_release = true);
   // Returns a block to the pool of its stream.
   void free(void* p);
   // Gives every completely free segment back to the device.
   void empty_cache();
+  // Gives back the completely free segments of one pool key (a CUDA graph's, once it is gone).
+  void release_pool(uintptr_t stream);
   // Changes the cap (0 = none); reserved memory above it is returned as far as it is free.
   void set_limit(size_t bytes);
   AllocatorStats stats() const;
@@ -87,9 +92,10 @@ class CachingAllocator {
   using Pool = std::set<Block*, Order>;
 
   Block* take_from_pool(Pool& pool, size_t size, uintptr_t stream);
-  Block* new_segment(size_t size, bool small, uintptr_t stream, size_t requested);
+  Block* new_segment(size_t size, bool small, uintptr_t stream, size_t requested, bool may_release);
   void split(Block* b, size_t size, Pool& pool);
-  size_t release_free_segments();  // caller holds mu_
+  // Caller holds mu_. Only segments of `stream` unless `any` is set.
+  size_t release_free_segments(bool any = true, uintptr_t stream = 0);
   [[noreturn]] void out_of_memory(size_t requested, size_t segment, const char* why) const;
 
   std::unique_ptr<DeviceMemory> mem_;

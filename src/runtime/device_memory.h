@@ -1,23 +1,98 @@
 #pragma once
-// Memory and copies on non-host devices, for Storage and Tensor (internal). Implemented in
-// memory.cpp over the CUDA runtime; without the CUDA backend every call is an error that says
-// so, and cuda_device_count() is 0 so none is reached through all_devices().
+// Memory, copies, streams and events on non-host devices, for Storage, Tensor, the loader and
+// the communicators (internal). Implemented in memory.cpp over the CUDA runtime; without the
+// CUDA backend every call that needs a GPU is an error that says so, and cuda_device_count() is
+// 0 so none is reached through all_devices(). Streams and events are passed as void* so that
+// code compiled without CUDA headers can hold them.
 #include <cstddef>
+#include <cstdint>
 
 #include "galley/device.h"
 
 namespace galley::detail {
 
 // `bytes` on `device` from its caching allocator (ordered on the device's compute stream).
+// Inside a CUDA graph capture on this thread the block comes from the graph's private pool.
 void* device_alloc(Device device, size_t bytes);
 // Returns a block from device_alloc. Never throws (runs in destructors).
 void device_free(Device device, void* p) noexcept;
-// Copies `bytes` between any two devices (host included); returns when the copy is complete.
+// Copies `bytes` between any two devices (host included). A copy within one GPU is queued on
+// its compute stream and returns at once (everything that reads the result is queued after
+// it); a copy that involves the host or two GPUs returns when the copy is complete.
 void copy_bytes(void* dst, Device dst_device, const void* src, Device src_device, size_t bytes);
+// Queues the copy on `stream` (of the GPU involved) and returns at once: host memory on either
+// side must stay untouched until the copy is done (page-locked buffers, waited for with an
+// Event). Between two host pointers it is a plain memcpy.
+void copy_bytes_async(void* dst, Device dst_device, const void* src, Device src_device,
+                      size_t bytes, void* stream);
 // The device's compute stream (a cudaStream_t), created on first use. It is a blocking stream,
 // so copies on the legacy default stream stay ordered with the kernels queued on it.
 void* compute_stream(Device device);
+// A new non-blocking stream on `device` for work that overlaps compute (host-to-device copies,
+// communication); destroy it with destroy_stream.
+void* create_stream(Device device, bool high_priority = false);
+void destroy_stream(Device device, void* stream) noexcept;
 // Sets `count` 4-byte words at `dst` on `device` to `pattern`'s bits.
 void fill_words(Device device, void* dst, size_t count, uint32_t pattern);
+
+// Page-locked host memory (fast, asynchronous copies to and from GPUs); nullptr when this
+// process has no CUDA device.
+void* pinned_alloc(size_t bytes);
+void pinned_free(void* p) noexcept;
+
+// A CUDA event without timing, move-only. record() marks the work queued on a stream so far;
+// wait() makes another stream wait for that work on the device, without blocking the host;
+// synchronize() blocks the host until it is done. A default-constructed event is empty: waiting
+// on it or synchronising it does nothing.
+class Event {
+ public:
+  Event() = default;
+  explicit Event(Device device);
+  ~Event();
+  Event(Event&& o) noexcept;
+  Event& operator=(Event&& o) noexcept;
+  Event(const Event&) = delete;
+  Event& operator=(const Event&) = delete;
+
+  bool valid() const { return event_ != nullptr; }
+  void record(void* stream);
+  void wait(void* stream) const;
+  void synchronize() const;
+  // True when the recorded work has finished (or nothing was recorded).
+  bool done() const;
+
+ private:
+  Device device_;
+  void* event_ = nullptr;
+  bool recorded_ = false;
+};
+
+// While alive, this thread's device allocations on `device` come from the private pool `pool`
+// and never empty the cache (a CUDA graph being captured: its memory must stay its own, and
+// giving memory back would synchronise the device).
+class CaptureAllocations {
+ public:
+  CaptureAllocations(Device device, uintptr_t pool);
+  ~CaptureAllocations();
+  CaptureAllocations(const CaptureAllocations&) = delete;
+  CaptureAllocations& operator=(const CaptureAllocations&) = delete;
+
+ private:
+  int prev_device_;
+  uintptr_t prev_pool_;
+};
+// True while this thread captures a CUDA graph on `device`.
+bool capturing(Device device);
+
+// Errors found by kernels, reported on the host later. A kernel that meets bad input (a label
+// out of range) cannot throw; it writes a report into its device's slot, which lives in
+// page-locked host memory mapped into the device. The next synchronising call on the device
+// (a copy to the host, item(), galley::cuda::synchronize, the next loss) checks the slot and
+// throws the report as a galley::Error. Slot layout (int64): {code, a, b, c}; code 0 is clear.
+enum class DeferredError : int64_t { None = 0, LabelOutOfRange = 1 };
+// The device's slot (a pointer usable by kernels).
+int64_t* error_slot(Device device);
+// Throws (and clears) the report in the device's slot, if any.
+void check_deferred_errors(Device device);
 
 }  // namespace galley::detail

@@ -2,9 +2,11 @@
 // initialisation), over the CUDA runtime.
 #include "galley/runtime/memory.h"
 
+#include <algorithm>
 #include <cstring>
 #include <memory>
 #include <mutex>
+#include <utility>
 #include <vector>
 
 #include "galley/error.h"
@@ -127,6 +129,25 @@ void set_memory_fraction(Device device, double fraction) {
 
 namespace detail {
 
+namespace {
+// The private pool of the graph this thread is capturing, and its device (-1: none).
+thread_local int capture_device = -1;
+thread_local uintptr_t capture_pool = 0;
+}  // namespace
+
+CaptureAllocations::CaptureAllocations(Device device, uintptr_t pool)
+    : prev_device_(capture_device), prev_pool_(capture_pool) {
+  capture_device = device.index();
+  capture_pool = pool;
+}
+CaptureAllocations::~CaptureAllocations() {
+  capture_device = prev_device_;
+  capture_pool = prev_pool_;
+}
+bool capturing(Device device) {
+  return device.is_cuda() && capture_device == device.index();
+}
+
 #ifdef GALLEY_HAVE_CUDA
 namespace {
 // Throws with the failed call and CUDA's own words.
@@ -148,9 +169,22 @@ class CurrentDevice {
  private:
   int prev_ = 0;
 };
+
+cudaStream_t as_stream(void* s) {
+  return static_cast<cudaStream_t>(s);
+}
+
+void check_not_capturing(Device gpu, const char* what) {
+  GALLEY_CHECK(!capturing(gpu), what, " ", gpu.str(),
+               " inside a CUDA graph capture: a captured step may not copy between the host "
+               "and the GPU or read values back (item(), to_vector()); copy inputs into the "
+               "graph's static tensors before replay() and read results after it");
+}
 }  // namespace
 
 void* device_alloc(Device device, size_t bytes) {
+  if (capturing(device))
+    return cuda_allocator(device.index()).allocate(bytes, capture_pool, /*may_release=*/false);
   return cuda_allocator(device.index()).allocate(bytes);
 }
 
@@ -170,12 +204,42 @@ void copy_bytes(void* dst, Device dst_device, const void* src, Device src_device
   }
   const Device gpu = dst_device.is_cuda() ? dst_device : src_device;
   CurrentDevice current(gpu.index());
-  cudaError_t rc;
+  cudaStream_t stream = as_stream(compute_stream(gpu));
+  if (dst_device == src_device) {
+    // Within one GPU: ordered on the compute stream like a kernel, so nothing waits (and it can
+    // be captured into a CUDA graph).
+    cuda_check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream), "copy", gpu);
+    return;
+  }
+  check_not_capturing(gpu, "copy to or from");
+  if (dst_device.is_cuda() && src_device.is_cuda()) {
+    // Between GPUs: the source's queued work first, then the copy on the destination's stream.
+    cuda_check(cudaStreamSynchronize(as_stream(compute_stream(src_device))), "synchronize",
+               src_device);
+    cuda_check(cudaMemcpyPeerAsync(dst, dst_device.index(), src, src_device.index(), bytes, stream),
+               "copy", gpu);
+  } else {
+    cuda_check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, stream), "copy", gpu);
+  }
+  cuda_check(cudaStreamSynchronize(stream), "copy", gpu);
+  check_deferred_errors(gpu);
+}
+
+void copy_bytes_async(void* dst, Device dst_device, const void* src, Device src_device,
+                      size_t bytes, void* stream) {
+  if (bytes == 0) return;
+  if (dst_device.is_cpu() && src_device.is_cpu()) {
+    std::memcpy(dst, src, bytes);
+    return;
+  }
+  const Device gpu = dst_device.is_cuda() ? dst_device : src_device;
+  CurrentDevice current(gpu.index());
   if (dst_device.is_cuda() && src_device.is_cuda() && dst_device != src_device)
-    rc = cudaMemcpyPeer(dst, dst_device.index(), src, src_device.index(), bytes);
+    cuda_check(cudaMemcpyPeerAsync(dst, dst_device.index(), src, src_device.index(), bytes,
+                                   as_stream(stream)),
+               "copy", gpu);
   else
-    rc = cudaMemcpy(dst, src, bytes, cudaMemcpyDefault);
-  cuda_check(rc, "copy", gpu);
+    cuda_check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, as_stream(stream)), "copy", gpu);
 }
 
 void* compute_stream(Device device) {
@@ -191,10 +255,111 @@ void* compute_stream(Device device) {
   return s;
 }
 
+void* create_stream(Device device, bool high_priority) {
+  CurrentDevice current(device.index());
+  int least = 0, greatest = 0;
+  cuda_check(cudaDeviceGetStreamPriorityRange(&least, &greatest), "stream priorities", device);
+  cudaStream_t s = nullptr;
+  cuda_check(
+      cudaStreamCreateWithPriority(&s, cudaStreamNonBlocking, high_priority ? greatest : least),
+      "creating a stream", device);
+  return s;
+}
+
+void destroy_stream(Device device, void* stream) noexcept {
+  if (!stream) return;
+  CurrentDevice current(device.index());
+  if (cudaStreamDestroy(as_stream(stream)) != cudaSuccess) (void)cudaGetLastError();
+}
+
 void fill_words(Device device, void* dst, size_t count, uint32_t pattern) {
   CurrentDevice current(device.index());
   kernels::cuda::fill_u32(static_cast<uint32_t*>(dst), count, pattern, compute_stream(device));
   cuda_check(cudaGetLastError(), "fill", device);
+}
+
+void* pinned_alloc(size_t bytes) {
+  if (cuda_device_count() == 0) return nullptr;
+  void* p = nullptr;
+  // Portable: usable with every GPU of the process; mapped: kernels may write into it.
+  if (cudaHostAlloc(&p, std::max<size_t>(bytes, 1), cudaHostAllocPortable | cudaHostAllocMapped) !=
+      cudaSuccess) {
+    (void)cudaGetLastError();
+    throw OutOfMemoryError(str_cat("page-locked host memory: cannot allocate ", bytes,
+                                   " bytes (the system limits locked memory; use ordinary "
+                                   "host memory or a smaller pool)"));
+  }
+  return p;
+}
+
+void pinned_free(void* p) noexcept {
+  if (p && cudaFreeHost(p) != cudaSuccess) (void)cudaGetLastError();
+}
+
+Event::Event(Device device) : device_(device) {
+  CurrentDevice current(device.index());
+  cudaEvent_t e = nullptr;
+  cuda_check(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "creating an event", device);
+  event_ = e;
+}
+Event::~Event() {
+  if (!event_) return;
+  CurrentDevice current(device_.index());
+  if (cudaEventDestroy(static_cast<cudaEvent_t>(event_)) != cudaSuccess) (void)cudaGetLastError();
+}
+void Event::record(void* stream) {
+  CurrentDevice current(device_.index());
+  cuda_check(cudaEventRecord(static_cast<cudaEvent_t>(event_), as_stream(stream)), "event record",
+             device_);
+  recorded_ = true;
+}
+void Event::wait(void* stream) const {
+  if (!event_ || !recorded_) return;
+  CurrentDevice current(device_.index());
+  cuda_check(cudaStreamWaitEvent(as_stream(stream), static_cast<cudaEvent_t>(event_), 0),
+             "stream wait", device_);
+}
+void Event::synchronize() const {
+  if (!event_ || !recorded_) return;
+  cuda_check(cudaEventSynchronize(static_cast<cudaEvent_t>(event_)), "event synchronize", device_);
+}
+bool Event::done() const {
+  if (!event_ || !recorded_) return true;
+  const cudaError_t rc = cudaEventQuery(static_cast<cudaEvent_t>(event_));
+  if (rc == cudaErrorNotReady) return false;
+  cuda_check(rc, "event query", device_);
+  return true;
+}
+
+int64_t* error_slot(Device device) {
+  static std::mutex mu;
+  static auto* slots = new std::vector<int64_t*>();
+  std::lock_guard<std::mutex> lock(mu);
+  if (slots->size() <= size_t(device.index())) slots->resize(device.index() + 1, nullptr);
+  int64_t*& slot = (*slots)[device.index()];
+  if (!slot) {
+    CurrentDevice current(device.index());
+    void* p = nullptr;
+    cuda_check(cudaHostAlloc(&p, 4 * sizeof(int64_t), cudaHostAllocPortable | cudaHostAllocMapped),
+               "allocating the error slot", device);
+    slot = static_cast<int64_t*>(p);
+    std::fill_n(slot, 4, int64_t(0));
+  }
+  return slot;  // with unified addressing the host pointer is the device pointer
+}
+
+void check_deferred_errors(Device device) {
+  if (!device.is_cuda()) return;
+  volatile int64_t* slot = error_slot(device);
+  const int64_t code = slot[0];
+  if (code == 0) return;
+  const int64_t a = slot[1], b = slot[2], c = slot[3];
+  slot[0] = 0;
+  if (code == static_cast<int64_t>(DeferredError::LabelOutOfRange))
+    throw Error(str_cat("cross_entropy on ", device.str(), ": label ", b, " at row ", a,
+                        " is outside [0, ", c,
+                        ") (found by the GPU in an earlier step; its loss is NaN)"));
+  throw Error(str_cat(device.str(), ": a kernel reported error code ", code));
 }
 #else
 namespace {
@@ -214,13 +379,51 @@ void copy_bytes(void* dst, Device dst_device, const void* src, Device src_device
   if (!src_device.is_cpu()) no_backend(src_device);
   std::memcpy(dst, src, bytes);
 }
+void copy_bytes_async(void* dst, Device dst_device, const void* src, Device src_device,
+                      size_t bytes, void*) {
+  copy_bytes(dst, dst_device, src, src_device, bytes);
+}
 void* compute_stream(Device device) {
   no_backend(device);
 }
+void* create_stream(Device device, bool) {
+  no_backend(device);
+}
+void destroy_stream(Device, void*) noexcept {}
 void fill_words(Device device, void*, size_t, uint32_t) {
   no_backend(device);
 }
+void* pinned_alloc(size_t) {
+  return nullptr;
+}
+void pinned_free(void*) noexcept {}
+Event::Event(Device device) : device_(device) {
+  no_backend(device);
+}
+Event::~Event() = default;
+void Event::record(void*) {}
+void Event::wait(void*) const {}
+void Event::synchronize() const {}
+bool Event::done() const {
+  return true;
+}
+int64_t* error_slot(Device device) {
+  no_backend(device);
+}
+void check_deferred_errors(Device) {}
 #endif
+
+Event::Event(Event&& o) noexcept
+    : device_(o.device_), event_(std::exchange(o.event_, nullptr)), recorded_(o.recorded_) {}
+Event& Event::operator=(Event&& o) noexcept {
+  if (this != &o) {
+    Event tmp(std::move(*this));
+    device_ = o.device_;
+    event_ = std::exchange(o.event_, nullptr);
+    recorded_ = o.recorded_;
+  }
+  return *this;
+}
 
 }  // namespace detail
 
@@ -258,6 +461,7 @@ void synchronize(Device device) {
 #ifdef GALLEY_HAVE_CUDA
   detail::CurrentDevice current(device.index());
   detail::cuda_check(cudaDeviceSynchronize(), "synchronize", device);
+  detail::check_deferred_errors(device);
 #endif
 }
 
