@@ -2,6 +2,8 @@
 // Compiled always; the GPU tests skip with the reason when no GPU is present.
 #include <gtest/gtest.h>
 
+#include <cmath>
+
 #include "galley/galley.h"
 #include "galley/runtime/cuda.h"
 #include "test_util.h"
@@ -73,4 +75,75 @@ TEST(Cuda, DeviceNameAndMemory) {
   EXPECT_FALSE(galley::cuda::device_name(0).empty());
   EXPECT_GT(galley::cuda::total_memory(0), size_t(1) << 30);
   galley::cuda::synchronize(Device::cuda(0));
+}
+
+TEST(PinnedMemory, PinnedHostTensorsHoldTheirValuesWithOrWithoutAGpu) {
+  Tensor h = galley::randn({4, 33});
+  Tensor p = h.pin_memory();
+  // Page-locked only where a CUDA device exists; an ordinary host copy otherwise.
+  EXPECT_EQ(p.is_pinned(), galley::cuda::available());
+  EXPECT_EQ(p.device(), Device::cpu());
+  EXPECT_EQ(p.to_vector(), h.to_vector());
+  EXPECT_TRUE(p.pin_memory().is_same(p) || !p.is_pinned());
+  Tensor e = Tensor::empty_pinned({0});
+  EXPECT_EQ(e.numel(), 0);
+  testutil::expect_contains(testutil::error_of([] {
+                              Tensor::empty_pinned({2, -1});
+                            }),
+                            {"empty_pinned", "negative"});
+}
+
+TEST(Cuda, PinnedCopiesRoundTrip) {
+  REQUIRE_GPU();
+  Tensor h = galley::randn({1 << 20}).pin_memory();
+  ASSERT_TRUE(h.is_pinned());
+  Tensor d = h.to(Device::cuda(0));
+  Tensor back = Tensor::empty_pinned({1 << 20});
+  d.copy_to_host(back.raw_data());
+  EXPECT_EQ(back.to_vector(), h.to_vector());
+}
+
+TEST(Cuda, CopiesWithinTheGpuStayInStreamOrder) {
+  REQUIRE_GPU();
+  // A device-to-device copy no longer waits for the device: what follows it on the compute
+  // stream must still see the copied values.
+  Tensor a = galley::randn({1 << 18}).to(Device::cuda(0));
+  Tensor b = a.clone();
+  Tensor c = galley::add(b, b);
+  std::vector<float> want = a.to_vector();
+  for (float& v : want) v += v;
+  EXPECT_EQ(c.to_vector(), want);
+}
+
+TEST(Cuda, ABadLabelIsReportedAtTheNextSynchronisation) {
+  REQUIRE_GPU();
+  const Device gpu = Device::cuda(0);
+  Tensor logits = galley::randn({4, 10}).to(gpu);
+  Tensor labels = Tensor::from_vector(std::vector<int64_t>{1, 12, 3, 4}, {4}, gpu);
+  // The step itself does not wait for the check...
+  Tensor loss;
+  EXPECT_NO_THROW(loss = galley::cross_entropy(logits, labels));
+  // ...the first read-back raises it, naming the row and the label.
+  testutil::expect_contains(testutil::error_of([&] { (void)loss.item(); }),
+                            {"cross_entropy", "cuda:0", "label 12", "row 1", "[0, 10)"});
+  // Reported once; good labels work afterwards.
+  Tensor ok = Tensor::from_vector(std::vector<int64_t>{1, 2, 3, 4}, {4}, gpu);
+  EXPECT_TRUE(std::isfinite(galley::cross_entropy(logits, ok).item()));
+}
+
+TEST(Cuda, MeanCrossEntropyCountsRowsOnTheDevice) {
+  REQUIRE_GPU();
+  const Device gpu = Device::cuda(0);
+  Tensor logits = galley::randn({6, 5});
+  Tensor labels = Tensor::from_vector(std::vector<int64_t>{1, -100, 3, -100, 4, 0}, {6});
+  for (bool all_ignored : {false, true}) {
+    Tensor y = all_ignored ? galley::full({6}, -100.f).to_dtype(galley::DType::Int64) : labels;
+    Tensor xc = logits.clone().set_requires_grad(), xg = logits.to(gpu).set_requires_grad();
+    Tensor lc = galley::cross_entropy(xc, y), lg = galley::cross_entropy(xg, y.to(gpu));
+    lc.backward();
+    lg.backward();
+    EXPECT_NEAR(lg.item(), lc.item(), 1e-5);
+    const auto gc = xc.grad().to_vector(), gg = xg.grad().to_vector();
+    for (size_t i = 0; i < gc.size(); ++i) EXPECT_NEAR(gg[i], gc[i], 1e-6) << i;
+  }
 }

@@ -729,7 +729,7 @@ TEST(CudaKernels, CrossEntropyMatchesTheCpuWithSmoothingAndIgnoredRows) {
                                   dprob = DeviceFloats::zeros(cs.n * cs.c);
     DeviceInts dlabels(labels), dcount = DeviceInts::zeros(1), dbad = DeviceInts::zeros(1);
     gk::cross_entropy_forward(dlogits.get(), dlabels.get(), cs.n, cs.c, cs.eps, cs.ignore,
-                              dloss.get(), dprob.get(), dcount.get(), dbad.get(), nullptr);
+                              dloss.get(), dprob.get(), dcount.get(), dbad.get(), nullptr, nullptr);
     expect_close(dloss.host(), loss, 2e-6, 1e-7, what + " loss");
     expect_close(dprob.host(), prob, 2e-6, 1e-30, what + " prob");
     EXPECT_EQ(dcount.host()[0], count) << what;
@@ -757,8 +757,15 @@ TEST(CudaKernels, FillScaledReadsTheScalarOnTheDevice) {
   REQUIRE_GPU();
 #ifdef GALLEY_HAVE_CUDA
   DeviceFloats scalar({2.5f}), out = DeviceFloats::zeros(1001);
-  gk::fill_scaled(scalar.get(), 0.125f, out.get(), 1001, nullptr);
+  gk::fill_scaled(scalar.get(), 0.125f, nullptr, out.get(), 1001, nullptr);
   expect_same(out.host(), std::vector<float>(1001, 2.5f * 0.125f), "fill_scaled");
+  DeviceInts four({4}), none({0});
+  gk::fill_scaled(scalar.get(), 2.f, four.get(), out.get(), 7, nullptr);
+  expect_same(std::vector<float>(out.host().begin(), out.host().begin() + 7),
+              std::vector<float>(7, 2.5f * 2.f / 4.f), "fill_scaled / count");
+  gk::fill_scaled(scalar.get(), 2.f, none.get(), out.get(), 7, nullptr);
+  expect_same(std::vector<float>(out.host().begin(), out.host().begin() + 7),
+              std::vector<float>(7, 0.f), "fill_scaled / 0 rows");
 #endif
 }
 

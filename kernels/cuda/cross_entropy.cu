@@ -66,7 +66,7 @@ __global__ void __launch_bounds__(1024)
                                  const int64_t* __restrict__ labels, int64_t n, int64_t c,
                                  float eps, int64_t ignore_index, float* __restrict__ loss,
                                  float* __restrict__ prob, int64_t* __restrict__ count,
-                                 int64_t* __restrict__ bad_row) {
+                                 int64_t* __restrict__ bad_row, int64_t* error_slot) {
   __shared__ float fscratch[32];
   __shared__ double dscratch[2][32];
   __shared__ unsigned long long uscratch[32];
@@ -86,6 +86,15 @@ __global__ void __launch_bounds__(1024)
     if (threadIdx.x == 0) {
       *count = static_cast<int64_t>(valid);
       *bad_row = static_cast<int64_t>(first_bad);
+      // The host hears of a bad label at its next synchronisation; the first report stays
+      // until it has been read.
+      if (error_slot && first_bad != ~0ull && error_slot[0] == 0) {
+        error_slot[1] = static_cast<int64_t>(first_bad);
+        error_slot[2] = labels[first_bad];
+        error_slot[3] = c;
+        __threadfence_system();
+        error_slot[0] = 1;  // DeferredError::LabelOutOfRange
+      }
     }
     return;
   }
@@ -147,8 +156,10 @@ __global__ void cross_entropy_backward_kernel(const float* __restrict__ prob,
 }
 
 __global__ void fill_scaled_kernel(const float* __restrict__ scalar, float factor,
-                                   float* __restrict__ out, int64_t n) {
-  const float v = *scalar * factor;
+                                   const int64_t* __restrict__ count, float* __restrict__ out,
+                                   int64_t n) {
+  float v = *scalar * factor;
+  if (count) v = *count > 0 ? v / static_cast<float>(*count) : 0.f;
   const int64_t stride = int64_t(blockDim.x) * gridDim.x;
   for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) out[i] = v;
 }
@@ -168,7 +179,7 @@ int blocks_for(int64_t work, int64_t per_block) {
 
 void cross_entropy_forward(const float* logits, const int64_t* labels, int64_t n, int64_t c,
                            float eps, int64_t ignore_index, float* loss, float* prob,
-                           int64_t* count, int64_t* bad_row, void* stream) {
+                           int64_t* count, int64_t* bad_row, int64_t* error_slot, void* stream) {
   const cudaStream_t st = static_cast<cudaStream_t>(stream);
   n = std::max<int64_t>(n, 0);
   // One more block than the rows need: it scans the labels (also when n == 0, to write the
@@ -176,12 +187,12 @@ void cross_entropy_forward(const float* logits, const int64_t* labels, int64_t n
   if (c <= kWarpRowMax) {
     const int rows_blocks = n ? blocks_for(n, kThreads / 32) : 0;
     cross_entropy_forward_kernel<true><<<rows_blocks + 1, kThreads, 0, st>>>(
-        logits, labels, n, c, eps, ignore_index, loss, prob, count, bad_row);
+        logits, labels, n, c, eps, ignore_index, loss, prob, count, bad_row, error_slot);
   } else {
     const int threads = c <= 4096 ? 256 : c <= 16384 ? 512 : 1024;
     const int rows_blocks = n ? blocks_for(n, 1) : 0;
     cross_entropy_forward_kernel<false><<<rows_blocks + 1, threads, 0, st>>>(
-        logits, labels, n, c, eps, ignore_index, loss, prob, count, bad_row);
+        logits, labels, n, c, eps, ignore_index, loss, prob, count, bad_row, error_slot);
   }
 }
 
@@ -200,10 +211,11 @@ void cross_entropy_backward(const float* prob, const int64_t* labels, const floa
         prob, labels, row_scale, c, total, eps, off, ignore_index, gx);
 }
 
-void fill_scaled(const float* scalar, float factor, float* out, int64_t n, void* stream) {
+void fill_scaled(const float* scalar, float factor, const int64_t* count, float* out, int64_t n,
+                 void* stream) {
   if (n <= 0) return;
   fill_scaled_kernel<<<blocks_for(n, kThreads), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(
-      scalar, factor, out, n);
+      scalar, factor, count, out, n);
 }
 
 }  // namespace galley::kernels::cuda

@@ -61,16 +61,20 @@ void softmax_backward(const float* y, const float* gy, int64_t outer, int64_t le
                       bool log, float* gx, void* stream);
 
 // Fused softmax cross-entropy, as kernels/cpu/cross_entropy.h, with the row count and the first
-// bad row written to device scalars (count: int64, bad_row: int64, -1 when none).
+// bad row written to device scalars (count: int64, bad_row: int64, -1 when none). A bad row is
+// also reported in `error_slot` (may be null) as {1, row, label, c} when its word 0 is clear:
+// the host checks it at its next synchronisation, so no step waits for the labels' check.
 void cross_entropy_forward(const float* logits, const int64_t* labels, int64_t n, int64_t c,
                            float eps, int64_t ignore_index, float* loss, float* prob,
-                           int64_t* count, int64_t* bad_row, void* stream);
+                           int64_t* count, int64_t* bad_row, int64_t* error_slot, void* stream);
 // row_scale is a device array of n floats.
 void cross_entropy_backward(const float* prob, const int64_t* labels, const float* row_scale,
                             int64_t n, int64_t c, float eps, int64_t ignore_index, float* gx,
                             void* stream);
-// row_scale[i] = *scalar * factor for all i (mean/sum reductions' backward), on the device.
-void fill_scaled(const float* scalar, float factor, float* out, int64_t n, void* stream);
+// out[i] = *scalar * factor for all i (mean/sum reductions' backward), divided by *count when
+// `count` is not null (0 when *count is 0: the mean over no rows), all read on the device.
+void fill_scaled(const float* scalar, float factor, const int64_t* count, float* out, int64_t n,
+                 void* stream);
 
 // Max pooling with winner indices, as kernels/cpu/max_pool2d.h.
 void max_pool2d_forward(const cpu::Pool2dGeometry& g, const float* x, float* y, int32_t* idx,

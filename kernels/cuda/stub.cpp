@@ -76,14 +76,14 @@ void softmax_backward(const float*, const float*, int64_t, int64_t, int64_t, boo
   absent();
 }
 void cross_entropy_forward(const float*, const int64_t*, int64_t, int64_t, float, int64_t, float*,
-                           float*, int64_t*, int64_t*, void*) {
+                           float*, int64_t*, int64_t*, int64_t*, void*) {
   absent();
 }
 void cross_entropy_backward(const float*, const int64_t*, const float*, int64_t, int64_t, float,
                             int64_t, float*, void*) {
   absent();
 }
-void fill_scaled(const float*, float, float*, int64_t, void*) {
+void fill_scaled(const float*, float, const int64_t*, float*, int64_t, void*) {
   absent();
 }
 void max_pool2d_forward(const cpu::Pool2dGeometry&, const float*, float*, int32_t*, void*) {

@@ -237,26 +237,30 @@ void softmax_backward(Device device, const float* y, const float* gy, int64_t ou
 
 int64_t cross_entropy_forward(Device device, const float* logits, const int64_t* labels, int64_t n,
                               int64_t c, float eps, int64_t ignore_index, float* loss, float* prob,
-                              int64_t* bad_row) {
+                              int64_t* bad_row, Tensor* count) {
   if (device.is_cpu())
     return cpu::cross_entropy_forward(logits, labels, n, c, eps, ignore_index, loss, prob, bad_row);
-  // The count and the first bad row come back to the host: the caller needs them to check the
-  // labels and to scale the mean.
+  // Reading the count or the labels' check back would stall the host once per step (and could
+  // not be captured in a CUDA graph): both stay on the device. Reports of earlier steps that
+  // have arrived are raised now.
+  detail::check_deferred_errors(device);
   Tensor counters = Tensor::empty({2}, DType::Int64, device);
   int64_t* d = counters.data<int64_t>();
   gpu::cross_entropy_forward(logits, labels, n, c, eps, ignore_index, loss, prob, d, d + 1,
-                             stream(device));
-  auto host = counters.to_vector<int64_t>();
-  *bad_row = host[1];
-  return host[0];
+                             detail::error_slot(device), stream(device));
+  *count = counters;  // element 0 is the count
+  *bad_row = -1;
+  return -1;
 }
 
-Tensor row_scales(const Tensor& g_scalar, float factor, int64_t n) {
+Tensor row_scales(const Tensor& g_scalar, float factor, int64_t n, const Tensor& count) {
   Tensor out = Tensor::empty({n}, DType::Float32, g_scalar.device());
   if (on_gpu(g_scalar)) {
-    gpu::fill_scaled(g_scalar.data<float>(), factor, out.data<float>(), n,
+    gpu::fill_scaled(g_scalar.data<float>(), factor,
+                     count.defined() ? count.data<int64_t>() : nullptr, out.data<float>(), n,
                      stream(g_scalar.device()));
   } else {
+    GALLEY_CHECK(!count.defined(), "row_scales: a host loss counts its rows on the host");
     std::fill_n(out.data<float>(), n, g_scalar.item() * factor);
   }
   return out;

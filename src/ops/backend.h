@@ -59,12 +59,16 @@ void softmax_forward(Device device, const float* x, int64_t outer, int64_t len, 
 void softmax_backward(Device device, const float* y, const float* gy, int64_t outer, int64_t len,
                       int64_t inner, bool log, float* gx);
 
-// Per-row losses and probabilities; returns the rows counted; *bad_row as in kernels/cpu.
+// Per-row losses and probabilities. On the host: returns the rows counted and sets *bad_row as
+// in kernels/cpu. On a GPU nothing waits for the device: *count receives a one-element int64
+// device tensor with the rows counted, a bad label is reported at the device's next
+// synchronisation (detail::check_deferred_errors), *bad_row is -1 and the result is -1.
 int64_t cross_entropy_forward(Device device, const float* logits, const int64_t* labels, int64_t n,
                               int64_t c, float eps, int64_t ignore_index, float* loss, float* prob,
-                              int64_t* bad_row);
-// n copies of g_scalar[0] * factor, on g_scalar's device (the row scales of a reduced loss).
-Tensor row_scales(const Tensor& g_scalar, float factor, int64_t n);
+                              int64_t* bad_row, Tensor* count);
+// n copies of g_scalar[0] * factor, on g_scalar's device (the row scales of a reduced loss),
+// divided by `count` (a device int64 scalar; 0 when it is 0) when it is defined.
+Tensor row_scales(const Tensor& g_scalar, float factor, int64_t n, const Tensor& count = Tensor());
 // row_scale: a tensor of n scales on the device.
 void cross_entropy_backward(Device device, const float* prob, const int64_t* labels,
                             const Tensor& row_scale, int64_t n, int64_t c, float eps,

@@ -152,24 +152,26 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& labels, const CrossEntr
                logits.device().str(), " but labels on ", labels.device().str());
   const Device dev = logits.device();
   int64_t bad = -1;
+  Tensor count_dev;  // on a GPU the rows counted stay on the device
   const int64_t count = backend::cross_entropy_forward(
       dev, cx.data<float>(), cy.data<int64_t>(), n, c, o.label_smoothing, o.ignore_index,
-      per_row.data<float>(), prob.data<float>(), &bad);
+      per_row.data<float>(), prob.data<float>(), &bad, &count_dev);
   GALLEY_CHECK(bad < 0, "cross_entropy: label ",
                bad >= 0 ? cy.to(Device::cpu()).data<int64_t>()[bad] : 0, " at row ", bad,
                " is outside [0, ", c, ")");
+  const bool mean = o.reduction == Reduction::Mean;
   Tensor out;
   if (o.reduction == Reduction::None) {
     out = per_row;
   } else if (dev.is_cpu()) {
     double s = cpu::sum_all(per_row.data<float>(), n);
     // A mean over no counted rows (all ignored) is defined as 0 with zero gradient.
-    if (o.reduction == Reduction::Mean) s = count > 0 ? s / double(count) : 0.0;
+    if (mean) s = count > 0 ? s / double(count) : 0.0;
     out = Tensor::empty({});
     out.data<float>()[0] = static_cast<float>(s);
   } else {
-    const bool mean = o.reduction == Reduction::Mean;
-    out = backend::sum_all(per_row, mean ? (count > 0 ? 1.f / float(count) : 0.f) : 1.f);
+    out = backend::sum_all(per_row, 1.f);
+    if (mean) out = backend::row_scales(out, 1.f, 1, count_dev).view({});
   }
   if (!autograd::needs_grad({&logits})) return out;
   const Reduction red = o.reduction;
@@ -185,8 +187,7 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& labels, const CrossEntr
           if (red == Reduction::Mean) s = count > 0 ? s / float(count) : 0.f;
           scale = full({n}, s);
         } else {
-          const bool mean = red == Reduction::Mean;
-          scale = backend::row_scales(g, mean ? (count > 0 ? 1.f / float(count) : 0.f) : 1.f, n);
+          scale = backend::row_scales(g, 1.f, n, mean ? count_dev : Tensor());
         }
         gi[0] = Tensor::empty({n, c});
         backend::cross_entropy_backward(dev, prob.data<float>(), cy.data<int64_t>(), scale, n, c,
