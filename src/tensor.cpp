@@ -79,6 +79,8 @@ thread_local Device tls_device = Device::cpu();
 }
 DeviceScope::DeviceScope(Device device) : prev_(tls_device) {
   tls_device = device;
+  // Kernels go to the device's streams, which CUDA accepts only from its current device.
+  if (device.is_cuda()) make_current(device);
 }
 DeviceScope::~DeviceScope() {
   tls_device = prev_;

@@ -88,4 +88,29 @@ void adam_update(const cpu::AdamStep& s, int64_t n, float* p, const float* g, fl
 void sgd_update(const cpu::SGDStep& s, int64_t n, float* p, const float* g, float* buf,
                 void* stream);
 
+// One tensor of a multi-tensor update. `step` (Adam) is a device float holding the steps this
+// tensor has taken; `buf` (SGD) its momentum buffer, `first` whether that buffer starts now.
+struct OptimizerTensor {
+  float* p;
+  const float* g;
+  float* m;     // Adam: exp_avg
+  float* v;     // Adam: exp_avg_sq
+  float* vmax;  // Adam with amsgrad: max_exp_avg_sq, else null
+  float* step;  // Adam: device step counter
+  float* buf;   // SGD: momentum buffer (null without momentum)
+  int64_t n;
+  bool first;  // SGD: the momentum buffer starts as the gradient
+};
+// Adam / AdamW over `count` tensors in a few launches (one per 32 tensors, plus one that
+// advances the step counters). lr, beta1 and beta2 come in double: each block computes its
+// tensor's lr / (1 - beta1^t) and sqrt(1 - beta2^t) from t = *step + 1 exactly as the host
+// does, so nothing is read back and the launches can be captured in a CUDA graph (whose replays
+// then keep counting steps). s's other fields (eps, weight_decay, decoupled, amsgrad) apply to
+// every tensor.
+void adam_update_multi(const cpu::AdamStep& s, double lr, double beta1, double beta2,
+                       const OptimizerTensor* tensors, int count, void* stream);
+// SGD over `count` tensors, one launch per 32 (s.first is ignored; each tensor has its own).
+void sgd_update_multi(const cpu::SGDStep& s, const OptimizerTensor* tensors, int count,
+                      void* stream);
+
 }  // namespace galley::kernels::cuda

@@ -113,6 +113,111 @@ __global__ void sgd_kernel(cpu::SGDStep s, int64_t n, float* __restrict__ p,
   }
 }
 
+// Multi-tensor updates: a batch of tensors travels in the kernel's parameters (by value, so a
+// CUDA graph captures it), and block b works on elements [c * kChunk, (c + 1) * kChunk) of the
+// tensor whose block range holds b.
+constexpr int kBatch = 32;
+constexpr int64_t kChunk = 8192;
+
+struct Batch {
+  OptimizerTensor t[kBatch];
+  int32_t first_block[kBatch + 1];
+  int32_t count;
+};
+
+__device__ __forceinline__ int tensor_of_block(const Batch& b) {
+  int k = 0;
+  while (k + 1 < b.count && int32_t(blockIdx.x) >= b.first_block[k + 1]) ++k;
+  return k;
+}
+
+// Calls f(i) for the block's elements; f4(i4) for aligned groups of four when `vec`.
+template <typename F, typename F4>
+__device__ __forceinline__ void for_chunk(const Batch& b, int k, bool vec, F f, F4 f4) {
+  const int64_t begin = int64_t(int32_t(blockIdx.x) - b.first_block[k]) * kChunk;
+  const int64_t end = min(b.t[k].n, begin + kChunk);
+  int64_t tail = begin;
+  if (vec) {
+    const int64_t end4 = begin + (end - begin) / 4 * 4;
+    for (int64_t i = begin / 4 + threadIdx.x; i < end4 / 4; i += blockDim.x) f4(i);
+    tail = end4;
+  }
+  for (int64_t i = tail + threadIdx.x; i < end; i += blockDim.x) f(i);
+}
+
+__device__ __forceinline__ bool aligned16_device(const void* p) {
+  return (reinterpret_cast<uintptr_t>(p) & 15) == 0;
+}
+
+template <bool kAms>
+__global__ void adam_multi_kernel(Batch b, cpu::AdamStep s, double lr, double beta1, double beta2) {
+  const int k = tensor_of_block(b);
+  const OptimizerTensor t = b.t[k];
+  __shared__ float step_size, bias2_sqrt;
+  if (threadIdx.x == 0) {
+    const double step = double(*t.step) + 1.0;
+    step_size = static_cast<float>(lr / (1.0 - pow(beta1, step)));
+    bias2_sqrt = static_cast<float>(sqrt(1.0 - pow(beta2, step)));
+  }
+  __syncthreads();
+  s.step_size = step_size;
+  s.bias2_sqrt = bias2_sqrt;
+  const bool vec = aligned16_device(t.p) && aligned16_device(t.g) && aligned16_device(t.m) &&
+                   aligned16_device(t.v) && (!kAms || aligned16_device(t.vmax));
+  for_chunk(
+      b, k, vec,
+      [&](int64_t i) {
+        adam_element(s, t.p[i], t.g[i], t.m[i], t.v[i], kAms ? t.vmax + i : nullptr);
+      },
+      [&](int64_t i) {
+        float4 pv = reinterpret_cast<float4*>(t.p)[i];
+        const float4 gv = reinterpret_cast<const float4*>(t.g)[i];
+        float4 mv = reinterpret_cast<float4*>(t.m)[i];
+        float4 vv = reinterpret_cast<float4*>(t.v)[i];
+        float4 xv = kAms ? reinterpret_cast<float4*>(t.vmax)[i] : float4{};
+        adam_element(s, pv.x, gv.x, mv.x, vv.x, kAms ? &xv.x : nullptr);
+        adam_element(s, pv.y, gv.y, mv.y, vv.y, kAms ? &xv.y : nullptr);
+        adam_element(s, pv.z, gv.z, mv.z, vv.z, kAms ? &xv.z : nullptr);
+        adam_element(s, pv.w, gv.w, mv.w, vv.w, kAms ? &xv.w : nullptr);
+        reinterpret_cast<float4*>(t.p)[i] = pv;
+        reinterpret_cast<float4*>(t.m)[i] = mv;
+        reinterpret_cast<float4*>(t.v)[i] = vv;
+        if (kAms) reinterpret_cast<float4*>(t.vmax)[i] = xv;
+      });
+}
+
+// Runs after every block of the update has read its counter.
+__global__ void advance_steps_kernel(Batch b) {
+  if (int32_t(threadIdx.x) < b.count) *b.t[threadIdx.x].step += 1.f;
+}
+
+__global__ void sgd_multi_kernel(Batch b, cpu::SGDStep s) {
+  const int k = tensor_of_block(b);
+  const OptimizerTensor t = b.t[k];
+  s.first = t.first;
+  const bool momentum = s.momentum != 0.f;
+  const bool vec =
+      aligned16_device(t.p) && aligned16_device(t.g) && (!momentum || aligned16_device(t.buf));
+  for_chunk(
+      b, k, vec,
+      [&](int64_t i) {
+        float bi = momentum && !s.first ? t.buf[i] : 0.f;
+        sgd_element(s, t.p[i], t.g[i], &bi);
+        if (momentum) t.buf[i] = bi;
+      },
+      [&](int64_t i) {
+        float4 pv = reinterpret_cast<float4*>(t.p)[i];
+        const float4 gv = reinterpret_cast<const float4*>(t.g)[i];
+        float4 bv = momentum && !s.first ? reinterpret_cast<float4*>(t.buf)[i] : float4{};
+        sgd_element(s, pv.x, gv.x, &bv.x);
+        sgd_element(s, pv.y, gv.y, &bv.y);
+        sgd_element(s, pv.z, gv.z, &bv.z);
+        sgd_element(s, pv.w, gv.w, &bv.w);
+        reinterpret_cast<float4*>(t.p)[i] = pv;
+        if (momentum) reinterpret_cast<float4*>(t.buf)[i] = bv;
+      });
+}
+
 }  // namespace
 
 // ----------------------------------------------------------------------------------------------
@@ -156,6 +261,53 @@ void sgd_update(const cpu::SGDStep& s, int64_t n, float* p, const float* g, floa
     sgd_kernel<true><<<blocks_for((n + 3) / 4), kThreads, 0, st>>>(s, n, p, g, buf);
   else
     sgd_kernel<false><<<blocks_for(n), kThreads, 0, st>>>(s, n, p, g, buf);
+}
+
+namespace {
+// Calls launch(batch, blocks) for groups of up to kBatch non-empty tensors.
+template <typename Launch>
+void for_batches(const OptimizerTensor* tensors, int count, Launch launch) {
+  Batch b{};
+  int64_t blocks = 0;
+  auto flush = [&] {
+    if (b.count == 0) return;
+    b.first_block[b.count] = static_cast<int32_t>(blocks);
+    launch(b, static_cast<int>(blocks));
+    b = Batch{};
+    blocks = 0;
+  };
+  for (int i = 0; i < count; ++i) {
+    const int64_t chunks = (tensors[i].n + kChunk - 1) / kChunk;
+    if (chunks == 0) continue;
+    // Block indices stay within int32 and one grid dimension.
+    if (b.count == kBatch || blocks + chunks > (int64_t(1) << 30)) flush();
+    b.t[b.count] = tensors[i];
+    b.first_block[b.count] = static_cast<int32_t>(blocks);
+    ++b.count;
+    blocks += chunks;
+  }
+  flush();
+}
+}  // namespace
+
+void adam_update_multi(const cpu::AdamStep& s, double lr, double beta1, double beta2,
+                       const OptimizerTensor* tensors, int count, void* stream) {
+  const cudaStream_t st = static_cast<cudaStream_t>(stream);
+  for_batches(tensors, count, [&](const Batch& b, int blocks) {
+    if (s.amsgrad)
+      adam_multi_kernel<true><<<blocks, kThreads, 0, st>>>(b, s, lr, beta1, beta2);
+    else
+      adam_multi_kernel<false><<<blocks, kThreads, 0, st>>>(b, s, lr, beta1, beta2);
+    advance_steps_kernel<<<1, kBatch, 0, st>>>(b);
+  });
+}
+
+void sgd_update_multi(const cpu::SGDStep& s, const OptimizerTensor* tensors, int count,
+                      void* stream) {
+  const cudaStream_t st = static_cast<cudaStream_t>(stream);
+  for_batches(tensors, count, [&](const Batch& b, int blocks) {
+    sgd_multi_kernel<<<blocks, kThreads, 0, st>>>(b, s);
+  });
 }
 
 }  // namespace galley::kernels::cuda

@@ -100,4 +100,12 @@ void sgd_update(const cpu::SGDStep&, int64_t, float*, const float*, float*, void
   absent();
 }
 
+void adam_update_multi(const cpu::AdamStep&, double, double, double, const OptimizerTensor*, int,
+                       void*) {
+  absent();
+}
+void sgd_update_multi(const cpu::SGDStep&, const OptimizerTensor*, int, void*) {
+  absent();
+}
+
 }  // namespace galley::kernels::cuda

@@ -276,6 +276,21 @@ void cross_entropy_backward(Device device, const float* prob, const int64_t* lab
                               stream(device));
 }
 
+void adam_update_multi(Device device, const cpu::AdamStep& s, double lr, double beta1, double beta2,
+                       const std::vector<OptimizerTensor>& tensors) {
+  GALLEY_CHECK(device.is_cuda(), "adam_update_multi: ", device.str(), " is not a GPU");
+  if (tensors.empty()) return;
+  gpu::adam_update_multi(s, lr, beta1, beta2, tensors.data(), static_cast<int>(tensors.size()),
+                         stream(device));
+}
+
+void sgd_update_multi(Device device, const cpu::SGDStep& s,
+                      const std::vector<OptimizerTensor>& tensors) {
+  GALLEY_CHECK(device.is_cuda(), "sgd_update_multi: ", device.str(), " is not a GPU");
+  if (tensors.empty()) return;
+  gpu::sgd_update_multi(s, tensors.data(), static_cast<int>(tensors.size()), stream(device));
+}
+
 void adam_update(Device device, const cpu::AdamStep& s, int64_t n, float* p, const float* g,
                  float* m, float* v, float* vmax) {
   if (device.is_cuda()) return gpu::adam_update(s, n, p, g, m, v, vmax, stream(device));

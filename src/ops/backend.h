@@ -7,6 +7,7 @@
 #include "kernels/cpu/conv2d.h"
 #include "kernels/cpu/max_pool2d.h"
 #include "kernels/cpu/optimizer_update.h"
+#include "kernels/cuda/elementwise.cuh"
 
 namespace galley::backend {
 
@@ -78,5 +79,12 @@ void adam_update(Device device, const kernels::cpu::AdamStep& s, int64_t n, floa
                  const float* g, float* m, float* v, float* vmax);
 void sgd_update(Device device, const kernels::cpu::SGDStep& s, int64_t n, float* p, const float* g,
                 float* buf);
+// Every tensor of `tensors` (all on the GPU `device`) in a few launches; see
+// kernels/cuda/elementwise.cuh.
+using kernels::cuda::OptimizerTensor;
+void adam_update_multi(Device device, const kernels::cpu::AdamStep& s, double lr, double beta1,
+                       double beta2, const std::vector<OptimizerTensor>& tensors);
+void sgd_update_multi(Device device, const kernels::cpu::SGDStep& s,
+                      const std::vector<OptimizerTensor>& tensors);
 
 }  // namespace galley::backend

@@ -1,4 +1,5 @@
 // Optimizer base, Adam/AdamW, SGD and the learning-rate schedulers.
+#include <algorithm>
 #include <cmath>
 
 #include "galley/optim/adam.h"
@@ -78,6 +79,15 @@ Tensor saved(const StateDict& st, size_t i, const char* what, const Tensor& para
   return it->second;
 }
 
+// The batch of GPU tensors for `device`, added when new.
+using GpuBatches = std::vector<std::pair<Device, std::vector<backend::OptimizerTensor>>>;
+std::vector<backend::OptimizerTensor>& group_of(GpuBatches& batches, Device device) {
+  for (auto& [d, tensors] : batches)
+    if (d == device) return tensors;
+  batches.emplace_back(device, std::vector<backend::OptimizerTensor>{});
+  return batches.back().second;
+}
+
 Tensor copy_on(const Tensor& src, const Tensor& like) {
   Tensor t = Tensor::empty(like.shape(), DType::Float32, like.device());
   t.copy_(src);
@@ -112,36 +122,62 @@ Adam::Adam(std::vector<Tensor> params, AdamOptions options)
 }
 
 void Adam::step() {
+  cpu::AdamStep s{};
+  s.lr = static_cast<float>(lr_);
+  s.beta1 = static_cast<float>(opt_.beta1);
+  s.beta2 = static_cast<float>(opt_.beta2);
+  s.eps = static_cast<float>(opt_.eps);
+  s.weight_decay = static_cast<float>(opt_.weight_decay);
+  s.decoupled = decoupled_;
+  s.amsgrad = opt_.amsgrad;
+  // GPU parameters are updated together, a few launches per device, once all are gathered.
+  GpuBatches gpu;
+  std::vector<Tensor> keep;  // gradients made contiguous for the batched launches
   for_each_gradient([&](size_t i, Tensor& p, const Tensor& g) {
     AdamState& st = state_[i];
-    if (st.step == 0) {
+    if (st.step == 0 && !st.exp_avg.defined()) {
       st.exp_avg = zeros(p.shape());
       st.exp_avg_sq = zeros(p.shape());
       if (opt_.amsgrad) st.max_exp_avg_sq = zeros(p.shape());
     }
+    if (p.device().is_cuda()) {
+      if (!st.device_step.defined())
+        st.device_step = full({1}, static_cast<float>(st.step), DType::Float32, p.device());
+      ++st.step;
+      keep.push_back(g);
+      backend::OptimizerTensor t{};
+      t.p = p.data<float>();
+      t.g = g.data<float>();
+      t.m = st.exp_avg.data<float>();
+      t.v = st.exp_avg_sq.data<float>();
+      t.vmax = opt_.amsgrad ? st.max_exp_avg_sq.data<float>() : nullptr;
+      t.step = st.device_step.data<float>();
+      t.n = p.numel();
+      group_of(gpu, p.device()).push_back(t);
+      return;
+    }
     ++st.step;
-    cpu::AdamStep s{};
-    s.lr = static_cast<float>(lr_);
-    s.beta1 = static_cast<float>(opt_.beta1);
-    s.beta2 = static_cast<float>(opt_.beta2);
-    s.eps = static_cast<float>(opt_.eps);
-    s.weight_decay = static_cast<float>(opt_.weight_decay);
-    s.step_size = static_cast<float>(lr_ / (1.0 - std::pow(opt_.beta1, double(st.step))));
-    s.bias2_sqrt = static_cast<float>(std::sqrt(1.0 - std::pow(opt_.beta2, double(st.step))));
-    s.decoupled = decoupled_;
-    s.amsgrad = opt_.amsgrad;
-    backend::adam_update(p.device(), s, p.numel(), p.data<float>(), g.data<float>(),
+    cpu::AdamStep h = s;
+    h.step_size = static_cast<float>(lr_ / (1.0 - std::pow(opt_.beta1, double(st.step))));
+    h.bias2_sqrt = static_cast<float>(std::sqrt(1.0 - std::pow(opt_.beta2, double(st.step))));
+    backend::adam_update(p.device(), h, p.numel(), p.data<float>(), g.data<float>(),
                          st.exp_avg.data<float>(), st.exp_avg_sq.data<float>(),
                          opt_.amsgrad ? st.max_exp_avg_sq.data<float>() : nullptr);
   });
+  for (auto& [device, tensors] : gpu) {
+    detail::DeviceScope scope(device);
+    backend::adam_update_multi(device, s, lr_, opt_.beta1, opt_.beta2, tensors);
+  }
 }
 
 StateDict Adam::state_dict() const {
   StateDict st = Optimizer::state_dict();
   for (size_t i = 0; i < state_.size(); ++i) {
     const AdamState& a = state_[i];
-    st.set(key(i, "step"), a.step);
-    if (a.step == 0) continue;
+    const int64_t step =
+        a.device_step.defined() ? static_cast<int64_t>(a.device_step.item()) : a.step;
+    st.set(key(i, "step"), step);
+    if (step == 0) continue;
     st.tensors[key(i, "exp_avg")] = a.exp_avg.clone();
     st.tensors[key(i, "exp_avg_sq")] = a.exp_avg_sq.clone();
     if (a.max_exp_avg_sq.defined()) st.tensors[key(i, "max_exp_avg_sq")] = a.max_exp_avg_sq.clone();
@@ -183,18 +219,36 @@ SGD::SGD(std::vector<Tensor> params, SGDOptions options)
 }
 
 void SGD::step() {
+  cpu::SGDStep s{};
+  s.lr = static_cast<float>(lr_);
+  s.momentum = static_cast<float>(opt_.momentum);
+  s.dampening = static_cast<float>(opt_.dampening);
+  s.weight_decay = static_cast<float>(opt_.weight_decay);
+  s.nesterov = opt_.nesterov;
+  GpuBatches gpu;
+  std::vector<Tensor> keep;
   for_each_gradient([&](size_t i, Tensor& p, const Tensor& g) {
-    cpu::SGDStep s{};
-    s.lr = static_cast<float>(lr_);
-    s.momentum = static_cast<float>(opt_.momentum);
-    s.dampening = static_cast<float>(opt_.dampening);
-    s.weight_decay = static_cast<float>(opt_.weight_decay);
-    s.nesterov = opt_.nesterov;
-    s.first = opt_.momentum != 0 && !momentum_[i].defined();
-    if (s.first) momentum_[i] = Tensor::empty(p.shape());
-    backend::sgd_update(p.device(), s, p.numel(), p.data<float>(), g.data<float>(),
-                        opt_.momentum != 0 ? momentum_[i].data<float>() : nullptr);
+    cpu::SGDStep h = s;
+    h.first = opt_.momentum != 0 && !momentum_[i].defined();
+    if (h.first) momentum_[i] = Tensor::empty(p.shape());
+    float* buf = opt_.momentum != 0 ? momentum_[i].data<float>() : nullptr;
+    if (p.device().is_cuda()) {
+      keep.push_back(g);
+      backend::OptimizerTensor t{};
+      t.p = p.data<float>();
+      t.g = g.data<float>();
+      t.buf = buf;
+      t.n = p.numel();
+      t.first = h.first;
+      group_of(gpu, p.device()).push_back(t);
+      return;
+    }
+    backend::sgd_update(p.device(), h, p.numel(), p.data<float>(), g.data<float>(), buf);
   });
+  for (auto& [device, tensors] : gpu) {
+    detail::DeviceScope scope(device);
+    backend::sgd_update_multi(device, s, tensors);
+  }
 }
 
 StateDict SGD::state_dict() const {

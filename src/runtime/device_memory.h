@@ -32,6 +32,9 @@ void* compute_stream(Device device);
 // communication); destroy it with destroy_stream.
 void* create_stream(Device device, bool high_priority = false);
 void destroy_stream(Device device, void* stream) noexcept;
+// Makes `device` this thread's current CUDA device (kernels may only be launched into the
+// streams of the current device); the previous one is not restored.
+void make_current(Device device);
 // Sets `count` 4-byte words at `dst` on `device` to `pattern`'s bits.
 void fill_words(Device device, void* dst, size_t count, uint32_t pattern);
 

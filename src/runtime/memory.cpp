@@ -272,6 +272,12 @@ void destroy_stream(Device device, void* stream) noexcept {
   if (cudaStreamDestroy(as_stream(stream)) != cudaSuccess) (void)cudaGetLastError();
 }
 
+void make_current(Device device) {
+  int now = -1;
+  if (cudaGetDevice(&now) == cudaSuccess && now == device.index()) return;
+  cuda_check(cudaSetDevice(device.index()), "making the device current", device);
+}
+
 void fill_words(Device device, void* dst, size_t count, uint32_t pattern) {
   CurrentDevice current(device.index());
   kernels::cuda::fill_u32(static_cast<uint32_t*>(dst), count, pattern, compute_stream(device));
@@ -390,6 +396,9 @@ void* create_stream(Device device, bool) {
   no_backend(device);
 }
 void destroy_stream(Device, void*) noexcept {}
+void make_current(Device device) {
+  no_backend(device);
+}
 void fill_words(Device device, void*, size_t, uint32_t) {
   no_backend(device);
 }
