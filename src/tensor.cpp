@@ -255,10 +255,13 @@ void Tensor::fill_(float value) {
   GALLEY_CHECK_DEFINED("fill_");
   GALLEY_CHECK(is_contiguous(), "fill_: the tensor must be contiguous");
   if (!device().is_cpu()) {
-    GALLEY_CHECK(dtype() == DType::Float32, "fill_: on ", device().str(), " only float32 so far");
-    uint32_t bits;
-    std::memcpy(&bits, &value, 4);
-    detail::fill_words(device(), raw_data(), numel(), bits);
+    // The element's bytes as the host writes them, repeated on the device.
+    Tensor one = Tensor::empty({1}, dtype(), Device::cpu());
+    one.fill_(value);
+    uint64_t bits = 0;
+    std::memcpy(&bits, one.raw_data(), dtype_size(dtype()));
+    detail::fill_elements(device(), raw_data(), numel(), bits,
+                          static_cast<int>(dtype_size(dtype())));
     return;
   }
   int64_t n = numel();

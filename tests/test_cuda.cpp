@@ -147,3 +147,16 @@ TEST(Cuda, MeanCrossEntropyCountsRowsOnTheDevice) {
     for (size_t i = 0; i < gc.size(); ++i) EXPECT_NEAR(gg[i], gc[i], 1e-6) << i;
   }
 }
+
+TEST(Cuda, FillWorksForEveryDType) {
+  REQUIRE_GPU();
+  const Device gpu = Device::cuda(0);
+  EXPECT_EQ(galley::full({1001}, 7.f, galley::DType::Int64, gpu).to_vector<int64_t>(),
+            std::vector<int64_t>(1001, 7));
+  EXPECT_EQ(galley::full({1001}, -1.f, galley::DType::Int64, gpu).to_vector<int64_t>(),
+            std::vector<int64_t>(1001, -1));
+  EXPECT_EQ(galley::full({13}, 200.f, galley::DType::UInt8, gpu).to_vector<uint8_t>(),
+            std::vector<uint8_t>(13, 200));
+  Tensor h = galley::full({7}, 1.5f, galley::DType::Float16, gpu).to(Device::cpu());
+  EXPECT_EQ(h.to_dtype(galley::DType::Float32).to_vector(), std::vector<float>(7, 1.5f));
+}

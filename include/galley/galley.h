@@ -29,6 +29,8 @@
 #include "galley/optim/sgd.h"
 #include "galley/parallel/communicator.h"
 #include "galley/parallel/data_parallel.h"
+#include "galley/runtime/cuda.h"
+#include "galley/runtime/graph.h"
 #include "galley/runtime/memory.h"
 #include "galley/state.h"
 #include "galley/tensor.h"

@@ -2,6 +2,7 @@
 #include <cuda_runtime.h>
 #include <cudnn.h>
 
+#include <atomic>
 #include <map>
 #include <mutex>
 #include <string>
@@ -33,11 +34,16 @@ void check_status(bool ok, const char* lib, const char* expr, const char* file, 
                  cudnnGetErrorString(s_));                                       \
   } while (0)
 
-bool allow_tf32 = false;
+std::atomic<bool> tf32{false};
+
+// cuBLAS's own workspace per handle: allocated once, so that no product allocates during a
+// CUDA graph capture (cublasSetStream would otherwise fall back to the library's pool).
+constexpr size_t kBlasWorkspace = size_t(32) << 20;
 
 struct Handles {
   cublasHandle_t blas = nullptr;
   cudnnHandle_t dnn = nullptr;
+  void* blas_workspace = nullptr;
 };
 
 // Per-device handles, created on first use and kept for the life of the process.
@@ -53,6 +59,10 @@ Handles& handles(int device) {
     cudaSetDevice(device);
     CUBLAS_CHECK(cublasCreate(&h.blas));
     CUDNN_CHECK(cudnnCreate(&h.dnn));
+    if (cudaMalloc(&h.blas_workspace, kBlasWorkspace) != cudaSuccess) {
+      (void)cudaGetLastError();
+      h.blas_workspace = nullptr;  // cuBLAS then uses its default pool
+    }
     cudaSetDevice(prev);
   }
   return h;
@@ -72,13 +82,14 @@ struct ConvDescs {
 };
 
 using ConvKey = std::tuple<int, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t,
-                           int64_t, int64_t, int64_t, int64_t>;
+                           int64_t, int64_t, int64_t, int64_t, bool>;
 
 ConvDescs& descs_for(int device, const cpu::Conv2dGeometry& g) {
   static std::mutex mu;
   static auto* cache = new std::map<ConvKey, ConvDescs>();
-  const ConvKey key{device, g.n,  g.c,      g.h,   g.w,        g.o,
-                    g.kh,   g.kw, g.stride, g.pad, g.dilation, g.groups};
+  const bool allow = tf32.load();
+  const ConvKey key{device, g.n,      g.c,   g.h,        g.w,      g.o,  g.kh,
+                    g.kw,   g.stride, g.pad, g.dilation, g.groups, allow};
   std::lock_guard<std::mutex> lock(mu);
   auto it = cache->find(key);
   if (it != cache->end()) return it->second;
@@ -101,7 +112,7 @@ ConvDescs& descs_for(int device, const cpu::Conv2dGeometry& g) {
                                               CUDNN_CROSS_CORRELATION, CUDNN_DATA_FLOAT));
   CUDNN_CHECK(cudnnSetConvolutionGroupCount(d.conv, int(g.groups)));
   CUDNN_CHECK(cudnnSetConvolutionMathType(
-      d.conv, allow_tf32 ? CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION : CUDNN_FMA_MATH));
+      d.conv, allow ? CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION : CUDNN_FMA_MATH));
   // The heuristics' first choice per direction, chosen once per geometry.
   cudnnHandle_t h = handles(device).dnn;
   int found = 0;
@@ -144,16 +155,22 @@ ConvDescs& descs_for(int device, const cpu::Conv2dGeometry& g) {
 // launchers
 
 void set_allow_tf32(bool on) {
-  allow_tf32 = on;
+  tf32 = on;
+}
+
+bool allow_tf32() {
+  return tf32.load();
 }
 
 void gemm(int device, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
           const float* a, int64_t lda, const float* b, int64_t ldb, float beta, float* c,
           int64_t ldc, void* stream) {
   if (m == 0 || n == 0) return;
-  cublasHandle_t h = handles(device).blas;
+  Handles& hs = handles(device);
+  cublasHandle_t h = hs.blas;
   CUBLAS_CHECK(cublasSetStream(h, static_cast<cudaStream_t>(stream)));
-  CUBLAS_CHECK(cublasSetMathMode(h, allow_tf32 ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH));
+  if (hs.blas_workspace) CUBLAS_CHECK(cublasSetWorkspace(h, hs.blas_workspace, kBlasWorkspace));
+  CUBLAS_CHECK(cublasSetMathMode(h, tf32 ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH));
   // Row-major C = op(A) op(B) is column-major C^T = op(B)^T op(A)^T: swap the operands.
   CUBLAS_CHECK(cublasSgemm(h, trans_b ? CUBLAS_OP_T : CUBLAS_OP_N,
                            trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, int(n), int(m), int(k), &alpha, b,

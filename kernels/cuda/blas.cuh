@@ -20,6 +20,7 @@ void gemm(int device, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t 
 
 // Lets cuBLAS use TF32 tensor cores for float32 products (faster, ~1e-3 relative error).
 void set_allow_tf32(bool on);
+bool allow_tf32();
 
 // Scratch memory for cuDNN: returns `bytes` on the device, valid until the next call on the
 // same thread; the op layer supplies it from the caching allocator.

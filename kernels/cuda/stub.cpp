@@ -16,11 +16,17 @@ namespace {
 void fill_u32(uint32_t*, size_t, uint32_t, void*) {
   absent();
 }
+void fill_bytes(void*, size_t, uint64_t, int, void*) {
+  absent();
+}
 void gemm(int, bool, bool, int64_t, int64_t, int64_t, float, const float*, int64_t, const float*,
           int64_t, float, float*, int64_t, void*) {
   absent();
 }
 void set_allow_tf32(bool) {}
+bool allow_tf32() {
+  return false;
+}
 void conv2d_forward(int, const cpu::Conv2dGeometry&, const float*, const float*, const float*,
                     float*, const Workspace&, void*) {
   absent();

@@ -35,8 +35,9 @@ void destroy_stream(Device device, void* stream) noexcept;
 // Makes `device` this thread's current CUDA device (kernels may only be launched into the
 // streams of the current device); the previous one is not restored.
 void make_current(Device device);
-// Sets `count` 4-byte words at `dst` on `device` to `pattern`'s bits.
-void fill_words(Device device, void* dst, size_t count, uint32_t pattern);
+// Sets `count` elements of `width` bytes (1, 2, 4 or 8) at `dst` on `device` to `pattern`'s low
+// bytes.
+void fill_elements(Device device, void* dst, size_t count, uint64_t pattern, int width);
 
 // Page-locked host memory (fast, asynchronous copies to and from GPUs); nullptr when this
 // process has no CUDA device.
@@ -84,6 +85,8 @@ class CaptureAllocations {
   int prev_device_;
   uintptr_t prev_pool_;
 };
+// Returns the free memory of a private pool to the device (its graph is gone). Never throws.
+void release_pool(Device device, uintptr_t pool) noexcept;
 // True while this thread captures a CUDA graph on `device`.
 bool capturing(Device device);
 

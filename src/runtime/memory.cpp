@@ -188,6 +188,14 @@ void* device_alloc(Device device, size_t bytes) {
   return cuda_allocator(device.index()).allocate(bytes);
 }
 
+void release_pool(Device device, uintptr_t pool) noexcept {
+  try {
+    cuda_allocator(device.index()).release_pool(pool);
+  } catch (...) {
+    // Memory left cached goes back with empty_cache() or at exit.
+  }
+}
+
 void device_free(Device device, void* p) noexcept {
   try {
     cuda_allocator(device.index()).free(p);
@@ -278,9 +286,13 @@ void make_current(Device device) {
   cuda_check(cudaSetDevice(device.index()), "making the device current", device);
 }
 
-void fill_words(Device device, void* dst, size_t count, uint32_t pattern) {
+void fill_elements(Device device, void* dst, size_t count, uint64_t pattern, int width) {
   CurrentDevice current(device.index());
-  kernels::cuda::fill_u32(static_cast<uint32_t*>(dst), count, pattern, compute_stream(device));
+  if (width == 4)
+    kernels::cuda::fill_u32(static_cast<uint32_t*>(dst), count, uint32_t(pattern),
+                            compute_stream(device));
+  else
+    kernels::cuda::fill_bytes(dst, count * size_t(width), pattern, width, compute_stream(device));
   cuda_check(cudaGetLastError(), "fill", device);
 }
 
@@ -380,6 +392,7 @@ void* device_alloc(Device device, size_t) {
   no_backend(device);
 }
 void device_free(Device, void*) noexcept {}
+void release_pool(Device, uintptr_t) noexcept {}
 void copy_bytes(void* dst, Device dst_device, const void* src, Device src_device, size_t bytes) {
   if (!dst_device.is_cpu()) no_backend(dst_device);
   if (!src_device.is_cpu()) no_backend(src_device);
@@ -399,7 +412,7 @@ void destroy_stream(Device, void*) noexcept {}
 void make_current(Device device) {
   no_backend(device);
 }
-void fill_words(Device device, void*, size_t, uint32_t) {
+void fill_elements(Device device, void*, size_t, uint64_t, int) {
   no_backend(device);
 }
 void* pinned_alloc(size_t) {

@@ -14,7 +14,14 @@ bool available();
 std::string device_name(int index);
 /// The GPU's total memory in bytes.
 size_t total_memory(int index);
-/// Waits until everything galley queued on the device's streams has finished.
+/// Waits until everything galley queued on the device's streams has finished; raises errors
+/// the GPU found in earlier steps (a label out of range).
 void synchronize(Device device);
+/// Lets float32 matrix products and convolutions use TF32 tensor cores (about 1e-3 relative
+/// error, several times faster on Ampere and later). Off by default, as in PyTorch for
+/// exactness; applies from the next product or convolution on.
+void set_allow_tf32(bool on);
+/// Whether TF32 is allowed.
+bool allow_tf32();
 
 }  // namespace galley::cuda
