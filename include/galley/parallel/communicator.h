@@ -39,12 +39,19 @@ class Communicator {
   virtual void barrier() = 0;
   /// Short description for messages ("threads", "mpi", "nccl").
   virtual std::string kind() const = 0;
+  /// Where the memory given to the pointer calls above must live: the host (Device::cpu(), any
+  /// CPU index) for "threads" and "mpi", the communicator's own GPU for "nccl".
+  virtual Device device() const { return Device::cpu(); }
+
+  // The tensor calls work in place when the tensor lives in device()'s memory, and otherwise
+  // through a copy there and back: a GPU tensor on a host communicator, a host tensor on an
+  // NCCL one. A tensor on a different GPU from an NCCL communicator's is an error.
 
   /// all_reduce of a contiguous float32 tensor, in place.
   void all_reduce(Tensor& t, ReduceOp op = ReduceOp::Sum);
   /// broadcast of a contiguous float32 tensor, in place.
   void broadcast(Tensor& t, int root = 0);
-  /// all_gather of a float32 tensor: the result is [size(), ...t.shape()].
+  /// all_gather of a float32 tensor: the result is [size(), ...t.shape()], on t's device.
   Tensor all_gather(const Tensor& t);
 };
 
