@@ -61,4 +61,36 @@ class Communicator {
 std::vector<std::shared_ptr<Communicator>> make_thread_communicators(int n,
                                                                      CommOptions options = {});
 
+// NCCL communicators, for CUDA device memory.
+//
+// The pointers given to an NCCL communicator's calls are device pointers on its GPU (device()).
+// A call is ordered after all work already queued on that GPU's compute stream (the stream
+// galley's ops run on), runs on the communicator's own high-priority stream, and returns when
+// the collective is complete, like every other communicator: work queued afterwards sees the
+// result, and the caller may free or reuse the buffers at once. While a call waits it watches
+// CommOptions::timeout_seconds and NCCL's asynchronous errors; a collective that times out or
+// fails aborts the communicator, and every later call on it (and, in-process, on every
+// communicator of its group) raises galley::Error at once. The timeout covers the wait for the
+// collective to complete, not NCCL's own set-up inside the factories, which waits for every
+// rank without a limit.
+//
+// Each rank is driven by its own thread (one per replica, as in DataParallel): every call is
+// issued on its own, never inside an NCCL group (ncclGroupStart/End), so the ranks of one
+// process must be called from different threads, concurrently. A communicator takes one call
+// at a time.
+
+/// One NCCL communicator per GPU of this process (ncclCommInitAll): rank i works on devices[i].
+/// Every device must be a CUDA device that exists, each listed once. Before returning, the
+/// communicators run one all-reduce together, so that a group that cannot communicate fails
+/// here. Raises galley::Error in a build without the CUDA backend.
+std::vector<std::shared_ptr<Communicator>> make_nccl_communicators(
+    const std::vector<Device>& devices, CommOptions options = {});
+
+/// This process's NCCL communicator in a group of processes, one GPU each (ncclCommInitRank).
+/// Every participant of `bootstrap` (the MPI world, say) calls it with its own GPU; participant
+/// 0 creates the NCCL id and `bootstrap` broadcasts it, and the new communicator has the same
+/// rank and size as `bootstrap`. Raises galley::Error in a build without the CUDA backend.
+std::shared_ptr<Communicator> make_nccl_communicator(Device device, Communicator& bootstrap,
+                                                     CommOptions options = {});
+
 }  // namespace galley::parallel
