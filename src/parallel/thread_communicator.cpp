@@ -9,29 +9,6 @@
 
 namespace galley::parallel {
 
-void Communicator::all_reduce(Tensor& t, ReduceOp op) {
-  GALLEY_CHECK(t.defined() && t.dtype() == DType::Float32 && t.is_contiguous(), kind(),
-               " all_reduce: needs a contiguous float32 tensor");
-  all_reduce(t.data<float>(), t.numel(), op);
-}
-
-void Communicator::broadcast(Tensor& t, int root) {
-  GALLEY_CHECK(t.defined() && t.dtype() == DType::Float32 && t.is_contiguous(), kind(),
-               " broadcast: needs a contiguous float32 tensor");
-  broadcast(t.data<float>(), t.numel(), root);
-}
-
-Tensor Communicator::all_gather(const Tensor& t) {
-  GALLEY_CHECK(t.defined() && t.dtype() == DType::Float32, kind(),
-               " all_gather: needs a float32 tensor");
-  Tensor c = t.contiguous();
-  Shape shape{size()};
-  shape.insert(shape.end(), t.shape().begin(), t.shape().end());
-  Tensor out = Tensor::empty(shape, DType::Float32, t.device());
-  all_gather(c.data<float>(), c.numel(), out.data<float>());
-  return out;
-}
-
 namespace {
 
 // State shared by the participants: published buffers and a reusable barrier.

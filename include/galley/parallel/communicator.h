@@ -39,12 +39,19 @@ class Communicator {
   virtual void barrier() = 0;
   /// Short description for messages ("threads", "mpi", "nccl").
   virtual std::string kind() const = 0;
+  /// Where the memory given to the pointer calls above must live: the host (Device::cpu(), any
+  /// CPU index) for "threads" and "mpi", the communicator's own GPU for "nccl".
+  virtual Device device() const { return Device::cpu(); }
+
+  // The tensor calls work in place when the tensor lives in device()'s memory, and otherwise
+  // through a copy there and back: a GPU tensor on a host communicator, a host tensor on an
+  // NCCL one. A tensor on a different GPU from an NCCL communicator's is an error.
 
   /// all_reduce of a contiguous float32 tensor, in place.
   void all_reduce(Tensor& t, ReduceOp op = ReduceOp::Sum);
   /// broadcast of a contiguous float32 tensor, in place.
   void broadcast(Tensor& t, int root = 0);
-  /// all_gather of a float32 tensor: the result is [size(), ...t.shape()].
+  /// all_gather of a float32 tensor: the result is [size(), ...t.shape()], on t's device.
   Tensor all_gather(const Tensor& t);
 };
 
@@ -53,5 +60,37 @@ class Communicator {
 /// one slice of every buffer and writes it back to all), so no data passes through a lock.
 std::vector<std::shared_ptr<Communicator>> make_thread_communicators(int n,
                                                                      CommOptions options = {});
+
+// NCCL communicators, for CUDA device memory.
+//
+// The pointers given to an NCCL communicator's calls are device pointers on its GPU (device()).
+// A call is ordered after all work already queued on that GPU's compute stream (the stream
+// galley's ops run on), runs on the communicator's own high-priority stream, and returns when
+// the collective is complete, like every other communicator: work queued afterwards sees the
+// result, and the caller may free or reuse the buffers at once. While a call waits it watches
+// CommOptions::timeout_seconds and NCCL's asynchronous errors; a collective that times out or
+// fails aborts the communicator, and every later call on it (and, in-process, on every
+// communicator of its group) raises galley::Error at once. The timeout covers the wait for the
+// collective to complete, not NCCL's own set-up inside the factories, which waits for every
+// rank without a limit.
+//
+// Each rank is driven by its own thread (one per replica, as in DataParallel): every call is
+// issued on its own, never inside an NCCL group (ncclGroupStart/End), so the ranks of one
+// process must be called from different threads, concurrently. A communicator takes one call
+// at a time.
+
+/// One NCCL communicator per GPU of this process (ncclCommInitAll): rank i works on devices[i].
+/// Every device must be a CUDA device that exists, each listed once. Before returning, the
+/// communicators run one all-reduce together, so that a group that cannot communicate fails
+/// here. Raises galley::Error in a build without the CUDA backend.
+std::vector<std::shared_ptr<Communicator>> make_nccl_communicators(
+    const std::vector<Device>& devices, CommOptions options = {});
+
+/// This process's NCCL communicator in a group of processes, one GPU each (ncclCommInitRank).
+/// Every participant of `bootstrap` (the MPI world, say) calls it with its own GPU; participant
+/// 0 creates the NCCL id and `bootstrap` broadcasts it, and the new communicator has the same
+/// rank and size as `bootstrap`. Raises galley::Error in a build without the CUDA backend.
+std::shared_ptr<Communicator> make_nccl_communicator(Device device, Communicator& bootstrap,
+                                                     CommOptions options = {});
 
 }  // namespace galley::parallel

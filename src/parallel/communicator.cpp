@@ -1,0 +1,70 @@
+// The tensor calls every communicator shares, over its pointer calls.
+#include "galley/parallel/communicator.h"
+
+#include "src/device_scope.h"
+#include "src/runtime/device_memory.h"
+
+namespace galley::parallel {
+
+namespace {
+
+// Host "devices" all share the host's memory.
+bool same_memory(Device a, Device b) {
+  return (a.is_cpu() && b.is_cpu()) || a == b;
+}
+
+// Checks what every tensor call needs; a tensor on another GPU than the communicator's is a
+// misplaced tensor, not something to copy between GPUs behind the caller's back.
+void check_tensor(const Communicator& c, const Tensor& t, const char* op, bool contiguous) {
+  GALLEY_CHECK(t.defined() && t.dtype() == DType::Float32 && (!contiguous || t.is_contiguous()),
+               c.kind(), " ", op, ": needs a ", contiguous ? "contiguous " : "", "float32 tensor");
+  GALLEY_CHECK(!(t.device().is_cuda() && c.device().is_cuda() && t.device() != c.device()),
+               c.kind(), " ", op, ": the tensor is on ", t.device().str(),
+               " but this communicator works on ", c.device().str());
+}
+
+// A copy of `t` in the communicator's memory, or `t` itself when it already lives there.
+Tensor in_memory_of(const Communicator& c, const Tensor& t) {
+  if (t.numel() == 0 || same_memory(t.device(), c.device())) return t;
+  return t.detach().to(c.device());
+}
+
+// Writes the result in `staged` back into `t` when the call went through a copy.
+void copy_back(Tensor& t, const Tensor& staged) {
+  if (staged.is_same(t)) return;
+  detail::copy_bytes(t.raw_data(), t.device(), staged.raw_data(), staged.device(),
+                     size_t(t.numel()) * sizeof(float));
+}
+
+}  // namespace
+
+void Communicator::all_reduce(Tensor& t, ReduceOp op) {
+  check_tensor(*this, t, "all_reduce", /*contiguous=*/true);
+  Tensor s = in_memory_of(*this, t);
+  all_reduce(s.data<float>(), s.numel(), op);
+  copy_back(t, s);
+}
+
+void Communicator::broadcast(Tensor& t, int root) {
+  check_tensor(*this, t, "broadcast", /*contiguous=*/true);
+  Tensor s = in_memory_of(*this, t);
+  broadcast(s.data<float>(), s.numel(), root);
+  copy_back(t, s);
+}
+
+Tensor Communicator::all_gather(const Tensor& t) {
+  check_tensor(*this, t, "all_gather", /*contiguous=*/false);
+  Tensor c = in_memory_of(*this, t.contiguous());
+  Shape shape{size()};
+  shape.insert(shape.end(), t.shape().begin(), t.shape().end());
+  Tensor out;
+  {
+    // Inside an op's scope, Tensor::empty would move a cpu:0 tensor to the op's device.
+    detail::DeviceScope scope(c.device());
+    out = Tensor::empty(shape, DType::Float32, c.device());
+  }
+  all_gather(c.data<float>(), c.numel(), out.data<float>());
+  return out.device() == t.device() ? out : out.to(t.device());
+}
+
+}  // namespace galley::parallel
