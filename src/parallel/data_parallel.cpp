@@ -88,6 +88,20 @@ void wait_all(std::vector<std::future<void>>& fs, const std::vector<Device>& dev
   if (!first.empty()) throw Error(first);
 }
 
+// Writes `count` copies of `value` from element `offset` of a float buffer, on its device (on a
+// GPU: queued on the compute stream, in order with the gradients copied in).
+void set_floats(const Tensor& buf, int64_t offset, int64_t count, float value) {
+  if (count <= 0) return;
+  float* p = buf.data<float>() + offset;
+  if (buf.device().is_cpu()) {
+    std::fill_n(p, count, value);
+    return;
+  }
+  uint32_t bits;
+  std::memcpy(&bits, &value, 4);
+  detail::fill_elements(buf.device(), p, size_t(count), bits, 4);
+}
+
 // A group of parameters reduced together. Its flat buffer holds their gradients back to back,
 // then one flag per parameter (1 where this replica produced a gradient), so that after the
 // reduction every replica knows whether any replica had a gradient for it.
@@ -108,6 +122,11 @@ struct DataParallelBase::Impl {
     std::vector<Tensor> flat;  // one buffer per bucket, on the replica's device
     std::shared_ptr<parallel::Communicator> comm;
     std::unique_ptr<Worker> compute, comms;
+    // GPU replicas: a stream and an event to read the reduced presence flags back without
+    // waiting for the compute stream (which runs the rest of backward meanwhile).
+    void* side = nullptr;
+    detail::Event side_done;
+    ~Replica() { detail::destroy_stream(device, side); }
     // Per backward: which parameters have handed over their gradient, and bucket readiness.
     std::mutex mu;
     std::condition_variable cv;
@@ -169,8 +188,11 @@ struct DataParallelBase::Impl {
     while (bucket.params[slot] != k) ++slot;
     Tensor g = grad.contiguous();
     float* flat = rep.flat[b].data<float>();
-    std::memcpy(flat + bucket.offsets[slot], g.data<float>(), g.numel() * sizeof(float));
-    flat[bucket.numel + slot] = 1.f;
+    // On a GPU both are queued on the compute stream; the communicator orders its collective
+    // after that stream's work.
+    detail::copy_bytes(flat + bucket.offsets[slot], rep.device, g.data<float>(), g.device(),
+                       g.numel() * sizeof(float));
+    set_floats(rep.flat[b], bucket.numel + slot, 1, 1.f);
     std::lock_guard<std::mutex> lock(rep.mu);
     if (rep.param_ready[k]) return;
     rep.param_ready[k] = 1;
@@ -190,9 +212,8 @@ struct DataParallelBase::Impl {
       for (size_t s = 0; s < buckets[b].params.size(); ++s) {
         const size_t k = buckets[b].params[s];
         if (rep.param_ready[k]) continue;
-        float* flat = rep.flat[b].data<float>();
-        std::fill_n(flat + buckets[b].offsets[s], rep.params[k].numel(), 0.f);
-        flat[buckets[b].numel + s] = 0.f;
+        set_floats(rep.flat[b], buckets[b].offsets[s], rep.params[k].numel(), 0.f);
+        set_floats(rep.flat[b], buckets[b].numel + s, 1, 0.f);
         rep.param_ready[k] = 1;
       }
       rep.pending[b] = 0;
@@ -205,6 +226,10 @@ struct DataParallelBase::Impl {
   // every replica) as they become ready, and write the sums back into the gradients.
   void reduce_buckets(size_t r) {
     Replica& rep = *replicas[r];
+    const Device dev = rep.device;
+    std::unique_ptr<detail::DeviceScope> scope;
+    if (dev.is_cuda()) scope = std::make_unique<detail::DeviceScope>(dev);
+    std::vector<float> flags;
     for (size_t b = 0; b < buckets.size(); ++b) {
       {
         std::unique_lock<std::mutex> lock(rep.mu);
@@ -220,18 +245,33 @@ struct DataParallelBase::Impl {
         if (r == 0) procs->all_reduce(data, count, parallel::ReduceOp::Avg);
         rep.comm->broadcast(data, count, 0);
       }
+      // The presence flags, on the host.
+      const size_t nflags = buckets[b].params.size();
+      flags.resize(nflags);
+      if (dev.is_cpu()) {
+        std::memcpy(flags.data(), data + buckets[b].numel, nflags * sizeof(float));
+      } else {
+        if (!rep.side) {
+          rep.side = detail::create_stream(dev);
+          rep.side_done = detail::Event(dev);
+        }
+        detail::copy_bytes_async(flags.data(), Device::cpu(), data + buckets[b].numel, dev,
+                                 nflags * sizeof(float), rep.side);
+        rep.side_done.record(rep.side);
+        rep.side_done.synchronize();
+      }
       const auto t1 = Clock::now();
-      const float* flat = rep.flat[b].data<float>();
-      for (size_t s = 0; s < buckets[b].params.size(); ++s) {
-        if (flat[buckets[b].numel + s] == 0.f) continue;  // no replica had a gradient
+      for (size_t s = 0; s < nflags; ++s) {
+        if (flags[s] == 0.f) continue;  // no replica had a gradient
         Tensor& p = rep.params[buckets[b].params[s]];
         Tensor g = p.grad();
         if (!g.defined()) {  // this replica had no samples: it takes the others' gradient
-          detail::DeviceScope scope(rep.device);
+          detail::DeviceScope in(dev);
           g = Tensor::empty(p.shape());
           p.set_grad(g);
         }
-        std::memcpy(g.data<float>(), flat + buckets[b].offsets[s], g.numel() * sizeof(float));
+        detail::copy_bytes(g.data<float>(), dev, data + buckets[b].offsets[s], dev,
+                           g.numel() * sizeof(float));
       }
       rep.allreduce_ms += ms_between(t0, t1);
       std::lock_guard<std::mutex> lock(rep.mu);
@@ -319,10 +359,10 @@ DataParallelBase::DataParallelBase(std::vector<std::unique_ptr<nn::Layer>> layer
   GALLEY_CHECK(!devices.empty(), "DataParallel: the device list is empty");
   GALLEY_CHECK(options.bucket_bytes > 0, "DataParallel: bucket_bytes ", options.bucket_bytes,
                " must be positive");
+  const bool gpus = devices[0].is_cuda();
   for (const Device& d : devices)
-    GALLEY_CHECK(d.is_cpu() || devices.size() == 1, "DataParallel: ", d.str(),
-                 ": replicas on several GPUs need the NCCL communicator, which this version does "
-                 "not have yet; use one GPU or CPU devices");
+    GALLEY_CHECK(d.is_cuda() == gpus, "DataParallel: ", d.str(), " and ", devices[0].str(),
+                 " are different kinds of device; replicas go either on GPUs or on the CPU");
   for (size_t i = 0; i < devices.size(); ++i)
     for (size_t j = 0; j < i; ++j)
       GALLEY_CHECK(devices[i] != devices[j], "DataParallel: device ", devices[i].str(),
@@ -332,14 +372,19 @@ DataParallelBase::DataParallelBase(std::vector<std::unique_ptr<nn::Layer>> layer
   m.opt = options;
   m.procs = options.process_group ? options.process_group : distributed::world();
   if (m.procs && m.procs->size() == 1) m.procs = nullptr;
-  GALLEY_CHECK(!m.procs || devices[0].is_cpu(), "DataParallel: ", devices[0].str(),
-               ": across processes, GPU replicas need the NCCL communicator, which this version "
-               "does not have yet");
+  // Between processes, GPU replicas 0 talk over NCCL; its id travels over the process group.
+  if (m.procs && gpus && m.procs->kind() != "nccl")
+    m.procs = parallel::make_nccl_communicator(devices[0], *m.procs,
+                                               {.timeout_seconds = options.timeout_seconds});
   int cpu_replicas = 0;
   for (auto& d : devices) cpu_replicas += d.is_cpu();
   m.threads_per_replica = std::max(1, num_threads() / std::max(1, cpu_replicas));
-  auto comms = parallel::make_thread_communicators(static_cast<int>(devices.size()),
-                                                   {.timeout_seconds = options.timeout_seconds});
+  const parallel::CommOptions comm_options{.timeout_seconds = options.timeout_seconds};
+  // Replicas on several GPUs reduce over NCCL; CPU replicas (and a single GPU, which has nothing
+  // to reduce with) use the shared-memory communicator.
+  auto comms = gpus && devices.size() > 1 ? parallel::make_nccl_communicators(devices, comm_options)
+                                          : parallel::make_thread_communicators(
+                                                static_cast<int>(devices.size()), comm_options);
   for (size_t i = 0; i < devices.size(); ++i) {
     auto rep = std::make_unique<Impl::Replica>();
     rep->layer = std::move(layers[i]);
