@@ -2,7 +2,7 @@
 //
 // Usage: fashion_mnist [--epochs N] [--batch-size N] [--lr X] [--data DIR] [--threads N]
 //                      [--limit N] [--target ACC] [--seed N] [--workers N]
-//                      [--checkpoint-dir DIR] [--resume] [--stop-after N]
+//                      [--checkpoint-dir DIR] [--resume] [--stop-after N] [--device D]
 // --limit trains on the first N training images (quick runs); --target makes the program exit
 // with status 2 when the final test accuracy is below ACC (e.g. 0.91); --workers sets the data
 // loader's threads (default 2; 0 loads in the training thread). Each epoch line ends with the
@@ -10,6 +10,8 @@
 // --checkpoint-dir saves a checkpoint (model, optimizer, schedule, generator) after every epoch;
 // --resume continues from the newest one there, exactly as if the run had not stopped;
 // --stop-after N ends the run after epoch N (as a killed run would), for trying that out.
+// --device cpu or cuda:N picks where to train (default: the first GPU if there is one); on a GPU
+// the loader delivers batches there from page-locked buffers, copied on side streams.
 #include <galley/galley.h>
 
 #include <chrono>
@@ -61,7 +63,18 @@ struct Args {
   std::string checkpoint_dir;
   bool resume = false;
   int stop_after = 0;
+  galley::Device device = galley::all_devices()[0];
 };
+
+galley::Device parse_device(const std::string& s) {
+  if (s == "cpu") return galley::Device::cpu();
+  if (s.rfind("cuda", 0) == 0) {
+    const int index = s.size() > 5 && s[4] == ':' ? std::atoi(s.c_str() + 5) : 0;
+    return galley::Device::cuda(index);
+  }
+  std::fprintf(stderr, "--device %s: expected cpu or cuda:N\n", s.c_str());
+  std::exit(64);
+}
 
 Args parse(int argc, char** argv) {
   Args a;
@@ -98,6 +111,8 @@ Args parse(int argc, char** argv) {
       a.resume = true;
     else if (k == "--stop-after")
       a.stop_after = std::atoi(next());
+    else if (k == "--device")
+      a.device = parse_device(next());
     else {
       std::fprintf(stderr, "unknown option %s (see the comment at the top of fashion_mnist.cpp)\n",
                    k.c_str());
@@ -116,11 +131,10 @@ double evaluate(FashionCNN& model, galley::data::DataLoader& test) {
   model.eval();
   int64_t correct = 0, total = 0;
   for (auto& [data, label] : test) {
-    auto pred = galley::argmax(model(data), 1);
-    const int64_t* p = pred.data<int64_t>();
-    const int64_t* y = label.data<int64_t>();
-    for (int64_t i = 0; i < label.numel(); ++i) correct += p[i] == y[i];
-    total += label.numel();
+    const auto p = galley::argmax(model(data), 1).to_vector<int64_t>();
+    const auto y = label.to_vector<int64_t>();
+    for (size_t i = 0; i < y.size(); ++i) correct += p[i] == y[i];
+    total += static_cast<int64_t>(y.size());
   }
   model.train();
   return double(correct) / double(total);
@@ -142,10 +156,12 @@ int main(int argc, char** argv) {
           Tensor::from_host(d.raw_data(), {args.limit, 1, 28, 28}),
           Tensor::from_host(l.raw_data(), {args.limit}, galley::DType::Int64));
     }
-    std::printf("Fashion-MNIST: %zu training, %zu test images from %s; %d threads\n", train.size(),
-                test.size(), args.data.c_str(), galley::num_threads());
+    std::printf("Fashion-MNIST: %zu training, %zu test images from %s; %s, %d threads\n",
+                train.size(), test.size(), args.data.c_str(), args.device.str().c_str(),
+                galley::num_threads());
 
     FashionCNN model;
+    model.to(args.device);
     galley::optim::Adam optimizer(model.parameters(), {.learning_rate = args.lr});
     // The rate follows a cosine from lr down to lr/100 over the run, stepped once per epoch.
     galley::optim::CosineAnnealingLR schedule(optimizer, args.epochs, args.lr / 100);
@@ -155,8 +171,13 @@ int main(int argc, char** argv) {
     galley::data::DataLoader loader(train, {.batch_size = args.batch_size,
                                             .shuffle = true,
                                             .seed = args.seed,
-                                            .num_workers = args.workers});
-    galley::data::DataLoader test_loader(test, {.batch_size = 1000, .num_workers = args.workers});
+                                            .num_workers = args.workers,
+                                            .pin_memory = true,
+                                            .device = args.device});
+    galley::data::DataLoader test_loader(test, {.batch_size = 1000,
+                                                .num_workers = args.workers,
+                                                .pin_memory = true,
+                                                .device = args.device});
     double accuracy = 0, last_loss = 0;
     int first_epoch = 1;
     std::unique_ptr<galley::io::Checkpointer> checkpoints;
@@ -179,20 +200,25 @@ int main(int argc, char** argv) {
       const auto t0 = std::chrono::steady_clock::now();
       double loss_sum = 0;
       int64_t seen = 0, batches = 0;
+      // The losses add up where they are computed; reading them back (a wait for the GPU) is
+      // left to the progress line.
+      Tensor loss_total = galley::zeros({}, galley::DType::Float32, args.device);
       for (auto& [data, label] : loader) {
         auto loss = loss_fn(model(data), label);
         loss.backward();
         optimizer.step();
         optimizer.clear_grad();
-        loss_sum += loss.item();
+        loss_total = galley::add(loss_total, loss.detach());
         seen += label.numel();
         if (++batches % 50 == 0 || seen == int64_t(train.size())) {
+          loss_sum = loss_total.item();
           std::printf("\repoch %d/%d  %6lld/%zu  loss %.4f  %.0f samples/s", epoch, args.epochs,
                       static_cast<long long>(seen), train.size(), loss_sum / batches,
                       seen / seconds_since(t0));
           std::fflush(stdout);
         }
       }
+      loss_sum = loss_total.item();
       schedule.step();
       last_loss = loss_sum / batches;
       if (checkpoints) {

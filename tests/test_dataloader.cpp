@@ -430,8 +430,9 @@ TEST(DataLoader, OptionsAreValidated) {
   expect_contains(error_of([&] { DataLoader l(ds, {.num_workers = -1}); }), {"num_workers -1"});
   expect_contains(error_of([&] { DataLoader l(ds, {.num_workers = 2, .prefetch = 0}); }),
                   {"prefetch 0"});
-  expect_contains(error_of([&] { DataLoader l(ds, {.device = galley::Device::cuda(0)}); }),
-                  {"cuda:0", "not supported"});
+  const int gpus = galley::cuda_device_count();
+  expect_contains(error_of([&] { DataLoader l(ds, {.device = galley::Device::cuda(gpus)}); }),
+                  {"cuda:" + std::to_string(gpus), "does not exist"});
   auto sampler = std::make_shared<galley::data::SequentialSampler>(11);
   expect_contains(error_of([&] { DataLoader l(ds, {.sampler = sampler}); }),
                   {"11 examples", "has 10"});

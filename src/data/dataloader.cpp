@@ -5,16 +5,24 @@
 #include <algorithm>
 #include <atomic>
 
+#include "src/runtime/device_memory.h"
+
 namespace galley::data {
 
 struct DataLoader::Slot {
-  Example buffer;  // batch_size rows, allocated once (again only if the user kept it)
+  Example buffer;  // batch_size rows on the loader's device, allocated once (again only if the
+                   // user kept it)
   Example tail;    // views of the first tail_rows rows, for the short last batch
+  // GPU only: where workers write, host memory (page-locked with pin_memory) copied into
+  // `buffer` on the worker's stream, and its tail views. On a CPU device workers write `buffer`.
+  Example host, host_tail;
   int64_t tail_rows = 0;
   Example out;                  // the handles the consumer gets: buffer's or tail's
   std::vector<size_t> indices;  // capacity batch_size
   size_t rows = 0;
   std::exception_ptr error;  // set by a failed fill; rethrown by the consumer
+  detail::Event copied;      // GPU: the copy of the last fill into `buffer`
+  detail::Event consumed;    // GPU: the consumer's work queued before the slot came back
 };
 
 namespace {
@@ -55,9 +63,9 @@ DataLoader::DataLoader(const Dataset& dataset, DataLoaderOptions options)
                opt_.num_workers, " must be in [0, 1024]");
   GALLEY_CHECK(opt_.prefetch >= 1, "DataLoader: prefetch ", opt_.prefetch,
                " must be at least 1 batch per worker");
-  GALLEY_CHECK(opt_.device.is_cpu(), "DataLoader: device ", opt_.device.str(),
-               " is not supported yet: batches on a CUDA device need the CUDA backend's "
-               "side-stream copies; load to Device::cpu() and move them with Tensor::to()");
+  GALLEY_CHECK(opt_.device.is_cpu() || opt_.device.index() < cuda_device_count(),
+               "DataLoader: device ", opt_.device.str(), " does not exist: this machine has ",
+               cuda_device_count(), " CUDA device(s)");
   GALLEY_CHECK(!(opt_.sampler && opt_.shuffle),
                "DataLoader: give either shuffle = true or a sampler, not both (a sampler decides "
                "the order itself)");
@@ -79,6 +87,10 @@ DataLoader::DataLoader(const Dataset& dataset, DataLoaderOptions options)
 
   const size_t pool =
       opt_.num_workers == 0 ? 1 : static_cast<size_t>(opt_.num_workers) * opt_.prefetch + 1;
+  // One copy stream per worker (the caller's thread loads when there are none).
+  if (opt_.device.is_cuda())
+    for (int w = 0; w < std::max(1, opt_.num_workers); ++w)
+      copy_streams_.push_back(detail::create_stream(opt_.device));
   for (size_t i = 0; i < pool; ++i) {
     slots_.push_back(std::make_unique<Slot>());
     allocate(*slots_.back());
@@ -90,7 +102,7 @@ DataLoader::DataLoader(const Dataset& dataset, DataLoaderOptions options)
   epoch_done_ = true;
 
   try {
-    for (int w = 0; w < opt_.num_workers; ++w) workers_.emplace_back([this] { worker_loop(); });
+    for (int w = 0; w < opt_.num_workers; ++w) workers_.emplace_back([this, w] { worker_loop(w); });
   } catch (...) {
     {
       std::lock_guard<std::mutex> lock(mu_);
@@ -98,6 +110,7 @@ DataLoader::DataLoader(const Dataset& dataset, DataLoaderOptions options)
     }
     work_cv_.notify_all();
     for (auto& t : workers_) t.join();
+    for (void* st : copy_streams_) detail::destroy_stream(opt_.device, st);
     throw;
   }
 }
@@ -111,6 +124,10 @@ DataLoader::~DataLoader() {
   }
   work_cv_.notify_all();
   for (auto& t : workers_) t.join();
+  // Copies still queued finish on their own; the buffers they touch outlive them only if
+  // nothing is left in flight, so wait for them before the slots go.
+  for (auto& slot : slots_) slot->copied.synchronize();
+  for (void* st : copy_streams_) detail::destroy_stream(opt_.device, st);
 }
 
 Shape DataLoader::batch_shape(const Shape& sample, int64_t rows) const {
@@ -120,11 +137,19 @@ Shape DataLoader::batch_shape(const Shape& sample, int64_t rows) const {
 }
 
 void DataLoader::allocate(Slot& slot) {
-  slot.buffer.data =
-      Tensor::empty(batch_shape(data_shape_, opt_.batch_size), DType::Float32, opt_.device);
-  slot.buffer.label =
-      Tensor::empty(batch_shape(label_shape_, opt_.batch_size), label_dtype_, opt_.device);
+  const Shape ds = batch_shape(data_shape_, opt_.batch_size);
+  const Shape ls = batch_shape(label_shape_, opt_.batch_size);
+  slot.buffer.data = Tensor::empty(ds, DType::Float32, opt_.device);
+  slot.buffer.label = Tensor::empty(ls, label_dtype_, opt_.device);
+  if (opt_.device.is_cuda() && !slot.host.data.defined()) {  // the host side is never handed out: kept as it is
+    slot.host.data = opt_.pin_memory ? Tensor::empty_pinned(ds) : Tensor::empty(ds);
+    slot.host.label =
+        opt_.pin_memory ? Tensor::empty_pinned(ls, label_dtype_) : Tensor::empty(ls, label_dtype_);
+    slot.copied = detail::Event(opt_.device);
+    slot.consumed = detail::Event(opt_.device);
+  }
   slot.tail = Example{};
+  slot.host_tail = Example{};
   slot.tail_rows = 0;
 }
 
@@ -200,7 +225,7 @@ DataLoader::iterator& DataLoader::iterator::operator++() {
 // ---------------------------------------------------------------------------------------------
 // Workers
 
-void DataLoader::worker_loop() {
+void DataLoader::worker_loop(int worker) {
   std::unique_lock<std::mutex> lock(mu_);
   for (;;) {
     work_cv_.wait(lock, [&] {
@@ -215,7 +240,7 @@ void DataLoader::worker_loop() {
     lock.unlock();
 
     const auto t0 = Clock::now();
-    fill(*slot, k, epoch);
+    fill(*slot, k, epoch, worker);
     const double took = std::chrono::duration<double>(Clock::now() - t0).count();
 
     lock.lock();
@@ -232,19 +257,31 @@ void DataLoader::worker_loop() {
   }
 }
 
-void DataLoader::fill(Slot& slot, size_t k, uint64_t epoch) {
+void DataLoader::fill(Slot& slot, size_t k, uint64_t epoch, int worker) {
   const size_t b = static_cast<size_t>(opt_.batch_size), start = k * b;
   const size_t rows = std::min(b, order_.size() - start);
   slot.indices.assign(order_.begin() + start, order_.begin() + start + rows);
   slot.rows = rows;
   slot.error = nullptr;
-  Example* target = &slot.buffer;
+  const bool gpu = opt_.device.is_cuda();
+  Example* target = gpu ? &slot.host : &slot.buffer;
   if (rows < b) {
     if (slot.tail_rows != int64_t(rows)) {  // once per slot: the short batch has the same size
       slot.tail = Example{first_rows(slot.buffer.data, rows), first_rows(slot.buffer.label, rows)};
+      if (gpu)
+        slot.host_tail =
+            Example{first_rows(slot.host.data, rows), first_rows(slot.host.label, rows)};
       slot.tail_rows = static_cast<int64_t>(rows);
     }
-    target = &slot.tail;
+    target = gpu ? &slot.host_tail : &slot.tail;
+  }
+  try {
+    // The host buffer is written again only once its previous copy to the GPU has finished.
+    if (gpu) slot.copied.synchronize();
+  } catch (const std::exception& e) {
+    slot.error = nested_error(detail::str_cat("DataLoader: batch ", k, " of epoch ", epoch,
+                                              ": waiting for the previous copy: ", e.what()));
+    return;
   }
 
   try {
@@ -290,8 +327,23 @@ void DataLoader::fill(Slot& slot, size_t k, uint64_t epoch) {
         nested_error(detail::str_cat("DataLoader: batch ", k, " of epoch ", epoch, ": ", e.what()));
     return;
   }
-  // Delivery to opt_.device: nothing to copy for a CPU device, whose buffers are the batch. The
-  // CUDA side-stream copy and its event go here (see dataloader.h).
+  // Delivery to opt_.device: nothing to copy for a CPU device, whose buffers are the batch. On
+  // a GPU the copy runs on this worker's stream, after the consumer's last use of the device
+  // buffer, and the consumer's compute stream will wait for `copied`.
+  if (!gpu) return;
+  try {
+    void* stream = copy_streams_[static_cast<size_t>(worker)];
+    slot.consumed.wait(stream);
+    const Example& dst = rows < b ? slot.tail : slot.buffer;
+    for (auto [to, from] : {std::pair{dst.data, target->data}, std::pair{dst.label, target->label}})
+      detail::copy_bytes_async(to.raw_data(), opt_.device, from.raw_data(), Device::cpu(),
+                               size_t(from.numel()) * dtype_size(from.dtype()), stream);
+    slot.copied.record(stream);
+  } catch (const std::exception& e) {
+    slot.error =
+        nested_error(detail::str_cat("DataLoader: batch ", k, " of epoch ", epoch,
+                                     ": copying it to ", opt_.device.str(), " failed: ", e.what()));
+  }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -314,7 +366,7 @@ Example& DataLoader::batch(size_t k) {
     if (workers_.empty()) {
       slot = free_.back();
       free_.pop_back();
-      fill(*slot, want, epoch_);
+      fill(*slot, want, epoch_, 0);
     } else {
       std::unique_lock<std::mutex> lock(mu_);
       Slot*& r = ready_[want % ready_.size()];
@@ -346,6 +398,8 @@ Example& DataLoader::batch(size_t k) {
       continue;
     }
     slot->out = slot->rows == static_cast<size_t>(opt_.batch_size) ? slot->buffer : slot->tail;
+    // The step's kernels, queued from now on, run after the batch's copy.
+    if (opt_.device.is_cuda()) slot->copied.wait(detail::compute_stream(opt_.device));
     held_ = slot;
     held_batch_ = k;
     return slot->out;
@@ -368,6 +422,9 @@ void DataLoader::advance(size_t k) {
 
 void DataLoader::release(Slot* slot) {
   slot->out = Example{};
+  // The next copy into this slot's device buffer waits for the work queued so far, which
+  // includes every use of the batch the consumer made before handing it back.
+  if (opt_.device.is_cuda()) slot->consumed.record(detail::compute_stream(opt_.device));
   const bool has_tail = slot->tail.data.defined();
   const long impls = has_tail ? 2 : 1;
   bool sole = sole_owner(slot->buffer.data, impls) && sole_owner(slot->buffer.label, impls);
