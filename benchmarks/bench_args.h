@@ -19,13 +19,15 @@ struct Args {
   int repeats = 5;
   bool json = false;
   bool phases = false;
+  std::string device = "cpu";  // "cpu" or "cuda[:N]"
+  bool graph = false;          // capture the step in a CUDA graph and time its replays
 };
 
 inline void usage(const char* prog) {
   std::fprintf(stderr,
                "usage: %s [--model simple|fashion|vgg] [--batch N] [--threads T] [--warmup W] "
                "[--iters I] [--repeats R] "
-               "[--json] [--phases]\n",
+               "[--json] [--phases] [--device cpu|cuda:N] [--graph]\n",
                prog);
 }
 
@@ -54,6 +56,11 @@ inline bool parse(int argc, char** argv, Args& a) {
       a.json = true;
     } else if (s == "--phases") {
       a.phases = true;
+    } else if (s == "--device") {
+      if (i + 1 >= argc) return false;
+      a.device = argv[++i];
+    } else if (s == "--graph") {
+      a.graph = true;
     } else {
       return false;
     }

@@ -29,7 +29,9 @@ using bench::usage;
 
 int main(int argc, char** argv) {
   Args a;
-  if (!parse(argc, argv, a)) {
+  if (!parse(argc, argv, a) || a.device != "cpu" || a.graph) {
+    if (a.device != "cpu" || a.graph)
+      std::fprintf(stderr, "the libtorch reference runs on the CPU only\n");
     usage(argv[0]);
     return 2;
   }

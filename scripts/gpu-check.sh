@@ -3,6 +3,8 @@
 # its CUDA backend, run the GPU-labelled tests, the PyTorch GPU reference benchmarks, and two
 # memory-capped processes side by side; write everything as JSON/text into OUT_DIR.
 # Usage: scripts/gpu-check.sh OUT_DIR        (budget: about 8 minutes on one H200)
+# A machine that cannot install packages needs .deps (scripts/pack-gpu-deps.sh, run where the
+# packages are) next to the sources; cmake/bundled_deps.cmake takes what the system lacks from it.
 set -uo pipefail
 out="${1:?usage: scripts/gpu-check.sh OUT_DIR}"
 mkdir -p "$out"
@@ -22,14 +24,36 @@ if [ -n "$py" ]; then
   done
 fi
 log "configure (hints: ${hints[*]:-none})"
-cmake -S . -B build-gpu -DCMAKE_BUILD_TYPE=Release -DGALLEY_WITH_CUDA=ON -DGALLEY_BUILD_BENCHMARKS=OFF \
-  -DGALLEY_BUILD_LAUNCHER=ON "${hints[@]}" > "$out/configure.log" 2>&1 || { log "configure failed"; exit 1; }
+# One architecture (the machine's) keeps the build short; the libtorch reference is CPU-only.
+arch=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | head -1 | tr -d '. ')
+cmake -S . -B build-gpu -DCMAKE_BUILD_TYPE=Release -DGALLEY_WITH_CUDA=ON -DGALLEY_BUILD_BENCHMARKS=ON \
+  -DGALLEY_BENCH_LIBTORCH=OFF -DGALLEY_BUILD_LAUNCHER=ON -DCMAKE_CUDA_ARCHITECTURES="${arch:-90}" \
+  "${hints[@]}" > "$out/configure.log" 2>&1 || { log "configure failed"; tail -30 "$out/configure.log"; exit 1; }
 log "build"
 cmake --build build-gpu -j "$(nproc)" > "$out/build.log" 2>&1 || { log "build failed"; tail -50 "$out/build.log"; exit 1; }
 
 log "GPU tests"
 (cd build-gpu && ctest -L gpu --output-on-failure --output-junit "$out/gpu-tests.xml") > "$out/gpu-tests.log" 2>&1
 log "GPU tests: $(grep -E 'tests passed' "$out/gpu-tests.log" || echo 'see gpu-tests.log')"
+
+log "galley train step on the GPU (eager and CUDA graph)"
+for model in simple fashion; do
+  for batch in 64 256; do
+    for graph in "" --graph; do
+      timeout 120 build-gpu/benchmarks/bench_train_step --device cuda:0 --model "$model" \
+        --batch "$batch" --warmup 10 --iters 50 --repeats 5 --json $graph \
+        >> "$out/galley-train-step-gpu.jsonl" 2>> "$out/galley-bench.log" ||
+        log "galley $model batch $batch $graph failed (see galley-bench.log)"
+    done
+  done
+done
+
+fashion="${GALLEY_FASHION_DIR:-/usr/share/datasets/fashion-mnist}"
+if [ -d "$fashion" ]; then
+  log "Fashion-MNIST example, 2 epochs on the GPU"
+  timeout 180 build-gpu/examples/fashion_mnist --epochs 2 --data "$fashion" --device cuda:0 \
+    > "$out/fashion-gpu.log" 2>&1 || log "fashion example failed (see fashion-gpu.log)"
+fi
 
 log "PyTorch reference (eager and torch.compile)"
 timeout 300 "$py" benchmarks/gpu/torch_simple_cnn_gpu.py --out "$out/torch-simple-cnn-gpu.json" \
@@ -52,4 +76,7 @@ if [ -x build-gpu/tools/launch/galley-launch ]; then
   timeout 120 build-gpu/tools/launch/galley-launch --log-dir "$out/capped-logs" "$out/capped-jobs.toml" \
     > "$out/capped.log" 2>&1 && log "capped jobs: both passed" || log "capped jobs failed (see capped.log)"
 fi
+log "summary"
+"$py" benchmarks/gpu/summarize.py "$out" > "$out/summary.log" 2>&1 || log "summary failed"
+cat "$out/gpu-train-step.md" 2>/dev/null
 log "done; results in $out"

@@ -1,0 +1,79 @@
+#!/usr/bin/env python3
+"""Writes the GPU train-step table: galley (eager and CUDA graph) beside PyTorch (eager and
+torch.compile), from the files scripts/gpu-check.sh leaves in its output folder.
+
+Usage: summarize.py OUT_DIR   (reads galley-train-step-gpu.jsonl and torch-simple-cnn-gpu.json,
+                               writes gpu-train-step.md and gpu-train-step.json)
+"""
+import json
+import os
+import sys
+
+
+def main():
+    out = sys.argv[1]
+    galley = []
+    path = os.path.join(out, "galley-train-step-gpu.jsonl")
+    if os.path.exists(path):
+        with open(path) as f:
+            galley = [json.loads(line) for line in f if line.strip().startswith("{")]
+    torch = {}
+    path = os.path.join(out, "torch-simple-cnn-gpu.json")
+    if os.path.exists(path):
+        with open(path) as f:
+            torch = json.load(f)
+    commit = open(os.path.join(out, "commit.txt")).read().strip() if os.path.exists(
+        os.path.join(out, "commit.txt")) else "unknown"
+    rows = []
+    batches = sorted({r["batch"] for r in galley if r["model"] == "simple"})
+    for b in batches:
+        def galley_rate(graph):
+            for r in galley:
+                if r["model"] == "simple" and r["batch"] == b and r["graph"] == graph:
+                    return r["samples_per_s"]
+            return None
+
+        def torch_rate(mode):
+            for r in torch.get("runs", []):
+                if r["batch"] == b and r["mode"] == mode and "samples_per_s" in r:
+                    return r["samples_per_s"]
+            return None
+
+        rows.append({"batch": b, "galley_eager": galley_rate(False), "galley_graph": galley_rate(True),
+                     "torch_eager": torch_rate("eager"), "torch_compile": torch_rate("compile")})
+
+    def fmt(v):
+        return f"{v:,.0f}" if v else "-"
+
+    def ratio(a, b):
+        return f"{a / b:.2f}x" if a and b else "-"
+
+    lines = [
+        f"SimpleCNN train step (forward, cross-entropy, backward, Adam) on {torch.get('gpu', 'the GPU')}, "
+        f"samples/s, median of 5 blocks. galley at {commit[:12]}; PyTorch {torch.get('torch', '?')}.",
+        "",
+        "| batch | galley eager | galley CUDA graph | PyTorch eager | torch.compile | graph ÷ eager PyTorch | graph ÷ torch.compile |",
+        "|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in rows:
+        lines.append(f"| {r['batch']} | {fmt(r['galley_eager'])} | {fmt(r['galley_graph'])} | "
+                     f"{fmt(r['torch_eager'])} | {fmt(r['torch_compile'])} | "
+                     f"{ratio(r['galley_graph'], r['torch_eager'])} | "
+                     f"{ratio(r['galley_graph'], r['torch_compile'])} |")
+    others = [r for r in galley if r["model"] != "simple"]
+    if others:
+        lines += ["", "Other models, galley only:", "", "| model | batch | CUDA graph | samples/s |",
+                  "|---|---:|---|---:|"]
+        for r in others:
+            lines.append(f"| {r['model']} | {r['batch']} | {'yes' if r['graph'] else 'no'} | "
+                         f"{fmt(r['samples_per_s'])} |")
+    lines += ["", "Goals: galley ≥ 2x PyTorch eager and ≥ 1x torch.compile at batch 64 and 256."]
+    with open(os.path.join(out, "gpu-train-step.md"), "w") as f:
+        f.write("\n".join(lines) + "\n")
+    with open(os.path.join(out, "gpu-train-step.json"), "w") as f:
+        json.dump({"commit": commit, "torch": torch, "galley": galley, "table": rows}, f, indent=2)
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()
