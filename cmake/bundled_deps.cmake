@@ -57,7 +57,7 @@ endif()
 
 # toml++ (header-only use), for galley-launch.
 find_package(tomlplusplus 3 CONFIG QUIET)
-if(NOT tomlplusplus_FOUND AND EXISTS "${GALLEY_DEPS_DIR}/tomlplusplus/include/toml++/toml.hpp")
+if(NOT tomlplusplus_FOUND AND EXISTS "${GALLEY_DEPS_DIR}/tomlplusplus/include/toml++/toml.h")
   add_library(tomlplusplus::tomlplusplus INTERFACE IMPORTED)
   set_target_properties(tomlplusplus::tomlplusplus PROPERTIES
     INTERFACE_INCLUDE_DIRECTORIES "${GALLEY_DEPS_DIR}/tomlplusplus/include"

@@ -71,6 +71,14 @@ TEST(CudaOps, Elementwise) {
   compare("relu", [](auto& v) { return galley::relu(v[0]); }, {galley::randn({1, 2049})});
 }
 
+TEST(CudaOps, BiasRelu) {
+  REQUIRE_GPU();
+  compare("bias_relu channels", [](auto& v) { return galley::bias_relu(v[0], v[1]); },
+          {galley::randn({4, 64, 15, 15}), galley::randn({64})});
+  compare("bias_relu features", [](auto& v) { return galley::bias_relu(v[0], v[1], -1); },
+          {galley::randn({33, 128}), galley::randn({128})});
+}
+
 TEST(CudaOps, LinearAlgebra) {
   REQUIRE_GPU();
   compare("matmul", [](auto& v) { return galley::matmul(v[0], v[1]); },

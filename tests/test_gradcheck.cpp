@@ -118,6 +118,14 @@ TEST(GradCheck, Unary) {
   gradcheck("relu", [](auto& v) { return galley::relu(v[0]); }, {away_from_zero({4, 5}, 14)});
 }
 
+TEST(GradCheck, BiasRelu) {
+  // x stays 0.1 away from 0 and the bias within +-0.03, so x + b never crosses the kink.
+  gradcheck("bias_relu channels", [](auto& v) { return galley::bias_relu(v[0], v[1]); },
+            {away_from_zero({2, 3, 4, 5}, 15), rnd({3}, 16, 0.01f)});
+  gradcheck("bias_relu features", [](auto& v) { return galley::bias_relu(v[0], v[1], -1); },
+            {away_from_zero({6, 7}, 17), rnd({7}, 18, 0.01f)});
+}
+
 TEST(GradCheck, MatmulAndLinear) {
   gradcheck("matmul", [](auto& v) { return galley::matmul(v[0], v[1]); },
             {rnd({3, 5}, 21), rnd({5, 4}, 22)});

@@ -6,6 +6,7 @@
 #include <limits>
 
 #include "galley/galley.h"
+#include "test_util.h"
 
 using galley::Tensor;
 
@@ -93,4 +94,42 @@ TEST(CrossEntropy, LargeLogitsStayFinite) {
   float loss = galley::cross_entropy(logits, labels, {.reduction = galley::Reduction::Sum}).item();
   EXPECT_TRUE(std::isfinite(loss));
   EXPECT_NEAR(loss, 2000.f + (2.f + std::log(1.f + std::exp(-1.f) + std::exp(-2.f))), 1e-2);
+}
+
+TEST(BiasRelu, EqualsReluOfTheSumForwardAndBackward) {
+  galley::manual_seed(3);
+  for (int64_t dim : {1, -1}) {
+    Tensor x = galley::randn({3, 5, 4}).set_requires_grad();
+    Tensor b = galley::randn({dim == 1 ? 5 : 4}).set_requires_grad();
+    Tensor x2 = x.detach().clone().set_requires_grad(), b2 = b.detach().clone().set_requires_grad();
+    Tensor fused = galley::bias_relu(x, b, dim);
+    Tensor plain = galley::relu(x2 + (dim == 1 ? b2.reshape({5, 1}) : b2));
+    EXPECT_EQ(fused.to_vector(), plain.to_vector());
+    Tensor g = galley::randn({3, 5, 4});
+    fused.backward(g);
+    plain.backward(g);
+    EXPECT_EQ(x.grad().to_vector(), x2.grad().to_vector());
+    const auto gb = b.grad().to_vector(), gb2 = b2.grad().to_vector();
+    for (size_t i = 0; i < gb.size(); ++i) EXPECT_NEAR(gb[i], gb2[i], 1e-5) << i;
+  }
+}
+
+TEST(BiasRelu, FusedLayersEqualTheLayerThenRelu) {
+  galley::manual_seed(4);
+  galley::nn::Conv2D conv{3, 8, 3, {.padding = 1}},
+      fused_conv{3, 8, 3, {.padding = 1, .relu = true}};
+  fused_conv.load_state_dict(conv.state_dict());
+  galley::nn::Linear fc{6, 5}, fused_fc{6, 5, galley::nn::LinearOptions{.relu = true}};
+  fused_fc.load_state_dict(fc.state_dict());
+  Tensor x = galley::randn({2, 3, 6, 6});
+  EXPECT_EQ(fused_conv(x).to_vector(), galley::relu(conv(x)).to_vector());
+  Tensor v = galley::randn({4, 6});
+  EXPECT_EQ(fused_fc(v).to_vector(), galley::relu(fc(v)).to_vector());
+}
+
+TEST(BiasRelu, ABiasOfTheWrongSizeNamesBothShapes) {
+  testutil::expect_contains(testutil::error_of([] {
+                              galley::bias_relu(galley::randn({2, 3, 4}), galley::randn({4}));
+                            }),
+                            {"bias_relu", "[4]", "[2, 3, 4]"});
 }

@@ -32,6 +32,10 @@ Tensor pow(const Tensor& a, float p);
 Tensor relu(const Tensor& a);
 /// max(a, 0) on a temporary: when nothing else holds its data, the result reuses its buffer.
 Tensor relu(Tensor&& a);
+/// relu(x + bias) in one pass over memory, with bias [x.size(dim)] broadcast along dimension
+/// `dim` (1: the channels of [N, C, H, W]; -1: the features of a linear layer's output).
+/// Backward masks the gradient and sums the bias gradient in one pass as well.
+Tensor bias_relu(const Tensor& x, const Tensor& bias, int64_t dim = 1);
 
 inline Tensor operator+(const Tensor& a, const Tensor& b) {
   return add(a, b);

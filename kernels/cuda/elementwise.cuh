@@ -76,6 +76,12 @@ void cross_entropy_backward(const float* prob, const int64_t* labels, const floa
 void fill_scaled(const float* scalar, float factor, const int64_t* count, float* out, int64_t n,
                  void* stream);
 
+// Bias add and ReLU in one pass, as kernels/cpu/bias_relu.h (backward: one block per channel).
+void bias_relu_forward(const float* x, const float* b, int64_t outer, int64_t channels,
+                       int64_t inner, float* y, void* stream);
+void bias_relu_backward(const float* gy, const float* y, int64_t outer, int64_t channels,
+                        int64_t inner, float* gx, float* gb, void* stream);
+
 // Max pooling with winner indices, as kernels/cpu/max_pool2d.h.
 void max_pool2d_forward(const cpu::Pool2dGeometry& g, const float* x, float* y, int32_t* idx,
                         void* stream);

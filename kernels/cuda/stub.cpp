@@ -92,6 +92,13 @@ void cross_entropy_backward(const float*, const int64_t*, const float*, int64_t,
 void fill_scaled(const float*, float, const int64_t*, float*, int64_t, void*) {
   absent();
 }
+void bias_relu_forward(const float*, const float*, int64_t, int64_t, int64_t, float*, void*) {
+  absent();
+}
+void bias_relu_backward(const float*, const float*, int64_t, int64_t, int64_t, float*, float*,
+                        void*) {
+  absent();
+}
 void max_pool2d_forward(const cpu::Pool2dGeometry&, const float*, float*, int32_t*, void*) {
   absent();
 }

@@ -75,11 +75,13 @@ Tensor Conv2D::forward(const Tensor& x) {
   GALLEY_CHECK(x.defined() && x.dim() == 4 && x.size(1) == in_, repr(), ": expected input [N, ",
                in_, ", H, W], got ", x.defined() ? shape_str(x.shape()) : "undefined");
   try {
-    return conv2d(x, weight_, bias_,
-                  {.stride = opt_.stride,
-                   .padding = opt_.padding,
-                   .dilation = opt_.dilation,
-                   .groups = opt_.groups});
+    const Conv2dOptions o{.stride = opt_.stride,
+                          .padding = opt_.padding,
+                          .dilation = opt_.dilation,
+                          .groups = opt_.groups};
+    if (!opt_.relu) return conv2d(x, weight_, bias_, o);
+    if (!bias_.defined()) return relu(conv2d(x, weight_, Tensor(), o));
+    return bias_relu(conv2d(x, weight_, Tensor(), o), bias_, 1);
   } catch (const Error& e) {
     throw Error(with_layer(repr(), e));
   }
@@ -87,7 +89,7 @@ Tensor Conv2D::forward(const Tensor& x) {
 
 std::string Conv2D::repr() const {
   return detail::str_cat("Conv2D(", in_, ", ", out_, ", kernel=", k_, ", stride=", opt_.stride,
-                         ", padding=", opt_.padding, ")");
+                         ", padding=", opt_.padding, opt_.relu ? ", relu" : "", ")");
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -117,7 +119,11 @@ std::string MaxPool2D::repr() const {
 // Linear
 
 Linear::Linear(int64_t in_features, int64_t out_features, bool bias)
-    : in_(in_features), out_(out_features) {
+    : Linear(in_features, out_features, LinearOptions{.bias = bias}) {}
+
+Linear::Linear(int64_t in_features, int64_t out_features, LinearOptions options)
+    : in_(in_features), out_(out_features), relu_(options.relu) {
+  const bool bias = options.bias;
   GALLEY_CHECK(in_ > 0 && out_ > 0, "Linear: features must be positive, got ", in_, ", ", out_);
   Tensor w = Tensor::empty({out_, in_});
   Tensor b = bias ? Tensor::empty({out_}) : Tensor();
@@ -130,14 +136,16 @@ Tensor Linear::forward(const Tensor& x) {
   GALLEY_CHECK(x.defined() && x.dim() >= 1 && x.size(-1) == in_, repr(), ": expected input [..., ",
                in_, "], got ", x.defined() ? shape_str(x.shape()) : "undefined");
   try {
-    return linear(x, weight_, bias_);
+    if (!relu_) return linear(x, weight_, bias_);
+    if (!bias_.defined()) return relu(linear(x, weight_, Tensor()));
+    return bias_relu(linear(x, weight_, Tensor()), bias_, -1);
   } catch (const Error& e) {
     throw Error(with_layer(repr(), e));
   }
 }
 
 std::string Linear::repr() const {
-  return detail::str_cat("Linear(", in_, ", ", out_, ")");
+  return detail::str_cat("Linear(", in_, ", ", out_, relu_ ? ", relu" : "", ")");
 }
 
 // ---------------------------------------------------------------------------------------------

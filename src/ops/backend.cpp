@@ -3,6 +3,7 @@
 
 #include <algorithm>
 
+#include "kernels/cpu/bias_relu.h"
 #include "kernels/cpu/cross_entropy.h"
 #include "kernels/cpu/gemm.h"
 #include "kernels/cpu/reduce.h"
@@ -274,6 +275,20 @@ void cross_entropy_backward(Device device, const float* prob, const int64_t* lab
     return cpu::cross_entropy_backward(prob, labels, s.data<float>(), n, c, eps, ignore_index, gx);
   gpu::cross_entropy_backward(prob, labels, s.data<float>(), n, c, eps, ignore_index, gx,
                               stream(device));
+}
+
+void bias_relu_forward(Device device, const float* x, const float* b, int64_t outer,
+                       int64_t channels, int64_t inner, float* y) {
+  if (device.is_cuda())
+    return gpu::bias_relu_forward(x, b, outer, channels, inner, y, stream(device));
+  cpu::bias_relu_forward(x, b, outer, channels, inner, y);
+}
+
+void bias_relu_backward(Device device, const float* gy, const float* y, int64_t outer,
+                        int64_t channels, int64_t inner, float* gx, float* gb) {
+  if (device.is_cuda())
+    return gpu::bias_relu_backward(gy, y, outer, channels, inner, gx, gb, stream(device));
+  cpu::bias_relu_backward(gy, y, outer, channels, inner, gx, gb);
 }
 
 void adam_update_multi(Device device, const cpu::AdamStep& s, double lr, double beta1, double beta2,

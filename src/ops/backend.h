@@ -42,6 +42,12 @@ void conv2d_forward(Device device, const kernels::cpu::Conv2dGeometry& g, const 
 void conv2d_backward(Device device, const kernels::cpu::Conv2dGeometry& g, const float* x,
                      const float* w, const float* gy, float* gx, float* gw, float* gb);
 
+// relu(x + b) over [outer, channels, inner], and its backward (gb may be null).
+void bias_relu_forward(Device device, const float* x, const float* b, int64_t outer,
+                       int64_t channels, int64_t inner, float* y);
+void bias_relu_backward(Device device, const float* gy, const float* y, int64_t outer,
+                        int64_t channels, int64_t inner, float* gx, float* gb);
+
 void max_pool2d_forward(Device device, const kernels::cpu::Pool2dGeometry& g, const float* x,
                         float* y, int32_t* idx);
 void max_pool2d_backward(Device device, const kernels::cpu::Pool2dGeometry& g, const float* gy,

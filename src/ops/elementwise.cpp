@@ -172,4 +172,37 @@ Tensor relu(Tensor&& a) {
   return relu_impl(a, a.defined() && sole_owner(a));
 }
 
+Tensor bias_relu(const Tensor& x, const Tensor& bias, int64_t dim) {
+  detail::check_float_pair("bias_relu", x, bias);
+  detail::DeviceScope scope(x.device());
+  const int64_t d = dim < 0 ? dim + x.dim() : dim;
+  GALLEY_CHECK(x.dim() >= 1 && d >= 0 && d < x.dim(), "bias_relu: dimension ", dim,
+               " is out of range for ", shape_str(x.shape()));
+  GALLEY_CHECK(bias.dim() == 1 && bias.size(0) == x.size(d), "bias_relu: bias ",
+               shape_str(bias.shape()), " does not match dimension ", dim, " of ",
+               shape_str(x.shape()));
+  int64_t outer = 1, inner = 1;
+  for (int64_t k = 0; k < d; ++k) outer *= x.size(k);
+  for (int64_t k = d + 1; k < x.dim(); ++k) inner *= x.size(k);
+  const int64_t channels = x.size(d);
+  Tensor cx = x.contiguous(), cb = bias.contiguous();
+  Tensor out = Tensor::empty(x.shape());
+  const Device dev = x.device();
+  backend::bias_relu_forward(dev, cx.data<float>(), cb.data<float>(), outer, channels, inner,
+                             out.data<float>());
+  if (!autograd::needs_grad({&x, &bias})) return out;
+  Tensor dout = out.detach();
+  const bool gx = x.requires_grad(), gb = bias.requires_grad();
+  return record(out, "bias_relu", {x, bias}, [=](const Tensor& g, std::vector<Tensor>& gi) {
+    // The masked gradient goes into the incoming one when nothing else holds it.
+    const bool reuse = gx && sole_owner(g);
+    Tensor cg = g.contiguous();
+    Tensor gxt = reuse ? cg : Tensor::empty(dout.shape());
+    if (gb) gi[1] = Tensor::empty({channels});
+    backend::bias_relu_backward(dev, cg.data<float>(), dout.data<float>(), outer, channels, inner,
+                                gxt.data<float>(), gb ? gi[1].data<float>() : nullptr);
+    if (gx) gi[0] = gxt;
+  });
+}
+
 }  // namespace galley

@@ -12,6 +12,9 @@ struct Conv2DOptions {
   int64_t dilation = 1;
   int64_t groups = 1;
   bool bias = true;
+  /// A ReLU after the bias, fused with it into one pass over the output (forward and
+  /// backward): the layer returns relu(conv(x) + b).
+  bool relu = false;
 };
 
 /// Convolution over [N, C, H, W] with a square kernel; weight [out, in/groups, k, k], bias [out].
