@@ -251,15 +251,17 @@ void Tensor::copy_(const Tensor& src) {
   src.copy_to_host(raw_data());
 }
 
+namespace {
+void store_float(void* p, DType t, int64_t i, float v);
+}  // namespace
+
 void Tensor::fill_(float value) {
   GALLEY_CHECK_DEFINED("fill_");
   GALLEY_CHECK(is_contiguous(), "fill_: the tensor must be contiguous");
   if (!device().is_cpu()) {
     // The element's bytes as the host writes them, repeated on the device.
-    Tensor one = Tensor::empty({1}, dtype(), Device::cpu());
-    one.fill_(value);
     uint64_t bits = 0;
-    std::memcpy(&bits, one.raw_data(), dtype_size(dtype()));
+    store_float(&bits, dtype(), 0, value);
     detail::fill_elements(device(), raw_data(), numel(), bits,
                           static_cast<int>(dtype_size(dtype())));
     return;
@@ -275,8 +277,13 @@ void Tensor::fill_(float value) {
     case DType::UInt8:
       std::fill_n(data<uint8_t>(), n, static_cast<uint8_t>(value));
       break;
-    default:
-      GALLEY_CHECK(false, "fill_: unsupported dtype ", dtype_name(dtype()));
+    case DType::Float16:
+    case DType::BFloat16: {
+      uint16_t bits = 0;
+      store_float(&bits, dtype(), 0, value);
+      std::fill_n(static_cast<uint16_t*>(raw_data()), n, bits);
+      break;
+    }
   }
 }
 

@@ -115,6 +115,7 @@ TEST(CachingAllocator, APrivatePoolKeepsItsBlocksAndIsReleasedAlone) {
   // graph goes leaves the eager cache alone.
   Fixture f;
   constexpr uintptr_t graph = 0x3;
+  f.alloc.open_pool(graph);
   void* eager = f.alloc.allocate(2 * MiB);
   f.alloc.free(eager);
   void* g1 = f.alloc.allocate(2 * MiB, graph, /*may_release=*/false);
@@ -126,10 +127,28 @@ TEST(CachingAllocator, APrivatePoolKeepsItsBlocksAndIsReleasedAlone) {
   void* e2 = f.alloc.allocate(2 * MiB);
   EXPECT_EQ(e2, eager);
   EXPECT_EQ(f.alloc.stats().device_allocs, 2u);
+  // While the graph lives, emptying the cache leaves its memory alone (replays write there).
+  f.alloc.empty_cache();
+  EXPECT_EQ(f.alloc.stats().device_frees, 0u);
+  EXPECT_EQ(f.device.size(), 2u);
   f.alloc.release_pool(graph);
   EXPECT_EQ(f.alloc.stats().device_frees, 1u);
   EXPECT_EQ(f.device.size(), 1u);  // the eager segment stays
   f.alloc.free(e2);
+}
+
+TEST(CachingAllocator, AnEndedPoolGivesBackItsLastSegmentsWhenTheirBlocksAreFreed) {
+  // A tensor made during a capture (the step's loss) may outlive its graph.
+  Fixture f;
+  constexpr uintptr_t graph = 0x5;
+  f.alloc.open_pool(graph);
+  void* kept = f.alloc.allocate(3 * MiB, graph, false);
+  f.alloc.release_pool(graph);
+  EXPECT_EQ(f.alloc.stats().device_frees, 0u);
+  f.alloc.free(kept);
+  EXPECT_EQ(f.alloc.stats().device_frees, 1u);
+  EXPECT_TRUE(f.device.empty());
+  EXPECT_EQ(f.alloc.stats().reserved, 0u);
 }
 
 TEST(CachingAllocator, DuringACaptureTheCacheIsNotEmptiedToMakeRoom) {

@@ -119,7 +119,7 @@ TEST(CudaGraph, AHostCopyInsideTheStepIsAClearErrorAndLeavesNoCapture) {
   Graph graph;
   testutil::expect_contains(
       testutil::error_of([&] { graph.capture(gpu, [&] { (void)galley::add(a, a).item(); }); }),
-      {"cuda:0", "capture"});
+      {"cuda:0", "capture", "read values back"});
   EXPECT_FALSE(graph.captured());
   // The stream is usable eagerly afterwards.
   EXPECT_EQ(galley::add(a, a).to_vector()[999], 2.f);
@@ -137,4 +137,38 @@ TEST(CudaGraph, ReplaysSeeNewValuesOfStaticInputs) {
     graph.replay();
     EXPECT_EQ(y.to_vector()[4096], v * v);
   }
+}
+
+TEST(CudaGraph, EmptyingTheCacheLeavesTheGraphsMemoryAlone) {
+  REQUIRE_GPU();
+  const Device gpu = Device::cuda(0);
+  Tensor x = galley::zeros({1 << 20}, DType::Float32, gpu);
+  Tensor y;
+  Graph graph;
+  // The temporary (x * x) is freed inside the capture: its block stays the graph's.
+  graph.capture(gpu, [&] { y = galley::relu(galley::add(galley::mul(x, x), x)); });
+  galley::empty_cache(gpu);
+  // Had the graph's free blocks gone back to the driver, this could land on them and the
+  // replay would overwrite it.
+  Tensor junk = galley::full({1 << 22}, -7.f, DType::Float32, gpu);
+  x.fill_(2.f);
+  graph.replay();
+  EXPECT_EQ(y.to_vector()[12345], 6.f);
+  for (float v : junk.to_vector()) ASSERT_EQ(v, -7.f);
+}
+
+TEST(CudaGraph, OptimizerStateMadeInsideACaptureIsAnError) {
+  REQUIRE_GPU();
+  const Device gpu = Device::cuda(0);
+  Tensor w = galley::ones({8}, DType::Float32, gpu).set_requires_grad();
+  galley::optim::Adam opt({w});
+  Graph graph;
+  testutil::expect_contains(testutil::error_of([&] {
+                              graph.capture(gpu, [&] {
+                                galley::sum(galley::mul(w, w)).backward();
+                                opt.step();
+                              });
+                            }),
+                            {"Adam", "cuda:0", "capture", "eagerly once"});
+  EXPECT_FALSE(graph.captured());
 }

@@ -154,6 +154,10 @@ ConvDescs& descs_for(int device, const cpu::Conv2dGeometry& g) {
 // ----------------------------------------------------------------------------------------------
 // launchers
 
+void prepare(int device) {
+  (void)handles(device);
+}
+
 void set_allow_tf32(bool on) {
   tf32 = on;
 }

@@ -19,6 +19,8 @@ void gemm(int device, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t 
           int64_t ldc, void* stream);
 
 // Lets cuBLAS use TF32 tensor cores for float32 products (faster, ~1e-3 relative error).
+// Creates `device`'s cuBLAS and cuDNN handles (and cuBLAS's workspace) if they do not exist yet.
+void prepare(int device);
 void set_allow_tf32(bool on);
 bool allow_tf32();
 

@@ -94,16 +94,16 @@ void adam_update(const cpu::AdamStep& s, int64_t n, float* p, const float* g, fl
 void sgd_update(const cpu::SGDStep& s, int64_t n, float* p, const float* g, float* buf,
                 void* stream);
 
-// One tensor of a multi-tensor update. `step` (Adam) is a device float holding the steps this
+// One tensor of a multi-tensor update. `step` (Adam) is a device int64 holding the steps this
 // tensor has taken; `buf` (SGD) its momentum buffer, `first` whether that buffer starts now.
 struct OptimizerTensor {
   float* p;
   const float* g;
-  float* m;     // Adam: exp_avg
-  float* v;     // Adam: exp_avg_sq
-  float* vmax;  // Adam with amsgrad: max_exp_avg_sq, else null
-  float* step;  // Adam: device step counter
-  float* buf;   // SGD: momentum buffer (null without momentum)
+  float* m;       // Adam: exp_avg
+  float* v;       // Adam: exp_avg_sq
+  float* vmax;    // Adam with amsgrad: max_exp_avg_sq, else null
+  int64_t* step;  // Adam: device step counter
+  float* buf;     // SGD: momentum buffer (null without momentum)
   int64_t n;
   bool first;  // SGD: the momentum buffer starts as the gradient
 };

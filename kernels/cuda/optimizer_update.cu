@@ -188,7 +188,7 @@ __global__ void adam_multi_kernel(Batch b, cpu::AdamStep s, double lr, double be
 
 // Runs after every block of the update has read its counter.
 __global__ void advance_steps_kernel(Batch b) {
-  if (int32_t(threadIdx.x) < b.count) *b.t[threadIdx.x].step += 1.f;
+  if (int32_t(threadIdx.x) < b.count) *b.t[threadIdx.x].step += 1;
 }
 
 __global__ void sgd_multi_kernel(Batch b, cpu::SGDStep s) {

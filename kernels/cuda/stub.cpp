@@ -23,6 +23,7 @@ void gemm(int, bool, bool, int64_t, int64_t, int64_t, float, const float*, int64
           int64_t, float, float*, int64_t, void*) {
   absent();
 }
+void prepare(int) {}
 void set_allow_tf32(bool) {}
 bool allow_tf32() {
   return false;

@@ -126,7 +126,13 @@ DataLoader::~DataLoader() {
   for (auto& t : workers_) t.join();
   // Copies still queued finish on their own; the buffers they touch outlive them only if
   // nothing is left in flight, so wait for them before the slots go.
-  for (auto& slot : slots_) slot->copied.synchronize();
+  for (auto& slot : slots_) {
+    try {
+      slot->copied.synchronize();
+    } catch (...) {
+      // A GPU that has failed already reported it; nothing is left to wait for.
+    }
+  }
   for (void* st : copy_streams_) detail::destroy_stream(opt_.device, st);
 }
 
@@ -141,13 +147,18 @@ void DataLoader::allocate(Slot& slot) {
   const Shape ls = batch_shape(label_shape_, opt_.batch_size);
   slot.buffer.data = Tensor::empty(ds, DType::Float32, opt_.device);
   slot.buffer.label = Tensor::empty(ls, label_dtype_, opt_.device);
-  if (opt_.device.is_cuda() && !slot.host.data.defined()) {  // the host side is never handed out: kept as it is
+  if (opt_.device.is_cuda() &&
+      !slot.host.data.defined()) {  // the host side is never handed out: kept as it is
     slot.host.data = opt_.pin_memory ? Tensor::empty_pinned(ds) : Tensor::empty(ds);
     slot.host.label =
         opt_.pin_memory ? Tensor::empty_pinned(ls, label_dtype_) : Tensor::empty(ls, label_dtype_);
     slot.copied = detail::Event(opt_.device);
     slot.consumed = detail::Event(opt_.device);
   }
+  // The new device buffers come from the caching allocator, whose blocks may have been freed
+  // by the host while kernels queued on the compute stream still use them: the first copy
+  // into them waits for that work.
+  if (opt_.device.is_cuda()) slot.consumed.record(detail::compute_stream(opt_.device));
   slot.tail = Example{};
   slot.host_tail = Example{};
   slot.tail_rows = 0;

@@ -8,6 +8,7 @@
 #include "kernels/cpu/optimizer_update.h"
 #include "src/device_scope.h"
 #include "src/ops/backend.h"
+#include "src/runtime/device_memory.h"
 
 namespace galley::optim {
 
@@ -79,6 +80,15 @@ Tensor saved(const StateDict& st, size_t i, const char* what, const Tensor& para
   return it->second;
 }
 
+// State made inside a CUDA graph capture would be made again at every replay (moments reset to
+// zero): the step must have run eagerly once before it is captured.
+void check_not_capturing(const Tensor& p, const std::string& owner) {
+  GALLEY_CHECK(!detail::capturing(p.device()), owner, ": the optimizer state of a parameter on ",
+               p.device().str(),
+               " would be created inside a CUDA graph capture; run the step eagerly once before "
+               "capturing it");
+}
+
 // The batch of GPU tensors for `device`, added when new.
 using GpuBatches = std::vector<std::pair<Device, std::vector<backend::OptimizerTensor>>>;
 std::vector<backend::OptimizerTensor>& group_of(GpuBatches& batches, Device device) {
@@ -136,13 +146,16 @@ void Adam::step() {
   for_each_gradient([&](size_t i, Tensor& p, const Tensor& g) {
     AdamState& st = state_[i];
     if (st.step == 0 && !st.exp_avg.defined()) {
+      check_not_capturing(p, name());
       st.exp_avg = zeros(p.shape());
       st.exp_avg_sq = zeros(p.shape());
       if (opt_.amsgrad) st.max_exp_avg_sq = zeros(p.shape());
     }
     if (p.device().is_cuda()) {
-      if (!st.device_step.defined())
-        st.device_step = full({1}, static_cast<float>(st.step), DType::Float32, p.device());
+      if (!st.device_step.defined()) {
+        check_not_capturing(p, name());
+        st.device_step = Tensor::from_vector(std::vector<int64_t>{st.step}, {1}, p.device());
+      }
       ++st.step;
       keep.push_back(g);
       backend::OptimizerTensor t{};
@@ -151,7 +164,7 @@ void Adam::step() {
       t.m = st.exp_avg.data<float>();
       t.v = st.exp_avg_sq.data<float>();
       t.vmax = opt_.amsgrad ? st.max_exp_avg_sq.data<float>() : nullptr;
-      t.step = st.device_step.data<float>();
+      t.step = st.device_step.data<int64_t>();
       t.n = p.numel();
       group_of(gpu, p.device()).push_back(t);
       return;
@@ -174,8 +187,7 @@ StateDict Adam::state_dict() const {
   StateDict st = Optimizer::state_dict();
   for (size_t i = 0; i < state_.size(); ++i) {
     const AdamState& a = state_[i];
-    const int64_t step =
-        a.device_step.defined() ? static_cast<int64_t>(a.device_step.item()) : a.step;
+    const int64_t step = a.device_step.defined() ? a.device_step.to_vector<int64_t>()[0] : a.step;
     st.set(key(i, "step"), step);
     if (step == 0) continue;
     st.tensors[key(i, "exp_avg")] = a.exp_avg.clone();
@@ -230,7 +242,10 @@ void SGD::step() {
   for_each_gradient([&](size_t i, Tensor& p, const Tensor& g) {
     cpu::SGDStep h = s;
     h.first = opt_.momentum != 0 && !momentum_[i].defined();
-    if (h.first) momentum_[i] = Tensor::empty(p.shape());
+    if (h.first) {
+      check_not_capturing(p, name());
+      momentum_[i] = Tensor::empty(p.shape());
+    }
     float* buf = opt_.momentum != 0 ? momentum_[i].data<float>() : nullptr;
     if (p.device().is_cuda()) {
       keep.push_back(g);

@@ -126,6 +126,9 @@ struct DataParallelBase::Impl {
     // waiting for the compute stream (which runs the rest of backward meanwhile).
     void* side = nullptr;
     detail::Event side_done;
+    // GPU replicas: per bucket, recorded on the compute stream once the bucket is filled; the
+    // bucket's collective waits for it alone.
+    std::vector<detail::Event> bucket_filled;
     ~Replica() { detail::destroy_stream(device, side); }
     // Per backward: which parameters have handed over their gradient, and bucket readiness.
     std::mutex mu;
@@ -174,7 +177,10 @@ struct DataParallelBase::Impl {
     if (!cur.params.empty()) buckets.push_back(std::move(cur));
     for (auto& r : replicas) {
       detail::DeviceScope scope(r->device);
-      for (auto& b : buckets) r->flat.push_back(zeros({b.total()}, DType::Float32, r->device));
+      for (auto& b : buckets) {
+        r->flat.push_back(zeros({b.total()}, DType::Float32, r->device));
+        if (r->device.is_cuda()) r->bucket_filled.emplace_back(r->device);
+      }
     }
   }
 
@@ -197,6 +203,7 @@ struct DataParallelBase::Impl {
     if (rep.param_ready[k]) return;
     rep.param_ready[k] = 1;
     if (--rep.pending[b] == 0) {
+      if (rep.device.is_cuda()) rep.bucket_filled[b].record(detail::compute_stream(rep.device));
       rep.bucket_ready[b] = 1;
       rep.cv.notify_all();
     }
@@ -217,6 +224,7 @@ struct DataParallelBase::Impl {
         rep.param_ready[k] = 1;
       }
       rep.pending[b] = 0;
+      if (rep.device.is_cuda()) rep.bucket_filled[b].record(detail::compute_stream(rep.device));
       rep.bucket_ready[b] = 1;
     }
     rep.cv.notify_all();
@@ -240,6 +248,10 @@ struct DataParallelBase::Impl {
       const int64_t count = buckets[b].total();
       // Sum over this process's replicas, average over processes (replica 0 speaks for the
       // process), then hand the result back to the local replicas.
+      // The first collective on the bucket waits for the bucket's own event (one replica per
+      // process: the process-level one).
+      if (dev.is_cuda())
+        (n() > 1 ? rep.comm : procs)->wait_for_event(rep.bucket_filled[b].handle());
       rep.comm->all_reduce(data, count, parallel::ReduceOp::Sum);
       if (procs) {
         if (r == 0) procs->all_reduce(data, count, parallel::ReduceOp::Avg);

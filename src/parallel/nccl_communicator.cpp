@@ -248,6 +248,10 @@ class NcclCommunicator : public Communicator {
   int size() const override { return size_; }
   std::string kind() const override { return "nccl"; }
   Device device() const override { return device_; }
+  void wait_for_event(void* cuda_event) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    pending_ = static_cast<cudaEvent_t>(cuda_event);
+  }
   using Communicator::all_gather;
   using Communicator::all_reduce;
   using Communicator::broadcast;
@@ -318,9 +322,14 @@ class NcclCommunicator : public Communicator {
     if (count == 0) return;
     CurrentDevice current(device_.index());
     try {
-      auto compute = static_cast<cudaStream_t>(detail::compute_stream(device_));
-      CUDA_CHECK(cudaEventRecord(ready_, compute));
-      CUDA_CHECK(cudaStreamWaitEvent(stream_, ready_, 0));
+      if (pending_) {  // the input's own event (wait_for_event)
+        CUDA_CHECK(cudaStreamWaitEvent(stream_, pending_, 0));
+        pending_ = nullptr;
+      } else {
+        auto compute = static_cast<cudaStream_t>(detail::compute_stream(device_));
+        CUDA_CHECK(cudaEventRecord(ready_, compute));
+        CUDA_CHECK(cudaStreamWaitEvent(stream_, ready_, 0));
+      }
       issue();
       CUDA_CHECK(cudaEventRecord(done_, stream_));
     } catch (const Error& e) {
@@ -412,10 +421,11 @@ class NcclCommunicator : public Communicator {
   const CommOptions options_;
   std::shared_ptr<GroupState> group_;
   cudaStream_t stream_ = nullptr;
-  cudaEvent_t ready_ = nullptr;  // recorded on the compute stream; stream_ waits for it
-  cudaEvent_t done_ = nullptr;   // recorded on stream_ after the collective; polled
-  float* scratch_ = nullptr;     // one device float for barrier()
-  std::mutex mu_;                // one call at a time
+  cudaEvent_t ready_ = nullptr;    // recorded on the compute stream; stream_ waits for it
+  cudaEvent_t done_ = nullptr;     // recorded on stream_ after the collective; polled
+  cudaEvent_t pending_ = nullptr;  // set by wait_for_event for the next collective only
+  float* scratch_ = nullptr;       // one device float for barrier()
+  std::mutex mu_;                  // one call at a time
   bool broken_ = false;
   std::string why_;
 };

@@ -99,7 +99,8 @@ size_t CachingAllocator::release_free_segments(bool any, uintptr_t stream) {
   for (auto* pool : {&small_, &large_}) {
     for (auto it = pool->begin(); it != pool->end();) {
       Block* b = *it;
-      if (!b->prev && !b->next && (any || b->stream == stream)) {  // a whole segment, free
+      const bool match = any ? open_pools_.count(b->stream) == 0 : b->stream == stream;
+      if (!b->prev && !b->next && match) {  // a whole segment, free
         mem_->release(b->ptr);
         stats_.reserved -= b->size;
         ++stats_.device_frees;
@@ -187,6 +188,13 @@ void CachingAllocator::free(void* p) {
     delete hi;
     b = lo;
   }
+  if (!b->prev && !b->next && dead_pools_.count(b->stream)) {  // the last block of an ended pool
+    mem_->release(b->ptr);
+    stats_.reserved -= b->size;
+    ++stats_.device_frees;
+    delete b;
+    return;
+  }
   pool.insert(b);
 }
 
@@ -195,9 +203,21 @@ void CachingAllocator::empty_cache() {
   release_free_segments();
 }
 
+void CachingAllocator::open_pool(uintptr_t stream) {
+  std::lock_guard<std::mutex> lock(mu_);
+  open_pools_.insert(stream);
+  dead_pools_.erase(stream);
+}
+
 void CachingAllocator::release_pool(uintptr_t stream) {
   std::lock_guard<std::mutex> lock(mu_);
+  open_pools_.erase(stream);
   release_free_segments(false, stream);
+  for (auto& [p, b] : live_)
+    if (b->stream == stream) {
+      dead_pools_.insert(stream);
+      break;
+    }
 }
 
 void CachingAllocator::set_limit(size_t bytes) {

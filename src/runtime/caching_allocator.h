@@ -69,7 +69,11 @@ class CachingAllocator {
   void free(void* p);
   // Gives every completely free segment back to the device.
   void empty_cache();
-  // Gives back the completely free segments of one pool key (a CUDA graph's, once it is gone).
+  // Marks `stream` as a private pool (a CUDA graph's): until release_pool, its memory is never
+  // given back to the device, whatever empty_cache, the cap or a full device ask for.
+  void open_pool(uintptr_t stream);
+  // Ends a private pool: its completely free segments go back to the device now, the others as
+  // soon as their last block is freed.
   void release_pool(uintptr_t stream);
   // Changes the cap (0 = none); reserved memory above it is returned as far as it is free.
   void set_limit(size_t bytes);
@@ -102,6 +106,8 @@ class CachingAllocator {
   mutable std::mutex mu_;
   Pool small_, large_;
   std::unordered_map<void*, Block*> live_;
+  std::set<uintptr_t> open_pools_;  // private pools in use: never released
+  std::set<uintptr_t> dead_pools_;  // ended pools with blocks still in use
   AllocatorStats stats_;
 };
 

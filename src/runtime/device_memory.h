@@ -64,6 +64,8 @@ class Event {
   void synchronize() const;
   // True when the recorded work has finished (or nothing was recorded).
   bool done() const;
+  // The cudaEvent_t (null when empty).
+  void* handle() const { return event_; }
 
  private:
   Device device_;
@@ -85,7 +87,10 @@ class CaptureAllocations {
   int prev_device_;
   uintptr_t prev_pool_;
 };
-// Returns the free memory of a private pool to the device (its graph is gone). Never throws.
+// Opens a private pool on `device` (a CUDA graph's): its memory stays reserved until
+// release_pool, which returns it to the device (blocks still in use go back when freed).
+void open_pool(Device device, uintptr_t pool);
+// Never throws.
 void release_pool(Device device, uintptr_t pool) noexcept;
 // True while this thread captures a CUDA graph on `device`.
 bool capturing(Device device);

@@ -94,7 +94,11 @@ void Graph::capture(Device device, const std::function<void()>& step) {
   // Eager work queued before must not end up in the graph, and any error it hit is raised now.
   check(cudaStreamSynchronize(stream), "finishing the work queued before the capture", device);
   detail::check_deferred_errors(device);
+  // Library handles and their workspaces are created on first use, which a capture forbids:
+  // make sure this device's exist.
+  kernels::cuda::prepare(device.index());
   const uintptr_t pool = next_pool();
+  detail::open_pool(device, pool);
   cudaGraph_t graph = nullptr;
   {
     detail::CaptureAllocations allocations(device, pool);

@@ -44,7 +44,13 @@ class CudaMemory : public DeviceMemory {
     cudaGetDevice(&prev);
     cudaSetDevice(device_);
     void* p = nullptr;
-    if (cudaMalloc(&p, bytes) != cudaSuccess) {
+    // cudaMalloc counts as unsafe while this thread captures a CUDA graph (a graph's private
+    // pool starts empty): allow it for this one call, as it does not touch any stream.
+    cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
+    cudaThreadExchangeStreamCaptureMode(&mode);
+    const cudaError_t rc = cudaMalloc(&p, bytes);
+    cudaThreadExchangeStreamCaptureMode(&mode);
+    if (rc != cudaSuccess) {
       (void)cudaGetLastError();  // an out-of-memory is reported by the allocator, with context
       p = nullptr;
     }
@@ -186,6 +192,10 @@ void* device_alloc(Device device, size_t bytes) {
   if (capturing(device))
     return cuda_allocator(device.index()).allocate(bytes, capture_pool, /*may_release=*/false);
   return cuda_allocator(device.index()).allocate(bytes);
+}
+
+void open_pool(Device device, uintptr_t pool) {
+  cuda_allocator(device.index()).open_pool(pool);
 }
 
 void release_pool(Device device, uintptr_t pool) noexcept {
@@ -376,7 +386,8 @@ void check_deferred_errors(Device device) {
   if (code == static_cast<int64_t>(DeferredError::LabelOutOfRange))
     throw Error(str_cat("cross_entropy on ", device.str(), ": label ", b, " at row ", a,
                         " is outside [0, ", c,
-                        ") (found by the GPU in an earlier step; its loss is NaN)"));
+                        ") (found by the GPU in an earlier step, which left that row out of its "
+                        "loss)"));
   throw Error(str_cat(device.str(), ": a kernel reported error code ", code));
 }
 #else
@@ -392,6 +403,9 @@ void* device_alloc(Device device, size_t) {
   no_backend(device);
 }
 void device_free(Device, void*) noexcept {}
+void open_pool(Device device, uintptr_t) {
+  no_backend(device);
+}
 void release_pool(Device, uintptr_t) noexcept {}
 void copy_bytes(void* dst, Device dst_device, const void* src, Device src_device, size_t bytes) {
   if (!dst_device.is_cpu()) no_backend(dst_device);

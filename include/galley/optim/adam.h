@@ -19,7 +19,7 @@ struct AdamState {
   /// Steps taken, as counted by the host (eager steps).
   int64_t step = 0;
   Tensor exp_avg, exp_avg_sq, max_exp_avg_sq;
-  /// For a parameter on a GPU: the step count on the device (one float), which the update
+  /// For a parameter on a GPU: the step count on the device (one int64), which the update
   /// reads and advances itself, so that a step replayed from a CUDA graph counts too. Once it
   /// exists it is the count state_dict() saves.
   Tensor device_step;

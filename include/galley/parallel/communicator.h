@@ -39,6 +39,11 @@ class Communicator {
   virtual void barrier() = 0;
   /// Short description for messages ("threads", "mpi", "nccl").
   virtual std::string kind() const = 0;
+  /// GPU communicators: the next collective waits only for `cuda_event` (a cudaEvent_t recorded
+  /// on the compute stream right after its input was written) rather than for everything
+  /// queued on the compute stream so far, so it can run while later work (the rest of backward)
+  /// still computes. Host communicators ignore it.
+  virtual void wait_for_event(void* cuda_event) { (void)cuda_event; }
   /// Where the memory given to the pointer calls above must live: the host (Device::cpu(), any
   /// CPU index) for "threads" and "mpi", the communicator's own GPU for "nccl".
   virtual Device device() const { return Device::cpu(); }

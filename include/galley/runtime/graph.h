@@ -26,7 +26,9 @@
 /// backward and the optimizers (Adam and SGD keep their step counts on the device, so replays
 /// keep counting). What it may not do: copy between the host and the GPU or read values back
 /// (item(), to_vector()); change shapes between replays; depend on host values that change
-/// between replays (a learning rate set later is not seen: capture again after changing it).
+/// between replays (a learning rate set later is not seen: capture again after changing it, or
+/// after loading an optimizer's state, which replaces its tensors). The step must have run
+/// eagerly once before the capture: optimizer state created inside a capture is an error.
 /// Memory the capture allocates comes from a pool private to the graph, so replays write into
 /// the same addresses: tensors created inside the step (like `loss` above) are overwritten by
 /// each replay, and the pool is returned when the graph is destroyed.
