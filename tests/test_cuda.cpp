@@ -11,11 +11,6 @@
 using galley::Device;
 using galley::Tensor;
 
-#define REQUIRE_GPU()                                                                     \
-  if (!galley::cuda::available())                                                         \
-  GTEST_SKIP() << "no CUDA device here (galley::cuda_device_count() == 0): the GPU path " \
-                  "is compiled but cannot run"
-
 TEST(CudaWithoutGpu, DeviceTensorsAreAClearErrorNotACrash) {
   if (galley::cuda::available()) GTEST_SKIP() << "a GPU is present";
   EXPECT_EQ(galley::cuda_device_count(), 0);

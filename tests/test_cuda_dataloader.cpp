@@ -10,11 +10,6 @@ using galley::Device;
 using galley::Tensor;
 using galley::data::DataLoader;
 
-#define REQUIRE_GPU()                                                                     \
-  if (!galley::cuda::available())                                                         \
-  GTEST_SKIP() << "no CUDA device here (galley::cuda_device_count() == 0): the GPU path " \
-                  "is compiled but cannot run"
-
 namespace {
 galley::data::TensorDataset dataset(int64_t n) {
   Tensor x = galley::randn({n, 3, 8, 8});

@@ -14,11 +14,6 @@ using galley::DType;
 using galley::Tensor;
 using galley::cuda::Graph;
 
-#define REQUIRE_GPU()                                                                     \
-  if (!galley::cuda::available())                                                         \
-  GTEST_SKIP() << "no CUDA device here (galley::cuda_device_count() == 0): the GPU path " \
-                  "is compiled but cannot run"
-
 TEST(CudaGraph, MisuseIsAClearErrorWithOrWithoutAGpu) {
   Graph g;
   EXPECT_FALSE(g.captured());

@@ -7,16 +7,12 @@
 #include "galley/galley.h"
 #include "galley/runtime/cuda.h"
 #include "models.h"
+#include "test_util.h"
 
 using galley::Device;
 using galley::Tensor;
 
 namespace {
-
-#define REQUIRE_GPU()                                                                         \
-  if (!galley::cuda::available())                                                             \
-  GTEST_SKIP() << "no CUDA device here (cuda_device_count() == 0): the GPU path is compiled " \
-                  "but cannot run"
 
 const Device gpu = Device::cuda(0);
 

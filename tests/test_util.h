@@ -6,6 +6,13 @@
 #include <string>
 
 #include "galley/error.h"
+#include "galley/runtime/cuda.h"
+
+// Skips a GPU test, saying why, on a machine without a CUDA device.
+#define REQUIRE_GPU()                                                                     \
+  if (!galley::cuda::available())                                                         \
+  GTEST_SKIP() << "no CUDA device here (galley::cuda_device_count() == 0): the GPU path " \
+                  "is compiled but cannot run"
 
 namespace testutil {
 

@@ -221,25 +221,19 @@ void copy_bytes(void* dst, Device dst_device, const void* src, Device src_device
     return;
   }
   const Device gpu = dst_device.is_cuda() ? dst_device : src_device;
-  CurrentDevice current(gpu.index());
-  cudaStream_t stream = as_stream(compute_stream(gpu));
-  if (dst_device == src_device) {
-    // Within one GPU: ordered on the compute stream like a kernel, so nothing waits (and it can
-    // be captured into a CUDA graph).
-    cuda_check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream), "copy", gpu);
-    return;
-  }
+  void* stream = compute_stream(gpu);
+  // Within one GPU: ordered on the compute stream like a kernel, so nothing waits (and it can be
+  // captured into a CUDA graph).
+  if (dst_device == src_device)
+    return copy_bytes_async(dst, dst_device, src, src_device, bytes, stream);
   check_not_capturing(gpu, "copy to or from");
-  if (dst_device.is_cuda() && src_device.is_cuda()) {
-    // Between GPUs: the source's queued work first, then the copy on the destination's stream.
+  // Between GPUs: the source's queued work first, then the copy on the destination's stream.
+  if (dst_device.is_cuda() && src_device.is_cuda())
     cuda_check(cudaStreamSynchronize(as_stream(compute_stream(src_device))), "synchronize",
                src_device);
-    cuda_check(cudaMemcpyPeerAsync(dst, dst_device.index(), src, src_device.index(), bytes, stream),
-               "copy", gpu);
-  } else {
-    cuda_check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, stream), "copy", gpu);
-  }
-  cuda_check(cudaStreamSynchronize(stream), "copy", gpu);
+  copy_bytes_async(dst, dst_device, src, src_device, bytes, stream);
+  CurrentDevice current(gpu.index());
+  cuda_check(cudaStreamSynchronize(as_stream(stream)), "copy", gpu);
   check_deferred_errors(gpu);
 }
 
