@@ -262,6 +262,32 @@ TEST(SafeTensorsFile, OverlappingTensorsAreAnError) {
                             {"o.safetensors", "overlap", "'a'", "'b'"});
 }
 
+TEST(SafeTensorsFile, SizesThatAreNotWholeNumbersOrOverflowAreErrors) {
+  // Found by the fuzzer: a size too large for 64 bits parses as a float, which must not be
+  // converted to an integer; products of sizes must not overflow either.
+  const std::string dir = temp_dir("sizes");
+  const std::string path = dir + "/s.safetensors";
+  struct Case {
+    std::string shape, offsets, expect;
+  };
+  for (const Case& c :
+       {Case{"[22222222222222222228, 10]", "[0, 8]", "shape holds"},
+        Case{"[1.5]", "[0, 8]", "shape holds 1.5"}, Case{"[-2]", "[0, 8]", "shape holds -2"},
+        Case{"[2]", "[-1, 8]", "data_offsets holds -1"},
+        Case{"[2]", "\"0\"", "data_offsets is not an array"},
+        Case{"[4294967296, 4294967296, 4]", "[0, 8]", "larger than any file"}}) {
+    const std::string header =
+        R"({"t":{"dtype":"F32","shape":)" + c.shape + R"(,"data_offsets":)" + c.offsets + "}}";
+    std::ofstream out(path, std::ios::binary | std::ios::trunc);
+    uint64_t len = header.size();
+    out.write(reinterpret_cast<const char*>(&len), 8);
+    out << header << std::string(8, '\0');
+    out.close();
+    testutil::expect_contains(testutil::error_of([&] { galley::io::load_safetensors(path); }),
+                              {"s.safetensors", "'t'", c.expect});
+  }
+}
+
 TEST(SafeTensorsFile, HalfPrecisionRoundTripsAndLoadsIntoFloatLayers) {
   const std::string dir = temp_dir("half");
   nn::Linear fc(4, 3);

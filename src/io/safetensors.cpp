@@ -118,6 +118,24 @@ void save_safetensors(const std::string& path, const std::map<std::string, Tenso
   }
 }
 
+namespace {
+// The non-negative integers of a JSON array (shape or data_offsets). Anything else (a negative
+// or fractional number, one too large for 63 bits, a string) is an error naming the field.
+std::vector<uint64_t> whole_numbers(const nlohmann::json& v, const char* field,
+                                    const std::string& path, const std::string& name) {
+  GALLEY_CHECK(v.is_array(), "safetensors file '", path, "': tensor '", name, "': ", field,
+               " is not an array");
+  std::vector<uint64_t> out;
+  for (const auto& e : v) {
+    GALLEY_CHECK(e.is_number_unsigned() && e.get<uint64_t>() <= uint64_t(INT64_MAX),
+                 "safetensors file '", path, "': tensor '", name, "': ", field, " holds ", e.dump(),
+                 ", not a size (a whole number from 0 to 2^63 - 1)");
+    out.push_back(e.get<uint64_t>());
+  }
+  return out;
+}
+}  // namespace
+
 SafetensorsFile read_safetensors(const std::string& path) {
   std::ifstream in(path, std::ios::binary | std::ios::ate);
   GALLEY_CHECK(in.good(), "load_safetensors: cannot open '", path, "'");
@@ -155,15 +173,18 @@ SafetensorsFile read_safetensors(const std::string& path) {
         continue;
       }
       DType dt = from_st_dtype(entry.at("dtype").get<std::string>(), path, name);
-      Shape shape = entry.at("shape").get<Shape>();
-      for (int64_t d : shape)
-        GALLEY_CHECK(d >= 0, "safetensors file '", path, "': tensor '", name,
-                     "' has a negative size in shape ", shape_str(shape));
-      auto offs = entry.at("data_offsets").get<std::vector<uint64_t>>();
+      const auto dims = whole_numbers(entry.at("shape"), "shape", path, name);
+      Shape shape(dims.begin(), dims.end());
+      const auto offs = whole_numbers(entry.at("data_offsets"), "data_offsets", path, name);
       GALLEY_CHECK(offs.size() == 2 && offs[0] <= offs[1] && offs[1] <= data_size,
                    "safetensors file '", path, "': tensor '", name, "' data offsets run past the ",
                    data_size, " bytes of data");
-      const uint64_t bytes = shape_numel(shape) * dtype_size(dt);
+      // The size in bytes, refusing products that overflow (no file holds such a tensor).
+      uint64_t bytes = dtype_size(dt);
+      for (uint64_t d : dims)
+        GALLEY_CHECK(!__builtin_mul_overflow(bytes, d, &bytes), "safetensors file '", path,
+                     "': tensor '", name, "' of shape ", shape_str(shape),
+                     " is larger than any file");
       GALLEY_CHECK(offs[1] - offs[0] == bytes, "safetensors file '", path, "': tensor '", name,
                    "' of shape ", shape_str(shape), " needs ", bytes, " bytes but spans ",
                    offs[1] - offs[0], " (at byte ", data_start + offs[0], ")");
