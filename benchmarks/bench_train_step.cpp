@@ -38,12 +38,26 @@ using bench::parse;
 using bench::seconds_since;
 using bench::usage;
 
+namespace {
+int run(const Args& a);
+}  // namespace
+
 int main(int argc, char** argv) {
   Args a;
   if (!parse(argc, argv, a)) {
     usage(argv[0]);
     return 2;
   }
+  try {
+    return run(a);
+  } catch (const galley::Error& e) {
+    std::fprintf(stderr, "bench_train_step: %s\n", e.what());
+    return 1;
+  }
+}
+
+namespace {
+int run(const Args& a) {
   galley::set_num_threads(a.threads);
   galley::manual_seed(0);
 
@@ -154,3 +168,4 @@ int main(int argc, char** argv) {
   }
   return 0;
 }
+}  // namespace
