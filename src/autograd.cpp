@@ -40,14 +40,19 @@ void accumulate(Tensor& slot, const Tensor& g) {
   slot = backend::binary(backend::BinaryOp::Add, slot, g);
 }
 
-void accumulate_leaf(const Tensor& leaf, const Tensor& g) {
+// `take`: g is the engine's own sum for this leaf, which it drops afterwards.
+void accumulate_leaf(const Tensor& leaf, const Tensor& g, bool take = false) {
   detail::TensorImpl* impl = leaf.impl();
   GALLEY_CHECK(g.shape() == impl->shape, "backward: gradient of shape ", shape_str(g.shape()),
                " for a leaf of shape ", shape_str(impl->shape));
   if (!impl->grad) {
     // A gradient may alias another tensor of the graph (e.g. the output gradient of an add):
-    // the leaf gets a private copy so later in-place accumulation cannot leak into it.
-    impl->grad = g.detach().clone().impl_ptr();
+    // the leaf gets a private copy so later in-place accumulation cannot leak into it, unless
+    // nothing else refers to the gradient's data, which the leaf then takes over.
+    const bool sole = take && g.impl_ptr().use_count() == 1 &&
+                      g.impl()->storage.use_count() == 1 && g.is_contiguous() &&
+                      g.impl()->offset == 0 && !g.impl()->grad_fn && !g.impl()->requires_grad;
+    impl->grad = sole ? g.impl_ptr() : g.detach().clone().impl_ptr();
   } else {
     Tensor acc(impl->grad);
     backend::add_inplace(acc, g);
@@ -118,8 +123,16 @@ void run_backward(const Tensor& root, const Tensor& gradient) {
         continue;
       }
       LeafSlot& slot = leaves[in.impl()];
-      if (gi.defined()) accumulate(slot.sum, gi);
-      if (--slot.pending == 0 && slot.sum.defined()) accumulate_leaf(slot.leaf, slot.sum);
+      if (gi.defined()) {
+        if (slot.sum.defined())
+          accumulate(slot.sum, gi);
+        else
+          slot.sum = std::move(grad_inputs[i]);  // so that the leaf may take it over
+      }
+      if (--slot.pending == 0 && slot.sum.defined()) {
+        accumulate_leaf(slot.leaf, slot.sum, /*take=*/true);
+        slot.sum = Tensor();
+      }
     }
     // Free the graph as we go: saved tensors and closures are no longer needed.
     node->backward = nullptr;

@@ -109,6 +109,73 @@ void pool_generic(const Pool2dGeometry& g, const float* xp, float* yp, int32_t* 
   }
 }
 
+// The gradient of one plane's 2x2/2 windows: each input element gets the output's gradient if
+// it was the window's winner, else zero, written once (the windows tile the plane).
+#ifdef __AVX512F__
+void unpool_2x2(const Pool2dGeometry& g, const float* gyp, const int32_t* ip, float* gp) {
+  const __m512i even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+  // Interleave a and b: (a0 b0 a1 b1 ... a7 b7) and (a8 b8 ... a15 b15).
+  const __m512i lo = _mm512_setr_epi32(0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23);
+  const __m512i hi = _mm512_add_epi32(lo, _mm512_set1_epi32(8));
+  const __m512i one = _mm512_set1_epi32(1), w = _mm512_set1_epi32(static_cast<int32_t>(g.w));
+  for (int64_t oh = 0; oh < g.oh; ++oh) {
+    float* r0 = gp + 2 * oh * g.w;
+    float* r1 = r0 + g.w;
+    const int32_t base = static_cast<int32_t>(2 * oh * g.w);
+    for (int64_t ow = 0; ow < g.ow; ow += 16) {
+      const int64_t n = std::min<int64_t>(16, g.ow - ow);
+      const __mmask16 in_mask = static_cast<__mmask16>((1u << n) - 1);
+      const __mmask16 lo_mask = static_cast<__mmask16>(n >= 8 ? 0xFFFF : (1u << (2 * n)) - 1);
+      const __mmask16 hi_mask = static_cast<__mmask16>(n > 8 ? (1u << (2 * (n - 8))) - 1 : 0);
+      const __m512 v = _mm512_maskz_loadu_ps(in_mask, gyp + oh * g.ow + ow);
+      const __m512i win = _mm512_maskz_loadu_epi32(in_mask, ip + oh * g.ow + ow);
+      const __m512i j =
+          _mm512_add_epi32(_mm512_set1_epi32(base + static_cast<int32_t>(2 * ow)), even);
+      const __m512i jc = _mm512_add_epi32(j, w);
+      const __m512 a = _mm512_maskz_mov_ps(_mm512_cmpeq_epi32_mask(win, j), v);
+      const __m512 b =
+          _mm512_maskz_mov_ps(_mm512_cmpeq_epi32_mask(win, _mm512_add_epi32(j, one)), v);
+      const __m512 c = _mm512_maskz_mov_ps(_mm512_cmpeq_epi32_mask(win, jc), v);
+      const __m512 d =
+          _mm512_maskz_mov_ps(_mm512_cmpeq_epi32_mask(win, _mm512_add_epi32(jc, one)), v);
+      float* p0 = r0 + 2 * ow;
+      float* p1 = r1 + 2 * ow;
+      _mm512_mask_storeu_ps(p0, lo_mask, _mm512_permutex2var_ps(a, lo, b));
+      _mm512_mask_storeu_ps(p0 + 16, hi_mask, _mm512_permutex2var_ps(a, hi, b));
+      _mm512_mask_storeu_ps(p1, lo_mask, _mm512_permutex2var_ps(c, lo, d));
+      _mm512_mask_storeu_ps(p1 + 16, hi_mask, _mm512_permutex2var_ps(c, hi, d));
+    }
+    // An odd width leaves a last column outside every window.
+    if (g.w > 2 * g.ow) r0[g.w - 1] = r1[g.w - 1] = 0.f;
+  }
+}
+#else
+void unpool_2x2(const Pool2dGeometry& g, const float* gyp, const int32_t* ip, float* gp) {
+  for (int64_t oh = 0; oh < g.oh; ++oh) {
+    float* r0 = gp + 2 * oh * g.w;
+    float* r1 = r0 + g.w;
+    const int32_t base = static_cast<int32_t>(2 * oh * g.w), w = static_cast<int32_t>(g.w);
+    // Bit masks instead of selects: whether the compiler turns `?:` into branches (which
+    // mispredict on random winners) depends on its mood; a mask is always branch-free and keeps
+    // a NaN gradient at the winner only.
+    uint32_t* q0 = reinterpret_cast<uint32_t*>(r0);
+    uint32_t* q1 = reinterpret_cast<uint32_t*>(r1);
+    const uint32_t* gbits = reinterpret_cast<const uint32_t*>(gyp + oh * g.ow);
+    for (int64_t ow = 0; ow < g.ow; ++ow) {
+      const uint32_t v = gbits[ow];
+      const int32_t win = ip[oh * g.ow + ow] - base;
+      const int32_t j = static_cast<int32_t>(2 * ow);
+      q0[j] = v & (0u - uint32_t(win == j));
+      q0[j + 1] = v & (0u - uint32_t(win == j + 1));
+      q1[j] = v & (0u - uint32_t(win == w + j));
+      q1[j + 1] = v & (0u - uint32_t(win == w + j + 1));
+    }
+    // An odd width leaves a last column outside every window.
+    if (g.w > 2 * g.ow) r0[g.w - 1] = r1[g.w - 1] = 0.f;
+  }
+}
+#endif
+
 int64_t plane_grain(const Pool2dGeometry& g) {
   return std::max<int64_t>(1, kElementwiseGrain / std::max<int64_t>(g.h * g.w, 1));
 }
@@ -143,28 +210,7 @@ void max_pool2d_backward(const Pool2dGeometry& g, const float* gy, const int32_t
         for (int64_t i = 0; i < out_plane; ++i) gp[ip[i]] += gyp[i];
         continue;
       }
-      for (int64_t oh = 0; oh < g.oh; ++oh) {
-        float* r0 = gp + 2 * oh * g.w;
-        float* r1 = r0 + g.w;
-        const int32_t base = static_cast<int32_t>(2 * oh * g.w), w = static_cast<int32_t>(g.w);
-        // Bit masks instead of selects: whether the compiler turns `?:` into branches (which
-        // mispredict on random winners) depends on its mood; a mask is always branch-free and
-        // keeps a NaN gradient at the winner only.
-        uint32_t* q0 = reinterpret_cast<uint32_t*>(r0);
-        uint32_t* q1 = reinterpret_cast<uint32_t*>(r1);
-        const uint32_t* gbits = reinterpret_cast<const uint32_t*>(gyp + oh * g.ow);
-        for (int64_t ow = 0; ow < g.ow; ++ow) {
-          const uint32_t v = gbits[ow];
-          const int32_t win = ip[oh * g.ow + ow] - base;
-          const int32_t j = static_cast<int32_t>(2 * ow);
-          q0[j] = v & (0u - uint32_t(win == j));
-          q0[j + 1] = v & (0u - uint32_t(win == j + 1));
-          q1[j] = v & (0u - uint32_t(win == w + j));
-          q1[j + 1] = v & (0u - uint32_t(win == w + j + 1));
-        }
-        // An odd width leaves a last column outside every window.
-        if (g.w > 2 * g.ow) r0[g.w - 1] = r1[g.w - 1] = 0.f;
-      }
+      unpool_2x2(g, gyp, ip, gp);
       // An odd height leaves a last row outside every window.
       if (g.h > 2 * g.oh) std::fill_n(gp + (g.h - 1) * g.w, g.w, 0.f);
     }
