@@ -170,7 +170,7 @@ def find_binary(build_dirs, name):
     for d in build_dirs:
         for p in (Path(d) / "benchmarks" / name, Path(d) / name):
             if p.is_file() and os.access(p, os.X_OK):
-                return p
+                return p.resolve()  # the programs run from benchmarks/
     return None
 
 
