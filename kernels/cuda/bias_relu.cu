@@ -67,6 +67,13 @@ void bias_relu_forward(const float* x, const float* b, int64_t outer, int64_t ch
 void bias_relu_backward(const float* gy, const float* y, int64_t outer, int64_t channels,
                         int64_t inner, float* gx, float* gb, void* stream) {
   if (outer * channels * inner <= 0) return;
+  if (inner == 1) {
+    // Features of a linear layer: a channel's elements are `channels` apart, which one block per
+    // channel would read uncoalesced. Mask the whole matrix, then sum its columns.
+    relu_backward(gy, y, gx, outer * channels, stream);
+    if (gb) column_sums(gx, outer, channels, gb, /*accumulate=*/false, stream);
+    return;
+  }
   bias_relu_backward_kernel<<<static_cast<unsigned>(channels), kThreads, 0,
                               static_cast<cudaStream_t>(stream)>>>(gy, y, outer, channels, inner,
                                                                    gx, gb);
