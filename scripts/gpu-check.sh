@@ -35,6 +35,12 @@ cmake --build build-gpu -j "$(nproc)" > "$out/build.log" 2>&1 || { log "build fa
 log "GPU tests"
 (cd build-gpu && ctest -L gpu --output-on-failure --output-junit "$out/gpu-tests.xml") > "$out/gpu-tests.log" 2>&1
 log "GPU tests: $(grep -E 'tests passed' "$out/gpu-tests.log" || echo 'see gpu-tests.log')"
+# A CUDA runtime newer than the driver makes galley see no device: every GPU test would then
+# skip and the run look green. Say so loudly.
+if nvidia-smi -L > /dev/null 2>&1 &&
+  build-gpu/tests/test_cuda --gtest_filter='Cuda.DeviceNameAndMemory' 2>&1 | grep -q SKIPPED; then
+  log "ERROR: galley sees no GPU although nvidia-smi lists one (driver: $(cat "$out/gpu.csv" | tail -1)); the GPU tests were skipped"
+fi
 
 log "galley train step on the GPU (eager and CUDA graph)"
 for model in simple fashion; do

@@ -2,7 +2,9 @@
 // few SimpleCNN training steps on both. Compiled always; skipped with the reason without a GPU.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <functional>
+#include <limits>
 
 #include "galley/galley.h"
 #include "galley/runtime/cuda.h"
@@ -73,6 +75,17 @@ TEST(CudaOps, BiasRelu) {
           {galley::randn({4, 64, 15, 15}), galley::randn({64})});
   compare("bias_relu features", [](auto& v) { return galley::bias_relu(v[0], v[1], -1); },
           {galley::randn({33, 128}), galley::randn({128})});
+}
+
+TEST(CudaOps, BiasReluKeepsNanLikeTheCpu) {
+  REQUIRE_GPU();
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  Tensor x = Tensor::from_vector({nan, -0.f, -1.f, 2.f}, {1, 4});
+  auto y = galley::bias_relu(x.to(gpu), galley::zeros({4}).to(gpu), -1).to_vector();
+  EXPECT_TRUE(std::isnan(y[0]));
+  EXPECT_FALSE(std::signbit(y[1]));
+  EXPECT_EQ(y[2], 0.f);
+  EXPECT_EQ(y[3], 2.f);
 }
 
 TEST(CudaOps, LinearAlgebra) {

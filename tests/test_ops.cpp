@@ -133,3 +133,13 @@ TEST(BiasRelu, ABiasOfTheWrongSizeNamesBothShapes) {
                             }),
                             {"bias_relu", "[4]", "[2, 3, 4]"});
 }
+
+TEST(BiasRelu, NanStaysNanAndNegativeZeroIsZeroAsInRelu) {
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  Tensor x = Tensor::from_vector({nan, -0.f, -1.f, 2.f}, {1, 4});
+  auto y = galley::bias_relu(x, galley::zeros({4}), -1).to_vector();
+  EXPECT_TRUE(std::isnan(y[0]));
+  EXPECT_FALSE(std::signbit(y[1]));
+  EXPECT_EQ(y[2], 0.f);
+  EXPECT_EQ(y[3], 2.f);
+}

@@ -15,7 +15,11 @@ void bias_relu_forward(const float* x, const float* b, int64_t outer, int64_t ch
                    const float bc = b[r % channels];
                    const float* xr = x + r * inner;
                    float* yr = y + r * inner;
-                   for (int64_t i = 0; i < inner; ++i) yr[i] = std::max(xr[i] + bc, 0.f);
+                   // As relu: `!(v <= 0)` keeps a NaN and turns -0 into 0.
+                   for (int64_t i = 0; i < inner; ++i) {
+                     const float v = xr[i] + bc;
+                     yr[i] = !(v <= 0.f) ? v : 0.f;
+                   }
                  }
                });
 }

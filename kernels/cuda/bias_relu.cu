@@ -19,8 +19,11 @@ __global__ void bias_relu_forward_kernel(const float* __restrict__ x, const floa
                                          int64_t channels, int64_t inner, int64_t total,
                                          float* __restrict__ y) {
   const int64_t stride = int64_t(blockDim.x) * gridDim.x;
-  for (int64_t k = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; k < total; k += stride)
-    y[k] = fmaxf(x[k] + __ldg(b + (k / inner) % channels), 0.f);
+  for (int64_t k = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; k < total; k += stride) {
+    // As relu: `!(v <= 0)` keeps a NaN (fmaxf would drop it).
+    const float v = x[k] + __ldg(b + (k / inner) % channels);
+    y[k] = !(v <= 0.f) ? v : 0.f;
+  }
 }
 
 // One block per channel: it masks the channel's gradient and sums it (a fixed order, so the

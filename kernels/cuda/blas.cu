@@ -2,7 +2,9 @@
 #include <cuda_runtime.h>
 #include <cudnn.h>
 
+#include <algorithm>
 #include <atomic>
+#include <deque>
 #include <map>
 #include <mutex>
 #include <string>
@@ -49,7 +51,8 @@ struct Handles {
 // Per-device handles, created on first use and kept for the life of the process.
 Handles& handles(int device) {
   static std::mutex mu;
-  static std::vector<Handles>* all = new std::vector<Handles>();
+  // A deque: growing it for another device keeps references to existing handles valid.
+  static std::deque<Handles>* all = new std::deque<Handles>();
   std::lock_guard<std::mutex> lock(mu);
   if (all->size() <= size_t(device)) all->resize(device + 1);
   Handles& h = (*all)[device];
@@ -84,6 +87,20 @@ struct ConvDescs {
 using ConvKey = std::tuple<int, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t,
                            int64_t, int64_t, int64_t, int64_t, bool>;
 
+// The algorithm to use from cuDNN's ranked list.
+template <typename Perf>
+auto pick(const Perf* perf, int found, const char* direction, const cpu::Conv2dGeometry& g) {
+  for (int i = 0; i < found; ++i)
+    if (perf[i].status == CUDNN_STATUS_SUCCESS && perf[i].determinism == CUDNN_DETERMINISTIC)
+      return perf[i].algo;
+  for (int i = 0; i < found; ++i)
+    if (perf[i].status == CUDNN_STATUS_SUCCESS) return perf[i].algo;
+  throw Error(galley::detail::str_cat(
+      "cuDNN offers no ", direction, " algorithm for a convolution of ", g.n, "x", g.c, "x", g.h,
+      "x", g.w, " by ", g.o, "x", g.c / g.groups, "x", g.kh, "x", g.kw, " (stride ", g.stride,
+      ", padding ", g.pad, ", dilation ", g.dilation, ", groups ", g.groups, ")"));
+}
+
 ConvDescs& descs_for(int device, const cpu::Conv2dGeometry& g) {
   static std::mutex mu;
   static auto* cache = new std::map<ConvKey, ConvDescs>();
@@ -111,36 +128,21 @@ ConvDescs& descs_for(int device, const cpu::Conv2dGeometry& g) {
                                               int(g.stride), int(g.dilation), int(g.dilation),
                                               CUDNN_CROSS_CORRELATION, CUDNN_DATA_FLOAT));
   CUDNN_CHECK(cudnnSetConvolutionGroupCount(d.conv, int(g.groups)));
-  CUDNN_CHECK(cudnnSetConvolutionMathType(
-      d.conv, allow ? CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION : CUDNN_FMA_MATH));
-  // The heuristics' first choice per direction, chosen once per geometry.
+  CUDNN_CHECK(cudnnSetConvolutionMathType(d.conv, allow ? CUDNN_TENSOR_OP_MATH : CUDNN_FMA_MATH));
+  // Per direction, the heuristics' first deterministic choice (the same bits at every run), else
+  // their first working one; chosen once per geometry.
   cudnnHandle_t h = handles(device).dnn;
   int found = 0;
   cudnnConvolutionFwdAlgoPerf_t fp[8];
   CUDNN_CHECK(cudnnGetConvolutionForwardAlgorithm_v7(h, d.x, d.w, d.conv, d.y, 8, &found, fp));
-  d.fwd = fp[0].algo;
-  for (int i = 0; i < found; ++i)
-    if (fp[i].status == CUDNN_STATUS_SUCCESS) {
-      d.fwd = fp[i].algo;
-      break;
-    }
+  d.fwd = pick(fp, found, "forward", g);
   cudnnConvolutionBwdDataAlgoPerf_t dp[8];
   CUDNN_CHECK(cudnnGetConvolutionBackwardDataAlgorithm_v7(h, d.w, d.y, d.conv, d.x, 8, &found, dp));
-  d.bwd_data = dp[0].algo;
-  for (int i = 0; i < found; ++i)
-    if (dp[i].status == CUDNN_STATUS_SUCCESS) {
-      d.bwd_data = dp[i].algo;
-      break;
-    }
+  d.bwd_data = pick(dp, found, "backward data", g);
   cudnnConvolutionBwdFilterAlgoPerf_t wp[8];
   CUDNN_CHECK(
       cudnnGetConvolutionBackwardFilterAlgorithm_v7(h, d.x, d.y, d.conv, d.w, 8, &found, wp));
-  d.bwd_filter = wp[0].algo;
-  for (int i = 0; i < found; ++i)
-    if (wp[i].status == CUDNN_STATUS_SUCCESS) {
-      d.bwd_filter = wp[i].algo;
-      break;
-    }
+  d.bwd_filter = pick(wp, found, "backward filter", g);
   CUDNN_CHECK(cudnnGetConvolutionForwardWorkspaceSize(h, d.x, d.w, d.conv, d.y, d.fwd, &d.fwd_ws));
   CUDNN_CHECK(cudnnGetConvolutionBackwardDataWorkspaceSize(h, d.w, d.y, d.conv, d.x, d.bwd_data,
                                                            &d.bwd_data_ws));
@@ -176,9 +178,11 @@ void gemm(int device, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t 
   if (hs.blas_workspace) CUBLAS_CHECK(cublasSetWorkspace(h, hs.blas_workspace, kBlasWorkspace));
   CUBLAS_CHECK(cublasSetMathMode(h, tf32 ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH));
   // Row-major C = op(A) op(B) is column-major C^T = op(B)^T op(A)^T: swap the operands.
+  // cuBLAS wants leading dimensions of at least 1 even where an operand is empty (k == 0).
+  auto ld = [](int64_t v) { return int(std::max<int64_t>(v, 1)); };
   CUBLAS_CHECK(cublasSgemm(h, trans_b ? CUBLAS_OP_T : CUBLAS_OP_N,
                            trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, int(n), int(m), int(k), &alpha, b,
-                           int(ldb), a, int(lda), &beta, c, int(ldc)));
+                           ld(ldb), a, ld(lda), &beta, c, ld(ldc)));
 }
 
 void conv2d_forward(int device, const cpu::Conv2dGeometry& g, const float* x, const float* w,

@@ -276,9 +276,9 @@ void for_batches(const OptimizerTensor* tensors, int count, Launch launch) {
     b = Batch{};
     blocks = 0;
   };
+  // Empty tensors stay in the batch (no blocks of their own), so their step counters advance.
   for (int i = 0; i < count; ++i) {
-    const int64_t chunks = (tensors[i].n + kChunk - 1) / kChunk;
-    if (chunks == 0) continue;
+    const int64_t chunks = (std::max<int64_t>(tensors[i].n, 0) + kChunk - 1) / kChunk;
     // Block indices stay within int32 and one grid dimension.
     if (b.count == kBatch || blocks + chunks > (int64_t(1) << 30)) flush();
     b.t[b.count] = tensors[i];
@@ -294,9 +294,9 @@ void adam_update_multi(const cpu::AdamStep& s, double lr, double beta1, double b
                        const OptimizerTensor* tensors, int count, void* stream) {
   const cudaStream_t st = static_cast<cudaStream_t>(stream);
   for_batches(tensors, count, [&](const Batch& b, int blocks) {
-    if (s.amsgrad)
+    if (blocks > 0 && s.amsgrad)
       adam_multi_kernel<true><<<blocks, kThreads, 0, st>>>(b, s, lr, beta1, beta2);
-    else
+    else if (blocks > 0)
       adam_multi_kernel<false><<<blocks, kThreads, 0, st>>>(b, s, lr, beta1, beta2);
     advance_steps_kernel<<<1, kBatch, 0, st>>>(b);
   });
@@ -306,7 +306,7 @@ void sgd_update_multi(const cpu::SGDStep& s, const OptimizerTensor* tensors, int
                       void* stream) {
   const cudaStream_t st = static_cast<cudaStream_t>(stream);
   for_batches(tensors, count, [&](const Batch& b, int blocks) {
-    sgd_multi_kernel<<<blocks, kThreads, 0, st>>>(b, s);
+    if (blocks > 0) sgd_multi_kernel<<<blocks, kThreads, 0, st>>>(b, s);
   });
 }
 

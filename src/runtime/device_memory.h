@@ -103,7 +103,8 @@ bool capturing(Device device);
 enum class DeferredError : int64_t { None = 0, LabelOutOfRange = 1 };
 // The device's slot (a pointer usable by kernels).
 int64_t* error_slot(Device device);
-// Throws (and clears) the report in the device's slot, if any.
+// Throws (and clears) the report in the device's slot, if any, and a failed kernel launch of
+// this thread.
 void check_deferred_errors(Device device);
 
 }  // namespace galley::detail

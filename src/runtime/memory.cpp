@@ -372,6 +372,11 @@ int64_t* error_slot(Device device) {
 
 void check_deferred_errors(Device device) {
   if (!device.is_cuda()) return;
+  // Kernel launches return nothing; a launch this thread made that CUDA refused (a bad
+  // configuration, too many resources) is reported here rather than left as unwritten output.
+  const cudaError_t launch = cudaGetLastError();
+  GALLEY_CHECK(launch == cudaSuccess || launch == cudaErrorNotReady, "a kernel launch on ",
+               device.str(), " failed earlier: ", cudaGetErrorString(launch));
   volatile int64_t* slot = error_slot(device);
   const int64_t code = slot[0];
   if (code == 0) return;
