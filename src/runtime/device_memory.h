@@ -18,7 +18,8 @@ void* device_alloc(Device device, size_t bytes);
 void device_free(Device device, void* p) noexcept;
 // Copies `bytes` between any two devices (host included). A copy within one GPU is queued on
 // its compute stream and returns at once (everything that reads the result is queued after
-// it); a copy that involves the host or two GPUs returns when the copy is complete.
+// it), and so does a copy from ordinary (pageable) host memory, once CUDA has staged the data;
+// other copies that involve the host or two GPUs return when the copy is complete.
 void copy_bytes(void* dst, Device dst_device, const void* src, Device src_device, size_t bytes);
 // Queues the copy on `stream` (of the GPU involved) and returns at once: host memory on either
 // side must stay untouched until the copy is done (page-locked buffers, waited for with an

@@ -180,6 +180,16 @@ cudaStream_t as_stream(void* s) {
   return static_cast<cudaStream_t>(s);
 }
 
+// True for ordinary host memory (neither page-locked nor device memory).
+bool is_pageable(const void* p) {
+  cudaPointerAttributes attr{};
+  if (cudaPointerGetAttributes(&attr, p) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return true;
+  }
+  return attr.type == cudaMemoryTypeUnregistered;
+}
+
 void check_not_capturing(Device gpu, const char* what) {
   GALLEY_CHECK(!capturing(gpu), what, " ", gpu.str(),
                " inside a CUDA graph capture: a captured step may not copy between the host "
@@ -232,6 +242,10 @@ void copy_bytes(void* dst, Device dst_device, const void* src, Device src_device
     cuda_check(cudaStreamSynchronize(as_stream(compute_stream(src_device))), "synchronize",
                src_device);
   copy_bytes_async(dst, dst_device, src, src_device, bytes, stream);
+  // From pageable host memory, cudaMemcpyAsync returns once the data is staged: the caller may
+  // reuse its buffer, and the host need not wait for the GPU's queue (which would stall every
+  // step that copies its batch in). Page-locked sources and copies to the host must finish.
+  if (src_device.is_cpu() && is_pageable(src)) return;
   CurrentDevice current(gpu.index());
   cuda_check(cudaStreamSynchronize(as_stream(stream)), "copy", gpu);
   check_deferred_errors(gpu);
