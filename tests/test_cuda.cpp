@@ -155,3 +155,14 @@ TEST(Cuda, FillWorksForEveryDType) {
   Tensor h = galley::full({7}, 1.5f, galley::DType::Float16, gpu).to(Device::cpu());
   EXPECT_EQ(h.to_dtype(galley::DType::Float32).to_vector(), std::vector<float>(7, 1.5f));
 }
+
+TEST(Cuda, AHostBufferMayChangeRightAfterItsCopyToTheGpu) {
+  REQUIRE_GPU();
+  // A copy from pageable memory returns once CUDA has staged the data, without waiting for the
+  // GPU: the buffer is the caller's again at once.
+  std::vector<float> host(1 << 20, 1.f);
+  Tensor d = Tensor::empty({1 << 20}, galley::DType::Float32, Device::cuda(0));
+  d.copy_from_host(host.data());
+  std::fill(host.begin(), host.end(), 2.f);
+  for (float v : d.to_vector()) ASSERT_EQ(v, 1.f);
+}
