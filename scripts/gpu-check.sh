@@ -30,7 +30,11 @@ cmake -S . -B build-gpu -DCMAKE_BUILD_TYPE=Release -DGALLEY_WITH_CUDA=ON -DGALLE
   -DGALLEY_BENCH_LIBTORCH=OFF -DGALLEY_BUILD_LAUNCHER=ON -DCMAKE_CUDA_ARCHITECTURES="${arch:-90}" \
   "${hints[@]}" > "$out/configure.log" 2>&1 || { log "configure failed"; tail -30 "$out/configure.log"; exit 1; }
 log "build"
-cmake --build build-gpu -j "$(nproc)" > "$out/build.log" 2>&1 || { log "build failed"; tail -50 "$out/build.log"; exit 1; }
+# Only what this script runs: the GPU tests, the train-step benchmark, the example, the launcher.
+targets=(bench_train_step fashion_mnist galley-launch)
+for t in tests/test_cuda*.cpp tests/test_nccl.cpp; do targets+=("$(basename "$t" .cpp)"); done
+cmake --build build-gpu -j "$(nproc)" --target "${targets[@]}" > "$out/build.log" 2>&1 ||
+  { log "build failed"; tail -50 "$out/build.log"; exit 1; }
 
 log "GPU tests"
 (cd build-gpu && ctest -L gpu --output-on-failure --output-junit "$out/gpu-tests.xml") > "$out/gpu-tests.log" 2>&1
