@@ -218,7 +218,8 @@ int main(int argc, char** argv) {
           std::fflush(stdout);
         }
       }
-      loss_sum = loss_total.item();
+      loss_sum = loss_total.item();  // waits for the epoch's last step
+      const double train_s = seconds_since(t0);
       schedule.step();
       last_loss = loss_sum / batches;
       if (checkpoints) {
@@ -229,10 +230,10 @@ int main(int argc, char** argv) {
       const galley::data::LoaderStats data = loader.stats();
       accuracy = evaluate(model, test_loader);
       std::printf(
-          "\repoch %d/%d  loss %.4f  %.0f samples/s  %.1f s  test accuracy %.2f%%  "
+          "\repoch %d/%d  loss %.4f  %.0f samples/s  train %.1f s  test accuracy %.2f%%  "
           "data wait %.3f s (%.2f%% starved)\n",
-          epoch, args.epochs, loss_sum / batches, seen / seconds_since(t0), seconds_since(t0),
-          100 * accuracy, data.wait_seconds, 100 * data.starvation());
+          epoch, args.epochs, loss_sum / batches, seen / train_s, train_s, 100 * accuracy,
+          data.wait_seconds, 100 * data.starvation());
       if (args.stop_after > 0 && epoch == args.stop_after) {
         std::printf("stopping after epoch %d as asked\n", epoch);
         return 0;

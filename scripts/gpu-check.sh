@@ -3,6 +3,7 @@
 # its CUDA backend, run the GPU-labelled tests, the PyTorch GPU reference benchmarks, and two
 # memory-capped processes side by side; write everything as JSON/text into OUT_DIR.
 # Usage: scripts/gpu-check.sh OUT_DIR        (budget: about 8 minutes on one H200)
+# GALLEY_FASHION_DIR points at the Fashion-MNIST IDX files when they are not in the Debian place.
 # A machine that cannot install packages needs .deps (scripts/pack-gpu-deps.sh, run where the
 # packages are) next to the sources; cmake/bundled_deps.cmake takes what the system lacks from it.
 set -uo pipefail
@@ -63,6 +64,10 @@ if [ -d "$fashion" ]; then
   log "Fashion-MNIST example, 2 epochs on the GPU"
   timeout 180 build-gpu/examples/fashion_mnist --epochs 2 --data "$fashion" --device cuda:0 \
     > "$out/fashion-gpu.log" 2>&1 || log "fashion example failed (see fashion-gpu.log)"
+  log "PyTorch's Fashion-MNIST epochs on the GPU (same model, optimizer and batch)"
+  timeout 180 "$py" benchmarks/time_to_accuracy_torch.py --data "$fashion" --device cuda \
+    --epochs 2 --target 2 --eval-every 1000000 --json > "$out/torch-fashion-gpu.json" \
+    2> "$out/torch-fashion-gpu.log" || log "PyTorch Fashion-MNIST run failed (see torch-fashion-gpu.log)"
 fi
 
 log "PyTorch reference (eager and torch.compile)"

@@ -7,6 +7,7 @@ Usage: summarize.py OUT_DIR   (reads galley-train-step-gpu.jsonl and torch-simpl
 """
 import json
 import os
+import re
 import sys
 
 
@@ -67,11 +68,39 @@ def main():
         for r in others:
             lines.append(f"| {r['model']} | {r['batch']} | {'yes' if r['graph'] else 'no'} | "
                          f"{fmt(r['samples_per_s'])} |")
+    # Fashion-MNIST example epochs (training time, evaluation excluded) beside PyTorch's.
+    fashion = []
+    path = os.path.join(out, "fashion-gpu.log")
+    if os.path.exists(path):
+        for line in open(path):
+            m = re.search(r"epoch (\d+)/\d+ .* ([0-9.]+) samples/s\s+train ([0-9.]+) s\s+test accuracy ([0-9.]+)%",
+                          line.replace("\r", "\n").splitlines()[-1] if line.strip() else "")
+            if m:
+                fashion.append({"epoch": int(m.group(1)), "samples_per_s": float(m.group(2)),
+                                "train_s": float(m.group(3)), "accuracy": float(m.group(4)) / 100})
+    torch_fashion = None
+    path = os.path.join(out, "torch-fashion-gpu.json")
+    if os.path.exists(path):
+        try:
+            torch_fashion = json.loads(open(path).read().strip().splitlines()[-1])
+        except (ValueError, IndexError):
+            torch_fashion = None
+    if fashion or torch_fashion:
+        g_epoch = sum(f["train_s"] for f in fashion) / len(fashion) if fashion else None
+        t_epoch = torch_fashion["train_s"] / torch_fashion["epochs"] if torch_fashion and torch_fashion.get("epochs") else None
+        lines += ["", "Fashion-MNIST example, training time per epoch on the GPU (batch 64, Adam, "
+                  "evaluation excluded; galley from its loader with pinned buffers, PyTorch from tensors "
+                  "already on the GPU):", "",
+                  "| | galley | PyTorch eager | galley ÷ PyTorch time |", "|---|---:|---:|---:|",
+                  f"| seconds per epoch | {g_epoch:.2f} |" if g_epoch else "| seconds per epoch | - |"]
+        lines[-1] += (f" {t_epoch:.2f} |" if t_epoch else " - |") + (
+            f" {g_epoch / t_epoch:.2f}x |" if g_epoch and t_epoch else " - |")
     lines += ["", "Goals: galley ≥ 2x PyTorch eager and ≥ 1x torch.compile at batch 64 and 256."]
     with open(os.path.join(out, "gpu-train-step.md"), "w") as f:
         f.write("\n".join(lines) + "\n")
     with open(os.path.join(out, "gpu-train-step.json"), "w") as f:
-        json.dump({"commit": commit, "torch": torch, "galley": galley, "table": rows}, f, indent=2)
+        json.dump({"commit": commit, "torch": torch, "galley": galley, "table": rows,
+                   "fashion_galley": fashion, "fashion_torch": torch_fashion}, f, indent=2)
     print("\n".join(lines))
 
 
