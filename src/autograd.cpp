@@ -49,9 +49,9 @@ void accumulate_leaf(const Tensor& leaf, const Tensor& g, bool take = false) {
     // A gradient may alias another tensor of the graph (e.g. the output gradient of an add):
     // the leaf gets a private copy so later in-place accumulation cannot leak into it, unless
     // nothing else refers to the gradient's data, which the leaf then takes over.
-    const bool sole = take && g.impl_ptr().use_count() == 1 &&
-                      g.impl()->storage.use_count() == 1 && g.is_contiguous() &&
-                      g.impl()->offset == 0 && !g.impl()->grad_fn && !g.impl()->requires_grad;
+    const bool sole = take && g.impl_ptr().use_count() == 1 && g.impl()->storage.use_count() == 1 &&
+                      g.is_contiguous() && g.impl()->offset == 0 && !g.impl()->grad_fn &&
+                      !g.impl()->requires_grad;
     impl->grad = sole ? g.impl_ptr() : g.detach().clone().impl_ptr();
   } else {
     Tensor acc(impl->grad);
