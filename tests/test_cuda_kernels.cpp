@@ -831,8 +831,9 @@ TEST(CudaKernels, AdamAndAdamWUpdatesMatchTheCpu) {
         cpu::AdamStep s{};
         s.lr = lr, s.beta1 = beta1, s.beta2 = beta2, s.eps = 1e-8f;
         s.weight_decay = c.weight_decay;
-        s.step_size = lr / (1.f - std::pow(beta1, float(t)));
-        s.bias2_sqrt = std::sqrt(1.f - std::pow(beta2, float(t)));
+        // As the optimizer computes them (in double); the GPU derives them from its step counter.
+        s.step_size = static_cast<float>(double(lr) / (1.0 - std::pow(double(beta1), t)));
+        s.bias2_sqrt = static_cast<float>(std::sqrt(1.0 - std::pow(double(beta2), t)));
         s.decoupled = c.decoupled, s.amsgrad = c.amsgrad;
         const std::string what = std::string(c.decoupled ? "AdamW" : "Adam") +
                                  (c.amsgrad ? " amsgrad" : "") + " n=" + std::to_string(n) +
@@ -840,10 +841,14 @@ TEST(CudaKernels, AdamAndAdamWUpdatesMatchTheCpu) {
         std::vector<float> p = normal(n), g = normal(n), m = normal(n, 0.1f),
                            v = uniform(n, 0.f, 0.01f), vmax = uniform(n, 0.f, 0.01f);
         DeviceFloats dp(p, pad), dg(g, pad), dm(m, pad), dv(v, pad), dvmax(vmax, pad);
+        DeviceInts step({t - 1});  // steps taken before this one
         cpu::adam_update(s, n, p.data(), g.data(), m.data(), v.data(),
                          c.amsgrad ? vmax.data() : nullptr);
-        gk::adam_update(s, n, dp.get(), dg.get(), dm.get(), dv.get(),
-                        c.amsgrad ? dvmax.get() : nullptr, nullptr);
+        gk::OptimizerTensor ot{};
+        ot.p = dp.get(), ot.g = dg.get(), ot.m = dm.get(), ot.v = dv.get();
+        ot.vmax = c.amsgrad ? dvmax.get() : nullptr, ot.step = step.get(), ot.n = n;
+        gk::adam_update_multi(s, lr, beta1, beta2, &ot, 1, nullptr);
+        EXPECT_EQ(step.host()[0], t) << what << ": the step counter advances";
         // The same float operations; either compiler may fuse a multiply-add (1 ulp per step).
         expect_close(dp.host(), p, 1e-6, 1e-7, what + " p");
         expect_close(dm.host(), m, 1e-6, 1e-7, what + " m");
@@ -874,7 +879,10 @@ TEST(CudaKernels, SgdUpdatesMatchTheCpu) {
         std::vector<float> p = normal(n), g = normal(n), buf = normal(n, 0.1f);
         DeviceFloats dp(p, pad), dg(g, pad), dbuf(buf, pad);
         cpu::sgd_update(s, n, p.data(), g.data(), momentum ? buf.data() : nullptr);
-        gk::sgd_update(s, n, dp.get(), dg.get(), momentum ? dbuf.get() : nullptr, nullptr);
+        gk::OptimizerTensor ot{};
+        ot.p = dp.get(), ot.g = dg.get(), ot.buf = momentum ? dbuf.get() : nullptr, ot.n = n;
+        ot.first = c.first;
+        gk::sgd_update_multi(s, &ot, 1, nullptr);
         expect_close(dp.host(), p, 1e-6, 1e-7, what + " p");
         if (momentum) expect_close(dbuf.host(), buf, 1e-6, 1e-7, what + " buf");
       }

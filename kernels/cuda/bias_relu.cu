@@ -5,6 +5,7 @@
 #include <cstdint>
 
 #include "kernels/cuda/elementwise.cuh"
+#include "kernels/cuda/launch.cuh"
 
 namespace galley::kernels::cuda {
 
@@ -12,8 +13,6 @@ namespace galley::kernels::cuda {
 // kernels
 
 namespace {
-
-constexpr int kThreads = 256;
 
 __global__ void bias_relu_forward_kernel(const float* __restrict__ x, const float* __restrict__ b,
                                          int64_t channels, int64_t inner, int64_t total,
@@ -62,8 +61,7 @@ void bias_relu_forward(const float* x, const float* b, int64_t outer, int64_t ch
                        int64_t inner, float* y, void* stream) {
   const int64_t total = outer * channels * inner;
   if (total <= 0) return;
-  const int blocks = static_cast<int>(std::min<int64_t>((total + kThreads - 1) / kThreads, 8192));
-  bias_relu_forward_kernel<<<blocks, kThreads, 0, static_cast<cudaStream_t>(stream)>>>(
+  bias_relu_forward_kernel<<<blocks_for(total), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(
       x, b, channels, inner, total, y);
 }
 

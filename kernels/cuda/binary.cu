@@ -7,6 +7,7 @@
 
 #include "galley/error.h"
 #include "kernels/cuda/elementwise.cuh"
+#include "kernels/cuda/launch.cuh"
 
 namespace galley::kernels::cuda {
 
@@ -15,9 +16,7 @@ namespace galley::kernels::cuda {
 
 namespace {
 
-constexpr int kThreads = 256;
-constexpr int64_t kMaxBlocks = 8192;  // grid-stride beyond: enough to fill any current GPU
-constexpr int kMaxDims = 12;          // broadcast dimensions left after merging neighbours
+constexpr int kMaxDims = 12;  // broadcast dimensions left after merging neighbours
 
 struct AddOp {
   __device__ float operator()(float x, float y) const { return x + y; }
@@ -138,14 +137,6 @@ __global__ void broadcast_channels_kernel(const float* __restrict__ bias, Index 
 // launchers
 
 namespace {
-
-int blocks_for(int64_t work) {
-  return static_cast<int>(std::clamp<int64_t>((work + kThreads - 1) / kThreads, 1, kMaxBlocks));
-}
-
-bool aligned16(const void* p) {
-  return (reinterpret_cast<uintptr_t>(p) & 15) == 0;
-}
 
 template <typename F>
 void launch_zip(const float* a, const float* b, float* out, int64_t n, F f, cudaStream_t st) {

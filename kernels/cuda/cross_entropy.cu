@@ -7,6 +7,7 @@
 #include <cstdint>
 
 #include "kernels/cuda/elementwise.cuh"
+#include "kernels/cuda/launch.cuh"
 
 namespace galley::kernels::cuda {
 
@@ -15,8 +16,6 @@ namespace galley::kernels::cuda {
 
 namespace {
 
-constexpr int kThreads = 256;
-constexpr int64_t kMaxBlocks = 8192;
 constexpr int64_t kWarpRowMax = 1024;  // up to this many classes a warp per row, else a block
 
 // std::max(a, b): b only when a < b, so a NaN never replaces a number.
@@ -168,14 +167,6 @@ __global__ void fill_scaled_kernel(const float* __restrict__ scalar, float facto
 
 // ----------------------------------------------------------------------------------------------
 // launchers
-
-namespace {
-
-int blocks_for(int64_t work, int64_t per_block) {
-  return static_cast<int>(std::clamp<int64_t>((work + per_block - 1) / per_block, 1, kMaxBlocks));
-}
-
-}  // namespace
 
 void cross_entropy_forward(const float* logits, const int64_t* labels, int64_t n, int64_t c,
                            float eps, int64_t ignore_index, float* loss, float* prob,

@@ -88,12 +88,8 @@ void max_pool2d_forward(const cpu::Pool2dGeometry& g, const float* x, float* y, 
 void max_pool2d_backward(const cpu::Pool2dGeometry& g, const float* gy, const int32_t* idx,
                          float* gx, void* stream);
 
-// Fused optimizer updates over one parameter tensor, as kernels/cpu/optimizer_update.h.
-void adam_update(const cpu::AdamStep& s, int64_t n, float* p, const float* g, float* m, float* v,
-                 float* vmax, void* stream);
-void sgd_update(const cpu::SGDStep& s, int64_t n, float* p, const float* g, float* buf,
-                void* stream);
-
+// Fused optimizer updates (torch.optim.Adam / AdamW / SGD, as kernels/cpu/optimizer_update.h)
+// over many tensors at once.
 // One tensor of a multi-tensor update. `step` (Adam) is a device int64 holding the steps this
 // tensor has taken; `buf` (SGD) its momentum buffer, `first` whether that buffer starts now.
 struct OptimizerTensor {

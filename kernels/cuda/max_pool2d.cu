@@ -7,6 +7,7 @@
 #include <cstdint>
 
 #include "kernels/cuda/elementwise.cuh"
+#include "kernels/cuda/launch.cuh"
 
 namespace galley::kernels::cuda {
 
@@ -14,9 +15,6 @@ namespace galley::kernels::cuda {
 // kernels
 
 namespace {
-
-constexpr int kThreads = 256;
-constexpr int64_t kMaxBlocks = 8192;
 
 struct Geometry {
   int64_t planes, h, w, k, stride, pad, oh, ow;
@@ -126,10 +124,6 @@ __global__ void pool_backward_kernel(const float* __restrict__ gy, const int32_t
 // launchers
 
 namespace {
-
-int blocks_for(int64_t work) {
-  return static_cast<int>(std::clamp<int64_t>((work + kThreads - 1) / kThreads, 1, kMaxBlocks));
-}
 
 Geometry geometry(const cpu::Pool2dGeometry& g) {
   return {g.planes, g.h, g.w, g.k, g.stride, g.pad, g.oh, g.ow};

@@ -7,6 +7,7 @@
 #include <cstdint>
 
 #include "kernels/cuda/elementwise.cuh"
+#include "kernels/cuda/launch.cuh"
 
 namespace galley::kernels::cuda {
 
@@ -14,9 +15,6 @@ namespace galley::kernels::cuda {
 // kernels
 
 namespace {
-
-constexpr int kThreads = 256;
-constexpr int64_t kMaxBlocks = 8192;
 
 // One Adam element. Mirrors the CPU loop line by line; std::max(vmax, v) keeps vmax unless
 // vmax < v.
@@ -39,38 +37,6 @@ __device__ __forceinline__ void adam_element(const cpu::AdamStep& s, float& p, f
   p = pi - s.step_size * (mi / denom);
 }
 
-// kVec: every array is 16-byte aligned, so the bulk moves as float4 (five streams at once:
-// the update is bound by memory bandwidth). kAms: vmax is read and written.
-template <bool kVec, bool kAms>
-__global__ void adam_kernel(cpu::AdamStep s, int64_t n, float* __restrict__ p,
-                            const float* __restrict__ g, float* __restrict__ m,
-                            float* __restrict__ v, float* __restrict__ vmax) {
-  const int64_t stride = int64_t(blockDim.x) * gridDim.x;
-  const int64_t start = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  int64_t tail = 0;
-  if constexpr (kVec) {
-    const int64_t n4 = n / 4;
-    for (int64_t i = start; i < n4; i += stride) {
-      float4 pv = reinterpret_cast<float4*>(p)[i];
-      const float4 gv = reinterpret_cast<const float4*>(g)[i];
-      float4 mv = reinterpret_cast<float4*>(m)[i];
-      float4 vv = reinterpret_cast<float4*>(v)[i];
-      float4 xv = kAms ? reinterpret_cast<float4*>(vmax)[i] : float4{};
-      adam_element(s, pv.x, gv.x, mv.x, vv.x, kAms ? &xv.x : nullptr);
-      adam_element(s, pv.y, gv.y, mv.y, vv.y, kAms ? &xv.y : nullptr);
-      adam_element(s, pv.z, gv.z, mv.z, vv.z, kAms ? &xv.z : nullptr);
-      adam_element(s, pv.w, gv.w, mv.w, vv.w, kAms ? &xv.w : nullptr);
-      reinterpret_cast<float4*>(p)[i] = pv;
-      reinterpret_cast<float4*>(m)[i] = mv;
-      reinterpret_cast<float4*>(v)[i] = vv;
-      if (kAms) reinterpret_cast<float4*>(vmax)[i] = xv;
-    }
-    tail = n4 * 4;
-  }
-  for (int64_t i = tail + start; i < n; i += stride)
-    adam_element(s, p[i], g[i], m[i], v[i], kAms ? vmax + i : nullptr);
-}
-
 // One SGD element; the branches are uniform across the grid.
 __device__ __forceinline__ void sgd_element(const cpu::SGDStep& s, float& p, float g, float* buf) {
   float d = g + s.weight_decay * p;
@@ -80,37 +46,6 @@ __device__ __forceinline__ void sgd_element(const cpu::SGDStep& s, float& p, flo
     d = s.nesterov ? d + s.momentum * bi : bi;
   }
   p -= s.lr * d;
-}
-
-// kVec: p, g (and buf when momentum is on) are 16-byte aligned.
-template <bool kVec>
-__global__ void sgd_kernel(cpu::SGDStep s, int64_t n, float* __restrict__ p,
-                           const float* __restrict__ g, float* __restrict__ buf) {
-  const int64_t stride = int64_t(blockDim.x) * gridDim.x;
-  const int64_t start = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  const bool momentum = s.momentum != 0.f;
-  int64_t tail = 0;
-  if constexpr (kVec) {
-    const int64_t n4 = n / 4;
-    for (int64_t i = start; i < n4; i += stride) {
-      float4 pv = reinterpret_cast<float4*>(p)[i];
-      const float4 gv = reinterpret_cast<const float4*>(g)[i];
-      // The first step only writes the buffer; reading it would read uninitialised memory.
-      float4 bv = momentum && !s.first ? reinterpret_cast<float4*>(buf)[i] : float4{};
-      sgd_element(s, pv.x, gv.x, &bv.x);
-      sgd_element(s, pv.y, gv.y, &bv.y);
-      sgd_element(s, pv.z, gv.z, &bv.z);
-      sgd_element(s, pv.w, gv.w, &bv.w);
-      reinterpret_cast<float4*>(p)[i] = pv;
-      if (momentum) reinterpret_cast<float4*>(buf)[i] = bv;
-    }
-    tail = n4 * 4;
-  }
-  for (int64_t i = tail + start; i < n; i += stride) {
-    float b = momentum && !s.first ? buf[i] : 0.f;
-    sgd_element(s, p[i], g[i], &b);
-    if (momentum) buf[i] = b;
-  }
 }
 
 // Multi-tensor updates: a batch of tensors travels in the kernel's parameters (by value, so a
@@ -145,10 +80,6 @@ __device__ __forceinline__ void for_chunk(const Batch& b, int k, bool vec, F f, 
   for (int64_t i = tail + threadIdx.x; i < end; i += blockDim.x) f(i);
 }
 
-__device__ __forceinline__ bool aligned16_device(const void* p) {
-  return (reinterpret_cast<uintptr_t>(p) & 15) == 0;
-}
-
 template <bool kAms>
 __global__ void adam_multi_kernel(Batch b, cpu::AdamStep s, double lr, double beta1, double beta2) {
   const int k = tensor_of_block(b);
@@ -162,8 +93,8 @@ __global__ void adam_multi_kernel(Batch b, cpu::AdamStep s, double lr, double be
   __syncthreads();
   s.step_size = step_size;
   s.bias2_sqrt = bias2_sqrt;
-  const bool vec = aligned16_device(t.p) && aligned16_device(t.g) && aligned16_device(t.m) &&
-                   aligned16_device(t.v) && (!kAms || aligned16_device(t.vmax));
+  const bool vec = aligned16(t.p) && aligned16(t.g) && aligned16(t.m) && aligned16(t.v) &&
+                   (!kAms || aligned16(t.vmax));
   for_chunk(
       b, k, vec,
       [&](int64_t i) {
@@ -196,8 +127,7 @@ __global__ void sgd_multi_kernel(Batch b, cpu::SGDStep s) {
   const OptimizerTensor t = b.t[k];
   s.first = t.first;
   const bool momentum = s.momentum != 0.f;
-  const bool vec =
-      aligned16_device(t.p) && aligned16_device(t.g) && (!momentum || aligned16_device(t.buf));
+  const bool vec = aligned16(t.p) && aligned16(t.g) && (!momentum || aligned16(t.buf));
   for_chunk(
       b, k, vec,
       [&](int64_t i) {
@@ -224,47 +154,7 @@ __global__ void sgd_multi_kernel(Batch b, cpu::SGDStep s) {
 // launchers
 
 namespace {
-
-int blocks_for(int64_t work) {
-  return static_cast<int>(std::clamp<int64_t>((work + kThreads - 1) / kThreads, 1, kMaxBlocks));
-}
-
-bool aligned16(const void* p) {
-  return (reinterpret_cast<uintptr_t>(p) & 15) == 0;
-}
-
-}  // namespace
-
-void adam_update(const cpu::AdamStep& s, int64_t n, float* p, const float* g, float* m, float* v,
-                 float* vmax, void* stream) {
-  if (n <= 0) return;
-  const cudaStream_t st = static_cast<cudaStream_t>(stream);
-  const bool vec = aligned16(p) && aligned16(g) && aligned16(m) && aligned16(v) &&
-                   (!s.amsgrad || aligned16(vmax));
-  const int blocks = blocks_for(vec ? (n + 3) / 4 : n);
-  if (vec && s.amsgrad)
-    adam_kernel<true, true><<<blocks, kThreads, 0, st>>>(s, n, p, g, m, v, vmax);
-  else if (vec)
-    adam_kernel<true, false><<<blocks, kThreads, 0, st>>>(s, n, p, g, m, v, nullptr);
-  else if (s.amsgrad)
-    adam_kernel<false, true><<<blocks, kThreads, 0, st>>>(s, n, p, g, m, v, vmax);
-  else
-    adam_kernel<false, false><<<blocks, kThreads, 0, st>>>(s, n, p, g, m, v, nullptr);
-}
-
-void sgd_update(const cpu::SGDStep& s, int64_t n, float* p, const float* g, float* buf,
-                void* stream) {
-  if (n <= 0) return;
-  const cudaStream_t st = static_cast<cudaStream_t>(stream);
-  const bool vec = aligned16(p) && aligned16(g) && (s.momentum == 0.f || aligned16(buf));
-  if (vec)
-    sgd_kernel<true><<<blocks_for((n + 3) / 4), kThreads, 0, st>>>(s, n, p, g, buf);
-  else
-    sgd_kernel<false><<<blocks_for(n), kThreads, 0, st>>>(s, n, p, g, buf);
-}
-
-namespace {
-// Calls launch(batch, blocks) for groups of up to kBatch non-empty tensors.
+// Calls launch(batch, blocks) for groups of up to kBatch tensors.
 template <typename Launch>
 void for_batches(const OptimizerTensor* tensors, int count, Launch launch) {
   Batch b{};

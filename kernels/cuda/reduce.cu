@@ -15,6 +15,7 @@
 
 #include "galley/error.h"
 #include "kernels/cuda/elementwise.cuh"
+#include "kernels/cuda/launch.cuh"
 
 namespace galley::kernels::cuda {
 
@@ -23,8 +24,6 @@ namespace galley::kernels::cuda {
 
 namespace {
 
-constexpr int kThreads = 256;
-constexpr int64_t kMaxBlocks = 8192;
 constexpr int kMaxDims = 12;
 // sum_all: one logical block per this many elements, at most kSumBlocks blocks.
 constexpr int64_t kSumChunk = 4096;
@@ -281,14 +280,6 @@ __global__ void argmax_rows_kernel(const float* __restrict__ x, int64_t rows, in
 // launchers
 
 namespace {
-
-int blocks_for(int64_t work, int64_t threads = kThreads) {
-  return static_cast<int>(std::clamp<int64_t>((work + threads - 1) / threads, 1, kMaxBlocks));
-}
-
-bool aligned16(const void* p) {
-  return (reinterpret_cast<uintptr_t>(p) & 15) == 0;
-}
 
 int64_t pow2_ceil(int64_t v) {
   int64_t p = 1;

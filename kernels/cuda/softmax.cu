@@ -7,6 +7,7 @@
 #include <cstdint>
 
 #include "kernels/cuda/elementwise.cuh"
+#include "kernels/cuda/launch.cuh"
 
 namespace galley::kernels::cuda {
 
@@ -15,8 +16,6 @@ namespace galley::kernels::cuda {
 
 namespace {
 
-constexpr int kThreads = 256;
-constexpr int64_t kMaxBlocks = 8192;
 constexpr int64_t kWarpRowMax = 1024;  // rows up to this long get a warp, longer ones a block
 
 // std::max(a, b): b only when a < b, so a NaN never replaces a number.
@@ -163,10 +162,6 @@ __global__ void softmax_backward_columns_kernel(const float* y, const float* gy,
 // launchers
 
 namespace {
-
-int blocks_for(int64_t work, int64_t per_block) {
-  return static_cast<int>(std::clamp<int64_t>((work + per_block - 1) / per_block, 1, kMaxBlocks));
-}
 
 int row_block_threads(int64_t len) {
   return len <= 4096 ? 256 : len <= 16384 ? 512 : 1024;

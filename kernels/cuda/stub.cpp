@@ -106,13 +106,6 @@ void max_pool2d_forward(const cpu::Pool2dGeometry&, const float*, float*, int32_
 void max_pool2d_backward(const cpu::Pool2dGeometry&, const float*, const int32_t*, float*, void*) {
   absent();
 }
-void adam_update(const cpu::AdamStep&, int64_t, float*, const float*, float*, float*, float*,
-                 void*) {
-  absent();
-}
-void sgd_update(const cpu::SGDStep&, int64_t, float*, const float*, float*, void*) {
-  absent();
-}
 
 void adam_update_multi(const cpu::AdamStep&, double, double, double, const OptimizerTensor*, int,
                        void*) {

@@ -5,6 +5,7 @@
 #include <cstdint>
 
 #include "kernels/cuda/elementwise.cuh"
+#include "kernels/cuda/launch.cuh"
 
 namespace galley::kernels::cuda {
 
@@ -12,9 +13,6 @@ namespace galley::kernels::cuda {
 // kernels
 
 namespace {
-
-constexpr int kThreads = 256;
-constexpr int64_t kMaxBlocks = 8192;
 
 struct AffineOp {
   float scale, shift;
@@ -87,14 +85,6 @@ __global__ void zip_kernel(const float* a, const float* b, float* out, int64_t n
 // launchers
 
 namespace {
-
-int blocks_for(int64_t work) {
-  return static_cast<int>(std::clamp<int64_t>((work + kThreads - 1) / kThreads, 1, kMaxBlocks));
-}
-
-bool aligned16(const void* p) {
-  return (reinterpret_cast<uintptr_t>(p) & 15) == 0;
-}
 
 template <typename F>
 void launch_map(const float* a, float* out, int64_t n, F f, void* stream) {

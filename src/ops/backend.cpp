@@ -308,13 +308,13 @@ void sgd_update_multi(Device device, const cpu::SGDStep& s,
 
 void adam_update(Device device, const cpu::AdamStep& s, int64_t n, float* p, const float* g,
                  float* m, float* v, float* vmax) {
-  if (device.is_cuda()) return gpu::adam_update(s, n, p, g, m, v, vmax, stream(device));
+  GALLEY_CHECK(device.is_cpu(), "adam_update: ", device.str(), " takes adam_update_multi");
   cpu::adam_update(s, n, p, g, m, v, vmax);
 }
 
 void sgd_update(Device device, const cpu::SGDStep& s, int64_t n, float* p, const float* g,
                 float* buf) {
-  if (device.is_cuda()) return gpu::sgd_update(s, n, p, g, buf, stream(device));
+  GALLEY_CHECK(device.is_cpu(), "sgd_update: ", device.str(), " takes sgd_update_multi");
   cpu::sgd_update(s, n, p, g, buf);
 }
 

@@ -81,6 +81,7 @@ void cross_entropy_backward(Device device, const float* prob, const int64_t* lab
                             const Tensor& row_scale, int64_t n, int64_t c, float eps,
                             int64_t ignore_index, float* gx);
 
+// One parameter tensor on the host.
 void adam_update(Device device, const kernels::cpu::AdamStep& s, int64_t n, float* p,
                  const float* g, float* m, float* v, float* vmax);
 void sgd_update(Device device, const kernels::cpu::SGDStep& s, int64_t n, float* p, const float* g,
