@@ -7,7 +7,7 @@
 
 #include "galley/error.h"
 #include "kernels/cuda/elementwise.cuh"
-#include "kernels/cuda/launch.cuh"
+#include "kernels/cuda/map.cuh"
 
 namespace galley::kernels::cuda {
 
@@ -40,29 +40,7 @@ struct BroadcastLayout {
   int64_t sb[kMaxDims];
 };
 
-template <typename F>
-__device__ __forceinline__ float4 apply4(float4 x, float4 y, const F& f) {
-  return make_float4(f(x.x, y.x), f(x.y, y.y), f(x.z, y.z), f(x.w, y.w));
-}
-
-// Same shapes. No __restrict__: out may alias an input (add_inplace, in-place ops); each
-// element is read before it is written by the same thread. kVec: all three pointers are
-// 16-byte aligned, so the bulk moves as float4.
-template <typename F, bool kVec>
-__global__ void zip_kernel(const float* a, const float* b, float* out, int64_t n, F f) {
-  const int64_t stride = int64_t(blockDim.x) * gridDim.x;
-  const int64_t start = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  int64_t tail = 0;
-  if constexpr (kVec) {
-    const int64_t n4 = n / 4;
-    const float4* a4 = reinterpret_cast<const float4*>(a);
-    const float4* b4 = reinterpret_cast<const float4*>(b);
-    float4* o4 = reinterpret_cast<float4*>(out);
-    for (int64_t i = start; i < n4; i += stride) o4[i] = apply4(a4[i], b4[i], f);
-    tail = n4 * 4;
-  }
-  for (int64_t i = tail + start; i < n; i += stride) out[i] = f(a[i], b[i]);
-}
+// Same shapes take zip_kernel (map.cuh).
 
 // One side is a single element (read on the device: it may be the result of another kernel).
 template <typename F, bool kVec, bool kScalarIsB>
@@ -137,14 +115,6 @@ __global__ void broadcast_channels_kernel(const float* __restrict__ bias, Index 
 // launchers
 
 namespace {
-
-template <typename F>
-void launch_zip(const float* a, const float* b, float* out, int64_t n, F f, cudaStream_t st) {
-  if (aligned16(a) && aligned16(b) && aligned16(out))
-    zip_kernel<F, true><<<blocks_for((n + 3) / 4), kThreads, 0, st>>>(a, b, out, n, f);
-  else
-    zip_kernel<F, false><<<blocks_for(n), kThreads, 0, st>>>(a, b, out, n, f);
-}
 
 template <bool kScalarIsB, typename F>
 void launch_scalar(const float* full, const float* scalar, float* out, int64_t n, F f,
