@@ -7,7 +7,7 @@
 #include <cstring>
 #include <deque>
 #include <functional>
-#include <future>
+#include <memory>
 #include <mutex>
 #include <thread>
 
@@ -27,7 +27,34 @@ double ms_between(Clock::time_point a, Clock::time_point b) {
   return std::chrono::duration<double, std::milli>(b - a).count();
 }
 
-// A thread that runs posted tasks in order; exceptions travel back through the futures.
+// The outcome of a posted task. A failure travels back as its message only: the exception object
+// never leaves the worker's thread, so no two threads share it.
+class Pending {
+ public:
+  bool valid() const { return state_ != nullptr; }
+  void wait() const {
+    std::unique_lock<std::mutex> lock(state_->mu);
+    state_->cv.wait(lock, [&] { return state_->done; });
+  }
+  // Waits; returns the task's error message, empty when it succeeded.
+  std::string error() const {
+    wait();
+    std::lock_guard<std::mutex> lock(state_->mu);
+    return state_->error;
+  }
+
+ private:
+  friend class Worker;
+  struct State {
+    std::mutex mu;
+    std::condition_variable cv;
+    bool done = false;
+    std::string error;
+  };
+  std::shared_ptr<State> state_;
+};
+
+// A thread that runs posted tasks in order.
 class Worker {
  public:
   Worker() : thread_([this] { loop(); }) {}
@@ -39,21 +66,25 @@ class Worker {
     cv_.notify_all();
     thread_.join();
   }
-  std::future<void> post(std::function<void()> fn) {
-    std::packaged_task<void()> task(std::move(fn));
-    std::future<void> f = task.get_future();
+  Pending post(std::function<void()> fn) {
+    Pending p;
+    p.state_ = std::make_shared<Pending::State>();
     {
       std::lock_guard<std::mutex> lock(mu_);
-      tasks_.push_back(std::move(task));
+      tasks_.push_back({std::move(fn), p.state_});
     }
     cv_.notify_one();
-    return f;
+    return p;
   }
 
  private:
+  struct Task {
+    std::function<void()> fn;
+    std::shared_ptr<Pending::State> state;
+  };
   void loop() {
     for (;;) {
-      std::packaged_task<void()> task;
+      Task task;
       {
         std::unique_lock<std::mutex> lock(mu_);
         cv_.wait(lock, [&] { return stop_ || !tasks_.empty(); });
@@ -61,29 +92,41 @@ class Worker {
         task = std::move(tasks_.front());
         tasks_.pop_front();
       }
-      task();
+      std::string error;
+      try {
+        task.fn();
+      } catch (const std::exception& e) {
+        error = e.what();
+        if (error.empty()) error = "unknown error";
+      } catch (...) {
+        error = "unknown error";
+      }
+      task.fn = nullptr;  // what the task captured is released here, before the caller resumes
+      {
+        std::lock_guard<std::mutex> lock(task.state->mu);
+        task.state->done = true;
+        task.state->error = std::move(error);
+      }
+      task.state->cv.notify_all();
     }
   }
   std::mutex mu_;
   std::condition_variable cv_;
-  std::deque<std::packaged_task<void()>> tasks_;
+  std::deque<Task> tasks_;
   bool stop_ = false;
   std::thread thread_;
 };
 
-// Waits for every future; rethrows the first failure, naming the replica's device.
-void wait_all(std::vector<std::future<void>>& fs, const std::vector<Device>& devices,
+// Waits for every task; rethrows the first failure, naming the replica's device.
+void wait_all(const std::vector<Pending>& tasks, const std::vector<Device>& devices,
               const char* what) {
   std::string first;
-  for (size_t i = 0; i < fs.size(); ++i) {
-    if (!fs[i].valid()) continue;
-    try {
-      fs[i].get();
-    } catch (const std::exception& e) {
-      if (first.empty())
-        first = detail::str_cat("DataParallel ", what, " on replica ", i, " (", devices[i].str(),
-                                "): ", e.what());
-    }
+  for (size_t i = 0; i < tasks.size(); ++i) {
+    if (!tasks[i].valid()) continue;
+    const std::string error = tasks[i].error();
+    if (!error.empty() && first.empty())
+      first = detail::str_cat("DataParallel ", what, " on replica ", i, " (", devices[i].str(),
+                              "): ", error);
   }
   if (!first.empty()) throw Error(first);
 }
@@ -306,7 +349,7 @@ struct DataParallelBase::Impl {
       rep->allreduce_ms = rep->hidden_ms = 0;
     }
     in_backward = true;
-    std::vector<std::future<void>> comm_tasks(n()), compute_tasks(n());
+    std::vector<Pending> comm_tasks(n()), compute_tasks(n());
     if (reduce)
       for (size_t r = 0; r < n(); ++r)
         comm_tasks[r] = replicas[r]->comms->post([this, r] { reduce_buckets(r); });
@@ -458,7 +501,7 @@ Tensor DataParallelBase::forward(const Tensor& x) {
   Tensor cx = x.contiguous();
   const int64_t row = batch > 0 ? cx.numel() / batch : 0;
   std::vector<Tensor> outs(m.n());
-  std::vector<std::future<void>> tasks(m.n());
+  std::vector<Pending> tasks(m.n());
   for (size_t r = 0; r < m.n(); ++r) {
     const int64_t rows = starts[r + 1] - starts[r];
     if (rows == 0) continue;
