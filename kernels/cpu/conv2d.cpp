@@ -8,6 +8,7 @@
 #include <utility>
 #include <vector>
 
+#include "kernels/cpu/conv2d_direct.h"
 #include "kernels/cpu/gemm.h"
 #include "kernels/cpu/parallel.h"
 
@@ -99,10 +100,30 @@ void col2im(const Conv2dGeometry& g, const float* col, int64_t cg, float* gx) {
   }
 }
 
+// gb[o] = the sum of gy over images and positions.
+void bias_grad(const Conv2dGeometry& g, const float* gy, float* gb) {
+  const int64_t P = g.oh * g.ow;
+  std::fill_n(gb, g.o, 0.f);
+  for (int64_t n = 0; n < g.n; ++n)
+    for (int64_t o = 0; o < g.o; ++o) {
+      const float* r = gy + (n * g.o + o) * P;
+      float s = 0.f;
+#pragma omp simd reduction(+ : s)
+      for (int64_t p = 0; p < P; ++p) s += r[p];
+      gb[o] += s;
+    }
+}
+
 }  // namespace
 
 void conv2d_forward(const Conv2dGeometry& g, const float* x, const float* w, const float* b,
                     float* y) {
+  if (conv2d_direct_applies(g)) return conv2d_direct_forward(g, x, w, b, y);
+  conv2d_forward_im2col(g, x, w, b, y);
+}
+
+void conv2d_forward_im2col(const Conv2dGeometry& g, const float* x, const float* w, const float* b,
+                           float* y) {
   const int64_t cg = g.c / g.groups, og = g.o / g.groups;
   const int64_t K = cg * g.kh * g.kw, P = g.oh * g.ow;
   const bool pointwise = is_pointwise(g);
@@ -130,6 +151,15 @@ void conv2d_forward(const Conv2dGeometry& g, const float* x, const float* w, con
 
 void conv2d_backward(const Conv2dGeometry& g, const float* x, const float* w, const float* gy,
                      float* gx, float* gw, float* gb) {
+  if (conv2d_direct_applies(g))
+    conv2d_direct_backward(g, x, w, gy, gx, gw);
+  else
+    conv2d_backward_im2col(g, x, w, gy, gx, gw);
+  if (gb) bias_grad(g, gy, gb);
+}
+
+void conv2d_backward_im2col(const Conv2dGeometry& g, const float* x, const float* w,
+                            const float* gy, float* gx, float* gw) {
   const int64_t cg = g.c / g.groups, og = g.o / g.groups;
   const int64_t K = cg * g.kh * g.kw, P = g.oh * g.ow;
   const bool pointwise = is_pointwise(g);
@@ -137,7 +167,6 @@ void conv2d_backward(const Conv2dGeometry& g, const float* x, const float* w, co
   const int threads = static_cast<int>(std::min<int64_t>(num_threads(), (g.n + grain - 1) / grain));
   // Each thread sums its images' weight gradients privately; the partial sums are added after.
   std::vector<float> gw_parts(gw ? size_t(std::max(threads, 1)) * g.o * K : 0, 0.f);
-  if (gb) std::fill_n(gb, g.o, 0.f);
   if (gx) std::fill_n(gx, g.n * g.c * g.h * g.w, 0.f);
   parallel_for(g.n, grain, [&](int64_t n0, int64_t n1) {
     const int t = omp_in_parallel() ? omp_get_thread_num() : 0;
@@ -178,16 +207,6 @@ void conv2d_backward(const Conv2dGeometry& g, const float* x, const float* w, co
 #pragma omp simd
       for (int64_t i = 0; i < g.o * K; ++i) gw[i] += part[i];
     }
-  }
-  if (gb) {
-    for (int64_t n = 0; n < g.n; ++n)
-      for (int64_t o = 0; o < g.o; ++o) {
-        const float* r = gy + (n * g.o + o) * P;
-        float s = 0.f;
-#pragma omp simd reduction(+ : s)
-        for (int64_t p = 0; p < P; ++p) s += r[p];
-        gb[o] += s;
-      }
   }
 }
 

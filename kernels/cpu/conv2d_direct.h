@@ -1,0 +1,30 @@
+#pragma once
+// Direct convolution for stride-1, ungrouped convolutions with a kernel larger than 1x1 (the
+// 3x3 "same" convolutions of most CNNs): no im2col copy and no GEMM packing per image.
+//
+// Each image is copied into a zero-bordered buffer. With rows of the bordered width Wp, the input
+// under kernel tap (i, j) for output (oh, ow) sits at flat offset q + (i * Wp + j) * dilation,
+// where q = oh * Wp + ow. Sixteen consecutive outputs q are thus a sum over (channel, tap) of
+// sixteen consecutive inputs times one weight: one vector load, one broadcast and one FMA per
+// output channel, with a block of output channels and vectors held in registers. The flat output
+// carries Wp - OW junk columns per row, dropped when the result is written out. The input
+// gradient is the same correlation of the bordered output gradient with the flipped, transposed
+// kernel; the weight gradient runs over q with output channels across the vector lanes.
+#include "kernels/cpu/conv2d.h"
+
+namespace galley::kernels::cpu {
+
+// Whether conv2d_forward / conv2d_backward take the direct path for this geometry: stride 1,
+// one group, a kernel of more than one tap, padding at most (kernel - 1) * dilation, at least one
+// image per thread, and a host with AVX-512 (elsewhere the registers would not hold a block).
+bool conv2d_direct_applies(const Conv2dGeometry& g);
+
+// Same contracts as conv2d_forward / conv2d_backward (without the bias gradient); callable for
+// any geometry with stride 1 and one group, whatever conv2d_direct_applies says, so tests can
+// compare the two paths on every machine.
+void conv2d_direct_forward(const Conv2dGeometry& g, const float* x, const float* w, const float* b,
+                           float* y);
+void conv2d_direct_backward(const Conv2dGeometry& g, const float* x, const float* w,
+                            const float* gy, float* gx, float* gw);
+
+}  // namespace galley::kernels::cpu
