@@ -118,8 +118,10 @@ void bias_grad(const Conv2dGeometry& g, const float* gy, float* gb) {
 
 void conv2d_forward(const Conv2dGeometry& g, const float* x, const float* w, const float* b,
                     float* y) {
-  if (conv2d_direct_applies(g)) return conv2d_direct_forward(g, x, w, b, y);
-  conv2d_forward_im2col(g, x, w, b, y);
+  if (conv2d_direct_use(g).forward)
+    conv2d_direct_forward(g, x, w, b, y);
+  else
+    conv2d_forward_im2col(g, x, w, b, y);
 }
 
 void conv2d_forward_im2col(const Conv2dGeometry& g, const float* x, const float* w, const float* b,
@@ -151,10 +153,12 @@ void conv2d_forward_im2col(const Conv2dGeometry& g, const float* x, const float*
 
 void conv2d_backward(const Conv2dGeometry& g, const float* x, const float* w, const float* gy,
                      float* gx, float* gw, float* gb) {
-  if (conv2d_direct_applies(g))
-    conv2d_direct_backward(g, x, w, gy, gx, gw);
-  else
-    conv2d_backward_im2col(g, x, w, gy, gx, gw);
+  const ConvDirectUse use = conv2d_direct_use(g);
+  float* direct_gx = use.input_grad ? gx : nullptr;
+  float* direct_gw = use.weight_grad ? gw : nullptr;
+  if (direct_gx || direct_gw) conv2d_direct_backward(g, x, w, gy, direct_gx, direct_gw);
+  if (gx != direct_gx || gw != direct_gw)
+    conv2d_backward_im2col(g, x, w, gy, direct_gx ? nullptr : gx, direct_gw ? nullptr : gw);
   if (gb) bias_grad(g, gy, gb);
 }
 

@@ -218,13 +218,17 @@ void weight_grad(const Plan& p, const WeightGradLayout& lay, const float* xb, co
 }
 
 // gyT[q][o] = gy[o][oh][ow] at q = oh * wp + ow; the junk columns and padded channels stay zero.
+// In tiles of 16 columns by every channel, so the rows of gyT being written stay in L1.
 void transpose_grad(const Plan& p, int64_t op, const float* gy, float* gyT) {
   const int64_t oh = p.oh(), ow = p.ow(), wp = p.wp();
-  for (int64_t o = 0; o < p.cout; ++o)
-    for (int64_t i = 0; i < oh; ++i) {
-      const float* src = gy + (o * oh + i) * ow;
-      float* dst = gyT + i * wp * op + o;
-      for (int64_t j = 0; j < ow; ++j) dst[j * op] = src[j];
+  for (int64_t i = 0; i < oh; ++i)
+    for (int64_t j0 = 0; j0 < ow; j0 += L) {
+      const int64_t nj = std::min(L, ow - j0);
+      float* dst = gyT + (i * wp + j0) * op;
+      for (int64_t o = 0; o < p.cout; ++o) {
+        const float* src = gy + (o * oh + i) * ow + j0;
+        for (int64_t j = 0; j < nj; ++j) dst[j * op + o] = src[j];
+      }
     }
 }
 
@@ -234,14 +238,21 @@ Plan forward_plan(const Conv2dGeometry& g) {
 
 }  // namespace
 
-bool conv2d_direct_applies(const Conv2dGeometry& g) {
+ConvDirectUse conv2d_direct_use(const Conv2dGeometry& g) {
+  ConvDirectUse use;
 #ifdef __AVX512F__
-  return g.stride == 1 && g.groups == 1 && g.kh * g.kw > 1 && g.pad <= (g.kh - 1) * g.dilation &&
-         g.pad <= (g.kw - 1) * g.dilation && g.n >= num_threads();
+  const bool fits = g.stride == 1 && g.groups == 1 && g.kh * g.kw > 1 &&
+                    g.pad <= (g.kh - 1) * g.dilation && g.pad <= (g.kw - 1) * g.dilation &&
+                    g.n >= num_threads();
+  if (!fits) return use;
+  const int64_t columns = g.c * g.kh * g.kw;  // (input channel, tap) pairs
+  use.forward = columns >= 16;
+  use.weight_grad = columns >= 64;
+  use.input_grad = g.c >= 16;
 #else
   (void)g;
-  return false;
 #endif
+  return use;
 }
 
 void conv2d_direct_forward(const Conv2dGeometry& g, const float* x, const float* w, const float* b,

@@ -14,13 +14,21 @@
 
 namespace galley::kernels::cpu {
 
-// Whether conv2d_forward / conv2d_backward take the direct path for this geometry: stride 1,
-// one group, a kernel of more than one tap, padding at most (kernel - 1) * dilation, at least one
-// image per thread, and a host with AVX-512 (elsewhere the registers would not hold a block).
-bool conv2d_direct_applies(const Conv2dGeometry& g);
+// Which parts of a convolution conv2d_forward / conv2d_backward run on the direct path. None
+// unless: stride 1, one group, a kernel of more than one tap, padding at most
+// (kernel - 1) * dilation, at least one image per thread, and a host with AVX-512 (elsewhere the
+// registers would not hold a block). Then each part where it is faster than im2col + GEMM
+// (measured on the layers of the benchmark models): the forward pass and the weight gradient
+// need enough (input channel, tap) pairs to amortise writing each output block, and the weight
+// gradient's transpose of the output gradient; the input gradient needs enough input channels
+// to fill its blocks of output channels.
+struct ConvDirectUse {
+  bool forward = false, input_grad = false, weight_grad = false;
+};
+ConvDirectUse conv2d_direct_use(const Conv2dGeometry& g);
 
 // Same contracts as conv2d_forward / conv2d_backward (without the bias gradient); callable for
-// any geometry with stride 1 and one group, whatever conv2d_direct_applies says, so tests can
+// any geometry with stride 1 and one group, whatever conv2d_direct_use says, so tests can
 // compare the two paths on every machine.
 void conv2d_direct_forward(const Conv2dGeometry& g, const float* x, const float* w, const float* b,
                            float* y);

@@ -3,8 +3,10 @@
 #include <omp.h>
 
 #include <Eigen/Core>
+#include <algorithm>
 
 #include "galley/ops.h"
+#include "kernels/cpu/parallel.h"
 
 namespace galley::kernels::cpu {
 namespace {
@@ -29,13 +31,10 @@ void finish(Map& c, const A& a, const B& b, float alpha, float beta) {
 }
 }  // namespace
 
-void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
-          int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
-  if (m == 0 || n == 0) return;
-  // Eigen forks omp_get_max_threads() threads for a large product; that setting is per calling
-  // thread, so replicas on their own threads each keep to their own share of the cores.
-  if (!omp_in_parallel() && omp_get_max_threads() != num_threads())
-    omp_set_num_threads(num_threads());
+namespace {
+void gemm_serial(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
+                 const float* a, int64_t lda, const float* b, int64_t ldb, float beta, float* c,
+                 int64_t ldc) {
   Map C(c, m, n, Eigen::OuterStride<>(ldc));
   if (k == 0) {
     if (beta == 0.f)
@@ -54,6 +53,38 @@ void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alp
     finish(C, A.transpose(), B, alpha, beta);
   else
     finish(C, A.transpose(), B.transpose(), alpha, beta);
+}
+
+// Products below this many flops per thread stay on one thread: forking costs more.
+constexpr double kGemmFlopsPerThread = 4e6;
+// Bands of C are whole vectors wide.
+constexpr int64_t kGemmAlign = 16;
+}  // namespace
+
+void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
+          int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
+  if (m == 0 || n == 0) return;
+  const double flops = 2.0 * double(m) * double(n) * double(k);
+  const int64_t along = std::max(m, n);
+  const int64_t threads =
+      std::min<int64_t>({int64_t(num_threads()), (along + kGemmAlign - 1) / kGemmAlign,
+                         std::max<int64_t>(1, int64_t(flops / kGemmFlopsPerThread))});
+  if (threads <= 1 || omp_in_parallel()) {
+    gemm_serial(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+    return;
+  }
+  // Each thread takes a band of C along its longer side: rows of A, or columns of B.
+  const int64_t band = (along + threads - 1) / threads;
+  const int64_t width = (band + kGemmAlign - 1) / kGemmAlign * kGemmAlign;
+  parallel_for((along + width - 1) / width, 1, [&](int64_t b0, int64_t b1) {
+    const int64_t lo = b0 * width, hi = std::min(along, b1 * width);
+    if (n >= m)
+      gemm_serial(trans_a, trans_b, m, hi - lo, k, alpha, a, lda, trans_b ? b + lo * ldb : b + lo,
+                  ldb, beta, c + lo, ldc);
+    else
+      gemm_serial(trans_a, trans_b, hi - lo, n, k, alpha, trans_a ? a + lo : a + lo * lda, lda, b,
+                  ldb, beta, c + lo * ldc, ldc);
+  });
 }
 
 void column_sums(const float* g, int64_t rows, int64_t n, float* out, bool accumulate) {

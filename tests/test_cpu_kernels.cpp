@@ -1,10 +1,12 @@
-// The direct convolution kernels (kernels/cpu/conv2d_direct.h) against the im2col + GEMM path,
+// CPU kernels against simpler forms of themselves: the GEMM spread over threads against one
+// thread and a naive product, and the direct convolution kernels (kernels/cpu/conv2d_direct.h)
+// against the im2col + GEMM path,
 // forward and backward, over geometries that exercise every tail: channel counts that are not
 // multiples of the register blocks, rectangular and dilated kernels, every padding the direct
 // path accepts, outputs of a single pixel and rows wider than a vector.
 //
 // Inputs are small integers and weights multiples of 1/4, so every product and partial sum is
-// exact in float: the two paths, which add in different orders, must agree to the bit.
+// exact in float: two paths that add in different orders must agree to the bit.
 #include <gtest/gtest.h>
 
 #include <cstdint>
@@ -15,6 +17,7 @@
 #include "galley/galley.h"
 #include "kernels/cpu/conv2d.h"
 #include "kernels/cpu/conv2d_direct.h"
+#include "kernels/cpu/gemm.h"
 
 using galley::kernels::cpu::Conv2dGeometry;
 
@@ -128,21 +131,69 @@ TEST(ConvDirect, SameResultOnOneAndTwoThreads) {
   EXPECT_EQ(results[0], results[1]);
 }
 
-TEST(ConvDirect, AppliesOnlyWhereItIsCorrectAndPays) {
-  Conv2dGeometry g = geometry({8, 32, 14, 14, 64, 3, 3, 1, 1});
+TEST(ConvDirect, TakenOnlyWhereItIsCorrectAndPays) {
+  using galley::kernels::cpu::conv2d_direct_use;
+  auto none = [](const Conv2dGeometry& g) {
+    const auto u = conv2d_direct_use(g);
+    return !u.forward && !u.input_grad && !u.weight_grad;
+  };
+  const Conv2dGeometry g = geometry({8, 32, 14, 14, 64, 3, 3, 1, 1});
   Conv2dGeometry few_images = g;
   few_images.n = 1;
-  if (galley::num_threads() > 1)
-    EXPECT_FALSE(galley::kernels::cpu::conv2d_direct_applies(few_images))
-        << "an image per thread is needed";
+  if (galley::num_threads() > 1) EXPECT_TRUE(none(few_images)) << "an image per thread is needed";
   Conv2dGeometry strided = g;
   strided.stride = 2;
   Conv2dGeometry grouped = g;
   grouped.groups = 2;
-  Conv2dGeometry pointwise = geometry({8, 32, 14, 14, 64, 1, 1, 0, 1});
-  Conv2dGeometry overpadded = geometry({8, 32, 14, 14, 64, 3, 3, 3, 1});
-  for (const Conv2dGeometry* other : {&strided, &grouped, &pointwise, &overpadded})
-    EXPECT_FALSE(galley::kernels::cpu::conv2d_direct_applies(*other));
-  if (!galley::kernels::cpu::conv2d_direct_applies(g))
-    GTEST_SKIP() << "this build has no direct path (it needs AVX-512 at compile time)";
+  const Conv2dGeometry pointwise = geometry({8, 32, 14, 14, 64, 1, 1, 0, 1});
+  const Conv2dGeometry overpadded = geometry({8, 32, 14, 14, 64, 3, 3, 3, 1});
+  for (const Conv2dGeometry* other :
+       std::vector<const Conv2dGeometry*>{&strided, &grouped, &pointwise, &overpadded})
+    EXPECT_TRUE(none(*other));
+  if (none(g)) GTEST_SKIP() << "this build has no direct path (it needs AVX-512 at compile time)";
+  const auto u = conv2d_direct_use(g);
+  EXPECT_TRUE(u.forward && u.input_grad && u.weight_grad);
+  // A one-channel input (the first layer of a grey-scale model): im2col + GEMM throughout.
+  EXPECT_TRUE(none(geometry({8, 1, 28, 28, 32, 3, 3, 1, 1})));
+  // Three channels: the forward pass only.
+  const auto rgb = conv2d_direct_use(geometry({8, 3, 32, 32, 32, 3, 3, 1, 1}));
+  EXPECT_TRUE(rgb.forward && !rgb.input_grad && !rgb.weight_grad);
+}
+
+// Products large enough to be split into bands of C across threads, along rows (m > n) and along
+// columns, in every transposition, overwriting and accumulating, with sizes off the band width.
+TEST(Gemm, ThreadedMatchesOneThreadAndANaiveProduct) {
+  struct Dims {
+    int64_t m, n, k;
+  };
+  const int saved = galley::num_threads();
+  for (Dims d : {Dims{40, 1000, 130}, Dims{300, 20, 700}, Dims{64, 160, 400}, Dims{3, 2, 5}}) {
+    const auto a = exact_values(size_t(d.m * d.k), 10, 1.f);
+    const auto b = exact_values(size_t(d.k * d.n), 11, 0.25f);
+    const auto c0 = exact_values(size_t(d.m * d.n), 12, 1.f);
+    for (int ta = 0; ta < 2; ++ta)
+      for (int tb = 0; tb < 2; ++tb)
+        for (float beta : {0.f, 1.f}) {
+          // a is m x k (or k x m transposed), b is k x n (or n x k); both row-major, packed.
+          const int64_t lda = ta ? d.m : d.k, ldb = tb ? d.k : d.n;
+          std::vector<float> want(c0);
+          for (int64_t i = 0; i < d.m; ++i)
+            for (int64_t j = 0; j < d.n; ++j) {
+              float s = 0.f;
+              for (int64_t p = 0; p < d.k; ++p)
+                s +=
+                    (ta ? a[p * lda + i] : a[i * lda + p]) * (tb ? b[j * ldb + p] : b[p * ldb + j]);
+              want[i * d.n + j] = 0.5f * s + beta * c0[i * d.n + j];
+            }
+          for (int threads : {1, 2, 3}) {
+            galley::set_num_threads(threads);
+            std::vector<float> c(c0);
+            galley::kernels::cpu::gemm(ta, tb, d.m, d.n, d.k, 0.5f, a.data(), lda, b.data(), ldb,
+                                       beta, c.data(), d.n);
+            EXPECT_EQ(c, want) << d.m << "x" << d.n << "x" << d.k << " trans " << ta << tb
+                               << " beta " << beta << " threads " << threads;
+          }
+        }
+  }
+  galley::set_num_threads(saved);
 }
