@@ -148,6 +148,9 @@ TEST(GradCheck, Conv2d) {
       {{2, 4, 6, 6}, {6, 2, 3, 3}, {.padding = 1, .groups = 2}, true},
       {{2, 3, 5, 5}, {4, 3, 1, 1}, {}, true},
       {{1, 1, 6, 5}, {2, 1, 2, 3}, {.stride = 2}, true},
+      // Enough channels and images for the direct path's forward, input and weight gradients
+      // (where the build has it and there are at most two threads).
+      {{2, 16, 5, 5}, {4, 16, 3, 3}, {.padding = 1}, true},
   };
   for (size_t i = 0; i < cases.size(); ++i) {
     const auto& c = cases[i];
