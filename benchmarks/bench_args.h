@@ -1,6 +1,6 @@
 #pragma once
-// Command line and timing helpers shared by the train-step benchmarks (galley and libtorch),
-// so that both programs take the same options and report the same statistic.
+// Command line, timing and reporting shared by the train-step benchmarks (galley and libtorch),
+// so that both programs take the same options and report the same statistic in the same form.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -77,6 +77,89 @@ inline double median(std::vector<double> v) {
 using Clock = std::chrono::steady_clock;
 inline double seconds_since(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+// `repeats` timed blocks of `iters` steps each; `sync` waits for the work (reads the loss).
+// Returns samples/s per block.
+template <class Step, class Sync>
+std::vector<double> time_blocks(const Args& a, Step&& step, Sync&& sync) {
+  std::vector<double> rates;
+  for (int r = 0; r < a.repeats; ++r) {
+    auto t0 = Clock::now();
+    for (int i = 0; i < a.iters; ++i) step();
+    sync();
+    rates.push_back(double(a.batch) * a.iters / seconds_since(t0));
+  }
+  return rates;
+}
+
+// Milliseconds per step of each part, averaged over iters * repeats extra steps, each part timed
+// alone: forward() returns the output that loss(out) takes.
+struct Phases {
+  double forward = 0, loss = 0, backward = 0, optimizer = 0;
+};
+template <class Forward, class Loss, class Backward, class Optimizer>
+Phases time_phases(const Args& a, Forward&& forward, Loss&& loss, Backward&& backward,
+                   Optimizer&& optimizer) {
+  Phases ph;
+  const int n = a.iters * a.repeats;
+  for (int i = 0; i < n; ++i) {
+    auto t0 = Clock::now();
+    auto out = forward();
+    ph.forward += seconds_since(t0);
+    t0 = Clock::now();
+    loss(out);
+    ph.loss += seconds_since(t0);
+    t0 = Clock::now();
+    backward();
+    ph.backward += seconds_since(t0);
+    t0 = Clock::now();
+    optimizer();
+    ph.optimizer += seconds_since(t0);
+  }
+  for (double* p : {&ph.forward, &ph.loss, &ph.backward, &ph.optimizer}) *p *= 1e3 / n;
+  return ph;
+}
+
+struct Report {
+  std::string impl, version;
+  std::string device;  // printed when not empty
+  bool graph = false;
+  int threads = 1;
+  std::vector<double> rates;  // samples/s per timed block
+  float final_loss = 0.f;
+};
+
+// One JSON object (--json) or a line of text, plus the phases when --phases timed them.
+inline void print_report(const Args& a, const Report& r, const Phases& ph) {
+  const double med = median(r.rates);
+  if (a.json) {
+    std::printf("{\"impl\": \"%s\", \"version\": \"%s\", \"model\": \"%s\", \"batch\": %d, ",
+                r.impl.c_str(), r.version.c_str(), a.model.c_str(), a.batch);
+    if (!r.device.empty())
+      std::printf("\"device\": \"%s\", \"graph\": %s, ", r.device.c_str(),
+                  r.graph ? "true" : "false");
+    std::printf(
+        "\"threads\": %d, \"warmup\": %d, \"iters\": %d, \"repeats\": %d, "
+        "\"samples_per_s\": %.3f, \"samples_per_s_all\": [",
+        r.threads, a.warmup, a.iters, a.repeats, med);
+    for (size_t i = 0; i < r.rates.size(); ++i) std::printf("%s%.3f", i ? ", " : "", r.rates[i]);
+    std::printf("], \"step_ms\": %.4f, \"final_loss\": %.6f", 1e3 * a.batch / med, r.final_loss);
+    if (a.phases)
+      std::printf(
+          ", \"phases_ms\": {\"forward\": %.4f, \"loss\": %.4f, \"backward\": %.4f, "
+          "\"optimizer\": %.4f}",
+          ph.forward, ph.loss, ph.backward, ph.optimizer);
+    std::printf("}\n");
+    return;
+  }
+  std::printf("%s %s %s batch=%d%s%s%s threads=%d: %.1f samples/s (%.2f ms/step, loss %.4f)\n",
+              r.impl.c_str(), r.version.c_str(), a.model.c_str(), a.batch,
+              r.device.empty() ? "" : " ", r.device.c_str(), r.graph ? " graph" : "", r.threads,
+              med, 1e3 * a.batch / med, r.final_loss);
+  if (a.phases)
+    std::printf("  forward %.2f ms  loss %.2f ms  backward %.2f ms  optimizer %.2f ms\n",
+                ph.forward, ph.loss, ph.backward, ph.optimizer);
 }
 
 }  // namespace bench

@@ -32,10 +32,7 @@ namespace nn = galley::nn;
 using galley::Tensor;
 
 using bench::Args;
-using bench::Clock;
-using bench::median;
 using bench::parse;
-using bench::seconds_since;
 using bench::usage;
 
 namespace {
@@ -110,62 +107,20 @@ int run(const Args& a) {
   }
   if (loss.defined()) (void)loss.item();
 
-  std::vector<double> rates;
-  for (int r = 0; r < a.repeats; ++r) {
-    auto t0 = Clock::now();
-    for (int i = 0; i < a.iters; ++i) timed();
-    (void)loss.item();
-    rates.push_back(double(a.batch) * a.iters / seconds_since(t0));
-  }
-  double med = median(rates);
-  float final_loss = loss.item();
-
-  double ph[4] = {0, 0, 0, 0};
-  if (a.phases) {
-    int n = a.iters * a.repeats;
-    for (int i = 0; i < n; ++i) {
-      auto t0 = Clock::now();
-      Tensor out = model(x);
-      ph[0] += seconds_since(t0);
-      t0 = Clock::now();
-      loss = loss_fn(out, y);
-      ph[1] += seconds_since(t0);
-      t0 = Clock::now();
-      loss.backward();
-      ph[2] += seconds_since(t0);
-      t0 = Clock::now();
-      opt.step();
-      opt.zero_grad();
-      ph[3] += seconds_since(t0);
-    }
-    for (double& p : ph) p = 1e3 * p / n;
-  }
-
-  if (a.json) {
-    std::printf(
-        "{\"impl\": \"galley\", \"version\": \"%s\", \"model\": \"%s\", \"batch\": %d, "
-        "\"device\": \"%s\", \"graph\": %s, \"threads\": %d, "
-        "\"warmup\": %d, \"iters\": %d, \"repeats\": %d, \"samples_per_s\": %.3f, "
-        "\"samples_per_s_all\": [",
-        GALLEY_BENCH_VERSION, a.model.c_str(), a.batch, device.str().c_str(),
-        a.graph ? "true" : "false", galley::num_threads(), a.warmup, a.iters, a.repeats, med);
-    for (size_t i = 0; i < rates.size(); ++i) std::printf("%s%.3f", i ? ", " : "", rates[i]);
-    std::printf("], \"step_ms\": %.4f, \"final_loss\": %.6f", 1e3 * a.batch / med, final_loss);
-    if (a.phases)
-      std::printf(
-          ", \"phases_ms\": {\"forward\": %.4f, \"loss\": %.4f, \"backward\": %.4f, "
-          "\"optimizer\": %.4f}",
-          ph[0], ph[1], ph[2], ph[3]);
-    std::printf("}\n");
-  } else {
-    std::printf("galley %s %s batch=%d %s%s threads=%d: %.1f samples/s (%.2f ms/step, loss %.4f)\n",
-                GALLEY_BENCH_VERSION, a.model.c_str(), a.batch, device.str().c_str(),
-                a.graph ? " graph" : "", galley::num_threads(), med, 1e3 * a.batch / med,
-                final_loss);
-    if (a.phases)
-      std::printf("  forward %.2f ms  loss %.2f ms  backward %.2f ms  optimizer %.2f ms\n", ph[0],
-                  ph[1], ph[2], ph[3]);
-  }
+  bench::Report r{"galley", GALLEY_BENCH_VERSION, device.str(), a.graph};
+  r.threads = galley::num_threads();
+  r.rates = bench::time_blocks(a, timed, [&] { (void)loss.item(); });
+  r.final_loss = loss.item();
+  bench::Phases ph;
+  if (a.phases)
+    ph = bench::time_phases(
+        a, [&] { return model(x); }, [&](const Tensor& out) { loss = loss_fn(out, y); },
+        [&] { loss.backward(); },
+        [&] {
+          opt.step();
+          opt.zero_grad();
+        });
+  bench::print_report(a, r, ph);
   return 0;
 }
 }  // namespace
