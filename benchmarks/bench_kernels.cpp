@@ -150,18 +150,42 @@ void set_rate(benchmark::State& st, double flops, double bytes, double seconds,
   if (samples) st.SetItemsProcessed(st.iterations() * st.range(0));
 }
 
+// Times op() (no autograd graph recorded) over every iteration; returns the seconds.
+template <typename Op>
+double time_forward(benchmark::State& st, Op&& op) {
+  galley::NoGradGuard ng;
+  auto t0 = Clock::now();
+  for (auto _ : st) {
+    Tensor y = op();
+    benchmark::DoNotOptimize(y.raw_data());
+  }
+  return seconds_since(t0);
+}
+
+// Times backward alone: each iteration records op()'s graph, times y.backward(gy) as the
+// iteration's manual time, then clears the gradients of `leaves`. Returns the seconds of backward.
+template <typename Op>
+double time_backward(benchmark::State& st, Op&& op, const Tensor& gy,
+                     const std::vector<Tensor>& leaves) {
+  double secs = 0;
+  for (auto _ : st) {
+    Tensor y = op();
+    auto t0 = Clock::now();
+    y.backward(gy);
+    const double dt = seconds_since(t0);
+    st.SetIterationTime(dt);
+    secs += dt;
+    for (Tensor leaf : leaves) leaf.set_grad(Tensor());
+  }
+  return secs;
+}
+
 // Conv2D(3, 64, 3) forward on [N, 3, 32, 32].
 void BM_conv2d_forward(benchmark::State& st) {
   int64_t n = st.range(0);
   Tensor x = galley::randn({n, kC, kH, kH}, gen());
   Tensor w = galley::randn({kO, kC, kK, kK}, gen()), b = galley::randn({kO}, gen());
-  galley::NoGradGuard ng;
-  auto t0 = Clock::now();
-  for (auto _ : st) {
-    Tensor y = galley::conv2d(x, w, b);
-    benchmark::DoNotOptimize(y.raw_data());
-  }
-  const double secs = seconds_since(t0);
+  const double secs = time_forward(st, [&] { return galley::conv2d(x, w, b); });
   set_rate(st, 2.0 * n * kO * kOH * kOH * kC * kK * kK, 0, secs);
 }
 
@@ -175,18 +199,10 @@ void BM_conv2d_backward(benchmark::State& st) {
   Tensor w = galley::randn({kO, kC, kK, kK}, gen()).set_requires_grad(true);
   Tensor b = galley::randn({kO}, gen()).set_requires_grad(true);
   Tensor gy = galley::randn({n, kO, kOH, kOH}, gen());
-  double secs = 0;
-  for (auto _ : st) {
-    Tensor y = galley::conv2d(x, w, b);
-    auto t0 = Clock::now();
-    y.backward(gy);
-    double dt = seconds_since(t0);
-    st.SetIterationTime(dt);
-    secs += dt;
-    w.set_grad(Tensor());
-    b.set_grad(Tensor());
-    if (need_gx) x.set_grad(Tensor());
-  }
+  std::vector<Tensor> leaves = {w, b};
+  if (need_gx) leaves.push_back(x);
+  const double secs = time_backward(
+      st, [&] { return galley::conv2d(x, w, b); }, gy, leaves);
   double gemm = 2.0 * n * kO * kOH * kOH * kC * kK * kK;
   set_rate(st, need_gx ? 2 * gemm : gemm, 0, secs);
 }
@@ -197,13 +213,8 @@ void BM_conv2d_vgg_forward(benchmark::State& st) {
   const int64_t n = 64, c = st.range(0), o = st.range(1), hw = st.range(2);
   Tensor x = galley::randn({n, c, hw, hw}, gen());
   Tensor w = galley::randn({o, c, kK, kK}, gen()), b = galley::randn({o}, gen());
-  galley::NoGradGuard ng;
-  auto t0 = Clock::now();
-  for (auto _ : st) {
-    Tensor y = galley::conv2d(x, w, b, {.padding = 1});
-    benchmark::DoNotOptimize(y.raw_data());
-  }
-  set_rate(st, 2.0 * n * o * hw * hw * c * kK * kK, 0, seconds_since(t0), /*samples=*/false);
+  const double secs = time_forward(st, [&] { return galley::conv2d(x, w, b, {.padding = 1}); });
+  set_rate(st, 2.0 * n * o * hw * hw * c * kK * kK, 0, secs, /*samples=*/false);
 }
 
 void BM_conv2d_vgg_backward(benchmark::State& st) {
@@ -212,18 +223,8 @@ void BM_conv2d_vgg_backward(benchmark::State& st) {
   Tensor w = galley::randn({o, c, kK, kK}, gen()).set_requires_grad(true);
   Tensor b = galley::randn({o}, gen()).set_requires_grad(true);
   Tensor gy = galley::randn({n, o, hw, hw}, gen());
-  double secs = 0;
-  for (auto _ : st) {
-    Tensor y = galley::conv2d(x, w, b, {.padding = 1});
-    auto t0 = Clock::now();
-    y.backward(gy);
-    double dt = seconds_since(t0);
-    st.SetIterationTime(dt);
-    secs += dt;
-    x.set_grad(Tensor());
-    w.set_grad(Tensor());
-    b.set_grad(Tensor());
-  }
+  const double secs =
+      time_backward(st, [&] { return galley::conv2d(x, w, b, {.padding = 1}); }, gy, {x, w, b});
   set_rate(st, 2 * 2.0 * n * o * hw * hw * c * kK * kK, 0, secs, /*samples=*/false);
 }
 
@@ -231,13 +232,7 @@ void BM_conv2d_vgg_backward(benchmark::State& st) {
 void BM_relu(benchmark::State& st) {
   int64_t n = st.range(0);
   Tensor x = galley::randn({n, kO, kOH, kOH}, gen());
-  galley::NoGradGuard ng;
-  auto t0 = Clock::now();
-  for (auto _ : st) {
-    Tensor y = galley::relu(x);
-    benchmark::DoNotOptimize(y.raw_data());
-  }
-  const double secs = seconds_since(t0);
+  const double secs = time_forward(st, [&] { return galley::relu(x); });
   set_rate(st, 0, 2.0 * 4 * x.numel(), secs);
 }
 
@@ -246,16 +241,7 @@ void BM_relu_backward(benchmark::State& st) {
   int64_t n = st.range(0);
   Tensor x = galley::randn({n, kO, kOH, kOH}, gen()).set_requires_grad(true);
   Tensor gy = galley::randn({n, kO, kOH, kOH}, gen());
-  double secs = 0;
-  for (auto _ : st) {
-    Tensor y = galley::relu(x);
-    auto t0 = Clock::now();
-    y.backward(gy);
-    double dt = seconds_since(t0);
-    st.SetIterationTime(dt);
-    secs += dt;
-    x.set_grad(Tensor());
-  }
+  const double secs = time_backward(st, [&] { return galley::relu(x); }, gy, {x});
   set_rate(st, 0, 3.0 * 4 * x.numel(), secs);
 }
 
@@ -263,13 +249,7 @@ void BM_relu_backward(benchmark::State& st) {
 void BM_max_pool2d_forward(benchmark::State& st) {
   int64_t n = st.range(0);
   Tensor x = galley::randn({n, kO, kOH, kOH}, gen());
-  galley::NoGradGuard ng;
-  auto t0 = Clock::now();
-  for (auto _ : st) {
-    Tensor y = galley::max_pool2d(x, {.kernel_size = 2});
-    benchmark::DoNotOptimize(y.raw_data());
-  }
-  const double secs = seconds_since(t0);
+  const double secs = time_forward(st, [&] { return galley::max_pool2d(x, {.kernel_size = 2}); });
   set_rate(st, 0, 4.0 * x.numel() * 1.25, secs);
 }
 
@@ -277,16 +257,8 @@ void BM_max_pool2d_backward(benchmark::State& st) {
   int64_t n = st.range(0);
   Tensor x = galley::randn({n, kO, kOH, kOH}, gen()).set_requires_grad(true);
   Tensor gy = galley::randn({n, kO, kPH, kPH}, gen());
-  double secs = 0;
-  for (auto _ : st) {
-    Tensor y = galley::max_pool2d(x, {.kernel_size = 2});
-    auto t0 = Clock::now();
-    y.backward(gy);
-    double dt = seconds_since(t0);
-    st.SetIterationTime(dt);
-    secs += dt;
-    x.set_grad(Tensor());
-  }
+  const double secs =
+      time_backward(st, [&] { return galley::max_pool2d(x, {.kernel_size = 2}); }, gy, {x});
   set_rate(st, 0, 4.0 * (x.numel() + gy.numel() * 2), secs);
 }
 
@@ -295,13 +267,7 @@ void BM_linear_forward(benchmark::State& st) {
   int64_t n = st.range(0);
   Tensor x = galley::randn({n, kFeat}, gen());
   Tensor w = galley::randn({kClasses, kFeat}, gen()), b = galley::randn({kClasses}, gen());
-  galley::NoGradGuard ng;
-  auto t0 = Clock::now();
-  for (auto _ : st) {
-    Tensor y = galley::linear(x, w, b);
-    benchmark::DoNotOptimize(y.raw_data());
-  }
-  const double secs = seconds_since(t0);
+  const double secs = time_forward(st, [&] { return galley::linear(x, w, b); });
   set_rate(st, 2.0 * n * kFeat * kClasses, 4.0 * (n + kClasses) * kFeat, secs);
 }
 
@@ -312,18 +278,7 @@ void BM_linear_backward(benchmark::State& st) {
   Tensor w = galley::randn({kClasses, kFeat}, gen()).set_requires_grad(true);
   Tensor b = galley::randn({kClasses}, gen()).set_requires_grad(true);
   Tensor gy = galley::randn({n, kClasses}, gen());
-  double secs = 0;
-  for (auto _ : st) {
-    Tensor y = galley::linear(x, w, b);
-    auto t0 = Clock::now();
-    y.backward(gy);
-    double dt = seconds_since(t0);
-    st.SetIterationTime(dt);
-    secs += dt;
-    x.set_grad(Tensor());
-    w.set_grad(Tensor());
-    b.set_grad(Tensor());
-  }
+  const double secs = time_backward(st, [&] { return galley::linear(x, w, b); }, gy, {x, w, b});
   set_rate(st, 4.0 * n * kFeat * kClasses, 4.0 * (2 * n + 2 * kClasses) * kFeat, secs);
 }
 
