@@ -173,6 +173,7 @@ struct Launcher::Impl {
   std::FILE* event_log = nullptr;
   Clock::time_point t0;
   bool shutting_down = false;
+  std::vector<pid_t> ended_groups;  // process groups of ended attempts, killed at their end
   int stop_signal = 0;
   bool table = false;
   int table_lines = 0;
@@ -399,6 +400,7 @@ struct Launcher::Impl {
         }
       }
     kill(-job.pid, SIGKILL);  // anything the job left behind in its process group
+    ended_groups.push_back(job.pid);
     scheduler->release(job.id);
     job.end = now;
     job.run_s += seconds(now - job.attempt_start);
@@ -456,12 +458,16 @@ struct Launcher::Impl {
     while (true) {
       int status = 0;
       const pid_t pid = waitpid(-1, &status, WNOHANG);
-      if (pid <= 0) return;
+      if (pid <= 0) break;
       // Other pids are descendants of jobs handed to us as subreaper: reaping them is all.
       for (auto& job : jobs)
         if (job.pid == pid && (job.phase == Phase::kRunning || job.phase == Phase::kStopping))
           on_exit(job, status);
     }
+    // Forget the process groups of ended attempts once they are empty.
+    ended_groups.erase(std::remove_if(ended_groups.begin(), ended_groups.end(),
+                                      [](pid_t g) { return kill(-g, 0) != 0; }),
+                       ended_groups.end());
   }
 
   void stop(JobState& job, const std::string& why) {
@@ -711,6 +717,19 @@ struct Launcher::Impl {
     }
   }
 
+  // Waits (up to 2 s) until the process groups of every ended attempt are gone, reaping what
+  // the kills left behind (we are their subreaper): a SIGKILLed process lives on for a moment,
+  // and none of a job's processes should outlive the launcher.
+  void drain_groups() {
+    const auto deadline = Clock::now() + std::chrono::seconds(2);
+    while (true) {
+      reap();
+      if (ended_groups.empty() || Clock::now() >= deadline) return;
+      const timespec pause{0, 5'000'000};
+      nanosleep(&pause, nullptr);
+    }
+  }
+
   bool all_done() const {
     return std::all_of(jobs.begin(), jobs.end(),
                        [](const JobState& j) { return j.phase == Phase::kDone; });
@@ -844,6 +863,7 @@ RunResult Launcher::run() {
     m.restore_signals();
     throw;
   }
+  m.drain_groups();
   if (m.table) m.draw_table(true);
   m.table = false;  // from here on, plain lines
   m.restore_signals();
