@@ -71,7 +71,7 @@ if [ -d "$fashion" ]; then
 fi
 
 log "PyTorch reference (eager and torch.compile)"
-timeout 300 "$py" benchmarks/gpu/torch_simple_cnn_gpu.py --out "$out/torch-simple-cnn-gpu.json" \
+timeout 400 "$py" benchmarks/gpu/torch_train_step_gpu.py --out "$out/torch-train-step-gpu.json" \
   > "$out/torch-bench.log" 2>&1 || log "PyTorch reference failed (see torch-bench.log)"
 
 log "two processes capped at 0.4 of the GPU, side by side"
