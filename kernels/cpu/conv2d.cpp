@@ -15,13 +15,6 @@
 namespace galley::kernels::cpu {
 namespace {
 
-// Per-thread scratch kept between calls so steady-state training allocates nothing here.
-std::vector<float>& scratch(size_t floats) {
-  thread_local std::vector<float> buf;
-  if (buf.size() < floats) buf.resize(floats);
-  return buf;
-}
-
 // Images per thread chunk: small images are batched so that forking pays for itself.
 int64_t image_grain(const Conv2dGeometry& g) {
   const int64_t flops = 2 * g.o * (g.c / g.groups) * g.kh * g.kw * g.oh * g.ow;
@@ -130,7 +123,7 @@ void conv2d_forward_im2col(const Conv2dGeometry& g, const float* x, const float*
   const int64_t K = cg * g.kh * g.kw, P = g.oh * g.ow;
   const bool pointwise = is_pointwise(g);
   parallel_for(g.n, image_grain(g), [&](int64_t n0, int64_t n1) {
-    float* col = pointwise ? nullptr : scratch(K * P).data();
+    float* col = pointwise ? nullptr : thread_scratch(0, size_t(K * P));
     for (int64_t n = n0; n < n1; ++n) {
       const float* xn = x + n * g.c * g.h * g.w;
       float* yn = y + n * g.o * P;
@@ -174,7 +167,7 @@ void conv2d_backward_im2col(const Conv2dGeometry& g, const float* x, const float
   if (gx) std::fill_n(gx, g.n * g.c * g.h * g.w, 0.f);
   parallel_for(g.n, grain, [&](int64_t n0, int64_t n1) {
     const int t = omp_in_parallel() ? omp_get_thread_num() : 0;
-    float* col = pointwise ? nullptr : scratch(2 * K * P).data();
+    float* col = pointwise ? nullptr : thread_scratch(0, size_t(2 * K * P));
     float* gcol = pointwise ? nullptr : col + K * P;
     float* gw_t = gw ? gw_parts.data() + size_t(t) * g.o * K : nullptr;
     for (int64_t n = n0; n < n1; ++n) {

@@ -26,9 +26,6 @@ inline void store(float* p, V v) {
 inline V splat(float s) {
   return V{} + s;
 }
-int64_t round_up(int64_t a, int64_t b) {
-  return (a + b - 1) / b * b;
-}
 
 // One stride-1 correlation: `cin` planes of h x w, zero-bordered by pad_h / pad_w, against
 // kh x kw taps spaced `d` apart, giving `cout` planes of oh() x ow().
@@ -46,14 +43,6 @@ struct Plan {
   int64_t bordered_floats() const { return cin * plane() + (qs() - q()) + (kw - 1) * d + L; }
   int64_t shift(int64_t t) const { return ((t / kw) * wp() + t % kw) * d; }
 };
-
-// Per-thread buffers kept between calls (steady-state training allocates nothing here).
-float* scratch(int slot, size_t floats) {
-  thread_local std::vector<float> bufs[4];
-  auto& b = bufs[slot];
-  if (b.size() < floats) b.resize(floats);
-  return b.data();
-}
 
 // Copies `p.cin` planes into the interior of the bordered buffer; the border and the slack, zeroed
 // once per call, stay zero.
@@ -263,8 +252,8 @@ void conv2d_direct_forward(const Conv2dGeometry& g, const float* x, const float*
   pack_weights(
       p, [&](int64_t co, int64_t ci, int64_t t) { return w[(co * g.c + ci) * taps + t]; }, wpk);
   parallel_for(g.n, 1, [&](int64_t n0, int64_t n1) {
-    float* xb = scratch(0, size_t(p.bordered_floats()));
-    float* flat = scratch(1, size_t(round_up(p.cout, OB) * p.qs()));
+    float* xb = thread_scratch(0, size_t(p.bordered_floats()));
+    float* flat = thread_scratch(1, size_t(round_up(p.cout, OB) * p.qs()));
     std::fill_n(xb, p.bordered_floats(), 0.f);
     for (int64_t n = n0; n < n1; ++n) {
       fill_interior(p, x + n * g.c * g.h * g.w, xb);
@@ -297,16 +286,16 @@ void conv2d_direct_backward(const Conv2dGeometry& g, const float* x, const float
     float* xb = nullptr;
     float* gyT = nullptr;
     if (gw) {
-      xb = scratch(0, size_t(fwd.bordered_floats()));
-      gyT = scratch(1, size_t(fwd.q() * lay.op));
+      xb = thread_scratch(0, size_t(fwd.bordered_floats()));
+      gyT = thread_scratch(1, size_t(fwd.q() * lay.op));
       std::fill_n(xb, fwd.bordered_floats(), 0.f);
       std::fill_n(gyT, fwd.q() * lay.op, 0.f);
     }
     float* gyb = nullptr;
     float* flat = nullptr;
     if (gx) {
-      gyb = scratch(2, size_t(bwd.bordered_floats()));
-      flat = scratch(3, size_t(round_up(bwd.cout, OB) * bwd.qs()));
+      gyb = thread_scratch(2, size_t(bwd.bordered_floats()));
+      flat = thread_scratch(3, size_t(round_up(bwd.cout, OB) * bwd.qs()));
       std::fill_n(gyb, bwd.bordered_floats(), 0.f);
     }
     for (int64_t n = n0; n < n1; ++n) {

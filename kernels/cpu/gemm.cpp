@@ -67,7 +67,7 @@ void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alp
   const double flops = 2.0 * double(m) * double(n) * double(k);
   const int64_t along = std::max(m, n);
   const int64_t threads =
-      std::min<int64_t>({int64_t(num_threads()), (along + kGemmAlign - 1) / kGemmAlign,
+      std::min<int64_t>({int64_t(num_threads()), round_up(along, kGemmAlign) / kGemmAlign,
                          std::max<int64_t>(1, int64_t(flops / kGemmFlopsPerThread))});
   if (threads <= 1 || omp_in_parallel()) {
     gemm_serial(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
@@ -75,7 +75,7 @@ void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alp
   }
   // Each thread takes a band of C along its longer side: rows of A, or columns of B.
   const int64_t band = (along + threads - 1) / threads;
-  const int64_t width = (band + kGemmAlign - 1) / kGemmAlign * kGemmAlign;
+  const int64_t width = round_up(band, kGemmAlign);
   parallel_for((along + width - 1) / width, 1, [&](int64_t b0, int64_t b1) {
     const int64_t lo = b0 * width, hi = std::min(along, b1 * width);
     if (n >= m)
