@@ -18,6 +18,18 @@ namespace {
 // whether the compiler turns the scalar form into selects depends on flags such as -fPIC, so
 // AVX-512 machines get it spelled out (16 outputs per step).
 #ifdef __AVX512F__
+// A step of up to 16 outputs of a 2x2/2 window row: the outputs' lanes, and the lanes of the
+// 2 * 16 inputs of each input row, split over two registers (lo, hi).
+struct WindowMasks {
+  __mmask16 outputs, lo, hi;
+  explicit WindowMasks(int64_t left) {
+    const int64_t n = std::min<int64_t>(16, left);
+    outputs = static_cast<__mmask16>((1u << n) - 1);
+    lo = static_cast<__mmask16>(n >= 8 ? 0xFFFF : (1u << (2 * n)) - 1);
+    hi = static_cast<__mmask16>(n > 8 ? (1u << (2 * (n - 8))) - 1 : 0);
+  }
+};
+
 void pool_2x2(const Pool2dGeometry& g, const float* xp, float* yp, int32_t* ip) {
   const __m512i even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
   const __m512i odd = _mm512_add_epi32(even, _mm512_set1_epi32(1));
@@ -28,16 +40,13 @@ void pool_2x2(const Pool2dGeometry& g, const float* xp, float* yp, int32_t* ip) 
     const float* r1 = r0 + g.w;
     const int32_t base = static_cast<int32_t>(2 * oh * g.w);
     for (int64_t ow = 0; ow < g.ow; ow += 16) {
-      const int64_t n = std::min<int64_t>(16, g.ow - ow);
-      const __mmask16 out_mask = static_cast<__mmask16>((1u << n) - 1);
-      const __mmask16 lo_mask = static_cast<__mmask16>(n >= 8 ? 0xFFFF : (1u << (2 * n)) - 1);
-      const __mmask16 hi_mask = static_cast<__mmask16>(n > 8 ? (1u << (2 * (n - 8))) - 1 : 0);
+      const WindowMasks m(g.ow - ow);
       const float* p0 = r0 + 2 * ow;
       const float* p1 = r1 + 2 * ow;
-      const __m512 r0lo = _mm512_maskz_loadu_ps(lo_mask, p0),
-                   r0hi = _mm512_maskz_loadu_ps(hi_mask, p0 + 16);
-      const __m512 r1lo = _mm512_maskz_loadu_ps(lo_mask, p1),
-                   r1hi = _mm512_maskz_loadu_ps(hi_mask, p1 + 16);
+      const __m512 r0lo = _mm512_maskz_loadu_ps(m.lo, p0),
+                   r0hi = _mm512_maskz_loadu_ps(m.hi, p0 + 16);
+      const __m512 r1lo = _mm512_maskz_loadu_ps(m.lo, p1),
+                   r1hi = _mm512_maskz_loadu_ps(m.hi, p1 + 16);
       const __m512 a = _mm512_permutex2var_ps(r0lo, even, r0hi),
                    b = _mm512_permutex2var_ps(r0lo, odd, r0hi);
       const __m512 c = _mm512_permutex2var_ps(r1lo, even, r1hi),
@@ -57,8 +66,9 @@ void pool_2x2(const Pool2dGeometry& g, const float* xp, float* yp, int32_t* ip) 
       const __m512i iab = _mm512_mask_add_epi32(j, tb, j, one);
       const __m512i jc = _mm512_add_epi32(j, w);
       const __m512i icd = _mm512_mask_add_epi32(jc, td, jc, one);
-      _mm512_mask_storeu_ps(yp + oh * g.ow + ow, out_mask, _mm512_mask_blend_ps(t, ab, cd));
-      _mm512_mask_storeu_epi32(ip + oh * g.ow + ow, out_mask, _mm512_mask_blend_epi32(t, iab, icd));
+      _mm512_mask_storeu_ps(yp + oh * g.ow + ow, m.outputs, _mm512_mask_blend_ps(t, ab, cd));
+      _mm512_mask_storeu_epi32(ip + oh * g.ow + ow, m.outputs,
+                               _mm512_mask_blend_epi32(t, iab, icd));
     }
   }
 }
@@ -123,12 +133,9 @@ void unpool_2x2(const Pool2dGeometry& g, const float* gyp, const int32_t* ip, fl
     float* r1 = r0 + g.w;
     const int32_t base = static_cast<int32_t>(2 * oh * g.w);
     for (int64_t ow = 0; ow < g.ow; ow += 16) {
-      const int64_t n = std::min<int64_t>(16, g.ow - ow);
-      const __mmask16 in_mask = static_cast<__mmask16>((1u << n) - 1);
-      const __mmask16 lo_mask = static_cast<__mmask16>(n >= 8 ? 0xFFFF : (1u << (2 * n)) - 1);
-      const __mmask16 hi_mask = static_cast<__mmask16>(n > 8 ? (1u << (2 * (n - 8))) - 1 : 0);
-      const __m512 v = _mm512_maskz_loadu_ps(in_mask, gyp + oh * g.ow + ow);
-      const __m512i win = _mm512_maskz_loadu_epi32(in_mask, ip + oh * g.ow + ow);
+      const WindowMasks m(g.ow - ow);
+      const __m512 v = _mm512_maskz_loadu_ps(m.outputs, gyp + oh * g.ow + ow);
+      const __m512i win = _mm512_maskz_loadu_epi32(m.outputs, ip + oh * g.ow + ow);
       const __m512i j =
           _mm512_add_epi32(_mm512_set1_epi32(base + static_cast<int32_t>(2 * ow)), even);
       const __m512i jc = _mm512_add_epi32(j, w);
@@ -140,10 +147,10 @@ void unpool_2x2(const Pool2dGeometry& g, const float* gyp, const int32_t* ip, fl
           _mm512_maskz_mov_ps(_mm512_cmpeq_epi32_mask(win, _mm512_add_epi32(jc, one)), v);
       float* p0 = r0 + 2 * ow;
       float* p1 = r1 + 2 * ow;
-      _mm512_mask_storeu_ps(p0, lo_mask, _mm512_permutex2var_ps(a, lo, b));
-      _mm512_mask_storeu_ps(p0 + 16, hi_mask, _mm512_permutex2var_ps(a, hi, b));
-      _mm512_mask_storeu_ps(p1, lo_mask, _mm512_permutex2var_ps(c, lo, d));
-      _mm512_mask_storeu_ps(p1 + 16, hi_mask, _mm512_permutex2var_ps(c, hi, d));
+      _mm512_mask_storeu_ps(p0, m.lo, _mm512_permutex2var_ps(a, lo, b));
+      _mm512_mask_storeu_ps(p0 + 16, m.hi, _mm512_permutex2var_ps(a, hi, b));
+      _mm512_mask_storeu_ps(p1, m.lo, _mm512_permutex2var_ps(c, lo, d));
+      _mm512_mask_storeu_ps(p1 + 16, m.hi, _mm512_permutex2var_ps(c, hi, d));
     }
     // An odd width leaves a last column outside every window.
     if (g.w > 2 * g.ow) r0[g.w - 1] = r1[g.w - 1] = 0.f;
