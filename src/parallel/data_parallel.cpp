@@ -227,6 +227,13 @@ struct DataParallelBase::Impl {
     }
   }
 
+  // Marks bucket b of a replica filled (the caller holds rep.mu and notifies). On a GPU it first
+  // records the event that the bucket's collective waits for.
+  static void mark_filled(Replica& rep, size_t b) {
+    if (rep.device.is_cuda()) rep.bucket_filled[b].record(detail::compute_stream(rep.device));
+    rep.bucket_ready[b] = 1;
+  }
+
   // Called on replica r's compute thread when parameter k's gradient is final for this backward.
   void on_gradient(size_t r, size_t k, const Tensor& grad) {
     if (!in_backward.load() || !sync || (n() == 1 && !procs)) return;
@@ -246,8 +253,7 @@ struct DataParallelBase::Impl {
     if (rep.param_ready[k]) return;
     rep.param_ready[k] = 1;
     if (--rep.pending[b] == 0) {
-      if (rep.device.is_cuda()) rep.bucket_filled[b].record(detail::compute_stream(rep.device));
-      rep.bucket_ready[b] = 1;
+      mark_filled(rep, b);
       rep.cv.notify_all();
     }
   }
@@ -267,8 +273,7 @@ struct DataParallelBase::Impl {
         rep.param_ready[k] = 1;
       }
       rep.pending[b] = 0;
-      if (rep.device.is_cuda()) rep.bucket_filled[b].record(detail::compute_stream(rep.device));
-      rep.bucket_ready[b] = 1;
+      mark_filled(rep, b);
     }
     rep.cv.notify_all();
   }
