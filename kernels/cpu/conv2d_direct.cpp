@@ -42,6 +42,11 @@ struct Plan {
   // The bordered input, plus room for the reach of the last vector past the last plane.
   int64_t bordered_floats() const { return cin * plane() + (qs() - q()) + (kw - 1) * d + L; }
   int64_t shift(int64_t t) const { return ((t / kw) * wp() + t % kw) * d; }
+  std::vector<int64_t> shifts() const {
+    std::vector<int64_t> s(static_cast<size_t>(taps()));
+    for (int64_t t = 0; t < taps(); ++t) s[size_t(t)] = shift(t);
+    return s;
+  }
 };
 
 // Copies `p.cin` planes into the interior of the bordered buffer; the border and the slack, zeroed
@@ -112,11 +117,11 @@ void correlate_block(const float* x, int64_t plane, int64_t cin, const int64_t* 
     for (int v = 0; v < NV; ++v) store(y + o * ldy + v * L, acc[o][v]);
 }
 
-// flat[cout rounded up to OB][qs] = the correlation of the bordered input xb with packed weights.
-void correlate(const Plan& p, const float* xb, const float* wpk, float* flat) {
+// flat[cout rounded up to OB][qs] = the correlation of the bordered input xb with packed weights;
+// shift is p.shifts().
+void correlate(const Plan& p, const std::vector<int64_t>& shift, const float* xb, const float* wpk,
+               float* flat) {
   const int64_t taps = p.taps(), qs = p.qs(), nvec = qs / L;
-  std::vector<int64_t> shift(static_cast<size_t>(taps));
-  for (int64_t t = 0; t < taps; ++t) shift[size_t(t)] = p.shift(t);
   for (int64_t cb = 0; cb * OB < p.cout; ++cb) {
     const float* wb = wpk + cb * p.cin * taps * OB;
     float* yb = flat + cb * OB * qs;
@@ -178,13 +183,21 @@ struct WeightGradLayout {
   }
 };
 
-// part[j][o] += sum over q of gyT[q][o] * xb[shifted column j][q].
-void weight_grad(const Plan& p, const WeightGradLayout& lay, const float* xb, const float* gyT,
-                 float* part) {
-  const int64_t taps = p.taps(), j_real = p.cin * taps, q = p.q();
+// Where each column j of the weight gradient reads its input in the bordered buffer xb: channel
+// j / taps shifted by tap j % taps. Padding columns read any valid input; their sums are unused.
+std::vector<const float*> column_inputs(const Plan& p, const WeightGradLayout& lay,
+                                        const float* xb) {
+  const int64_t taps = p.taps(), j_real = p.cin * taps;
   std::vector<const float*> xs(static_cast<size_t>(lay.jp));
-  for (int64_t j = 0; j < lay.jp; ++j)  // padding columns read any valid input; never used
+  for (int64_t j = 0; j < lay.jp; ++j)
     xs[size_t(j)] = j < j_real ? xb + (j / taps) * p.plane() + p.shift(j % taps) : xb;
+  return xs;
+}
+
+// part[j][o] += sum over q of gyT[q][o] * xs[j][q] (xs from column_inputs).
+void weight_grad(const Plan& p, const WeightGradLayout& lay, const std::vector<const float*>& xs,
+                 const float* gyT, float* part) {
+  const int64_t q = p.q();
   for (int64_t o0 = 0; o0 < lay.op; o0 += lay.ov * L)
     for (int64_t j0 = 0; j0 < lay.jp; j0 += lay.nj) {
       const float* const* x = xs.data() + j0;
@@ -251,13 +264,14 @@ void conv2d_direct_forward(const Conv2dGeometry& g, const float* x, const float*
   std::vector<float> wpk;
   pack_weights(
       p, [&](int64_t co, int64_t ci, int64_t t) { return w[(co * g.c + ci) * taps + t]; }, wpk);
+  const std::vector<int64_t> shift = p.shifts();
   parallel_for(g.n, 1, [&](int64_t n0, int64_t n1) {
     float* xb = thread_scratch(0, size_t(p.bordered_floats()));
     float* flat = thread_scratch(1, size_t(round_up(p.cout, OB) * p.qs()));
     std::fill_n(xb, p.bordered_floats(), 0.f);
     for (int64_t n = n0; n < n1; ++n) {
       fill_interior(p, x + n * g.c * g.h * g.w, xb);
-      correlate(p, xb, wpk.data(), flat);
+      correlate(p, shift, xb, wpk.data(), flat);
       write_out(p, flat, b, y + n * g.o * g.oh * g.ow);
     }
   });
@@ -277,6 +291,7 @@ void conv2d_direct_backward(const Conv2dGeometry& g, const float* x, const float
         bwd,
         [&](int64_t ci, int64_t o, int64_t t) { return w[(o * g.c + ci) * taps + (taps - 1 - t)]; },
         wpk);
+  const std::vector<int64_t> bwd_shift = bwd.shifts();
   const WeightGradLayout lay(fwd);
   const int threads = static_cast<int>(std::min<int64_t>(num_threads(), g.n));
   std::vector<float> parts(gw ? size_t(threads * lay.jp * lay.op) : 0, 0.f);
@@ -285,11 +300,13 @@ void conv2d_direct_backward(const Conv2dGeometry& g, const float* x, const float
     const int t = nested ? 0 : omp_get_thread_num();
     float* xb = nullptr;
     float* gyT = nullptr;
+    std::vector<const float*> xs;
     if (gw) {
       xb = thread_scratch(0, size_t(fwd.bordered_floats()));
       gyT = thread_scratch(1, size_t(fwd.q() * lay.op));
       std::fill_n(xb, fwd.bordered_floats(), 0.f);
       std::fill_n(gyT, fwd.q() * lay.op, 0.f);
+      xs = column_inputs(fwd, lay, xb);
     }
     float* gyb = nullptr;
     float* flat = nullptr;
@@ -303,11 +320,11 @@ void conv2d_direct_backward(const Conv2dGeometry& g, const float* x, const float
       if (gw) {
         fill_interior(fwd, x + n * g.c * g.h * g.w, xb);
         transpose_grad(fwd, lay.op, gyn, gyT);
-        weight_grad(fwd, lay, xb, gyT, parts.data() + size_t(t) * lay.jp * lay.op);
+        weight_grad(fwd, lay, xs, gyT, parts.data() + size_t(t) * lay.jp * lay.op);
       }
       if (gx) {
         fill_interior(bwd, gyn, gyb);
-        correlate(bwd, gyb, wpk.data(), flat);
+        correlate(bwd, bwd_shift, gyb, wpk.data(), flat);
         write_out(bwd, flat, nullptr, gx + n * g.c * g.h * g.w);
       }
     }
