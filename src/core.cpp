@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <exception>
 #include <mutex>
 
 #include "galley/device.h"
@@ -17,7 +18,22 @@
 
 namespace galley {
 
+std::unique_ptr<Error> Error::with_message(const std::string& message) const {
+  return std::make_unique<Error>(message);
+}
+void Error::raise() const {
+  throw *this;
+}
+void Error::raise_nested(const std::string& message) const {
+  std::throw_with_nested(Error(message));
+}
+
 namespace detail {
+void rethrow_with_message(const std::exception& e, const std::string& message) {
+  if (const auto* g = dynamic_cast<const Error*>(&e)) g->with_message(message)->raise();
+  throw Error(message);
+}
+
 void throw_error(const char* file, int line, const char* expr, const std::string& msg) {
   // Keep only the part of the path inside the project so messages are short and stable.
   std::string f = file;

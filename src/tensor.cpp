@@ -248,7 +248,11 @@ void Tensor::copy_(const Tensor& src) {
                shape_str(src.shape()), " ", dtype_name(src.dtype()), " does not match destination ",
                shape_str(shape()), " ", dtype_name(dtype()));
   GALLEY_CHECK(is_contiguous(), "copy_: the destination must be contiguous");
-  src.copy_to_host(raw_data());
+  // By the (source, destination) device pair: a plain copy between host memories, a copy queued
+  // on the destination GPU's stream otherwise (see copy_bytes for what waits for what).
+  Tensor c = src.contiguous();
+  detail::copy_bytes(raw_data(), device(), c.raw_data(), c.device(),
+                     size_t(numel()) * dtype_size(dtype()));
 }
 
 namespace {

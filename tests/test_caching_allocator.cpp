@@ -2,7 +2,9 @@
 // statistics, the cap and its error message, and the environment variables.
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cstdlib>
+#include <future>
 #include <map>
 
 #include "galley/galley.h"
@@ -256,4 +258,85 @@ TEST(DeviceMemory, WithoutAGpuTheMemoryApiSaysSo) {
       {"cuda:0 does not exist", "0 CUDA device"});
   testutil::expect_contains(testutil::error_of([] { galley::empty_cache(galley::Device::cpu()); }),
                             {"not a GPU"});
+}
+
+// While a CUDA graph capture is underway on the device (any thread), no segment goes back to
+// it: cudaFree synchronises the device and would invalidate the capture. What was freed
+// meanwhile goes back when the last capture ends.
+TEST(CachingAllocator, NothingReturnsToTheDeviceWhileACaptureIsUnderway) {
+  Fixture f;
+  void* a = f.alloc.allocate(3 * MiB);
+  void* b = f.alloc.allocate(3 * MiB);
+  f.alloc.free(a);
+  f.alloc.begin_capture();
+  f.alloc.begin_capture();  // two threads capturing
+  f.alloc.empty_cache();
+  f.alloc.set_limit(1 * MiB);
+  EXPECT_EQ(f.device.size(), 2u) << "a segment went back to the device during a capture";
+  f.alloc.end_capture();
+  EXPECT_EQ(f.device.size(), 2u) << "one capture is still underway";
+  f.alloc.end_capture();
+  EXPECT_EQ(f.device.size(), 1u) << "the segment freed during the capture was kept";
+  EXPECT_EQ(f.alloc.stats().reserved, 4 * MiB);  // b's 3 MiB, rounded to 2 MiB segments
+  f.alloc.free(b);
+  f.alloc.empty_cache();
+  EXPECT_TRUE(f.device.empty());
+  EXPECT_EQ(f.alloc.stats().reserved, 0u);
+  EXPECT_THROW(f.alloc.end_capture(), galley::Error);
+}
+
+TEST(CachingAllocator, AnEndedGraphPoolKeepsItsLastBlockUntilNoCaptureIsUnderway) {
+  Fixture f;
+  const uintptr_t pool = 7;
+  f.alloc.open_pool(pool);
+  void* a = f.alloc.allocate(3 * MiB, pool, /*may_release=*/false);
+  f.alloc.release_pool(pool);  // the graph is gone; its block is still in use
+  f.alloc.begin_capture();     // another graph is being captured
+  f.alloc.free(a);
+  EXPECT_EQ(f.device.size(), 1u);
+  f.alloc.end_capture();
+  EXPECT_TRUE(f.device.empty());
+}
+
+// A device whose release() checks, from another thread, that the allocator's mutex is free:
+// segments must go back to the device outside it, so that other threads keep allocating while
+// a (slow, device-synchronising) cudaFree runs.
+class ProbingDevice : public galley::detail::DeviceMemory {
+ public:
+  CachingAllocator* alloc = nullptr;
+  int released = 0, released_under_lock = 0;
+  void* allocate(size_t bytes) override {
+    next_ += bytes + 4096;
+    return reinterpret_cast<void*>(next_);
+  }
+  void release(void*) override {
+    ++released;
+    auto probe = std::async(std::launch::async, [this] { (void)alloc->stats(); });
+    if (probe.wait_for(std::chrono::seconds(2)) != std::future_status::ready) ++released_under_lock;
+  }
+  size_t total_bytes() const override { return 1 << 30; }
+  std::string name() const override { return "probe:0"; }
+
+ private:
+  uintptr_t next_ = 0x10000000;
+};
+
+TEST(CachingAllocator, SegmentsGoBackToTheDeviceOutsideTheMutex) {
+  auto dev = std::make_unique<ProbingDevice>();
+  ProbingDevice* d = dev.get();
+  CachingAllocator alloc(std::move(dev), 0);
+  d->alloc = &alloc;
+  void* a = alloc.allocate(3 * MiB);
+  void* b = alloc.allocate(3 * MiB);
+  alloc.free(a);
+  alloc.empty_cache();
+  const uintptr_t pool = 9;
+  alloc.open_pool(pool);
+  void* c = alloc.allocate(3 * MiB, pool, false);
+  alloc.release_pool(pool);
+  alloc.free(c);  // the last block of an ended pool
+  alloc.free(b);
+  alloc.set_limit(1 * MiB);
+  EXPECT_EQ(d->released, 3);
+  EXPECT_EQ(d->released_under_lock, 0);
 }

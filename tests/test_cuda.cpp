@@ -166,3 +166,89 @@ TEST(Cuda, AHostBufferMayChangeRightAfterItsCopyToTheGpu) {
   std::fill(host.begin(), host.end(), 2.f);
   for (float v : d.to_vector()) ASSERT_EQ(v, 1.f);
 }
+
+// copy_ goes by the (source, destination) device pair: host to GPU (pageable and page-locked),
+// GPU to host, within a GPU and between GPUs, each in stream order.
+TEST(Cuda, CopyIntoATensorWorksForEveryDevicePair) {
+  REQUIRE_GPU();
+  const Device gpu = Device::cuda(0);
+  const Tensor h = galley::randn({257, 33});
+  Tensor d = galley::zeros({257, 33}, galley::DType::Float32, gpu);
+  d.copy_(h);  // pageable host -> GPU
+  EXPECT_EQ(d.to_vector(), h.to_vector());
+  Tensor pinned = galley::randn({257, 33}).pin_memory();
+  d.copy_(pinned);  // page-locked host -> GPU
+  EXPECT_EQ(d.to_vector(), pinned.to_vector());
+  Tensor d2 = galley::zeros({257, 33}, galley::DType::Float32, gpu);
+  d2.copy_(d);  // within the GPU
+  Tensor back = galley::zeros({257, 33});
+  back.copy_(d2);  // GPU -> host
+  EXPECT_EQ(back.to_vector(), pinned.to_vector());
+  EXPECT_THROW(d.copy_(galley::zeros({33, 257})), galley::Error);
+  if (galley::cuda_device_count() > 1) {
+    Tensor other = galley::zeros({257, 33}, galley::DType::Float32, Device::cuda(1));
+    other.copy_(d);  // between GPUs
+    EXPECT_EQ(other.to_vector(), pinned.to_vector());
+  }
+}
+
+// A page-locked source is staged: the caller may overwrite it as soon as copy_ returns, even
+// while the GPU is still busy with earlier work.
+TEST(Cuda, APinnedSourceMayChangeRightAfterItsCopy) {
+  REQUIRE_GPU();
+  const Device gpu = Device::cuda(0);
+  Tensor busy = galley::randn({2048, 2048}).to(gpu);
+  Tensor pinned = galley::full({1 << 22}, 1.f).pin_memory();
+  Tensor d = galley::zeros({1 << 22}, galley::DType::Float32, gpu);
+  for (int i = 0; i < 4; ++i) busy = galley::matmul(busy, busy);  // keep the GPU's queue long
+  d.copy_(pinned);
+  pinned.fill_(2.f);
+  for (float v : d.to_vector()) ASSERT_EQ(v, 1.f);
+}
+
+// A model already on the GPU loads a host state dict in place (resume on a GPU), and so do an
+// optimizer's moments.
+TEST(Cuda, LoadingHostStateIntoAModelAndOptimizerOnTheGpu) {
+  REQUIRE_GPU();
+  const Device gpu = Device::cuda(0);
+  galley::nn::Linear cpu_model(5, 3);
+  galley::nn::Linear gpu_model(5, 3);
+  gpu_model.to(gpu);
+  gpu_model.load_state_dict(cpu_model.state_dict());
+  EXPECT_EQ(gpu_model.weight().device(), gpu);
+  EXPECT_EQ(gpu_model.weight().to_vector(), cpu_model.weight().to_vector());
+
+  galley::optim::Adam cpu_opt(cpu_model.parameters(), {.learning_rate = 1e-2});
+  Tensor x = galley::randn({8, 5});
+  galley::sum(cpu_model(x)).backward();
+  cpu_opt.step();
+  galley::optim::Adam gpu_opt(gpu_model.parameters(), {.learning_rate = 1e-2});
+  gpu_model.load_state_dict(cpu_model.state_dict());
+  gpu_opt.load_state_dict(cpu_opt.state_dict());
+  cpu_opt.clear_grad();
+  gpu_opt.clear_grad();
+  galley::sum(cpu_model(x)).backward();
+  galley::sum(gpu_model(x.to(gpu))).backward();
+  cpu_opt.step();
+  gpu_opt.step();
+  const auto want = cpu_model.weight().to_vector(), got = gpu_model.weight().to_vector();
+  for (size_t i = 0; i < want.size(); ++i) EXPECT_NEAR(got[i], want[i], 1e-5f) << i;
+}
+
+// Running out of the capped memory inside a layer is still an OutOfMemoryError, with the layer
+// named: what lets a job sharing a GPU catch it and back off.
+TEST(Cuda, OutOfMemoryInsideALayerStaysAnOutOfMemoryError) {
+  REQUIRE_GPU();
+  const Device gpu = Device::cuda(0);
+  galley::nn::Conv2D conv(3, 64, 3);
+  conv.to(gpu);
+  Tensor x = galley::randn({64, 3, 64, 64}).to(gpu);
+  galley::set_memory_limit(gpu, galley::memory_stats(gpu).reserved + (size_t(8) << 20));
+  try {
+    (void)conv(x);
+    ADD_FAILURE() << "a 63 MiB output fitted in 8 MiB";
+  } catch (const galley::OutOfMemoryError& e) {
+    testutil::expect_contains(e.what(), {"Conv2D(3, 64", "out of memory on cuda:0"});
+  }
+  galley::set_memory_limit(gpu, 0);
+}

@@ -167,3 +167,19 @@ TEST(CudaGraph, OptimizerStateMadeInsideACaptureIsAnError) {
                             {"Adam", "cuda:0", "capture", "eagerly once"});
   EXPECT_FALSE(graph.captured());
 }
+
+// The documented pattern: fresh host data goes into the graph's static input with copy_ before
+// each replay.
+TEST(CudaGraph, CopyingHostDataIntoTheStaticInputBeforeEachReplay) {
+  REQUIRE_GPU();
+  const Device gpu = Device::cuda(0);
+  Tensor x = galley::zeros({1000}, DType::Float32, gpu);
+  Tensor y;
+  Graph graph;
+  graph.capture(gpu, [&] { y = galley::add(x, x); });
+  for (float v : {1.f, 4.f}) {
+    x.copy_(galley::full({1000}, v));
+    graph.replay();
+    EXPECT_EQ(y.to_vector()[999], 2 * v);
+  }
+}

@@ -19,12 +19,15 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <memory>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "galley/galley.h"
 #include "galley/runtime/cuda.h"
+#include "kernels/cpu/bias_relu.h"
 #include "kernels/cpu/binary.h"
 #include "kernels/cpu/cross_entropy.h"
 #include "kernels/cpu/gemm.h"
@@ -35,6 +38,7 @@
 #include "kernels/cpu/unary.h"
 #ifdef GALLEY_HAVE_CUDA
 #include "kernels/cuda/elementwise.cuh"
+#include "src/runtime/device_memory.h"
 #endif
 
 using galley::Device;
@@ -559,6 +563,55 @@ TEST(CudaKernels, ColumnSumsMatchTheCpu) {
 #endif
 }
 
+// Tall matrices (the bias gradients of large batches) split their rows over blocks and add the
+// partials in a fixed order; wide or short ones run in one pass. Both must count every row once,
+// stay close to the exact sum, and give the same bits at every run.
+TEST(CudaKernels, ColumnSumsOfLargeShapesMatchADoubleSumAndRepeatTheirBits) {
+  REQUIRE_GPU();
+#ifdef GALLEY_HAVE_CUDA
+  for (auto [rows, n] : {std::pair<int64_t, int64_t>{70000, 3},
+                         {257, 4099},
+                         {65536, 64},
+                         {4097, 33},
+                         {1, 100003},
+                         {100003, 1}})
+    for (bool accumulate : {false, true}) {
+      const std::string what = "column_sums " + std::to_string(rows) + "x" + std::to_string(n) +
+                               (accumulate ? " accumulate" : "");
+      {
+        // Exact data: bit-identical with the CPU, so a row missed or added twice shows.
+        const std::vector<float> g = exact_values(rows * n), init = exact_values(n);
+        std::vector<float> want = init;
+        cpu::column_sums(g.data(), rows, n, want.data(), accumulate);
+        DeviceFloats dg(g), dout(init);
+        gk::column_sums(dg.get(), rows, n, dout.get(), accumulate, nullptr);
+        expect_same(dout.host(), want, what);
+      }
+      // Normal data: within 1e-5 of the column's sum of magnitudes of the exact (double) sum.
+      const std::vector<float> g = normal(rows * n), init = normal(n);
+      std::vector<double> sum(n, 0.0), mag(n, 0.0);
+      for (int64_t j = 0; j < n && accumulate; ++j) sum[j] = init[j], mag[j] = std::abs(init[j]);
+      for (int64_t i = 0; i < rows; ++i)
+        for (int64_t j = 0; j < n; ++j) {
+          sum[j] += g[i * n + j];
+          mag[j] += std::abs(g[i * n + j]);
+        }
+      std::vector<float> want(n);
+      std::vector<double> tol(n);
+      for (int64_t j = 0; j < n; ++j) {
+        want[j] = static_cast<float>(sum[j]);
+        tol[j] = 1e-5 * mag[j] + 1e-30;
+      }
+      DeviceFloats dg(g), first(init), second(init);
+      gk::column_sums(dg.get(), rows, n, first.get(), accumulate, nullptr);
+      gk::column_sums(dg.get(), rows, n, second.get(), accumulate, nullptr);
+      const std::vector<float> got = first.host();
+      expect_within(got, want, tol, what + " normal");
+      expect_same(second.host(), got, what + " run twice");
+    }
+#endif
+}
+
 TEST(CudaKernels, SumAllMatchesTheCpuAndIsDeterministic) {
   REQUIRE_GPU();
 #ifdef GALLEY_HAVE_CUDA
@@ -634,6 +687,218 @@ TEST(CudaKernels, ArgmaxTakesTheFirstMaximumAndLetsNaNWin) {
     DeviceInts dout = DeviceInts::zeros(c.outer * c.inner);
     gk::argmax_dim(dx.get(), c.outer, c.len, c.inner, dout.get(), nullptr);
     expect_equal(dout.host(), want, "argmax_dim " + shape_text({c.outer, c.len, c.inner}));
+  }
+#endif
+}
+
+// ----------------------------------------------------------------------------------------------
+// bias_relu.cu
+
+TEST(CudaKernels, BiasReluForwardAndBackwardMatchTheCpu) {
+  REQUIRE_GPU();
+#ifdef GALLEY_HAVE_CUDA
+  struct Case {
+    int64_t outer, channels, inner, pad;
+  };
+  const Case cases[] = {
+      {2, 3, 5, 0},
+      {64, 32, 784, 0},   // a convolution's output: float4 forward, channels x chunks backward
+      {64, 32, 784, 1},   // misaligned: the scalar forward
+      {33, 17, 1001, 0},  // numel not a multiple of the block, chunks with a ragged end
+      {3, 70000, 2, 0},   // more channels than the grid has rows
+      {1, 1, 300001, 0},  // one channel in many chunks
+      {1, 5, 3, 1},
+      {256, 64, 1, 0},  // a linear layer's features: masked, then column sums
+      {70001, 3, 1, 1},
+      {4, 2, 4, 0},
+  };
+  for (const Case& c : cases) {
+    const int64_t total = c.outer * c.channels * c.inner;
+    const std::string what =
+        "bias_relu " + shape_text({c.outer, c.channels, c.inner}) + " pad=" + std::to_string(c.pad);
+    std::vector<float> x = normal(total);
+    sprinkle_specials(x, 97);
+    x[0] = -0.f;
+    const std::vector<float> b = normal(c.channels);
+    std::vector<float> y(total);
+    cpu::bias_relu_forward(x.data(), b.data(), c.outer, c.channels, c.inner, y.data());
+    {
+      DeviceFloats dx(x, c.pad), db(b), dy = DeviceFloats::zeros(total, c.pad);
+      gk::bias_relu_forward(dx.get(), db.get(), c.outer, c.channels, c.inner, dy.get(), nullptr);
+      expect_same(dy.host(), y, what + " forward");
+    }
+    // Backward from the CPU's y (NaN, inf and zeros included) with exact gradients (infinities
+    // and NaNs among them): every order of summation gives the same bias gradient bits.
+    std::vector<float> gy = exact_values(total);
+    sprinkle_specials(gy, 1009);
+    std::vector<float> gx(total), gb(c.channels);
+    cpu::bias_relu_backward(gy.data(), y.data(), c.outer, c.channels, c.inner, gx.data(),
+                            gb.data());
+    DeviceFloats dy(y, c.pad), dgy(gy, c.pad);
+    for (bool with_gb : {true, false}) {
+      DeviceFloats dgx = DeviceFloats::zeros(total, c.pad), dgb = DeviceFloats::zeros(c.channels);
+      gk::bias_relu_backward(dgy.get(), dy.get(), c.outer, c.channels, c.inner, dgx.get(),
+                             with_gb ? dgb.get() : nullptr, nullptr);
+      expect_same(dgx.host(), gx, what + " backward gx" + (with_gb ? "" : " without gb"));
+      if (with_gb) expect_same(dgb.host(), gb, what + " backward gb");
+    }
+    // Normal gradients: close to the exact sum, and the same bits at every run.
+    const std::vector<float> gn = normal(total);
+    std::vector<double> sum(c.channels, 0.0), mag(c.channels, 0.0);
+    for (int64_t k = 0; k < total; ++k) {
+      const int64_t ch = (k / c.inner) % c.channels;
+      const double g = y[k] > 0.f ? gn[k] : 0.f;
+      sum[ch] += g;
+      mag[ch] += std::abs(g);
+    }
+    std::vector<float> want(c.channels);
+    std::vector<double> tol(c.channels);
+    for (int64_t ch = 0; ch < c.channels; ++ch) {
+      want[ch] = static_cast<float>(sum[ch]);
+      tol[ch] = 1e-5 * mag[ch] + 1e-30;
+    }
+    DeviceFloats dgn(gn, c.pad), dgx = DeviceFloats::zeros(total, c.pad);
+    DeviceFloats first = DeviceFloats::zeros(c.channels), second = DeviceFloats::zeros(c.channels);
+    gk::bias_relu_backward(dgn.get(), dy.get(), c.outer, c.channels, c.inner, dgx.get(),
+                           first.get(), nullptr);
+    gk::bias_relu_backward(dgn.get(), dy.get(), c.outer, c.channels, c.inner, dgx.get(),
+                           second.get(), nullptr);
+    const std::vector<float> got = first.host();
+    expect_within(got, want, tol, what + " backward gb normal");
+    expect_same(second.host(), got, what + " backward gb run twice");
+  }
+#endif
+}
+
+// ----------------------------------------------------------------------------------------------
+// split sums in CUDA graphs and on concurrent streams (reduce.cu, bias_relu.cu)
+
+#ifdef GALLEY_HAVE_CUDA
+namespace {
+
+// The split sums of a training step's shapes, with their inputs and outputs on the GPU: a loss
+// (sum_all over 1M elements), a linear layer's bias gradient ([16384 x 64] column sums) and a
+// convolution's (bias_relu backward of [32, 32, 196]). The sums have kSlots places each, so
+// that repeated runs keep every result.
+struct SplitSums {
+  static constexpr int64_t kN = 1000003, kRows = 16384, kCols = 64;
+  static constexpr int64_t kOuter = 32, kChannels = 32, kInner = 196;
+  static constexpr int64_t kConv = kOuter * kChannels * kInner;
+  static constexpr int kSlots = 20;
+  DeviceFloats x, g, gy, y;
+  DeviceFloats gx = DeviceFloats::zeros(kConv);
+  DeviceFloats sum = DeviceFloats::zeros(kSlots), cols = DeviceFloats::zeros(kSlots * kCols),
+               gb = DeviceFloats::zeros(kSlots * kChannels);
+
+  SplitSums() : x(normal(kN)), g(normal(kRows * kCols)), gy(normal(kConv)), y(normal(kConv)) {}
+  // Queues the three sums on `stream`, into place `slot`.
+  void run(void* stream, int slot = 0) {
+    gk::sum_all(x.get(), kN, 0.5f, sum.get() + slot, stream);
+    gk::column_sums(g.get(), kRows, kCols, cols.get() + slot * kCols, /*accumulate=*/false, stream);
+    gk::bias_relu_backward(gy.get(), y.get(), kOuter, kChannels, kInner, gx.get(),
+                           gb.get() + slot * kChannels, stream);
+  }
+  // The results in place `slot` (once the work queued on every stream is done).
+  std::vector<std::vector<float>> results(int slot = 0) const {
+    auto part = [](const std::vector<float>& v, int64_t at, int64_t n) {
+      return std::vector<float>(v.begin() + at, v.begin() + at + n);
+    };
+    return {part(sum.host(), slot, 1), part(cols.host(), slot * kCols, kCols), gx.host(),
+            part(gb.host(), slot * kChannels, kChannels)};
+  }
+  // Overwrites this one's inputs with `o`'s, on `stream`: x * 1 + 0 keeps every bit that a sum
+  // sees.
+  void load_inputs(const SplitSums& o, void* stream) {
+    gk::unary(gk::Unary::Affine, o.x.get(), x.get(), kN, 1.f, 0.f, stream);
+    gk::unary(gk::Unary::Affine, o.g.get(), g.get(), kRows * kCols, 1.f, 0.f, stream);
+    gk::unary(gk::Unary::Affine, o.gy.get(), gy.get(), kConv, 1.f, 0.f, stream);
+    gk::unary(gk::Unary::Affine, o.y.get(), y.get(), kConv, 1.f, 0.f, stream);
+  }
+};
+
+void expect_same_results(const std::vector<std::vector<float>>& got,
+                         const std::vector<std::vector<float>>& want, const std::string& what) {
+  const char* names[] = {"sum_all", "column_sums", "bias_relu gx", "bias_relu gb"};
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t i = 0; i < got.size(); ++i) expect_same(got[i], want[i], what + ": " + names[i]);
+}
+
+}  // namespace
+#endif
+
+// A captured graph must replay the split sums with scratch of its own: a choice frozen at
+// capture (a one-block fallback, or the capturing stream's eager buffer) would be slow, or
+// shared with every later eager sum and other graph.
+TEST(CudaKernels, CapturedSplitSumsReplayWithTheBitsOfEagerRuns) {
+  REQUIRE_GPU();
+#ifdef GALLEY_HAVE_CUDA
+  void* stream = galley::detail::compute_stream(gpu);
+  SplitSums a, b;  // two sets of inputs
+  SplitSums eager;
+  eager.load_inputs(a, stream);
+  eager.run(stream);
+  const auto want_a = eager.results();
+  eager.load_inputs(b, stream);
+  eager.run(stream);
+  const auto want_b = eager.results();
+
+  // Two graphs over two sets of buffers, captured before those buffers ever ran eagerly.
+  SplitSums s1, s2;
+  galley::cuda::Graph g1, g2;
+  g1.capture(gpu, [&] { s1.run(stream); });
+  g2.capture(gpu, [&] { s2.run(stream); });
+  for (int round = 0; round < 3; ++round) {
+    const std::string what = "round " + std::to_string(round);
+    const bool flip = round % 2 == 1;
+    s1.load_inputs(flip ? b : a, stream);
+    s2.load_inputs(flip ? a : b, stream);
+    g1.replay();
+    eager.load_inputs(flip ? a : b, stream);
+    eager.run(stream);  // eager split sums between the replays, on the same stream
+    g2.replay();
+    expect_same_results(s1.results(), flip ? want_b : want_a, what + ", graph 1");
+    expect_same_results(s2.results(), flip ? want_a : want_b, what + ", graph 2");
+    expect_same_results(eager.results(), flip ? want_a : want_b, what + ", eager");
+  }
+#endif
+}
+
+// Split sums queued at once by four host threads, two on streams of their own and two sharing
+// one, each on its own inputs: every result has the bits of a lone run.
+TEST(CudaKernels, SplitSumsOnConcurrentStreamsAndThreadsKeepTheirScratchApart) {
+  REQUIRE_GPU();
+#ifdef GALLEY_HAVE_CUDA
+  constexpr int kWorkers = 4, kIterations = SplitSums::kSlots;
+  std::vector<std::unique_ptr<SplitSums>> work;
+  std::vector<std::vector<std::vector<float>>> want;
+  for (int t = 0; t < kWorkers; ++t) {
+    work.push_back(std::make_unique<SplitSums>());
+    work[t]->run(nullptr);
+    want.push_back(work[t]->results());
+  }
+  galley::detail::make_current(gpu);
+  void* own[2] = {galley::detail::create_stream(gpu), galley::detail::create_stream(gpu)};
+  void* shared = galley::detail::create_stream(gpu);
+  std::vector<std::string> errors(kWorkers);
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kWorkers; ++t)
+    threads.emplace_back([&, t] {
+      try {
+        galley::detail::make_current(gpu);
+        void* stream = t < 2 ? own[t] : shared;
+        for (int i = 0; i < kIterations; ++i) work[t]->run(stream, i);
+      } catch (const std::exception& e) {
+        errors[t] = e.what();
+      }
+    });
+  for (auto& th : threads) th.join();
+  galley::cuda::synchronize(gpu);
+  for (void* st : {own[0], own[1], shared}) galley::detail::destroy_stream(gpu, st);
+  for (int t = 0; t < kWorkers; ++t) {
+    const std::string who = "thread " + std::to_string(t);
+    ASSERT_TRUE(errors[t].empty()) << who << ": " << errors[t];
+    for (int i = 0; i < kIterations; ++i)
+      expect_same_results(work[t]->results(i), want[t], who + ", run " + std::to_string(i));
   }
 #endif
 }

@@ -187,6 +187,35 @@ TEST(DataParallel, ReplicaErrorsNameTheReplicaAndDevice) {
   EXPECT_EQ(model(galley::randn({4, 2, 8, 8})).shape(), (galley::Shape{4, 5}));
 }
 
+namespace {
+// Runs out of memory on one replica's device, as a GPU replica over its cap would.
+class HungryOnCpu1 : public nn::Layer {
+ public:
+  HungryOnCpu1() { register_layer("fc", fc_); }
+  Tensor forward(const Tensor& x) override {
+    if (fc_.weight().device() == Device::cpu(1))
+      throw galley::OutOfMemoryError("out of memory on cpu:1: requested 64.00 MiB");
+    return fc_(x);
+  }
+
+ private:
+  nn::Linear fc_{3, 2};
+};
+}  // namespace
+
+// The error crosses the replica thread with its type: a job that catches OutOfMemoryError to
+// shrink its batch sees one, and the message says which replica and device ran out.
+TEST(DataParallel, OutOfMemoryOnAReplicaReachesTheCallerAsOutOfMemory) {
+  galley::DataParallel<HungryOnCpu1> model(cpus(2));
+  try {
+    (void)model(galley::randn({4, 3}));
+    ADD_FAILURE() << "the replica's error was lost";
+  } catch (const galley::OutOfMemoryError& e) {
+    testutil::expect_contains(
+        e.what(), {"DataParallel forward on replica 1", "(cpu:1)", "out of memory on cpu:1"});
+  }
+}
+
 TEST(DataParallel, RejectsBadOptions) {
   testutil::expect_contains(
       testutil::error_of([] { galley::DataParallel<SmallCNN> m(std::vector<Device>{}); }),

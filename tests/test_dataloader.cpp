@@ -286,6 +286,44 @@ TEST(DataLoader, WorkerExceptionNamesTheSample) {
   }
 }
 
+namespace {
+// A dataset whose batches cannot be allocated (every sample alone can).
+class OutOfMemoryDataset : public galley::data::Dataset {
+ public:
+  explicit OutOfMemoryDataset(const TensorDataset& inner) : inner_(inner) {}
+  size_t size() const override { return inner_.size(); }
+  Example get(size_t i) const override { return inner_.get(i); }
+  Shape data_shape() const override { return inner_.data_shape(); }
+  void get_batch(const std::vector<size_t>& idx, Tensor& d, Tensor& l) const override {
+    if (idx.size() > 1) throw galley::OutOfMemoryError("batch buffer: out of memory");
+    inner_.get_batch(idx, d, l);
+  }
+
+ private:
+  const TensorDataset& inner_;
+};
+}  // namespace
+
+TEST(DataLoader, OutOfMemoryInAWorkerReachesTheLoopAsOutOfMemory) {
+  TensorDataset inner = indexed_dataset(20);
+  OutOfMemoryDataset ds(inner);
+  for (int workers : kWorkerCounts) {
+    DataLoader loader(ds, {.batch_size = 5, .num_workers = workers});
+    try {
+      for (auto& b : loader) (void)b;
+      ADD_FAILURE() << "the worker's error was lost (" << workers << " workers)";
+    } catch (const galley::OutOfMemoryError& e) {
+      expect_contains(e.what(), {"DataLoader", "batch 0", "out of memory"});
+      try {
+        std::rethrow_if_nested(e);
+        ADD_FAILURE() << "no nested exception";
+      } catch (const galley::OutOfMemoryError& inner_error) {
+        EXPECT_STREQ(inner_error.what(), "batch buffer: out of memory");
+      }
+    }
+  }
+}
+
 TEST(DataLoader, TransformExceptionNamesTheSample) {
   TensorDataset ds = indexed_dataset(20);  // samples of shape [2]: 2 "channels"
   DataLoader loader(ds, {.batch_size = 5,

@@ -530,3 +530,43 @@ TEST(Errors, SequentialNamesTheFailingIndex) {
 }
 
 }  // namespace
+
+// Context added by the layers keeps the error's type: running out of memory inside a layer is
+// still an OutOfMemoryError to the caller (what a job sharing a GPU catches to back off), with
+// the layer named in the message. On the CPU a 4 TiB output cannot be allocated.
+TEST(LayerErrors, OutOfMemoryStaysOutOfMemoryThroughLayers) {
+  nn::Linear wide(1, int64_t(1) << 20);
+  const Tensor x = galley::zeros({int64_t(1) << 20, 1});
+  try {
+    (void)wide(x);
+    ADD_FAILURE() << "a 4 TiB output was allocated";
+  } catch (const galley::OutOfMemoryError& e) {
+    testutil::expect_contains(e.what(), {"Linear(1, 1048576)", "host allocation"});
+  }
+  nn::Sequential seq;
+  seq.push_back(std::make_shared<nn::Linear>(1, int64_t(1) << 20));
+  EXPECT_THROW((void)seq(x), galley::OutOfMemoryError);
+  // Plain errors stay plain errors.
+  try {
+    (void)wide(galley::zeros({2, 3}));
+    ADD_FAILURE() << "a wrong shape was accepted";
+  } catch (const galley::OutOfMemoryError&) {
+    ADD_FAILURE() << "a shape error became an OutOfMemoryError";
+  } catch (const galley::Error&) {
+  }
+}
+
+TEST(LayerErrors, WithMessageKeepsTheDynamicType) {
+  const galley::OutOfMemoryError oom("out of memory on cuda:0");
+  const galley::Error& as_base = oom;
+  auto copy = as_base.with_message("Conv2D(3, 64): out of memory on cuda:0");
+  EXPECT_NE(dynamic_cast<galley::OutOfMemoryError*>(copy.get()), nullptr);
+  EXPECT_STREQ(copy->what(), "Conv2D(3, 64): out of memory on cuda:0");
+  EXPECT_THROW(copy->raise(), galley::OutOfMemoryError);
+  EXPECT_THROW(galley::detail::rethrow_with_message(std::runtime_error("x"), "y"), galley::Error);
+  try {
+    galley::detail::rethrow_with_message(oom, "context: out of memory");
+  } catch (const galley::OutOfMemoryError& e) {
+    EXPECT_STREQ(e.what(), "context: out of memory");
+  }
+}

@@ -319,6 +319,21 @@ TEST(HostCopies, CopyFromTransposedSource) {
   EXPECT_EQ(dst.to_vector(), (std::vector<float>{1, 4, 2, 5, 3, 6}));
 }
 
+// Between two CPU "devices" (how replicas are tested without GPUs) copy_ keeps each tensor on
+// its own device and copies the values, from a strided source too.
+TEST(HostCopies, CopyBetweenCpuDevicesKeepsEachOnItsDevice) {
+  const galley::Device other = galley::Device::cpu(1);
+  Tensor src = fvec({1, 2, 3, 4, 5, 6}, {2, 3});
+  Tensor dst = galley::zeros({3, 2}, DType::Float32, other);
+  dst.copy_(transposed_view(src));
+  EXPECT_EQ(dst.device(), other);
+  EXPECT_EQ(dst.to_vector(), (std::vector<float>{1, 4, 2, 5, 3, 6}));
+  Tensor back = galley::zeros({3, 2});
+  back.copy_(dst);
+  EXPECT_EQ(back.device(), galley::Device::cpu());
+  EXPECT_EQ(back.to_vector(), dst.to_vector());
+}
+
 TEST(HostCopies, ItemSingleElementOnly) {
   EXPECT_FLOAT_EQ(galley::full({1, 1}, 2.5f).item(), 2.5f);
   EXPECT_FLOAT_EQ(Tensor::from_vector(std::vector<int64_t>{-4}, {}).item(), -4.f);

@@ -1,5 +1,7 @@
 #pragma once
 /// \file Exceptions and the GALLEY_CHECK macro.
+#include <exception>
+#include <memory>
 #include <sstream>
 #include <stdexcept>
 #include <string>
@@ -7,15 +9,42 @@
 namespace galley {
 
 /// Every error galley raises derives from this; the message says what is at fault.
+///
+/// Code that adds context to an error (a layer naming itself, a replica naming its device)
+/// rethrows it through these members, so the error keeps its type: an OutOfMemoryError raised
+/// deep inside a kernel reaches the caller as an OutOfMemoryError.
 class Error : public std::runtime_error {
  public:
   using std::runtime_error::runtime_error;
+  /// A new error of this one's own type carrying `message`.
+  virtual std::unique_ptr<Error> with_message(const std::string& message) const;
+  /// Throws a copy of this error as its own type.
+  [[noreturn]] virtual void raise() const;
+  /// Throws an error of this one's own type carrying `message`, with the exception being
+  /// handled nested inside it (std::throw_with_nested); call it from a catch block.
+  [[noreturn]] virtual void raise_nested(const std::string& message) const;
 };
 
-/// Raised when an allocation would exceed a memory cap or the system has no memory left.
-class OutOfMemoryError : public Error {
+namespace detail {
+/// Gives the error type `Self` (derived from `Base`) the members above for its own type.
+template <typename Self, typename Base>
+class ErrorOfType : public Base {
  public:
-  using Error::Error;
+  using Base::Base;
+  std::unique_ptr<Error> with_message(const std::string& message) const override {
+    return std::make_unique<Self>(message);
+  }
+  [[noreturn]] void raise() const override { throw static_cast<const Self&>(*this); }
+  [[noreturn]] void raise_nested(const std::string& message) const override {
+    std::throw_with_nested(Self(message));
+  }
+};
+}  // namespace detail
+
+/// Raised when an allocation would exceed a memory cap or the system has no memory left.
+class OutOfMemoryError : public detail::ErrorOfType<OutOfMemoryError, Error> {
+ public:
+  using ErrorOfType::ErrorOfType;
 };
 
 namespace detail {
@@ -27,6 +56,9 @@ std::string str_cat(const Args&... args) {
   return os.str();
 }
 [[noreturn]] void throw_error(const char* file, int line, const char* expr, const std::string& msg);
+/// Throws `message` as `e`'s type when `e` is a galley::Error (of any subclass), else as a plain
+/// galley::Error: how a caller adds context to an error without changing its type.
+[[noreturn]] void rethrow_with_message(const std::exception& e, const std::string& message);
 }  // namespace detail
 
 }  // namespace galley

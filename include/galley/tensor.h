@@ -166,7 +166,9 @@ class Tensor {
   void copy_to_host(void* dst) const;
   /// Overwrites the elements from host memory holding numel() elements of dtype().
   void copy_from_host(const void* src);
-  /// Overwrites this tensor's elements with `src`'s (same shape and dtype); no autograd.
+  /// Overwrites this tensor's elements with `src`'s (same shape and dtype, any devices: host to
+  /// GPU, GPU to host, between GPUs); no autograd. A copy onto a GPU is queued on its compute
+  /// stream and returns once `src` may be reused; one to the host returns when it is done.
   void copy_(const Tensor& src);
   /// Sets every element to `value`; no autograd.
   void fill_(float value);

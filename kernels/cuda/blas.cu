@@ -1,14 +1,33 @@
+// cuBLAS matrix products and cuDNN convolutions.
+//
+// Handles. A cuBLAS or cuDNN handle holds its stream (and cuBLAS its workspace) as state, so
+// threads sharing one race between SetStream and the call. Each thread therefore leases its own
+// handles per device from a pool, and cuBLAS gets a workspace per (handle, stream): a workspace
+// is only ever used on one stream, so a handle that changes hands can never have two streams
+// writing the same scratch.
+//
+// Convolution algorithms come from cuDNN's heuristics (cudnnGet*_v7), ranked fastest first, not
+// from cudnnFind*: Find without Ex cudaMallocs its own scratch outside the allocator and its
+// cap, FindEx needs the largest workspace up front, and both run and time every algorithm with
+// device synchronisations, which a CUDA graph capture forbids (a shape's first call may be
+// captured) and which other jobs on a shared GPU would make noisy. The ranking is cached per
+// shape; the choice within it is made per call, as what the memory cap leaves changes.
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 #include <cudnn.h>
 
 #include <algorithm>
+#include <array>
 #include <atomic>
-#include <deque>
+#include <cstdint>
+#include <cstdio>
+#include <initializer_list>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "galley/error.h"
@@ -18,137 +37,499 @@ namespace galley::kernels::cuda {
 
 namespace {
 
+using galley::detail::str_cat;
+
 // One generic checker; the macros add the failed expression.
 void check_status(bool ok, const char* lib, const char* expr, const char* file, int line,
                   const std::string& detail) {
   if (!ok) galley::detail::throw_error(file, line, expr, std::string(lib) + " error: " + detail);
 }
+
+// cuDNN's status and, where it has one, its own account of this thread's last error.
+std::string cudnn_message(cudnnStatus_t s) {
+  char last[512] = {0};
+  cudnnGetLastErrorString(last, sizeof last);
+  std::string out = cudnnGetErrorString(s);
+  if (last[0]) out += std::string(" (cuDNN: ") + last + ")";
+  return out;
+}
+
+// Reads cuDNN's message of the last error away, so that a later error does not show it.
+void forget_cudnn_message() {
+  char discard[512];
+  cudnnGetLastErrorString(discard, sizeof discard);
+}
+
+#define CUDA_CHECK(call)                                                                        \
+  do {                                                                                          \
+    cudaError_t s_ = (call);                                                                    \
+    if (s_ != cudaSuccess) (void)cudaGetLastError();                                            \
+    check_status(s_ == cudaSuccess, "CUDA", #call, __FILE__, __LINE__, cudaGetErrorString(s_)); \
+  } while (0)
 #define CUBLAS_CHECK(call)                                                         \
   do {                                                                             \
     cublasStatus_t s_ = (call);                                                    \
     check_status(s_ == CUBLAS_STATUS_SUCCESS, "cuBLAS", #call, __FILE__, __LINE__, \
                  cublasGetStatusString(s_));                                       \
   } while (0)
-#define CUDNN_CHECK(call)                                                        \
-  do {                                                                           \
-    cudnnStatus_t s_ = (call);                                                   \
-    check_status(s_ == CUDNN_STATUS_SUCCESS, "cuDNN", #call, __FILE__, __LINE__, \
-                 cudnnGetErrorString(s_));                                       \
+#define CUDNN_CHECK(call)                                                         \
+  do {                                                                            \
+    cudnnStatus_t s_ = (call);                                                    \
+    if (s_ != CUDNN_STATUS_SUCCESS)                                               \
+      check_status(false, "cuDNN", #call, __FILE__, __LINE__, cudnn_message(s_)); \
   } while (0)
 
 std::atomic<bool> tf32{false};
+std::atomic<bool> deterministic_only{false};
 
-// cuBLAS's own workspace per handle: allocated once, so that no product allocates during a
-// CUDA graph capture (cublasSetStream would otherwise fall back to the library's pool).
-constexpr size_t kBlasWorkspace = size_t(32) << 20;
+cudaStream_t as_stream(void* s) {
+  return static_cast<cudaStream_t>(s);
+}
 
-struct Handles {
-  cublasHandle_t blas = nullptr;
-  cudnnHandle_t dnn = nullptr;
-  void* blas_workspace = nullptr;
+std::string mib(size_t bytes) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.2f MiB", double(bytes) / double(1 << 20));
+  return buf;
+}
+
+// Makes `device` current for the scope and restores the caller's afterwards; does nothing when
+// it already is current (a needless cudaSetDevice would make a context on the thread's default).
+class DeviceGuard {
+ public:
+  explicit DeviceGuard(int device) {
+    int now = -1;
+    CUDA_CHECK(cudaGetDevice(&now));
+    if (now == device) return;
+    CUDA_CHECK(cudaSetDevice(device));
+    prev_ = now;
+  }
+  ~DeviceGuard() {
+    if (prev_ >= 0 && cudaSetDevice(prev_) != cudaSuccess) (void)cudaGetLastError();
+  }
+  DeviceGuard(const DeviceGuard&) = delete;
+  DeviceGuard& operator=(const DeviceGuard&) = delete;
+
+ private:
+  int prev_ = -1;
 };
 
-// Per-device handles, created on first use and kept for the life of the process.
-Handles& handles(int device) {
-  static std::mutex mu;
-  // A deque: growing it for another device keeps references to existing handles valid.
-  static std::deque<Handles>* all = new std::deque<Handles>();
-  std::lock_guard<std::mutex> lock(mu);
-  if (all->size() <= size_t(device)) all->resize(device + 1);
-  Handles& h = (*all)[device];
-  if (!h.blas) {
-    int prev = 0;
-    cudaGetDevice(&prev);
-    cudaSetDevice(device);
-    CUBLAS_CHECK(cublasCreate(&h.blas));
-    CUDNN_CHECK(cudnnCreate(&h.dnn));
-    if (cudaMalloc(&h.blas_workspace, kBlasWorkspace) != cudaSuccess) {
-      (void)cudaGetLastError();
-      h.blas_workspace = nullptr;  // cuBLAS then uses its default pool
-    }
-    cudaSetDevice(prev);
+// ----------------------------------------------------------------------------------------------
+// Handles
+
+// cuBLAS's workspace per (handle, stream): allocated once, so that no product allocates during
+// a CUDA graph capture (cublasSetStream would otherwise fall back to the library's own pool).
+// 32 MiB is what NVIDIA recommends for Hopper. It comes from cudaMalloc, outside galley's cap.
+constexpr size_t kBlasWorkspace = size_t(32) << 20;
+
+// n, c, h, w, o, kh, kw, stride, pad, dilation, groups: what a convolution's shape is.
+using ConvShape = std::array<int64_t, 11>;
+
+ConvShape shape_of(const cpu::Conv2dGeometry& g) {
+  return {g.n, g.c, g.h, g.w, g.o, g.kh, g.kw, g.stride, g.pad, g.dilation, g.groups};
+}
+
+std::string describe(const cpu::Conv2dGeometry& g) {
+  return str_cat(g.n, "x", g.c, "x", g.h, "x", g.w, " by ", g.o, "x", g.c / g.groups, "x", g.kh,
+                 "x", g.kw, " (stride ", g.stride, ", padding ", g.pad, ", dilation ", g.dilation,
+                 ", groups ", g.groups, ")");
+}
+
+// The descriptors of one convolution shape. The math type is set before every call (it belongs
+// to the algorithm chosen), which is why they are one handle's, never shared between threads.
+struct ConvDescs {
+  cudnnTensorDescriptor_t x = nullptr, y = nullptr, b = nullptr;
+  cudnnFilterDescriptor_t w = nullptr;
+  cudnnConvolutionDescriptor_t conv = nullptr;
+
+  ConvDescs() = default;
+  ConvDescs(const ConvDescs&) = delete;
+  ConvDescs& operator=(const ConvDescs&) = delete;
+  // Reached only when init fails: descriptors otherwise live as long as their handles.
+  ~ConvDescs() {
+    if (x) (void)cudnnDestroyTensorDescriptor(x);
+    if (y) (void)cudnnDestroyTensorDescriptor(y);
+    if (b) (void)cudnnDestroyTensorDescriptor(b);
+    if (w) (void)cudnnDestroyFilterDescriptor(w);
+    if (conv) (void)cudnnDestroyConvolutionDescriptor(conv);
+  }
+
+  void init(const cpu::Conv2dGeometry& g) {
+    CUDNN_CHECK(cudnnCreateTensorDescriptor(&x));
+    CUDNN_CHECK(cudnnCreateTensorDescriptor(&y));
+    CUDNN_CHECK(cudnnCreateTensorDescriptor(&b));
+    CUDNN_CHECK(cudnnCreateFilterDescriptor(&w));
+    CUDNN_CHECK(cudnnCreateConvolutionDescriptor(&conv));
+    CUDNN_CHECK(cudnnSetTensor4dDescriptor(x, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, int(g.n),
+                                           int(g.c), int(g.h), int(g.w)));
+    CUDNN_CHECK(cudnnSetTensor4dDescriptor(y, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, int(g.n),
+                                           int(g.o), int(g.oh), int(g.ow)));
+    CUDNN_CHECK(
+        cudnnSetTensor4dDescriptor(b, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, 1, int(g.o), 1, 1));
+    CUDNN_CHECK(cudnnSetFilter4dDescriptor(w, CUDNN_DATA_FLOAT, CUDNN_TENSOR_NCHW, int(g.o),
+                                           int(g.c / g.groups), int(g.kh), int(g.kw)));
+    CUDNN_CHECK(cudnnSetConvolution2dDescriptor(conv, int(g.pad), int(g.pad), int(g.stride),
+                                                int(g.stride), int(g.dilation), int(g.dilation),
+                                                CUDNN_CROSS_CORRELATION, CUDNN_DATA_FLOAT));
+    CUDNN_CHECK(cudnnSetConvolutionGroupCount(conv, int(g.groups)));
+  }
+};
+
+// One thread's handles on one device, with what belongs to them. Only the thread holding it
+// touches it.
+struct Handles {
+  int device = 0;
+  cublasHandle_t blas = nullptr;
+  cudnnHandle_t dnn = nullptr;
+  std::vector<std::pair<cudaStream_t, void*>> blas_workspaces;
+  std::map<ConvShape, std::unique_ptr<ConvDescs>> convs;
+};
+
+std::unique_ptr<Handles> make_handles(int device) {
+  DeviceGuard on(device);  // both libraries bind a handle to the current device
+  auto h = std::make_unique<Handles>();
+  h->device = device;
+  CUBLAS_CHECK(cublasCreate(&h->blas));
+  const cudnnStatus_t s = cudnnCreate(&h->dnn);
+  if (s != CUDNN_STATUS_SUCCESS) {
+    const std::string why = cudnn_message(s);
+    (void)cublasDestroy(h->blas);
+    check_status(false, "cuDNN", "cudnnCreate", __FILE__, __LINE__, why);
   }
   return h;
 }
 
-// ----------------------------------------------------------------------------------------------
-// Convolution descriptors and the algorithm cache
-
-struct ConvDescs {
-  cudnnTensorDescriptor_t x, y, b;
-  cudnnFilterDescriptor_t w;
-  cudnnConvolutionDescriptor_t conv;
-  cudnnConvolutionFwdAlgo_t fwd;
-  cudnnConvolutionBwdDataAlgo_t bwd_data;
-  cudnnConvolutionBwdFilterAlgo_t bwd_filter;
-  size_t fwd_ws = 0, bwd_data_ws = 0, bwd_filter_ws = 0;
+// Handles no thread holds, per device.
+struct HandlePool {
+  std::mutex mu;
+  std::vector<std::vector<Handles*>> idle;
 };
 
-using ConvKey = std::tuple<int, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t,
-                           int64_t, int64_t, int64_t, int64_t, bool>;
-
-// The algorithm to use from cuDNN's ranked list.
-template <typename Perf>
-auto pick(const Perf* perf, int found, const char* direction, const cpu::Conv2dGeometry& g) {
-  for (int i = 0; i < found; ++i)
-    if (perf[i].status == CUDNN_STATUS_SUCCESS && perf[i].determinism == CUDNN_DETERMINISTIC)
-      return perf[i].algo;
-  for (int i = 0; i < found; ++i)
-    if (perf[i].status == CUDNN_STATUS_SUCCESS) return perf[i].algo;
-  throw Error(galley::detail::str_cat(
-      "cuDNN offers no ", direction, " algorithm for a convolution of ", g.n, "x", g.c, "x", g.h,
-      "x", g.w, " by ", g.o, "x", g.c / g.groups, "x", g.kh, "x", g.kw, " (stride ", g.stride,
-      ", padding ", g.pad, ", dilation ", g.dilation, ", groups ", g.groups, ")"));
+HandlePool& handle_pool() {
+  static auto* pool = new HandlePool();  // never destroyed: see ThreadHandles
+  return *pool;
 }
 
-ConvDescs& descs_for(int device, const cpu::Conv2dGeometry& g) {
-  static std::mutex mu;
-  static auto* cache = new std::map<ConvKey, ConvDescs>();
-  const bool allow = tf32.load();
-  const ConvKey key{device, g.n,      g.c,   g.h,        g.w,      g.o,  g.kh,
-                    g.kw,   g.stride, g.pad, g.dilation, g.groups, allow};
-  std::lock_guard<std::mutex> lock(mu);
-  auto it = cache->find(key);
-  if (it != cache->end()) return it->second;
-  ConvDescs d{};
-  CUDNN_CHECK(cudnnCreateTensorDescriptor(&d.x));
-  CUDNN_CHECK(cudnnCreateTensorDescriptor(&d.y));
-  CUDNN_CHECK(cudnnCreateTensorDescriptor(&d.b));
-  CUDNN_CHECK(cudnnCreateFilterDescriptor(&d.w));
-  CUDNN_CHECK(cudnnCreateConvolutionDescriptor(&d.conv));
-  CUDNN_CHECK(cudnnSetTensor4dDescriptor(d.x, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, int(g.n),
-                                         int(g.c), int(g.h), int(g.w)));
-  CUDNN_CHECK(cudnnSetTensor4dDescriptor(d.y, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, int(g.n),
-                                         int(g.o), int(g.oh), int(g.ow)));
-  CUDNN_CHECK(
-      cudnnSetTensor4dDescriptor(d.b, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, 1, int(g.o), 1, 1));
-  CUDNN_CHECK(cudnnSetFilter4dDescriptor(d.w, CUDNN_DATA_FLOAT, CUDNN_TENSOR_NCHW, int(g.o),
-                                         int(g.c / g.groups), int(g.kh), int(g.kw)));
-  CUDNN_CHECK(cudnnSetConvolution2dDescriptor(d.conv, int(g.pad), int(g.pad), int(g.stride),
-                                              int(g.stride), int(g.dilation), int(g.dilation),
-                                              CUDNN_CROSS_CORRELATION, CUDNN_DATA_FLOAT));
-  CUDNN_CHECK(cudnnSetConvolutionGroupCount(d.conv, int(g.groups)));
-  CUDNN_CHECK(cudnnSetConvolutionMathType(d.conv, allow ? CUDNN_TENSOR_OP_MATH : CUDNN_FMA_MATH));
-  // Per direction, the heuristics' first deterministic choice (the same bits at every run), else
-  // their first working one; chosen once per geometry.
-  cudnnHandle_t h = handles(device).dnn;
-  int found = 0;
-  cudnnConvolutionFwdAlgoPerf_t fp[8];
-  CUDNN_CHECK(cudnnGetConvolutionForwardAlgorithm_v7(h, d.x, d.w, d.conv, d.y, 8, &found, fp));
-  d.fwd = pick(fp, found, "forward", g);
-  cudnnConvolutionBwdDataAlgoPerf_t dp[8];
-  CUDNN_CHECK(cudnnGetConvolutionBackwardDataAlgorithm_v7(h, d.w, d.y, d.conv, d.x, 8, &found, dp));
-  d.bwd_data = pick(dp, found, "backward data", g);
-  cudnnConvolutionBwdFilterAlgoPerf_t wp[8];
-  CUDNN_CHECK(
-      cudnnGetConvolutionBackwardFilterAlgorithm_v7(h, d.x, d.y, d.conv, d.w, 8, &found, wp));
-  d.bwd_filter = pick(wp, found, "backward filter", g);
-  CUDNN_CHECK(cudnnGetConvolutionForwardWorkspaceSize(h, d.x, d.w, d.conv, d.y, d.fwd, &d.fwd_ws));
-  CUDNN_CHECK(cudnnGetConvolutionBackwardDataWorkspaceSize(h, d.w, d.y, d.conv, d.x, d.bwd_data,
-                                                           &d.bwd_data_ws));
-  CUDNN_CHECK(cudnnGetConvolutionBackwardFilterWorkspaceSize(h, d.x, d.y, d.conv, d.w, d.bwd_filter,
-                                                             &d.bwd_filter_ws));
-  return cache->emplace(key, d).first->second;
+// This thread's lease. When the thread ends its handles go back to the pool for the next thread
+// (cudnnCreate alone takes tens of milliseconds), and nothing is destroyed: destroying a handle
+// synchronises the device, which would break a graph capture running on another thread, and a
+// thread that ends during process exit could reach the CUDA runtime after its teardown. The pool
+// is leaked at exit for the same reason; the driver reclaims it with the process.
+struct ThreadHandles {
+  std::vector<Handles*> by_device;
+  ~ThreadHandles() {
+    try {
+      HandlePool& pool = handle_pool();
+      std::lock_guard<std::mutex> lock(pool.mu);
+      for (size_t d = 0; d < by_device.size(); ++d) {
+        if (!by_device[d]) continue;
+        if (pool.idle.size() <= d) pool.idle.resize(d + 1);
+        pool.idle[d].push_back(by_device[d]);
+      }
+    } catch (...) {
+      // Out of host memory at thread exit: the handles leak, which is harmless.
+    }
+  }
+};
+
+Handles& handles(int device) {
+  GALLEY_CHECK(device >= 0, "cuda:", device, " is not a device");
+  thread_local ThreadHandles mine;
+  if (mine.by_device.size() <= size_t(device)) mine.by_device.resize(device + 1, nullptr);
+  Handles*& h = mine.by_device[device];
+  if (h) return *h;
+  {
+    HandlePool& pool = handle_pool();
+    std::lock_guard<std::mutex> lock(pool.mu);
+    if (pool.idle.size() > size_t(device) && !pool.idle[device].empty()) {
+      h = pool.idle[device].back();
+      pool.idle[device].pop_back();
+      return *h;
+    }
+  }
+  h = make_handles(device).release();
+  return *h;
+}
+
+// The workspace `h` uses on `stream`; null (cuBLAS's own pool) while the device has no room.
+// Kept for the handle's life: galley's products run on a few long-lived streams (the compute
+// streams), and freeing one would synchronise the device.
+void* blas_workspace(Handles& h, cudaStream_t stream) {
+  for (const auto& [s, p] : h.blas_workspaces)
+    if (s == stream) return p;
+  DeviceGuard on(h.device);
+  // Allowed for this one call inside a capture of this thread: cudaMalloc touches no stream.
+  cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
+  cudaThreadExchangeStreamCaptureMode(&mode);
+  void* p = nullptr;
+  const cudaError_t rc = cudaMalloc(&p, kBlasWorkspace);
+  cudaThreadExchangeStreamCaptureMode(&mode);
+  if (rc != cudaSuccess) {
+    (void)cudaGetLastError();
+    return nullptr;  // tried again next time
+  }
+  h.blas_workspaces.emplace_back(stream, p);
+  return p;
+}
+
+// ----------------------------------------------------------------------------------------------
+// Convolution algorithms
+
+enum Direction : int { kForward = 0, kBackwardData = 1, kBackwardFilter = 2 };
+
+const char* direction_name(Direction d) {
+  static const char* names[] = {"forward", "backward data", "backward filter"};
+  return names[d];
+}
+
+const char* algo_name(Direction d, int algo) {
+  static const char* fwd[] = {
+      "IMPLICIT_GEMM", "IMPLICIT_PRECOMP_GEMM", "GEMM", "DIRECT", "FFT", "FFT_TILING",
+      "WINOGRAD",      "WINOGRAD_NONFUSED"};
+  static const char* data[] = {"ALGO_0",     "ALGO_1",   "FFT",
+                               "FFT_TILING", "WINOGRAD", "WINOGRAD_NONFUSED"};
+  static const char* filter[] = {
+      "ALGO_0", "ALGO_1", "FFT", "ALGO_3", "WINOGRAD", "WINOGRAD_NONFUSED", "FFT_TILING"};
+  const char* const* names[] = {fwd, data, filter};
+  const int counts[] = {8, 6, 7};
+  return algo >= 0 && algo < counts[d] ? names[d][algo] : "unknown";
+}
+
+const char* math_name(cudnnMathType_t m) {
+  switch (m) {
+    case CUDNN_DEFAULT_MATH:
+      return "default math";
+    case CUDNN_TENSOR_OP_MATH:
+      return "tensor cores";
+    case CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION:
+      return "tensor cores with conversion";
+    case CUDNN_FMA_MATH:
+      return "FMA";
+  }
+  return "unknown math";
+}
+
+// One entry of a ranking: the algorithm, the math type it runs with and its workspace.
+struct Candidate {
+  int algo;
+  cudnnMathType_t math;
+  size_t workspace;
+};
+
+// The rankings of one shape under one setting of TF32 and determinism, fastest first.
+struct Plan {
+  bool deterministic = false;
+  std::array<std::vector<Candidate>, 3> ranked;
+};
+
+// The math type to run a ranked entry with, or false where it would break the TF32 setting.
+// CUDNN_DEFAULT_MATH lets cuDNN use TF32 on Ampere and later, so without TF32 it becomes FMA.
+// ALLOW_CONVERSION may round float32 down to half precision, which even TF32 does not permit.
+bool usable_math(cudnnMathType_t m, bool allow_tf32, cudnnMathType_t* out) {
+  switch (m) {
+    case CUDNN_FMA_MATH:
+      *out = m;
+      return true;
+    case CUDNN_DEFAULT_MATH:
+      *out = allow_tf32 ? m : CUDNN_FMA_MATH;
+      return true;
+    case CUDNN_TENSOR_OP_MATH:
+      *out = m;
+      return allow_tf32;
+    default:
+      return false;
+  }
+}
+
+// Algorithms that run every shape, appended after the heuristics' entries in case those all
+// fail or need more workspace than there is: implicit GEMM forward and ALGO_0 backward need none.
+struct Fallback {
+  int algo;
+  bool deterministic;
+};
+
+// cuDNN's heuristic entries that may run under the settings, in its order, each with the
+// workspace its math type needs (asked again: perf.memory is not reliably filled by Get_v7).
+template <typename Perf, typename SizeOf>
+std::vector<Candidate> rank(const std::vector<Perf>& perf, int found,
+                            cudnnConvolutionDescriptor_t conv, bool allow_tf32, bool det,
+                            std::initializer_list<Fallback> fallbacks, SizeOf size_of) {
+  std::vector<Candidate> out;
+  auto add = [&](int algo, cudnnMathType_t math) {
+    for (const Candidate& c : out)
+      if (c.algo == algo && c.math == math) return;
+    size_t bytes = 0;
+    if (cudnnSetConvolutionMathType(conv, math) != CUDNN_STATUS_SUCCESS) return;
+    if (size_of(algo, &bytes) != CUDNN_STATUS_SUCCESS) return;
+    out.push_back({algo, math, bytes});
+  };
+  for (int i = 0; i < found; ++i) {
+    const Perf& p = perf[i];
+    cudnnMathType_t math = CUDNN_FMA_MATH;
+    if (p.status != CUDNN_STATUS_SUCCESS) continue;
+    if (det && p.determinism != CUDNN_DETERMINISTIC) continue;
+    if (!usable_math(p.mathType, allow_tf32, &math)) continue;
+    add(int(p.algo), math);
+  }
+  for (const Fallback& f : fallbacks)
+    if (!det || f.deterministic) add(f.algo, CUDNN_FMA_MATH);
+  forget_cudnn_message();  // the refusals above were expected
+  return out;
+}
+
+Plan make_plan(cudnnHandle_t h, const ConvDescs& d, bool allow_tf32, bool det) {
+  Plan plan;
+  plan.deterministic = det;
+  // The heuristics answer for the descriptor's math type: FMA keeps TF32 kernels out.
+  const cudnnMathType_t query = allow_tf32 ? CUDNN_TENSOR_OP_MATH : CUDNN_FMA_MATH;
+  int max = 0, found = 0;
+
+  CUDNN_CHECK(cudnnSetConvolutionMathType(d.conv, query));
+  CUDNN_CHECK(cudnnGetConvolutionForwardAlgorithmMaxCount(h, &max));
+  std::vector<cudnnConvolutionFwdAlgoPerf_t> fwd(std::max(max, 1));
+  CUDNN_CHECK(cudnnGetConvolutionForwardAlgorithm_v7(h, d.x, d.w, d.conv, d.y, int(fwd.size()),
+                                                     &found, fwd.data()));
+  plan.ranked[kForward] =
+      rank(fwd, found, d.conv, allow_tf32, det,
+           {{CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_GEMM, true},
+            {CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_PRECOMP_GEMM, true}},
+           [&](int algo, size_t* bytes) {
+             return cudnnGetConvolutionForwardWorkspaceSize(h, d.x, d.w, d.conv, d.y,
+                                                            cudnnConvolutionFwdAlgo_t(algo), bytes);
+           });
+
+  CUDNN_CHECK(cudnnSetConvolutionMathType(d.conv, query));
+  CUDNN_CHECK(cudnnGetConvolutionBackwardDataAlgorithmMaxCount(h, &max));
+  std::vector<cudnnConvolutionBwdDataAlgoPerf_t> data(std::max(max, 1));
+  CUDNN_CHECK(cudnnGetConvolutionBackwardDataAlgorithm_v7(h, d.w, d.y, d.conv, d.x,
+                                                          int(data.size()), &found, data.data()));
+  plan.ranked[kBackwardData] =
+      rank(data, found, d.conv, allow_tf32, det,
+           {{CUDNN_CONVOLUTION_BWD_DATA_ALGO_1, true}, {CUDNN_CONVOLUTION_BWD_DATA_ALGO_0, false}},
+           [&](int algo, size_t* bytes) {
+             return cudnnGetConvolutionBackwardDataWorkspaceSize(
+                 h, d.w, d.y, d.conv, d.x, cudnnConvolutionBwdDataAlgo_t(algo), bytes);
+           });
+
+  CUDNN_CHECK(cudnnSetConvolutionMathType(d.conv, query));
+  CUDNN_CHECK(cudnnGetConvolutionBackwardFilterAlgorithmMaxCount(h, &max));
+  std::vector<cudnnConvolutionBwdFilterAlgoPerf_t> filter(std::max(max, 1));
+  CUDNN_CHECK(cudnnGetConvolutionBackwardFilterAlgorithm_v7(
+      h, d.x, d.y, d.conv, d.w, int(filter.size()), &found, filter.data()));
+  plan.ranked[kBackwardFilter] = rank(
+      filter, found, d.conv, allow_tf32, det,
+      {{CUDNN_CONVOLUTION_BWD_FILTER_ALGO_1, true}, {CUDNN_CONVOLUTION_BWD_FILTER_ALGO_0, false}},
+      [&](int algo, size_t* bytes) {
+        return cudnnGetConvolutionBackwardFilterWorkspaceSize(
+            h, d.x, d.y, d.conv, d.w, cudnnConvolutionBwdFilterAlgo_t(algo), bytes);
+      });
+  return plan;
+}
+
+// Everything that changes the ranking: the device (its architecture), the shape, TF32 and
+// determinism.
+using PlanKey = std::tuple<int, ConvShape, bool, bool>;
+
+struct PlanCache {
+  std::mutex mu;
+  std::map<PlanKey, Plan> plans;  // never erased: references to entries stay valid
+};
+
+const Plan& plan_for(Handles& hs, const ConvDescs& d, const ConvShape& shape) {
+  static auto* cache = new PlanCache();  // lives to exit, like the handles that fill it
+  const bool allow = tf32.load(), det = deterministic_only.load();
+  const PlanKey key{hs.device, shape, allow, det};
+  {
+    std::lock_guard<std::mutex> lock(cache->mu);
+    auto it = cache->plans.find(key);
+    if (it != cache->plans.end()) return it->second;
+  }
+  // Ranked outside the lock, so that other threads' convolutions do not wait for it; a thread
+  // ranking the same shape meanwhile gets the same answer, and the first one stored stays.
+  Plan plan = make_plan(hs.dnn, d, allow, det);
+  std::lock_guard<std::mutex> lock(cache->mu);
+  return cache->plans.emplace(key, std::move(plan)).first->second;
+}
+
+struct Conv {
+  Handles& h;
+  ConvDescs& d;
+  const Plan& plan;
+};
+
+Conv conv_for(int device, const cpu::Conv2dGeometry& g) {
+  Handles& h = handles(device);
+  const ConvShape shape = shape_of(g);
+  auto it = h.convs.find(shape);
+  if (it == h.convs.end()) {
+    auto d = std::make_unique<ConvDescs>();
+    d->init(g);
+    it = h.convs.emplace(shape, std::move(d)).first;
+  }
+  return {h, *it->second, plan_for(h, *it->second, shape)};
+}
+
+// Statuses that belong to the algorithm rather than to the call: another may run. (A view into
+// a tensor need not be 16-byte aligned, which some kernels require; implicit GEMM does not.)
+bool worth_another_algorithm(cudnnStatus_t s) {
+  const int category = CUDNN_STATUS_CATEGORY(int(s));
+  return s == CUDNN_STATUS_BAD_PARAM_MISALIGNED_POINTER ||
+         category == int(CUDNN_STATUS_NOT_SUPPORTED) ||
+         category == int(CUDNN_STATUS_INTERNAL_ERROR) ||
+         category == int(CUDNN_STATUS_EXECUTION_FAILED);
+}
+
+// Runs `launch(algo, workspace, bytes)` with the first candidate whose workspace fits ws.limit
+// and can be allocated. An allocation that fails (the cap, or the device, is fuller than the
+// limit suggested) moves on to candidates with smaller workspaces; an algorithm cuDNN refuses
+// for this shape moves on to the next.
+template <typename Launch>
+void run_fastest(const Conv& c, Direction dir, const Workspace& ws, int device,
+                 const cpu::Conv2dGeometry& g, Launch&& launch) {
+  size_t limit = ws.limit;
+  size_t refused = SIZE_MAX;  // the smallest workspace that did not fit
+  std::string oom, failure;
+  for (const Candidate& k : c.plan.ranked[dir]) {
+    if (k.workspace > limit || (k.workspace > 0 && !ws.allocate)) {
+      refused = std::min(refused, k.workspace);
+      continue;
+    }
+    void* work = nullptr;
+    if (k.workspace > 0) {
+      try {
+        work = ws.allocate(k.workspace);
+      } catch (const OutOfMemoryError& e) {
+        limit = k.workspace - 1;
+        refused = std::min(refused, k.workspace);
+        oom = e.what();
+        continue;
+      }
+    }
+    CUDNN_CHECK(cudnnSetConvolutionMathType(c.d.conv, k.math));
+    const cudnnStatus_t s = launch(k.algo, work, k.workspace);
+    if (s == CUDNN_STATUS_SUCCESS) return;
+    const std::string why = str_cat(algo_name(dir, k.algo), " (", math_name(k.math), ", ",
+                                    mib(k.workspace), "): ", cudnn_message(s));
+    (void)cudaGetLastError();
+    if (!worth_another_algorithm(s))
+      check_status(false, "cuDNN", direction_name(dir), __FILE__, __LINE__, why);
+    failure = why;
+  }
+  const std::string what =
+      str_cat("conv2d ", direction_name(dir), " on cuda:", device, " of ", describe(g));
+  if (refused != SIZE_MAX)
+    throw OutOfMemoryError(str_cat(
+        what, ": every cuDNN algorithm", c.plan.deterministic ? " (deterministic ones only)" : "",
+        " that can run it needs more workspace than there is (", mib(ws.limit),
+        " allowed by the memory cap and the per-call limit; the smallest needs ", mib(refused), ")",
+        oom.empty() ? "" : "; the allocator: " + oom,
+        failure.empty() ? "" : "; cuDNN refused " + failure));
+  if (!failure.empty())
+    throw Error(str_cat(what, ": cuDNN refused every algorithm, the last ", failure));
+  throw Error(str_cat(what, ": cuDNN offers no ",
+                      c.plan.deterministic
+                          ? "deterministic algorithm (galley::cuda::set_deterministic(false) "
+                            "allows the others)"
+                          : "algorithm"));
 }
 
 }  // namespace
@@ -168,14 +549,24 @@ bool allow_tf32() {
   return tf32.load();
 }
 
+void set_deterministic(bool on) {
+  deterministic_only = on;
+}
+
+bool deterministic() {
+  return deterministic_only.load();
+}
+
 void gemm(int device, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
           const float* a, int64_t lda, const float* b, int64_t ldb, float beta, float* c,
           int64_t ldc, void* stream) {
   if (m == 0 || n == 0) return;
   Handles& hs = handles(device);
   cublasHandle_t h = hs.blas;
-  CUBLAS_CHECK(cublasSetStream(h, static_cast<cudaStream_t>(stream)));
-  if (hs.blas_workspace) CUBLAS_CHECK(cublasSetWorkspace(h, hs.blas_workspace, kBlasWorkspace));
+  const cudaStream_t s = as_stream(stream);
+  CUBLAS_CHECK(cublasSetStream(h, s));
+  // cublasSetStream has just put the handle back on cuBLAS's default workspace.
+  if (void* ws = blas_workspace(hs, s)) CUBLAS_CHECK(cublasSetWorkspace(h, ws, kBlasWorkspace));
   CUBLAS_CHECK(cublasSetMathMode(h, tf32 ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH));
   // Row-major C = op(A) op(B) is column-major C^T = op(B)^T op(A)^T: swap the operands.
   // cuBLAS wants leading dimensions of at least 1 even where an operand is empty (k == 0).
@@ -187,34 +578,55 @@ void gemm(int device, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t 
 
 void conv2d_forward(int device, const cpu::Conv2dGeometry& g, const float* x, const float* w,
                     const float* bias, float* y, const Workspace& ws, void* stream) {
-  ConvDescs& d = descs_for(device, g);
-  cudnnHandle_t h = handles(device).dnn;
-  CUDNN_CHECK(cudnnSetStream(h, static_cast<cudaStream_t>(stream)));
+  const Conv c = conv_for(device, g);
+  cudnnHandle_t h = c.h.dnn;
+  CUDNN_CHECK(cudnnSetStream(h, as_stream(stream)));
   const float one = 1.f, zero = 0.f;
-  void* work = d.fwd_ws ? ws(d.fwd_ws) : nullptr;
-  CUDNN_CHECK(cudnnConvolutionForward(h, &one, d.x, x, d.w, w, d.conv, d.fwd, work, d.fwd_ws, &zero,
-                                      d.y, y));
-  if (bias) CUDNN_CHECK(cudnnAddTensor(h, &one, d.b, bias, &one, d.y, y));
+  run_fastest(c, kForward, ws, device, g, [&](int algo, void* work, size_t bytes) {
+    return cudnnConvolutionForward(h, &one, c.d.x, x, c.d.w, w, c.d.conv,
+                                   cudnnConvolutionFwdAlgo_t(algo), work, bytes, &zero, c.d.y, y);
+  });
+  if (bias) CUDNN_CHECK(cudnnAddTensor(h, &one, c.d.b, bias, &one, c.d.y, y));
 }
 
 void conv2d_backward(int device, const cpu::Conv2dGeometry& g, const float* x, const float* w,
                      const float* gy, float* gx, float* gw, float* gb, const Workspace& ws,
                      void* stream) {
-  ConvDescs& d = descs_for(device, g);
-  cudnnHandle_t h = handles(device).dnn;
-  CUDNN_CHECK(cudnnSetStream(h, static_cast<cudaStream_t>(stream)));
+  const Conv c = conv_for(device, g);
+  cudnnHandle_t h = c.h.dnn;
+  CUDNN_CHECK(cudnnSetStream(h, as_stream(stream)));
   const float one = 1.f, zero = 0.f;
-  if (gx) {
-    void* work = d.bwd_data_ws ? ws(d.bwd_data_ws) : nullptr;
-    CUDNN_CHECK(cudnnConvolutionBackwardData(h, &one, d.w, w, d.y, gy, d.conv, d.bwd_data, work,
-                                             d.bwd_data_ws, &zero, d.x, gx));
+  if (gx)
+    run_fastest(c, kBackwardData, ws, device, g, [&](int algo, void* work, size_t bytes) {
+      return cudnnConvolutionBackwardData(h, &one, c.d.w, w, c.d.y, gy, c.d.conv,
+                                          cudnnConvolutionBwdDataAlgo_t(algo), work, bytes, &zero,
+                                          c.d.x, gx);
+    });
+  if (gw)
+    run_fastest(c, kBackwardFilter, ws, device, g, [&](int algo, void* work, size_t bytes) {
+      return cudnnConvolutionBackwardFilter(h, &one, c.d.x, x, c.d.y, gy, c.d.conv,
+                                            cudnnConvolutionBwdFilterAlgo_t(algo), work, bytes,
+                                            &zero, c.d.w, gw);
+    });
+  if (gb) CUDNN_CHECK(cudnnConvolutionBackwardBias(h, &one, c.d.y, gy, &zero, c.d.b, gb));
+}
+
+std::string conv2d_algorithms(int device, const cpu::Conv2dGeometry& g, size_t limit) {
+  const Conv c = conv_for(device, g);
+  std::string out;
+  for (Direction dir : {kForward, kBackwardData, kBackwardFilter}) {
+    if (!out.empty()) out += "; ";
+    out += std::string(direction_name(dir)) + ": ";
+    const auto& ranked = c.plan.ranked[dir];
+    auto it = std::find_if(ranked.begin(), ranked.end(),
+                           [&](const Candidate& k) { return k.workspace <= limit; });
+    if (it == ranked.end())
+      out += "none within " + mib(limit);
+    else
+      out += str_cat(algo_name(dir, it->algo), " (", math_name(it->math), ", ", mib(it->workspace),
+                     " of workspace)");
   }
-  if (gw) {
-    void* work = d.bwd_filter_ws ? ws(d.bwd_filter_ws) : nullptr;
-    CUDNN_CHECK(cudnnConvolutionBackwardFilter(h, &one, d.x, x, d.y, gy, d.conv, d.bwd_filter, work,
-                                               d.bwd_filter_ws, &zero, d.w, gw));
-  }
-  if (gb) CUDNN_CHECK(cudnnConvolutionBackwardBias(h, &one, d.y, gy, &zero, d.b, gb));
+  return out;
 }
 
 }  // namespace galley::kernels::cuda

@@ -37,7 +37,7 @@ void relu_backward(const float* grad, const float* out_fwd, float* out, int64_t 
 // out[o, i] = scale * sum_l x[o, l, i]
 void sum_dim(const float* x, int64_t outer, int64_t len, int64_t inner, float scale, float* out,
              void* stream);
-// out[0] = scale * sum of all n elements (accumulated in double).
+// out[0] = scale * sum of all n elements (accumulated in double, in an order set by n alone).
 void sum_all(const float* x, int64_t n, float scale, float* out, void* stream);
 // out[o, l, i] = g[o, i] * scale (outer = inner = 1 spreads g[0]: the backward of sum_all).
 void expand_dim(const float* g, int64_t outer, int64_t len, int64_t inner, float scale, float* out,
@@ -45,7 +45,8 @@ void expand_dim(const float* g, int64_t outer, int64_t len, int64_t inner, float
 // out[o, i] = argmax_l x[o, l, i] (first of equal maxima; NaN wins)
 void argmax_dim(const float* x, int64_t outer, int64_t len, int64_t inner, int64_t* out,
                 void* stream);
-// out[j] = sum over rows of g[i, j] (+ out[j] when accumulate) — bias gradients.
+// out[j] = sum over rows of g[i, j] (+ out[j] when accumulate) — bias gradients. Many rows are
+// split across blocks, with partial sums added in a fixed order: the same bits at every run.
 void column_sums(const float* g, int64_t rows, int64_t n, float* out, bool accumulate,
                  void* stream);
 // out[r, j] = bias[j] for a rows x n matrix (seeding a GEMM that then adds into it).
@@ -76,7 +77,8 @@ void cross_entropy_backward(const float* prob, const int64_t* labels, const floa
 void fill_scaled(const float* scalar, float factor, const int64_t* count, float* out, int64_t n,
                  void* stream);
 
-// Bias add and ReLU in one pass, as kernels/cpu/bias_relu.h (backward: one block per channel).
+// Bias add and ReLU in one pass, as kernels/cpu/bias_relu.h. The bias gradient is summed in a
+// fixed order (the same bits at every run), over a grid of channels x chunks.
 void bias_relu_forward(const float* x, const float* b, int64_t outer, int64_t channels,
                        int64_t inner, float* y, void* stream);
 void bias_relu_backward(const float* gy, const float* y, int64_t outer, int64_t channels,

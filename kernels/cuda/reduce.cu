@@ -4,13 +4,16 @@
 //
 // Every reduction here is deterministic: each output is summed by a fixed set of threads in a
 // fixed order and combined by a fixed tree, never with floating-point atomics, so the same
-// input gives the same bits on every run and every device (data-parallel replicas agree).
+// input gives the same bits on every run and every device (data-parallel replicas agree). A long
+// sum is split across blocks by a rule that depends on the shape alone: the blocks write partial
+// sums to scratch (ReduceScratch, launch.cuh), and a second launch adds them in a fixed order.
 #include <cuda_runtime.h>
 
 #include <algorithm>
 #include <cstdint>
 #include <map>
 #include <mutex>
+#include <tuple>
 #include <utility>
 
 #include "galley/error.h"
@@ -45,29 +48,6 @@ __device__ __forceinline__ Index offset_of(const Dims& d, Index idx) {
     idx /= s;
   }
   return d.n > 0 ? off + idx * Index(d.stride[0]) : Index(0);  // outermost: no modulo
-}
-
-template <typename T>
-__device__ __forceinline__ T warp_sum(T v) {
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_down_sync(0xffffffffu, v, o);
-  return v;
-}
-
-// Sum over the block (blockDim.x a multiple of 32); the result is valid in thread 0. Ends with a
-// barrier so `scratch` can be reused at once.
-template <typename T>
-__device__ T block_sum(T v, T* scratch) {
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
-  v = warp_sum(v);
-  if (lane == 0) scratch[warp] = v;
-  __syncthreads();
-  if (warp == 0) {
-    v = lane < warps ? scratch[lane] : T(0);
-    v = warp_sum(v);
-  }
-  __syncthreads();
-  return v;
 }
 
 __device__ __forceinline__ void store(float* out, float v, bool accumulate) {
@@ -113,21 +93,27 @@ __global__ void __launch_bounds__(1024)
 // The innermost dimension is kept (contiguous, `inner` long). Block (tx, ty): tx neighbouring
 // outputs, ty threads splitting the reduction, then a fixed tree over ty in shared memory.
 // Tiles of tx outputs are walked grid-stride: tile t covers kept_outer index t / tiles_per_row.
+// Grid row c sums reduced indices [c * chunk, (c + 1) * chunk) of every output: with one row
+// (chunk = n_red) the sums go to out; a long reduction is split over rows instead, which write
+// partials[c * n_out + o] for sum_partials to add in a fixed order.
 template <typename Index>
 __global__ void reduce_outer_kernel(const float* __restrict__ g, Dims kept_outer, Dims red,
-                                    Index n_kept_outer, Index inner, Index n_red, float scale,
-                                    bool accumulate, float* __restrict__ out) {
+                                    Index n_kept_outer, Index inner, Index n_red, Index chunk,
+                                    float scale, bool accumulate, float* __restrict__ partials,
+                                    float* __restrict__ out) {
   __shared__ float tile[kThreads];
   const Index tx = blockDim.x, ty = blockDim.y, x = threadIdx.x, y = threadIdx.y;
   const Index tiles_per_row = (inner + tx - 1) / tx;
   const Index tiles = tiles_per_row * n_kept_outer;
+  const Index r0 = Index(blockIdx.y) * chunk;
+  const Index r1 = n_red - r0 < chunk ? n_red : r0 + chunk;
   for (Index t = blockIdx.x; t < tiles; t += gridDim.x) {
     const Index ko = t / tiles_per_row;
     const Index col = (t % tiles_per_row) * tx + x;
     float acc = 0.f;
     if (col < inner) {
       const float* p = g + offset_of(kept_outer, ko) + col;
-      for (Index j = y; j < n_red; j += ty) acc += p[offset_of(red, j)];
+      for (Index j = r0 + y; j < r1; j += ty) acc += p[offset_of(red, j)];
     }
     tile[y * tx + x] = acc;
     __syncthreads();
@@ -135,71 +121,83 @@ __global__ void reduce_outer_kernel(const float* __restrict__ g, Dims kept_outer
       if (y < s) tile[y * tx + x] += tile[(y + s) * tx + x];
       __syncthreads();
     }
-    if (y == 0 && col < inner) store(out + ko * inner + col, tile[x] * scale, accumulate);
+    if (y == 0 && col < inner) {
+      const Index o = ko * inner + col;
+      if (partials)
+        partials[Index(blockIdx.y) * n_kept_outer * inner + o] = tile[x];
+      else
+        store(out + o, tile[x] * scale, accumulate);
+    }
     __syncthreads();
   }
 }
 
-// Sum of all n elements in double: `blocks` logical blocks of kThreads threads each sum a fixed
-// grid-stride share, each block's partial comes from a fixed tree, and the partials are added
-// by one block in a fixed order. With a grid of `blocks` blocks the partials go to `partials`
-// and the last block to finish adds them (one launch, no second pass); with a grid of one block
-// that block plays every logical block in turn and keeps the partials in shared memory. Both
-// give the same bits, so a captured graph (which may use the second form) matches eager runs.
+// The second pass of a split sum. Block (tx, lanes): lane y adds parts y, y + lanes, ... in
+// order, then a fixed tree over the lanes. Both are set by the number of parts alone.
+__global__ void sum_partials_kernel(const float* __restrict__ partials, unsigned parts, unsigned n,
+                                    float scale, bool accumulate, float* __restrict__ out) {
+  __shared__ float tile[kThreads];
+  const unsigned tx = blockDim.x, lanes = blockDim.y, x = threadIdx.x, y = threadIdx.y;
+  for (unsigned base = blockIdx.x * tx; base < n; base += gridDim.x * tx) {
+    const unsigned j = base + x;
+    float acc = 0.f;
+    if (j < n)
+      for (unsigned c = y; c < parts; c += lanes) acc += partials[c * n + j];
+    tile[y * tx + x] = acc;
+    __syncthreads();
+    for (unsigned s = lanes / 2; s > 0; s /= 2) {
+      if (y < s) tile[y * tx + x] += tile[(y + s) * tx + x];
+      __syncthreads();
+    }
+    if (y == 0 && j < n) store(out + j, tile[x] * scale, accumulate);
+    __syncthreads();
+  }
+}
+
+// Sum of all n elements in double, over a grid of `blocks` blocks of kThreads: thread t of the
+// grid sums elements t, t + blocks * kThreads, ... in order, and each block its threads by a
+// fixed tree. With one block that sum is the result; with more each block writes its partial,
+// and sum_all_finish_kernel adds them by a fixed tree. The grid depends on n alone, so the bits
+// do too.
 template <bool kVec>
 __global__ void __launch_bounds__(kThreads)
-    sum_all_kernel(const float* __restrict__ x, int64_t n, int blocks, float scale,
-                   double* partials, unsigned* counter, float* out) {
-  __shared__ double local[kSumBlocks];
+    sum_all_kernel(const float* __restrict__ x, int64_t n, float scale, bool accumulate,
+                   double* __restrict__ partials, float* __restrict__ out) {
   __shared__ double scratch[32];
-  __shared__ bool last;
-  const bool emulate = gridDim.x == 1;
-  const int64_t threads = int64_t(blocks) * kThreads;
-  const int b_end = emulate ? blocks : int(blockIdx.x) + 1;
-  for (int b = emulate ? 0 : blockIdx.x; b < b_end; ++b) {
-    const int64_t gid = int64_t(b) * kThreads + threadIdx.x;
-    double acc = 0.0;
-    int64_t tail = 0;
-    if constexpr (kVec) {
-      const int64_t n4 = n / 4;
-      const float4* x4 = reinterpret_cast<const float4*>(x);
+  const int64_t threads = int64_t(gridDim.x) * kThreads;
+  const int64_t gid = int64_t(blockIdx.x) * kThreads + threadIdx.x;
+  double acc = 0.0;
+  int64_t tail = 0;
+  if constexpr (kVec) {
+    const int64_t n4 = n / 4;
+    const float4* x4 = reinterpret_cast<const float4*>(x);
 #pragma unroll 4
-      for (int64_t i = gid; i < n4; i += threads) {
-        const float4 v = x4[i];
-        acc += double(v.x);
-        acc += double(v.y);
-        acc += double(v.z);
-        acc += double(v.w);
-      }
-      tail = n4 * 4;
+    for (int64_t i = gid; i < n4; i += threads) {
+      const float4 v = x4[i];
+      acc += double(v.x);
+      acc += double(v.y);
+      acc += double(v.z);
+      acc += double(v.w);
     }
-    for (int64_t i = tail + gid; i < n; i += threads) acc += double(x[i]);
-    acc = block_sum(acc, scratch);
-    if (threadIdx.x == 0) {
-      if (emulate)
-        local[b] = acc;
-      else
-        partials[b] = acc;
-    }
+    tail = n4 * 4;
   }
-  if (!emulate) {
-    if (threadIdx.x == 0) {
-      __threadfence();  // publish this block's partial before counting it
-      last = atomicAdd(counter, 1u) == unsigned(blocks - 1);
-    }
-    __syncthreads();
-    if (!last) return;
-    __threadfence();
-  }
-  __syncthreads();
+  for (int64_t i = tail + gid; i < n; i += threads) acc += double(x[i]);
+  acc = block_sum(acc, scratch);
+  if (threadIdx.x != 0) return;
+  if (partials)
+    partials[blockIdx.x] = acc;
+  else
+    store(out, static_cast<float>(acc * double(scale)), accumulate);
+}
+
+__global__ void __launch_bounds__(kThreads)
+    sum_all_finish_kernel(const double* __restrict__ partials, int blocks, float scale,
+                          bool accumulate, float* __restrict__ out) {
+  __shared__ double scratch[32];
   double s = 0.0;
-  for (int i = threadIdx.x; i < blocks; i += kThreads)
-    s += emulate ? local[i] : __ldcg(partials + i);
+  for (int i = threadIdx.x; i < blocks; i += kThreads) s += partials[i];
   s = block_sum(s, scratch);
-  if (threadIdx.x == 0) {
-    *out = static_cast<float>(s * double(scale));
-    if (!emulate) *counter = 0;  // ready for the next launch on this stream
-  }
+  if (threadIdx.x == 0) store(out, static_cast<float>(s * double(scale)), accumulate);
 }
 
 // out[o, l, i] = g[o, i] * scale, in units V along i (float4 when inner % 4 == 0 and aligned).
@@ -287,61 +285,56 @@ int64_t pow2_ceil(int64_t v) {
   return p;
 }
 
-// Scratch of the multi-block sum_all: kSumBlocks partials and a counter that the last block
-// resets. One per (device, stream), allocated with cudaMalloc on first use and kept for the
-// life of the process (about 8 KiB each): two streams of one device may sum at the same time.
-// Not allocated while the stream is being captured into a graph; the single-block form of the
-// kernel, which gives the same bits, runs instead.
-struct SumScratch {
-  double* partials = nullptr;
-  unsigned* counter = nullptr;
-};
-
-SumScratch sum_scratch(cudaStream_t st) {
-  int device = 0;
-  if (cudaGetDevice(&device) != cudaSuccess) {
-    (void)cudaGetLastError();
-    return {};
-  }
-  static std::mutex mu;
-  static auto* cache = new std::map<std::pair<int, uintptr_t>, SumScratch>();  // never freed
-  const auto key = std::make_pair(device, reinterpret_cast<uintptr_t>(st));
-  std::lock_guard<std::mutex> lock(mu);
-  if (auto it = cache->find(key); it != cache->end()) return it->second;
-  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
-  if (cudaStreamIsCapturing(st, &capture) != cudaSuccess ||
-      capture != cudaStreamCaptureStatusNone) {
-    (void)cudaGetLastError();
-    return {};
-  }
-  void* mem = nullptr;
-  const size_t bytes = kSumBlocks * sizeof(double) + sizeof(unsigned);
-  if (cudaMalloc(&mem, bytes) != cudaSuccess) {
-    (void)cudaGetLastError();
-    return {};
-  }
-  SumScratch s{static_cast<double*>(mem),
-               reinterpret_cast<unsigned*>(static_cast<double*>(mem) + kSumBlocks)};
-  if (cudaMemsetAsync(s.counter, 0, sizeof(unsigned), st) != cudaSuccess) {
-    (void)cudaGetLastError();
-    cudaFree(mem);
-    return {};
-  }
-  cache->emplace(key, s);
-  return s;
-}
-
-void launch_sum_all(const float* x, int64_t n, float scale, float* out, cudaStream_t st) {
+// sum_all: one block per kSumChunk elements, at most kSumBlocks; more than one block splits the
+// sum (partials in scratch, then sum_all_finish_kernel).
+void launch_sum_all(const float* x, int64_t n, float scale, bool accumulate, float* out,
+                    cudaStream_t st) {
   const int blocks =
       static_cast<int>(std::clamp<int64_t>((n + kSumChunk - 1) / kSumChunk, 1, kSumBlocks));
-  SumScratch s = blocks > 1 ? sum_scratch(st) : SumScratch{};
-  const int grid = s.partials ? blocks : 1;
-  if (aligned16(x))
-    sum_all_kernel<true>
-        <<<grid, kThreads, 0, st>>>(x, n, blocks, scale, s.partials, s.counter, out);
+  const bool vec = aligned16(x);
+  if (blocks == 1) {
+    if (vec)
+      sum_all_kernel<true><<<1, kThreads, 0, st>>>(x, n, scale, accumulate, nullptr, out);
+    else
+      sum_all_kernel<false><<<1, kThreads, 0, st>>>(x, n, scale, accumulate, nullptr, out);
+    return;
+  }
+  ReduceScratch scratch(st, size_t(blocks) * sizeof(double), "sum_all");
+  double* partials = static_cast<double*>(scratch.get());
+  if (!partials) return;
+  if (vec)
+    sum_all_kernel<true><<<blocks, kThreads, 0, st>>>(x, n, scale, accumulate, partials, out);
   else
-    sum_all_kernel<false>
-        <<<grid, kThreads, 0, st>>>(x, n, blocks, scale, s.partials, s.counter, out);
+    sum_all_kernel<false><<<blocks, kThreads, 0, st>>>(x, n, scale, accumulate, partials, out);
+  sum_all_finish_kernel<<<1, kThreads, 0, st>>>(partials, blocks, scale, accumulate, out);
+}
+
+// How a sum over the outer (strided) dimensions is split across grid rows: `chunks` rows of
+// `rows` reduced indices each (one chunk: no split).
+struct OuterSplit {
+  int64_t chunks = 1;
+  int64_t rows = 0;
+};
+
+// Each thread of a split sums at least this many reduced indices of its column: fewer and the
+// partials cost more than they save.
+constexpr int64_t kMinRowsPerThread = 8;
+// Smaller sums take one pass: a few microseconds, which a second launch would double.
+constexpr int64_t kMinSplitElements = int64_t(1) << 16;
+
+// A split for `tiles` blocks of (tx, ty) threads over n_out outputs and n_red reduced indices:
+// enough grid rows to make about kFillBlocks blocks, within the scratch. It depends on the
+// shape alone.
+OuterSplit split_outer(int64_t tiles, int64_t ty, int64_t n_red, int64_t n_out) {
+  const OuterSplit none{1, n_red};
+  if (tiles >= kFillBlocks || n_red * n_out < kMinSplitElements) return none;
+  const int64_t chunks = std::min(
+      {(kFillBlocks + tiles - 1) / tiles, n_red / (kMinRowsPerThread * ty),
+       int64_t(kReduceScratchBytes / sizeof(float)) / n_out, int64_t(65535)});  // grid rows
+  if (chunks < 2) return none;
+  // Whole rounds of ty rows per chunk, so that every thread of a block adds as many terms.
+  const int64_t rows = ((n_red + chunks - 1) / chunks + ty - 1) / ty * ty;
+  return {(n_red + rows - 1) / rows, rows};
 }
 
 // A reduction of a contiguous tensor whose dimensions are each kept or reduced, merged so
@@ -391,13 +384,26 @@ void launch_reduce(const ReducePlan& p, const float* g, float scale, bool accumu
     const int64_t tx = std::min<int64_t>(kThreads / ty, pow2_ceil(inner));
     const int64_t tiles = (inner + tx - 1) / tx * (n_out / inner);
     const dim3 block(static_cast<unsigned>(tx), static_cast<unsigned>(ty));
-    reduce_outer_kernel<Index><<<blocks_for(tiles, 1), block, 0, st>>>(
-        g, kept_outer, red, Index(n_out / inner), Index(inner), Index(n_red), scale, accumulate,
-        out);
+    const OuterSplit split = split_outer(tiles, ty, n_red, n_out);
+    if (split.chunks == 1) {
+      reduce_outer_kernel<Index><<<blocks_for(tiles, 1), block, 0, st>>>(
+          g, kept_outer, red, Index(n_out / inner), Index(inner), Index(n_red), Index(n_red), scale,
+          accumulate, nullptr, out);
+      return;
+    }
+    ReduceScratch scratch(st, size_t(split.chunks * n_out) * sizeof(float), "a column sum");
+    float* partials = static_cast<float*>(scratch.get());
+    if (!partials) return;
+    const dim3 grid(static_cast<unsigned>(blocks_for(tiles, 1)),
+                    static_cast<unsigned>(split.chunks));
+    reduce_outer_kernel<Index>
+        <<<grid, block, 0, st>>>(g, kept_outer, red, Index(n_out / inner), Index(inner),
+                                 Index(n_red), Index(split.rows), scale, accumulate, partials, out);
+    sum_partials(partials, split.chunks, n_out, scale, accumulate, out, st);
     return;
   }
-  if (n_out == 1 && !accumulate && n_red > kSumChunk) {
-    launch_sum_all(g, n_red, scale, out, st);  // spread over the whole GPU, in double
+  if (n_out == 1 && n_red > kSumChunk) {
+    launch_sum_all(g, n_red, scale, accumulate, out, st);  // spread over the whole GPU, in double
     return;
   }
   const int64_t red_inner = p.size[p.rank - 1];
@@ -445,6 +451,103 @@ void run_reduce(const ReducePlan& p, const float* g, float scale, bool accumulat
 
 }  // namespace
 
+namespace {
+
+// One stream's eager scratch. `mu` is held from a split sum's first launch to its second.
+struct StreamScratch {
+  std::mutex mu;
+  void* mem = nullptr;
+};
+
+StreamScratch& stream_scratch(int device, cudaStream_t st) {
+  // (device, whether `value` is the stream's unique id or, failing that, its address, value)
+  using Key = std::tuple<int, bool, uint64_t>;
+  unsigned long long id = 0;
+  Key key{device, true, 0};
+  if (cudaStreamGetId(st, &id) == cudaSuccess) {
+    std::get<2>(key) = id;
+  } else {
+    (void)cudaGetLastError();
+    key = Key{device, false, reinterpret_cast<uintptr_t>(st)};
+  }
+  static std::mutex mu;
+  // Never freed, nor the buffers: freeing device memory would synchronise the device, which a
+  // capture on another thread may not survive. One buffer per stream that ever split a sum.
+  static auto* all = new std::map<Key, StreamScratch*>();
+  std::lock_guard<std::mutex> lock(mu);
+  StreamScratch*& s = (*all)[key];
+  if (!s) s = new StreamScratch();
+  return *s;
+}
+
+}  // namespace
+
+ReduceScratch::ReduceScratch(cudaStream_t stream, size_t bytes, const char* what)
+    : stream_(stream) {
+  GALLEY_CHECK(bytes <= kReduceScratchBytes, what, ": ", bytes, " bytes of scratch asked, at most ",
+               kReduceScratchBytes, " can be had");
+  int device = 0;
+  const cudaError_t device_rc = cudaGetDevice(&device);
+  if (device_rc != cudaSuccess) (void)cudaGetLastError();
+  GALLEY_CHECK(device_rc == cudaSuccess, what,
+               ": no current CUDA device: ", cudaGetErrorString(device_rc));
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  if (cudaStreamIsCapturing(stream, &capture) != cudaSuccess) {
+    // The stream cannot be used now (the legacy stream while another thread captures): the
+    // launches that follow fail the same way and report it.
+    (void)cudaGetLastError();
+    capture = cudaStreamCaptureStatusNone;
+  }
+  if (capture == cudaStreamCaptureStatusInvalidated) return;
+  if (capture == cudaStreamCaptureStatusActive) {
+    int pools = 0;
+    if (cudaDeviceGetAttribute(&pools, cudaDevAttrMemoryPoolsSupported, device) != cudaSuccess)
+      (void)cudaGetLastError();
+    GALLEY_CHECK(pools != 0, what, " on cuda:", device,
+                 " cannot be captured in a CUDA graph: the device has no stream-ordered memory "
+                 "pools, which the graph's scratch comes from");
+    const cudaError_t rc = cudaMallocAsync(&p_, bytes, stream);
+    if (rc != cudaSuccess) (void)cudaGetLastError();
+    GALLEY_CHECK(rc == cudaSuccess, what, " on cuda:", device, ": allocating ", bytes,
+                 " bytes of scratch in the graph being captured failed: ", cudaGetErrorString(rc));
+    in_graph_ = true;
+    return;
+  }
+  StreamScratch& s = stream_scratch(device, stream);
+  lock_ = std::unique_lock<std::mutex>(s.mu);
+  if (!s.mem) {
+    // Not a stream operation: allowed even while this thread captures on another stream, where
+    // the thread-local capture mode would refuse it.
+    cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
+    cudaThreadExchangeStreamCaptureMode(&mode);
+    const cudaError_t rc = cudaMalloc(&s.mem, kReduceScratchBytes);
+    cudaThreadExchangeStreamCaptureMode(&mode);
+    if (rc != cudaSuccess) {
+      (void)cudaGetLastError();
+      s.mem = nullptr;
+      throw OutOfMemoryError(detail::str_cat(what, " on cuda:", device, ": no GPU memory left for ",
+                                             kReduceScratchBytes >> 10, " KiB of scratch (",
+                                             cudaGetErrorString(rc), ")"));
+    }
+  }
+  p_ = s.mem;
+}
+
+ReduceScratch::~ReduceScratch() {
+  // Queued after the second pass, so the graph's free node follows every use.
+  if (in_graph_ && cudaFreeAsync(p_, stream_) != cudaSuccess) (void)cudaGetLastError();
+}
+
+void sum_partials(const float* partials, int64_t parts, int64_t n, float scale, bool accumulate,
+                  float* out, cudaStream_t stream) {
+  if (n <= 0) return;
+  const int64_t lanes = std::min<int64_t>(pow2_ceil(parts), 32);
+  const int64_t tx = kThreads / lanes;
+  const dim3 block(static_cast<unsigned>(tx), static_cast<unsigned>(lanes));
+  sum_partials_kernel<<<blocks_for(n, tx), block, 0, stream>>>(partials, unsigned(parts),
+                                                               unsigned(n), scale, accumulate, out);
+}
+
 void sum_to(const float* g, const int64_t* g_shape, float* out, const int64_t* shape, int rank,
             void* stream) {
   ReducePlan p;
@@ -471,7 +574,8 @@ void column_sums(const float* g, int64_t rows, int64_t n, float* out, bool accum
 }
 
 void sum_all(const float* x, int64_t n, float scale, float* out, void* stream) {
-  launch_sum_all(x, std::max<int64_t>(n, 0), scale, out, static_cast<cudaStream_t>(stream));
+  launch_sum_all(x, std::max<int64_t>(n, 0), scale, /*accumulate=*/false, out,
+                 static_cast<cudaStream_t>(stream));
 }
 
 void expand_dim(const float* g, int64_t outer, int64_t len, int64_t inner, float scale, float* out,

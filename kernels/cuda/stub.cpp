@@ -1,6 +1,9 @@
 // Built instead of the .cu files when the CUDA backend is off: every launcher says so. No GPU
 // tensor can exist in such a build (cuda_device_count() is 0), so these are never reached from
 // the ops; they keep the one dispatch in src/ops free of conditional compilation.
+#include <atomic>
+#include <string>
+
 #include "galley/error.h"
 #include "kernels/cuda/blas.cuh"
 #include "kernels/cuda/elementwise.cuh"
@@ -11,6 +14,8 @@ namespace {
 [[noreturn]] void absent() {
   throw Error("this build of galley has no CUDA backend");
 }
+// Kept so that the public switch reads back what was set, whatever the build.
+std::atomic<bool> deterministic_only{false};
 }  // namespace
 
 void fill_u32(uint32_t*, size_t, uint32_t, void*) {
@@ -28,12 +33,21 @@ void set_allow_tf32(bool) {}
 bool allow_tf32() {
   return false;
 }
+void set_deterministic(bool on) {
+  deterministic_only = on;
+}
+bool deterministic() {
+  return deterministic_only.load();
+}
 void conv2d_forward(int, const cpu::Conv2dGeometry&, const float*, const float*, const float*,
                     float*, const Workspace&, void*) {
   absent();
 }
 void conv2d_backward(int, const cpu::Conv2dGeometry&, const float*, const float*, const float*,
                      float*, float*, float*, const Workspace&, void*) {
+  absent();
+}
+std::string conv2d_algorithms(int, const cpu::Conv2dGeometry&, size_t) {
   absent();
 }
 void binary(Binary, const float*, const int64_t*, const float*, const int64_t*, float*,

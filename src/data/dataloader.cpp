@@ -44,13 +44,22 @@ bool sole_owner(const Tensor& t, long impls) {
   return t.impl_ptr().use_count() == 1 && t.impl()->storage.use_count() == impls;
 }
 
-// A galley::Error with `msg`, holding the exception being handled as its nested exception.
+// An error with `msg`, holding the exception being handled as its nested exception; of that
+// exception's type when it is a galley::Error (an OutOfMemoryError stays one), else a plain
+// galley::Error.
 std::exception_ptr nested_error(const std::string& msg) {
   try {
-    std::throw_with_nested(Error(msg));
+    try {
+      throw;
+    } catch (const Error& e) {
+      e.raise_nested(msg);
+    } catch (...) {
+      std::throw_with_nested(Error(msg));
+    }
   } catch (...) {
     return std::current_exception();
   }
+  return nullptr;  // not reached: every path above throws
 }
 
 }  // namespace

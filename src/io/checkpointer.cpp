@@ -142,7 +142,7 @@ void load_checkpoint(const std::string& path, TrainingState& s) {
     for (auto& [k, v] : f.metadata)
       if (k.compare(0, 6, "extra.") == 0) s.extra[k.substr(6)] = v;
   } catch (const Error& e) {
-    throw Error(detail::str_cat("checkpoint '", path, "': ", e.what()));
+    detail::rethrow_with_message(e, detail::str_cat("checkpoint '", path, "': ", e.what()));
   }
 }
 

@@ -83,7 +83,7 @@ Tensor Conv2D::forward(const Tensor& x) {
     if (!bias_.defined()) return relu(conv2d(x, weight_, Tensor(), o));
     return bias_relu(conv2d(x, weight_, Tensor(), o), bias_, 1);
   } catch (const Error& e) {
-    throw Error(with_layer(repr(), e));
+    detail::rethrow_with_message(e, with_layer(repr(), e));
   }
 }
 
@@ -106,7 +106,7 @@ Tensor MaxPool2D::forward(const Tensor& x) {
   try {
     return max_pool2d(x, opt_);
   } catch (const Error& e) {
-    throw Error(with_layer(repr(), e));
+    detail::rethrow_with_message(e, with_layer(repr(), e));
   }
 }
 
@@ -140,7 +140,7 @@ Tensor Linear::forward(const Tensor& x) {
     if (!bias_.defined()) return relu(linear(x, weight_, Tensor()));
     return bias_relu(linear(x, weight_, Tensor()), bias_, -1);
   } catch (const Error& e) {
-    throw Error(with_layer(repr(), e));
+    detail::rethrow_with_message(e, with_layer(repr(), e));
   }
 }
 
@@ -169,7 +169,7 @@ Tensor Sequential::forward(const Tensor& x) {
     try {
       h = layers_[i]->forward(h);
     } catch (const Error& e) {
-      throw Error(detail::str_cat("Sequential[", i, "] ", e.what()));
+      detail::rethrow_with_message(e, detail::str_cat("Sequential[", i, "] ", e.what()));
     }
   }
   return h;
@@ -193,7 +193,7 @@ Tensor CrossEntropyLoss::operator()(const Tensor& logits, const Tensor& labels) 
   try {
     return cross_entropy(logits, labels, opt_);
   } catch (const Error& e) {
-    throw Error(with_layer("CrossEntropyLoss", e));
+    detail::rethrow_with_message(e, with_layer("CrossEntropyLoss", e));
   }
 }
 

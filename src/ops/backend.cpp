@@ -3,6 +3,7 @@
 
 #include <algorithm>
 
+#include "galley/runtime/memory.h"
 #include "kernels/cpu/bias_relu.h"
 #include "kernels/cpu/cross_entropy.h"
 #include "kernels/cpu/gemm.h"
@@ -59,15 +60,37 @@ Tensor gpu_unary(gpu::Unary op, const Tensor& a, float p0 = 0.f, float p1 = 0.f)
   return out;
 }
 
-// cuDNN's scratch, from the caching allocator, kept alive until the op returns.
+// The most workspace one convolution call may take, cap or no cap. cuDNN's hungriest algorithms
+// (FFT) can ask for gigabytes to be a little faster; memory that large is better left to the
+// tensors, to other jobs on the GPU, and to the allocator's pool, which one huge block fragments.
+constexpr size_t kConvWorkspaceLimit = size_t(1) << 30;
+
+// What a convolution's workspace may take on `device`: the per-call limit, lowered under a cap
+// to what the cap leaves beside the tensors in use. Cached free blocks count as room, as the
+// allocator returns them to make space; where that is not enough, the allocation raises
+// OutOfMemoryError and the kernel layer falls back to a smaller workspace.
+size_t conv_workspace_limit(Device device) {
+  const MemoryStats s = memory_stats(device);
+  if (s.limit == 0) return kConvWorkspaceLimit;
+  return std::min(kConvWorkspaceLimit, s.limit > s.allocated ? s.limit - s.allocated : size_t(0));
+}
+
+// cuDNN's scratch, from the caching allocator. One block at a time: taking the next releases
+// the previous (the calls that use them are ordered on the device's compute stream, so the
+// block may be reused at once), which keeps backward's data and filter workspaces from adding
+// up under a cap; the last goes when the op returns.
 struct Scratch {
   Device device;
-  std::vector<Tensor> blocks;
-  gpu::Workspace fn() {
-    return [this](size_t bytes) {
-      blocks.push_back(Tensor::empty({int64_t((bytes + 3) / 4)}, DType::Float32, device));
-      return blocks.back().raw_data();
+  Tensor block;
+  gpu::Workspace workspace() {
+    gpu::Workspace ws;
+    ws.limit = conv_workspace_limit(device);
+    ws.allocate = [this](size_t bytes) {
+      block = Tensor();
+      block = Tensor::empty({int64_t((bytes + 3) / 4)}, DType::Float32, device);
+      return block.raw_data();
     };
+    return ws;
   }
 };
 }  // namespace
@@ -169,15 +192,16 @@ void column_sums(Device device, const float* g, int64_t rows, int64_t n, float* 
 void conv2d_forward(Device device, const cpu::Conv2dGeometry& g, const float* x, const float* w,
                     const float* b, float* y) {
   if (device.is_cpu()) return cpu::conv2d_forward(g, x, w, b, y);
-  Scratch scratch{device, {}};
-  gpu::conv2d_forward(device.index(), g, x, w, b, y, scratch.fn(), stream(device));
+  Scratch scratch{device, Tensor()};
+  gpu::conv2d_forward(device.index(), g, x, w, b, y, scratch.workspace(), stream(device));
 }
 
 void conv2d_backward(Device device, const cpu::Conv2dGeometry& g, const float* x, const float* w,
                      const float* gy, float* gx, float* gw, float* gb) {
   if (device.is_cpu()) return cpu::conv2d_backward(g, x, w, gy, gx, gw, gb);
-  Scratch scratch{device, {}};
-  gpu::conv2d_backward(device.index(), g, x, w, gy, gx, gw, gb, scratch.fn(), stream(device));
+  Scratch scratch{device, Tensor()};
+  gpu::conv2d_backward(device.index(), g, x, w, gy, gx, gw, gb, scratch.workspace(),
+                       stream(device));
 }
 
 void max_pool2d_forward(Device device, const cpu::Pool2dGeometry& g, const float* x, float* y,

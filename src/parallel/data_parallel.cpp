@@ -27,8 +27,9 @@ double ms_between(Clock::time_point a, Clock::time_point b) {
   return std::chrono::duration<double, std::milli>(b - a).count();
 }
 
-// The outcome of a posted task. A failure travels back as its message only: the exception object
-// never leaves the worker's thread, so no two threads share it.
+// The outcome of a posted task. A failure travels back as a fresh error object of the same type
+// (an OutOfMemoryError stays one), made on the worker's thread and handed over under the mutex:
+// the exception object that was thrown never leaves its thread, so no two threads share it.
 class Pending {
  public:
   bool valid() const { return state_ != nullptr; }
@@ -36,11 +37,11 @@ class Pending {
     std::unique_lock<std::mutex> lock(state_->mu);
     state_->cv.wait(lock, [&] { return state_->done; });
   }
-  // Waits; returns the task's error message, empty when it succeeded.
-  std::string error() const {
+  // Waits; the task's error, null when it succeeded.
+  const Error* error() const {
     wait();
     std::lock_guard<std::mutex> lock(state_->mu);
-    return state_->error;
+    return state_->error.get();
   }
 
  private:
@@ -49,7 +50,7 @@ class Pending {
     std::mutex mu;
     std::condition_variable cv;
     bool done = false;
-    std::string error;
+    std::unique_ptr<Error> error;
   };
   std::shared_ptr<State> state_;
 };
@@ -92,14 +93,15 @@ class Worker {
         task = std::move(tasks_.front());
         tasks_.pop_front();
       }
-      std::string error;
+      std::unique_ptr<Error> error;
       try {
         task.fn();
+      } catch (const Error& e) {
+        error = e.with_message(e.what());
       } catch (const std::exception& e) {
-        error = e.what();
-        if (error.empty()) error = "unknown error";
+        error = std::make_unique<Error>(*e.what() ? e.what() : "unknown error");
       } catch (...) {
-        error = "unknown error";
+        error = std::make_unique<Error>("unknown error");
       }
       task.fn = nullptr;  // what the task captured is released here, before the caller resumes
       {
@@ -120,15 +122,21 @@ class Worker {
 // Waits for every task; rethrows the first failure, naming the replica's device.
 void wait_all(const std::vector<Pending>& tasks, const std::vector<Device>& devices,
               const char* what) {
-  std::string first;
+  const Error* first = nullptr;
+  size_t at = 0;
   for (size_t i = 0; i < tasks.size(); ++i) {
     if (!tasks[i].valid()) continue;
-    const std::string error = tasks[i].error();
-    if (!error.empty() && first.empty())
-      first = detail::str_cat("DataParallel ", what, " on replica ", i, " (", devices[i].str(),
-                              "): ", error);
+    const Error* error = tasks[i].error();
+    if (error && !first) {
+      first = error;
+      at = i;
+    }
   }
-  if (!first.empty()) throw Error(first);
+  if (first)
+    first
+        ->with_message(detail::str_cat("DataParallel ", what, " on replica ", at, " (",
+                                       devices[at].str(), "): ", first->what()))
+        ->raise();
 }
 
 // Writes `count` copies of `value` from element `offset` of a float buffer, on its device (on a
@@ -457,7 +465,8 @@ DataParallelBase::DataParallelBase(std::vector<std::unique_ptr<nn::Layer>> layer
     m.replicas.push_back(std::move(rep));
   }
   // Replicas start identical: every one takes replica 0's parameters and buffers, and
-  // replica 0 takes process 0's.
+  // replica 0 takes process 0's. Between GPUs copy_ runs on the destination's compute stream
+  // after the source's queued work, so each copy follows both replicas' own uploads above.
   const auto state = m.replicas[0]->layer->named_buffers();
   if (m.procs)
     for (auto& [name, t] : state) {

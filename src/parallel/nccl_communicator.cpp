@@ -20,8 +20,8 @@
 
 #include "src/runtime/device_memory.h"
 
-#if NCCL_VERSION_CODE < NCCL_VERSION(2, 13, 0)
-#error "galley needs NCCL 2.13 or newer (ncclAvg, ncclCommGetAsyncError, ncclGetLastError)"
+#if NCCL_VERSION_CODE < NCCL_VERSION(2, 14, 0)
+#error "galley needs NCCL 2.14 or newer (non-blocking communicators, ncclCommFinalize)"
 #endif
 #endif
 
@@ -105,36 +105,32 @@ void warn(const std::string& msg) noexcept {
   }
 }
 
-// Makes `index` the current device for the scope and restores the caller's after. The plain
-// constructor throws when the device cannot be set; the nothrow one (for destructors) does not.
-class CurrentDevice {
- public:
-  explicit CurrentDevice(int index) {
-    CUDA_CHECK(cudaGetDevice(&prev_));
-    if (index != prev_) {
-      CUDA_CHECK(cudaSetDevice(index));
-      changed_ = true;
-    }
-  }
-  CurrentDevice(int index, std::nothrow_t) noexcept {
-    if (cudaGetDevice(&prev_) != cudaSuccess) {
-      (void)cudaGetLastError();
-      prev_ = index;
-    }
-    if (index == prev_) return;
-    changed_ = cudaSetDevice(index) == cudaSuccess;
-    if (!changed_) (void)cudaGetLastError();
-  }
-  ~CurrentDevice() {
-    if (changed_ && cudaSetDevice(prev_) != cudaSuccess) (void)cudaGetLastError();
-  }
-  CurrentDevice(const CurrentDevice&) = delete;
-  CurrentDevice& operator=(const CurrentDevice&) = delete;
+using detail::CurrentDevice;
 
- private:
-  int prev_ = 0;
-  bool changed_ = false;
-};
+using Clock = std::chrono::steady_clock;
+
+// Communicators are created non-blocking, so that a bootstrap that never completes (a peer that
+// never arrives, a wedged network) is aborted at the timeout instead of hanging the process; any
+// NCCL call on them may then return ncclInProgress, after which NCCL's state is polled until the
+// call has finished. Returns the final state (ncclSuccess, or the error), or ncclInProgress if
+// `deadline` passed first.
+ncclResult_t settle(ncclComm_t comm, ncclResult_t rc, Clock::time_point deadline) {
+  for (int polls = 0; rc == ncclInProgress; ++polls) {
+    if (Clock::now() >= deadline) return ncclInProgress;
+    if (polls < 1000)
+      std::this_thread::yield();
+    else
+      std::this_thread::sleep_for(std::chrono::microseconds(200));
+    const ncclResult_t q = ncclCommGetAsyncError(comm, &rc);
+    if (q != ncclSuccess) return q;
+  }
+  return rc;
+}
+
+Clock::time_point deadline_after(double seconds) {
+  return Clock::now() +
+         std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(seconds));
+}
 
 // Owns an ncclComm_t: destroyed when healthy, aborted after a failure. Never throws.
 class CommHandle {
@@ -161,8 +157,20 @@ class CommHandle {
  private:
   void release(bool abort) noexcept {
     if (!comm_) return;
-    CurrentDevice current(device_, std::nothrow);
-    const ncclResult_t rc = abort ? ncclCommAbort(comm_) : ncclCommDestroy(comm_);
+    CurrentDevice current(Device::cuda(device_));
+    ncclResult_t rc = ncclSuccess;
+    if (!abort) {
+      // A non-blocking communicator finishes its work in ncclCommFinalize, which may return
+      // before it is done; one that does not finish in time is aborted instead.
+      rc = settle(comm_, ncclCommFinalize(comm_), deadline_after(30));
+      abort = rc != ncclSuccess;
+      if (abort)
+        warn(detail::str_cat(
+            "ncclCommFinalize on cuda:", device_, " failed (",
+            rc == ncclInProgress ? "still running after 30 s" : ncclGetErrorString(rc),
+            "); aborting the communicator"));
+    }
+    rc = abort ? ncclCommAbort(comm_) : ncclCommDestroy(comm_);
     if (rc != ncclSuccess)
       warn(detail::str_cat(abort ? "ncclCommAbort" : "ncclCommDestroy", " on cuda:", device_,
                            " failed: ", ncclGetErrorString(rc)));
@@ -195,6 +203,53 @@ class GroupState {
   std::string why_;
 };
 
+// Creates ranks first_rank .. first_rank + devices.size() - 1 of an `nranks`-rank group with
+// `id`, one per device of this process, non-blocking, and waits for them under the timeout: a
+// bootstrap that does not complete is aborted and reported rather than left hanging.
+std::vector<CommHandle> init_ranks(const char* fn, const ncclUniqueId& id, int nranks,
+                                   int first_rank, const std::vector<Device>& devices,
+                                   double timeout_seconds) {
+  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+  config.blocking = 0;
+  const size_t n = devices.size();
+  std::vector<ncclComm_t> raw(n, nullptr);
+  ncclResult_t rc = ncclSuccess;
+  if (n > 1) NCCL_CHECK(ncclGroupStart());
+  for (size_t i = 0; i < n && (rc == ncclSuccess || rc == ncclInProgress); ++i) {
+    CurrentDevice current(devices[i]);
+    rc = ncclCommInitRankConfig(&raw[i], nranks, id, first_rank + static_cast<int>(i), &config);
+  }
+  if (n > 1) {
+    const ncclResult_t end = ncclGroupEnd();
+    if (rc == ncclSuccess || rc == ncclInProgress) rc = end;
+  }
+  std::string failure;
+  if (rc != ncclSuccess && rc != ncclInProgress) failure = nccl_error_text(rc);
+  const auto deadline = deadline_after(timeout_seconds);
+  for (size_t i = 0; i < n && failure.empty(); ++i) {
+    const ncclResult_t r = raw[i] ? settle(raw[i], ncclInProgress, deadline) : ncclInternalError;
+    if (r == ncclInProgress)
+      failure = detail::str_cat("it did not complete within timeout_seconds = ", timeout_seconds,
+                                " s (a peer never joined, or the network between them is blocked)");
+    else if (r != ncclSuccess)
+      failure = detail::str_cat(devices[i].str(), ": ", nccl_error_text(r));
+  }
+  if (!failure.empty()) {
+    for (size_t i = 0; i < n; ++i)
+      if (raw[i]) {
+        CurrentDevice current(devices[i]);
+        (void)ncclCommAbort(raw[i]);
+      }
+    throw Error(detail::str_cat(fn, ": creating NCCL rank", n > 1 ? "s " : " ", first_rank,
+                                n > 1 ? detail::str_cat("-", first_rank + int(n) - 1) : "", " of ",
+                                nranks, " failed: ", failure));
+  }
+  std::vector<CommHandle> handles;
+  handles.reserve(n);
+  for (size_t i = 0; i < n; ++i) handles.emplace_back(raw[i], devices[i].index());
+  return handles;
+}
+
 // ---------------------------------------------------------------------------------------------
 // The communicator
 
@@ -209,7 +264,7 @@ class NcclCommunicator : public Communicator {
         options_(options),
         group_(std::move(group)) {
     try {
-      CurrentDevice current(device_.index());
+      CurrentDevice current(device_);
       // The highest priority lets the collectives overlap a backward pass that fills the GPU.
       int least = 0, greatest = 0;
       CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&least, &greatest));
@@ -259,8 +314,7 @@ class NcclCommunicator : public Communicator {
   void all_reduce(float* data, int64_t count, ReduceOp op) override {
     const ncclRedOp_t nccl_op = op == ReduceOp::Avg ? ncclAvg : ncclSum;
     run("all_reduce", count, [&] {
-      NCCL_CHECK(
-          ncclAllReduce(data, data, size_t(count), ncclFloat, nccl_op, comm_.get(), stream_));
+      return ncclAllReduce(data, data, size_t(count), ncclFloat, nccl_op, comm_.get(), stream_);
     });
   }
 
@@ -268,20 +322,19 @@ class NcclCommunicator : public Communicator {
     GALLEY_CHECK(root >= 0 && root < size_, "nccl broadcast: root ", root, " out of range for ",
                  size_, " ranks");
     run("broadcast", count, [&] {
-      NCCL_CHECK(ncclBroadcast(data, data, size_t(count), ncclFloat, root, comm_.get(), stream_));
+      return ncclBroadcast(data, data, size_t(count), ncclFloat, root, comm_.get(), stream_);
     });
   }
 
   void all_gather(const float* data, int64_t count, float* out) override {
-    run("all_gather", count, [&] {
-      NCCL_CHECK(ncclAllGather(data, out, size_t(count), ncclFloat, comm_.get(), stream_));
-    });
+    run("all_gather", count,
+        [&] { return ncclAllGather(data, out, size_t(count), ncclFloat, comm_.get(), stream_); });
   }
 
   // An all-reduce completes on a rank only once every rank has contributed to it.
   void barrier() override {
     run("barrier", 1, [&] {
-      NCCL_CHECK(ncclAllReduce(scratch_, scratch_, 1, ncclFloat, ncclSum, comm_.get(), stream_));
+      return ncclAllReduce(scratch_, scratch_, 1, ncclFloat, ncclSum, comm_.get(), stream_);
     });
   }
 
@@ -289,12 +342,21 @@ class NcclCommunicator : public Communicator {
   // one NCCL group (make_nccl_communicators): queue_warm_up for every rank between
   // ncclGroupStart and ncclGroupEnd, then finish_warm_up for every rank.
   void queue_warm_up() {
-    CurrentDevice current(device_.index());
-    NCCL_CHECK(ncclAllReduce(scratch_, scratch_, 1, ncclFloat, ncclSum, comm_.get(), stream_));
+    CurrentDevice current(device_);
+    // Inside a group the call only records the collective; a non-blocking communicator may say
+    // ncclInProgress, which ncclGroupEnd's wait covers.
+    const ncclResult_t rc =
+        ncclAllReduce(scratch_, scratch_, 1, ncclFloat, ncclSum, comm_.get(), stream_);
+    GALLEY_CHECK(rc == ncclSuccess || rc == ncclInProgress, "ncclAllReduce: ", nccl_error_text(rc));
+  }
+  // After the group's ncclGroupEnd returned ncclInProgress: waits until this rank's part is
+  // queued, or `deadline`.
+  ncclResult_t settle_queued(Clock::time_point deadline) {
+    return settle(comm_.get(), ncclInProgress, deadline);
   }
   void finish_warm_up() {
     std::lock_guard<std::mutex> lock(mu_);
-    CurrentDevice current(device_.index());
+    CurrentDevice current(device_);
     try {
       CUDA_CHECK(cudaEventRecord(done_, stream_));
     } catch (const Error& e) {
@@ -310,7 +372,7 @@ class NcclCommunicator : public Communicator {
 
  private:
   // Queues one collective after the compute stream's work and waits for it. `issue` makes the
-  // NCCL call on stream_.
+  // NCCL call on stream_ and returns its result.
   template <typename Issue>
   void run(const char* op, int64_t count, Issue&& issue) {
     std::lock_guard<std::mutex> lock(mu_);
@@ -320,7 +382,8 @@ class NcclCommunicator : public Communicator {
         "): ", count, " elements",
         count < 0 ? " is negative" : " exceed one call (at most 2^31 - 1); use smaller buckets");
     if (count == 0) return;
-    CurrentDevice current(device_.index());
+    CurrentDevice current(device_);
+    ncclResult_t queued = ncclSuccess;
     try {
       if (pending_) {  // the input's own event (wait_for_event)
         CUDA_CHECK(cudaStreamWaitEvent(stream_, pending_, 0));
@@ -330,12 +393,19 @@ class NcclCommunicator : public Communicator {
         CUDA_CHECK(cudaEventRecord(ready_, compute));
         CUDA_CHECK(cudaStreamWaitEvent(stream_, ready_, 0));
       }
-      issue();
-      CUDA_CHECK(cudaEventRecord(done_, stream_));
+      // On a non-blocking communicator the call may still be queueing when it returns: done_
+      // is recorded only once it is on the stream.
+      queued = settle(comm_.get(), issue(), deadline_after(options_.timeout_seconds));
+      if (queued == ncclSuccess) CUDA_CHECK(cudaEventRecord(done_, stream_));
     } catch (const Error& e) {
       // A peer may have queued its part already: this rank can no longer take part.
       fail(op, detail::str_cat("could not be queued: ", e.what()));
     }
+    if (queued == ncclInProgress)
+      fail(op, detail::str_cat("was still being queued after timeout_seconds = ",
+                               options_.timeout_seconds, " s"));
+    if (queued != ncclSuccess)
+      fail(op, detail::str_cat("could not be queued: ", nccl_error_text(queued)));
     wait(op);
   }
 
@@ -351,7 +421,6 @@ class NcclCommunicator : public Communicator {
   // fails, or the timeout passes. The first polls only yield, so that short collectives return
   // quickly; later ones sleep, so that a long wait does not take a CPU core from the replicas.
   void wait(const char* op) {
-    using Clock = std::chrono::steady_clock;
     const auto start = Clock::now();
     const auto deadline = start + std::chrono::duration<double>(options_.timeout_seconds);
     bool saw_not_ready = false;
@@ -400,7 +469,7 @@ class NcclCommunicator : public Communicator {
   }
 
   void release_cuda(bool free_scratch) noexcept {
-    CurrentDevice current(device_.index(), std::nothrow);
+    CurrentDevice current(device_);
     auto quiet = [&](cudaError_t rc, const char* what) {
       if (rc == cudaSuccess) return;
       (void)cudaGetLastError();
@@ -444,14 +513,9 @@ std::vector<std::shared_ptr<Communicator>> make_nccl_communicators(
 #else
   for (const Device& d : devices) check_exists(fn, d);
   const int n = static_cast<int>(devices.size());
-  std::vector<int> ids;
-  for (const Device& d : devices) ids.push_back(d.index());
-  std::vector<CommHandle> handles;
-  handles.reserve(n);
-  std::vector<ncclComm_t> raw(n, nullptr);
-  // ncclCommInitAll sets each listed device itself and gives the caller's device back.
-  NCCL_CHECK(ncclCommInitAll(raw.data(), n, ids.data()));
-  for (int i = 0; i < n; ++i) handles.emplace_back(raw[i], ids[i]);
+  ncclUniqueId id;
+  NCCL_CHECK(ncclGetUniqueId(&id));
+  std::vector<CommHandle> handles = init_ranks(fn, id, n, 0, devices, options.timeout_seconds);
 
   auto group = std::make_shared<GroupState>();
   std::vector<std::shared_ptr<NcclCommunicator>> comms;
@@ -470,7 +534,16 @@ std::vector<std::shared_ptr<Communicator>> make_nccl_communicators(
       (void)ncclGroupEnd();
       throw;
     }
-    NCCL_CHECK(ncclGroupEnd());
+    const ncclResult_t end = ncclGroupEnd();
+    GALLEY_CHECK(end == ncclSuccess || end == ncclInProgress,
+                 "ncclGroupEnd: ", nccl_error_text(end));
+    const auto deadline = deadline_after(options.timeout_seconds);
+    for (auto& c : comms) {
+      const ncclResult_t r = c->settle_queued(deadline);
+      GALLEY_CHECK(
+          r == ncclSuccess, "queueing the first all-reduce: ",
+          r == ncclInProgress ? std::string("not done within the timeout") : nccl_error_text(r));
+    }
     for (auto& c : comms) c->finish_warm_up();
   } catch (const Error& e) {
     const std::string why =
@@ -505,7 +578,7 @@ std::shared_ptr<Communicator> make_nccl_communicator(Device device, Communicator
   float ok = 1.f;
   if (rank == 0) {
     try {
-      CurrentDevice current(device.index());
+      CurrentDevice current(device);
       NCCL_CHECK(ncclGetUniqueId(&id));
     } catch (const Error& e) {
       root_error = e.what();
@@ -524,13 +597,9 @@ std::shared_ptr<Communicator> make_nccl_communicator(Device device, Communicator
                root_error.empty() ? std::string() : ": " + root_error);
   std::memcpy(&id, packed.data(), sizeof(id));
 
-  ncclComm_t raw = nullptr;
-  {
-    CurrentDevice current(device.index());
-    NCCL_CHECK(ncclCommInitRank(&raw, n, id, rank));
-  }
-  auto comm = std::make_shared<NcclCommunicator>(CommHandle(raw, device.index()), device, rank, n,
-                                                 options, std::make_shared<GroupState>());
+  std::vector<CommHandle> handle = init_ranks(fn, id, n, rank, {device}, options.timeout_seconds);
+  auto comm = std::make_shared<NcclCommunicator>(std::move(handle[0]), device, rank, n, options,
+                                                 std::make_shared<GroupState>());
   // The first collective, under the timeout: NCCL connects the ranks here, and a group that
   // cannot communicate fails now.
   comm->barrier();

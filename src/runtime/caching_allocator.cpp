@@ -62,6 +62,7 @@ CachingAllocator::~CachingAllocator() {
       if (!b->prev) heads.push_back(b);
   for (auto& [p, b] : live_)
     if (!b->prev) heads.push_back(b);
+  for (const Segment& s : deferred_) mem_->release(s.ptr);
   for (Block* h : heads) {
     mem_->release(h->ptr);
     for (Block* b = h; b;) {
@@ -94,25 +95,36 @@ void CachingAllocator::split(Block* b, size_t size, Pool& pool) {
   pool.insert(r);
 }
 
-size_t CachingAllocator::release_free_segments(bool any, uintptr_t stream) {
-  size_t freed = 0;
+void CachingAllocator::retire(Block* b, std::vector<Segment>& out) {
+  (captures_ > 0 ? deferred_ : out).push_back({b->ptr, b->size});
+  delete b;
+}
+
+void CachingAllocator::take_free_segments(std::vector<Segment>& out, bool any, uintptr_t stream) {
   for (auto* pool : {&small_, &large_}) {
     for (auto it = pool->begin(); it != pool->end();) {
       Block* b = *it;
       const bool match = any ? open_pools_.count(b->stream) == 0 : b->stream == stream;
       if (!b->prev && !b->next && match) {  // a whole segment, free
-        mem_->release(b->ptr);
-        stats_.reserved -= b->size;
-        ++stats_.device_frees;
-        freed += b->size;
         it = pool->erase(it);
-        delete b;
+        retire(b, out);
       } else {
         ++it;
       }
     }
   }
-  return freed;
+}
+
+void CachingAllocator::give_back(std::vector<Segment>& segs, bool locked) {
+  if (segs.empty()) return;
+  for (const Segment& s : segs) mem_->release(s.ptr);
+  std::unique_lock<std::mutex> lock(mu_, std::defer_lock);
+  if (!locked) lock.lock();
+  for (const Segment& s : segs) {
+    stats_.reserved -= s.size;
+    ++stats_.device_frees;
+  }
+  segs.clear();
 }
 
 void CachingAllocator::out_of_memory(size_t requested, size_t segment, const char* why) const {
@@ -127,8 +139,11 @@ void CachingAllocator::out_of_memory(size_t requested, size_t segment, const cha
 CachingAllocator::Block* CachingAllocator::new_segment(size_t size, bool small, uintptr_t stream,
                                                        size_t requested, bool may_release) {
   const size_t seg = small ? kSmallSegment : round_up(size, kLargeRound);
+  // Making room gives memory back while this thread holds the mutex: the request needs it now.
+  std::vector<Segment> freed;
   if (stats_.limit && stats_.reserved + seg > stats_.limit) {
-    if (may_release) release_free_segments();
+    if (may_release) take_free_segments(freed);
+    give_back(freed, /*locked=*/true);
     if (stats_.reserved + seg > stats_.limit)
       out_of_memory(requested, seg,
                     may_release ? "over the cap" : "over the cap during a CUDA graph capture");
@@ -137,7 +152,8 @@ CachingAllocator::Block* CachingAllocator::new_segment(size_t size, bool small, 
   if (!p && !may_release)
     out_of_memory(requested, seg, "the device has no more free memory (during a capture)");
   if (!p) {  // the device is full: give back what the cache holds and try once more
-    release_free_segments();
+    take_free_segments(freed);
+    give_back(freed, /*locked=*/true);
     p = mem_->allocate(seg);
     if (!p) out_of_memory(requested, seg, "the device has no more free memory");
   }
@@ -156,7 +172,7 @@ void* CachingAllocator::allocate(size_t bytes, uintptr_t stream, bool may_releas
   if (b)
     ++stats_.reuses;
   else
-    b = new_segment(size, small, stream, bytes, may_release);
+    b = new_segment(size, small, stream, bytes, may_release && captures_ == 0);
   split(b, size, pool);
   b->allocated = true;
   live_[b->ptr] = b;
@@ -167,40 +183,44 @@ void* CachingAllocator::allocate(size_t bytes, uintptr_t stream, bool may_releas
 
 void CachingAllocator::free(void* p) {
   if (!p) return;
-  std::lock_guard<std::mutex> lock(mu_);
-  auto it = live_.find(p);
-  GALLEY_CHECK(it != live_.end(), "device allocator on ", mem_->name(), ": free of ", p,
-               " which it did not hand out (or freed twice)");
-  Block* b = it->second;
-  live_.erase(it);
-  b->allocated = false;
-  stats_.allocated -= b->size;
-  Pool& pool = b->small ? small_ : large_;
-  // Merge with free neighbours of the same segment, so large requests find room again.
-  for (Block* n : {b->prev, b->next}) {
-    if (!n || n->allocated) continue;
-    pool.erase(n);
-    Block* lo = n == b->prev ? n : b;
-    Block* hi = n == b->prev ? b : n;
-    lo->size += hi->size;
-    lo->next = hi->next;
-    if (hi->next) hi->next->prev = lo;
-    delete hi;
-    b = lo;
+  std::vector<Segment> freed;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = live_.find(p);
+    GALLEY_CHECK(it != live_.end(), "device allocator on ", mem_->name(), ": free of ", p,
+                 " which it did not hand out (or freed twice)");
+    Block* b = it->second;
+    live_.erase(it);
+    b->allocated = false;
+    stats_.allocated -= b->size;
+    Pool& pool = b->small ? small_ : large_;
+    // Merge with free neighbours of the same segment, so large requests find room again.
+    for (Block* n : {b->prev, b->next}) {
+      if (!n || n->allocated) continue;
+      pool.erase(n);
+      Block* lo = n == b->prev ? n : b;
+      Block* hi = n == b->prev ? b : n;
+      lo->size += hi->size;
+      lo->next = hi->next;
+      if (hi->next) hi->next->prev = lo;
+      delete hi;
+      b = lo;
+    }
+    if (!b->prev && !b->next && dead_pools_.count(b->stream))  // the last block of an ended pool
+      retire(b, freed);
+    else
+      pool.insert(b);
   }
-  if (!b->prev && !b->next && dead_pools_.count(b->stream)) {  // the last block of an ended pool
-    mem_->release(b->ptr);
-    stats_.reserved -= b->size;
-    ++stats_.device_frees;
-    delete b;
-    return;
-  }
-  pool.insert(b);
+  give_back(freed, /*locked=*/false);
 }
 
 void CachingAllocator::empty_cache() {
-  std::lock_guard<std::mutex> lock(mu_);
-  release_free_segments();
+  std::vector<Segment> freed;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    take_free_segments(freed);
+  }
+  give_back(freed, /*locked=*/false);
 }
 
 void CachingAllocator::open_pool(uintptr_t stream) {
@@ -210,20 +230,44 @@ void CachingAllocator::open_pool(uintptr_t stream) {
 }
 
 void CachingAllocator::release_pool(uintptr_t stream) {
+  std::vector<Segment> freed;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    open_pools_.erase(stream);
+    take_free_segments(freed, false, stream);
+    for (auto& [p, b] : live_)
+      if (b->stream == stream) {
+        dead_pools_.insert(stream);
+        break;
+      }
+  }
+  give_back(freed, /*locked=*/false);
+}
+
+void CachingAllocator::begin_capture() {
   std::lock_guard<std::mutex> lock(mu_);
-  open_pools_.erase(stream);
-  release_free_segments(false, stream);
-  for (auto& [p, b] : live_)
-    if (b->stream == stream) {
-      dead_pools_.insert(stream);
-      break;
-    }
+  ++captures_;
+}
+
+void CachingAllocator::end_capture() {
+  std::vector<Segment> freed;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    GALLEY_CHECK(captures_ > 0, "device allocator on ", mem_->name(),
+                 ": end_capture without begin_capture");
+    if (--captures_ == 0) freed.swap(deferred_);
+  }
+  give_back(freed, /*locked=*/false);
 }
 
 void CachingAllocator::set_limit(size_t bytes) {
-  std::lock_guard<std::mutex> lock(mu_);
-  stats_.limit = bytes;
-  if (bytes && stats_.reserved > bytes) release_free_segments();
+  std::vector<Segment> freed;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stats_.limit = bytes;
+    if (bytes && stats_.reserved > bytes) take_free_segments(freed);
+  }
+  give_back(freed, /*locked=*/false);
 }
 
 AllocatorStats CachingAllocator::stats() const {

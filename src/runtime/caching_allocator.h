@@ -15,6 +15,7 @@
 #include <set>
 #include <string>
 #include <unordered_map>
+#include <vector>
 
 namespace galley::detail {
 
@@ -77,6 +78,11 @@ class CachingAllocator {
   void release_pool(uintptr_t stream);
   // Changes the cap (0 = none); reserved memory above it is returned as far as it is free.
   void set_limit(size_t bytes);
+  // Brackets a CUDA graph capture on this device (any thread). While one is underway no memory
+  // goes back to the device: cudaFree synchronises the device and would invalidate the capture,
+  // so segments freed meanwhile are kept and returned when the last capture ends.
+  void begin_capture();
+  void end_capture();
   AllocatorStats stats() const;
   const DeviceMemory& memory() const { return *mem_; }
 
@@ -95,11 +101,22 @@ class CachingAllocator {
   };
   using Pool = std::set<Block*, Order>;
 
+  struct Segment {
+    void* ptr;
+    size_t size;
+  };
   Block* take_from_pool(Pool& pool, size_t size, uintptr_t stream);
   Block* new_segment(size_t size, bool small, uintptr_t stream, size_t requested, bool may_release);
   void split(Block* b, size_t size, Pool& pool);
-  // Caller holds mu_. Only segments of `stream` unless `any` is set.
-  size_t release_free_segments(bool any = true, uintptr_t stream = 0);
+  // Caller holds mu_. Takes every completely free segment (only those of `stream` unless `any`
+  // is set) out of the pools into `out`, or, while a capture is underway, into deferred_.
+  void take_free_segments(std::vector<Segment>& out, bool any = true, uintptr_t stream = 0);
+  // Caller holds mu_. Takes the whole free segment `b` out of galley's hands, as above.
+  void retire(Block* b, std::vector<Segment>& out);
+  // Returns `segs` to the device and updates the statistics; with `locked` the caller holds mu_
+  // (an allocation making room), else the device calls run outside the mutex, so that other
+  // threads keep allocating meanwhile.
+  void give_back(std::vector<Segment>& segs, bool locked);
   [[noreturn]] void out_of_memory(size_t requested, size_t segment, const char* why) const;
 
   std::unique_ptr<DeviceMemory> mem_;
@@ -108,6 +125,8 @@ class CachingAllocator {
   std::unordered_map<void*, Block*> live_;
   std::set<uintptr_t> open_pools_;  // private pools in use: never released
   std::set<uintptr_t> dead_pools_;  // ended pools with blocks still in use
+  int captures_ = 0;                // CUDA graph captures underway on the device
+  std::vector<Segment> deferred_;   // free segments kept back while a capture is underway
   AllocatorStats stats_;
 };
 

@@ -16,18 +16,22 @@ namespace galley::detail {
 void* device_alloc(Device device, size_t bytes);
 // Returns a block from device_alloc. Never throws (runs in destructors).
 void device_free(Device device, void* p) noexcept;
-// Copies `bytes` between any two devices (host included). A copy within one GPU is queued on
-// its compute stream and returns at once (everything that reads the result is queued after
-// it), and so does a copy from ordinary (pageable) host memory, once CUDA has staged the data;
-// other copies that involve the host or two GPUs return when the copy is complete.
+// Copies `bytes` between any two devices (host included), returning as soon as the caller may
+// reuse or free both buffers, never waiting for a whole device:
+// - within one GPU: queued on its compute stream;
+// - host to GPU: queued on the destination's compute stream once the data is staged (by CUDA
+//   for pageable memory, by galley's staging ring for page-locked memory);
+// - GPU to GPU: queued on the destination's compute stream after the source's queued work; the
+//   source's stream runs its later work only after the copy (so freed source memory is safe);
+// - GPU to host: returns when the copy is complete (the caller reads the data next).
 void copy_bytes(void* dst, Device dst_device, const void* src, Device src_device, size_t bytes);
 // Queues the copy on `stream` (of the GPU involved) and returns at once: host memory on either
 // side must stay untouched until the copy is done (page-locked buffers, waited for with an
 // Event). Between two host pointers it is a plain memcpy.
 void copy_bytes_async(void* dst, Device dst_device, const void* src, Device src_device,
                       size_t bytes, void* stream);
-// The device's compute stream (a cudaStream_t), created on first use. It is a blocking stream,
-// so copies on the legacy default stream stay ordered with the kernels queued on it.
+// The device's compute stream (a cudaStream_t), created on first use: a non-blocking stream,
+// ordered against other streams by events only (never implicitly by the legacy stream).
 void* compute_stream(Device device);
 // A new non-blocking stream on `device` for work that overlaps compute (host-to-device copies,
 // communication); destroy it with destroy_stream.
@@ -74,9 +78,26 @@ class Event {
   bool recorded_ = false;
 };
 
+// Makes `device` this thread's current CUDA device for the scope and gives the caller's back
+// after, touching the device only when it differs: setting a device creates its context, and a
+// thread that never used cuda:0 must not get one there just from a restore. Never throws (a
+// failure to set the device is reported by the CUDA call that follows).
+class CurrentDevice {
+ public:
+  explicit CurrentDevice(Device device) noexcept;
+  ~CurrentDevice();
+  CurrentDevice(const CurrentDevice&) = delete;
+  CurrentDevice& operator=(const CurrentDevice&) = delete;
+
+ private:
+  int prev_ = -1;
+  bool changed_ = false;
+};
+
 // While alive, this thread's device allocations on `device` come from the private pool `pool`
 // and never empty the cache (a CUDA graph being captured: its memory must stay its own, and
-// giving memory back would synchronise the device).
+// giving memory back would synchronise the device). It also tells the device's allocator that a
+// capture is underway, so that no thread returns memory to the device until it ends.
 class CaptureAllocations {
  public:
   CaptureAllocations(Device device, uintptr_t pool);
@@ -85,6 +106,7 @@ class CaptureAllocations {
   CaptureAllocations& operator=(const CaptureAllocations&) = delete;
 
  private:
+  Device device_;
   int prev_device_;
   uintptr_t prev_pool_;
 };

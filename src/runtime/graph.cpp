@@ -23,6 +23,12 @@ void set_allow_tf32(bool on) {
 bool allow_tf32() {
   return kernels::cuda::allow_tf32();
 }
+void set_deterministic(bool on) {
+  kernels::cuda::set_deterministic(on);
+}
+bool deterministic() {
+  return kernels::cuda::deterministic();
+}
 
 struct Graph::Impl {
   Device device = Device::cuda(0);
@@ -33,15 +39,18 @@ struct Graph::Impl {
   ~Impl() {
 #ifdef GALLEY_HAVE_CUDA
     if (!exec) return;
-    int prev = 0;
-    cudaGetDevice(&prev);
-    cudaSetDevice(device.index());
-    // Replays still queued read the pool: let them finish before its memory can be reused.
-    if (cudaStreamSynchronize(static_cast<cudaStream_t>(detail::compute_stream(device))) !=
-        cudaSuccess)
-      (void)cudaGetLastError();
-    if (cudaGraphExecDestroy(exec) != cudaSuccess) (void)cudaGetLastError();
-    cudaSetDevice(prev);
+    {
+      detail::CurrentDevice current(device);
+      // Replays still queued read the pool: let them finish before its memory can be reused.
+      try {
+        if (cudaStreamSynchronize(static_cast<cudaStream_t>(detail::compute_stream(device))) !=
+            cudaSuccess)
+          (void)cudaGetLastError();
+      } catch (...) {
+        // No compute stream means nothing was ever queued on it.
+      }
+      if (cudaGraphExecDestroy(exec) != cudaSuccess) (void)cudaGetLastError();
+    }
     detail::release_pool(device, pool);
 #endif
   }
@@ -99,6 +108,15 @@ void Graph::capture(Device device, const std::function<void()>& step) {
   kernels::cuda::prepare(device.index());
   const uintptr_t pool = next_pool();
   detail::open_pool(device, pool);
+  // Until the graph is instantiated and owned by impl_, every way out gives the pool back.
+  struct PoolGuard {
+    Device device;
+    uintptr_t pool;
+    bool keep = false;
+    ~PoolGuard() {
+      if (!keep) detail::release_pool(device, pool);
+    }
+  } guard{device, pool};
   cudaGraph_t graph = nullptr;
   {
     detail::CaptureAllocations allocations(device, pool);
@@ -112,13 +130,11 @@ void Graph::capture(Device device, const std::function<void()>& step) {
       (void)cudaStreamEndCapture(stream, &partial);
       (void)cudaGetLastError();
       if (partial) cudaGraphDestroy(partial);
-      detail::release_pool(device, pool);
       throw;
     }
     const cudaError_t rc = cudaStreamEndCapture(stream, &graph);
     if (rc != cudaSuccess || !graph) {
       if (graph) cudaGraphDestroy(graph);
-      detail::release_pool(device, pool);
       check(rc == cudaSuccess ? cudaErrorStreamCaptureInvalidated : rc, "capturing the step",
             device,
             " (something in the step synchronised with the device or used another stream: run "
@@ -128,8 +144,8 @@ void Graph::capture(Device device, const std::function<void()>& step) {
   cudaGraphExec_t exec = nullptr;
   const cudaError_t rc = cudaGraphInstantiate(&exec, graph, 0);
   cudaGraphDestroy(graph);
-  if (rc != cudaSuccess) detail::release_pool(device, pool);
   check(rc, "instantiating the captured graph", device);
+  guard.keep = true;
   impl_->device = device;
   impl_->pool = pool;
   impl_->exec = exec;

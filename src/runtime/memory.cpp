@@ -29,20 +29,15 @@ namespace {
 class CudaMemory : public DeviceMemory {
  public:
   explicit CudaMemory(int device) : device_(device) {
-    int prev = 0;
-    cudaGetDevice(&prev);
-    cudaSetDevice(device_);
+    CurrentDevice current(Device::cuda(device_));
     size_t free_bytes = 0;
     if (cudaMemGetInfo(&free_bytes, &total_) != cudaSuccess) {
       (void)cudaGetLastError();
       total_ = 0;
     }
-    cudaSetDevice(prev);
   }
   void* allocate(size_t bytes) override {
-    int prev = 0;
-    cudaGetDevice(&prev);
-    cudaSetDevice(device_);
+    CurrentDevice current(Device::cuda(device_));
     void* p = nullptr;
     // cudaMalloc counts as unsafe while this thread captures a CUDA graph (a graph's private
     // pool starts empty): allow it for this one call, as it does not touch any stream.
@@ -54,16 +49,12 @@ class CudaMemory : public DeviceMemory {
       (void)cudaGetLastError();  // an out-of-memory is reported by the allocator, with context
       p = nullptr;
     }
-    cudaSetDevice(prev);
     return p;
   }
   void release(void* p) override {
     // Never throws: this runs from destructors. A failure here leaves memory to the driver.
-    int prev = 0;
-    cudaGetDevice(&prev);
-    cudaSetDevice(device_);
+    CurrentDevice current(Device::cuda(device_));
     if (cudaFree(p) != cudaSuccess) (void)cudaGetLastError();
-    cudaSetDevice(prev);
   }
   size_t total_bytes() const override { return total_; }
   std::string name() const override { return "cuda:" + std::to_string(device_); }
@@ -142,14 +133,42 @@ thread_local uintptr_t capture_pool = 0;
 }  // namespace
 
 CaptureAllocations::CaptureAllocations(Device device, uintptr_t pool)
-    : prev_device_(capture_device), prev_pool_(capture_pool) {
+    : device_(device), prev_device_(capture_device), prev_pool_(capture_pool) {
+#ifdef GALLEY_HAVE_CUDA
+  cuda_allocator(device.index()).begin_capture();
+#endif
   capture_device = device.index();
   capture_pool = pool;
 }
 CaptureAllocations::~CaptureAllocations() {
   capture_device = prev_device_;
   capture_pool = prev_pool_;
+#ifdef GALLEY_HAVE_CUDA
+  try {
+    cuda_allocator(device_.index()).end_capture();
+  } catch (...) {
+    // Only a mismatched pair throws; the destructor must not.
+  }
+#endif
 }
+
+#ifdef GALLEY_HAVE_CUDA
+CurrentDevice::CurrentDevice(Device device) noexcept {
+  if (cudaGetDevice(&prev_) != cudaSuccess) {
+    (void)cudaGetLastError();
+    prev_ = -1;
+  }
+  if (device.index() == prev_) return;
+  changed_ = cudaSetDevice(device.index()) == cudaSuccess;
+  if (!changed_) (void)cudaGetLastError();  // the call that follows reports the failure
+}
+CurrentDevice::~CurrentDevice() {
+  if (changed_ && prev_ >= 0 && cudaSetDevice(prev_) != cudaSuccess) (void)cudaGetLastError();
+}
+#else
+CurrentDevice::CurrentDevice(Device) noexcept {}
+CurrentDevice::~CurrentDevice() = default;
+#endif
 bool capturing(Device device) {
   return device.is_cuda() && capture_device == device.index();
 }
@@ -162,19 +181,6 @@ void cuda_check(cudaError_t rc, const char* what, Device device) {
   (void)cudaGetLastError();
   GALLEY_CHECK(false, what, " on ", device.str(), " failed: ", cudaGetErrorString(rc));
 }
-
-// Makes `device` current for the scope, restoring the caller's device after.
-class CurrentDevice {
- public:
-  explicit CurrentDevice(int index) {
-    cudaGetDevice(&prev_);
-    if (index != prev_) cudaSetDevice(index);
-  }
-  ~CurrentDevice() { cudaSetDevice(prev_); }
-
- private:
-  int prev_ = 0;
-};
 
 cudaStream_t as_stream(void* s) {
   return static_cast<cudaStream_t>(s);
@@ -224,31 +230,120 @@ void device_free(Device device, void* p) noexcept {
   }
 }
 
+namespace {
+// Page-locked staging for copies from page-locked host memory to a GPU. CUDA copies such memory
+// by DMA straight from the caller's buffer, so a synchronous copy would have to wait until the
+// GPU's queue reaches it, that is for everything queued on the compute stream before. Copying the
+// data into a staging chunk first (what CUDA itself does for pageable memory) lets the caller
+// reuse its buffer at once while the GPU copy runs in stream order. A chunk is reused once the
+// copy out of it has finished; the ring only waits when every chunk is still in flight.
+class Staging {
+ public:
+  static constexpr size_t kChunk = size_t(2) << 20;
+  static constexpr size_t kChunks = 32;
+
+  explicit Staging(Device device) : device_(device) {}
+  ~Staging() = delete;  // lives to exit, like the allocators: CUDA may be gone by then
+
+  void copy_in(void* dst, const void* src, size_t bytes, void* stream) {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (size_t done = 0; done < bytes;) {
+      Chunk& c = next_chunk();
+      const size_t n = std::min(kChunk, bytes - done);
+      std::memcpy(c.host, static_cast<const char*>(src) + done, n);
+      cuda_check(cudaMemcpyAsync(static_cast<char*>(dst) + done, c.host, n, cudaMemcpyHostToDevice,
+                                 as_stream(stream)),
+                 "copy to", device_);
+      c.copied.record(stream);
+      done += n;
+    }
+  }
+
+ private:
+  struct Chunk {
+    void* host = nullptr;
+    Event copied;
+  };
+  Chunk& next_chunk() {
+    if (chunks_.size() < kChunks && (chunks_.empty() || !chunks_[next_].copied.done())) {
+      Chunk c;
+      c.host = pinned_alloc(kChunk);
+      c.copied = Event(device_);
+      chunks_.push_back(std::move(c));
+      next_ = chunks_.size() - 1;
+    }
+    Chunk& c = chunks_[next_];
+    c.copied.synchronize();
+    next_ = (next_ + 1) % chunks_.size();
+    return c;
+  }
+
+  Device device_;
+  std::mutex mu_;
+  std::vector<Chunk> chunks_;
+  size_t next_ = 0;
+};
+
+Staging& staging(Device device) {
+  static std::mutex mu;
+  static auto* all = new std::vector<Staging*>();
+  std::lock_guard<std::mutex> lock(mu);
+  if (all->size() <= size_t(device.index())) all->resize(device.index() + 1, nullptr);
+  Staging*& s = (*all)[device.index()];
+  if (!s) s = new Staging(device);
+  return *s;
+}
+
+// Makes `waiter`'s compute stream wait for the work queued so far on `signaller`'s.
+void order_after(Device waiter, Device signaller) {
+  Event e(signaller);
+  e.record(compute_stream(signaller));
+  e.wait(compute_stream(waiter));
+  // Destroying a recorded event is allowed; CUDA releases it once the event completes.
+}
+}  // namespace
+
 void copy_bytes(void* dst, Device dst_device, const void* src, Device src_device, size_t bytes) {
   if (bytes == 0) return;
   if (dst_device.is_cpu() && src_device.is_cpu()) {
     std::memcpy(dst, src, bytes);
     return;
   }
-  const Device gpu = dst_device.is_cuda() ? dst_device : src_device;
-  void* stream = compute_stream(gpu);
   // Within one GPU: ordered on the compute stream like a kernel, so nothing waits (and it can be
   // captured into a CUDA graph).
   if (dst_device == src_device)
-    return copy_bytes_async(dst, dst_device, src, src_device, bytes, stream);
-  check_not_capturing(gpu, "copy to or from");
-  // Between GPUs: the source's queued work first, then the copy on the destination's stream.
-  if (dst_device.is_cuda() && src_device.is_cuda())
-    cuda_check(cudaStreamSynchronize(as_stream(compute_stream(src_device))), "synchronize",
-               src_device);
+    return copy_bytes_async(dst, dst_device, src, src_device, bytes, compute_stream(dst_device));
+  if (dst_device.is_cuda() && src_device.is_cuda()) {
+    check_not_capturing(src_device, "copy from");
+    check_not_capturing(dst_device, "copy to");
+    // Between GPUs, neither host nor stream waits for more than the copy needs: the destination's
+    // stream takes the copy after the source's queued work (which produces the data), and the
+    // source's stream runs its later work after the copy, so memory the caller frees right after
+    // (reused by the source's stream) is not overwritten before the copy has read it.
+    order_after(dst_device, src_device);
+    copy_bytes_async(dst, dst_device, src, src_device, bytes, compute_stream(dst_device));
+    order_after(src_device, dst_device);
+    return;
+  }
+  if (dst_device.is_cuda()) {  // from the host
+    check_not_capturing(dst_device, "copy to");
+    // From pageable memory cudaMemcpyAsync returns once CUDA has staged the data, so the caller
+    // may reuse its buffer at once; from page-locked memory galley stages it the same way.
+    if (is_pageable(src))
+      return copy_bytes_async(dst, dst_device, src, src_device, bytes, compute_stream(dst_device));
+    CurrentDevice current(dst_device);
+    staging(dst_device).copy_in(dst, src, bytes, compute_stream(dst_device));
+    return;
+  }
+  // To the host: the caller reads the data next, so the copy (and the work producing it) must
+  // be complete, and errors kernels found on the way are reported now.
+  check_not_capturing(src_device, "copy from");
+  void* stream = compute_stream(src_device);
   copy_bytes_async(dst, dst_device, src, src_device, bytes, stream);
-  // From pageable host memory, cudaMemcpyAsync returns once the data is staged: the caller may
-  // reuse its buffer, and the host need not wait for the GPU's queue (which would stall every
-  // step that copies its batch in). Page-locked sources and copies to the host must finish.
-  if (src_device.is_cpu() && is_pageable(src)) return;
-  CurrentDevice current(gpu.index());
-  cuda_check(cudaStreamSynchronize(as_stream(stream)), "copy", gpu);
-  check_deferred_errors(gpu);
+  Event done(src_device);
+  done.record(stream);
+  done.synchronize();
+  check_deferred_errors(src_device);
 }
 
 void copy_bytes_async(void* dst, Device dst_device, const void* src, Device src_device,
@@ -259,7 +354,7 @@ void copy_bytes_async(void* dst, Device dst_device, const void* src, Device src_
     return;
   }
   const Device gpu = dst_device.is_cuda() ? dst_device : src_device;
-  CurrentDevice current(gpu.index());
+  CurrentDevice current(gpu);
   if (dst_device.is_cuda() && src_device.is_cuda() && dst_device != src_device)
     cuda_check(cudaMemcpyPeerAsync(dst, dst_device.index(), src, src_device.index(), bytes,
                                    as_stream(stream)),
@@ -275,14 +370,18 @@ void* compute_stream(Device device) {
   if (streams->size() <= size_t(device.index())) streams->resize(device.index() + 1, nullptr);
   cudaStream_t& s = (*streams)[device.index()];
   if (!s) {
-    CurrentDevice current(device.index());
-    cuda_check(cudaStreamCreate(&s), "creating the compute stream", device);
+    CurrentDevice current(device);
+    // Non-blocking: nothing on the legacy default stream (a library's stray call) joins the
+    // compute stream's order implicitly, which would also break a CUDA graph capture on it.
+    // Everything galley orders against it goes through events.
+    cuda_check(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "creating the compute stream",
+               device);
   }
   return s;
 }
 
 void* create_stream(Device device, bool high_priority) {
-  CurrentDevice current(device.index());
+  CurrentDevice current(device);
   int least = 0, greatest = 0;
   cuda_check(cudaDeviceGetStreamPriorityRange(&least, &greatest), "stream priorities", device);
   cudaStream_t s = nullptr;
@@ -294,7 +393,7 @@ void* create_stream(Device device, bool high_priority) {
 
 void destroy_stream(Device device, void* stream) noexcept {
   if (!stream) return;
-  CurrentDevice current(device.index());
+  CurrentDevice current(device);
   if (cudaStreamDestroy(as_stream(stream)) != cudaSuccess) (void)cudaGetLastError();
 }
 
@@ -305,7 +404,7 @@ void make_current(Device device) {
 }
 
 void fill_elements(Device device, void* dst, size_t count, uint64_t pattern, int width) {
-  CurrentDevice current(device.index());
+  CurrentDevice current(device);
   if (width == 4)
     kernels::cuda::fill_u32(static_cast<uint32_t*>(dst), count, uint32_t(pattern),
                             compute_stream(device));
@@ -333,25 +432,25 @@ void pinned_free(void* p) noexcept {
 }
 
 Event::Event(Device device) : device_(device) {
-  CurrentDevice current(device.index());
+  CurrentDevice current(device);
   cudaEvent_t e = nullptr;
   cuda_check(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "creating an event", device);
   event_ = e;
 }
 Event::~Event() {
   if (!event_) return;
-  CurrentDevice current(device_.index());
+  CurrentDevice current(device_);
   if (cudaEventDestroy(static_cast<cudaEvent_t>(event_)) != cudaSuccess) (void)cudaGetLastError();
 }
 void Event::record(void* stream) {
-  CurrentDevice current(device_.index());
+  CurrentDevice current(device_);
   cuda_check(cudaEventRecord(static_cast<cudaEvent_t>(event_), as_stream(stream)), "event record",
              device_);
   recorded_ = true;
 }
 void Event::wait(void* stream) const {
   if (!event_ || !recorded_) return;
-  CurrentDevice current(device_.index());
+  CurrentDevice current(device_);
   cuda_check(cudaStreamWaitEvent(as_stream(stream), static_cast<cudaEvent_t>(event_), 0),
              "stream wait", device_);
 }
@@ -374,7 +473,7 @@ int64_t* error_slot(Device device) {
   if (slots->size() <= size_t(device.index())) slots->resize(device.index() + 1, nullptr);
   int64_t*& slot = (*slots)[device.index()];
   if (!slot) {
-    CurrentDevice current(device.index());
+    CurrentDevice current(device);
     void* p = nullptr;
     cuda_check(cudaHostAlloc(&p, 4 * sizeof(int64_t), cudaHostAllocPortable | cudaHostAllocMapped),
                "allocating the error slot", device);
@@ -508,7 +607,7 @@ void synchronize(Device device) {
   if (!device.is_cuda()) return;
   GALLEY_CHECK(device.index() < cuda_device_count(), device.str(), " does not exist");
 #ifdef GALLEY_HAVE_CUDA
-  detail::CurrentDevice current(device.index());
+  detail::CurrentDevice current(device);
   detail::cuda_check(cudaDeviceSynchronize(), "synchronize", device);
   detail::check_deferred_errors(device);
 #endif

@@ -23,5 +23,13 @@ void synchronize(Device device);
 void set_allow_tf32(bool on);
 /// Whether TF32 is allowed.
 bool allow_tf32();
+/// Makes convolutions use only cuDNN algorithms that give the same bits at every run (often
+/// slower, and some need more workspace). Off by default: each convolution takes the fastest
+/// algorithm whose workspace fits, and some of those accumulate with atomics in varying order.
+/// Matrix products (cuBLAS) repeat their bits on the same GPU either way. Applies from the next
+/// convolution on.
+void set_deterministic(bool on);
+/// Whether deterministic convolution algorithms are asked for.
+bool deterministic();
 
 }  // namespace galley::cuda
