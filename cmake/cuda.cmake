@@ -1,11 +1,16 @@
 # The CUDA backend. GALLEY_WITH_CUDA: AUTO builds it when nvcc, cuBLAS, cuDNN and NCCL are all
 # found (also on machines without a GPU, so that every build compiles and links the kernels),
-# ON requires them, OFF leaves it out. CUDNN_ROOT and NCCL_ROOT point at installs outside the
-# toolkit, including the layout of Python's nvidia-cudnn-cu* / nvidia-nccl-cu* packages
-# (site-packages/nvidia/cudnn/{include,lib}). Architectures default to 80;90 (never "native":
-# the build machine may have no GPU).
+# ON requires them, OFF leaves it out. CUDNN_ROOT and NCCL_ROOT (CMake or environment variables)
+# point at installs outside the toolkit, including the layout of Python's nvidia-cudnn-cu* /
+# nvidia-nccl-cu* packages: site-packages/nvidia/cudnn/{include,lib}, where the library may exist
+# only as libcudnn.so.9 (libnccl.so.2), with no unversioned name. Those are namespace packages:
+# their folder is `nvidia.cudnn.__path__[0]` (`__file__` is None). Architectures default to 80;90
+# (never "native": the build machine may have no GPU).
 include(CheckLanguage)
 
+# Finds `header` and the library `name` (or its versioned file, lib<name>.so.<N>), looking in
+# the given roots before the toolkit, and each folder for every name before the next folder, so
+# that a header and a library from two different installs are never paired.
 function(galley_find_cuda_library out name header)
   set(hints)
   foreach(root ${ARGN})
@@ -15,7 +20,7 @@ function(galley_find_cuda_library out name header)
   endforeach()
   find_path(${out}_INCLUDE_DIR ${header} HINTS ${hints} ${CUDAToolkit_INCLUDE_DIRS}
             PATH_SUFFIXES include)
-  find_library(${out}_LIBRARY NAMES ${name} lib${name}.so.9 lib${name}.so.2
+  find_library(${out}_LIBRARY NAMES ${name} lib${name}.so.9 lib${name}.so.2 NAMES_PER_DIR
                HINTS ${hints} ${CUDAToolkit_LIBRARY_DIR} PATH_SUFFIXES lib lib64)
   if(${out}_INCLUDE_DIR AND ${out}_LIBRARY)
     set(${out}_FOUND ON PARENT_SCOPE)

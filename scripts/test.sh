@@ -1,15 +1,26 @@
 #!/usr/bin/env bash
 # The whole test suite: install dependencies, build everything, run every ctest test
 # (unit, gradient checks, PyTorch parity, install/find_package, the Fashion-MNIST accuracy run),
+# the GPU check's dry run (scripts/gpu-check.sh --dry-run, its own build in build-gpu-dry),
 # then the DataLoader tests under ThreadSanitizer (their own build in build-tsan) and a short
 # libFuzzer run of the safetensors reader (clang, build-fuzz).
 # Pass ctest arguments to narrow it, e.g. scripts/test.sh -L unit  or  -LE slow; a narrowed run
-# skips the ThreadSanitizer and fuzzing stages unless GALLEY_TSAN=1 / GALLEY_FUZZ=1.
+# skips the GPU dry run, ThreadSanitizer and fuzzing stages unless GALLEY_GPU_DRY=1 /
+# GALLEY_TSAN=1 / GALLEY_FUZZ=1.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/install-deps.sh
 scripts/build.sh -DGALLEY_BUILD_TESTS=ON -DGALLEY_REQUIRE_PARITY=ON
 (cd build && ctest --output-on-failure -j "$(nproc)" "$@")
+
+# The GPU check's dry run: configures and builds, from .deps alone and in a fresh build-gpu-dry,
+# what the GPU machine would build, lists every test and benchmark it would start and estimates
+# each phase's time, so that the check does not rot where there is no GPU. GALLEY_GPU_DRY=1 runs
+# it in a narrowed run too.
+if [ $# -eq 0 ] || [ "${GALLEY_GPU_DRY:-0}" = 1 ]; then
+  [ -d .deps ] || scripts/pack-gpu-deps.sh
+  scripts/gpu-check.sh --dry-run build/gpu-dry-run
+fi
 
 if [ $# -eq 0 ] || [ "${GALLEY_TSAN:-0}" = 1 ]; then
   launcher=()
@@ -19,17 +30,19 @@ if [ $# -eq 0 ] || [ "${GALLEY_TSAN:-0}" = 1 ]; then
   cmake --build build-tsan -j "$(nproc)" --target test_dataloader_tsan
   (cd build-tsan && ctest -L tsan --output-on-failure)
   # The whole library under ThreadSanitizer for the tests whose threads share tensors:
-  # DataParallel's replica and communication threads, and concurrent autograd graphs.
-  # (One OpenMP thread: libgomp is not instrumented and would only add false reports.)
+  # DataParallel's replica and communication threads, concurrent autograd graphs, and the
+  # kernels' worker threads.
   cmake -S . -B build-tsan-lib -DCMAKE_BUILD_TYPE=RelWithDebInfo -DGALLEY_WITH_CUDA=OFF \
     -DGALLEY_WITH_MPI=OFF -DGALLEY_BUILD_EXAMPLES=OFF -DGALLEY_BUILD_BENCHMARKS=OFF \
     -DGALLEY_BUILD_LAUNCHER=OFF -DCMAKE_CXX_FLAGS="-fsanitize=thread -O1 -g" \
     -DCMAKE_EXE_LINKER_FLAGS=-fsanitize=thread -DCMAKE_SHARED_LINKER_FLAGS=-fsanitize=thread \
     "${launcher[@]}"
-  cmake --build build-tsan-lib -j "$(nproc)" --target test_data_parallel test_autograd
+  cmake --build build-tsan-lib -j "$(nproc)" --target test_data_parallel test_autograd test_threads
   for t in test_data_parallel test_autograd; do
     OMP_NUM_THREADS=1 GALLEY_NUM_THREADS=1 TSAN_OPTIONS="halt_on_error=1" "build-tsan-lib/tests/$t"
   done
+  # galley's own worker threads (parallel_for), with several threads per region.
+  TSAN_OPTIONS="halt_on_error=1" build-tsan-lib/tests/test_threads
 fi
 
 if [ $# -eq 0 ] || [ "${GALLEY_FUZZ:-0}" = 1 ]; then

@@ -163,7 +163,7 @@ TEST(CachingAllocator, DuringACaptureTheCacheIsNotEmptiedToMakeRoom) {
   } catch (const galley::OutOfMemoryError& e) {
     msg = e.what();
   }
-  testutil::expect_contains(msg, {"requested 9.00 MiB", "during a CUDA graph capture"});
+  testutil::expect_contains(msg, {"requested 9.00 MiB", "while a CUDA graph capture is underway"});
   EXPECT_EQ(f.alloc.stats().device_frees, 0u);
 }
 
@@ -339,4 +339,19 @@ TEST(CachingAllocator, SegmentsGoBackToTheDeviceOutsideTheMutex) {
   alloc.set_limit(1 * MiB);
   EXPECT_EQ(d->released, 3);
   EXPECT_EQ(d->released_under_lock, 0);
+}
+
+// A block made before a capture and freed by the step being captured may be used by the
+// graph's kernels at every replay: nothing else gets it until the graph's pool is released.
+TEST(CachingAllocator, ABlockFreedDuringACaptureWaitsForTheGraph) {
+  Fixture f;
+  const uintptr_t pool = 11;
+  void* eager = f.alloc.allocate(3 * MiB);
+  f.alloc.open_pool(pool);
+  f.alloc.free(eager, /*capture_pool=*/pool);
+  EXPECT_NE(f.alloc.allocate(3 * MiB), eager) << "the graph's block went to an eager tensor";
+  EXPECT_EQ(f.alloc.stats().allocated, 6 * MiB);
+  f.alloc.release_pool(pool);
+  EXPECT_EQ(f.alloc.stats().allocated, 3 * MiB);
+  EXPECT_EQ(f.alloc.allocate(3 * MiB), eager);
 }

@@ -4,7 +4,13 @@ PyTorch on a GPU, eager and torch.compile: the reference galley's CUDA backend i
 against. One step: forward, cross-entropy, backward, Adam (lr 1e-3), zero grad.
 
 Usage: torch_train_step_gpu.py --out FILE.json [--models simple fashion] [--batches 64 256]
-                               [--steps 50] [--device cuda]
+                               [--steps 50] [--device cuda] [--budget-s S] [--no-cudnn-benchmark]
+
+Every eager run comes before the first torch.compile run (compiling takes far longer than
+timing), and the file is rewritten after each run, so a run cut short keeps what was done.
+--budget-s stops starting runs once the time left would not cover one more (the estimate is the
+slowest run of the same mode so far, at least 2 s eager and 20 s compiled); the runs left out are recorded as skipped. cuDNN's
+autotuner is on by default (galley picks its convolution algorithms by timing them too).
 """
 import argparse
 import json
@@ -16,6 +22,11 @@ import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 import models_torch  # noqa: E402
+
+
+# The least a run takes before anything is known (torch.compile compiles forward, backward and
+# the optimizer's step first).
+MIN_SECONDS = {"eager": 2, "compile": 20}
 
 
 def synchronize(device):
@@ -40,9 +51,11 @@ def measure(name, batch, compiled, steps, device):
 
     if compiled:
         step = torch.compile(step)
+    t0 = time.perf_counter()
     for _ in range(10):
         step()
     synchronize(device)
+    warmup_s = time.perf_counter() - t0
     times = []
     for _ in range(5):
         t0 = time.perf_counter()
@@ -51,7 +64,7 @@ def measure(name, batch, compiled, steps, device):
         synchronize(device)
         times.append((time.perf_counter() - t0) / steps)
     times.sort()
-    return batch / times[len(times) // 2]
+    return batch / times[len(times) // 2], [batch / t for t in times], warmup_s
 
 
 def main():
@@ -61,24 +74,53 @@ def main():
     ap.add_argument("--batches", type=int, nargs="+", default=[64, 256])
     ap.add_argument("--steps", type=int, default=50)
     ap.add_argument("--device", default="cuda")
+    ap.add_argument("--budget-s", type=float, default=0, help="0: no limit")
+    ap.add_argument("--no-cudnn-benchmark", action="store_true")
     args = ap.parse_args()
+    start = time.perf_counter()
     device = torch.device(args.device)
+    torch.backends.cudnn.benchmark = not args.no_cudnn_benchmark
+    if device.type == "cuda" and not torch.cuda.is_available():
+        with open(args.out, "w") as f:
+            json.dump({"torch": torch.__version__, "cuda": torch.version.cuda, "runs": [],
+                       "error": f"torch {torch.__version__} sees no CUDA device"}, f, indent=2)
+        sys.exit(f"torch_train_step_gpu.py: torch {torch.__version__} sees no CUDA device")
     gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else str(device)
-    results = {"torch": torch.__version__, "gpu": gpu, "runs": []}
-    for name in args.models:
-        for batch in args.batches:
-            for compiled in (False, True):
-                mode = "compile" if compiled else "eager"
+    results = {"torch": torch.__version__, "cuda": torch.version.cuda,
+               "cudnn": torch.backends.cudnn.version(), "gpu": gpu,
+               "cudnn_benchmark": torch.backends.cudnn.benchmark,
+               "cudnn_allow_tf32": torch.backends.cudnn.allow_tf32,
+               "matmul_allow_tf32": torch.backends.cuda.matmul.allow_tf32,
+               "steps": args.steps, "blocks": 5, "warmup_steps": 10, "runs": []}
+    slowest = {}  # mode -> seconds of the slowest run so far
+    for compiled in (False, True):
+        mode = "compile" if compiled else "eager"
+        for name in args.models:
+            for batch in args.batches:
                 run = {"model": name, "batch": batch, "mode": mode}
+                left = args.budget_s - (time.perf_counter() - start)
+                need = max(slowest.get(mode, 0), MIN_SECONDS[mode])
+                if args.budget_s and left < need:
+                    run["skipped"] = f"time budget: {max(left, 0):.0f} s left, one {mode} run takes ~{need:.0f} s"
+                    print(f"torch {mode} {name} batch {batch}: skipped ({run['skipped']})", flush=True)
+                    results["runs"].append(run)
+                    continue
+                t0 = time.perf_counter()
                 try:
-                    run["samples_per_s"] = measure(name, batch, compiled, args.steps, device)
-                    print(f"torch {mode} {name} batch {batch}: {run['samples_per_s']:.0f} samples/s")
+                    rate, rates, warmup_s = measure(name, batch, compiled, args.steps, device)
+                    run.update(samples_per_s=rate, samples_per_s_all=rates, warmup_s=round(warmup_s, 3))
+                    print(f"torch {mode} {name} batch {batch}: {rate:.0f} samples/s "
+                          f"(warm-up {warmup_s:.1f} s)", flush=True)
                 except Exception as e:  # torch.compile may be unavailable; record why
                     run["error"] = str(e)[:300]
-                    print(f"torch {mode} {name} batch {batch}: failed: {run['error']}")
+                    print(f"torch {mode} {name} batch {batch}: failed: {run['error']}", flush=True)
+                run["seconds"] = round(time.perf_counter() - t0, 3)
+                slowest[mode] = max(slowest.get(mode, 0), run["seconds"])
                 results["runs"].append(run)
                 with open(args.out, "w") as f:  # after every run: a timeout keeps what was done
                     json.dump(results, f, indent=2)
+    with open(args.out, "w") as f:
+        json.dump(results, f, indent=2)
 
 
 if __name__ == "__main__":

@@ -510,6 +510,12 @@ void run_fastest(const Conv& c, Direction dir, const Workspace& ws, int device,
     const std::string why = str_cat(algo_name(dir, k.algo), " (", math_name(k.math), ", ",
                                     mib(k.workspace), "): ", cudnn_message(s));
     (void)cudaGetLastError();
+    // A fault of the device itself (an illegal address earlier in the stream) also surfaces as
+    // an execution failure: report it as what it is rather than trying other algorithms.
+    const cudaError_t sticky = cudaPeekAtLastError();
+    if (sticky != cudaSuccess && sticky != cudaErrorNotReady)
+      check_status(false, "CUDA", direction_name(dir), __FILE__, __LINE__,
+                   str_cat(why, " after a device error: ", cudaGetErrorString(sticky)));
     if (!worth_another_algorithm(s))
       check_status(false, "cuDNN", direction_name(dir), __FILE__, __LINE__, why);
     failure = why;

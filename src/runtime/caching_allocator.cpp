@@ -96,7 +96,15 @@ void CachingAllocator::split(Block* b, size_t size, Pool& pool) {
 }
 
 void CachingAllocator::retire(Block* b, std::vector<Segment>& out) {
-  (captures_ > 0 ? deferred_ : out).push_back({b->ptr, b->size});
+  if (captures_ > 0) {
+    deferred_.push_back({b->ptr, b->size});
+  } else {
+    // Counted as gone now, so that a request racing with the release sees the room it makes.
+    out.push_back({b->ptr, b->size});
+    stats_.reserved -= b->size;
+    ++stats_.device_frees;
+    ++releasing_;
+  }
   delete b;
 }
 
@@ -120,11 +128,9 @@ void CachingAllocator::give_back(std::vector<Segment>& segs, bool locked) {
   for (const Segment& s : segs) mem_->release(s.ptr);
   std::unique_lock<std::mutex> lock(mu_, std::defer_lock);
   if (!locked) lock.lock();
-  for (const Segment& s : segs) {
-    stats_.reserved -= s.size;
-    ++stats_.device_frees;
-  }
+  releasing_ -= static_cast<int>(segs.size());
   segs.clear();
+  released_.notify_all();
 }
 
 void CachingAllocator::out_of_memory(size_t requested, size_t segment, const char* why) const {
@@ -146,11 +152,15 @@ CachingAllocator::Block* CachingAllocator::new_segment(size_t size, bool small, 
     give_back(freed, /*locked=*/true);
     if (stats_.reserved + seg > stats_.limit)
       out_of_memory(requested, seg,
-                    may_release ? "over the cap" : "over the cap during a CUDA graph capture");
+                    may_release
+                        ? "over the cap"
+                        : "over the cap while a CUDA graph capture is underway on this device");
   }
   void* p = mem_->allocate(seg);
   if (!p && !may_release)
-    out_of_memory(requested, seg, "the device has no more free memory (during a capture)");
+    out_of_memory(requested, seg,
+                  "the device has no more free memory (while a CUDA graph capture is underway on "
+                  "this device)");
   if (!p) {  // the device is full: give back what the cache holds and try once more
     take_free_segments(freed);
     give_back(freed, /*locked=*/true);
@@ -181,7 +191,7 @@ void* CachingAllocator::allocate(size_t bytes, uintptr_t stream, bool may_releas
   return b->ptr;
 }
 
-void CachingAllocator::free(void* p) {
+void CachingAllocator::free(void* p, uintptr_t capture_pool) {
   if (!p) return;
   std::vector<Segment> freed;
   {
@@ -190,6 +200,12 @@ void CachingAllocator::free(void* p) {
     GALLEY_CHECK(it != live_.end(), "device allocator on ", mem_->name(), ": free of ", p,
                  " which it did not hand out (or freed twice)");
     Block* b = it->second;
+    if (capture_pool && b->stream != capture_pool) {
+      // Freed by a step being captured, but made outside it: the graph's kernels may use it at
+      // every replay, so it must not serve anyone else until the graph is gone.
+      held_[capture_pool].push_back(p);
+      return;
+    }
     live_.erase(it);
     b->allocated = false;
     stats_.allocated -= b->size;
@@ -230,6 +246,16 @@ void CachingAllocator::open_pool(uintptr_t stream) {
 }
 
 void CachingAllocator::release_pool(uintptr_t stream) {
+  std::vector<void*> held;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto h = held_.find(stream);
+    if (h != held_.end()) {
+      held.swap(h->second);
+      held_.erase(h);
+    }
+  }
+  for (void* p : held) free(p);
   std::vector<Segment> freed;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -245,7 +271,10 @@ void CachingAllocator::release_pool(uintptr_t stream) {
 }
 
 void CachingAllocator::begin_capture() {
-  std::lock_guard<std::mutex> lock(mu_);
+  std::unique_lock<std::mutex> lock(mu_);
+  // A release decided before the capture but still running outside the mutex would land inside
+  // it: wait for those to finish first.
+  released_.wait(lock, [&] { return releasing_ == 0; });
   ++captures_;
 }
 
@@ -255,7 +284,14 @@ void CachingAllocator::end_capture() {
     std::lock_guard<std::mutex> lock(mu_);
     GALLEY_CHECK(captures_ > 0, "device allocator on ", mem_->name(),
                  ": end_capture without begin_capture");
-    if (--captures_ == 0) freed.swap(deferred_);
+    if (--captures_ == 0) {
+      for (const Segment& seg : deferred_) {
+        stats_.reserved -= seg.size;
+        ++stats_.device_frees;
+        ++releasing_;
+      }
+      freed.swap(deferred_);
+    }
   }
   give_back(freed, /*locked=*/false);
 }

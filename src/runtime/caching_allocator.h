@@ -8,6 +8,7 @@
 // GALLEY_GPU_MEMORY_LIMIT_MB, or set_limit) bounds what the allocator reserves from the device,
 // which is what lets several training jobs share one GPU safely. The device itself is behind
 // DeviceMemory, so the bookkeeping is tested on machines without a GPU.
+#include <condition_variable>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -66,8 +67,10 @@ class CachingAllocator {
   // under a private key). With `may_release` false (during a capture, where returning memory to
   // the device would synchronise it) the cache is not emptied to make room.
   void* allocate(size_t bytes, uintptr_t stream = 0, bool may_release = true);
-  // Returns a block to the pool of its stream.
-  void free(void* p);
+  // Returns a block to the pool of its stream. With `capture_pool` (the pool of a CUDA graph
+  // being captured by the calling thread), a block of another pool is held back instead until
+  // release_pool(capture_pool): the graph's kernels may use it at every replay.
+  void free(void* p, uintptr_t capture_pool = 0);
   // Gives every completely free segment back to the device.
   void empty_cache();
   // Marks `stream` as a private pool (a CUDA graph's): until release_pool, its memory is never
@@ -113,9 +116,9 @@ class CachingAllocator {
   void take_free_segments(std::vector<Segment>& out, bool any = true, uintptr_t stream = 0);
   // Caller holds mu_. Takes the whole free segment `b` out of galley's hands, as above.
   void retire(Block* b, std::vector<Segment>& out);
-  // Returns `segs` to the device and updates the statistics; with `locked` the caller holds mu_
-  // (an allocation making room), else the device calls run outside the mutex, so that other
-  // threads keep allocating meanwhile.
+  // Returns `segs` (already taken off the statistics by retire) to the device; with `locked` the
+  // caller holds mu_ (an allocation making room), else the device calls run outside the mutex,
+  // so that other threads keep allocating meanwhile.
   void give_back(std::vector<Segment>& segs, bool locked);
   [[noreturn]] void out_of_memory(size_t requested, size_t segment, const char* why) const;
 
@@ -127,6 +130,9 @@ class CachingAllocator {
   std::set<uintptr_t> dead_pools_;  // ended pools with blocks still in use
   int captures_ = 0;                // CUDA graph captures underway on the device
   std::vector<Segment> deferred_;   // free segments kept back while a capture is underway
+  int releasing_ = 0;               // segments being returned outside the mutex right now
+  std::condition_variable released_;
+  std::unordered_map<uintptr_t, std::vector<void*>> held_;  // blocks freed during a capture
   AllocatorStats stats_;
 };
 

@@ -106,6 +106,7 @@ void Graph::capture(Device device, const std::function<void()>& step) {
   // Library handles and their workspaces are created on first use, which a capture forbids:
   // make sure this device's exist.
   kernels::cuda::prepare(device.index());
+  (void)detail::error_slot(device);  // page-locked, made on first use: not inside the capture
   const uintptr_t pool = next_pool();
   detail::open_pool(device, pool);
   // Until the graph is instantiated and owned by impl_, every way out gives the pool back.

@@ -224,7 +224,7 @@ void release_pool(Device device, uintptr_t pool) noexcept {
 
 void device_free(Device device, void* p) noexcept {
   try {
-    cuda_allocator(device.index()).free(p);
+    cuda_allocator(device.index()).free(p, capturing(device) ? capture_pool : 0);
   } catch (...) {
     // A free that fails at exit is left to the driver rather than aborting the process.
   }
@@ -410,7 +410,8 @@ void fill_elements(Device device, void* dst, size_t count, uint64_t pattern, int
                             compute_stream(device));
   else
     kernels::cuda::fill_bytes(dst, count * size_t(width), pattern, width, compute_stream(device));
-  cuda_check(cudaGetLastError(), "fill", device);
+  const cudaError_t launch = cudaGetLastError();
+  if (launch != cudaErrorNotReady) cuda_check(launch, "fill", device);
 }
 
 void* pinned_alloc(size_t bytes) {
@@ -461,7 +462,11 @@ void Event::synchronize() const {
 bool Event::done() const {
   if (!event_ || !recorded_) return true;
   const cudaError_t rc = cudaEventQuery(static_cast<cudaEvent_t>(event_));
-  if (rc == cudaErrorNotReady) return false;
+  if (rc == cudaErrorNotReady) {
+    // A status, not a failure: keep it from reaching the next cudaGetLastError on this thread.
+    if (cudaPeekAtLastError() == cudaErrorNotReady) (void)cudaGetLastError();
+    return false;
+  }
   cuda_check(rc, "event query", device_);
   return true;
 }
