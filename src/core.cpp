@@ -1,8 +1,11 @@
 // Errors, dtypes, devices and the thread setting: the small pieces everything else uses.
-#include <omp.h>
+#include <sched.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <exception>
 #include <mutex>
 
@@ -109,13 +112,37 @@ std::vector<Device> all_devices() {
   return out;
 }
 
+namespace detail {
+int cpus_available() {
+  // The cores this process may run on: its affinity mask (taskset, a launcher's pinning, a
+  // container's cpuset), not every core of the machine.
+  cpu_set_t mask;
+  CPU_ZERO(&mask);
+  int cpus = sched_getaffinity(0, sizeof(mask), &mask) == 0 ? CPU_COUNT(&mask) : 0;
+  if (cpus <= 0) cpus = static_cast<int>(std::max(1L, sysconf(_SC_NPROCESSORS_ONLN)));
+  // A CPU quota (cgroup v2 cpu.max, as `docker --cpus` sets) caps it further.
+  if (std::FILE* f = std::fopen("/sys/fs/cgroup/cpu.max", "r")) {
+    char quota[32] = {0};
+    long period = 0;
+    if (std::fscanf(f, "%31s %ld", quota, &period) == 2 && std::strcmp(quota, "max") != 0 &&
+        period > 0) {
+      const long q = std::atol(quota);
+      if (q > 0)
+        cpus = std::min<int>(cpus, static_cast<int>(std::max(1L, (q + period - 1) / period)));
+    }
+    std::fclose(f);
+  }
+  return cpus;
+}
+}  // namespace detail
+
 namespace {
 int initial_threads() {
   if (const char* env = std::getenv("GALLEY_NUM_THREADS")) {
     int n = std::atoi(env);
     if (n > 0) return n;
   }
-  return omp_get_num_procs();
+  return detail::cpus_available();
 }
 std::once_flag threads_once;
 int threads_setting = 0;
@@ -125,7 +152,6 @@ void set_num_threads(int n) {
   GALLEY_CHECK(n > 0, "set_num_threads: need at least one thread, got ", n);
   std::call_once(threads_once, [] {});
   threads_setting = n;
-  omp_set_num_threads(n);
 }
 
 namespace detail {
@@ -143,10 +169,7 @@ ThreadBudget::~ThreadBudget() {
 int num_threads() {
   if (detail::tls_thread_budget > 0) return detail::tls_thread_budget;
   std::call_once(threads_once, [] {
-    if (threads_setting == 0) {
-      threads_setting = initial_threads();
-      omp_set_num_threads(threads_setting);
-    }
+    if (threads_setting == 0) threads_setting = initial_threads();
   });
   return threads_setting;
 }

@@ -5,6 +5,11 @@
 // cores so that N replicas do not each fork every core and oversubscribe the machine.
 namespace galley::detail {
 
+// The cores this process may use: its affinity mask, capped by a cgroup CPU quota. The default
+// thread count, so that a job pinned to some cores (or sharing the machine under a launcher)
+// starts no more threads than it has cores.
+int cpus_available();
+
 class ThreadBudget {
  public:
   // Kernels called from this thread use at most `threads` threads while this is alive.

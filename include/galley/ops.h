@@ -132,7 +132,8 @@ struct CrossEntropyOptions {
 Tensor cross_entropy(const Tensor& logits, const Tensor& labels,
                      const CrossEntropyOptions& options = {});
 
-/// Threads the CPU kernels may use (default: GALLEY_NUM_THREADS, else every core).
+/// Threads the CPU kernels may use (default: GALLEY_NUM_THREADS, else the cores of the process's
+/// affinity mask, capped by a cgroup CPU quota).
 void set_num_threads(int n);
 /// Threads the CPU kernels use now.
 int num_threads();

@@ -1,7 +1,5 @@
 #include "kernels/cpu/conv2d.h"
 
-#include <omp.h>
-
 #include <algorithm>
 #include <cstring>
 #include <tuple>
@@ -165,8 +163,9 @@ void conv2d_backward_im2col(const Conv2dGeometry& g, const float* x, const float
   // Each thread sums its images' weight gradients privately; the partial sums are added after.
   std::vector<float> gw_parts(gw ? size_t(std::max(threads, 1)) * g.o * K : 0, 0.f);
   if (gx) std::fill_n(gx, g.n * g.c * g.h * g.w, 0.f);
+  const bool nested = in_region();  // then parallel_for runs serially on this thread
   parallel_for(g.n, grain, [&](int64_t n0, int64_t n1) {
-    const int t = omp_in_parallel() ? omp_get_thread_num() : 0;
+    const int t = nested ? 0 : region_thread();
     float* col = pointwise ? nullptr : thread_scratch(0, size_t(2 * K * P));
     float* gcol = pointwise ? nullptr : col + K * P;
     float* gw_t = gw ? gw_parts.data() + size_t(t) * g.o * K : nullptr;

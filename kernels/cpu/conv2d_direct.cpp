@@ -1,7 +1,5 @@
 #include "kernels/cpu/conv2d_direct.h"
 
-#include <omp.h>
-
 #include <algorithm>
 #include <cstring>
 #include <vector>
@@ -295,9 +293,9 @@ void conv2d_direct_backward(const Conv2dGeometry& g, const float* x, const float
   const WeightGradLayout lay(fwd);
   const int threads = static_cast<int>(std::min<int64_t>(num_threads(), g.n));
   std::vector<float> parts(gw ? size_t(threads * lay.jp * lay.op) : 0, 0.f);
-  const bool nested = omp_in_parallel();  // then parallel_for runs serially on this thread
+  const bool nested = in_region();  // then parallel_for runs serially on this thread
   parallel_for(g.n, 1, [&](int64_t n0, int64_t n1) {
-    const int t = nested ? 0 : omp_get_thread_num();
+    const int t = nested ? 0 : region_thread();
     float* xb = nullptr;
     float* gyT = nullptr;
     std::vector<const float*> xs;

@@ -1,7 +1,5 @@
 #include "kernels/cpu/gemm.h"
 
-#include <omp.h>
-
 #include <Eigen/Core>
 #include <algorithm>
 
@@ -69,7 +67,7 @@ void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alp
   const int64_t threads =
       std::min<int64_t>({int64_t(num_threads()), round_up(along, kGemmAlign) / kGemmAlign,
                          std::max<int64_t>(1, int64_t(flops / kGemmFlopsPerThread))});
-  if (threads <= 1 || omp_in_parallel()) {
+  if (threads <= 1 || in_region()) {
     gemm_serial(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
     return;
   }

@@ -1,8 +1,6 @@
 #pragma once
-// Threading helpers of the CPU kernels: parallel_for over [0, n) in chunks on galley's OpenMP
+// Threading helpers of the CPU kernels: parallel_for over [0, n) in chunks on galley's worker
 // threads (serial below `grain` items), per-thread scratch buffers, and rounding to whole blocks.
-#include <omp.h>
-
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
@@ -12,23 +10,41 @@
 
 namespace galley::kernels::cpu {
 
-// Calls f(begin, end) on disjoint chunks covering [0, n). Each thread gets one contiguous chunk,
-// so per-thread scratch can be indexed by omp_get_thread_num().
+// A parallel region: fn(ctx, t) for t in [0, threads), t = 0 on the calling thread and the rest
+// on worker threads of the caller's own (thread_pool.cpp). Returns when all are done; an
+// exception on a worker is rethrown here as a galley::Error.
+using RegionFn = void (*)(void* ctx, int thread);
+void run_region(int threads, RegionFn fn, void* ctx);
+// Inside a region: the index of the calling thread in it; 0 outside.
+int region_thread();
+// True on a thread while it runs its part of a region (parallel_for then runs serially).
+bool in_region();
+
+// Calls f(begin, end) on disjoint chunks covering [0, n). Each thread gets one contiguous chunk
+// (the same split for the same n and thread count, so results are deterministic), so per-thread
+// scratch and partial sums can be indexed by region_thread().
 template <typename F>
 void parallel_for(int64_t n, int64_t grain, F&& f) {
   if (n <= 0) return;
-  int threads = static_cast<int>(std::min<int64_t>(num_threads(), (n + grain - 1) / grain));
-  if (threads <= 1 || omp_in_parallel()) {
+  const int threads = static_cast<int>(std::min<int64_t>(num_threads(), (n + grain - 1) / grain));
+  if (threads <= 1 || in_region()) {
     f(int64_t(0), n);
     return;
   }
-#pragma omp parallel num_threads(threads)
-  {
-    int t = omp_get_thread_num(), nt = omp_get_num_threads();
-    int64_t chunk = (n + nt - 1) / nt;
-    int64_t b = std::min<int64_t>(n, t * chunk), e = std::min<int64_t>(n, b + chunk);
-    if (b < e) f(b, e);
-  }
+  struct Region {
+    F& f;
+    int64_t n;
+    int threads;
+  } region{f, n, threads};
+  run_region(
+      threads,
+      [](void* ctx, int t) {
+        auto& r = *static_cast<Region*>(ctx);
+        const int64_t chunk = (r.n + r.threads - 1) / r.threads;
+        const int64_t b = std::min<int64_t>(r.n, t * chunk), e = std::min<int64_t>(r.n, b + chunk);
+        if (b < e) r.f(b, e);
+      },
+      &region);
 }
 
 // Elementwise loops below this many items stay on one thread: forking costs more.

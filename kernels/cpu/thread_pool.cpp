@@ -1,0 +1,233 @@
+// galley's own worker threads for parallel_for (see parallel.h).
+//
+// Why not OpenMP's: its idle threads spin for a long while (GOMP_SPINCOUNT, set when the library
+// loads) before they sleep. A job alone on the machine gains little from that, and two jobs side
+// by side lose everything: each job's spinning threads hold the cores the other job's threads
+// need to finish their share of a parallel region, so every region waits out scheduler slices.
+// Here a waiting thread spins only briefly, and not at all once it has been preempted lately (the
+// machine is oversubscribed), then sleeps on a futex and gives its core away.
+#include <linux/futex.h>
+#include <sys/resource.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <climits>
+#include <cstdint>
+#include <cstdlib>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "galley/error.h"
+#include "kernels/cpu/parallel.h"
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#define GALLEY_CPU_RELAX() _mm_pause()
+#else
+#define GALLEY_CPU_RELAX() ((void)0)
+#endif
+
+namespace galley::kernels::cpu {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+void futex_wait(std::atomic<uint32_t>* word, uint32_t expected) {
+  syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), FUTEX_WAIT_PRIVATE, expected, nullptr,
+          nullptr, 0);
+}
+void futex_wake_all(std::atomic<uint32_t>* word) {
+  syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), FUTEX_WAKE_PRIVATE, INT_MAX, nullptr,
+          nullptr, 0);
+}
+
+// How long a waiting thread spins before it sleeps. Long enough to bridge the serial work
+// between two parallel regions of a training step (op dispatch, autograd bookkeeping), short
+// enough to cost little when it is wasted. GALLEY_SPIN_US overrides it (0: sleep at once).
+int default_spin_us() {
+  if (const char* env = std::getenv("GALLEY_SPIN_US"); env && *env) {
+    char* end = nullptr;
+    const long v = std::strtol(env, &end, 10);
+    if (end && *end == '\0' && v >= 0 && v <= 100000) return static_cast<int>(v);
+  }
+  return 50;
+}
+const int kSpinUs = default_spin_us();
+
+// Involuntary context switches of the calling thread: they rise when the thread is preempted,
+// that is when more threads want to run than the machine has cores.
+long preemptions() {
+  rusage u{};
+  if (getrusage(RUSAGE_THREAD, &u) != 0) return 0;
+  return u.ru_nivcsw;
+}
+
+// Adaptive spinning, per thread: after a wait that did not end at once, the thread looks whether
+// it was preempted since its last look. If so, the machine is oversubscribed and spinning only
+// takes a core from a thread that has work, so it stops spinning for a while (kQuiet); it spins
+// again once the preemptions stop.
+class Spinner {
+ public:
+  // Spins until `done()` or the budget runs out; returns done().
+  template <typename Done>
+  bool spin(Done&& done) {
+    if (done()) return true;
+    const int us = quiet_until_ > Clock::now() ? 0 : kSpinUs;
+    const auto until = Clock::now() + std::chrono::microseconds(us);
+    while (Clock::now() < until) {
+      for (int i = 0; i < 64; ++i) {
+        if (done()) return true;
+        GALLEY_CPU_RELAX();
+      }
+    }
+    return done();
+  }
+  void adapt() {
+    const long now = preemptions();
+    if (now > last_preemptions_) quiet_until_ = Clock::now() + kQuiet;
+    last_preemptions_ = now;
+  }
+
+ private:
+  static constexpr std::chrono::milliseconds kQuiet{200};
+  Clock::time_point quiet_until_{};
+  long last_preemptions_ = preemptions();
+};
+
+thread_local Spinner spinner;
+
+// Waits until `done()`, sleeping on `word` (which a waker bumps after making done() true) once
+// the spin is over. `sleepers` counts threads asleep on it, so that a waker makes the wake-up
+// system call only when someone sleeps: the sleeper's seq_cst increment of `sleepers` before
+// its last check of done(), against the waker's seq_cst bump of `word` before it reads
+// `sleepers`, guarantees that one of the two sees the other.
+template <typename Done>
+void await(Done&& done, std::atomic<uint32_t>& word, std::atomic<int>& sleepers) {
+  if (done()) return;
+  if (!spinner.spin(done)) {
+    sleepers.fetch_add(1, std::memory_order_seq_cst);
+    for (;;) {
+      const uint32_t w = word.load(std::memory_order_seq_cst);
+      if (done()) break;
+      futex_wait(&word, w);
+    }
+    sleepers.fetch_sub(1, std::memory_order_relaxed);
+  }
+  spinner.adapt();
+}
+
+void signal_change(std::atomic<uint32_t>& word, std::atomic<int>& sleepers) {
+  word.fetch_add(1, std::memory_order_seq_cst);
+  if (sleepers.load(std::memory_order_seq_cst) > 0) futex_wake_all(&word);
+}
+
+thread_local int tls_index = 0;
+thread_local bool tls_in_region = false;
+
+// The worker threads of one calling thread: a caller's regions never wait for another caller's
+// (DataParallel's CPU replicas each run their own regions at the same time), as OpenMP gives each
+// thread that starts a region its own team.
+class Pool {
+ public:
+  ~Pool() {
+    if (workers_.empty()) return;
+    stop_.store(true, std::memory_order_relaxed);
+    signal_change(start_, start_sleepers_);
+    for (auto& t : workers_) t.join();
+  }
+
+  void run(int threads, RegionFn fn, void* ctx) {
+    grow(threads - 1);
+    fn_ = fn;
+    ctx_ = ctx;
+    error_.clear();
+    remaining_.store(threads - 1, std::memory_order_relaxed);
+    active_.store(threads, std::memory_order_relaxed);
+    signal_change(start_, start_sleepers_);  // publishes the fields above (seq_cst)
+    execute(0);
+    // Until every worker of this region is done; finished_ is only the word to sleep on (a bump
+    // left over from an earlier region merely rechecks).
+    await([this] { return remaining_.load(std::memory_order_acquire) == 0; }, finished_,
+          finished_sleepers_);
+    if (!error_.empty()) throw Error("parallel_for: a worker thread failed: " + error_);
+  }
+
+ private:
+  void grow(int workers) {
+    while (static_cast<int>(workers_.size()) < workers) {
+      const int index = static_cast<int>(workers_.size()) + 1;
+      workers_.emplace_back([this, index, seen = start_.load()] { loop(index, seen); });
+    }
+  }
+
+  void loop(int index, uint32_t seen) {
+    for (;;) {
+      await([&] { return start_.load(std::memory_order_acquire) != seen; }, start_,
+            start_sleepers_);
+      seen = start_.load(std::memory_order_acquire);
+      if (stop_.load(std::memory_order_relaxed)) return;
+      const int active = active_.load(std::memory_order_relaxed);
+      // The caller may have finished region `seen` without this worker (not one of its threads)
+      // and begun the next: then `active` may be the next one's, which the next turn handles.
+      if (start_.load(std::memory_order_acquire) != seen || index >= active) continue;
+      execute(index);
+      if (remaining_.fetch_sub(1, std::memory_order_acq_rel) == 1)
+        signal_change(finished_, finished_sleepers_);
+    }
+  }
+
+  void execute(int index) {
+    tls_index = index;
+    tls_in_region = true;
+    try {
+      fn_(ctx_, index);
+    } catch (const std::exception& e) {
+      std::lock_guard<std::mutex> lock(error_mu_);
+      if (error_.empty()) error_ = e.what();
+    } catch (...) {
+      std::lock_guard<std::mutex> lock(error_mu_);
+      if (error_.empty()) error_ = "unknown error";
+    }
+    tls_in_region = false;
+    tls_index = 0;
+  }
+
+  std::vector<std::thread> workers_;
+  // Written by the caller before it bumps start_, read by the workers after they see the bump.
+  RegionFn fn_ = nullptr;
+  void* ctx_ = nullptr;
+  // Also read by workers that take no part in a region, while the caller may write the next.
+  std::atomic<int> active_{0};
+  std::atomic<bool> stop_{false};
+  std::atomic<uint32_t> start_{0};  // bumped once per region (and to stop)
+  std::atomic<int> start_sleepers_{0};
+  std::atomic<int> remaining_{0};      // workers of this region still running
+  std::atomic<uint32_t> finished_{0};  // bumped when the last worker of a region is done
+  std::atomic<int> finished_sleepers_{0};
+  std::mutex error_mu_;
+  std::string error_;
+};
+
+}  // namespace
+
+void run_region(int threads, RegionFn fn, void* ctx) {
+  thread_local std::unique_ptr<Pool> pool;
+  if (!pool) pool = std::make_unique<Pool>();
+  pool->run(threads, fn, ctx);
+}
+
+int region_thread() {
+  return tls_index;
+}
+
+bool in_region() {
+  return tls_in_region;
+}
+
+}  // namespace galley::kernels::cpu

@@ -1,0 +1,134 @@
+// galley's own worker threads (kernels/cpu/thread_pool.cpp, behind parallel_for) and the
+// default thread count, which follows the process's affinity mask.
+#include <gtest/gtest.h>
+#include <sched.h>
+
+#include <atomic>
+#include <cstdlib>
+#include <numeric>
+#include <set>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "galley/galley.h"
+#include "kernels/cpu/parallel.h"
+#include "src/thread_budget.h"
+#include "test_util.h"
+
+using galley::kernels::cpu::in_region;
+using galley::kernels::cpu::parallel_for;
+using galley::kernels::cpu::region_thread;
+
+TEST(ParallelFor, EveryIndexOnceInContiguousChunksForAnyThreadCount) {
+  for (int threads : {1, 2, 3, 4, 7, 16}) {
+    galley::detail::ThreadBudget budget(threads);
+    for (int64_t n : {1, 2, 5, 64, 1000, 4099}) {
+      std::vector<int> hits(static_cast<size_t>(n), 0);
+      std::vector<int> owner(static_cast<size_t>(n), -1);
+      std::atomic<int> calls{0};
+      parallel_for(n, 1, [&](int64_t b, int64_t e) {
+        ++calls;
+        EXPECT_TRUE(threads == 1 || n == 1 || in_region());
+        for (int64_t i = b; i < e; ++i) {
+          ++hits[size_t(i)];
+          owner[size_t(i)] = region_thread();
+        }
+      });
+      for (int64_t i = 0; i < n; ++i) ASSERT_EQ(hits[size_t(i)], 1) << "n " << n << " i " << i;
+      const int64_t t = std::min<int64_t>(threads, n), chunk = (n + t - 1) / t;
+      EXPECT_EQ(calls.load(), (n + chunk - 1) / chunk) << "n " << n;
+      // Thread t owns one contiguous chunk, chunks in thread order: deterministic splits.
+      for (int64_t i = 1; i < n; ++i) ASSERT_LE(owner[size_t(i - 1)], owner[size_t(i)]);
+    }
+  }
+}
+
+TEST(ParallelFor, GrainKeepsSmallLoopsOnTheCallingThread) {
+  galley::detail::ThreadBudget budget(4);
+  int calls = 0;
+  parallel_for(100, 1000, [&](int64_t b, int64_t e) {
+    ++calls;
+    EXPECT_EQ(b, 0);
+    EXPECT_EQ(e, 100);
+    EXPECT_FALSE(in_region());
+  });
+  EXPECT_EQ(calls, 1);
+}
+
+TEST(ParallelFor, NestedLoopsRunSeriallyInsideARegion) {
+  galley::detail::ThreadBudget budget(3);
+  std::vector<int> inner_calls(3, 0);
+  parallel_for(3, 1, [&](int64_t b, int64_t) {
+    const int t = region_thread();
+    parallel_for(50, 1, [&](int64_t ib, int64_t ie) {
+      EXPECT_EQ(ib, 0);
+      EXPECT_EQ(ie, 50);
+      ++inner_calls[size_t(b)];
+    });
+    EXPECT_EQ(region_thread(), t);
+  });
+  EXPECT_EQ(inner_calls, (std::vector<int>{1, 1, 1}));
+}
+
+TEST(ParallelFor, AWorkersExceptionIsAnErrorOnTheCaller) {
+  galley::detail::ThreadBudget budget(4);
+  const std::string msg = testutil::error_of([] {
+    parallel_for(4, 1, [](int64_t b, int64_t) {
+      if (b == 2) throw std::runtime_error("chunk 2 failed");
+    });
+  });
+  testutil::expect_contains(msg, {"parallel_for", "chunk 2 failed"});
+  // The workers are still there and well.
+  std::atomic<int> sum{0};
+  parallel_for(4, 1, [&](int64_t b, int64_t e) { sum += int(e - b); });
+  EXPECT_EQ(sum.load(), 4);
+}
+
+// Each calling thread has its own workers (DataParallel's CPU replicas run regions at the same
+// time); many short regions in a row exercise the hand-over between spinning and sleeping.
+TEST(ParallelFor, ConcurrentCallersAndManyShortRegions) {
+  std::vector<std::thread> callers;
+  std::vector<int64_t> totals(4, 0);
+  for (int c = 0; c < 4; ++c)
+    callers.emplace_back([c, &totals] {
+      galley::detail::ThreadBudget budget(2 + c % 2);
+      std::vector<int64_t> v(1000);
+      for (int round = 0; round < 2000; ++round) {
+        parallel_for(1000, 1, [&](int64_t b, int64_t e) {
+          for (int64_t i = b; i < e; ++i) v[size_t(i)] = i + round;
+        });
+        if (round % 500 == 0) std::this_thread::sleep_for(std::chrono::milliseconds(2));
+      }
+      totals[size_t(c)] = std::accumulate(v.begin(), v.end(), int64_t(0));
+    });
+  for (auto& t : callers) t.join();
+  const int64_t want = 999 * 1000 / 2 + 1999 * 1000;
+  for (int64_t t : totals) EXPECT_EQ(t, want);
+}
+
+// Without GALLEY_NUM_THREADS, galley uses the cores its affinity mask allows (a job pinned by a
+// launcher or taskset), not every core of the machine.
+TEST(Threads, AvailableCpusFollowTheAffinityMask) {
+  cpu_set_t saved;
+  ASSERT_EQ(sched_getaffinity(0, sizeof(saved), &saved), 0);
+  int first = -1;
+  for (int c = 0; c < CPU_SETSIZE && first < 0; ++c)
+    if (CPU_ISSET(c, &saved)) first = c;
+  ASSERT_GE(first, 0);
+  cpu_set_t one;
+  CPU_ZERO(&one);
+  CPU_SET(first, &one);
+  ASSERT_EQ(sched_setaffinity(0, sizeof(one), &one), 0);
+  EXPECT_EQ(galley::detail::cpus_available(), 1);
+  ASSERT_EQ(sched_setaffinity(0, sizeof(saved), &saved), 0);
+  EXPECT_EQ(galley::detail::cpus_available(), std::min(CPU_COUNT(&saved), 1 << 20));
+}
+
+TEST(Threads, TheDefaultThreadCountIsTheAvailableCpus) {
+  if (std::getenv("GALLEY_NUM_THREADS")) GTEST_SKIP() << "GALLEY_NUM_THREADS is set";
+  EXPECT_EQ(galley::num_threads(), galley::detail::cpus_available());
+  if (const char* want = std::getenv("GALLEY_TEST_EXPECT_THREADS"))
+    EXPECT_EQ(galley::num_threads(), std::atoi(want));
+}
