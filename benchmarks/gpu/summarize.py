@@ -169,14 +169,32 @@ def summarize(out, work, meta_path):
                   f"{capped.get('makespan_s', 0):.1f} s against {capped.get('sum_of_job_times_s', 0):.1f} s "
                   f"of job time ({capped.get('packing_speedup', 0):.2f}x)"
                   + (f", at most {max(mem):,} MiB of GPU memory in use." if mem else ".")]
+    packing = load_json(os.path.join(work, "packing-gpu.json"))
+    if isinstance(packing, list) and packing:
+        lines += ["", "Independent jobs on one GPU (benchmarks/run_packing.py: K copies one after "
+                  "the other, then side by side pinned to a share of the cores, then side by "
+                  "side with default settings; each side-by-side job capped at 0.9 / K of the "
+                  "GPU's memory):", ""]
+        lines += ["| model | jobs | way | makespan (s) | aggregate samples/s | throughput / "
+                  "serial | GPU busy |", "|---|---:|---|---:|---:|---:|---:|"]
+        for r in packing:
+            for way in ("serial", "packed", "default"):
+                w = r.get("ways", {}).get(way)
+                if not w:
+                    continue
+                u = w.get("gpu_utilisation_pct")
+                lines.append(f"| {r.get('model')} | {r.get('jobs')} | {way} | "
+                             f"{w['makespan_s']:.1f} | {w['aggregate_samples_per_s']:,.0f} | "
+                             f"{w['throughput_vs_serial']:.2f}x | "
+                             + (f"{u:.0f}% |" if u is not None else "- |"))
     lines += ["", "Goals: galley ≥ 2x PyTorch eager and ≥ 1x torch.compile for SimpleCNN at "
-              "batch 64 and 256."]
+              "batch 64 and 256; ≥ 1.5x aggregate throughput from packing small jobs on one GPU."]
     with open(os.path.join(out, "gpu-train-step.md"), "w") as f:
         f.write("\n".join(lines) + "\n")
     with open(os.path.join(out, "gpu-train-step.json"), "w") as f:
         json.dump({"meta": meta, "commit": commit, "torch": torch, "galley": galley, "table": rows,
                    "fashion_galley": fashion, "fashion_torch": torch_fashion,
-                   "capped_jobs": capped}, f, indent=2)
+                   "capped_jobs": capped, "packing": packing}, f, indent=2)
     print("\n".join(lines))
 
 
