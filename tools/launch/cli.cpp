@@ -46,13 +46,17 @@ std::string usage() {
        galley-launch [options] [job options] -- COMMAND [ARGS...]
        galley-launch [options] JOBFILE.toml [job options] -- COMMAND [ARGS...]
 
-Packs independent jobs onto this machine's GPUs, each with its own GPU share, log file,
-priority and restarts. See docs/launch.md for the job file format.
+Packs independent jobs onto the GPUs and CPU cores this machine (or the Slurm job, cgroup or
+affinity mask it runs in) gives it, each with its own GPU share, cores, log file, priority and
+restarts. See docs/launch.md for the job file format.
 
 job options (for the command after --):
   --name NAME               job name (default: the command's base name)
   --gpus N                  number of GPUs (0: none visible; default 0)
   --gpu-ids 0,1             explicit GPU ids instead of a count
+  --cpus N                  N CPUs held alone, pinned; sets GALLEY_NUM_THREADS and
+                            OMP_NUM_THREADS to N (default: an even share of the CPUs no
+                            job with --cpus holds)
   --memory-fraction F       share of each GPU's memory, (0, 1]; sets GALLEY_GPU_MEMORY_FRACTION
   --memory-limit-mb M       memory cap per GPU in MiB; sets GALLEY_GPU_MEMORY_LIMIT_MB
   --priority P              larger starts first (default 0)
@@ -61,6 +65,7 @@ job options (for the command after --):
   --workdir DIR             working directory
   --env NAME=VALUE          extra environment variable (repeatable)
   --log FILE                log file (default LOG_DIR/NAME.log)
+  --serial-time S           the job's measured wall time alone, for the packing speedup
 
 launcher options:
   --log-dir DIR             default job logs, events.jsonl, summary.json (galley-launch-logs)
@@ -81,6 +86,7 @@ testing and dry runs:
   --gpus-available 0,1      schedule on these GPU ids instead of those NVML reports
                             ("none" for no GPU); the launcher does not check they exist
   --gpu-memory-mb M         memory of each declared GPU (turns memory limits into shares)
+  --cpus-available 0-3      schedule on these CPU ids instead of the allocation's
   GALLEY_LAUNCH_FAKE_GPUS=N environment variable: N declared GPUs 0..N-1 (or a list "0,2")
 
 exit status: 0 all jobs succeeded, 1 some failed, 2 usage or job file error,
@@ -123,6 +129,12 @@ CommandLine parse_command_line(const std::vector<std::string>& args) {
     } else if (arg == "--gpu-ids") {
       job.gpu_ids = parse_gpu_ids(value(arg, inline_value), "option --gpu-ids");
       job.gpu_count = int(job.gpu_ids.size()), job_options = true;
+    } else if (arg == "--cpus") {
+      job.cpus = int(to_integer(arg, value(arg, inline_value), 1)), job_options = true;
+    } else if (arg == "--serial-time") {
+      job.serial_time_s = to_number(arg, value(arg, inline_value)), job_options = true;
+      if (!(*job.serial_time_s > 0))
+        throw LaunchError("option --serial-time: must be a positive number of seconds");
     } else if (arg == "--memory-fraction") {
       job.memory_fraction = to_number(arg, value(arg, inline_value)), job_options = true;
     } else if (arg == "--memory-limit-mb") {
@@ -152,6 +164,11 @@ CommandLine parse_command_line(const std::vector<std::string>& args) {
     } else if (arg == "--gpus-available") {
       o.gpus_available = parse_gpu_ids(value(arg, inline_value), "option --gpus-available");
       cl.set_keys.insert("gpus_available");
+    } else if (arg == "--cpus-available") {
+      o.cpus_available = parse_cpu_list(value(arg, inline_value), "option --cpus-available");
+      if (o.cpus_available->empty())
+        throw LaunchError("option --cpus-available: the CPU list is empty");
+      cl.set_keys.insert("cpus_available");
     } else if (arg == "--gpu-memory-mb") {
       o.gpu_memory_mb = to_integer(arg, value(arg, inline_value), 0);
       cl.set_keys.insert("gpu_memory_mb");
@@ -199,7 +216,7 @@ CommandLine parse_command_line(const std::vector<std::string>& args) {
     cl.job = job;
   } else if (job_options) {
     throw LaunchError(
-        "job options such as --gpus or --memory-fraction apply to a command given "
+        "job options such as --gpus, --cpus or --memory-fraction apply to a command given "
         "after --, and there is none");
   }
   if (!cl.job && !cl.job_file)

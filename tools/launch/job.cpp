@@ -1,11 +1,30 @@
 #include "job.h"
 
+#include <algorithm>
 #include <cctype>
 #include <cmath>
+#include <set>
+#include <sstream>
 
 #include "options.h"
 
 namespace galley::launch {
+namespace {
+
+std::string trim(std::string_view text) {
+  std::size_t b = 0, e = text.size();
+  while (b < e && std::isspace(static_cast<unsigned char>(text[b]))) ++b;
+  while (e > b && std::isspace(static_cast<unsigned char>(text[e - 1]))) --e;
+  return std::string(text.substr(b, e - b));
+}
+
+bool all_digits(const std::string& text) {
+  return !text.empty() && text.size() <= 9 && std::all_of(text.begin(), text.end(), [](char c) {
+    return std::isdigit(static_cast<unsigned char>(c));
+  });
+}
+
+}  // namespace
 
 void validate_job(const JobSpec& job) {
   const std::string who = "job '" + job.name + "': ";
@@ -24,6 +43,9 @@ void validate_job(const JobSpec& job) {
                       std::to_string(*job.memory_fraction));
   if (job.memory_limit_mb && *job.memory_limit_mb <= 0)
     throw LaunchError(who + "memory_limit_mb must be a positive number of MiB");
+  if (job.cpus && *job.cpus < 1) throw LaunchError(who + "cpus must be 1 or more");
+  if (job.serial_time_s && !(*job.serial_time_s > 0 && std::isfinite(*job.serial_time_s)))
+    throw LaunchError(who + "serial_time must be a positive number of seconds");
   if (job.max_restarts < 0) throw LaunchError(who + "max_restarts must be 0 or more");
   if (job.heartbeat_timeout_s < 0 || !std::isfinite(job.heartbeat_timeout_s))
     throw LaunchError(who + "heartbeat_timeout must be 0 (off) or a positive number of seconds");
@@ -53,6 +75,42 @@ std::vector<int> parse_gpu_ids(const std::string& text, const std::string& what)
     pos = end + 1;
   }
   return ids;
+}
+
+std::vector<int> parse_cpu_list(std::string_view text, const std::string& what) {
+  const std::string all = trim(text);
+  std::set<int> ids;
+  auto bad = [&]() {
+    return LaunchError(what + ": expected a CPU list such as \"0-3,8\", got \"" + all + "\"");
+  };
+  if (all.empty()) return {};
+  std::stringstream in(all);
+  for (std::string item; std::getline(in, item, ',');) {
+    item = trim(item);
+    const auto dash = item.find('-');
+    const std::string first = item.substr(0, dash);
+    const std::string last = dash == std::string::npos ? first : item.substr(dash + 1);
+    if (!all_digits(first) || !all_digits(last)) throw bad();
+    const int a = std::stoi(first), b = std::stoi(last);
+    if (b < a || b - a > 65536) throw bad();
+    for (int id = a; id <= b; ++id) ids.insert(id);
+  }
+  if (!all.empty() && all.back() == ',') throw bad();
+  return std::vector<int>(ids.begin(), ids.end());
+}
+
+std::string format_cpu_list(std::vector<int> ids) {
+  std::sort(ids.begin(), ids.end());
+  ids.erase(std::unique(ids.begin(), ids.end()), ids.end());
+  std::string out;
+  for (std::size_t i = 0; i < ids.size();) {
+    std::size_t j = i;
+    while (j + 1 < ids.size() && ids[j + 1] == ids[j] + 1) ++j;
+    out += (i ? "," : "") + std::to_string(ids[i]);
+    if (j > i) out += "-" + std::to_string(ids[j]);
+    i = j + 1;
+  }
+  return out;
 }
 
 }  // namespace galley::launch

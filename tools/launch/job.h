@@ -1,6 +1,7 @@
 #pragma once
 /// \file
-/// What one job asks for: the command, where and how it runs, and the GPU share it wants.
+/// What one job asks for: the command, where and how it runs, and the GPU share and CPUs it
+/// wants.
 
 #include <map>
 #include <optional>
@@ -34,6 +35,12 @@ struct JobSpec {
   std::optional<double> memory_fraction;
   /// Cap on each GPU's memory in MiB; sets GALLEY_GPU_MEMORY_LIMIT_MB.
   std::optional<long> memory_limit_mb;
+  /// CPUs (hardware threads) held by the job alone; sets GALLEY_NUM_THREADS and
+  /// OMP_NUM_THREADS. Unset: an even share of the CPUs no job with `cpus` holds.
+  std::optional<int> cpus;
+  /// The job's known wall time when run alone with every CPU of the allocation, in seconds: the
+  /// measured serial time the packing speedup is computed against (else it is estimated).
+  std::optional<double> serial_time_s;
   /// Larger runs first; ties start in submission order.
   int priority = 0;
   /// How many times a failed or hung job is started again.

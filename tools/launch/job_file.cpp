@@ -1,5 +1,6 @@
 #include "job_file.h"
 
+#include <algorithm>
 #include <fstream>
 #include <limits>
 #include <sstream>
@@ -82,11 +83,11 @@ class Reader {
 };
 
 const char* const kJobKeys =
-    "name, command, workdir, env, gpus, memory_fraction, memory_limit_mb, priority, "
-    "max_restarts, log, heartbeat_timeout";
+    "name, command, workdir, env, gpus, cpus, memory_fraction, memory_limit_mb, priority, "
+    "max_restarts, log, heartbeat_timeout, serial_time";
 const char* const kLauncherKeys =
-    "log_dir, event_log, summary, gpus_available, gpu_memory_mb, backoff_initial, backoff_max, "
-    "grace_period, max_parallel, strict_order, sample_interval";
+    "log_dir, event_log, summary, gpus_available, gpu_memory_mb, cpus_available, "
+    "backoff_initial, backoff_max, grace_period, max_parallel, strict_order, sample_interval";
 
 JobSpec read_job(const Reader& reader, const toml::table& table, std::size_t index) {
   JobSpec job;
@@ -140,6 +141,15 @@ JobSpec read_job(const Reader& reader, const toml::table& table, std::size_t ind
       } else {
         reader.wrong_type(node, key, context, "a GPU count or an array of GPU ids");
       }
+    } else if (key == "cpus") {
+      job.cpus = int(reader.integer(node, key, context, 1, 1 << 20));
+    } else if (key == "serial_time") {
+      const double t = reader.number(node, key, context);
+      if (!(t > 0))
+        reader.fail(node.source(), "key 'serial_time'" + context +
+                                       ": must be a positive number of seconds (the job's wall "
+                                       "time alone)");
+      job.serial_time_s = t;
     } else if (key == "memory_fraction") {
       const double f = reader.number(node, key, context);
       if (!(f > 0 && f <= 1))
@@ -195,6 +205,24 @@ void read_launcher(const Reader& reader, const toml::table& table, LauncherOptio
       std::vector<int> ids;
       for (auto&& item : *array) ids.push_back(int(reader.integer(item, key, context, 0, 4096)));
       if (!skip) options.gpus_available = ids;
+    } else if (key == "cpus_available") {
+      std::vector<int> ids;
+      if (auto* array = node.as_array()) {
+        for (auto&& item : *array)
+          ids.push_back(int(reader.integer(item, key, context, 0, 1 << 20)));
+        std::sort(ids.begin(), ids.end());
+        ids.erase(std::unique(ids.begin(), ids.end()), ids.end());
+      } else if (node.is_string()) {
+        try {
+          ids = parse_cpu_list(*node.value<std::string>(), "key 'cpus_available'" + context);
+        } catch (const LaunchError& e) {
+          reader.fail(node.source(), e.what());
+        }
+      } else {
+        reader.wrong_type(node, key, context, "an array of CPU ids or a CPU list (\"0-3,8\")");
+      }
+      if (ids.empty()) reader.fail(node.source(), "key 'cpus_available'" + context + " is empty");
+      if (!skip) options.cpus_available = ids;
     } else if (key == "gpu_memory_mb") {
       auto v = reader.integer(node, key, context, 0, std::numeric_limits<long>::max());
       if (!skip) options.gpu_memory_mb = v;

@@ -5,6 +5,7 @@
 #include <poll.h>
 #include <signal.h>
 #include <sys/prctl.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -24,6 +25,7 @@
 #include <nlohmann/json.hpp>
 
 #include "gpu_monitor.h"
+#include "machine.h"
 #include "process.h"
 #include "scheduler.h"
 
@@ -141,8 +143,11 @@ struct JobState {
   std::string out_buf, err_buf;
   std::string last_line;
   int attempts = 0, restarts = 0;
-  std::vector<int> gpus;
+  std::vector<int> gpus;  // scheduler ids (indexes into the allocation's GPUs when restricted)
+  std::string visible;    // the CUDA_VISIBLE_DEVICES they map to
   double share = 0;
+  std::vector<int> cpus;  // the CPUs the job is pinned to
+  double cpu_s = 0;       // user + system time of all attempts, with waited-for descendants
   Clock::time_point attempt_start, first_start, end, last_output, kill_at, restart_at;
   bool started = false, hung = false, killed = false;
   double run_s = 0;
@@ -150,6 +155,14 @@ struct JobState {
   std::optional<int> exit_code;
   int term_signal = 0;
   std::string message;
+};
+
+// One GPU the scheduler hands out: its scheduler id, how a child's CUDA_VISIBLE_DEVICES names
+// it, and its NVML index when NVML knows it.
+struct GpuSlot {
+  int id = 0;
+  std::string visible;
+  std::optional<int> nvml_index;
 };
 
 struct GpuStats {
@@ -166,7 +179,12 @@ struct Launcher::Impl {
   std::unique_ptr<Scheduler> scheduler;
   GpuMonitor monitor;
   bool fake_inventory = false;
-  std::vector<int> sample_ids;
+  MachineProbe probe;
+  Allocation allocation;
+  bool fake_cpus = false;
+  std::vector<GpuSlot> slots;
+  std::vector<std::string> gpu_notes;
+  std::vector<int> sample_ids;  // NVML indexes
   std::string sampling_note;
   std::map<int, GpuStats> gpu_stats;
 
@@ -220,10 +238,13 @@ struct Launcher::Impl {
 
   // --- setup ---------------------------------------------------------------------------------
 
+  // The GPUs to schedule: NVML's (or the declared ones), restricted to those the allocation
+  // names. Restricted, scheduler ids are indexes into the allocation's list.
   void build_inventory(std::vector<GpuInfo>& gpus) {
+    std::vector<GpuInfo> base;
     if (options.gpus_available) {
       fake_inventory = true;
-      for (int id : *options.gpus_available) gpus.push_back(GpuInfo{id, options.gpu_memory_mb});
+      for (int id : *options.gpus_available) base.push_back(GpuInfo{id, options.gpu_memory_mb});
     } else if (const char* fake = std::getenv("GALLEY_LAUNCH_FAKE_GPUS"); fake && *fake) {
       fake_inventory = true;
       std::string text(fake);
@@ -233,27 +254,136 @@ struct Launcher::Impl {
         if (*end != '\0' || count < 0 || count > 4096)
           throw LaunchError("GALLEY_LAUNCH_FAKE_GPUS: expected a GPU count such as 2, got \"" +
                             text + "\"");
-        for (int i = 0; i < count; ++i) gpus.push_back(GpuInfo{i, options.gpu_memory_mb});
+        for (int i = 0; i < count; ++i) base.push_back(GpuInfo{i, options.gpu_memory_mb});
       } else {
         for (int id : parse_gpu_ids(text, "GALLEY_LAUNCH_FAKE_GPUS"))
-          gpus.push_back(GpuInfo{id, options.gpu_memory_mb});
+          base.push_back(GpuInfo{id, options.gpu_memory_mb});
       }
     } else {
-      gpus = monitor.devices();
+      base = monitor.devices();
+    }
+    std::vector<GpuInfo> real;
+    if (monitor.available()) real = monitor.devices();
+    auto nvml_knows = [&](int id) {
+      return std::any_of(real.begin(), real.end(), [&](const GpuInfo& r) { return r.id == id; });
+    };
+    if (!allocation.gpus) {
+      for (const auto& gpu : base) {
+        gpus.push_back(gpu);
+        slots.push_back(GpuSlot{gpu.id, std::to_string(gpu.id),
+                                nvml_knows(gpu.id) ? std::optional<int>(gpu.id) : std::nullopt});
+      }
+    } else {
+      for (const auto& entry : *allocation.gpus) {
+        const int index = int(gpus.size());
+        if (entry.rfind("GPU-", 0) == 0 || entry.rfind("MIG-", 0) == 0) {
+          // A UUID: passed on as written; its memory and NVML index are not looked up.
+          if (base.empty()) {
+            gpu_notes.push_back(allocation.gpu_source + " names " + entry +
+                                " but no GPU was found: left out");
+            continue;
+          }
+          gpus.push_back(GpuInfo{index, 0});
+          slots.push_back(GpuSlot{index, entry, std::nullopt});
+          continue;
+        }
+        const int id = std::stoi(entry);
+        auto it =
+            std::find_if(base.begin(), base.end(), [&](const GpuInfo& g) { return g.id == id; });
+        if (it == base.end()) {
+          gpu_notes.push_back(
+              allocation.gpu_source + " names GPU " + entry + ", which " +
+              (fake_inventory ? "the declared GPUs do not include" : "NVML does not report") +
+              ": left out");
+          continue;
+        }
+        gpus.push_back(GpuInfo{index, it->memory_mb});
+        slots.push_back(
+            GpuSlot{index, entry, nvml_knows(id) ? std::optional<int>(id) : std::nullopt});
+      }
     }
     if (!monitor.available()) {
       sampling_note = "not sampled: " + monitor.unavailable_reason();
       return;
     }
-    const auto real = monitor.devices();
-    for (const auto& gpu : gpus)
-      for (const auto& r : real)
-        if (r.id == gpu.id) sample_ids.push_back(gpu.id);
+    for (const auto& slot : slots)
+      if (slot.nvml_index) sample_ids.push_back(*slot.nvml_index);
     if (sample_ids.empty())
       sampling_note = "not sampled: NVML sees none of the scheduled GPUs";
     else
       sampling_note =
           "sampled through NVML every " + format_number(options.sample_interval_s) + "s";
+  }
+
+  // The CPUs to schedule: the allocation's, or the declared ones.
+  std::vector<CpuInfo> cpu_inventory() {
+    if (!options.cpus_available) return allocation.cpus;
+    fake_cpus = true;
+    const auto& topology = probe.topology;
+    std::vector<CpuInfo> cpus;
+    int next_core = 1 << 30;
+    for (int id : *options.cpus_available) {
+      auto known = std::find_if(topology.begin(), topology.end(),
+                                [&](const CpuInfo& c) { return c.id == id; });
+      cpus.push_back(known != topology.end() ? *known : CpuInfo{id, next_core++, 0});
+    }
+    return cpus;
+  }
+
+  const GpuSlot* slot(int id) const {
+    for (const auto& s : slots)
+      if (s.id == id) return &s;
+    return nullptr;
+  }
+
+  std::string visible_devices(const std::vector<int>& ids) const {
+    std::string text;
+    for (std::size_t i = 0; i < ids.size(); ++i) {
+      const GpuSlot* s = slot(ids[i]);
+      text += (i ? "," : "") + (s ? s->visible : std::to_string(ids[i]));
+    }
+    return text;
+  }
+
+  std::string allocation_line() const {
+    std::string text = describe_allocation(allocation);
+    if (fake_cpus)
+      text += "; scheduling on the declared CPUs " + format_cpu_list(*options.cpus_available);
+    std::vector<int> ids;
+    for (const auto& s : slots) ids.push_back(s.id);
+    if (allocation.gpus) {
+      text += slots.empty() ? std::string("; no GPU usable")
+                            : "; job GPU ids " + join(ids) + " are devices " + visible_devices(ids);
+    } else if (slots.empty()) {
+      text += fake_inventory        ? std::string("; no GPU declared")
+              : monitor.available() ? std::string("; no GPU (NVML reports none)")
+                                    : "; no GPU (" + monitor.unavailable_reason() + ")";
+    } else {
+      text += "; GPUs " + join(ids) + (fake_inventory ? " (declared)" : " (NVML)");
+    }
+    for (const auto& note : allocation.notes) text += "; " + note;
+    for (const auto& note : gpu_notes) text += "; " + note;
+    return text;
+  }
+
+  Json allocation_json() const {
+    std::vector<int> cpu_ids;
+    for (const auto& cpu : scheduler->cpus()) cpu_ids.push_back(cpu.id);
+    std::vector<int> gpu_ids;
+    for (const auto& s : slots) gpu_ids.push_back(s.id);
+    Json j{{"cpus", cpu_ids}, {"cpu_source", allocation.cpu_source}, {"gpus", gpu_ids}};
+    if (fake_cpus) j["cpus_declared"] = true;
+    if (allocation.gpus) {
+      j["gpu_source"] = allocation.gpu_source;
+      Json visible = Json::array();
+      for (const auto& s : slots) visible.push_back(s.visible);
+      j["gpus_visible"] = visible;
+    }
+    Json notes = Json::array();
+    for (const auto& note : allocation.notes) notes.push_back(note);
+    for (const auto& note : gpu_notes) notes.push_back(note);
+    if (!notes.empty()) j["notes"] = notes;
+    return j;
   }
 
   // --- starting ------------------------------------------------------------------------------
@@ -262,14 +392,20 @@ struct Launcher::Impl {
     const auto now = Clock::now();
     job.attempts += 1;
     job.gpus = assignment.gpu_ids;
+    job.visible = visible_devices(job.gpus);
     job.share = assignment.share;
+    job.cpus = assignment.cpus;
     job.hung = job.killed = false;
     job.out_buf.clear(), job.err_buf.clear();
 
     std::vector<std::pair<std::string, std::string>> env(job.spec.env.begin(), job.spec.env.end());
     // Placement wins over anything the job's own env says about devices.
     env.emplace_back("CUDA_DEVICE_ORDER", "PCI_BUS_ID");
-    env.emplace_back("CUDA_VISIBLE_DEVICES", join(job.gpus));
+    env.emplace_back("CUDA_VISIBLE_DEVICES", job.visible);
+    // The thread count follows the CPUs, unless the job's own env says otherwise.
+    if (!job.cpus.empty())
+      for (const char* name : {"GALLEY_NUM_THREADS", "OMP_NUM_THREADS"})
+        if (!job.spec.env.count(name)) env.emplace_back(name, std::to_string(job.cpus.size()));
     if (job.spec.memory_fraction)
       env.emplace_back("GALLEY_GPU_MEMORY_FRACTION", format_number(*job.spec.memory_fraction));
     if (job.spec.memory_limit_mb)
@@ -285,7 +421,7 @@ struct Launcher::Impl {
     Child child;
     try {
       child = spawn_child(
-          SpawnRequest{job.spec.command, job.spec.working_dir, merged_environment(env)});
+          SpawnRequest{job.spec.command, job.spec.working_dir, merged_environment(env), job.cpus});
     } catch (const LaunchError& e) {
       scheduler->release(job.id);
       job.message = e.what();
@@ -316,11 +452,15 @@ struct Launcher::Impl {
                std::to_string(job.spec.max_restarts) + ")");
     Json extra{{"attempt", job.attempts}, {"pid", job.pid}, {"gpus", job.gpus}};
     if (!job.gpus.empty()) extra["share"] = rounded(job.share);
+    if (allocation.gpus) extra["cuda_visible_devices"] = job.visible;
+    extra["cpus"] = job.cpus;
     if (job.spec.memory_fraction) extra["memory_fraction"] = *job.spec.memory_fraction;
     if (job.spec.memory_limit_mb) extra["memory_limit_mb"] = *job.spec.memory_limit_mb;
     emit("started", &job, extra,
          "started " + job.spec.name + " (pid " + std::to_string(job.pid) + ", " +
-             (job.gpus.empty() ? std::string("no GPU") : "GPU " + join(job.gpus)) + ")");
+             (job.gpus.empty() ? std::string("no GPU") : "GPU " + join(job.gpus)) +
+             (allocation.gpus && !job.gpus.empty() ? " = device " + job.visible : "") +
+             (job.cpus.empty() ? std::string() : ", CPUs " + format_cpu_list(job.cpus)) + ")");
   }
 
   void start_ready() {
@@ -385,7 +525,7 @@ struct Launcher::Impl {
     emit("finished", &job, extra, job.spec.name + " " + job.status);
   }
 
-  void on_exit(JobState& job, int wait_status) {
+  void on_exit(JobState& job, int wait_status, const rusage& usage) {
     const auto now = Clock::now();
     for (int* fd : {&job.out_fd, &job.err_fd})
       if (*fd >= 0) {
@@ -404,6 +544,8 @@ struct Launcher::Impl {
     scheduler->release(job.id);
     job.end = now;
     job.run_s += seconds(now - job.attempt_start);
+    job.cpu_s += double(usage.ru_utime.tv_sec + usage.ru_stime.tv_sec) +
+                 1e-6 * double(usage.ru_utime.tv_usec + usage.ru_stime.tv_usec);
     const pid_t pid = job.pid;
     job.pid = -1;
     job.exit_code.reset();
@@ -457,12 +599,13 @@ struct Launcher::Impl {
   void reap() {
     while (true) {
       int status = 0;
-      const pid_t pid = waitpid(-1, &status, WNOHANG);
+      rusage usage{};
+      const pid_t pid = wait4(-1, &status, WNOHANG, &usage);
       if (pid <= 0) break;
       // Other pids are descendants of jobs handed to us as subreaper: reaping them is all.
       for (auto& job : jobs)
         if (job.pid == pid && (job.phase == Phase::kRunning || job.phase == Phase::kStopping))
-          on_exit(job, status);
+          on_exit(job, status, usage);
     }
     // Forget the process groups of ended attempts once they are empty.
     ended_groups.erase(std::remove_if(ended_groups.begin(), ended_groups.end(),
@@ -577,8 +720,8 @@ struct Launcher::Impl {
              format_duration(seconds(now - t0)).c_str(), counts[1] + counts[2], counts[0],
              counts[3], counts[4], jobs.size(), shutting_down ? "  (stopping)" : "");
     std::string text = line;
-    snprintf(line, sizeof line, "  %-20s %-16s %-8s %-8s %-9s %-8s %s\n", "JOB", "STATE", "GPUS",
-             "PID", "RESTARTS", "TIME", "LAST OUTPUT");
+    snprintf(line, sizeof line, "  %-20s %-16s %-8s %-10s %-8s %-9s %-8s %s\n", "JOB", "STATE",
+             "GPUS", "CPUS", "PID", "RESTARTS", "TIME", "LAST OUTPUT");
     text += line;
     for (const auto& job : jobs) {
       const double t = job.phase == Phase::kRunning || job.phase == Phase::kStopping
@@ -587,11 +730,14 @@ struct Launcher::Impl {
       std::string last = job.last_line.substr(0, 40);
       for (char& c : last)
         if (static_cast<unsigned char>(c) < 32) c = ' ';
+      // A long CPU list ends in "+" where it is cut.
+      std::string cpus = job.cpus.empty() ? "-" : format_cpu_list(job.cpus);
+      if (cpus.size() > 10) cpus = cpus.substr(0, 9) + "+";
       snprintf(
-          line, sizeof line, "  %-20.20s %-16.16s %-8.8s %-8s %-9s %-8s %s\n",
+          line, sizeof line, "  %-20.20s %-16.16s %-8.8s %-10s %-8s %-9s %-8s %s\n",
           job.spec.name.c_str(),
           (job.phase == Phase::kDone ? job.status : std::string(phase_name(job.phase))).c_str(),
-          job.gpus.empty() ? "-" : join(job.gpus).c_str(),
+          job.gpus.empty() ? "-" : join(job.gpus).c_str(), cpus.c_str(),
           job.pid > 0 ? std::to_string(job.pid).c_str() : "-",
           (std::to_string(job.restarts) + "/" + std::to_string(job.spec.max_restarts)).c_str(),
           format_duration(t).c_str(), last.c_str());
@@ -605,10 +751,19 @@ struct Launcher::Impl {
 
   // --- summary -------------------------------------------------------------------------------
 
+  // The serial time of a job: its measured time alone when given, else its CPU time spread
+  // over every CPU of the allocation (what it would have had alone), at most its run time.
+  std::pair<double, bool> serial_time(const JobState& job) const {
+    if (job.spec.serial_time_s) return {*job.spec.serial_time_s, true};
+    const double cpus = double(std::max<std::size_t>(1, scheduler->cpus().size()));
+    return {std::min(job.run_s, job.cpu_s / cpus), false};
+  }
+
   Json summary() const {
     Json root;
     std::optional<Clock::time_point> first, last;
-    double sum = 0;
+    double sum = 0, serial = 0;
+    int measured = 0, estimated = 0;
     Json job_list = Json::array();
     for (const auto& job : jobs) {
       Json j;
@@ -620,33 +775,53 @@ struct Launcher::Impl {
       j["restarts"] = job.restarts;
       j["wall_s"] = job.started ? rounded(seconds(job.end - job.first_start)) : 0.0;
       j["run_s"] = rounded(job.run_s);
+      j["cpu_s"] = rounded(job.cpu_s);
       j["gpus"] = job.gpus;
+      if (allocation.gpus) j["cuda_visible_devices"] = job.visible;
+      j["cpus"] = job.cpus;
+      if (job.spec.cpus) j["cpus_requested"] = *job.spec.cpus;
       if (job.spec.memory_fraction) j["memory_fraction"] = *job.spec.memory_fraction;
       if (job.spec.memory_limit_mb) j["memory_limit_mb"] = *job.spec.memory_limit_mb;
       j["priority"] = job.spec.priority;
       j["log"] = job.log_path;
       if (!job.message.empty()) j["message"] = job.message;
-      job_list.push_back(j);
       if (job.started) {
         if (!first || job.first_start < *first) first = job.first_start;
         if (!last || job.end > *last) last = job.end;
         sum += job.run_s;
+        const auto [t, is_measured] = serial_time(job);
+        serial += t;
+        (is_measured ? measured : estimated) += 1;
+        j["serial_s"] = rounded(t);
+        j["serial_method"] = is_measured ? "measured" : "estimated";
       }
+      job_list.push_back(j);
     }
     const double makespan = first ? seconds(*last - *first) : 0.0;
     root["makespan_s"] = rounded(makespan);
     root["sum_of_job_times_s"] = rounded(sum);
-    root["packing_speedup"] = makespan > 0 ? rounded(sum / makespan) : 0.0;
+    root["serial_estimate_s"] = rounded(serial);
+    root["serial_estimate_method"] = measured && estimated ? "mixed"
+                                     : measured            ? "measured"
+                                     : estimated           ? "estimated"
+                                                           : "none";
+    root["serial_estimator"] =
+        "per job: its serial_time when given (measured), else its CPU time over the " +
+        std::to_string(scheduler->cpus().size()) +
+        " CPU(s) of the allocation, at most its run time (estimated)";
+    root["packing_speedup"] = makespan > 0 ? rounded(serial / makespan) : 0.0;
     root["stopped_by_signal"] = stop_signal ? Json(signal_name(stop_signal)) : Json(nullptr);
+    root["allocation"] = allocation_json();
     root["jobs"] = job_list;
     Json gpus;
     gpus["sampled"] = !gpu_stats.empty();
     gpus["note"] = sampling_note;
     gpus["fake_inventory"] = fake_inventory;
     Json devices = Json::array();
-    for (const auto& gpu : scheduler->gpus()) {
+    for (const auto& gpu : slots) {
       Json d{{"id", gpu.id}};
-      auto it = gpu_stats.find(gpu.id);
+      if (allocation.gpus) d["visible_as"] = gpu.visible;
+      auto it = gpu.nvml_index ? gpu_stats.find(*gpu.nvml_index) : gpu_stats.end();
       if (it != gpu_stats.end() && it->second.samples > 0) {
         const auto& s = it->second;
         d["mean_utilization_percent"] = rounded(s.util_sum / double(s.samples));
@@ -696,11 +871,21 @@ struct Launcher::Impl {
     } else {
       out << "  GPU utilisation " << gpus["note"].get<std::string>() << "\n";
     }
+    const std::string method = s["serial_estimate_method"];
     snprintf(line, sizeof line,
-             "  makespan %.2fs, sum of job times %.2fs (packing speedup %.2fx)\n",
-             s["makespan_s"].get<double>(), s["sum_of_job_times_s"].get<double>(),
-             s["packing_speedup"].get<double>());
-    out << line << "  summary written to " << path << "\n";
+             "  makespan %.2fs; serial time %.2fs (%s) -> packing speedup %.2fx; "
+             "sum of job times %.2fs\n",
+             s["makespan_s"].get<double>(), s["serial_estimate_s"].get<double>(),
+             method == "estimated" ? "estimated from CPU time"
+             : method == "mixed"   ? "measured for some jobs, estimated from CPU time for others"
+                                   : method.c_str(),
+             s["packing_speedup"].get<double>(), s["sum_of_job_times_s"].get<double>());
+    out << line;
+    if (method == "estimated" || method == "mixed")
+      out << "  (the estimate spreads each job's CPU time over every CPU: low for jobs that wait "
+             "on a GPU or I/O,\n   high for jobs that spin; give each job's measured "
+             "serial_time to compare against that)\n";
+    out << "  summary written to " << path << "\n";
     std::cout << out.str() << std::flush;
   }
 
@@ -802,10 +987,12 @@ Launcher::Launcher(std::vector<JobSpec> jobs, LauncherOptions options)
       m.options.grace_period_s < 0 || m.options.sample_interval_s <= 0)
     throw LaunchError("back-off, grace period and sample interval must be positive");
   if (jobs.empty()) throw LaunchError("no jobs to run");
+  m.probe = probe_machine();
+  m.allocation = detect_allocation(m.probe);
   std::vector<GpuInfo> gpus;
   m.build_inventory(gpus);
   m.scheduler = std::make_unique<Scheduler>(
-      gpus, SchedulerOptions{m.options.max_parallel, m.options.strict_order});
+      gpus, m.cpu_inventory(), SchedulerOptions{m.options.max_parallel, m.options.strict_order});
   for (auto& spec : jobs) {
     validate_job(spec);
     for (const auto& other : m.jobs)
@@ -813,11 +1000,22 @@ Launcher::Launcher(std::vector<JobSpec> jobs, LauncherOptions options)
         throw LaunchError("two jobs are named '" + spec.name + "'; names must be unique");
     JobState state;
     try {
-      state.id = m.scheduler->submit(JobRequest{spec.gpu_count, spec.gpu_ids, spec.memory_fraction,
-                                                spec.memory_limit_mb, spec.priority});
+      state.id = m.scheduler->submit(JobRequest{.gpu_count = spec.gpu_count,
+                                                .gpu_ids = spec.gpu_ids,
+                                                .memory_fraction = spec.memory_fraction,
+                                                .memory_limit_mb = spec.memory_limit_mb,
+                                                .priority = spec.priority,
+                                                .cpus = spec.cpus});
     } catch (const LaunchError& e) {
+      std::string where;
+      if (spec.cpus && *spec.cpus > int(m.scheduler->cpus().size()))
+        where = m.fake_cpus ? " [declared with cpus_available]"
+                            : " [the allocation: " + m.allocation.cpu_source + "]";
+      else if (m.allocation.gpus && (spec.gpu_count > 0 || !spec.gpu_ids.empty()))
+        where = " [GPUs restricted by " + m.allocation.gpu_source +
+                "; job GPU ids index the GPUs it names]";
       throw LaunchError((spec.origin.empty() ? "" : spec.origin + ": ") + "job '" + spec.name +
-                        "': " + e.what());
+                        "': " + e.what() + where);
     }
     state.log_path =
         spec.log_file.empty() ? m.options.log_dir + "/" + spec.name + ".log" : spec.log_file;
@@ -827,6 +1025,10 @@ Launcher::Launcher(std::vector<JobSpec> jobs, LauncherOptions options)
 }
 
 Launcher::~Launcher() = default;
+
+std::string Launcher::allocation() const {
+  return impl_->allocation_line();
+}
 
 RunResult Launcher::run() {
   auto& m = *impl_;
@@ -842,8 +1044,11 @@ RunResult Launcher::run() {
   m.install_signals();
   m.t0 = Clock::now();
   m.next_sample = m.next_draw = m.t0;
+  m.emit("allocation", nullptr, m.allocation_json(), "allocation: " + m.allocation_line());
   for (const auto& job : m.jobs) {
     Json extra{{"priority", job.spec.priority}, {"command", job.spec.command}};
+    if (job.spec.cpus) extra["cpus"] = *job.spec.cpus;
+    if (job.spec.serial_time_s) extra["serial_time_s"] = *job.spec.serial_time_s;
     if (!job.spec.gpu_ids.empty())
       extra["gpu_ids"] = job.spec.gpu_ids;
     else
@@ -869,7 +1074,11 @@ RunResult Launcher::run() {
   m.restore_signals();
   const Json s = m.summary();
   m.emit("summary", nullptr,
-         Json{{"makespan_s", s["makespan_s"]}, {"sum_of_job_times_s", s["sum_of_job_times_s"]}},
+         Json{{"makespan_s", s["makespan_s"]},
+              {"sum_of_job_times_s", s["sum_of_job_times_s"]},
+              {"serial_estimate_s", s["serial_estimate_s"]},
+              {"serial_estimate_method", s["serial_estimate_method"]},
+              {"packing_speedup", s["packing_speedup"]}},
          "all jobs ended");
   const std::string path = m.options.summary_path();
   std::FILE* f = open_for_writing(path, "the summary");

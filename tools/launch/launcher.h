@@ -1,6 +1,7 @@
 #pragma once
 /// \file
-/// The launcher: runs jobs as the scheduler places them, logs them, restarts them, stops them.
+/// The launcher: runs jobs as the scheduler places them on the GPUs and CPUs of its allocation,
+/// pins them, logs them, restarts them, stops them.
 
 #include <memory>
 #include <string>
@@ -22,8 +23,9 @@ struct RunResult {
 /// handlers and makes itself the subreaper of its jobs' descendants.
 class Launcher {
  public:
-  /// Validates the jobs against the machine (or the declared GPU inventory); throws LaunchError
-  /// for a job that could never run, before anything starts.
+  /// Detects the allocation and validates the jobs against it (or against the declared GPU and
+  /// CPU inventories); throws LaunchError for a job that could never run, before anything
+  /// starts.
   Launcher(std::vector<JobSpec> jobs, LauncherOptions options);
   ~Launcher();
   Launcher(const Launcher&) = delete;
@@ -31,6 +33,10 @@ class Launcher {
 
   /// Runs every job, prints the summary and writes it as JSON; returns when all have ended.
   RunResult run();
+
+  /// One line saying which CPUs and GPUs the launcher packs onto and where they came from (its
+  /// affinity mask, the cgroup cpuset, Slurm's and CUDA's variables).
+  std::string allocation() const;
 
  private:
   struct Impl;

@@ -1,4 +1,4 @@
-// galley-launch: packs independent training jobs onto a machine's GPUs.
+// galley-launch: packs independent training jobs onto a machine's GPUs and CPU cores.
 
 #include <iostream>
 #include <string>
@@ -26,7 +26,8 @@ int main(int argc, char** argv) {
     std::vector<JobSpec> jobs = collect_jobs(command_line);
     Launcher launcher(jobs, command_line.options);
     if (command_line.check) {
-      std::cout << "galley-launch: " << jobs.size() << " job(s) can run on this machine\n";
+      std::cout << "galley-launch: allocation: " << launcher.allocation() << "\n"
+                << "galley-launch: " << jobs.size() << " job(s) can run on this machine\n";
       return 0;
     }
     return launcher.run().exit_code;

@@ -4,6 +4,7 @@
 
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace galley::launch {
@@ -24,6 +25,10 @@ struct LauncherOptions {
   std::optional<std::vector<int>> gpus_available;
   /// Memory of each declared GPU in MiB (0: unknown, memory limits then take a GPU alone).
   long gpu_memory_mb = 0;
+  /// CPUs to schedule on instead of those of the allocation the launcher runs in: a dry-run and
+  /// testing aid (each id not in the machine's topology counts as a core of its own on NUMA
+  /// node 0; pinning a job to a CPU the launcher may not use makes its start fail).
+  std::optional<std::vector<int>> cpus_available;
   /// Delay before the first restart; doubled for each further one.
   double backoff_initial_s = 1.0;
   /// Longest delay between restarts.
@@ -52,5 +57,13 @@ struct LauncherOptions {
 /// Parses a GPU id list such as "0,1,3" ("none" or "" is the empty list); throws LaunchError
 /// naming `what` on anything else.
 std::vector<int> parse_gpu_ids(const std::string& text, const std::string& what);
+
+/// Parses a Linux CPU list such as "0-3,8,10-11" (sysfs, cpusets, taskset -c) into ascending,
+/// unique ids; surrounding white space is ignored and "" is the empty list. Throws LaunchError
+/// naming `what` on anything else.
+std::vector<int> parse_cpu_list(std::string_view text, const std::string& what);
+
+/// Writes ids as a compact CPU list: {0, 1, 2, 3, 8} is "0-3,8"; {} is "".
+std::string format_cpu_list(std::vector<int> ids);
 
 }  // namespace galley::launch

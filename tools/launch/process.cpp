@@ -2,12 +2,15 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <sched.h>
 #include <signal.h>
 #include <string.h>
 #include <sys/prctl.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <map>
+#include <memory>
 
 #include "job.h"
 
@@ -101,6 +104,19 @@ Child spawn_child(const SpawnRequest& request) {
   for (const auto& e : request.env) envp.push_back(const_cast<char*>(e.c_str()));
   envp.push_back(nullptr);
   const char* dir = request.working_dir.empty() ? nullptr : request.working_dir.c_str();
+  // The affinity mask too: CPU_ALLOC is malloc, not allowed after fork.
+  const int max_cpu =
+      request.cpus.empty() ? 0 : *std::max_element(request.cpus.begin(), request.cpus.end());
+  if (max_cpu < 0) throw LaunchError("cannot pin a job to a negative CPU id");
+  const std::size_t mask_size = CPU_ALLOC_SIZE(max_cpu + 1);
+  std::unique_ptr<cpu_set_t, void (*)(cpu_set_t*)> mask(
+      request.cpus.empty() ? nullptr : CPU_ALLOC(max_cpu + 1), [](cpu_set_t* p) {
+        if (p) CPU_FREE(p);
+      });
+  if (mask) {
+    CPU_ZERO_S(mask_size, mask.get());
+    for (int id : request.cpus) CPU_SET_S(id, mask_size, mask.get());
+  }
 
   int out[2] = {-1, -1}, err[2] = {-1, -1}, status[2] = {-1, -1};
   if (pipe2(out, O_CLOEXEC) != 0 || pipe2(err, O_CLOEXEC) != 0 || pipe2(status, O_CLOEXEC) != 0) {
@@ -137,6 +153,7 @@ Child spawn_child(const SpawnRequest& request) {
     int devnull = open("/dev/null", O_RDONLY);
     if (devnull >= 0) dup2(devnull, STDIN_FILENO);
     if (dir && chdir(dir) != 0) fail('d');
+    if (mask && sched_setaffinity(0, mask_size, mask.get()) != 0) fail('a');
     execvpe(argv[0], argv.data(), envp.data());
     fail('e');
   }
@@ -158,9 +175,13 @@ Child spawn_child(const SpawnRequest& request) {
     memcpy(&e, msg + 1, sizeof(int));
     close(out[0]), close(err[0]);
     // Collected by the launcher's waitpid loop like any other child.
+    std::string cpus;
+    for (std::size_t i = 0; i < request.cpus.size(); ++i)
+      cpus += (i ? "," : "") + std::to_string(request.cpus[i]);
     std::string what = msg[0] == 'd'
                            ? "cannot enter working directory '" + request.working_dir + "'"
                        : msg[0] == 'e' ? "cannot run '" + request.argv[0] + "'"
+                       : msg[0] == 'a' ? "cannot pin the job to CPUs " + cpus
                                        : std::string("cannot redirect the job's output");
     throw LaunchError(what + ": " + strerror(e));
   }

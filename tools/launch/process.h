@@ -1,6 +1,7 @@
 #pragma once
 /// \file
-/// Starting a job's process: its own process group, piped stdout/stderr, an exact environment.
+/// Starting a job's process: its own process group, piped stdout/stderr, an exact environment,
+/// pinned to its CPUs.
 
 #include <sys/types.h>
 
@@ -17,6 +18,9 @@ struct SpawnRequest {
   std::string working_dir;
   /// The whole environment, as "NAME=value" entries.
   std::vector<std::string> env;
+  /// CPU ids the child is pinned to (sched_setaffinity before exec); empty leaves the
+  /// launcher's affinity.
+  std::vector<int> cpus;
 };
 
 /// A started child: it leads its own process group (pgid == pid).
@@ -31,7 +35,7 @@ struct Child {
 
 /// Starts `request` with fork/exec. The child gets SIGKILL if the launcher dies first
 /// (PR_SET_PDEATHSIG). Throws LaunchError, with the reason, if the program cannot be run
-/// (not found, not executable, bad working directory).
+/// (not found, not executable, bad working directory, CPUs it may not be pinned to).
 Child spawn_child(const SpawnRequest& request);
 
 /// Builds "NAME=value" entries from the launcher's environment with `overrides` applied.

@@ -48,6 +48,20 @@ TEST(CommandLine, ErrorsNameTheOption) {
   EXPECT_NE(message({"--env", "X", "--", "true"}).find("NAME=VALUE"), std::string::npos);
 }
 
+TEST(CommandLine, CpusSerialTimeAndDeclaredCpus) {
+  const auto cl = parse_command_line(
+      {"--cpus-available", "0-7", "--cpus", "2", "--serial-time=30", "--", "./train"});
+  ASSERT_TRUE(cl.job);
+  EXPECT_EQ(*cl.job->cpus, 2);
+  EXPECT_DOUBLE_EQ(*cl.job->serial_time_s, 30.0);
+  EXPECT_EQ(cl.options.cpus_available->size(), 8u);
+  EXPECT_TRUE(cl.set_keys.count("cpus_available"));
+  EXPECT_THROW(parse_command_line({"--cpus", "0", "--", "true"}), LaunchError);
+  EXPECT_THROW(parse_command_line({"--serial-time", "0", "--", "true"}), LaunchError);
+  EXPECT_THROW(parse_command_line({"--cpus-available", "x", "--", "true"}), LaunchError);
+  EXPECT_THROW(parse_command_line({"--cpus", "2", "jobs.toml"}), LaunchError);  // no command
+}
+
 TEST(CommandLine, HelpNeedsNothingElse) {
   EXPECT_TRUE(parse_command_line({"--help"}).help);
   EXPECT_NE(usage().find("--gpus-available"), std::string::npos);

@@ -3,10 +3,12 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <sched.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <filesystem>
 #include <fstream>
@@ -36,6 +38,59 @@ void write_text(const fs::path& path, const std::string& text) {
   std::ofstream(path) << text;
 }
 
+// The CPUs this test process may use.
+std::vector<int> usable_cpus() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  std::vector<int> ids;
+  if (sched_getaffinity(0, sizeof set, &set) == 0)
+    for (int id = 0; id < CPU_SETSIZE; ++id)
+      if (CPU_ISSET(id, &set)) ids.push_back(id);
+  return ids;
+}
+
+// Expands a Linux CPU list ("0-2,5").
+std::vector<int> expand_cpu_list(const std::string& text) {
+  std::vector<int> ids;
+  std::stringstream in(text);
+  for (std::string item; std::getline(in, item, ',');) {
+    const auto dash = item.find('-');
+    const int a = std::stoi(item.substr(0, dash));
+    const int b = dash == std::string::npos ? a : std::stoi(item.substr(dash + 1));
+    for (int id = a; id <= b; ++id) ids.push_back(id);
+  }
+  return ids;
+}
+
+// The affinity mask a job printed with `grep Cpus_allowed_list /proc/self/status`.
+std::vector<int> printed_mask(const std::string& log) {
+  std::smatch m;
+  if (!std::regex_search(log, m, std::regex(R"(Cpus_allowed_list:\s*([0-9,-]+))"))) return {};
+  return expand_cpu_list(m[1]);
+}
+
+// The value a job printed as `NAME=value`.
+std::string printed(const std::string& log, const std::string& name) {
+  std::smatch m;
+  if (!std::regex_search(log, m, std::regex(name + "=([^ \n]*)"))) return "<none>";
+  return m[1];
+}
+
+bool overlap(std::vector<int> a, std::vector<int> b) {
+  std::sort(a.begin(), a.end());
+  std::sort(b.begin(), b.end());
+  std::vector<int> both;
+  std::set_intersection(a.begin(), a.end(), b.begin(), b.end(), std::back_inserter(both));
+  return !both.empty();
+}
+
+// A job that shows what it was given, then holds its CPUs for `seconds`.
+std::string show_and_sleep(double seconds) {
+  return "grep Cpus_allowed_list /proc/self/status; echo GALLEY_NUM_THREADS=$GALLEY_NUM_THREADS "
+         "OMP_NUM_THREADS=$OMP_NUM_THREADS CUDA=$CUDA_VISIBLE_DEVICES; sleep " +
+         std::to_string(seconds);
+}
+
 // One test's scratch directory; the launcher runs inside it.
 class LaunchTest : public ::testing::Test {
  protected:
@@ -46,8 +101,14 @@ class LaunchTest : public ::testing::Test {
     fs::create_directories(dir_);
   }
 
-  // Starts galley-launch with `args` (and extra environment) in the test directory.
-  pid_t start(const std::vector<std::string>& args, const std::vector<std::string>& env = {}) {
+  // Starts galley-launch with `args` (and extra environment) in the test directory, pinned to
+  // `cpus` when given. What the launcher would read as its allocation (Slurm and CUDA
+  // variables) and thread settings are cleared first, so that the tests see only their own.
+  pid_t start(const std::vector<std::string>& args, const std::vector<std::string>& env = {},
+              const std::vector<int>& cpus = {}) {
+    cpu_set_t mask;
+    CPU_ZERO(&mask);
+    for (int id : cpus) CPU_SET(id, &mask);
     const pid_t pid = fork();
     if (pid == 0) {
       if (chdir(dir_.c_str()) != 0) _exit(99);
@@ -55,6 +116,11 @@ class LaunchTest : public ::testing::Test {
       int err = open("stderr.txt", O_WRONLY | O_CREAT | O_TRUNC, 0644);
       dup2(out, 1);
       dup2(err, 2);
+      for (const char* name :
+           {"CUDA_VISIBLE_DEVICES", "SLURM_STEP_GPUS", "SLURM_JOB_GPUS", "SLURM_CPUS_ON_NODE",
+            "SLURM_JOB_ID", "GALLEY_NUM_THREADS", "OMP_NUM_THREADS", "GALLEY_LAUNCH_FAKE_GPUS"})
+        unsetenv(name);
+      if (!cpus.empty() && sched_setaffinity(0, sizeof mask, &mask) != 0) _exit(97);
       for (const auto& e : env) putenv(const_cast<char*>(e.c_str()));
       std::vector<char*> argv{const_cast<char*>(GALLEY_LAUNCH_BIN)};
       for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
@@ -80,8 +146,16 @@ class LaunchTest : public ::testing::Test {
     return -1;
   }
 
-  int run(const std::vector<std::string>& args, const std::vector<std::string>& env = {}) {
-    return wait_for(start(args, env));
+  int run(const std::vector<std::string>& args, const std::vector<std::string>& env = {},
+          const std::vector<int>& cpus = {}) {
+    return wait_for(start(args, env, cpus));
+  }
+
+  // The first two CPUs this process may use; skips the test where there are fewer.
+  std::vector<int> two_cpus() {
+    const auto cpus = usable_cpus();
+    if (cpus.size() < 2) return {};
+    return {cpus[0], cpus[1]};
   }
 
   std::vector<Json> events() const {
@@ -217,18 +291,21 @@ name = "a"
 command = "echo gpu=$CUDA_VISIBLE_DEVICES; sleep 0.4"
 gpus = 1
 memory_fraction = 0.4
+serial_time = 0.4
 
 [[job]]
 name = "b"
 command = "sleep 0.4"
 gpus = 1
 memory_fraction = 0.4
+serial_time = 0.4
 
 [[job]]
 name = "c"
 command = "sleep 0.1"
 gpus = 1
 memory_fraction = 0.7
+serial_time = 0.1
 )");
   // The fake inventory through the environment: one GPU, id 0.
   EXPECT_EQ(run({"jobs.toml"}, {"GALLEY_LAUNCH_FAKE_GPUS=1"}), 0);
@@ -242,7 +319,12 @@ memory_fraction = 0.7
   EXPECT_GE(at("started", "c"), at("exited", "b"));
   EXPECT_EQ(events("started", "a")[0]["gpus"], Json::array({0}));
   EXPECT_NE(job_log("a").find("gpu=0"), std::string::npos);
-  EXPECT_GT(summary()["packing_speedup"].get<double>(), 1.0);
+  // Against the jobs' measured serial times (0.9 s in all), not their packed ones.
+  const Json s = summary();
+  EXPECT_EQ(s["serial_estimate_method"], "measured");
+  EXPECT_DOUBLE_EQ(s["serial_estimate_s"].get<double>(), 0.9);
+  EXPECT_NEAR(s["packing_speedup"].get<double>(), 0.9 / s["makespan_s"].get<double>(), 0.01);
+  EXPECT_GT(s["packing_speedup"].get<double>(), 1.0);
 }
 
 TEST_F(LaunchTest, JobLogsHaveTimestampedLinesFromBothStreams) {
@@ -428,6 +510,186 @@ TEST_F(LaunchTest, UtilisationIsSampledThroughNvmlWhenPresent) {
   // The inventory came from NVML with its memory: 40 GiB of 80 is a share of 0.5.
   EXPECT_DOUBLE_EQ(events("started", "big")[0]["share"].get<double>(), 0.5);
   EXPECT_NE(read_text(dir_ / "stdout.txt").find("mean utilisation 50.0%"), std::string::npos);
+}
+
+// --- CPUs and the allocation ------------------------------------------------------------------
+
+TEST_F(LaunchTest, TwoJobsWithOneCpuEachRunSideBySideOnDisjointCpus) {
+  const auto cpus = usable_cpus();
+  if (cpus.size() < 2) GTEST_SKIP() << "needs 2 usable CPUs, this process has " << cpus.size();
+  write_text(dir_ / "jobs.toml", "[[job]]\nname = \"a\"\ncpus = 1\ncommand = \"" +
+                                     show_and_sleep(0.5) +
+                                     "\"\n[[job]]\nname = \"b\"\ncpus = 1\ncommand = \"" +
+                                     show_and_sleep(0.5) + "\"\n");
+  EXPECT_EQ(run({"jobs.toml"}), 0);
+  const auto a = printed_mask(job_log("a")), b = printed_mask(job_log("b"));
+  ASSERT_EQ(a.size(), 1u) << job_log("a");
+  ASSERT_EQ(b.size(), 1u) << job_log("b");
+  EXPECT_FALSE(overlap(a, b)) << a[0] << " and " << b[0];
+  for (const char* job : {"a", "b"}) {
+    EXPECT_EQ(printed(job_log(job), "GALLEY_NUM_THREADS"), "1") << job_log(job);
+    EXPECT_EQ(printed(job_log(job), "OMP_NUM_THREADS"), "1") << job_log(job);
+  }
+  // Side by side, and what they were given is in the event log and the summary.
+  EXPECT_LT(events("started", "b")[0]["elapsed_s"].get<double>(),
+            events("exited", "a")[0]["elapsed_s"].get<double>());
+  EXPECT_EQ(events("started", "a")[0]["cpus"], Json::array({a[0]}));
+  EXPECT_EQ(summary_of("b")["cpus"], Json::array({b[0]}));
+  EXPECT_EQ(summary_of("b")["cpus_requested"], 1);
+}
+
+TEST_F(LaunchTest, TwoJobsWantingTwoCpusOnTwoCpusRunOneAfterTheOther) {
+  const auto cpus = two_cpus();
+  if (cpus.empty())
+    GTEST_SKIP() << "needs 2 usable CPUs, this process has " << usable_cpus().size();
+  write_text(dir_ / "jobs.toml", "[[job]]\nname = \"a\"\ncpus = 2\ncommand = \"" +
+                                     show_and_sleep(0.3) +
+                                     "\"\n[[job]]\nname = \"b\"\ncpus = 2\ncommand = \"" +
+                                     show_and_sleep(0.3) + "\"\n");
+  EXPECT_EQ(run({"jobs.toml"}, {}, cpus), 0);  // the launcher is given exactly 2 CPUs
+  EXPECT_GE(events("started", "b")[0]["elapsed_s"].get<double>(),
+            events("exited", "a")[0]["elapsed_s"].get<double>());
+  for (const char* job : {"a", "b"}) {
+    EXPECT_EQ(printed_mask(job_log(job)), cpus) << job_log(job);
+    EXPECT_EQ(printed(job_log(job), "GALLEY_NUM_THREADS"), "2") << job_log(job);
+  }
+}
+
+TEST_F(LaunchTest, JobsWithoutCpusSplitTheCpusEvenly) {
+  const auto cpus = two_cpus();
+  if (cpus.empty())
+    GTEST_SKIP() << "needs 2 usable CPUs, this process has " << usable_cpus().size();
+  write_text(dir_ / "jobs.toml", "[[job]]\nname = \"a\"\ncommand = \"" + show_and_sleep(0.3) +
+                                     "\"\n[[job]]\nname = \"b\"\ncommand = \"" +
+                                     show_and_sleep(0.3) + "\"\n");
+  EXPECT_EQ(run({"jobs.toml"}, {}, cpus), 0);
+  const auto a = printed_mask(job_log("a")), b = printed_mask(job_log("b"));
+  EXPECT_EQ(a.size(), 1u) << job_log("a");
+  EXPECT_EQ(b.size(), 1u) << job_log("b");
+  EXPECT_FALSE(overlap(a, b));
+  EXPECT_EQ(printed(job_log("a"), "GALLEY_NUM_THREADS"), "1");
+}
+
+TEST_F(LaunchTest, TheJobsOwnThreadSettingsWin) {
+  EXPECT_EQ(run({"--cpus", "1", "--env", "OMP_NUM_THREADS=7", "--name", "own", "--", "sh", "-c",
+                 show_and_sleep(0)}),
+            0);
+  EXPECT_EQ(printed(job_log("own"), "OMP_NUM_THREADS"), "7");
+  EXPECT_EQ(printed(job_log("own"), "GALLEY_NUM_THREADS"), "1");
+}
+
+TEST_F(LaunchTest, CheckRefusesMoreCpusThanTheAllocationNamingJobAndNumbers) {
+  const auto cpus = usable_cpus();
+  const std::string wanted = std::to_string(cpus.size() + 1);
+  EXPECT_EQ(run({"--check", "--cpus", wanted, "--name", "big", "--", "true"}), 2);
+  const std::string err = stderr_text();
+  EXPECT_NE(err.find("job 'big'"), std::string::npos) << err;
+  EXPECT_NE(err.find("wants " + wanted + " CPU(s) but only " + std::to_string(cpus.size())),
+            std::string::npos)
+      << err;
+  EXPECT_NE(err.find("affinity mask"), std::string::npos) << err;
+  // What fits passes, and the check says what it was given.
+  EXPECT_EQ(run({"--check", "--cpus", "1", "--", "true"}), 0);
+  EXPECT_NE(read_text(dir_ / "stdout.txt").find("allocation: "), std::string::npos);
+}
+
+TEST_F(LaunchTest, SlurmCpusOnNodeLimitsTheCpusToTheFirstOfTheMask) {
+  const auto cpus = two_cpus();
+  if (cpus.empty())
+    GTEST_SKIP() << "needs 2 usable CPUs, this process has " << usable_cpus().size();
+  EXPECT_EQ(run({"--name", "slurm", "--", "sh", "-c", show_and_sleep(0)},
+                {"SLURM_CPUS_ON_NODE=1", "SLURM_JOB_ID=42"}, cpus),
+            0);
+  const auto allocation = events("allocation");
+  ASSERT_EQ(allocation.size(), 1u);
+  EXPECT_EQ(allocation[0]["cpus"], Json::array({cpus[0]}));
+  EXPECT_NE(allocation[0]["cpu_source"].get<std::string>().find("SLURM_CPUS_ON_NODE=1"),
+            std::string::npos);
+  EXPECT_EQ(printed_mask(job_log("slurm")), std::vector<int>{cpus[0]});
+  EXPECT_NE(read_text(dir_ / "stdout.txt").find("SLURM_CPUS_ON_NODE=1"), std::string::npos);
+  // A job that wants both CPUs cannot run inside this allocation.
+  EXPECT_EQ(run({"--check", "--cpus", "2", "--", "true"}, {"SLURM_CPUS_ON_NODE=1"}, cpus), 2);
+  EXPECT_NE(stderr_text().find("wants 2 CPU(s) but only 1"), std::string::npos) << stderr_text();
+}
+
+TEST_F(LaunchTest, AnInheritedCudaVisibleDevicesMapsJobGpuIdsOntoItsDevices) {
+  write_text(dir_ / "jobs.toml", R"(
+[launcher]
+gpus_available = [0, 1, 2, 3]
+
+[[job]]
+name = "first"
+command = "echo CUDA=$CUDA_VISIBLE_DEVICES"
+gpus = [0]
+
+[[job]]
+name = "second"
+command = "echo CUDA=$CUDA_VISIBLE_DEVICES"
+gpus = [1]
+
+[[job]]
+name = "both"
+command = "echo CUDA=$CUDA_VISIBLE_DEVICES"
+gpus = 2
+)");
+  EXPECT_EQ(run({"jobs.toml"}, {"CUDA_VISIBLE_DEVICES=3,1"}), 0);
+  EXPECT_EQ(printed(job_log("first"), "CUDA"), "3") << job_log("first");
+  EXPECT_EQ(printed(job_log("second"), "CUDA"), "1") << job_log("second");
+  EXPECT_EQ(printed(job_log("both"), "CUDA"), "3,1") << job_log("both");
+  const auto allocation = events("allocation");
+  ASSERT_EQ(allocation.size(), 1u);
+  EXPECT_EQ(allocation[0]["gpu_source"], "CUDA_VISIBLE_DEVICES");
+  EXPECT_EQ(allocation[0]["gpus_visible"], Json::array({"3", "1"}));
+  EXPECT_EQ(events("started", "first")[0]["cuda_visible_devices"], "3");
+  EXPECT_EQ(summary_of("second")["gpus"], Json::array({1}));
+  EXPECT_EQ(summary_of("second")["cuda_visible_devices"], "1");
+  // Only two GPUs were given: GPU 2 does not exist for the jobs.
+  EXPECT_EQ(run({"--check", "--gpus-available", "0,1,2,3", "--gpu-ids", "2", "--", "true"},
+                {"CUDA_VISIBLE_DEVICES=3,1"}),
+            2);
+  EXPECT_NE(stderr_text().find("asks for GPU 2"), std::string::npos) << stderr_text();
+  EXPECT_NE(stderr_text().find("CUDA_VISIBLE_DEVICES"), std::string::npos) << stderr_text();
+}
+
+TEST_F(LaunchTest, ARestrictedGpuIsSampledUnderItsNvmlIndex) {
+  // The fake NVML has GPUs 0 (50%) and 1 (60%); the launcher was given GPU 1 alone.
+  const std::string path = std::string("LD_LIBRARY_PATH=") + GALLEY_LAUNCH_FAKE_NVML_DIR;
+  EXPECT_EQ(run({"--sample-interval", "0.05", "--gpus", "1", "--name", "one", "--", "sh", "-c",
+                 "echo CUDA=$CUDA_VISIBLE_DEVICES; sleep 0.3"},
+                {path, "CUDA_VISIBLE_DEVICES=1"}),
+            0);
+  EXPECT_EQ(printed(job_log("one"), "CUDA"), "1");
+  const Json gpus = summary()["gpus"];
+  ASSERT_EQ(gpus["devices"].size(), 1u) << gpus.dump();
+  EXPECT_EQ(gpus["devices"][0]["id"], 0);
+  EXPECT_EQ(gpus["devices"][0]["visible_as"], "1");
+  EXPECT_DOUBLE_EQ(gpus["devices"][0]["mean_utilization_percent"].get<double>(), 60.0);
+}
+
+TEST_F(LaunchTest, SlurmJobGpusRestrictTheGpusWithoutCudaVisibleDevices) {
+  EXPECT_EQ(run({"--gpus", "1", "--name", "g", "--", "sh", "-c", "echo CUDA=$CUDA_VISIBLE_DEVICES"},
+                {"GALLEY_LAUNCH_FAKE_GPUS=4", "SLURM_JOB_GPUS=2"}),
+            0);
+  EXPECT_EQ(printed(job_log("g"), "CUDA"), "2") << job_log("g");
+  EXPECT_EQ(events("allocation")[0]["gpu_source"], "SLURM_JOB_GPUS");
+}
+
+TEST_F(LaunchTest, WithoutMeasuredTimesTheSerialTimeIsEstimatedFromCpuTime) {
+  // A job that keeps one CPU busy for a moment.
+  EXPECT_EQ(run({"--cpus", "1", "--name", "busy", "--", "sh", "-c",
+                 "i=0; while [ $i -lt 30000 ]; do i=$((i+1)); done"}),
+            0);
+  const Json s = summary();
+  const Json job = summary_of("busy");
+  EXPECT_EQ(s["serial_estimate_method"], "estimated");
+  EXPECT_EQ(job["serial_method"], "estimated");
+  const double cpu = job["cpu_s"].get<double>(), run_s = job["run_s"].get<double>();
+  EXPECT_GT(cpu, 0.0);
+  const double cpus = double(s["allocation"]["cpus"].size());
+  EXPECT_NEAR(job["serial_s"].get<double>(), std::min(run_s, cpu / cpus), 0.002);
+  EXPECT_NEAR(s["packing_speedup"].get<double>(),
+              s["serial_estimate_s"].get<double>() / s["makespan_s"].get<double>(), 0.02);
+  EXPECT_TRUE(s.contains("sum_of_job_times_s"));
 }
 
 }  // namespace

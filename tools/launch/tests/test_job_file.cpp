@@ -85,6 +85,43 @@ command = "true"
   EXPECT_TRUE(options.strict_order);
 }
 
+TEST(JobFile, ReadsCpusSerialTimeAndDeclaredCpus) {
+  LauncherOptions options;
+  const auto jobs = parse(R"(
+[launcher]
+cpus_available = "0-3,8"
+
+[[job]]
+command = "true"
+cpus = 4
+serial_time = 12.5
+
+[[job]]
+command = "true"
+)",
+                          &options);
+  EXPECT_EQ(*jobs[0].cpus, 4);
+  EXPECT_DOUBLE_EQ(*jobs[0].serial_time_s, 12.5);
+  EXPECT_FALSE(jobs[1].cpus);
+  EXPECT_FALSE(jobs[1].serial_time_s);
+  EXPECT_EQ(*options.cpus_available, (std::vector<int>{0, 1, 2, 3, 8}));
+  parse("[launcher]\ncpus_available = [3, 1]\n[[job]]\ncommand = \"true\"\n", &options);
+  EXPECT_EQ(*options.cpus_available, (std::vector<int>{1, 3}));
+}
+
+TEST(JobFile, BadCpusAndSerialTimeNameLineAndKey) {
+  auto msg = error_of("[[job]]\ncommand = \"true\"\ncpus = 0\n");
+  EXPECT_NE(msg.find("jobs.toml:3:"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("key 'cpus'"), std::string::npos) << msg;
+  msg = error_of("[[job]]\ncommand = \"true\"\ncpus = \"all\"\n");
+  EXPECT_NE(msg.find("key 'cpus'"), std::string::npos) << msg;
+  msg = error_of("[[job]]\ncommand = \"true\"\nserial_time = -1\n");
+  EXPECT_NE(msg.find("key 'serial_time'"), std::string::npos) << msg;
+  msg = error_of("[launcher]\ncpus_available = \"0-\"\n[[job]]\ncommand = \"true\"\n");
+  EXPECT_NE(msg.find("jobs.toml:2:"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("cpus_available"), std::string::npos) << msg;
+}
+
 TEST(JobFile, WrongTypeNamesLineAndKey) {
   const auto msg = error_of(R"([[job]]
 name = "a"

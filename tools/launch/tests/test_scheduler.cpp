@@ -1,5 +1,9 @@
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cstdlib>
+#include <iterator>
+
 #include "gpu_monitor.h"
 #include "job.h"
 #include "options.h"
@@ -220,6 +224,244 @@ TEST(Scheduler, BadSharesAndLimitsAreRejected) {
 
 TEST(Scheduler, DuplicateInventoryIdsAreRejected) {
   EXPECT_THROW(Scheduler({GpuInfo{0, 0}, GpuInfo{0, 0}}), LaunchError);
+}
+
+// --- CPUs ------------------------------------------------------------------------------------
+
+// `n` physical cores of `threads` hyper-threads each over `nodes` NUMA nodes (cores split evenly,
+// in order), numbered as Linux numbers them on x86: thread t of core c is CPU t * n + c.
+std::vector<CpuInfo> cores(int n, int threads = 1, int nodes = 1) {
+  std::vector<CpuInfo> list;
+  for (int t = 0; t < threads; ++t)
+    for (int c = 0; c < n; ++c) list.push_back(CpuInfo{t * n + c, c, c / (n / nodes)});
+  return list;
+}
+
+JobRequest on_cpus(int cpus, int gpus = 0, int priority = 0) {
+  JobRequest r;
+  r.cpus = cpus;
+  r.gpu_count = gpus;
+  r.priority = priority;
+  return r;
+}
+
+JobRequest without_cpus(int gpus = 0, int priority = 0) {
+  return on_gpus(gpus, std::nullopt, priority);
+}
+
+const Assignment& of(const std::vector<Assignment>& started, std::size_t job) {
+  for (const auto& a : started)
+    if (a.job == job) return a;
+  ADD_FAILURE() << "job " << job << " did not start";
+  static const Assignment none;
+  return none;
+}
+
+bool disjoint(std::vector<int> a, std::vector<int> b) {
+  std::sort(a.begin(), a.end());
+  std::sort(b.begin(), b.end());
+  std::vector<int> both;
+  std::set_intersection(a.begin(), a.end(), b.begin(), b.end(), std::back_inserter(both));
+  return both.empty();
+}
+
+TEST(SchedulerCpus, JobsWithCpusGetDisjointCpus) {
+  Scheduler s({}, cores(4));
+  const auto a = s.submit(on_cpus(1));
+  const auto b = s.submit(on_cpus(2));
+  const auto c = s.submit(on_cpus(1));
+  const auto started = s.schedule();
+  ASSERT_EQ(started.size(), 3u);
+  EXPECT_EQ(of(started, a).cpus, std::vector<int>{0});
+  EXPECT_EQ(of(started, b).cpus, (std::vector<int>{1, 2}));
+  EXPECT_EQ(of(started, c).cpus, std::vector<int>{3});
+  for (int id = 0; id < 4; ++id) EXPECT_EQ(s.cpu_holders(id), 1);
+  s.release(b);
+  EXPECT_EQ(s.cpu_holders(1), 0);
+  EXPECT_EQ(s.cpu_holders(2), 0);
+}
+
+TEST(SchedulerCpus, BothHyperThreadsOfACoreBeforeTheNextCore) {
+  // Cores 0..3 with siblings {0,4}, {1,5}, {2,6}, {3,7}.
+  Scheduler s({}, cores(4, 2));
+  const auto a = s.submit(on_cpus(2));
+  const auto b = s.submit(on_cpus(3));
+  const auto started = s.schedule();
+  EXPECT_EQ(of(started, a).cpus, (std::vector<int>{0, 4}));
+  EXPECT_EQ(of(started, b).cpus, (std::vector<int>{1, 2, 5}));  // core 1 whole, then half of 2
+  // One thread goes to the core already split (2), keeping core 3 whole for a pair.
+  const auto c = s.submit(on_cpus(1));
+  const auto d = s.submit(on_cpus(2));
+  const auto next = s.schedule();
+  EXPECT_EQ(of(next, c).cpus, std::vector<int>{6});
+  EXPECT_EQ(of(next, d).cpus, (std::vector<int>{3, 7}));
+}
+
+TEST(SchedulerCpus, AJobStaysOnOneNumaNodeWhereItFits) {
+  // Two nodes of 4 cores each: CPUs 0-3 on node 0, 4-7 on node 1.
+  Scheduler s({}, cores(8, 1, 2));
+  const auto a = s.submit(on_cpus(3));
+  const auto b = s.submit(on_cpus(2));  // does not fit beside a on node 0: node 1
+  const auto c = s.submit(on_cpus(1));  // the fullest node that fits: node 0
+  const auto started = s.schedule();
+  EXPECT_EQ(of(started, a).cpus, (std::vector<int>{0, 1, 2}));
+  EXPECT_EQ(of(started, b).cpus, (std::vector<int>{4, 5}));
+  EXPECT_EQ(of(started, c).cpus, std::vector<int>{3});
+  s.release(a);
+  s.release(c);
+  // 4 free on node 0 and 2 on node 1: 5 CPUs fit on no node, so they span, fullest-free first.
+  const auto d = s.submit(on_cpus(5));
+  const auto next = s.schedule();
+  EXPECT_EQ(of(next, d).cpus, (std::vector<int>{0, 1, 2, 3, 6}));
+}
+
+TEST(SchedulerCpus, AJobWaitsForItsCpus) {
+  Scheduler s({}, cores(2));
+  const auto a = s.submit(on_cpus(2));
+  const auto b = s.submit(on_cpus(2));
+  EXPECT_EQ(ids(s.schedule()), std::vector<std::size_t>{a});
+  EXPECT_TRUE(s.schedule().empty());
+  EXPECT_EQ(s.queued(), 1u);
+  s.release(a);
+  const auto next = s.schedule();
+  EXPECT_EQ(ids(next), std::vector<std::size_t>{b});
+  EXPECT_EQ(next[0].cpus, (std::vector<int>{0, 1}));
+}
+
+TEST(SchedulerCpus, AJobWaitsUntilItsCpusAndItsGpuShareAreBothFree) {
+  Scheduler s(gpus(1), cores(2));
+  const auto a = s.submit(on_cpus(1, 1));
+  const auto b = s.submit(on_cpus(1, 1));  // CPUs free, GPU not
+  const auto c = s.submit(on_cpus(2));     // no GPU needed, CPUs not free
+  EXPECT_EQ(ids(s.schedule()), std::vector<std::size_t>{a});
+  s.release(a);
+  EXPECT_EQ(ids(s.schedule()), std::vector<std::size_t>{b});
+  s.release(b);
+  EXPECT_EQ(ids(s.schedule()), std::vector<std::size_t>{c});
+}
+
+TEST(SchedulerCpus, JobsWithoutCpusShareTheUnreservedCpusEvenly) {
+  Scheduler s({}, cores(8));
+  const auto fixed = s.submit(on_cpus(2));
+  const auto x = s.submit(without_cpus());
+  const auto y = s.submit(without_cpus());
+  const auto z = s.submit(without_cpus());
+  const auto started = s.schedule();
+  ASSERT_EQ(started.size(), 4u);
+  EXPECT_EQ(of(started, fixed).cpus, (std::vector<int>{0, 1}));
+  // 6 unreserved CPUs over 3 jobs: 2 each, disjoint.
+  EXPECT_EQ(of(started, x).cpus, (std::vector<int>{2, 3}));
+  EXPECT_EQ(of(started, y).cpus, (std::vector<int>{4, 5}));
+  EXPECT_EQ(of(started, z).cpus, (std::vector<int>{6, 7}));
+}
+
+TEST(SchedulerCpus, TheRemainderOfTheEvenShareGoesToTheFirstJobs) {
+  Scheduler s({}, cores(5));
+  const auto x = s.submit(without_cpus());
+  const auto y = s.submit(without_cpus());
+  const auto started = s.schedule();
+  EXPECT_EQ(of(started, x).cpus, (std::vector<int>{0, 1, 2}));
+  EXPECT_EQ(of(started, y).cpus, (std::vector<int>{3, 4}));
+}
+
+TEST(SchedulerCpus, JobsWithoutCpusNeverWaitAndOverlapOnlyWhenTheyOutnumberTheCpus) {
+  Scheduler s({}, cores(2));
+  for (int i = 0; i < 3; ++i) s.submit(without_cpus());
+  const auto started = s.schedule();
+  ASSERT_EQ(started.size(), 3u);
+  for (const auto& a : started) EXPECT_EQ(a.cpus.size(), 1u);
+  EXPECT_TRUE(disjoint(started[0].cpus, started[1].cpus));
+  EXPECT_EQ(s.cpu_holders(0) + s.cpu_holders(1), 3);
+  EXPECT_LE(std::abs(s.cpu_holders(0) - s.cpu_holders(1)), 1);  // the least held CPU first
+}
+
+TEST(SchedulerCpus, ALaterJobWithoutCpusTakesFreeCpusFirst) {
+  Scheduler s(gpus(1), cores(4));
+  const auto a = s.submit(without_cpus(1));
+  const auto b = s.submit(without_cpus(1));  // waits for the GPU
+  const auto c = s.submit(without_cpus());
+  const auto started = s.schedule();
+  ASSERT_EQ(started.size(), 2u);
+  EXPECT_EQ(of(started, a).cpus, (std::vector<int>{0, 1}));
+  EXPECT_EQ(of(started, c).cpus, (std::vector<int>{2, 3}));
+  s.release(a);
+  const auto next = s.schedule();
+  EXPECT_EQ(ids(next), std::vector<std::size_t>{b});
+  EXPECT_EQ(next[0].cpus, (std::vector<int>{0, 1}));  // 4 over b and c: 2, from the free ones
+}
+
+TEST(SchedulerCpus, AJobWithCpusWaitsForCpusAJobWithoutCpusHolds) {
+  Scheduler s(gpus(1), cores(2));
+  const auto alone = s.submit(without_cpus(1));
+  EXPECT_EQ(s.schedule()[0].cpus, (std::vector<int>{0, 1}));  // alone: every CPU
+  const auto fixed = s.submit(on_cpus(1));
+  EXPECT_TRUE(s.schedule().empty());
+  s.release(alone);
+  EXPECT_EQ(ids(s.schedule()), std::vector<std::size_t>{fixed});
+}
+
+TEST(SchedulerCpus, AJobWithCpusLeavesAJobWithoutCpusOfTheSamePassACpu) {
+  Scheduler s({}, cores(2));
+  const auto shared = s.submit(without_cpus(0, 5));
+  const auto fixed = s.submit(on_cpus(2));
+  const auto started = s.schedule();
+  EXPECT_EQ(ids(started), std::vector<std::size_t>{shared});
+  EXPECT_EQ(started[0].cpus, (std::vector<int>{0, 1}));
+  s.release(shared);
+  EXPECT_EQ(ids(s.schedule()), std::vector<std::size_t>{fixed});
+}
+
+TEST(SchedulerCpus, BackfillLetsASmallerCpuRequestPass) {
+  Scheduler s({}, cores(2));
+  const auto running = s.submit(on_cpus(1));
+  s.schedule();
+  const auto big = s.submit(on_cpus(2, 0, 9));
+  const auto small = s.submit(on_cpus(1));
+  EXPECT_EQ(ids(s.schedule()), std::vector<std::size_t>{small});
+  s.release(running);
+  s.release(small);
+  EXPECT_EQ(ids(s.schedule()), std::vector<std::size_t>{big});
+}
+
+TEST(SchedulerCpus, StrictOrderBlocksBehindACpuRequestThatDoesNotFit) {
+  Scheduler s({}, cores(2), SchedulerOptions{.strict_order = true});
+  const auto running = s.submit(on_cpus(1));
+  s.schedule();
+  const auto big = s.submit(on_cpus(2, 0, 9));
+  s.submit(on_cpus(1));
+  EXPECT_TRUE(s.schedule().empty());
+  s.release(running);
+  EXPECT_EQ(ids(s.schedule()), std::vector<std::size_t>{big});
+}
+
+TEST(SchedulerCpus, ARestartedJobGetsItsCpusAgain) {
+  Scheduler s({}, cores(2));
+  const auto a = s.submit(on_cpus(2));
+  s.schedule();
+  s.requeue(a);  // releases, then queues again
+  EXPECT_EQ(s.cpu_holders(0), 0);
+  EXPECT_EQ(s.schedule()[0].cpus, (std::vector<int>{0, 1}));
+}
+
+TEST(SchedulerCpus, MoreCpusThanTheMachineHasIsRejectedWithTheNumbers) {
+  Scheduler s({}, cores(2));
+  try {
+    s.submit(on_cpus(3));
+    FAIL() << "expected LaunchError";
+  } catch (const LaunchError& e) {
+    EXPECT_NE(std::string(e.what()).find("wants 3 CPU(s) but only 2 are available (cpus 0-1)"),
+              std::string::npos)
+        << e.what();
+  }
+  EXPECT_THROW(s.submit(on_cpus(0)), LaunchError);
+  Scheduler untracked(gpus(1));
+  EXPECT_THROW(untracked.submit(on_cpus(1)), LaunchError);
+  untracked.submit(without_cpus());
+  EXPECT_TRUE(untracked.schedule()[0].cpus.empty());  // untracked: nothing pinned
+}
+
+TEST(SchedulerCpus, DuplicateCpuIdsAreRejected) {
+  EXPECT_THROW(Scheduler({}, {CpuInfo{1, 0, 0}, CpuInfo{1, 1, 0}}), LaunchError);
 }
 
 TEST(ParseGpuIds, ListsAndNone) {
