@@ -197,22 +197,33 @@ def table(results):
     return "\n".join(lines)
 
 
-def plot(results, path):
+def plot(results, path, baseline=None):
+    """Throughput of the side-by-side ways over the serial way of the same run (the machine's
+    speed drifts between runs; a ratio within one run does not); with `baseline` (an earlier
+    run's results) its ratios beside them."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    ways = ("serial", "packed", "default")
-    fig, axes = plt.subplots(1, len(results), figsize=(4.5 * len(results), 3.6), squeeze=False)
+    before = {(r["model"], r["jobs"]): r for r in (baseline or [])}
+    fig, axes = plt.subplots(1, len(results), figsize=(4.6 * len(results), 3.6), squeeze=False)
     for ax, r in zip(axes[0], results):
-        vals = [r["ways"][w]["aggregate_samples_per_s"] for w in ways]
-        bars = ax.bar(ways, vals, color=["#888888", "#2a7ab9", "#d9822b"])
-        for b, w in zip(bars, ways):
-            ax.text(b.get_x() + b.get_width() / 2, b.get_height(),
-                    f"{r['ways'][w]['throughput_vs_serial']:.2f}x", ha="center", va="bottom")
+        b = before.get((r["model"], r["jobs"]))
+        runs = ([("before", b, "#bbbbbb")] if b else []) + [("now" if b else "", r, None)]
+        width = 0.8 / len(runs)
+        for i, (label, run, color) in enumerate(runs):
+            for j, way in enumerate(("packed", "default")):
+                v = run["ways"][way]["throughput_vs_serial"]
+                c = color or {"packed": "#2a7ab9", "default": "#d9822b"}[way]
+                bar = ax.bar(j + (i - (len(runs) - 1) / 2) * width, v, width * 0.95, color=c)[0]
+                ax.text(bar.get_x() + bar.get_width() / 2, v, f"{label}\n{v:.2f}x", ha="center",
+                        va="bottom", fontsize=8)
+        ax.axhline(1.0, color="#444444", linewidth=0.8, linestyle="--")
+        ax.set_xticks([0, 1], ["packed (pinned share)", "default (as started)"])
+        ax.set_ylim(0, max(1.6, ax.get_ylim()[1] * 1.15))
         ax.set_title(f"{r['model']}: {r['jobs']} jobs on {r.get('device', 'cpu')}")
-        ax.set_ylabel("aggregate samples/s")
-    fig.suptitle(results[0]["machine"]["cpu"] + f", {results[0]['machine']['cores']} cores",
-                 fontsize=9)
+        ax.set_ylabel("throughput / serial (same run)")
+    m = results[0]["machine"]
+    fig.suptitle(f"{m['cpu']}, {m['cores']} cores, {m['date']}", fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
 
@@ -230,6 +241,8 @@ def main():
                                                      "/usr/share/datasets/fashion-mnist"))
     ap.add_argument("--out", help="JSON file for the figures")
     ap.add_argument("--plot", help="PNG file for the plot (matplotlib)")
+    ap.add_argument("--from-json", help="plot (and print) an earlier run's --out instead of running")
+    ap.add_argument("--baseline", help="an earlier run's --out, drawn beside this one ('before')")
     args = ap.parse_args()
     try:
         job_counts = [int(k) for k in str(args.jobs).split(",")]
@@ -237,6 +250,17 @@ def main():
         sys.exit(f"--jobs {args.jobs}: expected a number or a list such as 2,4")
     if not job_counts or min(job_counts) < 1:
         sys.exit("--jobs must be at least 1")
+    baseline = None
+    if args.baseline:
+        with open(args.baseline) as f:
+            baseline = json.load(f)
+    if args.from_json:
+        with open(args.from_json) as f:
+            results = json.load(f)
+        print(table(results))
+        if args.plot:
+            plot(results, args.plot, baseline)
+        return
     cores = sorted(os.sched_getaffinity(0))
     machine = {"cpu": cpu_name(), "cores": len(cores), "date": datetime.date.today().isoformat(),
                "commit": commit()}
@@ -257,7 +281,7 @@ def main():
         with open(args.out, "w") as f:
             json.dump(results, f, indent=1)
     if args.plot:
-        plot(results, args.plot)
+        plot(results, args.plot, baseline)
 
 
 if __name__ == "__main__":
