@@ -5,6 +5,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -23,49 +24,62 @@ struct Args {
   bool graph = false;          // capture the step in a CUDA graph and time its replays
 };
 
-inline void usage(const char* prog) {
-  std::fprintf(stderr,
+inline void usage(const char* prog, std::FILE* out = stderr) {
+  std::fprintf(out,
                "usage: %s [--model simple|fashion|vgg] [--batch N] [--threads T] [--warmup W] "
                "[--iters I] [--repeats R] "
                "[--json] [--phases] [--device cpu|cuda:N] [--graph]\n",
                prog);
 }
 
-inline bool parse(int argc, char** argv, Args& a) {
+// Parses the command line into `a`. Returns nothing when the program should go on, or the
+// status it should exit with: 0 after --help / -h (the usage went to stdout), 2 after a bad
+// option (the reason and the usage went to stderr).
+inline std::optional<int> parse(int argc, char** argv, Args& a) {
+  auto fail = [&](const std::string& why) {
+    std::fprintf(stderr, "%s: %s\n", argv[0], why.c_str());
+    usage(argv[0]);
+    return 2;
+  };
   for (int i = 1; i < argc; ++i) {
     std::string s = argv[i];
-    auto next = [&](int& v) {
-      if (i + 1 >= argc) return false;
-      v = std::atoi(argv[++i]);
-      return v > 0 || (s == "--warmup" && v == 0);
+    const bool takes_value = s == "--model" || s == "--batch" || s == "--threads" ||
+                             s == "--warmup" || s == "--iters" || s == "--repeats" ||
+                             s == "--device";
+    if (takes_value && i + 1 >= argc) return fail(s + " needs a value");
+    auto count = [&](int& v) {
+      const char* text = argv[++i];
+      char* end = nullptr;
+      const long n = std::strtol(text, &end, 10);
+      v = static_cast<int>(n);
+      return end != text && *end == '\0' && (n > 0 || (s == "--warmup" && n == 0));
     };
-    if (s == "--model") {
-      if (i + 1 >= argc) return false;
+    if (s == "-h" || s == "--help") {
+      usage(argv[0], stdout);
+      return 0;
+    } else if (s == "--model") {
       a.model = argv[++i];
-    } else if (s == "--batch") {
-      if (!next(a.batch)) return false;
-    } else if (s == "--threads") {
-      if (!next(a.threads)) return false;
-    } else if (s == "--warmup") {
-      if (!next(a.warmup)) return false;
-    } else if (s == "--iters") {
-      if (!next(a.iters)) return false;
-    } else if (s == "--repeats") {
-      if (!next(a.repeats)) return false;
+    } else if (s == "--batch" || s == "--threads" || s == "--warmup" || s == "--iters" ||
+               s == "--repeats") {
+      int& v = s == "--batch"     ? a.batch
+               : s == "--threads" ? a.threads
+               : s == "--warmup"  ? a.warmup
+               : s == "--iters"   ? a.iters
+                                  : a.repeats;
+      if (!count(v)) return fail(s + " " + argv[i] + ": expected a positive whole number");
     } else if (s == "--json") {
       a.json = true;
     } else if (s == "--phases") {
       a.phases = true;
     } else if (s == "--device") {
-      if (i + 1 >= argc) return false;
       a.device = argv[++i];
     } else if (s == "--graph") {
       a.graph = true;
     } else {
-      return false;
+      return fail("unknown option " + s);
     }
   }
-  return true;
+  return std::nullopt;
 }
 
 inline double median(std::vector<double> v) {

@@ -42,7 +42,15 @@ int main(int argc, char** argv) {
                  ? argv[++i]
                  : (std::fprintf(stderr, "%s needs a value\n", k.c_str()), std::exit(64), argv[0]);
     };
-    if (k == "--devices")
+    if (k == "-h" || k == "--help") {
+      std::printf(
+          "usage: %s [--devices N] [--batch B] [--iters I] [--bucket-kb K] [--json]\n"
+          "DataParallel train-step throughput of the SimpleCNN over N CPU devices (default 2), "
+          "batch B\n(default 256), I timed steps (default 20), all-reduce buckets of K KiB "
+          "(default 25600).\n",
+          argv[0]);
+      return 0;
+    } else if (k == "--devices")
       devices = std::atoi(next());
     else if (k == "--batch")
       batch = std::atoll(next());
@@ -53,7 +61,9 @@ int main(int argc, char** argv) {
     else if (k == "--json")
       json = true;
     else
-      return std::fprintf(stderr, "unknown option %s\n", k.c_str()), 64;
+      return std::fprintf(stderr, "%s: unknown option %s (%s --help lists the options)\n", argv[0],
+                          k.c_str(), argv[0]),
+             64;
   }
   try {
     std::vector<galley::Device> devs;

@@ -366,10 +366,20 @@ BENCHMARK(BM_cross_entropy)->Arg(64)->Arg(256)->UseRealTime()->Unit(benchmark::k
 BENCHMARK(BM_adam_step)->UseRealTime()->Unit(benchmark::kMicrosecond);
 
 int main(int argc, char** argv) {
-  // Our own flag, removed before Google Benchmark sees the rest.
+  // Our own flag, removed before Google Benchmark sees the rest. -h is taken as --help, which
+  // Google Benchmark answers with its flags and exit status 0.
+  static char help[] = "--help";
   std::vector<char*> rest;
   for (int i = 0; i < argc; ++i) {
-    if (i > 0 && std::strncmp(argv[i], "--threads=", 10) == 0)
+    if (i > 0 && (std::strcmp(argv[i], "-h") == 0 || std::strcmp(argv[i], "--help") == 0)) {
+      std::printf(
+          "usage: %s [--threads=N] [Google Benchmark flags]\n"
+          "Micro-benchmarks of galley's CPU ops; --threads=N sets galley's threads. Google "
+          "Benchmark's flags:\n",
+          argv[0]);
+      std::fflush(stdout);
+      rest.push_back(help);
+    } else if (i > 0 && std::strncmp(argv[i], "--threads=", 10) == 0)
       galley::set_num_threads(std::atoi(argv[i] + 10));
     else
       rest.push_back(argv[i]);

@@ -15,6 +15,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -32,14 +33,35 @@ struct Args {
   bool json = false;
 };
 
-bool parse(int argc, char** argv, Args& a) {
+void usage(const char* prog, std::FILE* out) {
+  std::fprintf(out,
+               "usage: %s [--data DIR] [--threads T] [--target ACC] [--epochs N] "
+               "[--eval-every STEPS] [--seed N] [--json]\n",
+               prog);
+}
+
+// Parses the command line into `a`. Returns nothing when the program should go on, or the
+// status it should exit with: 0 after --help / -h, 2 after a bad option (reason on stderr).
+std::optional<int> parse(int argc, char** argv, Args& a) {
+  auto fail = [&](const std::string& why) {
+    std::fprintf(stderr, "%s: %s\n", argv[0], why.c_str());
+    usage(argv[0], stderr);
+    return 2;
+  };
   for (int i = 1; i < argc; ++i) {
     std::string k = argv[i];
+    if (k == "-h" || k == "--help") {
+      usage(argv[0], stdout);
+      return 0;
+    }
     if (k == "--json") {
       a.json = true;
       continue;
     }
-    if (i + 1 >= argc) return false;
+    const bool known = k == "--data" || k == "--threads" || k == "--target" || k == "--epochs" ||
+                       k == "--eval-every" || k == "--seed";
+    if (!known) return fail("unknown option " + k);
+    if (i + 1 >= argc) return fail(k + " needs a value");
     const char* v = argv[++i];
     if (k == "--data")
       a.data = v;
@@ -53,10 +75,10 @@ bool parse(int argc, char** argv, Args& a) {
       a.eval_every = std::atoi(v);
     else if (k == "--seed")
       a.seed = std::strtoull(v, nullptr, 10);
-    else
-      return false;
   }
-  return a.epochs > 0 && a.eval_every > 0;
+  if (a.epochs <= 0) return fail("--epochs must be positive");
+  if (a.eval_every <= 0) return fail("--eval-every must be positive");
+  return std::nullopt;
 }
 
 using Clock = std::chrono::steady_clock;
@@ -88,13 +110,7 @@ struct Eval {
 
 int main(int argc, char** argv) {
   Args a;
-  if (!parse(argc, argv, a)) {
-    std::fprintf(stderr,
-                 "usage: %s [--data DIR] [--threads T] [--target ACC] [--epochs N] "
-                 "[--eval-every STEPS] [--seed N] [--json]\n",
-                 argv[0]);
-    return 2;
-  }
+  if (const auto status = parse(argc, argv, a)) return *status;
   try {
     if (a.threads > 0) galley::set_num_threads(a.threads);
     galley::manual_seed(a.seed);

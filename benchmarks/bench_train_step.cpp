@@ -33,7 +33,6 @@ using galley::Tensor;
 
 using bench::Args;
 using bench::parse;
-using bench::usage;
 
 namespace {
 int run(const Args& a);
@@ -41,10 +40,7 @@ int run(const Args& a);
 
 int main(int argc, char** argv) {
   Args a;
-  if (!parse(argc, argv, a)) {
-    usage(argv[0]);
-    return 2;
-  }
+  if (const auto status = parse(argc, argv, a)) return *status;
   try {
     return run(a);
   } catch (const galley::Error& e) {

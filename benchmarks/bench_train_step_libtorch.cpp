@@ -26,9 +26,9 @@ using bench::usage;
 
 int main(int argc, char** argv) {
   Args a;
-  if (!parse(argc, argv, a) || a.device != "cpu" || a.graph) {
-    if (a.device != "cpu" || a.graph)
-      std::fprintf(stderr, "the libtorch reference runs on the CPU only\n");
+  if (const auto status = parse(argc, argv, a)) return *status;
+  if (a.device != "cpu" || a.graph) {
+    std::fprintf(stderr, "%s: the libtorch reference runs on the CPU only\n", argv[0]);
     usage(argv[0]);
     return 2;
   }

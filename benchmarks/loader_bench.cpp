@@ -57,7 +57,17 @@ Args parse(int argc, char** argv) {
       }
       return argv[++i];
     };
-    if (k == "--dataset")
+    if (k == "-h" || k == "--help") {
+      std::printf(
+          "usage: %s [--dataset fashion|cifar|all] [--workers 0,2] [--step-ms 0,5,20] "
+          "[--batch-size N]\n"
+          "          [--batches N] [--data DIR] [--json]\n"
+          "DataLoader throughput alone and the training loop's starvation behind a simulated "
+          "step,\nfor each worker count and step time in the lists (defaults as shown; batch "
+          "size 256,\none epoch for throughput and 100 batches behind a step).\n",
+          argv[0]);
+      std::exit(0);
+    } else if (k == "--dataset")
       a.dataset = next();
     else if (k == "--workers")
       a.workers = parse_list<int>(next());
@@ -72,8 +82,8 @@ Args parse(int argc, char** argv) {
     else if (k == "--json")
       a.json = true;
     else {
-      std::fprintf(stderr, "unknown option %s (see the comment at the top of loader_bench.cpp)\n",
-                   k.c_str());
+      std::fprintf(stderr, "%s: unknown option %s (%s --help lists the options)\n", argv[0],
+                   k.c_str(), argv[0]);
       std::exit(64);
     }
   }

@@ -1,8 +1,6 @@
 // Trains a small CNN on Fashion-MNIST with a live progress line and per-epoch test accuracy.
 //
-// Usage: fashion_mnist [--epochs N] [--batch-size N] [--lr X] [--data DIR] [--threads N]
-//                      [--limit N] [--target ACC] [--seed N] [--workers N]
-//                      [--checkpoint-dir DIR] [--resume] [--stop-after N] [--device D]
+// Usage: fashion_mnist [options]   (fashion_mnist --help lists them)
 // --limit trains on the first N training images (quick runs); --target makes the program exit
 // with status 2 when the final test accuracy is below ACC (e.g. 0.91); --workers sets the data
 // loader's threads (default 2; 0 loads in the training thread). Each epoch line ends with the
@@ -12,14 +10,26 @@
 // --stop-after N ends the run after epoch N (as a killed run would), for trying that out.
 // --device cpu or cuda:N picks where to train (default: the first GPU if there is one); on a GPU
 // the loader delivers batches there from page-locked buffers, copied on side streams.
+//
+// The progress line comes every --log-every steps: on a terminal it is one line rewritten in
+// place, with the time left in the epoch; in a log file or a pipe it is a plain line each time.
+// --metrics FILE appends a JSON line (galley::MetricsLogger) at the same steps, with the loss
+// and throughput since the previous line, the learning rate, the loader's starvation and the
+// memory in use, and one line per epoch ("event": "epoch") with the epoch's mean loss, its
+// throughput and the test accuracy (`accuracy`); scripts/plot-metrics.py FILE OUT.png draws it.
 #include <galley/galley.h>
 
+#include <unistd.h>
+
+#include <cerrno>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <string>
+#include <type_traits>
 
 namespace nn = galley::nn;
 using galley::Tensor;
@@ -64,62 +74,164 @@ struct Args {
   bool resume = false;
   int stop_after = 0;
   galley::Device device = galley::all_devices()[0];
+  std::string metrics;
+  int log_every = 50;
 };
 
-galley::Device parse_device(const std::string& s) {
-  if (s == "cpu") return galley::Device::cpu();
-  if (s.rfind("cuda", 0) == 0) {
-    const int index = s.size() > 5 && s[4] == ':' ? std::atoi(s.c_str() + 5) : 0;
-    return galley::Device::cuda(index);
-  }
-  std::fprintf(stderr, "--device %s: expected cpu or cuda:N\n", s.c_str());
+void usage(std::FILE* out, const char* prog) {
+  std::fprintf(out,
+               "usage: %s [options]\n"
+               "Trains a small CNN on Fashion-MNIST and reports the test accuracy after each "
+               "epoch.\n\n"
+               "  --epochs N            epochs to train (default 5)\n"
+               "  --batch-size N        images per step (default 64)\n"
+               "  --lr X                Adam's learning rate, cosine-annealed to X/100 "
+               "(default 1e-3)\n"
+               "  --data DIR            the Fashion-MNIST IDX files (default %s)\n"
+               "  --threads N           galley's threads (default: the cores available)\n"
+               "  --limit N             train on the first N training images only\n"
+               "  --target ACC          exit with status 2 if the final test accuracy is below "
+               "ACC\n"
+               "  --seed N              seed of the weights and the shuffle (default 0)\n"
+               "  --workers N           data loader threads (default 2; 0: load in the training "
+               "thread)\n"
+               "  --device D            cpu or cuda:N (default: the first GPU, else the CPU)\n"
+               "  --checkpoint-dir DIR  save a checkpoint after every epoch\n"
+               "  --resume              continue from the newest checkpoint in --checkpoint-dir\n"
+               "  --stop-after N        end the run after epoch N (to try --resume)\n"
+               "  --metrics FILE        append JSON lines of metrics to FILE (see "
+               "scripts/plot-metrics.py)\n"
+               "  --log-every N         steps between progress and metrics lines (default 50)\n"
+               "  -h, --help            show this and exit\n",
+               prog, galley::data::default_fashion_mnist_dir().c_str());
+}
+
+[[noreturn]] void bad_usage(const char* prog, const std::string& message) {
+  std::fprintf(stderr, "%s: %s (%s --help lists the options)\n", prog, message.c_str(), prog);
   std::exit(64);
+}
+
+// The whole of `text` as a number of type T, or a usage error naming the option.
+template <typename T>
+T number(const char* prog, const std::string& option, const char* text) {
+  errno = 0;
+  char* end = nullptr;
+  T v{};
+  if constexpr (std::is_floating_point_v<T>)
+    v = static_cast<T>(std::strtod(text, &end));
+  else if constexpr (std::is_unsigned_v<T>)
+    v = static_cast<T>(std::strtoull(text, &end, 10));
+  else
+    v = static_cast<T>(std::strtoll(text, &end, 10));
+  if (end == text || *end != '\0' || errno == ERANGE)
+    bad_usage(prog, option + ": '" + text + "' is not a number");
+  return v;
+}
+
+galley::Device parse_device(const char* prog, const std::string& s) {
+  if (s == "cpu") return galley::Device::cpu();
+  if (s == "cuda") return galley::Device::cuda(0);
+  if (s.rfind("cuda:", 0) == 0)
+    return galley::Device::cuda(number<int>(prog, "--device", s.c_str() + 5));
+  bad_usage(prog, "--device " + s + ": expected cpu or cuda:N");
 }
 
 Args parse(int argc, char** argv) {
   Args a;
+  const char* prog = argv[0];
   for (int i = 1; i < argc; ++i) {
     std::string k = argv[i];
     auto next = [&]() -> const char* {
-      if (i + 1 >= argc) {
-        std::fprintf(stderr, "%s needs a value\n", k.c_str());
-        std::exit(64);
-      }
+      if (i + 1 >= argc) bad_usage(prog, k + " needs a value");
       return argv[++i];
     };
-    if (k == "--epochs")
-      a.epochs = std::atoi(next());
+    if (k == "-h" || k == "--help") {
+      usage(stdout, prog);
+      std::exit(0);
+    } else if (k == "--epochs")
+      a.epochs = number<int>(prog, k, next());
     else if (k == "--batch-size")
-      a.batch_size = std::atoll(next());
+      a.batch_size = number<int64_t>(prog, k, next());
     else if (k == "--lr")
-      a.lr = std::atof(next());
+      a.lr = number<double>(prog, k, next());
     else if (k == "--data")
       a.data = next();
     else if (k == "--threads")
-      a.threads = std::atoi(next());
+      a.threads = number<int>(prog, k, next());
     else if (k == "--limit")
-      a.limit = std::atoll(next());
+      a.limit = number<int64_t>(prog, k, next());
     else if (k == "--target")
-      a.target = std::atof(next());
+      a.target = number<double>(prog, k, next());
     else if (k == "--seed")
-      a.seed = std::strtoull(next(), nullptr, 10);
+      a.seed = number<uint64_t>(prog, k, next());
     else if (k == "--workers")
-      a.workers = std::atoi(next());
+      a.workers = number<int>(prog, k, next());
     else if (k == "--checkpoint-dir")
       a.checkpoint_dir = next();
     else if (k == "--resume")
       a.resume = true;
     else if (k == "--stop-after")
-      a.stop_after = std::atoi(next());
+      a.stop_after = number<int>(prog, k, next());
     else if (k == "--device")
-      a.device = parse_device(next());
-    else {
-      std::fprintf(stderr, "unknown option %s (see the comment at the top of fashion_mnist.cpp)\n",
-                   k.c_str());
-      std::exit(64);
-    }
+      a.device = parse_device(prog, next());
+    else if (k == "--metrics")
+      a.metrics = next();
+    else if (k == "--log-every")
+      a.log_every = number<int>(prog, k, next());
+    else
+      bad_usage(prog, "unknown option " + k);
   }
+  if (a.epochs < 1) bad_usage(prog, "--epochs must be at least 1");
+  if (a.batch_size < 1) bad_usage(prog, "--batch-size must be at least 1");
+  if (a.log_every < 1) bad_usage(prog, "--log-every must be at least 1");
+  if (a.workers < 0) bad_usage(prog, "--workers must not be negative");
   return a;
+}
+
+// The progress line. On a terminal it is rewritten in place (carriage return, then erase to
+// the end of the line); anywhere else (a log file, a pipe) each update is a line of its own,
+// so that logs hold no carriage returns.
+class Progress {
+ public:
+  Progress() : tty_(isatty(fileno(stdout)) == 1) {}
+  /// Shows `text` until the next update.
+  void update(const std::string& text) {
+    if (tty_)
+      std::printf("\r%s\x1b[K", text.c_str());
+    else
+      std::printf("%s\n", text.c_str());
+    std::fflush(stdout);
+  }
+  /// Shows `text` on a terminal until the next update; prints nothing elsewhere.
+  void status(const std::string& text) {
+    if (tty_) update(text);
+  }
+  /// Replaces the progress line with `text`, which stays.
+  void finish(const std::string& text) {
+    std::printf(tty_ ? "\r%s\x1b[K\n" : "%s\n", text.c_str());
+    std::fflush(stdout);
+  }
+
+ private:
+  bool tty_;
+};
+
+// "1:05", "1:02:05".
+std::string clock_time(double seconds) {
+  const long long s = std::isfinite(seconds) && seconds > 0 ? std::llround(seconds) : 0;
+  char buf[32];
+  if (s >= 3600)
+    std::snprintf(buf, sizeof buf, "%lld:%02lld:%02lld", s / 3600, s / 60 % 60, s % 60);
+  else
+    std::snprintf(buf, sizeof buf, "%lld:%02lld", s / 60, s % 60);
+  return buf;
+}
+
+template <typename... T>
+std::string format(const char* fmt, T... args) {
+  char buf[512];
+  std::snprintf(buf, sizeof buf, fmt, args...);
+  return buf;
 }
 
 double seconds_since(std::chrono::steady_clock::time_point t0) {
@@ -195,11 +307,21 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "--resume needs --checkpoint-dir\n");
       return 64;
     }
+    std::unique_ptr<galley::MetricsLogger> metrics;
+    if (!args.metrics.empty())
+      metrics = std::make_unique<galley::MetricsLogger>(
+          galley::MetricsLoggerOptions{.path = args.metrics, .memory_devices = {args.device}});
+    int64_t step = state.step;  // optimizer steps of the whole run, resumed ones included
+    Progress progress;
     const auto start = std::chrono::steady_clock::now();
     for (int epoch = first_epoch; epoch <= args.epochs; ++epoch) {
       const auto t0 = std::chrono::steady_clock::now();
+      const double lr = optimizer.learning_rate();  // the epoch's rate (the schedule steps after)
       double loss_sum = 0;
       int64_t seen = 0, batches = 0;
+      // Since the previous progress line, for the metrics.
+      double line_loss = 0, line_t = 0;
+      int64_t line_seen = 0, line_batches = 0;
       // The losses add up where they are computed; reading them back (a wait for the GPU) is
       // left to the progress line.
       Tensor loss_total = galley::zeros({}, galley::DType::Float32, args.device);
@@ -210,12 +332,22 @@ int main(int argc, char** argv) {
         optimizer.clear_grad();
         loss_total = galley::add(loss_total, loss.detach());
         seen += label.numel();
-        if (++batches % 50 == 0 || seen == int64_t(train.size())) {
+        ++step;
+        if (++batches % args.log_every == 0 || seen == int64_t(train.size())) {
           loss_sum = loss_total.item();
-          std::printf("\repoch %d/%d  %6lld/%zu  loss %.4f  %.0f samples/s", epoch, args.epochs,
-                      static_cast<long long>(seen), train.size(), loss_sum / batches,
-                      seen / seconds_since(t0));
-          std::fflush(stdout);
+          const double t = seconds_since(t0), rate = seen / t;
+          progress.update(format("epoch %d/%d  %6lld/%zu  loss %.4f  %.0f samples/s  ETA %s", epoch,
+                                 args.epochs, static_cast<long long>(seen), train.size(),
+                                 loss_sum / batches, rate,
+                                 clock_time((int64_t(train.size()) - seen) / rate).c_str()));
+          if (metrics)
+            metrics->log({.step = step,
+                          .epoch = epoch,
+                          .loss = (loss_sum - line_loss) / double(batches - line_batches),
+                          .learning_rate = lr,
+                          .samples_per_s = (seen - line_seen) / (t - line_t),
+                          .starvation = loader.stats().starvation()});
+          line_loss = loss_sum, line_t = t, line_seen = seen, line_batches = batches;
         }
       }
       loss_sum = loss_total.item();  // waits for the epoch's last step
@@ -228,12 +360,28 @@ int main(int argc, char** argv) {
         checkpoints->save(state);
       }
       const galley::data::LoaderStats data = loader.stats();
+      progress.status(
+          format("epoch %d/%d  testing on %zu images", epoch, args.epochs, test.size()));
+      const auto e0 = std::chrono::steady_clock::now();
       accuracy = evaluate(model, test_loader);
-      std::printf(
-          "\repoch %d/%d  loss %.4f  %.0f samples/s  train %.1f s  test accuracy %.2f%%  "
-          "data wait %.3f s (%.2f%% starved)\n",
-          epoch, args.epochs, loss_sum / batches, seen / train_s, train_s, 100 * accuracy,
-          data.wait_seconds, 100 * data.starvation());
+      const double eval_s = seconds_since(e0);
+      progress.finish(
+          format("epoch %d/%d  loss %.4f  %.0f samples/s  train %.1f s  test accuracy %.2f%%  "
+                 "data wait %.3f s (%.2f%% starved)",
+                 epoch, args.epochs, loss_sum / batches, seen / train_s, train_s, 100 * accuracy,
+                 data.wait_seconds, 100 * data.starvation()));
+      if (metrics)
+        metrics->log(
+            {.event = "epoch",
+             .step = step,
+             .epoch = epoch,
+             .loss = last_loss,
+             .accuracy = accuracy,
+             .learning_rate = lr,
+             .samples_per_s = seen / train_s,
+             .starvation = data.starvation(),
+             .values = {
+                 {"train_s", train_s}, {"eval_s", eval_s}, {"data_wait_s", data.wait_seconds}}});
       if (args.stop_after > 0 && epoch == args.stop_after) {
         std::printf("stopping after epoch %d as asked\n", epoch);
         return 0;

@@ -333,23 +333,13 @@ std::string gzip(const std::string& s) {
   return out;
 }
 
-class IdxFiles : public ::testing::Test {
+class IdxFiles : public testutil::TempDirTest {
  protected:
-  void SetUp() override {
-    std::string tmpl = (fs::path(::testing::TempDir()) / "galley_idx_XXXXXX").string();
-    ASSERT_NE(mkdtemp(tmpl.data()), nullptr);
-    dir_ = tmpl;
-  }
-  void TearDown() override {
-    std::error_code ec;
-    fs::remove_all(dir_, ec);
-  }
   std::string write(const std::string& name, const std::string& bytes) {
     std::string path = (dir_ / name).string();
     std::ofstream(path, std::ios::binary).write(bytes.data(), std::streamsize(bytes.size()));
     return path;
   }
-  fs::path dir_;
 };
 
 void expect_images(const Tensor& t, uint32_t n, uint32_t rows, uint32_t cols) {

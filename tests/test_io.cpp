@@ -35,22 +35,8 @@ Tensor fvec(const std::vector<float>& v, const Shape& s) {
   return Tensor::from_vector(v, s);
 }
 
-class SafeTensors : public ::testing::Test {
+class SafeTensors : public testutil::TempDirTest {
  protected:
-  void SetUp() override {
-    std::string tmpl = (fs::path(::testing::TempDir()) / "galley_io_XXXXXX").string();
-    ASSERT_NE(mkdtemp(tmpl.data()), nullptr);
-    dir_ = tmpl;
-  }
-  void TearDown() override {
-    std::error_code ec;
-    fs::remove_all(dir_, ec);
-  }
-  std::string path(const std::string& name) const { return (dir_ / name).string(); }
-  static std::string read(const std::string& p) {
-    std::ifstream in(p, std::ios::binary);
-    return std::string(std::istreambuf_iterator<char>(in), {});
-  }
   static void write(const std::string& p, const std::string& bytes) {
     std::ofstream(p, std::ios::binary).write(bytes.data(), std::streamsize(bytes.size()));
   }
@@ -61,7 +47,6 @@ class SafeTensors : public ::testing::Test {
     std::sort(out.begin(), out.end());
     return out;
   }
-  fs::path dir_;
 };
 
 // A safetensors file from a JSON header and raw data, as other libraries write them.

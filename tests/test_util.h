@@ -1,9 +1,14 @@
 #pragma once
 // Helpers shared by the unit tests.
 #include <gtest/gtest.h>
+#include <stdlib.h>
 
+#include <filesystem>
+#include <fstream>
 #include <initializer_list>
+#include <iterator>
 #include <string>
+#include <system_error>
 
 #include "galley/error.h"
 #include "galley/runtime/cuda.h"
@@ -37,5 +42,27 @@ inline void expect_contains(const std::string& msg, std::initializer_list<std::s
   for (const std::string& p : parts)
     EXPECT_NE(msg.find(p), std::string::npos) << "message lacks \"" << p << "\": " << msg;
 }
+
+// A fixture with a fresh temporary directory for each test, removed after it.
+class TempDirTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    std::string tmpl =
+        (std::filesystem::path(::testing::TempDir()) / "galley_test_XXXXXX").string();
+    ASSERT_NE(mkdtemp(tmpl.data()), nullptr);
+    dir_ = tmpl;
+  }
+  void TearDown() override {
+    std::error_code ec;
+    std::filesystem::remove_all(dir_, ec);
+  }
+  // `name` inside the test's directory.
+  std::string path(const std::string& name) const { return (dir_ / name).string(); }
+  static std::string read(const std::string& p) {
+    std::ifstream in(p, std::ios::binary);
+    return std::string(std::istreambuf_iterator<char>(in), {});
+  }
+  std::filesystem::path dir_;
+};
 
 }  // namespace testutil
