@@ -1,13 +1,140 @@
-// The backward pass: a topological walk over the recorded nodes, freeing each as it goes.
+// The backward pass: a topological walk over the recorded nodes, freeing each as it goes; the
+// loss guard and anomaly detection; the per-thread stack of layers being called.
 #include "galley/autograd.h"
 
+#include <cmath>
+#include <cstring>
 #include <unordered_map>
 #include <unordered_set>
 
 #include "device_scope.h"
 #include "src/ops/backend.h"
+#include "src/runtime/device_memory.h"
+
+namespace galley {
+
+namespace {
+std::atomic<bool> check_loss{true};
+}  // namespace
+
+namespace detail {
+std::atomic<unsigned> anomaly_state{0};
+}  // namespace detail
+
+void set_check_loss_finite(bool on) {
+  check_loss.store(on, std::memory_order_relaxed);
+}
+
+bool check_loss_finite_enabled() {
+  return check_loss.load(std::memory_order_relaxed);
+}
+
+void set_detect_anomaly(bool on) {
+  if (on)
+    detail::anomaly_state.fetch_or(1u, std::memory_order_relaxed);
+  else
+    detail::anomaly_state.fetch_and(~1u, std::memory_order_relaxed);
+}
+
+DetectAnomalyGuard::DetectAnomalyGuard() {
+  detail::anomaly_state.fetch_add(2u, std::memory_order_relaxed);
+}
+
+DetectAnomalyGuard::~DetectAnomalyGuard() {
+  detail::anomaly_state.fetch_sub(2u, std::memory_order_relaxed);
+}
+
+}  // namespace galley
 
 namespace galley::autograd {
+
+namespace {
+
+// The layers being called on this thread, innermost last.
+thread_local std::vector<const std::string*> layer_stack;
+
+// "nan" for any NaN (its sign bit means nothing), else the value as a stream prints it.
+std::string value_str(float v) {
+  return std::isnan(v) ? std::string("nan") : detail::str_cat(v);
+}
+
+// The first NaN or infinite element of a float32 tensor: its index (-1 when none) and value.
+int64_t find_nonfinite(const Tensor& t, float* value) {
+  if (t.dtype() != DType::Float32 || t.numel() == 0) return -1;
+  GALLEY_CHECK(!t.device().is_cuda() || !detail::capturing(t.device()),
+               "detect_anomaly: checking values reads them back, which a CUDA graph capture on ",
+               t.device().str(), " forbids; turn anomaly detection off while capturing");
+  detail::DeviceScope scope(t.device());
+  const int64_t i = backend::first_nonfinite(t);
+  if (i >= 0) {
+    Tensor c = t.contiguous();
+    detail::copy_bytes(value, Device::cpu(), c.data<float>() + i, c.device(), sizeof(float));
+  }
+  return i;
+}
+
+std::string in_layer(const std::string& path) {
+  return path.empty() ? std::string("outside any named layer") : "in layer '" + path + "'";
+}
+
+void check_forward(const Tensor& out, const char* op) {
+  float v = 0.f;
+  const int64_t i = find_nonfinite(out, &v);
+  if (i < 0) return;
+  throw Error(detail::str_cat("detect_anomaly: the forward of ", op, " ",
+                              in_layer(current_layer_path()), " produced ", value_str(v),
+                              " (element ", i, " of its output of shape ", shape_str(out.shape()),
+                              ", on ", out.device().str(), ")"));
+}
+
+void check_backward(const Node& node, const std::vector<Tensor>& grads) {
+  for (size_t k = 0; k < grads.size(); ++k) {
+    if (!grads[k].defined()) continue;
+    float v = 0.f;
+    const int64_t i = find_nonfinite(grads[k], &v);
+    if (i < 0) continue;
+    throw Error(detail::str_cat("detect_anomaly: the backward of ", node.name,
+                                " (whose forward ran ", in_layer(node.layer_path), ") produced ",
+                                value_str(v), " in the gradient of its input ", k, " (element ", i,
+                                " of shape ", shape_str(grads[k].shape()), ", on ",
+                                grads[k].device().str(), ")"));
+  }
+}
+
+// The loss guard: on the host the value is read where it lies; on a GPU a check is queued.
+void check_loss_value(const Tensor& root) {
+  if (root.numel() != 1 || root.dtype() != DType::Float32) return;
+  if (root.device().is_cpu()) {
+    const float v = root.data<float>()[0];
+    GALLEY_CHECK(std::isfinite(v), "backward: the loss is ", value_str(v),
+                 "; no gradient was computed or changed. galley::set_detect_anomaly(true) names "
+                 "the op that first produced a non-finite value; "
+                 "galley::set_check_loss_finite(false) turns this check off");
+    return;
+  }
+  detail::DeviceScope scope(root.device());
+  backend::report_nonfinite_loss(root);
+}
+
+}  // namespace
+
+LayerScope::LayerScope(const std::string& name) {
+  layer_stack.push_back(&name);
+}
+
+LayerScope::~LayerScope() {
+  layer_stack.pop_back();
+}
+
+std::string current_layer_path() {
+  std::string path;
+  for (const std::string* name : layer_stack) {
+    if (name->empty()) continue;
+    if (!path.empty()) path += '.';
+    path += *name;
+  }
+  return path;
+}
 
 bool needs_grad(std::initializer_list<const Tensor*> inputs) {
   if (!grad_enabled()) return false;
@@ -17,6 +144,8 @@ bool needs_grad(std::initializer_list<const Tensor*> inputs) {
 }
 
 Tensor record(Tensor output, const char* name, std::vector<Tensor> inputs, BackwardFn backward) {
+  const bool anomaly = is_anomaly_enabled();
+  if (anomaly) check_forward(output, name);
   if (!grad_enabled()) return output;
   bool any = false;
   for (const Tensor& t : inputs) any = any || (t.defined() && t.requires_grad());
@@ -25,6 +154,7 @@ Tensor record(Tensor output, const char* name, std::vector<Tensor> inputs, Backw
   node->name = name;
   node->inputs = std::move(inputs);
   node->backward = std::move(backward);
+  if (anomaly) node->layer_path = current_layer_path();
   output.impl()->grad_fn = std::move(node);
   return output;
 }
@@ -64,10 +194,12 @@ void accumulate_leaf(const Tensor& leaf, const Tensor& g, bool take = false) {
 }  // namespace
 
 void run_backward(const Tensor& root, const Tensor& gradient) {
+  if (check_loss.load(std::memory_order_relaxed)) check_loss_value(root);
   if (!root.impl()->grad_fn) {  // a leaf: its gradient is the given one
     accumulate_leaf(root, gradient);
     return;
   }
+  const bool anomaly = is_anomaly_enabled();
   // Order the graph so that every node runs after all the nodes that feed it a gradient.
   // `order` owns the nodes, so freeing a node's inputs below cannot free a node still to run.
   std::vector<std::shared_ptr<Node>> order;
@@ -113,6 +245,7 @@ void run_backward(const Tensor& root, const Tensor& gradient) {
       grads.erase(git);
       detail::DeviceScope scope(g.device());
       node->backward(g, grad_inputs);
+      if (anomaly) check_backward(*node, grad_inputs);
     }
     for (size_t i = 0; i < node->inputs.size(); ++i) {
       const Tensor& in = node->inputs[i];

@@ -9,6 +9,7 @@
 #include <atomic>
 #include <cmath>
 #include <initializer_list>
+#include <limits>
 #include <memory>
 #include <string>
 #include <thread>
@@ -493,6 +494,216 @@ TEST(Threads, SeveralThreadsNoGradAndGradAtOnce) {
   train.join();
   EXPECT_FALSE(recorded_under_guard.load());
   expect_near_vec(grad, {2, 4, 6});
+}
+
+// ---------------------------------------------------------------------------------------------
+// The loss guard of backward()
+
+constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
+constexpr float kInf = std::numeric_limits<float>::infinity();
+
+// Turns the loss guard off for a scope, and back on after.
+struct LossGuardOff {
+  LossGuardOff() { galley::set_check_loss_finite(false); }
+  ~LossGuardOff() { galley::set_check_loss_finite(true); }
+};
+
+TEST(LossGuard, IsOnByDefault) {
+  EXPECT_TRUE(galley::check_loss_finite_enabled());
+}
+
+TEST(LossGuard, NanLossRaisesAndLeavesGradientsUntouched) {
+  Tensor w = param({1, 2, 3}, {3});
+  galley::sum(w * w).backward();  // an earlier step's gradient: 2w
+  Tensor before = w.grad().clone();
+  Tensor x = fvec({1, kNaN, 1}, {3});
+  Tensor loss = galley::sum(w * x);
+  const std::string msg = error_of([&] { loss.backward(); });
+  expect_contains(
+      msg, {"backward: the loss is nan", "set_detect_anomaly", "set_check_loss_finite(false)"});
+  EXPECT_EQ(w.grad().to_vector(), before.to_vector());
+  // Nothing was consumed: the graph is still there for a backward once the guard is off.
+  LossGuardOff off;
+  loss.backward();
+  EXPECT_TRUE(std::isnan(w.grad().to_vector()[1]));
+}
+
+TEST(LossGuard, InfiniteLossRaises) {
+  Tensor w = param({100, 1}, {2});
+  expect_contains(error_of([&] { galley::sum(galley::exp(w)).backward(); }), {"the loss is inf"});
+  EXPECT_FALSE(w.grad().defined());
+  expect_contains(error_of([&] { (galley::sum(galley::exp(w)) * -1.f).backward(); }),
+                  {"the loss is -inf"});
+  EXPECT_FALSE(w.grad().defined());
+}
+
+TEST(LossGuard, CanBeTurnedOff) {
+  Tensor w = param({1, 2}, {2});
+  {
+    LossGuardOff off;
+    EXPECT_FALSE(galley::check_loss_finite_enabled());
+    galley::sum(w * fvec({kInf, 1}, {2})).backward();
+  }
+  EXPECT_TRUE(galley::check_loss_finite_enabled());
+  auto g = w.grad().to_vector();
+  EXPECT_TRUE(std::isinf(g[0]));
+  EXPECT_EQ(g[1], 1.f);
+}
+
+TEST(LossGuard, ChecksOnlyOneElementRoots) {
+  // A non-scalar root with an explicit gradient is not a loss: its values are not checked.
+  Tensor w = param({1, 2}, {2});
+  (w * fvec({kNaN, 1}, {2})).backward(fvec({1, 1}, {2}));
+  EXPECT_TRUE(std::isnan(w.grad().to_vector()[0]));
+}
+
+TEST(LossGuard, ApplesToALossOfADataParallelModel) {
+  // The gathered output's loss is checked before any replica runs its backward.
+  auto model = galley::DataParallel<galley::nn::Linear>(
+      {galley::Device::cpu(0), galley::Device::cpu(1)}, {}, int64_t(2), int64_t(1));
+  Tensor x = fvec({1, 2, kNaN, 4, 5, 6}, {3, 2});
+  Tensor loss = galley::sum(model(x));
+  expect_contains(error_of([&] { loss.backward(); }), {"the loss is nan"});
+  for (auto& p : model.parameters()) EXPECT_FALSE(p.grad().defined());
+}
+
+// ---------------------------------------------------------------------------------------------
+// Anomaly detection
+
+// Turns anomaly detection on for a scope.
+using Anomaly = galley::DetectAnomalyGuard;
+
+// log(x) as a layer.
+class Log : public galley::nn::Layer {
+ public:
+  Tensor forward(const Tensor& x) override { return galley::log(x); }
+};
+
+// sqrt(x) as x^0.5: finite at 0, with an infinite gradient there.
+class Sqrt : public galley::nn::Layer {
+ public:
+  Tensor forward(const Tensor& x) override { return galley::pow(x, 0.5f); }
+};
+
+// A Linear whose output is x - 10 everywhere: log of it is NaN for small inputs.
+std::shared_ptr<galley::nn::Linear> shift_down(int64_t n) {
+  auto lin = std::make_shared<galley::nn::Linear>(n, n);
+  galley::NoGradGuard no_grad;
+  std::vector<float> eye(size_t(n * n), 0.f);
+  for (int64_t i = 0; i < n; ++i) eye[size_t(i * n + i)] = 1.f;
+  Tensor(lin->parameters()[0]).copy_(fvec(eye, {n, n}));
+  Tensor(lin->parameters()[1]).fill_(-10.f);
+  return lin;
+}
+
+// A model with a named Sequential inside: the path of its second layer is "body.1".
+class Net : public galley::nn::Layer {
+ public:
+  Net() : body_(shift_down(3), std::make_shared<Log>()) { register_layer("body", body_); }
+  Tensor forward(const Tensor& x) override { return body_(x); }
+
+ private:
+  galley::nn::Sequential body_;
+};
+
+TEST(Anomaly, IsOffByDefaultAndGuardsNest) {
+  EXPECT_FALSE(galley::is_anomaly_enabled());
+  {
+    Anomaly outer;
+    EXPECT_TRUE(galley::is_anomaly_enabled());
+    {
+      Anomaly inner;
+      EXPECT_TRUE(galley::is_anomaly_enabled());
+    }
+    EXPECT_TRUE(galley::is_anomaly_enabled());
+    galley::set_detect_anomaly(true);
+    galley::set_detect_anomaly(false);  // the guard still holds it on
+    EXPECT_TRUE(galley::is_anomaly_enabled());
+  }
+  EXPECT_FALSE(galley::is_anomaly_enabled());
+  galley::set_detect_anomaly(true);
+  EXPECT_TRUE(galley::is_anomaly_enabled());
+  galley::set_detect_anomaly(false);
+  EXPECT_FALSE(galley::is_anomaly_enabled());
+}
+
+TEST(Anomaly, ForwardNamesTheOpTheShapeAndTheLayerPath) {
+  galley::nn::Sequential model(shift_down(4), std::make_shared<Log>());
+  Tensor x = fvec({1, 2, 3, 4, 5, 6, 7, 8}, {2, 4});
+  {
+    // Off: the NaNs flow through without a word (and the layer path is not tracked).
+    Tensor y = model(x);
+    EXPECT_TRUE(std::isnan(y.to_vector()[0]));
+    EXPECT_EQ(galley::autograd::current_layer_path(), "");
+  }
+  Anomaly on;
+  const std::string msg = error_of([&] { model(x); });
+  expect_contains(
+      msg, {"detect_anomaly", "forward of log", "in layer '1'", "nan", "[2, 4]", "element 0"});
+}
+
+TEST(Anomaly, TheLayerPathJoinsTheRegisteredNames) {
+  Net net;
+  Anomaly on;
+  expect_contains(error_of([&] {
+                    net(fvec({1, 2, 3}, {1, 3}));
+                  }),
+                  {"forward of log", "in layer 'body.1'"});
+  // A layer called outside a model has no name; the op then ran outside any named layer.
+  Log log;
+  expect_contains(error_of([&] { log(param({-1}, {1})); }),
+                  {"forward of log", "outside any named layer"});
+}
+
+TEST(Anomaly, BackwardNamesTheOpAndTheLayerOfItsForward) {
+  // A Linear of zeros feeds sqrt with 0: the output is finite, its gradient is not.
+  auto lin = std::make_shared<galley::nn::Linear>(2, 2);
+  for (auto& p : lin->parameters()) Tensor(p).zero_();
+  galley::nn::Sequential model(lin, std::make_shared<Sqrt>());
+  Tensor x = fvec({1, 2}, {1, 2});
+  {
+    Tensor loss = galley::sum(model(x));
+    EXPECT_EQ(loss.item(), 0.f);
+    loss.backward();  // off: the loss is finite, the gradients silently are not
+    for (float v : lin->parameters()[1].grad().to_vector()) EXPECT_TRUE(std::isinf(v));
+    model.zero_grad();
+  }
+  Anomaly on;
+  Tensor loss = galley::sum(model(x));
+  const std::string msg = error_of([&] { loss.backward(); });
+  expect_contains(msg, {"detect_anomaly", "backward of pow", "forward ran in layer '1'", "inf",
+                        "gradient of its input 0", "[1, 2]"});
+  for (auto& p : model.parameters()) EXPECT_FALSE(p.grad().defined());
+}
+
+TEST(Anomaly, FiniteTrainingRunsUnchanged) {
+  // On, with nothing non-finite: the same gradients as with it off.
+  auto run = [] {
+    galley::manual_seed(7);
+    galley::nn::Sequential model(std::make_shared<galley::nn::Linear>(3, 4),
+                                 std::make_shared<galley::nn::ReLU>(),
+                                 std::make_shared<galley::nn::Linear>(4, 2));
+    Tensor x = galley::randn({5, 3});
+    galley::nn::CrossEntropyLoss loss_fn;
+    loss_fn(model(x), Tensor::from_vector(std::vector<int64_t>{0, 1, 1, 0, 1}, {5})).backward();
+    std::vector<std::vector<float>> grads;
+    for (auto& p : model.parameters()) grads.push_back(p.grad().to_vector());
+    return grads;
+  };
+  auto off = run();
+  Anomaly on;
+  EXPECT_EQ(run(), off);
+}
+
+TEST(Anomaly, NamesTheLayerOnADataParallelReplica) {
+  // Replicas run on their own threads: the process-wide switch reaches them, and each thread
+  // tracks its own layer path.
+  auto model = galley::DataParallel<Net>({galley::Device::cpu(0), galley::Device::cpu(1)});
+  Anomaly on;
+  expect_contains(error_of([&] {
+                    model(fvec({1, 2, 3, 4, 5, 6}, {2, 3}));
+                  }),
+                  {"DataParallel forward on replica 0", "forward of log", "in layer 'body.1'"});
 }
 
 }  // namespace

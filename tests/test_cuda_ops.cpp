@@ -213,3 +213,99 @@ TEST(CudaOps, OptimizersUpdateManyTensorsLikeTheCpu) {
     EXPECT_EQ(sg.values, sc.values) << name;
   }
 }
+
+namespace {
+// Parameters on the CPU and the same on the GPU, with the same random gradients.
+void params_on_both(const std::vector<int64_t>& sizes, float scale, std::vector<Tensor>& pc,
+                    std::vector<Tensor>& pg) {
+  for (int64_t n : sizes) {
+    Tensor g = galley::randn({n}) * scale;
+    pc.push_back(galley::zeros({n}).set_requires_grad(true));
+    pg.push_back(galley::zeros({n}).to(gpu).set_requires_grad(true));
+    pc.back().set_grad(g);
+    pg.back().set_grad(g.to(gpu));
+  }
+}
+}  // namespace
+
+TEST(CudaOps, ClipGradNormLikeTheCpu) {
+  REQUIRE_GPU();
+  // 70 tensors (two launches' worth of spans), sizes on both sides of a chunk, empty ones.
+  std::vector<int64_t> sizes;
+  for (int i = 0; i < 70; ++i) sizes.push_back((i * 2741) % 20000);
+  sizes.push_back(8192);
+  sizes.push_back(8193);
+  for (double p : {2.0, 1.0, 3.0, double(INFINITY)}) {
+    for (double fraction : {0.25, 4.0}) {  // clipped, and left alone
+      std::vector<Tensor> pc, pg;
+      params_on_both(sizes, 1.f, pc, pg);
+      // max_norm from the CPU's norm without clipping.
+      const float norm = galley::nn::clip_grad_norm_(pc, 1e30, p);
+      const float nc = galley::nn::clip_grad_norm_(pc, norm * fraction, p);
+      const float ng = galley::nn::clip_grad_norm_(pg, norm * fraction, p);
+      EXPECT_NEAR(ng, nc, 1e-6 * nc) << "norm_type " << p;
+      for (size_t k = 0; k < pc.size(); ++k)
+        ASSERT_LE(worst_error(pg[k].grad(), pc[k].grad()), 1e-6) << p << " tensor " << k;
+    }
+  }
+  // The same gradients give the same bits at every call.
+  std::vector<Tensor> pc, pg, pg2;
+  galley::manual_seed(9);
+  params_on_both(sizes, 1.f, pc, pg);
+  galley::manual_seed(9);
+  params_on_both(sizes, 1.f, pc, pg2);
+  EXPECT_EQ(galley::nn::clip_grad_norm_(pg, 1.0), galley::nn::clip_grad_norm_(pg2, 1.0));
+}
+
+TEST(CudaOps, ClipGradNormOnTheGpuRaisesForNonFiniteGradientsAndChangesNothing) {
+  REQUIRE_GPU();
+  std::vector<Tensor> pc, pg;
+  params_on_both({100, 30000, 7}, 1.f, pc, pg);
+  auto v = pc[1].grad().to_vector();
+  v[20000] = std::numeric_limits<float>::quiet_NaN();
+  pg[1].set_grad(Tensor::from_vector(v, {30000}).to(gpu));
+  auto before = pg[0].grad().to_vector();
+  const std::string msg = testutil::error_of([&] { galley::nn::clip_grad_norm_(pg, 1.0); });
+  testutil::expect_contains(msg, {"is nan", "cuda:0", "number 1 of the list"});
+  EXPECT_EQ(pg[0].grad().to_vector(), before);
+}
+
+TEST(CudaOps, ClipGradValueLikeTheCpu) {
+  REQUIRE_GPU();
+  std::vector<Tensor> pc, pg;
+  params_on_both({5, 8191, 8192, 40001, 0, 3}, 2.f, pc, pg);
+  galley::nn::clip_grad_value_(pc, 0.7);
+  galley::nn::clip_grad_value_(pg, 0.7);
+  for (size_t k = 0; k < pc.size(); ++k)
+    EXPECT_EQ(pg[k].grad().to_vector(), pc[k].grad().to_vector()) << "tensor " << k;
+}
+
+TEST(CudaOps, ANonFiniteLossIsReportedAtTheNextSynchronisation) {
+  REQUIRE_GPU();
+  Tensor w = galley::ones({3}).to(gpu).set_requires_grad(true);
+  Tensor x = Tensor::from_vector({1.f, std::numeric_limits<float>::quiet_NaN(), 1.f}, {3}).to(gpu);
+  Tensor loss = galley::sum(w * x);
+  loss.backward();  // queued: no wait for the device
+  testutil::expect_contains(testutil::error_of([&] { galley::cuda::synchronize(gpu); }),
+                            {"backward: the loss is nan", "cuda:0", "set_check_loss_finite"});
+  galley::cuda::synchronize(gpu);  // reported once
+  // A finite loss reports nothing; with the guard off nothing is queued.
+  galley::sum(w * w).backward();
+  galley::cuda::synchronize(gpu);
+  galley::set_check_loss_finite(false);
+  galley::sum(w * x).backward();
+  galley::cuda::synchronize(gpu);
+  galley::set_check_loss_finite(true);
+}
+
+TEST(CudaOps, AnomalyDetectionNamesTheOpOnTheGpu) {
+  REQUIRE_GPU();
+  Tensor w = Tensor::from_vector({1.f, -2.f, 3.f}, {3}).to(gpu).set_requires_grad(true);
+  galley::DetectAnomalyGuard on;
+  testutil::expect_contains(testutil::error_of([&] { galley::log(w); }),
+                            {"forward of log", "nan", "element 1", "[3]", "cuda:0"});
+  Tensor z = galley::zeros({4}).to(gpu).set_requires_grad(true);
+  Tensor loss = galley::sum(galley::pow(z, 0.5f));
+  testutil::expect_contains(testutil::error_of([&] { loss.backward(); }),
+                            {"backward of pow", "inf", "element 0", "cuda:0"});
+}

@@ -6,8 +6,10 @@
 
 #include "galley/error.h"
 #include "kernels/cuda/blas.cuh"
+#include "kernels/cuda/clip.cuh"
 #include "kernels/cuda/elementwise.cuh"
 #include "kernels/cuda/fill.cuh"
+#include "kernels/cuda/nonfinite.cuh"
 
 namespace galley::kernels::cuda {
 namespace {
@@ -126,6 +128,25 @@ void adam_update_multi(const cpu::AdamStep&, double, double, double, const Optim
   absent();
 }
 void sgd_update_multi(const cpu::SGDStep&, const OptimizerTensor*, int, void*) {
+  absent();
+}
+
+int64_t grad_norm_scratch(const cpu::GradSpan*, int) {
+  absent();
+}
+void grad_norm(const cpu::GradSpan*, int, double, double*, float*, void*) {
+  absent();
+}
+void scale_grads(const cpu::GradSpan*, int, float, void*) {
+  absent();
+}
+void clamp_grads(const cpu::GradSpan*, int, float, void*) {
+  absent();
+}
+void first_nonfinite(const float*, int64_t, int64_t*, void*) {
+  absent();
+}
+void report_nonfinite_scalar(const float*, int64_t, int64_t*, void*) {
   absent();
 }
 

@@ -42,7 +42,14 @@ void Layer::add_child(const std::string& name, Layer* layer, std::shared_ptr<Lay
   for (auto& [n, l] : children_)
     GALLEY_CHECK(n != name, repr(), ": layer '", name, "' is already registered");
   children_.emplace_back(name, layer);
+  layer->name_ = name;
   if (owned) owned_.push_back(std::move(owned));
+}
+
+Tensor Layer::operator()(const Tensor& x) {
+  if (!autograd::layer_paths_enabled()) return forward(x);
+  autograd::LayerScope scope(name_);
+  return forward(x);
 }
 
 void Layer::collect(const std::string& prefix, bool buffers, std::vector<NamedTensor>& out) const {

@@ -167,7 +167,7 @@ Tensor Sequential::forward(const Tensor& x) {
   Tensor h = x;
   for (size_t i = 0; i < layers_.size(); ++i) {
     try {
-      h = layers_[i]->forward(h);
+      h = (*layers_[i])(h);  // through the call operator, which tracks the layer path
     } catch (const Error& e) {
       detail::rethrow_with_message(e, detail::str_cat("Sequential[", i, "] ", e.what()));
     }

@@ -5,13 +5,17 @@
 
 #include "galley/runtime/memory.h"
 #include "kernels/cpu/bias_relu.h"
+#include "kernels/cpu/clip.h"
 #include "kernels/cpu/cross_entropy.h"
 #include "kernels/cpu/gemm.h"
+#include "kernels/cpu/nonfinite.h"
 #include "kernels/cpu/reduce.h"
 #include "kernels/cpu/softmax.h"
 #include "kernels/cpu/unary.h"
 #include "kernels/cuda/blas.cuh"
+#include "kernels/cuda/clip.cuh"
 #include "kernels/cuda/elementwise.cuh"
+#include "kernels/cuda/nonfinite.cuh"
 #include "src/runtime/device_memory.h"
 
 namespace galley::backend {
@@ -340,6 +344,49 @@ void sgd_update(Device device, const cpu::SGDStep& s, int64_t n, float* p, const
                 float* buf) {
   GALLEY_CHECK(device.is_cpu(), "sgd_update: ", device.str(), " takes sgd_update_multi");
   cpu::sgd_update(s, n, p, g, buf);
+}
+
+int64_t first_nonfinite(const Tensor& t) {
+  Tensor c = t.contiguous();
+  if (!on_gpu(c)) return cpu::first_nonfinite(c.data<float>(), c.numel());
+  Tensor first = Tensor::empty({}, DType::Int64, c.device());
+  gpu::first_nonfinite(c.data<float>(), c.numel(), first.data<int64_t>(), stream(c.device()));
+  return first.to(Device::cpu()).data<int64_t>()[0];
+}
+
+void report_nonfinite_loss(const Tensor& loss) {
+  const Device dev = loss.device();
+  GALLEY_CHECK(dev.is_cuda() && loss.numel() == 1 && loss.dtype() == DType::Float32,
+               "report_nonfinite_loss: expects one float32 element on a GPU");
+  gpu::report_nonfinite_scalar(loss.data<float>(),
+                               static_cast<int64_t>(detail::DeferredError::NonFiniteLoss),
+                               detail::error_slot(dev), stream(dev));
+}
+
+Tensor grad_norm(Device device, const std::vector<GradSpan>& spans, double norm_type) {
+  Tensor out = Tensor::empty({}, DType::Float32, device);
+  const int count = static_cast<int>(spans.size());
+  if (device.is_cpu()) {
+    out.data<float>()[0] = static_cast<float>(cpu::grad_norm(spans.data(), count, norm_type));
+    return out;
+  }
+  // One double per chunk (int64 storage: tensors have no float64 dtype), from the caching
+  // allocator, so a step allocates nothing new.
+  const int64_t parts = gpu::grad_norm_scratch(spans.data(), count);
+  Tensor scratch = Tensor::empty({std::max<int64_t>(parts, 1)}, DType::Int64, device);
+  gpu::grad_norm(spans.data(), count, norm_type, reinterpret_cast<double*>(scratch.raw_data()),
+                 out.data<float>(), stream(device));
+  return out;
+}
+
+void scale_grads(Device device, const std::vector<GradSpan>& spans, float scale) {
+  if (device.is_cpu()) return cpu::scale_grads(spans.data(), int(spans.size()), scale);
+  gpu::scale_grads(spans.data(), int(spans.size()), scale, stream(device));
+}
+
+void clamp_grads(Device device, const std::vector<GradSpan>& spans, float clip) {
+  if (device.is_cpu()) return cpu::clamp_grads(spans.data(), int(spans.size()), clip);
+  gpu::clamp_grads(spans.data(), int(spans.size()), clip, stream(device));
 }
 
 }  // namespace galley::backend

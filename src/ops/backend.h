@@ -4,6 +4,7 @@
 // src/ops call these instead of a backend directly, so dispatch happens at one place per op.
 #include "galley/tensor.h"
 #include "kernels/cpu/binary.h"
+#include "kernels/cpu/clip.h"
 #include "kernels/cpu/conv2d.h"
 #include "kernels/cpu/max_pool2d.h"
 #include "kernels/cpu/optimizer_update.h"
@@ -93,5 +94,20 @@ void adam_update_multi(Device device, const kernels::cpu::AdamStep& s, double lr
                        double beta2, const std::vector<OptimizerTensor>& tensors);
 void sgd_update_multi(Device device, const kernels::cpu::SGDStep& s,
                       const std::vector<OptimizerTensor>& tensors);
+
+// The index of the first NaN or infinite element of `t` (float32, any layout) in row-major
+// order, -1 when every element is finite. On a GPU it waits for the answer: for anomaly
+// detection and error reports, never the default path.
+int64_t first_nonfinite(const Tensor& t);
+// Queues the loss guard's check of a one-element float32 GPU tensor: a NaN or infinite value is
+// reported at the device's next synchronisation (detail::DeferredError::NonFiniteLoss).
+void report_nonfinite_loss(const Tensor& loss);
+
+// Gradient clipping over every span at once, all on `device` (kernels/cpu/clip.h). grad_norm
+// returns the norm as a one-element float32 tensor on the device, queued on a GPU.
+using kernels::cpu::GradSpan;
+Tensor grad_norm(Device device, const std::vector<GradSpan>& spans, double norm_type);
+void scale_grads(Device device, const std::vector<GradSpan>& spans, float scale);
+void clamp_grads(Device device, const std::vector<GradSpan>& spans, float clip);
 
 }  // namespace galley::backend

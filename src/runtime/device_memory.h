@@ -123,7 +123,9 @@ bool capturing(Device device);
 // page-locked host memory mapped into the device. The next synchronising call on the device
 // (a copy to the host, item(), galley::cuda::synchronize, the next loss) checks the slot and
 // throws the report as a galley::Error. Slot layout (int64): {code, a, b, c}; code 0 is clear.
-enum class DeferredError : int64_t { None = 0, LabelOutOfRange = 1 };
+// LabelOutOfRange: {1, row, label, classes} (cross_entropy). NonFiniteLoss: {2, the loss's float
+// bits, 0, 0} (the loss guard of backward(), queued instead of reading the loss back).
+enum class DeferredError : int64_t { None = 0, LabelOutOfRange = 1, NonFiniteLoss = 2 };
 // The device's slot (a pointer usable by kernels).
 int64_t* error_slot(Device device);
 // Throws (and clears) the report in the device's slot, if any, and a failed kernel launch of

@@ -505,6 +505,17 @@ void check_deferred_errors(Device device) {
                         " is outside [0, ", c,
                         ") (found by the GPU in an earlier step, which left that row out of its "
                         "loss)"));
+  if (code == static_cast<int64_t>(DeferredError::NonFiniteLoss)) {
+    float loss;
+    const uint32_t bits = static_cast<uint32_t>(a);
+    std::memcpy(&loss, &bits, sizeof loss);
+    throw Error(str_cat(
+        "backward: the loss is ", loss != loss ? "nan" : str_cat(loss), " (on ", device.str(),
+        ", found by the GPU after that backward() was queued: its gradients, and any optimizer "
+        "step queued after it, are not finite). galley::set_detect_anomaly(true) names the op "
+        "that first produced a non-finite value; galley::set_check_loss_finite(false) turns "
+        "this check off"));
+  }
   throw Error(str_cat(device.str(), ": a kernel reported error code ", code));
 }
 #else

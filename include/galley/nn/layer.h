@@ -25,8 +25,10 @@ class Layer {
 
   /// The layer's computation.
   virtual Tensor forward(const Tensor& x) = 0;
-  /// Calls forward().
-  Tensor operator()(const Tensor& x) { return forward(x); }
+  /// Calls forward(). While anomaly detection is on it also records that this layer is being
+  /// called, so errors name the layer path ("features.1"); call sub-layers through it
+  /// (`conv_(x)`, not `conv_.forward(x)`) for their names to appear.
+  Tensor operator()(const Tensor& x);
 
   /// Registers `value` as a parameter called `name` (it becomes a leaf that wants gradients
   /// when `requires_grad`). Returns the stored handle.
@@ -76,12 +78,16 @@ class Layer {
 
   /// Human-readable name used in error messages ("Conv2D(3, 64, kernel=3)").
   virtual std::string repr() const { return "Layer"; }
+  /// The name this layer was registered under in its parent ("conv", "1"); "" for a layer that
+  /// is not a registered child (the top-level model). A layer registered twice keeps the last.
+  const std::string& name() const { return name_; }
 
  private:
   void add_child(const std::string& name, Layer* layer, std::shared_ptr<Layer> owned);
   void collect(const std::string& prefix, bool buffers, std::vector<NamedTensor>& out) const;
 
   bool training_ = true;
+  std::string name_;
   std::vector<std::pair<std::string, Tensor>> params_;
   std::vector<std::pair<std::string, Tensor>> buffers_;
   std::vector<std::pair<std::string, Layer*>> children_;

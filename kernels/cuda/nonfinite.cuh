@@ -1,0 +1,20 @@
+#pragma once
+// Finding NaN and infinite values on a GPU: the CUDA side of kernels/cpu/nonfinite.h, and the
+// loss guard's report into a device's deferred error slot. Declared without CUDA types;
+// `stream` is a cudaStream_t. Launchers only enqueue.
+#include <cstdint>
+
+namespace galley::kernels::cuda {
+
+// ----------------------------------------------------------------------------------------------
+// launchers
+
+// *first (a device int64) = the index of the first element of x[0, n) that is NaN or infinite,
+// -1 when all are finite.
+void first_nonfinite(const float* x, int64_t n, int64_t* first, void* stream);
+// When *x (one device float) is NaN or infinite and word 0 of `error_slot` (a device's deferred
+// error slot, {code, a, b, c}) is clear, writes {code, the bits of *x, 0, 0}, code last. Nothing
+// waits: the host finds the report at its next synchronisation.
+void report_nonfinite_scalar(const float* x, int64_t code, int64_t* error_slot, void* stream);
+
+}  // namespace galley::kernels::cuda

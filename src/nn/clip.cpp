@@ -1,0 +1,114 @@
+// Gradient clipping: the gradients grouped by device, one fused reduction and one fused scaling
+// (or clamping) pass per device, dispatched to kernels/cpu/clip.cpp or kernels/cuda/clip.cu.
+#include "galley/nn/clip.h"
+
+#include <cmath>
+
+#include "src/device_scope.h"
+#include "src/ops/backend.h"
+
+namespace galley::nn {
+
+namespace {
+
+// The gradients on one device, with the parameters they belong to.
+struct Group {
+  Device device;
+  std::vector<Tensor> grads;  // keeps the spans' memory alive
+  std::vector<size_t> param;  // index of each in the caller's list
+  std::vector<backend::GradSpan> spans;
+};
+
+std::vector<Group> group_by_device(const char* fn, const std::vector<Tensor>& params) {
+  std::vector<Group> groups;
+  for (size_t i = 0; i < params.size(); ++i) {
+    GALLEY_CHECK(params[i].defined(), fn, ": parameter ", i, " is undefined");
+    Tensor g = params[i].grad();
+    if (!g.defined()) continue;
+    GALLEY_CHECK(g.dtype() == DType::Float32, fn, ": the gradient of parameter ", i, " (shape ",
+                 shape_str(g.shape()), ") is ", dtype_name(g.dtype()),
+                 "; gradients must be float32");
+    GALLEY_CHECK(g.is_contiguous(), fn, ": the gradient of parameter ", i, " (shape ",
+                 shape_str(g.shape()), ") is not contiguous");
+    const Device d = g.device();
+    GALLEY_CHECK(d.is_cpu() || d.index() < cuda_device_count(), fn, ": the gradient of parameter ",
+                 i, " is on ", d.str(), ", which does not exist here");
+    Group* group = nullptr;
+    for (auto& gr : groups)
+      if (gr.device == d) group = &gr;
+    if (!group) {
+      groups.push_back(Group{d, {}, {}, {}});
+      group = &groups.back();
+    }
+    group->spans.push_back({g.data<float>(), g.numel()});
+    group->grads.push_back(std::move(g));
+    group->param.push_back(i);
+  }
+  return groups;
+}
+
+[[noreturn]] void nonfinite_error(const Group& group, float total, double norm_type) {
+  // An error path: finding the culprit may read every gradient back.
+  std::string culprit;
+  for (size_t k = 0; k < group.grads.size() && culprit.empty(); ++k) {
+    detail::DeviceScope scope(group.device);
+    if (backend::first_nonfinite(group.grads[k]) >= 0)
+      culprit = detail::str_cat("; the first parameter with a non-finite gradient is number ",
+                                group.param[k], " of the list (shape ",
+                                shape_str(group.grads[k].shape()), ")");
+  }
+  throw Error(detail::str_cat("clip_grad_norm_: the total norm of order ", norm_type,
+                              " of the gradients on ", group.device.str(), " is ",
+                              std::isnan(total) ? "nan" : detail::str_cat(total), culprit,
+                              ". No gradient was changed; pass {.error_if_nonfinite = false} to "
+                              "scale them by the non-finite norm anyway, as PyTorch does by "
+                              "default"));
+}
+
+}  // namespace
+
+float clip_grad_norm_(const std::vector<Tensor>& parameters, double max_norm,
+                      const ClipGradNormOptions& options) {
+  GALLEY_CHECK(max_norm >= 0, "clip_grad_norm_: max_norm ", max_norm, " must be >= 0");
+  GALLEY_CHECK(options.norm_type > 0, "clip_grad_norm_: norm_type ", options.norm_type,
+               " must be positive (or INFINITY)");
+  std::vector<Group> groups = group_by_device("clip_grad_norm_", parameters);
+  if (groups.empty()) return 0.f;
+  NoGradGuard no_grad;
+  // Every device's reduction is queued before any is read back, so GPUs work side by side.
+  std::vector<Tensor> norms;
+  for (auto& g : groups) {
+    detail::DeviceScope scope(g.device);
+    norms.push_back(backend::grad_norm(g.device, g.spans, options.norm_type));
+  }
+  std::vector<float> totals;
+  for (auto& n : norms) totals.push_back(n.item());
+  if (options.error_if_nonfinite)
+    for (size_t k = 0; k < groups.size(); ++k)
+      if (!std::isfinite(totals[k])) nonfinite_error(groups[k], totals[k], options.norm_type);
+  for (size_t k = 0; k < groups.size(); ++k) {
+    // PyTorch: clip_coef = max_norm / (total_norm + 1e-6), a float32 tensor divided into a
+    // Python float, which Tensor.__rtruediv__ computes as reciprocal() * max_norm; then clamped
+    // to at most 1 and multiplied in. A coefficient of 1 changes nothing, so it is skipped.
+    const float coef = (1.f / (totals[k] + 1e-6f)) * static_cast<float>(max_norm);
+    if (coef >= 1.f) continue;  // NaN scales, as in PyTorch
+    detail::DeviceScope scope(groups[k].device);
+    backend::scale_grads(groups[k].device, groups[k].spans, coef);
+  }
+  return totals[0];
+}
+
+float clip_grad_norm_(const std::vector<Tensor>& parameters, double max_norm, double norm_type) {
+  return clip_grad_norm_(parameters, max_norm, ClipGradNormOptions{.norm_type = norm_type});
+}
+
+void clip_grad_value_(const std::vector<Tensor>& parameters, double clip_value) {
+  GALLEY_CHECK(clip_value >= 0, "clip_grad_value_: clip_value ", clip_value, " must be >= 0");
+  NoGradGuard no_grad;
+  for (auto& g : group_by_device("clip_grad_value_", parameters)) {
+    detail::DeviceScope scope(g.device);
+    backend::clamp_grads(g.device, g.spans, static_cast<float>(clip_value));
+  }
+}
+
+}  // namespace galley::nn
