@@ -492,4 +492,192 @@ TEST(Schedulers, BaseRateIsTheOptimizersAtConstruction) {
   EXPECT_NEAR(opt.learning_rate(), 0.4 * (1 + std::cos(M_PI / 4)) / 2, 1e-12);
 }
 
+using galley::optim::AnnealStrategy;
+using galley::optim::LinearLR;
+using galley::optim::LRScheduler;
+using galley::optim::OneCycleLR;
+using galley::optim::PlateauMode;
+using galley::optim::ReduceLROnPlateau;
+using galley::optim::SequentialLR;
+using galley::optim::ThresholdMode;
+
+TEST(Schedulers, LinearLRWarmsUpFromConstruction) {
+  Tensor p = leaf({1.0});
+  SGD opt({p}, {.learning_rate = 0.1});
+  LinearLR sched(opt, {.start_factor = 0.25, .total_iters = 4});
+  EXPECT_NEAR(opt.learning_rate(), 0.025, 1e-15);  // period 0 is already warmed down
+  EXPECT_DOUBLE_EQ(sched.base_lr(), 0.1);
+  for (int e = 1; e <= 6; ++e) {
+    sched.step();
+    EXPECT_NEAR(opt.learning_rate(), 0.1 * (0.25 + 0.75 * std::min(e, 4) / 4.0), 1e-15) << e;
+  }
+  expect_contains(error_of([&] { LinearLR(opt, {.start_factor = -0.1}); }),
+                  {"LinearLR", "start_factor", "[0, 1]"});
+  expect_contains(error_of([&] { LinearLR(opt, {.end_factor = 1.5}); }), {"end_factor"});
+  expect_contains(error_of([&] { LinearLR(opt, {.total_iters = 0}); }), {"total_iters"});
+}
+
+TEST(Schedulers, LinearLRStateRestoresPeriodZeroRate) {
+  Tensor p = leaf({1.0});
+  SGD opt({p}, {.learning_rate = 0.2});
+  LinearLR sched(opt, {.start_factor = 0.5, .total_iters = 2});
+  galley::StateDict st = sched.state_dict();
+  opt.set_learning_rate(1.0);
+  sched.load_state_dict(st);
+  EXPECT_DOUBLE_EQ(opt.learning_rate(), 0.1);
+}
+
+TEST(Schedulers, OneCycleLRPhases) {
+  Tensor p = leaf({1.0});
+  SGD opt({p}, {.learning_rate = 123.0});  // replaced by max_lr / div_factor
+  OneCycleLR sched(opt, {.max_lr = 1.0,
+                         .total_steps = 10,
+                         .pct_start = 0.5,
+                         .anneal_strategy = AnnealStrategy::Linear,
+                         .div_factor = 4.0,
+                         .final_div_factor = 5.0});
+  EXPECT_EQ(sched.total_steps(), 10);
+  EXPECT_DOUBLE_EQ(opt.learning_rate(), 0.25);
+  EXPECT_DOUBLE_EQ(sched.lr_at(4), 1.0);     // end of the rise: pct_start * total - 1
+  EXPECT_NEAR(sched.lr_at(9), 0.05, 1e-15);  // the minimum at the last batch
+  EXPECT_DOUBLE_EQ(sched.lr_at(10), 0.0);    // one past: -0.14 extrapolated, held at 0
+  for (int e = 1; e <= 10; ++e) sched.step();
+  EXPECT_DOUBLE_EQ(opt.learning_rate(), 0.0);
+  expect_contains(error_of([&] { sched.step(); }), {"OneCycleLR", "11", "total_steps 10"});
+  OneCycleLR by_epochs(opt, {.max_lr = 1.0, .epochs = 2, .steps_per_epoch = 5});
+  EXPECT_EQ(by_epochs.total_steps(), 10);
+}
+
+TEST(Schedulers, OneCycleLRValidation) {
+  Tensor p = leaf({1.0});
+  SGD opt({p}, {.learning_rate = 0.1});
+  expect_contains(error_of([&] { OneCycleLR(opt, {.total_steps = 10}); }), {"max_lr"});
+  expect_contains(error_of([&] { OneCycleLR(opt, {.max_lr = 1.0}); }),
+                  {"total_steps", "epochs and steps_per_epoch"});
+  expect_contains(error_of([&] { OneCycleLR(opt, {.max_lr = 1.0, .epochs = 3}); }),
+                  {"total_steps"});
+  expect_contains(
+      error_of([&] { OneCycleLR(opt, {.max_lr = 1.0, .total_steps = 10, .pct_start = 1.5}); }),
+      {"pct_start", "[0, 1]"});
+  expect_contains(
+      error_of([&] { OneCycleLR(opt, {.max_lr = 1.0, .total_steps = 10, .pct_start = 0.1}); }),
+      {"phase 0", "no steps"});
+  expect_contains(
+      error_of([&] { OneCycleLR(opt, {.max_lr = 1.0, .total_steps = 10, .div_factor = 0}); }),
+      {"div_factor"});
+}
+
+TEST(Schedulers, ReduceLROnPlateauReducesAfterPatience) {
+  Tensor p = leaf({1.0});
+  SGD opt({p}, {.learning_rate = 1.0});
+  ReduceLROnPlateau sched(opt, {.factor = 0.5, .patience = 1, .cooldown = 1, .min_lr = 0.2});
+  EXPECT_EQ(sched.best(), HUGE_VAL);
+  sched.step(1.0);  // improves on +inf
+  sched.step(1.0);  // bad 1 (patience 1)
+  EXPECT_DOUBLE_EQ(opt.learning_rate(), 1.0);
+  sched.step(2.0);  // bad 2 -> reduce, cooldown 1
+  EXPECT_DOUBLE_EQ(opt.learning_rate(), 0.5);
+  EXPECT_EQ(sched.cooldown_counter(), 1);
+  sched.step(2.0);  // in cooldown: not counted
+  sched.step(2.0);
+  EXPECT_DOUBLE_EQ(opt.learning_rate(), 0.5);
+  sched.step(2.0);  // -> 0.25
+  sched.step(2.0);
+  sched.step(2.0);
+  sched.step(2.0);  // floor
+  EXPECT_DOUBLE_EQ(opt.learning_rate(), 0.2);
+  EXPECT_EQ(sched.last_epoch(), 9);
+  EXPECT_DOUBLE_EQ(sched.lr_at(9), 0.2);
+  expect_contains(error_of([&] { sched.lr_at(3); }), {"ReduceLROnPlateau", "period 3"});
+  LRScheduler& base = sched;
+  expect_contains(error_of([&] { base.step(); }), {"step(metric)"});
+}
+
+TEST(Schedulers, ReduceLROnPlateauMaxModeAndThresholds) {
+  Tensor p = leaf({1.0});
+  SGD opt({p}, {.learning_rate = 1.0});
+  ReduceLROnPlateau sched(opt, {.mode = PlateauMode::Max,
+                                .patience = 0,
+                                .threshold = 0.1,
+                                .threshold_mode = ThresholdMode::Abs});
+  sched.step(0.5);
+  sched.step(0.55);  // +0.05 < 0.1: no improvement, patience 0 -> reduce
+  EXPECT_DOUBLE_EQ(sched.best(), 0.5);
+  EXPECT_NEAR(opt.learning_rate(), 0.1, 1e-15);
+  sched.step(0.7);
+  EXPECT_DOUBLE_EQ(sched.best(), 0.7);
+  EXPECT_NEAR(opt.learning_rate(), 0.1, 1e-15);
+}
+
+TEST(Schedulers, ReduceLROnPlateauValidationAndState) {
+  Tensor p = leaf({1.0});
+  SGD opt({p}, {.learning_rate = 1.0});
+  expect_contains(error_of([&] { ReduceLROnPlateau(opt, {.factor = 1.0}); }), {"factor"});
+  expect_contains(error_of([&] { ReduceLROnPlateau(opt, {.patience = -1}); }), {"patience"});
+  expect_contains(error_of([&] { ReduceLROnPlateau(opt, {.cooldown = -1}); }), {"cooldown"});
+  expect_contains(error_of([&] { ReduceLROnPlateau(opt, {.min_lr = -1}); }), {"min_lr"});
+  ReduceLROnPlateau a(opt, {.factor = 0.5, .patience = 2, .cooldown = 3});
+  for (double m : {3.0, 2.0, 2.5, 2.5}) a.step(m);
+  galley::StateDict st = a.state_dict();
+
+  Tensor q = leaf({1.0});
+  SGD opt2({q}, {.learning_rate = 7.0});
+  ReduceLROnPlateau b(opt2, {.factor = 0.5, .patience = 2, .cooldown = 3});
+  b.load_state_dict(st);
+  EXPECT_EQ(b.last_epoch(), 4);
+  EXPECT_DOUBLE_EQ(b.best(), 2.0);
+  EXPECT_EQ(b.num_bad_epochs(), 2);
+  EXPECT_DOUBLE_EQ(opt2.learning_rate(), 1.0);
+  for (double m : {2.5, 2.5, 2.5, 2.5, 2.5, 2.5, 2.5}) {
+    a.step(m);
+    b.step(m);
+    EXPECT_EQ(opt.learning_rate(), opt2.learning_rate());
+    EXPECT_EQ(a.cooldown_counter(), b.cooldown_counter());
+  }
+  EXPECT_DOUBLE_EQ(opt2.learning_rate(), 0.25);
+}
+
+TEST(Schedulers, SequentialLRWarmupThenCosine) {
+  Tensor p = leaf({1.0});
+  SGD opt({p}, {.learning_rate = 0.1});
+  LinearLR warm(opt, {.start_factor = 0.1, .total_iters = 2});
+  galley::optim::CosineAnnealingLR cos(opt, 4);  // built after the warm-up changed the rate
+  SequentialLR sched(opt, {&warm, &cos}, {2});
+  EXPECT_DOUBLE_EQ(cos.base_lr(), 0.1);
+  EXPECT_NEAR(opt.learning_rate(), 0.01, 1e-15);
+  sched.step();
+  EXPECT_NEAR(opt.learning_rate(), 0.055, 1e-15);
+  EXPECT_EQ(warm.last_epoch(), 1);
+  sched.step();  // milestone: the cosine starts at its period 0
+  EXPECT_NEAR(opt.learning_rate(), 0.1, 1e-15);
+  EXPECT_EQ(cos.last_epoch(), 0);
+  sched.step();
+  sched.step();
+  EXPECT_NEAR(opt.learning_rate(), 0.05, 1e-15);
+  EXPECT_EQ(cos.last_epoch(), 2);
+
+  galley::StateDict st = sched.state_dict();
+  opt.set_learning_rate(3.0);
+  sched.load_state_dict(st);
+  EXPECT_NEAR(opt.learning_rate(), 0.05, 1e-15);
+  EXPECT_EQ(sched.last_epoch(), 4);
+}
+
+TEST(Schedulers, SequentialLRValidation) {
+  Tensor p = leaf({1.0}), q = leaf({1.0});
+  SGD opt({p}, {.learning_rate = 0.1}), other({q}, {.learning_rate = 0.1});
+  LinearLR a(opt), b(opt), elsewhere(other);
+  ReduceLROnPlateau plateau(opt);
+  expect_contains(error_of([&] { SequentialLR(opt, {}, {}); }), {"no schedulers"});
+  expect_contains(error_of([&] { SequentialLR(opt, {&a, &b}, {}); }), {"need 1 milestones"});
+  expect_contains(error_of([&] { SequentialLR(opt, {&a, &b}, {0}); }), {"milestone 0"});
+  expect_contains(error_of([&] { SequentialLR(opt, {&a, &b, &a}, {3, 3}); }), {"milestone 1"});
+  expect_contains(error_of([&] { SequentialLR(opt, {&a, nullptr}, {2}); }), {"1 is null"});
+  expect_contains(error_of([&] {
+                    SequentialLR(opt, {&a, &elsewhere}, {2});
+                  }),
+                  {"another optimizer"});
+  expect_contains(error_of([&] { SequentialLR(opt, {&a, &plateau}, {2}); }), {"ReduceLROnPlateau"});
+}
+
 }  // namespace

@@ -306,7 +306,7 @@ void LRScheduler::load_state_dict(const StateDict& st) {
   GALLEY_CHECK(epoch >= 0, "LRScheduler: saved last_epoch ", epoch, " is negative");
   epoch_ = epoch;
   base_lr_ = base;
-  opt_.set_learning_rate(epoch_ == 0 ? base_lr_ : lr_at(epoch_));
+  opt_.set_learning_rate(epoch_ == 0 ? start_lr() : lr_at(epoch_));
 }
 
 StepLR::StepLR(Optimizer& optimizer, int64_t step_size, double gamma)
@@ -327,6 +327,235 @@ CosineAnnealingLR::CosineAnnealingLR(Optimizer& optimizer, int64_t t_max, double
 double CosineAnnealingLR::lr_at(int64_t epoch) const {
   return eta_min_ +
          (base_lr_ - eta_min_) * (1 + std::cos(M_PI * double(epoch) / double(t_max_))) / 2;
+}
+
+// The schedules below follow torch/optim/lr_scheduler.py of PyTorch 1.13 formula for formula
+// (same operation order, in double), so that the rates agree to the last bits.
+
+namespace {
+
+/// a * b rounded to double. With -march=native the compiler may fuse a * b - c into one FMA,
+/// which skips that rounding; OneCycleLR's phase ends must round as Python's do, since periods
+/// are compared with them (0.1 * 10 - 1 is 0 in Python, 5.6e-17 fused).
+double rounded_product(double a, double b) {
+  volatile double p = a * b;
+  return p;
+}
+
+}  // namespace
+
+LinearLR::LinearLR(Optimizer& optimizer, LinearLROptions options)
+    : LRScheduler(optimizer), o_(options) {
+  GALLEY_CHECK(o_.start_factor >= 0 && o_.start_factor <= 1, "LinearLR: start_factor ",
+               o_.start_factor, " must be in [0, 1]");
+  GALLEY_CHECK(o_.end_factor >= 0 && o_.end_factor <= 1, "LinearLR: end_factor ", o_.end_factor,
+               " must be in [0, 1]");
+  GALLEY_CHECK(o_.total_iters > 0, "LinearLR: total_iters ", o_.total_iters, " must be positive");
+  opt_.set_learning_rate(lr_at(0));
+}
+
+double LinearLR::lr_at(int64_t epoch) const {
+  const double done = double(std::min(o_.total_iters, epoch));
+  return base_lr_ *
+         (o_.start_factor + (o_.end_factor - o_.start_factor) * done / double(o_.total_iters));
+}
+
+OneCycleLR::OneCycleLR(Optimizer& optimizer, OneCycleLROptions options)
+    : LRScheduler(optimizer), o_(options) {
+  GALLEY_CHECK(o_.max_lr > 0, "OneCycleLR: max_lr ", o_.max_lr, " must be positive");
+  GALLEY_CHECK(o_.total_steps >= 0 && o_.epochs >= 0 && o_.steps_per_epoch >= 0,
+               "OneCycleLR: total_steps ", o_.total_steps, ", epochs ", o_.epochs,
+               " and steps_per_epoch ", o_.steps_per_epoch, " must not be negative");
+  GALLEY_CHECK(o_.total_steps > 0 || (o_.epochs > 0 && o_.steps_per_epoch > 0),
+               "OneCycleLR: give total_steps, or epochs and steps_per_epoch");
+  total_steps_ = o_.total_steps > 0 ? o_.total_steps : o_.epochs * o_.steps_per_epoch;
+  GALLEY_CHECK(o_.pct_start >= 0 && o_.pct_start <= 1, "OneCycleLR: pct_start ", o_.pct_start,
+               " must be in [0, 1]");
+  GALLEY_CHECK(o_.div_factor > 0, "OneCycleLR: div_factor ", o_.div_factor, " must be positive");
+  GALLEY_CHECK(o_.final_div_factor > 0, "OneCycleLR: final_div_factor ", o_.final_div_factor,
+               " must be positive");
+  const double initial = o_.max_lr / o_.div_factor, min_lr = initial / o_.final_div_factor;
+  const double total = double(total_steps_);
+  if (o_.three_phase) {
+    phases_ = {{rounded_product(o_.pct_start, total) - 1, initial, o_.max_lr},
+               {rounded_product(2 * o_.pct_start, total) - 2, o_.max_lr, initial},
+               {total - 1, initial, min_lr}};
+  } else {
+    phases_ = {{rounded_product(o_.pct_start, total) - 1, initial, o_.max_lr},
+               {total - 1, o_.max_lr, min_lr}};
+  }
+  // PyTorch divides by each phase's length; a phase of zero steps would divide by zero.
+  double start = 0;
+  for (size_t i = 0; i < phases_.size(); ++i) {
+    GALLEY_CHECK(phases_[i].end_step != start, "OneCycleLR: pct_start ", o_.pct_start,
+                 " with total_steps ", total_steps_, " leaves phase ", i, " with no steps");
+    start = phases_[i].end_step;
+  }
+  base_lr_ = initial;
+  opt_.set_learning_rate(lr_at(0));
+}
+
+double OneCycleLR::lr_at(int64_t epoch) const {
+  GALLEY_CHECK(epoch >= 0 && epoch <= total_steps_, "OneCycleLR: period ", epoch,
+               " is outside the cycle of total_steps ", total_steps_, " (rates exist for 0 to ",
+               total_steps_, ")");
+  double start = 0;
+  for (size_t i = 0; i < phases_.size(); ++i) {
+    const Phase& ph = phases_[i];
+    if (double(epoch) <= ph.end_step || i + 1 == phases_.size()) {
+      const double pct = (double(epoch) - start) / (ph.end_step - start);
+      if (o_.anneal_strategy == AnnealStrategy::Cos)
+        return ph.end_lr + (ph.start_lr - ph.end_lr) / 2.0 * (std::cos(M_PI * pct) + 1);
+      // Period total_steps lies one past the last phase; a linear anneal extrapolated there can
+      // go below zero, where the rate is held at 0 (PyTorch would set the negative rate).
+      return std::max(0.0, (ph.end_lr - ph.start_lr) * pct + ph.start_lr);
+    }
+    start = ph.end_step;
+  }
+  return 0;  // not reached: the last phase always answers
+}
+
+ReduceLROnPlateau::ReduceLROnPlateau(Optimizer& optimizer, ReduceLROnPlateauOptions options)
+    : LRScheduler(optimizer), o_(options) {
+  GALLEY_CHECK(o_.factor >= 0 && o_.factor < 1, "ReduceLROnPlateau: factor ", o_.factor,
+               " must be in [0, 1)");
+  GALLEY_CHECK(o_.patience >= 0, "ReduceLROnPlateau: patience ", o_.patience,
+               " must not be negative");
+  GALLEY_CHECK(o_.threshold >= 0, "ReduceLROnPlateau: threshold ", o_.threshold,
+               " must not be negative");
+  GALLEY_CHECK(o_.cooldown >= 0, "ReduceLROnPlateau: cooldown ", o_.cooldown,
+               " must not be negative");
+  GALLEY_CHECK(o_.min_lr >= 0, "ReduceLROnPlateau: min_lr ", o_.min_lr, " must not be negative");
+  GALLEY_CHECK(o_.eps >= 0, "ReduceLROnPlateau: eps ", o_.eps, " must not be negative");
+  best_ = o_.mode == PlateauMode::Min ? HUGE_VAL : -HUGE_VAL;
+}
+
+bool ReduceLROnPlateau::is_better(double a) const {
+  const bool rel = o_.threshold_mode == ThresholdMode::Rel;
+  if (o_.mode == PlateauMode::Min)
+    return rel ? a < best_ * (1. - o_.threshold) : a < best_ - o_.threshold;
+  return rel ? a > best_ * (o_.threshold + 1.) : a > best_ + o_.threshold;
+}
+
+void ReduceLROnPlateau::step(double metric) {
+  ++epoch_;
+  if (is_better(metric)) {
+    best_ = metric;
+    num_bad_epochs_ = 0;
+  } else {
+    ++num_bad_epochs_;  // a NaN metric is a bad period, as in PyTorch
+  }
+  if (cooldown_counter_ > 0) {
+    --cooldown_counter_;
+    num_bad_epochs_ = 0;
+  }
+  if (num_bad_epochs_ > o_.patience) {
+    const double old_lr = opt_.learning_rate(), new_lr = std::max(old_lr * o_.factor, o_.min_lr);
+    if (old_lr - new_lr > o_.eps) opt_.set_learning_rate(new_lr);
+    cooldown_counter_ = o_.cooldown;
+    num_bad_epochs_ = 0;
+  }
+}
+
+void ReduceLROnPlateau::step() {
+  GALLEY_CHECK(false, "ReduceLROnPlateau: step() needs the metric; call step(metric)");
+}
+
+double ReduceLROnPlateau::lr_at(int64_t epoch) const {
+  GALLEY_CHECK(epoch == epoch_, "ReduceLROnPlateau: the rate of period ", epoch,
+               " is unknown; it depends on the metrics, so only the current period's (", epoch_,
+               ") is known");
+  return opt_.learning_rate();
+}
+
+StateDict ReduceLROnPlateau::state_dict() const {
+  StateDict st = LRScheduler::state_dict();
+  st.set("best", best_);
+  st.set("num_bad_epochs", num_bad_epochs_);
+  st.set("cooldown_counter", cooldown_counter_);
+  st.set("lr", opt_.learning_rate());
+  return st;
+}
+
+void ReduceLROnPlateau::load_state_dict(const StateDict& st) {
+  const std::string owner = "ReduceLROnPlateau";
+  const int64_t epoch = st.get_int("last_epoch", owner), bad = st.get_int("num_bad_epochs", owner),
+                cooldown = st.get_int("cooldown_counter", owner);
+  const double base = st.get_double("base_lr", owner), best = st.get_double("best", owner),
+               lr = st.get_double("lr", owner);
+  GALLEY_CHECK(epoch >= 0 && bad >= 0 && cooldown >= 0, owner, ": saved last_epoch ", epoch,
+               ", num_bad_epochs ", bad, " and cooldown_counter ", cooldown,
+               " must not be negative");
+  GALLEY_CHECK(lr >= 0, owner, ": saved rate ", lr, " is negative");
+  epoch_ = epoch;
+  base_lr_ = base;
+  best_ = best;
+  num_bad_epochs_ = bad;
+  cooldown_counter_ = cooldown;
+  opt_.set_learning_rate(lr);
+}
+
+SequentialLR::SequentialLR(Optimizer& optimizer, std::vector<LRScheduler*> schedulers,
+                           std::vector<int64_t> milestones)
+    : LRScheduler(optimizer), children_(std::move(schedulers)), milestones_(std::move(milestones)) {
+  GALLEY_CHECK(!children_.empty(), "SequentialLR: got no schedulers");
+  GALLEY_CHECK(milestones_.size() + 1 == children_.size(), "SequentialLR: ", children_.size(),
+               " schedulers need ", children_.size() - 1, " milestones, got ", milestones_.size());
+  for (size_t i = 0; i < children_.size(); ++i) {
+    GALLEY_CHECK(children_[i], "SequentialLR: scheduler ", i, " is null");
+    GALLEY_CHECK(&children_[i]->opt_ == &optimizer, "SequentialLR: scheduler ", i,
+                 " is on another optimizer");
+    GALLEY_CHECK(!dynamic_cast<ReduceLROnPlateau*>(children_[i]), "SequentialLR: scheduler ", i,
+                 " is a ReduceLROnPlateau, whose rates depend on metrics");
+  }
+  for (size_t i = 0; i < milestones_.size(); ++i)
+    GALLEY_CHECK(milestones_[i] > (i ? milestones_[i - 1] : 0), "SequentialLR: milestone ", i, " (",
+                 milestones_[i], ") must be positive and above the one before");
+  rebase(children_.front()->base_lr_);
+  for (LRScheduler* c : children_) c->epoch_ = 0;
+  opt_.set_learning_rate(lr_at(0));
+}
+
+void SequentialLR::rebase(double base) {
+  base_lr_ = base;
+  for (LRScheduler* c : children_) {
+    if (auto* seq = dynamic_cast<SequentialLR*>(c))
+      seq->rebase(base);
+    else
+      c->base_lr_ = base;
+  }
+}
+
+std::pair<size_t, int64_t> SequentialLR::locate(int64_t epoch) const {
+  const size_t i =
+      size_t(std::upper_bound(milestones_.begin(), milestones_.end(), epoch) - milestones_.begin());
+  return {i, i == 0 ? epoch : epoch - milestones_[i - 1]};
+}
+
+double SequentialLR::start_lr() const {
+  return children_.front()->start_lr();
+}
+
+double SequentialLR::lr_at(int64_t epoch) const {
+  auto [i, local] = locate(epoch);
+  // PyTorch starts the first child with its implicit first step and each later one with
+  // step(0), which takes its closed form.
+  if (i == 0 && local == 0) return children_.front()->start_lr();
+  return children_[i]->lr_at(local);
+}
+
+void SequentialLR::step() {
+  LRScheduler::step();
+  auto [i, local] = locate(epoch_);
+  children_[i]->epoch_ = local;
+}
+
+void SequentialLR::load_state_dict(const StateDict& state) {
+  LRScheduler::load_state_dict(state);
+  rebase(base_lr_);
+  auto [i, local] = locate(epoch_);
+  children_[i]->epoch_ = local;
+  opt_.set_learning_rate(epoch_ == 0 ? start_lr() : lr_at(epoch_));
 }
 
 }  // namespace galley::optim

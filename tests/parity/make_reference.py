@@ -21,6 +21,10 @@ Beyond single ops:
                              AdamW, and Adam (amsgrad + weight decay); initial and final
                              parameters, batches and losses; hyper-parameters as tensors.
   lr_scheduler.safetensors   learning-rate sequences of StepLR and CosineAnnealingLR.
+  lr_scheduler_more.safetensors  learning-rate sequences ("<case>.lrs") of LinearLR,
+                             OneCycleLR (cos/linear, two/three phases), ReduceLROnPlateau (min/max,
+                             rel/abs, cooldown, min_lr; driven by "<case>.metrics") and
+                             SequentialLR (LinearLR warm-up, then CosineAnnealingLR, ...).
 
 The safetensors files are written by hand (8-byte little-endian header length, JSON
 header, raw little-endian data), so only torch is needed. Everything is float32 on the
@@ -440,10 +444,101 @@ def build_lr_scheduler(c):
             t[f"{name}.{k}"] = v
 
 
+LRS = torch.optim.lr_scheduler
+
+# Metric sequences for ReduceLROnPlateau: a loss that improves, stalls, wobbles and improves
+# again, and an accuracy that does the same upwards.
+PLATEAU_LOSS = [1.0, 0.8, 0.7, 0.69, 0.695, 0.68, 0.7, 0.71, 0.6, 0.59, 0.595, 0.594, 0.6,
+                0.58, 0.5, 0.49, 0.49, 0.5, 0.51, 0.52, 0.4, 0.41, 0.405, 0.41, 0.42, 0.43,
+                0.399, 0.398, 0.41, 0.42]
+PLATEAU_ACC = [0.1, 0.3, 0.5, 0.52, 0.51, 0.53, 0.53, 0.52, 0.6, 0.61, 0.605, 0.6, 0.7, 0.7,
+               0.69, 0.71, 0.72, 0.72, 0.8, 0.79, 0.8, 0.81, 0.8, 0.8, 0.9, 0.85, 0.86, 0.87,
+               0.9, 0.91]
+
+
+def lr_case(t, name, base_lr, make, settings, periods, metrics=None):
+    """Stores the rate in force for each of `periods` periods of the schedule make(opt) makes
+    (stepped between periods, with metrics[i] for ReduceLROnPlateau) and its settings."""
+    opt = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=base_lr)
+    sched = make(opt)
+    lrs = []
+    for e in range(periods):
+        lrs.append(opt.param_groups[0]["lr"])
+        opt.step()
+        if e + 1 == periods:
+            break
+        if metrics is None:
+            sched.step()
+        else:
+            sched.step(metrics[e])
+    t[f"{name}.lrs"] = torch.tensor(lrs, dtype=torch.float32)
+    t[f"{name}.base_lr"] = f32(base_lr)
+    if metrics is not None:
+        t[f"{name}.metrics"] = torch.tensor(metrics[:periods - 1], dtype=torch.float32)
+    for k, v in settings.items():
+        t[f"{name}.{k}"] = i64(v) if isinstance(v, int) else f32(v)
+
+
+def build_lr_scheduler_more(c):
+    t = c.tensors
+    for name, kw in [("linear_warmup", dict(start_factor=0.25, end_factor=1.0, total_iters=4)),
+                     ("linear_decay", dict(start_factor=1.0, end_factor=0.1, total_iters=6)),
+                     ("linear_default", dict())]:
+        full = dict(dict(start_factor=1.0 / 3, end_factor=1.0, total_iters=5), **kw)
+        lr_case(t, name, 0.1, lambda o, kw=kw: LRS.LinearLR(o, **kw), full, 10)
+
+    for name, kw in [
+            ("onecycle_cos", dict(max_lr=0.5, total_steps=20)),
+            ("onecycle_linear", dict(max_lr=0.5, total_steps=20, anneal_strategy="linear",
+                                     pct_start=0.25, div_factor=10.0, final_div_factor=100.0)),
+            ("onecycle_cos_3p", dict(max_lr=0.5, total_steps=20, three_phase=True)),
+            ("onecycle_linear_3p", dict(max_lr=0.2, epochs=4, steps_per_epoch=5, pct_start=0.4,
+                                        anneal_strategy="linear", three_phase=True))]:
+        settings = {k: (int(v) if isinstance(v, bool) else v) for k, v in kw.items()
+                    if k != "anneal_strategy"}
+        settings["linear"] = int(kw.get("anneal_strategy") == "linear")
+        total = kw.get("total_steps") or kw["epochs"] * kw["steps_per_epoch"]
+        lr_case(t, name, 0.1, lambda o, kw=kw: LRS.OneCycleLR(o, cycle_momentum=False, **kw),
+                settings, total + 1)  # rates exist for periods 0..total_steps
+
+    for name, metrics, kw in [
+            ("plateau_min_rel", PLATEAU_LOSS, dict(factor=0.5, patience=2, threshold=1e-2)),
+            ("plateau_min_abs_cooldown", PLATEAU_LOSS,
+             dict(factor=0.5, patience=1, threshold=0.05, threshold_mode="abs", cooldown=2,
+                  min_lr=0.02)),
+            ("plateau_max_rel", PLATEAU_ACC,
+             dict(mode="max", factor=0.3, patience=2, threshold=0.01, cooldown=1, min_lr=1e-3)),
+            ("plateau_max_abs", PLATEAU_ACC,
+             dict(mode="max", factor=0.5, patience=0, threshold=0.02, threshold_mode="abs",
+                  min_lr=0.01)),
+            ("plateau_default", PLATEAU_LOSS, dict())]:
+        settings = {k: v for k, v in kw.items() if k not in ("mode", "threshold_mode")}
+        settings["max"] = int(kw.get("mode") == "max")
+        settings["abs"] = int(kw.get("threshold_mode") == "abs")
+        lr_case(t, name, 0.1, lambda o, kw=kw: LRS.ReduceLROnPlateau(o, **kw), settings,
+                len(metrics) + 1, metrics)
+
+    def warmup_cosine(o):
+        return LRS.SequentialLR(o, [LRS.LinearLR(o, start_factor=0.1, total_iters=3),
+                                    LRS.CosineAnnealingLR(o, T_max=7, eta_min=1e-3)],
+                                milestones=[3])
+
+    def three_stages(o):
+        return LRS.SequentialLR(o, [LRS.LinearLR(o, start_factor=0.2, total_iters=4),
+                                    LRS.CosineAnnealingLR(o, T_max=5),
+                                    LRS.LinearLR(o, start_factor=1.0, end_factor=0.1,
+                                                 total_iters=4)],
+                                milestones=[4, 9])
+
+    lr_case(t, "seq_warmup_cosine", 0.1, warmup_cosine, {"milestone": 3, "t_max": 7}, 13)
+    lr_case(t, "seq_three", 0.1, three_stages, {"milestone0": 4, "milestone1": 9}, 16)
+
+
 BUILDERS = dict(OPS)
 BUILDERS["simple_cnn"] = build_simple_cnn
 BUILDERS.update(OPTIMIZERS)
 BUILDERS["lr_scheduler"] = build_lr_scheduler
+BUILDERS["lr_scheduler_more"] = build_lr_scheduler_more
 
 
 # ----------------------------------------------------------------------------- main
