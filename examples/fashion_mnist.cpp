@@ -8,6 +8,9 @@
 // --checkpoint-dir saves a checkpoint (model, optimizer, schedule, generator) after every epoch;
 // --resume continues from the newest one there, exactly as if the run had not stopped;
 // --stop-after N ends the run after epoch N (as a killed run would), for trying that out.
+// With --checkpoint-dir, SIGTERM or SIGUSR1 (how Slurm and Kubernetes preempt a job) saves a
+// checkpoint after the step in progress and exits with status 75 (io::kPreemptedExitCode);
+// --resume then continues mid-epoch, exactly as if the run had not stopped.
 // --device cpu or cuda:N picks where to train (default: the first GPU if there is one); on a GPU
 // the loader delivers batches there from page-locked buffers, copied on side streams.
 //
@@ -24,6 +27,7 @@
 #include <cerrno>
 #include <chrono>
 #include <cmath>
+#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -96,7 +100,8 @@ void usage(std::FILE* out, const char* prog) {
                "  --workers N           data loader threads (default 2; 0: load in the training "
                "thread)\n"
                "  --device D            cpu or cuda:N (default: the first GPU, else the CPU)\n"
-               "  --checkpoint-dir DIR  save a checkpoint after every epoch\n"
+               "  --checkpoint-dir DIR  save a checkpoint after every epoch; SIGTERM or SIGUSR1\n"
+               "                        saves one after the current step and exits with 75\n"
                "  --resume              continue from the newest checkpoint in --checkpoint-dir\n"
                "  --stop-after N        end the run after epoch N (to try --resume)\n"
                "  --metrics FILE        append JSON lines of metrics to FILE (see "
@@ -292,16 +297,32 @@ int main(int argc, char** argv) {
                                                 .device = args.device});
     double accuracy = 0, last_loss = 0;
     int first_epoch = 1;
+    // A checkpoint taken mid-epoch (preempted) also holds the epoch's running sums.
+    double resumed_loss = 0;
+    int64_t resumed_seen = 0, resumed_batches = 0;
     std::unique_ptr<galley::io::Checkpointer> checkpoints;
+    // state.epoch counts the epochs done and state.batch the batches of the next one: a
+    // checkpoint at an epoch's end has batch 0.
     galley::io::TrainingState state{
         .model = &model, .optimizer = &optimizer, .scheduler = &schedule};
     if (!args.checkpoint_dir.empty()) {
-      checkpoints = std::make_unique<galley::io::Checkpointer>(args.checkpoint_dir);
+      checkpoints = std::make_unique<galley::io::Checkpointer>(
+          args.checkpoint_dir,
+          galley::io::CheckpointOptions{.preempt_signals = {SIGTERM, SIGUSR1}});
       if (args.resume && checkpoints->resume(state)) {
         first_epoch = static_cast<int>(state.epoch) + 1;
-        loader.set_epoch(state.epoch);  // the next epoch's order, as in an uninterrupted run
-        std::printf("resumed after epoch %lld from %s\n", static_cast<long long>(state.epoch),
-                    checkpoints->list().back().c_str());
+        // The order of the epoch in progress, from where it stopped, as in an uninterrupted run.
+        loader.set_position(state.epoch, state.batch);
+        if (state.batch > 0) {
+          resumed_loss = std::strtod(state.extra.at("loss_sum").c_str(), nullptr);
+          resumed_seen = std::strtoll(state.extra.at("seen").c_str(), nullptr, 10);
+          resumed_batches = state.batch;
+          std::printf("resumed in epoch %d after batch %lld from %s\n", first_epoch,
+                      static_cast<long long>(state.batch), checkpoints->list().back().c_str());
+        } else {
+          std::printf("resumed after epoch %lld from %s\n", static_cast<long long>(state.epoch),
+                      checkpoints->list().back().c_str());
+        }
       }
     } else if (args.resume) {
       std::fprintf(stderr, "--resume needs --checkpoint-dir\n");
@@ -317,14 +338,17 @@ int main(int argc, char** argv) {
     for (int epoch = first_epoch; epoch <= args.epochs; ++epoch) {
       const auto t0 = std::chrono::steady_clock::now();
       const double lr = optimizer.learning_rate();  // the epoch's rate (the schedule steps after)
-      double loss_sum = 0;
-      int64_t seen = 0, batches = 0;
+      double loss_sum = resumed_loss;
+      int64_t seen = resumed_seen, batches = resumed_batches;
+      const int64_t seen0 = seen;  // samples/s count this process's samples only
+      resumed_loss = 0, resumed_seen = 0, resumed_batches = 0;
       // Since the previous progress line, for the metrics.
-      double line_loss = 0, line_t = 0;
-      int64_t line_seen = 0, line_batches = 0;
+      double line_loss = loss_sum, line_t = 0;
+      int64_t line_seen = seen, line_batches = batches;
       // The losses add up where they are computed; reading them back (a wait for the GPU) is
       // left to the progress line.
-      Tensor loss_total = galley::zeros({}, galley::DType::Float32, args.device);
+      Tensor loss_total =
+          galley::full({}, static_cast<float>(loss_sum), galley::DType::Float32, args.device);
       for (auto& [data, label] : loader) {
         auto loss = loss_fn(model(data), label);
         loss.backward();
@@ -335,7 +359,7 @@ int main(int argc, char** argv) {
         ++step;
         if (++batches % args.log_every == 0 || seen == int64_t(train.size())) {
           loss_sum = loss_total.item();
-          const double t = seconds_since(t0), rate = seen / t;
+          const double t = seconds_since(t0), rate = (seen - seen0) / t;
           progress.update(format("epoch %d/%d  %6lld/%zu  loss %.4f  %.0f samples/s  ETA %s", epoch,
                                  args.epochs, static_cast<long long>(seen), train.size(),
                                  loss_sum / batches, rate,
@@ -349,6 +373,15 @@ int main(int argc, char** argv) {
                           .starvation = loader.stats().starvation()});
           line_loss = loss_sum, line_t = t, line_seen = seen, line_batches = batches;
         }
+        // A step boundary: after SIGTERM/SIGUSR1, save here and stop (Preempted, caught below).
+        if (checkpoints && checkpoints->preempted()) {
+          state.epoch = epoch - 1;
+          state.batch = batches;
+          state.step = step;
+          state.extra = {{"loss_sum", format("%a", double(loss_total.item()))},
+                         {"seen", std::to_string(seen)}};
+          checkpoints->stop_if_preempted(state);
+        }
       }
       loss_sum = loss_total.item();  // waits for the epoch's last step
       const double train_s = seconds_since(t0);
@@ -356,7 +389,9 @@ int main(int argc, char** argv) {
       last_loss = loss_sum / batches;
       if (checkpoints) {
         state.epoch = epoch;
-        state.step += batches;
+        state.batch = 0;
+        state.step = step;
+        state.extra.clear();
         checkpoints->save(state);
       }
       const galley::data::LoaderStats data = loader.stats();
@@ -368,8 +403,8 @@ int main(int argc, char** argv) {
       progress.finish(
           format("epoch %d/%d  loss %.4f  %.0f samples/s  train %.1f s  test accuracy %.2f%%  "
                  "data wait %.3f s (%.2f%% starved)",
-                 epoch, args.epochs, loss_sum / batches, seen / train_s, train_s, 100 * accuracy,
-                 data.wait_seconds, 100 * data.starvation()));
+                 epoch, args.epochs, loss_sum / batches, (seen - seen0) / train_s, train_s,
+                 100 * accuracy, data.wait_seconds, 100 * data.starvation()));
       if (metrics)
         metrics->log(
             {.event = "epoch",
@@ -378,7 +413,7 @@ int main(int argc, char** argv) {
              .loss = last_loss,
              .accuracy = accuracy,
              .learning_rate = lr,
-             .samples_per_s = seen / train_s,
+             .samples_per_s = (seen - seen0) / train_s,
              .starvation = data.starvation(),
              .values = {
                  {"train_s", train_s}, {"eval_s", eval_s}, {"data_wait_s", data.wait_seconds}}});
@@ -394,6 +429,10 @@ int main(int argc, char** argv) {
                    100 * args.target);
       return 2;
     }
+  } catch (const galley::io::Preempted& p) {
+    std::printf("\n%s; exiting with %d to be restarted (--resume continues)\n", p.what(),
+                galley::io::kPreemptedExitCode);
+    return galley::io::kPreemptedExitCode;
   } catch (const galley::Error& e) {
     std::fprintf(stderr, "error: %s\n", e.what());
     return 1;

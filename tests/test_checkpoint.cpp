@@ -366,3 +366,91 @@ TEST(Checkpoint, DataParallelSavesOnceAndLoadsOntoEveryReplica) {
               opt.state(dp.module(0).parameters()[0]).exp_avg.to_vector());
   }
 }
+
+// ---------------------------------------------------------------------------------------------
+// Preemption: a watched signal only sets a flag; the next boundary saves and throws Preempted.
+
+namespace {
+volatile sig_atomic_t g_usr1_seen = 0;
+extern "C" void count_usr1(int) {
+  g_usr1_seen = g_usr1_seen + 1;
+}
+}  // namespace
+
+TEST(Preemption, ASignalSavesAtTheNextBoundaryAndResumesBitForBit) {
+  const int64_t n = 4;
+  const auto expected = straight_losses(2 * n);
+  const std::string dir = temp_dir("preempt");
+  {
+    galley::manual_seed(17);
+    TrainRun run;
+    galley::io::Checkpointer ck(dir, {.preempt_signals = {SIGTERM, SIGUSR1}});
+    auto st = run.state();
+    for (int64_t k = 0; k < n; ++k) {
+      ASSERT_EQ(run.step(k), expected[k]);
+      st.step = k + 1;
+      ck.stop_if_preempted(st);  // no signal yet: nothing happens
+    }
+    EXPECT_FALSE(ck.preempted());
+    EXPECT_TRUE(ck.list().empty());
+    ASSERT_EQ(raise(SIGTERM), 0);  // the process lives on: the handler only records it
+    EXPECT_TRUE(ck.preempted());
+    EXPECT_EQ(ck.preempt_signal(), SIGTERM);
+    EXPECT_TRUE(ck.list().empty()) << "the handler itself must not save";
+    try {
+      ck.stop_if_preempted(st);
+      ADD_FAILURE() << "stop_if_preempted did not throw after SIGTERM";
+    } catch (const galley::io::Preempted& p) {
+      EXPECT_EQ(p.signal(), SIGTERM);
+      ASSERT_EQ(ck.list().size(), 1u);
+      EXPECT_EQ(p.path(), ck.list().back());
+      testutil::expect_contains(p.what(), {"SIGTERM", p.path()});
+    }
+  }
+  // As the restarted program would: a fresh start, then resume and continue.
+  galley::manual_seed(999);
+  TrainRun fresh;
+  galley::io::Checkpointer ck(dir, {.preempt_signals = {SIGTERM}});
+  EXPECT_FALSE(ck.preempted()) << "a new watcher starts with no signal pending";
+  auto st = fresh.state();
+  ASSERT_TRUE(ck.resume(st));
+  EXPECT_EQ(st.step, n);
+  for (int64_t k = n; k < 2 * n; ++k) EXPECT_EQ(fresh.step(k), expected[k]) << "step " << k;
+}
+
+TEST(Preemption, TheWatcherGivesThePreviousHandlerBack) {
+  const std::string dir = temp_dir("preempt_handler");
+  struct sigaction mine {
+  }, before{};
+  mine.sa_handler = count_usr1;
+  sigemptyset(&mine.sa_mask);
+  ASSERT_EQ(sigaction(SIGUSR1, &mine, &before), 0);
+  g_usr1_seen = 0;
+  {
+    galley::io::Checkpointer ck(dir, {.preempt_signals = {SIGTERM, SIGUSR1}});
+    ASSERT_EQ(raise(SIGUSR1), 0);
+    EXPECT_EQ(ck.preempt_signal(), SIGUSR1);
+    EXPECT_EQ(g_usr1_seen, 0);
+    // A Checkpointer that watches nothing never reports a preemption.
+    galley::io::Checkpointer plain(dir);
+    EXPECT_FALSE(plain.preempted());
+    plain.stop_if_preempted({.step = 1});
+  }
+  ASSERT_EQ(raise(SIGUSR1), 0);
+  EXPECT_EQ(g_usr1_seen, 1);
+  sigaction(SIGUSR1, &before, nullptr);
+}
+
+TEST(Preemption, OneWatcherAtATimeAndOnlyCatchableSignals) {
+  const std::string dir = temp_dir("preempt_bad");
+  galley::io::Checkpointer ck(dir, {.preempt_signals = {SIGTERM}});
+  testutil::expect_contains(testutil::error_of([&] {
+                              galley::io::Checkpointer second(dir, {.preempt_signals = {SIGTERM}});
+                            }),
+                            {"another Checkpointer"});
+  testutil::expect_contains(testutil::error_of([&] {
+                              galley::io::Checkpointer bad(dir, {.preempt_signals = {SIGKILL}});
+                            }),
+                            {"cannot watch signal"});
+  EXPECT_FALSE(ck.preempted());
+}

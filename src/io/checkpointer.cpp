@@ -1,8 +1,13 @@
 // Training checkpoints on top of safetensors.
 #include "galley/io/checkpointer.h"
 
+#include <signal.h>
+
 #include <algorithm>
+#include <atomic>
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 
 #include "galley/distributed.h"
@@ -147,11 +152,72 @@ void load_checkpoint(const std::string& path, TrainingState& s) {
 }
 
 // ---------------------------------------------------------------------------------------------
+// Preemption
+
+namespace {
+
+// The signal handler's only state. A signal handler can reach nothing but globals; a lock-free
+// atomic is the one kind of object it may write (besides volatile sig_atomic_t).
+std::atomic<int> g_preempt_signal{0};
+// Whether some Checkpointer watches signals (one at a time: the handler has one flag).
+std::atomic<bool> g_watching{false};
+static_assert(std::atomic<int>::is_always_lock_free, "the signal flag must be lock-free");
+
+extern "C" void on_preempt_signal(int signal) {
+  g_preempt_signal.store(signal, std::memory_order_relaxed);
+}
+
+std::string signal_name(int signal) {
+  // glibc's abbreviation ("TERM"); any other number is named as such.
+  const char* abbrev = sigabbrev_np(signal);
+  return abbrev ? std::string("SIG") + abbrev : "signal " + std::to_string(signal);
+}
+
+}  // namespace
+
+Preempted::Preempted(int signal, std::string path)
+    : std::runtime_error(detail::str_cat("preempted by ", signal_name(signal),
+                                         ": checkpoint saved to '", path, "'")),
+      signal_(signal),
+      path_(std::move(path)) {}
+
+struct Checkpointer::Watch {
+  int signal;
+  struct sigaction previous;
+};
+
+bool Checkpointer::preempted() const {
+  return preempt_signal() != 0;
+}
+
+int Checkpointer::preempt_signal() const {
+  return watches_.empty() ? 0 : g_preempt_signal.load(std::memory_order_relaxed);
+}
+
+void Checkpointer::stop_if_preempted(const TrainingState& state) {
+  const int signal = preempt_signal();
+  if (signal == 0) return;
+  throw Preempted(signal, save(state));
+}
+
+Checkpointer::~Checkpointer() {
+  if (watches_.empty()) return;
+  // Newest first, so that a signal listed twice gets its original handler back.
+  for (auto it = watches_.rbegin(); it != watches_.rend(); ++it)
+    sigaction(it->signal, &it->previous, nullptr);
+  g_preempt_signal.store(0);
+  g_watching.store(false);
+}
+
+// ---------------------------------------------------------------------------------------------
 // Checkpointer
 
 Checkpointer::Checkpointer(std::string directory, CheckpointOptions options)
     : dir_(std::move(directory)), opt_(std::move(options)) {
   GALLEY_CHECK(opt_.keep_last >= 1, "Checkpointer: keep_last ", opt_.keep_last, " must be >= 1");
+  for (int sig : opt_.preempt_signals)
+    GALLEY_CHECK(sig > 0 && sig < NSIG && sig != SIGKILL && sig != SIGSTOP,
+                 "Checkpointer: cannot watch signal ", sig);
   GALLEY_CHECK(!opt_.prefix.empty() && opt_.prefix.find('/') == std::string::npos,
                "Checkpointer: prefix '", opt_.prefix, "' must be a plain file name");
   std::error_code ec;
@@ -164,6 +230,29 @@ Checkpointer::Checkpointer(std::string directory, CheckpointOptions options)
     if (name.compare(0, opt_.prefix.size() + 1, opt_.prefix + "-") == 0 &&
         name.find(".safetensors.tmp.") != std::string::npos)
       fs::remove(e.path(), ec);
+  }
+  if (opt_.preempt_signals.empty()) return;
+  GALLEY_CHECK(!g_watching.exchange(true),
+               "Checkpointer: another Checkpointer already watches preemption signals");
+  g_preempt_signal.store(0);
+  struct sigaction action;
+  std::memset(&action, 0, sizeof action);
+  action.sa_handler = on_preempt_signal;
+  sigemptyset(&action.sa_mask);
+  // Interrupted reads and waits carry on: the loop notices the signal at its next boundary.
+  action.sa_flags = SA_RESTART;
+  for (int sig : opt_.preempt_signals) {
+    Watch w{sig, {}};
+    if (sigaction(sig, &action, &w.previous) != 0) {
+      const int err = errno;
+      for (auto it = watches_.rbegin(); it != watches_.rend(); ++it)
+        sigaction(it->signal, &it->previous, nullptr);
+      watches_.clear();
+      g_watching.store(false);
+      GALLEY_CHECK(false, "Checkpointer: cannot watch ", signal_name(sig), ": ",
+                   std::strerror(err));
+    }
+    watches_.push_back(w);
   }
 }
 

@@ -17,6 +17,11 @@ class LaunchError : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+/// Exit status by which a job says "preempted, checkpoint saved: start me again" (75,
+/// EX_TEMPFAIL; galley's io::kPreemptedExitCode). Such a job is restarted at once, however many
+/// restarts it has had, and the restart does not count against max_restarts.
+inline constexpr int kPreemptedExitCode = 75;
+
 /// One independent job: a command run, logged, and restarted by the launcher.
 struct JobSpec {
   /// Unique name; used in events, the status table and the default log file name.
@@ -43,7 +48,8 @@ struct JobSpec {
   std::optional<double> serial_time_s;
   /// Larger runs first; ties start in submission order.
   int priority = 0;
-  /// How many times a failed or hung job is started again.
+  /// How many times a failed or hung job is started again (exits with kPreemptedExitCode are
+  /// restarted without counting).
   int max_restarts = 0;
   /// File the job's stdout and stderr go to; empty means `<log dir>/<name>.log`.
   std::string log_file;

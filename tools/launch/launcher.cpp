@@ -578,6 +578,15 @@ struct Launcher::Impl {
     } else if (shutting_down) {
       job.phase = Phase::kDone;
       job.status = "stopped";
+    } else if (job.exit_code && *job.exit_code == kPreemptedExitCode && !job.hung) {
+      // The job saved a checkpoint and asked to be run again: not a failure, no restart spent.
+      job.phase = Phase::kBackoff;
+      job.status = "backoff";
+      job.restart_at = now;
+      emit("preempted", &job, Json{{"attempt", job.attempts}, {"code", *job.exit_code}},
+           job.spec.name + " was preempted (exit " + std::to_string(*job.exit_code) +
+               "): restarting without counting a restart");
+      return;
     } else if (job.restarts < job.spec.max_restarts) {
       job.restarts += 1;
       const double delay = std::min(options.backoff_max_s,

@@ -1,6 +1,7 @@
 #pragma once
 /// \file Training checkpoints: everything needed to continue a run exactly where it stopped.
 #include <map>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -31,19 +32,65 @@ void save_checkpoint(const std::string& path, const TrainingState& state);
 /// is checked before anything is changed; errors name the file and the entry.
 void load_checkpoint(const std::string& path, TrainingState& state);
 
+/// Exit status for a program that stopped because it was preempted, after saving a checkpoint:
+/// 75, EX_TEMPFAIL of <sysexits.h> ("temporary failure; try again later"), the code a caller of
+/// Checkpointer::stop_if_preempted returns from main when it catches Preempted. galley-launch
+/// restarts a job that exits with it without counting a restart; for Slurm and Kubernetes see
+/// docs/launch.md ("Preemption").
+inline constexpr int kPreemptedExitCode = 75;
+
+/// Thrown by Checkpointer::stop_if_preempted once a watched signal has arrived and the
+/// checkpoint is saved. Not a galley::Error: nothing failed. Catch it in main and return
+/// kPreemptedExitCode (library code never exits the process).
+class Preempted : public std::runtime_error {
+ public:
+  /// `signal` is the signal that asked for the stop; `path` the checkpoint just saved.
+  Preempted(int signal, std::string path);
+  /// The signal that asked for the stop (SIGTERM, SIGUSR1, ...).
+  int signal() const { return signal_; }
+  /// The checkpoint saved at the stop.
+  const std::string& path() const { return path_; }
+
+ private:
+  int signal_;
+  std::string path_;
+};
+
 /// Options of Checkpointer.
 struct CheckpointOptions {
   int keep_last = 3;                  ///< older checkpoints are deleted after a save
   std::string prefix = "checkpoint";  ///< file names are <prefix>-<step>.safetensors
+  /// Signals that ask for a checkpoint and a clean stop, e.g. {SIGTERM, SIGUSR1} (how Slurm and
+  /// Kubernetes preempt a job). While the Checkpointer lives, their handler only records the
+  /// signal (async-signal-safe: one atomic store); the program acts on it at its next call to
+  /// stop_if_preempted. Empty: the signals keep their previous disposition.
+  std::vector<int> preempt_signals;
 };
 
 /// Numbered checkpoints in a directory: save() writes atomically (a process killed mid-save
 /// leaves the previous checkpoints intact) and keeps the newest keep_last; resume() loads the
 /// newest one that reads back, falling back to older ones.
+///
+/// Preemption: with `preempt_signals` set, a training loop calls stop_if_preempted(state) at
+/// each step boundary (one atomic load when no signal came). After a watched signal it saves
+/// `state` and throws Preempted; main catches it and returns kPreemptedExitCode, and the
+/// restarted program resumes from that checkpoint:
+///
+///     io::Checkpointer ckpt(dir, {.preempt_signals = {SIGTERM, SIGUSR1}});
+///     try {
+///       for (...) { train_step(); state.batch = ++batch; ckpt.stop_if_preempted(state); }
+///     } catch (const io::Preempted&) { return io::kPreemptedExitCode; }
+///
+/// Only one Checkpointer in a process may watch signals at a time.
 class Checkpointer {
  public:
-  /// Creates the directory if needed and removes temporary files left by killed saves.
+  /// Creates the directory if needed, removes temporary files left by killed saves and starts
+  /// watching `options.preempt_signals`.
   explicit Checkpointer(std::string directory, CheckpointOptions options = {});
+  /// Gives the watched signals back their previous handlers.
+  ~Checkpointer();
+  Checkpointer(const Checkpointer&) = delete;
+  Checkpointer& operator=(const Checkpointer&) = delete;
   /// Saves `state` as <prefix>-<step>.safetensors; returns the path. In a multi-process job
   /// only process 0 writes (the state is the same everywhere); every process may resume.
   std::string save(const TrainingState& state);
@@ -51,10 +98,20 @@ class Checkpointer {
   std::vector<std::string> list() const;
   /// Loads the newest readable checkpoint into `state`; false when there is none.
   bool resume(TrainingState& state);
+  /// True once a watched signal has arrived (for a loop that gathers extra state to save only
+  /// when it must).
+  bool preempted() const;
+  /// The watched signal that arrived last; 0 when none has.
+  int preempt_signal() const;
+  /// At a step boundary: when a watched signal has arrived, saves `state` and throws Preempted;
+  /// otherwise does nothing.
+  void stop_if_preempted(const TrainingState& state);
 
  private:
+  struct Watch;
   std::string dir_;
   CheckpointOptions opt_;
+  std::vector<Watch> watches_;  // the previous handlers of the watched signals
 };
 
 }  // namespace galley::io

@@ -249,6 +249,19 @@ TEST_F(LaunchTest, ARestartThatSucceedsEndsTheJobWell) {
   EXPECT_EQ(summary_of("flaky")["restarts"], 1);
 }
 
+TEST_F(LaunchTest, APreemptedJobIsRestartedWithoutCountingARestart) {
+  // Exit 75 (preempted, checkpoint saved) twice, then succeed: with no restarts allowed.
+  EXPECT_EQ(run({"--max-restarts", "0", "--name", "preempted", "--", "sh", "-c",
+                 "test \"$GALLEY_LAUNCH_ATTEMPT\" -ge 3 || exit 75"}),
+            0);
+  EXPECT_EQ(events("preempted", "preempted").size(), 2u);
+  EXPECT_EQ(events("started").size(), 3u);
+  EXPECT_TRUE(events("backoff").empty());
+  EXPECT_EQ(summary_of("preempted")["status"], "succeeded");
+  EXPECT_EQ(summary_of("preempted")["restarts"], 0);
+  EXPECT_EQ(summary_of("preempted")["attempts"], 3);
+}
+
 TEST_F(LaunchTest, PrioritiesDecideTheStartOrder) {
   write_text(dir_ / "jobs.toml", R"(
 [launcher]
