@@ -14,6 +14,13 @@
 // Prints samples/s: the median over `repeats` timed blocks of `iters` steps each. With --phases
 // it also times forward / loss / backward / optimizer separately (averages over iters*repeats
 // extra steps).
+//
+// --profile [--trace PATH] then times `repeats` more pairs of blocks, one plain and one under a
+// galley::profiler::Profiler (record_shapes on), alternating so that drift on a shared machine
+// hits both alike; prints the median and the fastest time per step of each and their ratios
+// (the profiler's overhead), the cost of one recorded op and the overhead it implies per step
+// (steady where the blocks' ratio is not on a loaded machine), the top ops of key_averages(),
+// and writes the Chrome trace to PATH if given.
 #include <galley/galley.h>
 
 #include "bench_args.h"
@@ -35,14 +42,35 @@ using bench::Args;
 using bench::parse;
 
 namespace {
-int run(const Args& a);
+struct ProfileArgs {
+  bool on = false;
+  std::string trace;
+};
+int run(const Args& a, const ProfileArgs& p);
 }  // namespace
 
 int main(int argc, char** argv) {
+  // --profile and --trace are this benchmark's own; the rest go to the shared parser.
+  ProfileArgs p;
+  std::vector<char*> rest{argv[0]};
+  for (int i = 1; i < argc; ++i) {
+    const std::string s = argv[i];
+    if (s == "--profile") {
+      p.on = true;
+    } else if (s == "--trace" && i + 1 < argc) {
+      p.trace = argv[++i];
+    } else {
+      rest.push_back(argv[i]);
+    }
+  }
   Args a;
-  if (const auto status = parse(argc, argv, a)) return *status;
+  if (const auto status = parse(static_cast<int>(rest.size()), rest.data(), a)) {
+    if (*status == 0)
+      std::printf("       [--profile [--trace PATH]]  time steps with and without the profiler\n");
+    return *status;
+  }
   try {
-    return run(a);
+    return run(a, p);
   } catch (const galley::Error& e) {
     std::fprintf(stderr, "bench_train_step: %s\n", e.what());
     return 1;
@@ -50,7 +78,65 @@ int main(int argc, char** argv) {
 }
 
 namespace {
-int run(const Args& a) {
+// Median seconds per step over `a.repeats` blocks of `a.iters` steps, with and without a
+// profiler, the blocks alternating.
+void profile_overhead(const Args& a, const ProfileArgs& p, const std::function<void()>& step,
+                      const std::function<void()>& sync) {
+  namespace prof = galley::profiler;
+  prof::Profiler profiler({.record_shapes = true, .start = false});
+  std::vector<double> off, on;
+  auto block = [&] {
+    const auto t0 = std::chrono::steady_clock::now();
+    for (int i = 0; i < a.iters; ++i) step();
+    sync();
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / a.iters;
+  };
+  for (int r = 0; r < a.repeats; ++r) {
+    off.push_back(block());
+    profiler.start();
+    on.push_back(block());
+    profiler.stop();
+  }
+  // The fastest block is the one least disturbed by other load: its ratio is the steadier one.
+  const double t_off = bench::median(off), t_on = bench::median(on);
+  const double b_off = *std::min_element(off.begin(), off.end());
+  const double b_on = *std::min_element(on.begin(), on.end());
+  std::printf(
+      "profile: median %.3f ms/step plain, %.3f profiled (ratio %.4f); fastest %.3f and "
+      "%.3f (ratio %.4f, overhead %+.2f%%); %zu events\n",
+      t_off * 1e3, t_on * 1e3, t_on / t_off, b_off * 1e3, b_on * 1e3, b_on / b_off,
+      100.0 * (b_on / b_off - 1.0), profiler.events().size());
+  // On a loaded machine the blocks' ratio is noisy; the cost of one event, from a loop of tiny
+  // ops with and without a profiler, times the events per step bounds the overhead steadily.
+  const int64_t events_per_step =
+      static_cast<int64_t>(profiler.events().size()) / (int64_t(a.repeats) * a.iters);
+  Tensor tiny = galley::ones({1});
+  const int n = 20000;
+  auto loop = [&] {
+    const auto t0 = std::chrono::steady_clock::now();
+    for (int i = 0; i < n; ++i) (void)galley::neg(tiny);
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / n;
+  };
+  double plain_op = 1e9, profiled_op = 1e9;
+  for (int r = 0; r < 7; ++r) {
+    plain_op = std::min(plain_op, loop());
+    prof::Profiler micro({.record_shapes = true});
+    profiled_op = std::min(profiled_op, loop());
+  }
+  const double per_event = std::max(0.0, profiled_op - plain_op);
+  std::printf(
+      "profile: %.0f ns per recorded op (%.0f ns plain, %.0f ns profiled), %lld events per "
+      "step: estimated overhead %.3f%% of the fastest plain step\n",
+      per_event * 1e9, plain_op * 1e9, profiled_op * 1e9, static_cast<long long>(events_per_step),
+      100.0 * per_event * events_per_step / b_off);
+  std::printf("%s", profiler.key_averages().table(15).c_str());
+  if (!p.trace.empty()) {
+    profiler.export_chrome_trace(p.trace);
+    std::printf("profile: trace written to %s\n", p.trace.c_str());
+  }
+}
+
+int run(const Args& a, const ProfileArgs& p) {
   galley::set_num_threads(a.threads);
   galley::manual_seed(0);
 
@@ -117,6 +203,7 @@ int run(const Args& a) {
           opt.zero_grad();
         });
   bench::print_report(a, r, ph);
+  if (p.on) profile_overhead(a, p, timed, [&] { (void)loss.item(); });
   return 0;
 }
 }  // namespace

@@ -154,7 +154,7 @@ Tensor record(Tensor output, const char* name, std::vector<Tensor> inputs, Backw
   node->name = name;
   node->inputs = std::move(inputs);
   node->backward = std::move(backward);
-  if (anomaly) node->layer_path = current_layer_path();
+  if (anomaly || profiler::is_recording()) node->layer_path = current_layer_path();
   output.impl()->grad_fn = std::move(node);
   return output;
 }
@@ -244,6 +244,8 @@ void run_backward(const Tensor& root, const Tensor& gradient) {
       Tensor g = std::move(git->second);
       grads.erase(git);
       detail::DeviceScope scope(g.device());
+      profiler::RecordScope prof(node->name, {&g}, profiler::EventKind::Backward,
+                                 &node->layer_path);
       node->backward(g, grad_inputs);
       if (anomaly) check_backward(*node, grad_inputs);
     }

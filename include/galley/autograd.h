@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "galley/profiler.h"
 #include "galley/tensor.h"
 
 namespace galley {
@@ -81,7 +82,8 @@ struct Node {
   std::vector<Tensor> inputs;
   BackwardFn backward;
   bool released = false;  // set once backward has consumed it
-  /// The layer path at the op's forward ("features.1"), kept while anomaly detection is on.
+  /// The layer path at the op's forward ("features.1"), kept while anomaly detection is on or a
+  /// profiler records.
   std::string layer_path;
 };
 
@@ -97,9 +99,9 @@ Tensor record(Tensor output, const char* name, std::vector<Tensor> inputs, Backw
 void run_backward(const Tensor& root, const Tensor& gradient);
 
 /// True while the layers being called are tracked (LayerScope pushes only then): while anomaly
-/// detection is on.
+/// detection is on or a profiler records.
 inline bool layer_paths_enabled() {
-  return is_anomaly_enabled();
+  return is_anomaly_enabled() || profiler::is_recording();
 }
 
 /// While alive, `name` is the innermost layer being called on this thread. nn::Layer's call

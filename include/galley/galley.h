@@ -31,6 +31,7 @@
 #include "galley/optim/sgd.h"
 #include "galley/parallel/communicator.h"
 #include "galley/parallel/data_parallel.h"
+#include "galley/profiler.h"
 #include "galley/runtime/cuda.h"
 #include "galley/runtime/graph.h"
 #include "galley/runtime/memory.h"

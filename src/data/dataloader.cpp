@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <atomic>
 
+#include "galley/profiler.h"
 #include "src/runtime/device_memory.h"
 
 namespace galley::data {
@@ -383,16 +384,19 @@ Example& DataLoader::batch(size_t k) {
     const size_t want = next_consume_;
     const auto t0 = Clock::now();
     Slot* slot;
-    if (workers_.empty()) {
-      slot = free_.back();
-      free_.pop_back();
-      fill(*slot, want, epoch_, 0);
-    } else {
-      std::unique_lock<std::mutex> lock(mu_);
-      Slot*& r = ready_[want % ready_.size()];
-      ready_cv_.wait(lock, [&] { return r != nullptr; });
-      slot = r;
-      r = nullptr;
+    {
+      profiler::RecordScope prof("dataloader_wait", {}, profiler::EventKind::LoaderWait);
+      if (workers_.empty()) {
+        slot = free_.back();
+        free_.pop_back();
+        fill(*slot, want, epoch_, 0);
+      } else {
+        std::unique_lock<std::mutex> lock(mu_);
+        Slot*& r = ready_[want % ready_.size()];
+        ready_cv_.wait(lock, [&] { return r != nullptr; });
+        slot = r;
+        r = nullptr;
+      }
     }
     const double waited = std::chrono::duration<double>(Clock::now() - t0).count();
     ++next_consume_;

@@ -4,6 +4,7 @@
 
 #include "galley/autograd.h"
 #include "galley/ops.h"
+#include "galley/profiler.h"
 #include "src/device_scope.h"
 #include "src/ops/backend.h"
 #include "src/ops/dispatch.h"
@@ -13,6 +14,7 @@ namespace galley {
 namespace cpu = kernels::cpu;
 
 Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias, const Conv2dOptions& o) {
+  profiler::OpScope prof("conv2d", {&x, &weight, &bias});
   detail::check_float_pair("conv2d", x, weight);
   detail::DeviceScope scope(x.device());
   GALLEY_CHECK(x.dim() == 4, "conv2d: input must be [N, C, H, W], got ", shape_str(x.shape()));
@@ -64,6 +66,7 @@ Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias, const C
 }
 
 Tensor max_pool2d(const Tensor& x, const MaxPool2dOptions& o) {
+  profiler::OpScope prof("max_pool2d", {&x});
   detail::check_float("max_pool2d", x);
   detail::DeviceScope scope(x.device());
   GALLEY_CHECK(x.dim() == 4, "max_pool2d: input must be [N, C, H, W], got ", shape_str(x.shape()));

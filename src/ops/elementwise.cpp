@@ -1,6 +1,7 @@
 // Elementwise ops: arithmetic with broadcasting, scalar forms, exp/log/pow and relu.
 #include "galley/autograd.h"
 #include "galley/ops.h"
+#include "galley/profiler.h"
 #include "src/device_scope.h"
 #include "src/ops/backend.h"
 #include "src/ops/dispatch.h"
@@ -10,6 +11,7 @@ namespace galley {
 using autograd::record;
 
 Tensor add(const Tensor& a, const Tensor& b) {
+  profiler::OpScope prof("add", {&a, &b});
   detail::check_float_pair("add", a, b);
   detail::DeviceScope scope(a.device());
   Tensor out = backend::binary(backend::BinaryOp::Add, a, b);
@@ -22,6 +24,7 @@ Tensor add(const Tensor& a, const Tensor& b) {
 }
 
 Tensor sub(const Tensor& a, const Tensor& b) {
+  profiler::OpScope prof("sub", {&a, &b});
   detail::check_float_pair("sub", a, b);
   detail::DeviceScope scope(a.device());
   Tensor out = backend::binary(backend::BinaryOp::Sub, a, b);
@@ -34,6 +37,7 @@ Tensor sub(const Tensor& a, const Tensor& b) {
 }
 
 Tensor mul(const Tensor& a, const Tensor& b) {
+  profiler::OpScope prof("mul", {&a, &b});
   detail::check_float_pair("mul", a, b);
   detail::DeviceScope scope(a.device());
   Tensor out = backend::binary(backend::BinaryOp::Mul, a, b);
@@ -46,6 +50,7 @@ Tensor mul(const Tensor& a, const Tensor& b) {
 }
 
 Tensor div(const Tensor& a, const Tensor& b) {
+  profiler::OpScope prof("div", {&a, &b});
   detail::check_float_pair("div", a, b);
   detail::DeviceScope scope(a.device());
   Tensor out = backend::binary(backend::BinaryOp::Div, a, b);
@@ -63,6 +68,7 @@ Tensor div(const Tensor& a, const Tensor& b) {
 }
 
 Tensor add(const Tensor& a, float s) {
+  profiler::OpScope prof("add", {&a});
   detail::check_float("add", a);
   detail::DeviceScope scope(a.device());
   Tensor out = backend::affine(a, 1.f, s);
@@ -72,6 +78,7 @@ Tensor add(const Tensor& a, float s) {
 }
 
 Tensor mul(const Tensor& a, float s) {
+  profiler::OpScope prof("mul", {&a});
   detail::check_float("mul", a);
   detail::DeviceScope scope(a.device());
   Tensor out = backend::affine(a, s, 0.f);
@@ -82,6 +89,7 @@ Tensor mul(const Tensor& a, float s) {
 }
 
 Tensor neg(const Tensor& a) {
+  profiler::OpScope prof("neg", {&a});
   detail::check_float("neg", a);
   detail::DeviceScope scope(a.device());
   Tensor out = backend::affine(a, -1.f, 0.f);
@@ -92,6 +100,7 @@ Tensor neg(const Tensor& a) {
 }
 
 Tensor exp(const Tensor& a) {
+  profiler::OpScope prof("exp", {&a});
   detail::check_float("exp", a);
   detail::DeviceScope scope(a.device());
   Tensor out = backend::exp(a);
@@ -103,6 +112,7 @@ Tensor exp(const Tensor& a) {
 }
 
 Tensor log(const Tensor& a) {
+  profiler::OpScope prof("log", {&a});
   detail::check_float("log", a);
   detail::DeviceScope scope(a.device());
   Tensor out = backend::log(a);
@@ -114,6 +124,7 @@ Tensor log(const Tensor& a) {
 }
 
 Tensor pow(const Tensor& a, float p) {
+  profiler::OpScope prof("pow", {&a});
   detail::check_float("pow", a);
   detail::DeviceScope scope(a.device());
   Tensor out = backend::pow(a, p);
@@ -132,6 +143,7 @@ bool sole_owner(const Tensor& t) {
 }
 
 Tensor relu_impl(const Tensor& a, bool reuse_input) {
+  profiler::OpScope prof("relu", {&a});
   detail::check_float("relu", a);
   detail::DeviceScope scope(a.device());
   Tensor out;
@@ -173,6 +185,7 @@ Tensor relu(Tensor&& a) {
 }
 
 Tensor bias_relu(const Tensor& x, const Tensor& bias, int64_t dim) {
+  profiler::OpScope prof("bias_relu", {&x, &bias});
   detail::check_float_pair("bias_relu", x, bias);
   detail::DeviceScope scope(x.device());
   const int64_t d = dim < 0 ? dim + x.dim() : dim;

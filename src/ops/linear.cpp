@@ -1,6 +1,7 @@
 // matmul and linear (fully connected) on top of the GEMM kernel.
 #include "galley/autograd.h"
 #include "galley/ops.h"
+#include "galley/profiler.h"
 #include "src/device_scope.h"
 #include "src/ops/backend.h"
 #include "src/ops/dispatch.h"
@@ -8,6 +9,7 @@
 namespace galley {
 
 Tensor matmul(const Tensor& a, const Tensor& b) {
+  profiler::OpScope prof("matmul", {&a, &b});
   detail::check_float_pair("matmul", a, b);
   detail::DeviceScope scope(a.device());
   GALLEY_CHECK(a.dim() == 2 && b.dim() == 2 && a.size(1) == b.size(0), "matmul: cannot multiply ",
@@ -37,6 +39,7 @@ Tensor matmul(const Tensor& a, const Tensor& b) {
 }
 
 Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
+  profiler::OpScope prof("linear", {&x, &weight, &bias});
   detail::check_float_pair("linear", x, weight);
   detail::DeviceScope scope(x.device());
   GALLEY_CHECK(weight.dim() == 2, "linear: weight must be [out, in], got ",

@@ -3,6 +3,7 @@
 
 #include "galley/autograd.h"
 #include "galley/ops.h"
+#include "galley/profiler.h"
 #include "kernels/cpu/cross_entropy.h"
 #include "kernels/cpu/reduce.h"
 #include "kernels/cpu/softmax.h"
@@ -41,6 +42,7 @@ Shape reduced_shape(const Shape& s, int64_t dim, bool keepdim) {
 }
 
 Tensor scaled_sum_all(const Tensor& x, float scale, const char* name) {
+  profiler::OpScope prof(name, {&x});
   detail::check_float(name, x);
   detail::DeviceScope scope(x.device());
   Tensor out = backend::sum_all(x, scale);
@@ -57,6 +59,7 @@ Tensor scaled_sum_all(const Tensor& x, float scale, const char* name) {
 }
 
 Tensor scaled_sum_dim(const Tensor& x, int64_t dim, bool keepdim, bool mean, const char* name) {
+  profiler::OpScope prof(name, {&x});
   detail::check_float(name, x);
   detail::DeviceScope scope(x.device());
   int64_t d = detail::wrap_dim(name, dim, x.dim());
@@ -78,6 +81,7 @@ Tensor scaled_sum_dim(const Tensor& x, int64_t dim, bool keepdim, bool mean, con
 }
 
 Tensor softmax_impl(const Tensor& x, int64_t dim, bool log, const char* name) {
+  profiler::OpScope prof(name, {&x});
   detail::check_float(name, x);
   detail::DeviceScope scope(x.device());
   int64_t d = detail::wrap_dim(name, dim, x.dim());
@@ -119,6 +123,7 @@ Tensor log_softmax(const Tensor& x, int64_t dim) {
 }
 
 Tensor argmax(const Tensor& x, int64_t dim, bool keepdim) {
+  profiler::OpScope prof("argmax", {&x});
   detail::check_float("argmax", x);
   detail::DeviceScope scope(x.device());
   int64_t d = detail::wrap_dim("argmax", dim, x.dim());
@@ -132,6 +137,7 @@ Tensor argmax(const Tensor& x, int64_t dim, bool keepdim) {
 }
 
 Tensor cross_entropy(const Tensor& logits, const Tensor& labels, const CrossEntropyOptions& o) {
+  profiler::OpScope prof("cross_entropy", {&logits, &labels});
   detail::check_float("cross_entropy", logits);
   detail::DeviceScope scope(logits.device());
   GALLEY_CHECK(labels.defined() && labels.dtype() == DType::Int64,

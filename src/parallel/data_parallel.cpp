@@ -14,6 +14,7 @@
 #include "galley/autograd.h"
 #include "galley/distributed.h"
 #include "galley/ops.h"
+#include "galley/profiler.h"
 #include "src/device_scope.h"
 #include "src/runtime/device_memory.h"
 #include "src/thread_budget.h"
@@ -302,6 +303,8 @@ struct DataParallelBase::Impl {
       const auto t0 = Clock::now();
       float* data = rep.flat[b].data<float>();
       const int64_t count = buckets[b].total();
+      profiler::RecordScope prof("all_reduce_bucket", {}, profiler::EventKind::AllReduce, nullptr,
+                                 count * int64_t(sizeof(float)));
       // Sum over this process's replicas, average over processes (replica 0 speaks for the
       // process), then hand the result back to the local replicas.
       // The first collective on the bucket waits for the bucket's own event (one replica per
