@@ -138,7 +138,7 @@ class Pool {
   ~Pool() {
     if (workers_.empty()) return;
     stop_.store(true, std::memory_order_relaxed);
-    signal_change(start_, start_sleepers_);
+    publish(0);
     for (auto& t : workers_) t.join();
   }
 
@@ -148,8 +148,7 @@ class Pool {
     ctx_ = ctx;
     error_.clear();
     remaining_.store(threads - 1, std::memory_order_relaxed);
-    active_.store(threads, std::memory_order_relaxed);
-    signal_change(start_, start_sleepers_);  // publishes the fields above (seq_cst)
+    publish(threads);
     execute(0);
     // Until every worker of this region is done; finished_ is only the word to sleep on (a bump
     // left over from an earlier region merely rechecks).
@@ -159,23 +158,33 @@ class Pool {
   }
 
  private:
+  // Announces a region of `threads` threads (0: stop): its number and thread count go out in
+  // one atomic word, after the fields above (release), so that a worker never pairs one
+  // region's number with another's count; then the sleepers are woken.
+  void publish(int threads) {
+    const uint64_t next = (region_.load(std::memory_order_relaxed) >> 32) + 1;
+    region_.store(next << 32 | uint32_t(threads), std::memory_order_seq_cst);
+    signal_change(start_, start_sleepers_);
+  }
+
   void grow(int workers) {
     while (static_cast<int>(workers_.size()) < workers) {
       const int index = static_cast<int>(workers_.size()) + 1;
-      workers_.emplace_back([this, index, seen = start_.load()] { loop(index, seen); });
+      const uint32_t seen = uint32_t(region_.load(std::memory_order_relaxed) >> 32);
+      workers_.emplace_back([this, index, seen] { loop(index, seen); });
     }
   }
 
   void loop(int index, uint32_t seen) {
     for (;;) {
-      await([&] { return start_.load(std::memory_order_acquire) != seen; }, start_,
+      await([&] { return uint32_t(region_.load(std::memory_order_acquire) >> 32) != seen; }, start_,
             start_sleepers_);
-      seen = start_.load(std::memory_order_acquire);
+      const uint64_t region = region_.load(std::memory_order_acquire);
+      seen = uint32_t(region >> 32);
       if (stop_.load(std::memory_order_relaxed)) return;
-      const int active = active_.load(std::memory_order_relaxed);
-      // The caller may have finished region `seen` without this worker (not one of its threads)
-      // and begun the next: then `active` may be the next one's, which the next turn handles.
-      if (start_.load(std::memory_order_acquire) != seen || index >= active) continue;
+      // Not one of this region's threads. A later region cannot be announced before every
+      // thread of this one has finished, so a worker that skips ahead misses no region of its.
+      if (index >= int(uint32_t(region))) continue;
       execute(index);
       if (remaining_.fetch_sub(1, std::memory_order_acq_rel) == 1)
         signal_change(finished_, finished_sleepers_);
@@ -202,10 +211,9 @@ class Pool {
   // Written by the caller before it bumps start_, read by the workers after they see the bump.
   RegionFn fn_ = nullptr;
   void* ctx_ = nullptr;
-  // Also read by workers that take no part in a region, while the caller may write the next.
-  std::atomic<int> active_{0};
   std::atomic<bool> stop_{false};
-  std::atomic<uint32_t> start_{0};  // bumped once per region (and to stop)
+  std::atomic<uint64_t> region_{0};  // the region's number << 32 | its thread count
+  std::atomic<uint32_t> start_{0};   // bumped with each announcement: the word sleepers wait on
   std::atomic<int> start_sleepers_{0};
   std::atomic<int> remaining_{0};      // workers of this region still running
   std::atomic<uint32_t> finished_{0};  // bumped when the last worker of a region is done
