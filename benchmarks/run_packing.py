@@ -28,23 +28,13 @@ import argparse
 import datetime
 import json
 import os
-import platform
 import shutil
 import subprocess
 import sys
 import threading
 import time
 
-
-def cpu_name():
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
+from run_cpu import cpu_model
 
 
 def commit():
@@ -262,7 +252,7 @@ def main():
             plot(results, args.plot, baseline)
         return
     cores = sorted(os.sched_getaffinity(0))
-    machine = {"cpu": cpu_name(), "cores": len(cores), "date": datetime.date.today().isoformat(),
+    machine = {"cpu": cpu_model(), "cores": len(cores), "date": datetime.date.today().isoformat(),
                "commit": commit()}
     results = []
     for k in job_counts:

@@ -9,22 +9,6 @@
 #include "options.h"
 
 namespace galley::launch {
-namespace {
-
-std::string trim(std::string_view text) {
-  std::size_t b = 0, e = text.size();
-  while (b < e && std::isspace(static_cast<unsigned char>(text[b]))) ++b;
-  while (e > b && std::isspace(static_cast<unsigned char>(text[e - 1]))) --e;
-  return std::string(text.substr(b, e - b));
-}
-
-bool all_digits(const std::string& text) {
-  return !text.empty() && text.size() <= 9 && std::all_of(text.begin(), text.end(), [](char c) {
-    return std::isdigit(static_cast<unsigned char>(c));
-  });
-}
-
-}  // namespace
 
 void validate_job(const JobSpec& job) {
   const std::string who = "job '" + job.name + "': ";
@@ -52,6 +36,19 @@ void validate_job(const JobSpec& job) {
   for (const auto& [key, value] : job.env)
     if (key.empty() || key.find('=') != std::string::npos)
       throw LaunchError(who + "environment variable name '" + key + "' is not valid");
+}
+
+std::string trim(std::string_view text) {
+  std::size_t b = 0, e = text.size();
+  while (b < e && std::isspace(static_cast<unsigned char>(text[b]))) ++b;
+  while (e > b && std::isspace(static_cast<unsigned char>(text[e - 1]))) --e;
+  return std::string(text.substr(b, e - b));
+}
+
+bool all_digits(const std::string& text) {
+  return !text.empty() && text.size() <= 9 && std::all_of(text.begin(), text.end(), [](char c) {
+    return std::isdigit(static_cast<unsigned char>(c));
+  });
 }
 
 std::vector<int> parse_gpu_ids(const std::string& text, const std::string& what) {

@@ -27,19 +27,6 @@ std::optional<std::string> read_line(const fs::path& path) {
   return line;
 }
 
-std::string trim(std::string_view text) {
-  std::size_t b = 0, e = text.size();
-  while (b < e && std::isspace(static_cast<unsigned char>(text[b]))) ++b;
-  while (e > b && std::isspace(static_cast<unsigned char>(text[e - 1]))) --e;
-  return std::string(text.substr(b, e - b));
-}
-
-bool all_digits(const std::string& text) {
-  return !text.empty() && text.size() <= 9 && std::all_of(text.begin(), text.end(), [](char c) {
-    return std::isdigit(static_cast<unsigned char>(c));
-  });
-}
-
 std::optional<std::vector<int>> try_cpu_list(std::string_view text) {
   try {
     return parse_cpu_list(text, "");

@@ -58,6 +58,11 @@ struct LauncherOptions {
 /// naming `what` on anything else.
 std::vector<int> parse_gpu_ids(const std::string& text, const std::string& what);
 
+/// `text` without leading and trailing white space.
+std::string trim(std::string_view text);
+/// True for 1 to 9 decimal digits and nothing else (fits an int).
+bool all_digits(const std::string& text);
+
 /// Parses a Linux CPU list such as "0-3,8,10-11" (sysfs, cpusets, taskset -c) into ascending,
 /// unique ids; surrounding white space is ignored and "" is the empty list. Throws LaunchError
 /// naming `what` on anything else.
