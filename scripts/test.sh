@@ -2,11 +2,12 @@
 # The whole test suite: install dependencies, build everything, run every ctest test
 # (unit, gradient checks, PyTorch parity, install/find_package, the Fashion-MNIST accuracy run),
 # the GPU check's dry run (scripts/gpu-check.sh --dry-run, its own build in build-gpu-dry),
-# then the DataLoader tests under ThreadSanitizer (their own build in build-tsan) and a short
-# libFuzzer run of the safetensors reader (clang, build-fuzz).
+# then the DataLoader tests under ThreadSanitizer (their own build in build-tsan), the CPU unit
+# tests under AddressSanitizer + UBSan (build-asan) and a short libFuzzer run of each parser
+# (clang, build-fuzz).
 # Pass ctest arguments to narrow it, e.g. scripts/test.sh -L unit  or  -LE slow; a narrowed run
-# skips the GPU dry run, ThreadSanitizer and fuzzing stages unless GALLEY_GPU_DRY=1 /
-# GALLEY_TSAN=1 / GALLEY_FUZZ=1.
+# skips the GPU dry run, ThreadSanitizer, AddressSanitizer and fuzzing stages unless
+# GALLEY_GPU_DRY=1 / GALLEY_TSAN=1 / GALLEY_ASAN=1 / GALLEY_FUZZ=1.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/install-deps.sh
@@ -45,14 +46,42 @@ if [ $# -eq 0 ] || [ "${GALLEY_TSAN:-0}" = 1 ]; then
   TSAN_OPTIONS="halt_on_error=1" build-tsan-lib/tests/test_threads
 fi
 
+# The CPU unit tests against a library built with AddressSanitizer and UndefinedBehaviorSanitizer
+# (its own build in build-asan, no CUDA), with galley-launch's unit and integration tests: an
+# out-of-bounds access, use after free, leak, signed overflow or misaligned load in any CPU
+# kernel, in the core or in the launcher fails the stage.
+if [ $# -eq 0 ] || [ "${GALLEY_ASAN:-0}" = 1 ]; then
+  launcher=()
+  command -v ccache >/dev/null && launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
+  sanitize="-fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer"
+  # -O1 -g1: quicker to build than -O2 -g, with the line numbers a report needs.
+  cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -g1" \
+    -DGALLEY_WITH_CUDA=OFF -DGALLEY_WITH_MPI=OFF -DGALLEY_BUILD_EXAMPLES=OFF -DGALLEY_BUILD_BENCHMARKS=OFF \
+    -DCMAKE_CXX_FLAGS="$sanitize" -DCMAKE_EXE_LINKER_FLAGS="$sanitize" \
+    -DCMAKE_SHARED_LINKER_FLAGS="$sanitize" "${launcher[@]}"
+  cmake --build build-asan -j "$(nproc)"
+  # allocator_may_return_null: the out-of-memory tests ask for more than the machine has and
+  # expect OutOfMemoryError, not the sanitizer's report of a failed allocation.
+  (cd build-asan && ASAN_OPTIONS="allocator_may_return_null=1:detect_leaks=1" \
+     UBSAN_OPTIONS="print_stacktrace=1" ctest -L 'unit|launch' --output-on-failure -j "$(nproc)")
+fi
+
+# libFuzzer: every parser of outside input for a short run from its seed corpus (clang,
+# build-fuzz). GALLEY_FUZZ_SECONDS sets each target's time.
 if [ $# -eq 0 ] || [ "${GALLEY_FUZZ:-0}" = 1 ]; then
   launcher=()
   command -v ccache >/dev/null && launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
   cmake -S tests/fuzz -B build-fuzz -DCMAKE_CXX_COMPILER=clang++ "${launcher[@]}"
   cmake --build build-fuzz -j "$(nproc)"
-  # A fresh copy of the seed corpus, so the run never writes into the source tree.
-  rm -rf build-fuzz/corpus && cp -r tests/fuzz/corpus build-fuzz/corpus
-  build-fuzz/fuzz_safetensors -max_total_time="${GALLEY_FUZZ_SECONDS:-30}" -print_final_stats=1 \
-    build-fuzz/corpus
-  echo "fuzz_safetensors: no crash in ${GALLEY_FUZZ_SECONDS:-30} s"
+  seconds="${GALLEY_FUZZ_SECONDS:-30}"
+  for target in safetensors idx cifar job_file; do
+    extra=()
+    [ "$target" = cifar ] && extra=(-max_len=8192)  # room for two 3,074-byte records
+    [ "$target" = job_file ] && extra=(-dict=tests/fuzz/job_file.dict)
+    # A fresh copy of the seed corpus, so the run never writes into the source tree.
+    rm -rf "build-fuzz/corpus-$target" && cp -r "tests/fuzz/corpus/$target" "build-fuzz/corpus-$target"
+    "build-fuzz/fuzz_$target" -max_total_time="$seconds" -print_final_stats=1 "${extra[@]}" \
+      -artifact_prefix="build-fuzz/crash-$target-" "build-fuzz/corpus-$target"
+    echo "fuzz_$target: no crash in $seconds s"
+  done
 fi

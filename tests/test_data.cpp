@@ -5,6 +5,7 @@
 
 #include <galley/galley.h>
 #include <stdlib.h>
+#include <sys/resource.h>
 
 #include <algorithm>
 #include <cstdint>
@@ -438,6 +439,31 @@ TEST_F(IdxFiles, AbsurdCountInHeaderIsAnError) {
   std::string p = write("absurd", s);
   std::string msg = error_of([&] { galley::data::read_idx_images(p); });
   expect_contains(msg, {p});
+}
+
+TEST_F(IdxFiles, AGzipTrailerThatLiesAboutTheSizeCostsNoMemory) {
+  // A 400 KB gzip file whose header claims a million 64x64 images and whose trailer claims the
+  // 4 GB they would take: the reader must report the truncation without first allocating (and
+  // zero-filling) 4 GB, which is what trusting the trailer did. The content is larger than
+  // zlib's 256 KB output buffer, so the trailer is not checked before the pixels are asked for.
+  // Each test runs in a process of its own, so the peak resident size tells what this read
+  // allocated.
+  std::string content = idx_images(100, 64, 64);
+  const uint32_t n = 1000000, claimed = 16 + n * 64 * 64;
+  std::string count;
+  put_u32(count, n);
+  content.replace(4, 4, count);
+  std::string gz = gzip(content);
+  for (int b = 0; b < 4; ++b) gz[gz.size() - 4 + b] = static_cast<char>((claimed >> (8 * b)) & 0xff);
+  std::string p = write("lying-trailer.gz", gz);
+  rusage before{}, after{};
+  getrusage(RUSAGE_SELF, &before);
+  std::string msg = error_of([&] { galley::data::read_idx_images(p); });
+  getrusage(RUSAGE_SELF, &after);
+  expect_contains(msg, {p});
+  EXPECT_LT(after.ru_maxrss - before.ru_maxrss, 512L * 1024)  // KiB
+      << "reading a 400 KB file raised the peak resident size by "
+      << (after.ru_maxrss - before.ru_maxrss) << " KiB";
 }
 
 TEST_F(IdxFiles, ImplausibleImageSize) {

@@ -89,7 +89,8 @@ TEST(Profiler, WithoutRecordShapesKeepsNoShapes) {
   prof::Profiler p;
   s.run();
   p.stop();
-  const prof::Event* conv = find(p.events(), "conv2d");
+  const std::vector<prof::Event> events = p.events();  // find points into it
+  const prof::Event* conv = find(events, "conv2d");
   ASSERT_NE(conv, nullptr);
   EXPECT_TRUE(conv->shapes.empty());
 }
@@ -306,7 +307,8 @@ TEST(Profiler, CudaEventsTimeGpuOps) {
   prof::Profiler p({.record_shapes = true});
   s.run();
   p.stop();
-  const prof::Event* conv = find(p.events(), "conv2d");
+  const std::vector<prof::Event> events = p.events();  // find points into it
+  const prof::Event* conv = find(events, "conv2d");
   ASSERT_NE(conv, nullptr);
   EXPECT_EQ(conv->device, 0);
   EXPECT_GT(conv->cuda_us, 0.0);

@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <fstream>
 #include <memory>
+#include <vector>
 
 namespace galley::data {
 
@@ -47,13 +48,18 @@ struct GzFile {
   ~GzFile() {
     if (f) gzclose(f);
   }
-  // Reads exactly n bytes; `what` names the field for the error.
-  void read(void* dst, int64_t n, const char* what) {
-    char* p = static_cast<char*>(dst);
+  // Reads n bytes into `out`, growing it as the bytes arrive: a gzip trailer may lie about the
+  // size, so a corrupt file costs memory in proportion to what it really holds. `what` names the
+  // field for the error.
+  void read(std::vector<uint8_t>& out, int64_t n, const char* what) {
+    constexpr int64_t kChunk = int64_t(64) << 20;
+    out.clear();
     int64_t got = 0;
     while (got < n) {
-      int chunk = static_cast<int>(std::min<int64_t>(n - got, 1 << 30));
-      int r = gzread(f, p + got, chunk);
+      if (int64_t(out.size()) == got)
+        out.resize(static_cast<size_t>(got + std::min(kChunk, n - got)));
+      const int want = static_cast<int>(int64_t(out.size()) - got);
+      const int r = gzread(f, out.data() + got, static_cast<unsigned>(want));
       if (r < 0) {
         int err = 0;
         const char* msg = gzerror(f, &err);
@@ -67,7 +73,7 @@ struct GzFile {
     offset += n;
   }
   uint32_t read_u32(const char* what) {
-    unsigned char b[4];
+    std::vector<uint8_t> b;
     read(b, 4, what);
     return (uint32_t(b[0]) << 24) | (uint32_t(b[1]) << 16) | (uint32_t(b[2]) << 8) | b[3];
   }
@@ -86,8 +92,8 @@ Tensor read_idx_images(const std::string& path) {
                "': implausible image size ", rows, "x", cols, " at byte 8");
   const int64_t plane = int64_t(rows) * cols;
   f.expect_remaining(int64_t(n) * plane, "pixel data");
-  std::vector<uint8_t> raw(size_t(n) * plane);
-  f.read(raw.data(), static_cast<int64_t>(raw.size()), "pixel data");
+  std::vector<uint8_t> raw;
+  f.read(raw, int64_t(n) * plane, "pixel data");
   Tensor out = Tensor::empty({int64_t(n), 1, int64_t(rows), int64_t(cols)});
   float* p = out.data<float>();
   for (size_t i = 0; i < raw.size(); ++i) p[i] = raw[i] * (1.f / 255.f);
@@ -101,8 +107,8 @@ Tensor read_idx_labels(const std::string& path) {
                " at byte 0, expected 0x00000801 (unsigned-byte labels, 1 dimension)");
   uint32_t n = f.read_u32("the label count");
   f.expect_remaining(n, "labels");
-  std::vector<uint8_t> raw(n);
-  f.read(raw.data(), n, "labels");
+  std::vector<uint8_t> raw;
+  f.read(raw, n, "labels");
   Tensor out = Tensor::empty({int64_t(n)}, DType::Int64);
   int64_t* p = out.data<int64_t>();
   for (size_t i = 0; i < raw.size(); ++i) p[i] = raw[i];

@@ -538,7 +538,7 @@ void release_pool(Device, uintptr_t) noexcept {}
 void copy_bytes(void* dst, Device dst_device, const void* src, Device src_device, size_t bytes) {
   if (!dst_device.is_cpu()) no_backend(dst_device);
   if (!src_device.is_cpu()) no_backend(src_device);
-  std::memcpy(dst, src, bytes);
+  if (bytes != 0) std::memcpy(dst, src, bytes);  // an empty tensor's pointer may be null
 }
 void copy_bytes_async(void* dst, Device dst_device, const void* src, Device src_device,
                       size_t bytes, void*) {
