@@ -58,9 +58,11 @@ std::string value_str(float v) {
   return std::isnan(v) ? std::string("nan") : detail::str_cat(v);
 }
 
-// The first NaN or infinite element of a float32 tensor: its index (-1 when none) and value.
+// The first NaN or infinite element of a floating tensor: its index (-1 when none) and value.
 int64_t find_nonfinite(const Tensor& t, float* value) {
-  if (t.dtype() != DType::Float32 || t.numel() == 0) return -1;
+  if (!is_floating_point(t.dtype()) || t.numel() == 0) return -1;
+  // The 16-bit types widen exactly, so their float32 copy has the same non-finite elements.
+  if (t.dtype() != DType::Float32) return find_nonfinite(t.detach().to(DType::Float32), value);
   GALLEY_CHECK(!t.device().is_cuda() || !detail::capturing(t.device()),
                "detect_anomaly: checking values reads them back, which a CUDA graph capture on ",
                t.device().str(), " forbids; turn anomaly detection off while capturing");
@@ -103,9 +105,9 @@ void check_backward(const Node& node, const std::vector<Tensor>& grads) {
 
 // The loss guard: on the host the value is read where it lies; on a GPU a check is queued.
 void check_loss_value(const Tensor& root) {
-  if (root.numel() != 1 || root.dtype() != DType::Float32) return;
+  if (root.numel() != 1 || !is_floating_point(root.dtype())) return;
   if (root.device().is_cpu()) {
-    const float v = root.data<float>()[0];
+    const float v = root.item();
     GALLEY_CHECK(std::isfinite(v), "backward: the loss is ", value_str(v),
                  "; no gradient was computed or changed. galley::set_detect_anomaly(true) names "
                  "the op that first produced a non-finite value; "
@@ -113,7 +115,8 @@ void check_loss_value(const Tensor& root) {
     return;
   }
   detail::DeviceScope scope(root.device());
-  backend::report_nonfinite_loss(root);
+  backend::report_nonfinite_loss(root.dtype() == DType::Float32 ? root
+                                                                : root.detach().to(DType::Float32));
 }
 
 }  // namespace
@@ -171,10 +174,12 @@ void accumulate(Tensor& slot, const Tensor& g) {
 }
 
 // `take`: g is the engine's own sum for this leaf, which it drops afterwards.
-void accumulate_leaf(const Tensor& leaf, const Tensor& g, bool take = false) {
+void accumulate_leaf(const Tensor& leaf, const Tensor& g_in, bool take = false) {
   detail::TensorImpl* impl = leaf.impl();
-  GALLEY_CHECK(g.shape() == impl->shape, "backward: gradient of shape ", shape_str(g.shape()),
+  GALLEY_CHECK(g_in.shape() == impl->shape, "backward: gradient of shape ", shape_str(g_in.shape()),
                " for a leaf of shape ", shape_str(impl->shape));
+  // A leaf's gradient has the leaf's dtype, as in PyTorch.
+  const Tensor g = g_in.dtype() == impl->dtype ? g_in : g_in.detach().to(impl->dtype);
   if (!impl->grad) {
     // A gradient may alias another tensor of the graph (e.g. the output gradient of an add):
     // the leaf gets a private copy so later in-place accumulation cannot leak into it, unless

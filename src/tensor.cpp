@@ -10,7 +10,9 @@
 #include "allocator.h"
 #include "device_scope.h"
 #include "galley/autograd.h"
+#include "galley/half.h"
 #include "galley/ops.h"
+#include "kernels/cpu/convert.h"
 #include "runtime/device_memory.h"
 
 namespace galley {
@@ -194,6 +196,8 @@ T* Tensor::data() const {
 template float* Tensor::data<float>() const;
 template int64_t* Tensor::data<int64_t>() const;
 template uint8_t* Tensor::data<uint8_t>() const;
+template bfloat16* Tensor::data<bfloat16>() const;
+template float16* Tensor::data<float16>() const;
 
 // ---------------------------------------------------------------------------------------------
 // Host copies
@@ -236,6 +240,10 @@ float Tensor::item() const {
       return static_cast<float>(*static_cast<const int64_t*>(raw_data()));
     case DType::UInt8:
       return *static_cast<const uint8_t*>(raw_data());
+    case DType::BFloat16:
+      return *static_cast<const bfloat16*>(raw_data());
+    case DType::Float16:
+      return *static_cast<const float16*>(raw_data());
     default:
       GALLEY_CHECK(false, "item: unsupported dtype ", dtype_name(dtype()));
   }
@@ -423,91 +431,17 @@ Tensor Tensor::to(Device device) const {
 }
 
 namespace {
-// IEEE half and bfloat16 to and from float, round to nearest even, NaN kept as NaN.
-uint16_t float_to_half(float f) {
-  uint32_t x;
-  std::memcpy(&x, &f, 4);
-  const uint32_t sign = (x >> 16) & 0x8000u;
-  const uint32_t abs = x & 0x7fffffffu;
-  if (abs >= 0x7f800000u)
-    return static_cast<uint16_t>(sign | 0x7c00u | (abs > 0x7f800000u ? 0x200u : 0));
-  if (abs >= 0x477ff000u) return static_cast<uint16_t>(sign | 0x7c00u);  // overflows to inf
-  if (abs < 0x38800000u) {  // subnormal or zero in half
-    if (abs < 0x33000001u) return static_cast<uint16_t>(sign);
-    // value = full * 2^(e - 150) = h * 2^-24, so h = full >> (126 - e).
-    const uint32_t mant = (abs & 0x7fffffu) | 0x800000u;
-    const int shift = 126 - static_cast<int>(abs >> 23);
-    uint32_t h = mant >> shift;
-    const uint32_t rem = mant & ((1u << shift) - 1), half = 1u << (shift - 1);
-    if (rem > half || (rem == half && (h & 1u))) ++h;
-    return static_cast<uint16_t>(sign | h);
-  }
-  uint32_t h = ((abs - 0x38000000u) >> 13);
-  const uint32_t rem = abs & 0x1fffu;
-  if (rem > 0x1000u || (rem == 0x1000u && (h & 1u))) ++h;
-  return static_cast<uint16_t>(sign | h);
-}
-float half_to_float(uint16_t h) {
-  const uint32_t sign = uint32_t(h & 0x8000u) << 16;
-  uint32_t exp = (h >> 10) & 0x1fu, mant = h & 0x3ffu, x;
-  if (exp == 0x1f) {
-    x = sign | 0x7f800000u | (mant << 13);
-  } else if (exp == 0) {
-    if (mant == 0) {
-      x = sign;
-    } else {  // subnormal: normalise
-      int e = -1;
-      do {
-        mant <<= 1;
-        ++e;
-      } while (!(mant & 0x400u));
-      x = sign | (uint32_t(112 - e) << 23) | ((mant & 0x3ffu) << 13);
-    }
-  } else {
-    x = sign | ((exp + 112) << 23) | (mant << 13);
-  }
-  float f;
-  std::memcpy(&f, &x, 4);
-  return f;
-}
-uint16_t float_to_bf16(float f) {
-  uint32_t x;
-  std::memcpy(&x, &f, 4);
-  if ((x & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((x >> 16) | 0x40u);
-  x += 0x7fffu + ((x >> 16) & 1u);
-  return static_cast<uint16_t>(x >> 16);
-}
-float bf16_to_float(uint16_t b) {
-  uint32_t x = uint32_t(b) << 16;
-  float f;
-  std::memcpy(&f, &x, 4);
-  return f;
-}
-float load_as_float(const void* p, DType t, int64_t i) {
-  switch (t) {
-    case DType::Float32:
-      return static_cast<const float*>(p)[i];
-    case DType::Float16:
-      return half_to_float(static_cast<const uint16_t*>(p)[i]);
-    case DType::BFloat16:
-      return bf16_to_float(static_cast<const uint16_t*>(p)[i]);
-    case DType::Int64:
-      return static_cast<float>(static_cast<const int64_t*>(p)[i]);
-    case DType::UInt8:
-      return static_cast<const uint8_t*>(p)[i];
-  }
-  return 0.f;
-}
+// `v` stored as one element of dtype `t` at p[i].
 void store_float(void* p, DType t, int64_t i, float v) {
   switch (t) {
     case DType::Float32:
       static_cast<float*>(p)[i] = v;
       break;
     case DType::Float16:
-      static_cast<uint16_t*>(p)[i] = float_to_half(v);
+      static_cast<float16*>(p)[i] = float16(v);
       break;
     case DType::BFloat16:
-      static_cast<uint16_t*>(p)[i] = float_to_bf16(v);
+      static_cast<bfloat16*>(p)[i] = bfloat16(v);
       break;
     case DType::Int64:
       static_cast<int64_t*>(p)[i] = static_cast<int64_t>(v);
@@ -519,25 +453,31 @@ void store_float(void* p, DType t, int64_t i, float v) {
 }
 }  // namespace
 
-Tensor Tensor::to_dtype(DType dtype) const {
-  GALLEY_CHECK_DEFINED("to_dtype");
+Tensor Tensor::to(DType dtype) const {
+  GALLEY_CHECK_DEFINED("to");
   if (dtype == this->dtype()) return *this;
-  check_cpu(*this, "to_dtype");
-  const bool from_float = this->dtype() == DType::Float32 || this->dtype() == DType::Float16 ||
-                          this->dtype() == DType::BFloat16;
-  const bool to_float =
-      dtype == DType::Float32 || dtype == DType::Float16 || dtype == DType::BFloat16;
-  GALLEY_CHECK(
-      (from_float && to_float) || dtype == DType::Float32 || this->dtype() == DType::Float32,
-      "to_dtype: cannot convert ", dtype_name(this->dtype()), " to ", dtype_name(dtype),
-      " directly (go through float32)");
+  const bool floating = is_floating_point(this->dtype()) && is_floating_point(dtype);
+  GALLEY_CHECK(floating || dtype == DType::Float32 || this->dtype() == DType::Float32,
+               "to: cannot convert ", dtype_name(this->dtype()), " to ", dtype_name(dtype),
+               " directly (go through float32)");
   Tensor c = contiguous();
   Tensor out = empty(shape(), dtype, device());
-  const void* src = c.raw_data();
-  void* dst = out.raw_data();
-  for (int64_t i = 0, n = numel(); i < n; ++i)
-    store_float(dst, dtype, i, load_as_float(src, c.dtype(), i));
-  return out;
+  if (device().is_cpu())
+    kernels::cpu::convert(c.raw_data(), c.dtype(), out.raw_data(), dtype, numel());
+  else
+    detail::convert_elements(device(), c.raw_data(), c.dtype(), out.raw_data(), dtype,
+                             static_cast<size_t>(numel()));
+  if (!floating || !autograd::needs_grad({this})) return out;
+  const DType from = this->dtype();
+  return autograd::record(out, "to", {*this},
+                          [from](const Tensor& g, std::vector<Tensor>& gi) { gi[0] = g.to(from); });
+}
+
+Tensor Tensor::to(Device device, DType dtype) const {
+  // Converted where there are fewer bytes to move: before a copy that narrows, after one that
+  // widens.
+  if (dtype_size(dtype) <= dtype_size(this->dtype())) return to(dtype).to(device);
+  return to(device).to(dtype);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -553,9 +493,9 @@ Tensor& Tensor::set_requires_grad(bool on) {
                "set_requires_grad: only leaves can be marked; this tensor was "
                "produced by ",
                impl_->grad_fn->name, " (use detach() first)");
-  GALLEY_CHECK(!on || impl_->dtype == DType::Float32,
-               "set_requires_grad: only float tensors "
-               "can have gradients, this one is ",
+  GALLEY_CHECK(!on || is_floating_point(impl_->dtype),
+               "set_requires_grad: only float32, bfloat16 and float16 tensors can have "
+               "gradients, this one is ",
                dtype_name(impl_->dtype));
   impl_->requires_grad = on;
   return *this;
@@ -595,7 +535,7 @@ void Tensor::backward(const Tensor& gradient) const {
                  "backward: a gradient must be given for a non-scalar output of "
                  "shape ",
                  shape_str(shape()));
-    g = ones(shape(), DType::Float32, device());
+    g = ones(shape(), dtype(), device());
   }
   GALLEY_CHECK(g.shape() == shape(), "backward: gradient shape ", shape_str(g.shape()),
                " does not match output shape ", shape_str(shape()));

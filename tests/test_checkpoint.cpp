@@ -292,8 +292,8 @@ TEST(SafeTensorsFile, HalfPrecisionRoundTripsAndLoadsIntoFloatLayers) {
   const std::string dir = temp_dir("half");
   nn::Linear fc(4, 3);
   std::map<std::string, Tensor> half;
-  for (auto& [k, t] : fc.state_dict()) half[k] = t.to_dtype(galley::DType::BFloat16);
-  half["weight"] = fc.state_dict()["weight"].to_dtype(galley::DType::Float16);
+  for (auto& [k, t] : fc.state_dict()) half[k] = t.to(galley::DType::BFloat16);
+  half["weight"] = fc.state_dict()["weight"].to(galley::DType::Float16);
   galley::io::save_safetensors(dir + "/h.safetensors", half, {{"origin", "test"}});
   auto back = galley::io::read_safetensors(dir + "/h.safetensors");
   EXPECT_EQ(back.metadata["origin"], "test");
@@ -308,8 +308,8 @@ TEST(SafeTensorsFile, HalfPrecisionRoundTripsAndLoadsIntoFloatLayers) {
 TEST(SafeTensorsFile, HalfConversionsAreExactWhereTheyShouldBe) {
   auto h =
       Tensor::from_vector({1.f, -2.5f, 65504.f, 6.1035156e-05f, 5.9604645e-08f, 0.f, 1e6f}, {7})
-          .to_dtype(galley::DType::Float16)
-          .to_dtype(galley::DType::Float32)
+          .to(galley::DType::Float16)
+          .to(galley::DType::Float32)
           .to_vector();
   EXPECT_EQ(h[0], 1.f);
   EXPECT_EQ(h[1], -2.5f);
@@ -319,8 +319,8 @@ TEST(SafeTensorsFile, HalfConversionsAreExactWhereTheyShouldBe) {
   EXPECT_EQ(h[5], 0.f);
   EXPECT_TRUE(std::isinf(h[6]));
   auto b = Tensor::from_vector({1.f, 3.140625f, -1e30f}, {3})
-               .to_dtype(galley::DType::BFloat16)
-               .to_dtype(galley::DType::Float32)
+               .to(galley::DType::BFloat16)
+               .to(galley::DType::Float32)
                .to_vector();
   EXPECT_EQ(b[0], 1.f);
   EXPECT_EQ(b[1], 3.140625f);

@@ -132,7 +132,7 @@ TEST(Cuda, MeanCrossEntropyCountsRowsOnTheDevice) {
   Tensor logits = galley::randn({6, 5});
   Tensor labels = Tensor::from_vector(std::vector<int64_t>{1, -100, 3, -100, 4, 0}, {6});
   for (bool all_ignored : {false, true}) {
-    Tensor y = all_ignored ? galley::full({6}, -100.f).to_dtype(galley::DType::Int64) : labels;
+    Tensor y = all_ignored ? galley::full({6}, -100.f).to(galley::DType::Int64) : labels;
     Tensor xc = logits.clone().set_requires_grad(), xg = logits.to(gpu).set_requires_grad();
     Tensor lc = galley::cross_entropy(xc, y), lg = galley::cross_entropy(xg, y.to(gpu));
     lc.backward();
@@ -153,7 +153,7 @@ TEST(Cuda, FillWorksForEveryDType) {
   EXPECT_EQ(galley::full({13}, 200.f, galley::DType::UInt8, gpu).to_vector<uint8_t>(),
             std::vector<uint8_t>(13, 200));
   Tensor h = galley::full({7}, 1.5f, galley::DType::Float16, gpu).to(Device::cpu());
-  EXPECT_EQ(h.to_dtype(galley::DType::Float32).to_vector(), std::vector<float>(7, 1.5f));
+  EXPECT_EQ(h.to(galley::DType::Float32).to_vector(), std::vector<float>(7, 1.5f));
 }
 
 TEST(Cuda, AHostBufferMayChangeRightAfterItsCopyToTheGpu) {

@@ -311,8 +311,8 @@ TEST(CudaKernels, BinaryOpsMatchTheCpuWithBroadcasting) {
       const Shape out = want.shape();
       const Shape as = aligned(c.a, out.size()), bs = aligned(c.b, out.size());
       DeviceFloats dout = DeviceFloats::zeros(want.numel(), c.pad);
-      gk::binary(gpu_ops[op], da.get(), as.data(), db.get(), bs.data(), dout.get(), out.data(),
-                 static_cast<int>(out.size()), nullptr);
+      gk::binary(gpu_ops[op], galley::DType::Float32, da.get(), as.data(), db.get(), bs.data(),
+                 dout.get(), out.data(), static_cast<int>(out.size()), nullptr);
       expect_same(dout.host(), want.to_vector(),
                   std::string(names[op]) + " " + shape_text(c.a) + " " + shape_text(c.b));
     }
@@ -330,7 +330,7 @@ TEST(CudaKernels, AddInplaceMatchesTheCpu) {
       Tensor want = Tensor::from_vector(acc, {n});
       cpu::add_inplace(want, Tensor::from_vector(g, {n}));
       DeviceFloats dacc(acc, pad), dg(g, pad);
-      gk::add_inplace(dacc.get(), dg.get(), n, nullptr);
+      gk::add_inplace(galley::DType::Float32, dacc.get(), dg.get(), n, nullptr);
       expect_same(dacc.host(), want.to_vector(),
                   "add_inplace n=" + std::to_string(n) + " pad=" + std::to_string(pad));
     }
@@ -398,14 +398,15 @@ TEST(CudaKernels, UnaryOpsMatchTheCpu) {
   for (const Case& c : cases)
     for (int64_t pad : {0, 1}) {
       DeviceFloats da(base, pad), dout = DeviceFloats::zeros(n, pad);
-      gk::unary(c.op, da.get(), dout.get(), n, c.p0, c.p1, nullptr);
+      gk::unary(c.op, galley::DType::Float32, da.get(), dout.get(), n, c.p0, c.p1, nullptr);
       expect_ulps(dout.host(), c.want.to_vector(), c.max_ulps,
                   std::string(c.name) + " pad=" + std::to_string(pad));
     }
   // x * 0.7 - 1.3 may be one FMA on either side: within one rounding of the product.
   for (int64_t pad : {0, 1}) {
     DeviceFloats da(base, pad), dout = DeviceFloats::zeros(n, pad);
-    gk::unary(gk::Unary::Affine, da.get(), dout.get(), n, 0.7f, -1.3f, nullptr);
+    gk::unary(gk::Unary::Affine, galley::DType::Float32, da.get(), dout.get(), n, 0.7f, -1.3f,
+              nullptr);
     std::vector<double> tol(n);
     for (int64_t i = 0; i < n; ++i) tol[i] = FLT_EPSILON * (std::abs(base[i] * 0.7) + 1.3);
     expect_within(dout.host(), cpu::affine(t, 0.7f, -1.3f).to_vector(), tol,
@@ -413,7 +414,8 @@ TEST(CudaKernels, UnaryOpsMatchTheCpu) {
   }
   // In place (out == a), as the op layer's relu_ does.
   DeviceFloats inplace(base);
-  gk::unary(gk::Unary::Relu, inplace.get(), inplace.get(), n, 0.f, 0.f, nullptr);
+  gk::unary(gk::Unary::Relu, galley::DType::Float32, inplace.get(), inplace.get(), n, 0.f, 0.f,
+            nullptr);
   expect_same(inplace.host(), cpu::relu(t).to_vector(), "relu in place");
 #endif
 }
@@ -430,7 +432,7 @@ TEST(CudaKernels, PowAndReluBackwardMatchTheCpu) {
   for (float p : {2.5f, 3.f, 0.5f})
     for (int64_t pad : {0, 1}) {
       DeviceFloats dg(grad, pad), da(a, pad), dout = DeviceFloats::zeros(n, pad);
-      gk::pow_backward(dg.get(), da.get(), dout.get(), n, p, nullptr);
+      gk::pow_backward(galley::DType::Float32, dg.get(), da.get(), dout.get(), n, p, nullptr);
       // g * p * a^(p-1): powf's error plus two roundings, either side.
       expect_ulps(dout.host(), cpu::pow_backward(tg, ta, p).to_vector(), 12,
                   "pow_backward p=" + std::to_string(p) + " pad=" + std::to_string(pad));
@@ -443,11 +445,11 @@ TEST(CudaKernels, PowAndReluBackwardMatchTheCpu) {
   const std::vector<float> want = cpu::relu_backward(tg, ty).to_vector();
   for (int64_t pad : {0, 1}) {
     DeviceFloats dg(grad, pad), dy(y, pad), dout = DeviceFloats::zeros(n, pad);
-    gk::relu_backward(dg.get(), dy.get(), dout.get(), n, nullptr);
+    gk::relu_backward(galley::DType::Float32, dg.get(), dy.get(), dout.get(), n, nullptr);
     expect_same(dout.host(), want, "relu_backward pad=" + std::to_string(pad));
   }
   DeviceFloats dg(grad), dy(y);  // in place into grad
-  gk::relu_backward(dg.get(), dy.get(), dg.get(), n, nullptr);
+  gk::relu_backward(galley::DType::Float32, dg.get(), dy.get(), dg.get(), n, nullptr);
   expect_same(dg.host(), want, "relu_backward in place");
 #endif
 }
@@ -486,7 +488,8 @@ TEST(CudaKernels, SumToMatchesTheCpuForEveryBroadcastPattern) {
     const Tensor want = cpu::sum_to(Tensor::from_vector(g, c.g), c.to);
     const Shape to = aligned(c.to, c.g.size());
     DeviceFloats dg(g), dout = DeviceFloats::zeros(numel(c.to));
-    gk::sum_to(dg.get(), c.g.data(), dout.get(), to.data(), static_cast<int>(c.g.size()), nullptr);
+    gk::sum_to(galley::DType::Float32, dg.get(), c.g.data(), dout.get(), to.data(),
+               static_cast<int>(c.g.size()), nullptr);
     expect_same(dout.host(), want.to_vector(),
                 "sum_to " + shape_text(c.g) + " -> " + shape_text(c.to));
   }
@@ -809,10 +812,13 @@ struct SplitSums {
   // Overwrites this one's inputs with `o`'s, on `stream`: x * 1 + 0 keeps every bit that a sum
   // sees.
   void load_inputs(const SplitSums& o, void* stream) {
-    gk::unary(gk::Unary::Affine, o.x.get(), x.get(), kN, 1.f, 0.f, stream);
-    gk::unary(gk::Unary::Affine, o.g.get(), g.get(), kRows * kCols, 1.f, 0.f, stream);
-    gk::unary(gk::Unary::Affine, o.gy.get(), gy.get(), kConv, 1.f, 0.f, stream);
-    gk::unary(gk::Unary::Affine, o.y.get(), y.get(), kConv, 1.f, 0.f, stream);
+    gk::unary(gk::Unary::Affine, galley::DType::Float32, o.x.get(), x.get(), kN, 1.f, 0.f, stream);
+    gk::unary(gk::Unary::Affine, galley::DType::Float32, o.g.get(), g.get(), kRows * kCols, 1.f,
+              0.f, stream);
+    gk::unary(gk::Unary::Affine, galley::DType::Float32, o.gy.get(), gy.get(), kConv, 1.f, 0.f,
+              stream);
+    gk::unary(gk::Unary::Affine, galley::DType::Float32, o.y.get(), y.get(), kConv, 1.f, 0.f,
+              stream);
   }
 };
 

@@ -35,6 +35,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <functional>
 #include <map>
@@ -775,6 +776,64 @@ TEST(parity, LrSchedulersMore) {
   }
   for (const std::string& name : case_names(refs))
     EXPECT_TRUE(tested.count(name)) << "reference case '" << name << "' has no galley schedule";
+}
+
+/// The low 16 bits of each element of a 16-bit tensor, as int64 like the references.
+std::vector<int64_t> bits16(const Tensor& t) {
+  std::vector<uint16_t> raw(static_cast<size_t>(t.numel()));
+  t.copy_to_host(raw.data());
+  return std::vector<int64_t>(raw.begin(), raw.end());
+}
+
+/// Counts the elements where `got` differs from `want` and reports the first few.
+void expect_same_bits(const std::string& what, const std::vector<int64_t>& got,
+                      const std::vector<int64_t>& want, const std::vector<float>& inputs) {
+  ASSERT_EQ(got.size(), want.size()) << what;
+  int64_t wrong = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    if (got[i] == want[i]) continue;
+    if (++wrong <= 5)
+      ADD_FAILURE() << what << ": element " << i << " (input " << std::hexfloat
+                    << (i < inputs.size() ? inputs[i] : 0.f) << std::defaultfloat << ") gave 0x"
+                    << std::hex << got[i] << ", PyTorch 0x" << want[i] << std::dec;
+  }
+  EXPECT_EQ(wrong, 0) << what << ": " << wrong << " of " << got.size() << " elements differ";
+}
+
+TEST(parity, ConvertRoundsAsPyTorch) {
+  LOAD_REFS(refs, "convert");
+  const Tensor& x = at(refs, "float32.x");
+  const std::vector<float> inputs = x.to_vector();
+  expect_same_bits("float32 -> bfloat16", bits16(x.to(galley::DType::BFloat16)),
+                   at(refs, "float32.bfloat16_bits").to_vector<int64_t>(), inputs);
+  expect_same_bits("float32 -> float16", bits16(x.to(galley::DType::Float16)),
+                   at(refs, "float32.float16_bits").to_vector<int64_t>(), inputs);
+  // Fewer elements than a vector holds take the scalar path: the same bits.
+  const std::vector<float> head(inputs.begin() + 1000, inputs.begin() + 1007);
+  const std::vector<int64_t> want = at(refs, "float32.float16_bits").to_vector<int64_t>();
+  expect_same_bits("float32 -> float16 (7 elements)",
+                   bits16(Tensor::from_vector(head, {7}).to(galley::DType::Float16)),
+                   std::vector<int64_t>(want.begin() + 1000, want.begin() + 1007), head);
+}
+
+TEST(parity, WidenEvery16BitPatternAsPyTorch) {
+  LOAD_REFS(refs, "convert");
+  const std::vector<int64_t> patterns = at(refs, "widen.bits").to_vector<int64_t>();
+  std::vector<uint16_t> raw(patterns.begin(), patterns.end());
+  for (auto [dtype, key] : {std::pair{galley::DType::BFloat16, "widen.from_bfloat16"},
+                            std::pair{galley::DType::Float16, "widen.from_float16"}}) {
+    Tensor h = Tensor::from_host(raw.data(), {int64_t(raw.size())}, dtype);
+    const std::vector<float> wide = h.to(galley::DType::Float32).to_vector();
+    std::vector<int64_t> got(wide.size());
+    for (size_t i = 0; i < wide.size(); ++i) {
+      uint32_t b;
+      std::memcpy(&b, &wide[i], 4);
+      got[i] = b;
+    }
+    // A NaN pattern widens to a NaN; PyTorch and galley keep the same payload.
+    expect_same_bits(std::string(galley::dtype_name(dtype)) + " -> float32", got,
+                     at(refs, key).to_vector<int64_t>(), {});
+  }
 }
 
 }  // namespace

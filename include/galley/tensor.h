@@ -11,6 +11,7 @@
 #include "galley/device.h"
 #include "galley/dtype.h"
 #include "galley/error.h"
+#include "galley/half.h"
 
 namespace galley {
 
@@ -189,10 +190,14 @@ class Tensor {
   Tensor detach() const;
   /// A copy on `device` (this tensor if already there).
   Tensor to(Device device) const;
-  /// A copy converted to `dtype` (this tensor if it already has it); no autograd. Converts
-  /// between float32, float16 and bfloat16 (round to nearest even), and between int64 or
-  /// uint8 and float32.
-  Tensor to_dtype(DType dtype) const;
+  /// A copy converted to `dtype` on the same device (this tensor if it already has it):
+  /// between float32, bfloat16 and float16 with round to nearest even, bit for bit as PyTorch's
+  /// `.to()` (vectorised on the CPU, a kernel on a GPU), recorded by autograd (the gradient
+  /// comes back in this tensor's dtype); between int64 or uint8 and float32 as C++ casts, not
+  /// recorded. Another pair is an error naming both dtypes.
+  Tensor to(DType dtype) const;
+  /// A copy on `device` in `dtype`; converts on whichever side has fewer bytes to move.
+  Tensor to(Device device, DType dtype) const;
 
   /// True for a leaf that wants gradients or any tensor produced from one.
   bool requires_grad() const;

@@ -1,5 +1,6 @@
 #include "kernels/cpu/binary.h"
 
+#include "kernels/cpu/convert.h"
 #include "kernels/cpu/parallel.h"
 
 namespace galley::kernels::cpu {
@@ -32,30 +33,21 @@ Shape broadcast_strides(const Shape& s, const Shape& out) {
   return st;
 }
 
-template <typename F>
-void apply(const float* a, const float* b, float* o, int64_t n, F f) {
-#pragma omp simd
-  for (int64_t i = 0; i < n; ++i) o[i] = f(a[i], b[i]);
-}
-
-template <typename F>
+template <typename T, typename F>
 void run(const Tensor& ta, const Tensor& tb, Tensor& to, F f) {
-  const float* a = ta.data<float>();
-  const float* b = tb.data<float>();
-  float* o = to.data<float>();
+  const T* a = ta.data<T>();
+  const T* b = tb.data<T>();
+  T* o = to.data<T>();
   const Shape& out = to.shape();
   int64_t n = to.numel();
   if (ta.shape() == tb.shape()) {
     parallel_for(n, kElementwiseGrain,
-                 [&](int64_t s, int64_t e) { apply(a + s, b + s, o + s, e - s, f); });
+                 [&](int64_t s, int64_t e) { zip_n(a + s, 1, b + s, 1, o + s, e - s, f); });
     return;
   }
   if (tb.numel() == 1 && ta.numel() == n) {
-    float bv = b[0];
-    parallel_for(n, kElementwiseGrain, [&](int64_t s, int64_t e) {
-#pragma omp simd
-      for (int64_t i = s; i < e; ++i) o[i] = f(a[i], bv);
-    });
+    parallel_for(n, kElementwiseGrain,
+                 [&](int64_t s, int64_t e) { zip_n(a + s, 1, b, 0, o + s, e - s, f); });
     return;
   }
   // General case: walk rows of the innermost dimension, each side with stride 0 or 1 in it.
@@ -73,21 +65,7 @@ void run(const Tensor& ta, const Tensor& tb, Tensor& to, F f) {
                      oa += idx * sa[k];
                      ob += idx * sb[k];
                    }
-                   const float* pa = a + oa;
-                   const float* pb = b + ob;
-                   float* po = o + r * inner;
-                   if (ia && ib) {
-                     apply(pa, pb, po, inner, f);
-                   } else if (ia) {
-                     float bv = *pb;
-                     for (int64_t i = 0; i < inner; ++i) po[i] = f(pa[i], bv);
-                   } else if (ib) {
-                     float av = *pa;
-                     for (int64_t i = 0; i < inner; ++i) po[i] = f(av, pb[i]);
-                   } else {
-                     float v = f(*pa, *pb);
-                     for (int64_t i = 0; i < inner; ++i) po[i] = v;
-                   }
+                   zip_n(a + oa, ia, b + ob, ib, o + r * inner, inner, f);
                  }
                });
 }
@@ -96,30 +74,37 @@ void run(const Tensor& ta, const Tensor& tb, Tensor& to, F f) {
 
 Tensor binary(BinaryOp op, const Tensor& a, const Tensor& b) {
   static const char* names[] = {"add", "sub", "mul", "div"};
-  Shape out_shape = broadcast_shapes(a.shape(), b.shape(), names[int(op)]);
+  const char* name = names[int(op)];
+  Shape out_shape = broadcast_shapes(a.shape(), b.shape(), name);
   Tensor ca = a.contiguous(), cb = b.contiguous();
-  Tensor out = Tensor::empty(out_shape);
-  switch (op) {
-    case BinaryOp::Add:
-      run(ca, cb, out, [](float x, float y) { return x + y; });
-      break;
-    case BinaryOp::Sub:
-      run(ca, cb, out, [](float x, float y) { return x - y; });
-      break;
-    case BinaryOp::Mul:
-      run(ca, cb, out, [](float x, float y) { return x * y; });
-      break;
-    case BinaryOp::Div:
-      run(ca, cb, out, [](float x, float y) { return x / y; });
-      break;
-  }
+  Tensor out = Tensor::empty(out_shape, a.dtype(), a.device());
+  dispatch_floating(a.dtype(), name, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    switch (op) {
+      case BinaryOp::Add:
+        run<T>(ca, cb, out, [](float x, float y) { return x + y; });
+        break;
+      case BinaryOp::Sub:
+        run<T>(ca, cb, out, [](float x, float y) { return x - y; });
+        break;
+      case BinaryOp::Mul:
+        run<T>(ca, cb, out, [](float x, float y) { return x * y; });
+        break;
+      case BinaryOp::Div:
+        run<T>(ca, cb, out, [](float x, float y) { return x / y; });
+        break;
+    }
+  });
   return out;
 }
 
 Tensor sum_to(const Tensor& g, const Shape& shape) {
   if (g.shape() == shape) return g;
+  // The 16-bit types are summed in float32 and rounded once.
+  if (g.dtype() != DType::Float32)
+    return converted(sum_to(converted(g, DType::Float32), shape), g.dtype());
   Tensor cg = g.contiguous();
-  Tensor out = zeros(shape);
+  Tensor out = zeros(shape, DType::Float32, g.device());
   const Shape& gs = cg.shape();
   Shape so = broadcast_strides(shape, gs);
   int64_t d = static_cast<int64_t>(gs.size());
@@ -156,11 +141,13 @@ void add_inplace(Tensor& acc, const Tensor& g) {
   GALLEY_CHECK(acc.shape() == g.shape(), "add_inplace: ", shape_str(acc.shape()), " vs ",
                shape_str(g.shape()));
   Tensor cg = g.contiguous();
-  float* o = acc.data<float>();
-  const float* p = cg.data<float>();
-  parallel_for(acc.numel(), kElementwiseGrain, [&](int64_t s, int64_t e) {
-#pragma omp simd
-    for (int64_t i = s; i < e; ++i) o[i] += p[i];
+  dispatch_floating(acc.dtype(), "add_inplace", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    T* o = acc.data<T>();
+    const T* p = cg.data<T>();
+    parallel_for(acc.numel(), kElementwiseGrain, [&](int64_t s, int64_t e) {
+      zip_n(o + s, 1, p + s, 1, o + s, e - s, [](float x, float y) { return x + y; });
+    });
   });
 }
 

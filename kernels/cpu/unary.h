@@ -1,5 +1,6 @@
 #pragma once
-// Elementwise unary ops (float32, one pass over memory each).
+// Elementwise unary ops in float32, bfloat16 or float16 (computed in float32, one pass over
+// memory each); the output has the input's dtype.
 #include "galley/tensor.h"
 
 namespace galley::kernels::cpu {

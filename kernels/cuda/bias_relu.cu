@@ -170,7 +170,7 @@ void bias_relu_backward(const float* gy, const float* y, int64_t outer, int64_t 
     // Features of a linear layer: a channel's elements are `channels` apart, which a walk by
     // channel would read uncoalesced. Mask the whole matrix, then sum its columns (split over
     // the rows when they are many).
-    relu_backward(gy, y, gx, total, stream);
+    relu_backward(DType::Float32, gy, y, gx, total, stream);
     if (gb) column_sums(gx, outer, channels, gb, /*accumulate=*/false, stream);
     return;
   }

@@ -5,6 +5,7 @@
 // (null: the legacy default stream). Launchers only enqueue: they never synchronise.
 #include <cstdint>
 
+#include "galley/dtype.h"
 #include "kernels/cpu/cross_entropy.h"
 #include "kernels/cpu/max_pool2d.h"
 #include "kernels/cpu/optimizer_update.h"
@@ -14,24 +15,33 @@ namespace galley::kernels::cuda {
 // ----------------------------------------------------------------------------------------------
 // launchers
 
+// The elementwise launchers below (binary to relu_backward) take arrays of `dtype` float32,
+// bfloat16 or float16, all of that one dtype, and compute in float32 (sum_to accumulates in
+// float32 too); any other dtype throws galley::Error naming the op.
 enum class Binary { Add, Sub, Mul, Div };
 // out = a (op) b with NumPy broadcasting. Shapes are given as `rank` sizes each, already
 // aligned to the output's rank (missing leading dimensions are 1); sizes of 1 broadcast.
-void binary(Binary op, const float* a, const int64_t* a_shape, const float* b,
-            const int64_t* b_shape, float* out, const int64_t* out_shape, int rank, void* stream);
+void binary(Binary op, DType dtype, const void* a, const int64_t* a_shape, const void* b,
+            const int64_t* b_shape, void* out, const int64_t* out_shape, int rank, void* stream);
 // out = reduction of g (shape g_shape) to `shape` (aligned like binary): sums over broadcast dims.
-void sum_to(const float* g, const int64_t* g_shape, float* out, const int64_t* shape, int rank,
-            void* stream);
+void sum_to(DType dtype, const void* g, const int64_t* g_shape, void* out, const int64_t* shape,
+            int rank, void* stream);
+// sum_to's float32 case: reduce.cu's deterministic split reduction (sum_to calls it).
+void sum_to_float32(const float* g, const int64_t* g_shape, float* out, const int64_t* shape,
+                    int rank, void* stream);
 // acc[i] += g[i]
-void add_inplace(float* acc, const float* g, int64_t n, void* stream);
+void add_inplace(DType dtype, void* acc, const void* g, int64_t n, void* stream);
 
 enum class Unary { Affine, Exp, Log, Pow, Relu };
 // out = f(a): Affine a*p0+p1, Exp, Log, Pow a^p0, Relu (NaN stays NaN). out may equal a.
-void unary(Unary op, const float* a, float* out, int64_t n, float p0, float p1, void* stream);
+void unary(Unary op, DType dtype, const void* a, void* out, int64_t n, float p0, float p1,
+           void* stream);
 // out = grad * p * a^(p-1)
-void pow_backward(const float* grad, const float* a, float* out, int64_t n, float p, void* stream);
+void pow_backward(DType dtype, const void* grad, const void* a, void* out, int64_t n, float p,
+                  void* stream);
 // out = out_fwd > 0 ? grad : 0. out may equal grad.
-void relu_backward(const float* grad, const float* out_fwd, float* out, int64_t n, void* stream);
+void relu_backward(DType dtype, const void* grad, const void* out_fwd, void* out, int64_t n,
+                   void* stream);
 
 // x viewed as [outer, len, inner]:
 // out[o, i] = scale * sum_l x[o, l, i]

@@ -548,8 +548,8 @@ void sum_partials(const float* partials, int64_t parts, int64_t n, float scale, 
                                                                unsigned(n), scale, accumulate, out);
 }
 
-void sum_to(const float* g, const int64_t* g_shape, float* out, const int64_t* shape, int rank,
-            void* stream) {
+void sum_to_float32(const float* g, const int64_t* g_shape, float* out, const int64_t* shape,
+                    int rank, void* stream) {
   ReducePlan p;
   for (int d = 0; d < rank; ++d)
     plan_add(p, g_shape[d], shape[d] == 1 && g_shape[d] != 1, "sum_to");

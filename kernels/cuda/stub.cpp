@@ -7,6 +7,7 @@
 #include "galley/error.h"
 #include "kernels/cuda/blas.cuh"
 #include "kernels/cuda/clip.cuh"
+#include "kernels/cuda/convert.cuh"
 #include "kernels/cuda/elementwise.cuh"
 #include "kernels/cuda/fill.cuh"
 #include "kernels/cuda/nonfinite.cuh"
@@ -20,6 +21,9 @@ namespace {
 std::atomic<bool> deterministic_only{false};
 }  // namespace
 
+void convert(const void*, DType, void*, DType, int64_t, void*) {
+  absent();
+}
 void fill_u32(uint32_t*, size_t, uint32_t, void*) {
   absent();
 }
@@ -52,23 +56,23 @@ void conv2d_backward(int, const cpu::Conv2dGeometry&, const float*, const float*
 std::string conv2d_algorithms(int, const cpu::Conv2dGeometry&, size_t) {
   absent();
 }
-void binary(Binary, const float*, const int64_t*, const float*, const int64_t*, float*,
+void binary(Binary, DType, const void*, const int64_t*, const void*, const int64_t*, void*,
             const int64_t*, int, void*) {
   absent();
 }
-void sum_to(const float*, const int64_t*, float*, const int64_t*, int, void*) {
+void sum_to(DType, const void*, const int64_t*, void*, const int64_t*, int, void*) {
   absent();
 }
-void add_inplace(float*, const float*, int64_t, void*) {
+void add_inplace(DType, void*, const void*, int64_t, void*) {
   absent();
 }
-void unary(Unary, const float*, float*, int64_t, float, float, void*) {
+void unary(Unary, DType, const void*, void*, int64_t, float, float, void*) {
   absent();
 }
-void pow_backward(const float*, const float*, float*, int64_t, float, void*) {
+void pow_backward(DType, const void*, const void*, void*, int64_t, float, void*) {
   absent();
 }
-void relu_backward(const float*, const float*, float*, int64_t, void*) {
+void relu_backward(DType, const void*, const void*, void*, int64_t, void*) {
   absent();
 }
 void sum_dim(const float*, int64_t, int64_t, int64_t, float, float*, void*) {

@@ -1,4 +1,5 @@
-// Elementwise unary ops and their backward passes: the GPU side of kernels/cpu/unary.cpp.
+// Elementwise unary ops and their backward passes in float32, bfloat16 or float16 (computed in
+// float32): the GPU side of kernels/cpu/unary.cpp.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -45,28 +46,45 @@ struct ReluBackwardOp {
 // ----------------------------------------------------------------------------------------------
 // launchers
 
-void unary(Unary op, const float* a, float* out, int64_t n, float p0, float p1, void* stream) {
+void unary(Unary op, DType dtype, const void* a, void* out, int64_t n, float p0, float p1,
+           void* stream) {
+  static const char* names[] = {"affine", "exp", "log", "pow", "relu"};
   const cudaStream_t st = static_cast<cudaStream_t>(stream);
-  switch (op) {
-    case Unary::Affine:
-      return launch_map(a, out, n, AffineOp{p0, p1}, st);
-    case Unary::Exp:
-      return launch_map(a, out, n, ExpOp{}, st);
-    case Unary::Log:
-      return launch_map(a, out, n, LogOp{}, st);
-    case Unary::Pow:
-      return launch_map(a, out, n, PowOp{p0}, st);
-    case Unary::Relu:
-      return launch_map(a, out, n, ReluOp{}, st);
-  }
+  with_floating_type(dtype, names[int(op)], [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    const T* x = static_cast<const T*>(a);
+    T* y = static_cast<T*>(out);
+    switch (op) {
+      case Unary::Affine:
+        return launch_map(x, y, n, AffineOp{p0, p1}, st);
+      case Unary::Exp:
+        return launch_map(x, y, n, ExpOp{}, st);
+      case Unary::Log:
+        return launch_map(x, y, n, LogOp{}, st);
+      case Unary::Pow:
+        return launch_map(x, y, n, PowOp{p0}, st);
+      case Unary::Relu:
+        return launch_map(x, y, n, ReluOp{}, st);
+    }
+  });
 }
 
-void pow_backward(const float* grad, const float* a, float* out, int64_t n, float p, void* stream) {
-  launch_zip(grad, a, out, n, PowBackwardOp{p}, static_cast<cudaStream_t>(stream));
+void pow_backward(DType dtype, const void* grad, const void* a, void* out, int64_t n, float p,
+                  void* stream) {
+  with_floating_type(dtype, "pow_backward", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    launch_zip(static_cast<const T*>(grad), static_cast<const T*>(a), static_cast<T*>(out), n,
+               PowBackwardOp{p}, static_cast<cudaStream_t>(stream));
+  });
 }
 
-void relu_backward(const float* grad, const float* out_fwd, float* out, int64_t n, void* stream) {
-  launch_zip(grad, out_fwd, out, n, ReluBackwardOp{}, static_cast<cudaStream_t>(stream));
+void relu_backward(DType dtype, const void* grad, const void* out_fwd, void* out, int64_t n,
+                   void* stream) {
+  with_floating_type(dtype, "relu_backward", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    launch_zip(static_cast<const T*>(grad), static_cast<const T*>(out_fwd), static_cast<T*>(out), n,
+               ReluBackwardOp{}, static_cast<cudaStream_t>(stream));
+  });
 }
 
 }  // namespace galley::kernels::cuda

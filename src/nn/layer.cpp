@@ -129,7 +129,7 @@ void Layer::load_state_dict(const std::map<std::string, Tensor>& state, bool str
   for (auto& [n, t] : mine) {
     auto it = state.find(n);
     // Half-precision files load into float32 parameters (rounded values widen exactly).
-    if (it != state.end()) Tensor(t).copy_(it->second.to_dtype(t.dtype()));
+    if (it != state.end()) Tensor(t).copy_(it->second.to(t.dtype()));
   }
 }
 

@@ -32,10 +32,6 @@ bool on_gpu(const Tensor& t) {
   return t.device().is_cuda();
 }
 
-Tensor empty_like_shape(const Shape& s, Device d) {
-  return Tensor::empty(s, DType::Float32, d);
-}
-
 // `s` with leading 1s up to `rank` dimensions.
 std::vector<int64_t> aligned(const Shape& s, size_t rank) {
   std::vector<int64_t> out(rank - s.size(), 1);
@@ -57,10 +53,16 @@ gpu::Binary to_gpu(BinaryOp op) {
   return gpu::Binary::Add;
 }
 
+// The kernels take one dtype for all their arrays: two inputs must agree (on either device).
+void check_same_dtype(const char* op, const Tensor& a, const Tensor& b) {
+  GALLEY_CHECK(a.dtype() == b.dtype(), op, ": dtypes ", dtype_name(a.dtype()), " and ",
+               dtype_name(b.dtype()), " differ (convert one with .to(dtype))");
+}
+
 Tensor gpu_unary(gpu::Unary op, const Tensor& a, float p0 = 0.f, float p1 = 0.f) {
   Tensor ca = a.contiguous();
-  Tensor out = empty_like_shape(a.shape(), a.device());
-  gpu::unary(op, ca.data<float>(), out.data<float>(), a.numel(), p0, p1, stream(a.device()));
+  Tensor out = Tensor::empty(a.shape(), a.dtype(), a.device());
+  gpu::unary(op, a.dtype(), ca.raw_data(), out.raw_data(), a.numel(), p0, p1, stream(a.device()));
   return out;
 }
 
@@ -100,15 +102,16 @@ struct Scratch {
 }  // namespace
 
 Tensor binary(BinaryOp op, const Tensor& a, const Tensor& b) {
-  if (!on_gpu(a)) return cpu::binary(op, a, b);
   static const char* names[] = {"add", "sub", "mul", "div"};
+  check_same_dtype(names[int(op)], a, b);
+  if (!on_gpu(a)) return cpu::binary(op, a, b);
   const Shape out_shape = cpu::broadcast_shapes(a.shape(), b.shape(), names[int(op)]);
   const size_t rank = std::max<size_t>(out_shape.size(), 1);
   Tensor ca = a.contiguous(), cb = b.contiguous();
-  Tensor out = empty_like_shape(out_shape, a.device());
+  Tensor out = Tensor::empty(out_shape, a.dtype(), a.device());
   auto sa = aligned(a.shape(), rank), sb = aligned(b.shape(), rank), so = aligned(out_shape, rank);
-  gpu::binary(to_gpu(op), ca.data<float>(), sa.data(), cb.data<float>(), sb.data(),
-              out.data<float>(), so.data(), int(rank), stream(a.device()));
+  gpu::binary(to_gpu(op), a.dtype(), ca.raw_data(), sa.data(), cb.raw_data(), sb.data(),
+              out.raw_data(), so.data(), int(rank), stream(a.device()));
   return out;
 }
 
@@ -117,19 +120,20 @@ Tensor sum_to(const Tensor& g, const Shape& shape) {
   if (g.shape() == shape) return g;
   const size_t rank = std::max<size_t>(g.dim(), 1);
   Tensor cg = g.contiguous();
-  Tensor out = empty_like_shape(shape, g.device());
+  Tensor out = Tensor::empty(shape, g.dtype(), g.device());
   auto sg = aligned(g.shape(), rank), so = aligned(shape, rank);
-  gpu::sum_to(cg.data<float>(), sg.data(), out.data<float>(), so.data(), int(rank),
+  gpu::sum_to(g.dtype(), cg.raw_data(), sg.data(), out.raw_data(), so.data(), int(rank),
               stream(g.device()));
   return out;
 }
 
 void add_inplace(Tensor& acc, const Tensor& g) {
+  check_same_dtype("add_inplace", acc, g);
   if (!on_gpu(acc)) return cpu::add_inplace(acc, g);
   GALLEY_CHECK(acc.shape() == g.shape(), "add_inplace: ", shape_str(acc.shape()), " vs ",
                shape_str(g.shape()));
   Tensor cg = g.contiguous();
-  gpu::add_inplace(acc.data<float>(), cg.data<float>(), acc.numel(), stream(acc.device()));
+  gpu::add_inplace(acc.dtype(), acc.raw_data(), cg.raw_data(), acc.numel(), stream(acc.device()));
 }
 
 Tensor affine(const Tensor& a, float scale, float shift) {
@@ -145,10 +149,11 @@ Tensor pow(const Tensor& a, float p) {
   return on_gpu(a) ? gpu_unary(gpu::Unary::Pow, a, p) : cpu::pow(a, p);
 }
 Tensor pow_backward(const Tensor& grad, const Tensor& a, float p) {
+  check_same_dtype("pow_backward", grad, a);
   if (!on_gpu(a)) return cpu::pow_backward(grad, a, p);
   Tensor cg = grad.contiguous(), ca = a.contiguous();
-  Tensor out = empty_like_shape(a.shape(), a.device());
-  gpu::pow_backward(cg.data<float>(), ca.data<float>(), out.data<float>(), a.numel(), p,
+  Tensor out = Tensor::empty(a.shape(), a.dtype(), a.device());
+  gpu::pow_backward(a.dtype(), cg.raw_data(), ca.raw_data(), out.raw_data(), a.numel(), p,
                     stream(a.device()));
   return out;
 }
@@ -157,20 +162,22 @@ Tensor relu(const Tensor& a) {
 }
 void relu_(Tensor& a) {
   if (!on_gpu(a)) return cpu::relu_(a);
-  gpu::unary(gpu::Unary::Relu, a.data<float>(), a.data<float>(), a.numel(), 0.f, 0.f,
+  gpu::unary(gpu::Unary::Relu, a.dtype(), a.raw_data(), a.raw_data(), a.numel(), 0.f, 0.f,
              stream(a.device()));
 }
 Tensor relu_backward(const Tensor& grad, const Tensor& out) {
+  check_same_dtype("relu_backward", grad, out);
   if (!on_gpu(out)) return cpu::relu_backward(grad, out);
   Tensor cg = grad.contiguous();
-  Tensor r = empty_like_shape(out.shape(), out.device());
-  gpu::relu_backward(cg.data<float>(), out.data<float>(), r.data<float>(), out.numel(),
+  Tensor r = Tensor::empty(out.shape(), out.dtype(), out.device());
+  gpu::relu_backward(out.dtype(), cg.raw_data(), out.raw_data(), r.raw_data(), out.numel(),
                      stream(out.device()));
   return r;
 }
 void relu_backward_(Tensor& grad, const Tensor& out) {
+  check_same_dtype("relu_backward_", grad, out);
   if (!on_gpu(out)) return cpu::relu_backward_(grad, out);
-  gpu::relu_backward(grad.data<float>(), out.data<float>(), grad.data<float>(), out.numel(),
+  gpu::relu_backward(out.dtype(), grad.raw_data(), out.raw_data(), grad.raw_data(), out.numel(),
                      stream(out.device()));
 }
 

@@ -17,6 +17,33 @@ void check_float_pair(const char* op, const Tensor& a, const Tensor& b) {
                " and ", b.device().str(), ")");
 }
 
+void check_floating(const char* op, const Tensor& t) {
+  GALLEY_CHECK(t.defined(), op, ": an input tensor is undefined");
+  GALLEY_CHECK(is_floating_point(t.dtype()), op,
+               ": expected a float32, bfloat16 or float16 tensor, got ", dtype_name(t.dtype()),
+               " of shape ", shape_str(t.shape()));
+  GALLEY_CHECK(t.device().is_cpu() || t.device().index() < cuda_device_count(), op,
+               ": the tensor is on ", t.device().str(), ", which does not exist here");
+}
+
+void check_floating_pair(const char* op, const Tensor& a, const Tensor& b) {
+  check_floating(op, a);
+  check_floating(op, b);
+  GALLEY_CHECK(a.dtype() == b.dtype(), op, ": inputs of different dtypes (", dtype_name(a.dtype()),
+               " ", shape_str(a.shape()), " and ", dtype_name(b.dtype()), " ", shape_str(b.shape()),
+               "); convert one with .to(dtype)");
+  GALLEY_CHECK(a.device() == b.device(), op, ": inputs on different devices (", a.device().str(),
+               " and ", b.device().str(), ")");
+}
+
+Tensor widened(const Tensor& t) {
+  return t.dtype() == DType::Float32 ? t : t.detach().to(DType::Float32);
+}
+
+Tensor rounded(const Tensor& t, DType dtype) {
+  return t.dtype() == dtype ? t : t.detach().to(dtype);
+}
+
 int64_t wrap_dim(const char* op, int64_t dim, int64_t rank) {
   int64_t r = rank == 0 ? 1 : rank;
   GALLEY_CHECK(dim >= -r && dim < r, op, ": dimension ", dim, " out of range for rank ", rank);

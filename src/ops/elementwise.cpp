@@ -12,7 +12,7 @@ using autograd::record;
 
 Tensor add(const Tensor& a, const Tensor& b) {
   profiler::OpScope prof("add", {&a, &b});
-  detail::check_float_pair("add", a, b);
+  detail::check_floating_pair("add", a, b);
   detail::DeviceScope scope(a.device());
   Tensor out = backend::binary(backend::BinaryOp::Add, a, b);
   if (!autograd::needs_grad({&a, &b})) return out;
@@ -25,7 +25,7 @@ Tensor add(const Tensor& a, const Tensor& b) {
 
 Tensor sub(const Tensor& a, const Tensor& b) {
   profiler::OpScope prof("sub", {&a, &b});
-  detail::check_float_pair("sub", a, b);
+  detail::check_floating_pair("sub", a, b);
   detail::DeviceScope scope(a.device());
   Tensor out = backend::binary(backend::BinaryOp::Sub, a, b);
   if (!autograd::needs_grad({&a, &b})) return out;
@@ -38,7 +38,7 @@ Tensor sub(const Tensor& a, const Tensor& b) {
 
 Tensor mul(const Tensor& a, const Tensor& b) {
   profiler::OpScope prof("mul", {&a, &b});
-  detail::check_float_pair("mul", a, b);
+  detail::check_floating_pair("mul", a, b);
   detail::DeviceScope scope(a.device());
   Tensor out = backend::binary(backend::BinaryOp::Mul, a, b);
   if (!autograd::needs_grad({&a, &b})) return out;
@@ -51,7 +51,7 @@ Tensor mul(const Tensor& a, const Tensor& b) {
 
 Tensor div(const Tensor& a, const Tensor& b) {
   profiler::OpScope prof("div", {&a, &b});
-  detail::check_float_pair("div", a, b);
+  detail::check_floating_pair("div", a, b);
   detail::DeviceScope scope(a.device());
   Tensor out = backend::binary(backend::BinaryOp::Div, a, b);
   if (!autograd::needs_grad({&a, &b})) return out;
@@ -69,7 +69,7 @@ Tensor div(const Tensor& a, const Tensor& b) {
 
 Tensor add(const Tensor& a, float s) {
   profiler::OpScope prof("add", {&a});
-  detail::check_float("add", a);
+  detail::check_floating("add", a);
   detail::DeviceScope scope(a.device());
   Tensor out = backend::affine(a, 1.f, s);
   if (!autograd::needs_grad({&a})) return out;
@@ -79,7 +79,7 @@ Tensor add(const Tensor& a, float s) {
 
 Tensor mul(const Tensor& a, float s) {
   profiler::OpScope prof("mul", {&a});
-  detail::check_float("mul", a);
+  detail::check_floating("mul", a);
   detail::DeviceScope scope(a.device());
   Tensor out = backend::affine(a, s, 0.f);
   if (!autograd::needs_grad({&a})) return out;
@@ -90,7 +90,7 @@ Tensor mul(const Tensor& a, float s) {
 
 Tensor neg(const Tensor& a) {
   profiler::OpScope prof("neg", {&a});
-  detail::check_float("neg", a);
+  detail::check_floating("neg", a);
   detail::DeviceScope scope(a.device());
   Tensor out = backend::affine(a, -1.f, 0.f);
   if (!autograd::needs_grad({&a})) return out;
@@ -101,7 +101,7 @@ Tensor neg(const Tensor& a) {
 
 Tensor exp(const Tensor& a) {
   profiler::OpScope prof("exp", {&a});
-  detail::check_float("exp", a);
+  detail::check_floating("exp", a);
   detail::DeviceScope scope(a.device());
   Tensor out = backend::exp(a);
   if (!autograd::needs_grad({&a})) return out;
@@ -113,7 +113,7 @@ Tensor exp(const Tensor& a) {
 
 Tensor log(const Tensor& a) {
   profiler::OpScope prof("log", {&a});
-  detail::check_float("log", a);
+  detail::check_floating("log", a);
   detail::DeviceScope scope(a.device());
   Tensor out = backend::log(a);
   if (!autograd::needs_grad({&a})) return out;
@@ -125,7 +125,7 @@ Tensor log(const Tensor& a) {
 
 Tensor pow(const Tensor& a, float p) {
   profiler::OpScope prof("pow", {&a});
-  detail::check_float("pow", a);
+  detail::check_floating("pow", a);
   detail::DeviceScope scope(a.device());
   Tensor out = backend::pow(a, p);
   if (!autograd::needs_grad({&a})) return out;
@@ -144,7 +144,7 @@ bool sole_owner(const Tensor& t) {
 
 Tensor relu_impl(const Tensor& a, bool reuse_input) {
   profiler::OpScope prof("relu", {&a});
-  detail::check_float("relu", a);
+  detail::check_floating("relu", a);
   detail::DeviceScope scope(a.device());
   Tensor out;
   if (reuse_input) {
@@ -156,6 +156,7 @@ Tensor relu_impl(const Tensor& a, bool reuse_input) {
     impl->offset = a.impl()->offset;
     impl->shape = a.shape();
     impl->strides = a.strides();
+    impl->dtype = a.dtype();
     out = Tensor(std::move(impl));
     backend::relu_(out);
   } else {

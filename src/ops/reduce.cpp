@@ -43,61 +43,71 @@ Shape reduced_shape(const Shape& s, int64_t dim, bool keepdim) {
 
 Tensor scaled_sum_all(const Tensor& x, float scale, const char* name) {
   profiler::OpScope prof(name, {&x});
-  detail::check_float(name, x);
+  detail::check_floating(name, x);
   detail::DeviceScope scope(x.device());
-  Tensor out = backend::sum_all(x, scale);
+  const DType dtype = x.dtype();
+  Tensor out = detail::rounded(backend::sum_all(detail::widened(x), scale), dtype);
   if (!autograd::needs_grad({&x})) return out;
   Shape in_shape = x.shape();
   const Device dev = x.device();
   return autograd::record(out, name, {x}, [=](const Tensor& g, std::vector<Tensor>& gi) {
     // Every element's gradient is g * scale: one row of len numel() fed by the scalar.
-    Tensor cg = g.contiguous();
-    gi[0] = Tensor::empty(in_shape);
+    Tensor cg = detail::widened(g).contiguous();
+    Tensor grad = Tensor::empty(in_shape, DType::Float32, dev);
     backend::expand_dim(dev, cg.data<float>(), 1, shape_numel(in_shape), 1, scale,
-                        gi[0].data<float>());
+                        grad.data<float>());
+    gi[0] = detail::rounded(grad, dtype);
   });
 }
 
 Tensor scaled_sum_dim(const Tensor& x, int64_t dim, bool keepdim, bool mean, const char* name) {
   profiler::OpScope prof(name, {&x});
-  detail::check_float(name, x);
+  detail::check_floating(name, x);
   detail::DeviceScope scope(x.device());
   int64_t d = detail::wrap_dim(name, dim, x.dim());
-  if (x.dim() == 0) return mean ? scaled_sum_all(x, 1.f, name) : scaled_sum_all(x, 1.f, name);
+  if (x.dim() == 0) return scaled_sum_all(x, 1.f, name);
   Split3 sp = split_at(x.shape(), d);
   const float scale = mean ? 1.f / float(sp.len) : 1.f;
-  Tensor cx = x.contiguous();
-  Tensor out = Tensor::empty(reduced_shape(x.shape(), d, keepdim));
+  const DType dtype = x.dtype();
   const Device dev = x.device();
-  backend::sum_dim(dev, cx.data<float>(), sp.outer, sp.len, sp.inner, scale, out.data<float>());
+  Tensor cx = detail::widened(x).contiguous();
+  Tensor sums = Tensor::empty(reduced_shape(x.shape(), d, keepdim), DType::Float32, dev);
+  backend::sum_dim(dev, cx.data<float>(), sp.outer, sp.len, sp.inner, scale, sums.data<float>());
+  Tensor out = detail::rounded(sums, dtype);
   if (!autograd::needs_grad({&x})) return out;
   Shape in_shape = x.shape();
   return autograd::record(out, name, {x}, [=](const Tensor& g, std::vector<Tensor>& gi) {
-    Tensor cg = g.contiguous();
-    gi[0] = Tensor::empty(in_shape);
+    Tensor cg = detail::widened(g).contiguous();
+    Tensor grad = Tensor::empty(in_shape, DType::Float32, dev);
     backend::expand_dim(dev, cg.data<float>(), sp.outer, sp.len, sp.inner, scale,
-                        gi[0].data<float>());
+                        grad.data<float>());
+    gi[0] = detail::rounded(grad, dtype);
   });
 }
 
 Tensor softmax_impl(const Tensor& x, int64_t dim, bool log, const char* name) {
   profiler::OpScope prof(name, {&x});
-  detail::check_float(name, x);
+  detail::check_floating(name, x);
   detail::DeviceScope scope(x.device());
   int64_t d = detail::wrap_dim(name, dim, x.dim());
   Split3 sp = x.dim() == 0 ? Split3{} : split_at(x.shape(), d);
-  Tensor cx = x.contiguous();
-  Tensor out = Tensor::empty(x.shape());
+  const DType dtype = x.dtype();
   const Device dev = x.device();
-  backend::softmax_forward(dev, cx.data<float>(), sp.outer, sp.len, sp.inner, log,
-                           out.data<float>());
+  Tensor cx = detail::widened(x).contiguous();
+  Tensor y = Tensor::empty(x.shape(), DType::Float32, dev);
+  backend::softmax_forward(dev, cx.data<float>(), sp.outer, sp.len, sp.inner, log, y.data<float>());
+  Tensor out = detail::rounded(y, dtype);
   if (!autograd::needs_grad({&x})) return out;
-  Tensor y = out.detach();
+  // The backward reads the float32 probabilities (the 16-bit output's rounding stays out of
+  // it) through a handle of its own: `out` may be `y` itself, and holding the graph's output
+  // from its own node would keep both alive for ever.
+  y = y.detach();
   return autograd::record(out, name, {x}, [=](const Tensor& g, std::vector<Tensor>& gi) {
-    Tensor cg = g.contiguous();
-    gi[0] = Tensor::empty(y.shape());
+    Tensor cg = detail::widened(g).contiguous();
+    Tensor grad = Tensor::empty(y.shape(), DType::Float32, dev);
     backend::softmax_backward(dev, y.data<float>(), cg.data<float>(), sp.outer, sp.len, sp.inner,
-                              log, gi[0].data<float>());
+                              log, grad.data<float>());
+    gi[0] = detail::rounded(grad, dtype);
   });
 }
 }  // namespace

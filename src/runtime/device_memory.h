@@ -8,6 +8,7 @@
 #include <cstdint>
 
 #include "galley/device.h"
+#include "galley/dtype.h"
 
 namespace galley::detail {
 
@@ -43,6 +44,10 @@ void make_current(Device device);
 // Sets `count` elements of `width` bytes (1, 2, 4 or 8) at `dst` on `device` to `pattern`'s low
 // bytes.
 void fill_elements(Device device, void* dst, size_t count, uint64_t pattern, int width);
+// Converts `count` elements at `src` (dtype `from`) into `dst` (dtype `to`), both on `device`,
+// queued on its compute stream.
+void convert_elements(Device device, const void* src, DType from, void* dst, DType to,
+                      size_t count);
 
 // Page-locked host memory (fast, asynchronous copies to and from GPUs); nullptr when this
 // process has no CUDA device.

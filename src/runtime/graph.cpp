@@ -161,6 +161,9 @@ void Graph::replay() {
 }
 #else
 void Graph::capture(Device device, const std::function<void()>&) {
+  // The same first check as a CUDA build's, so that misuse reads the same in every build.
+  GALLEY_CHECK(device.is_cuda(), "cuda::Graph::capture: ", device.str(),
+               " is not a GPU; only GPU work can be captured");
   throw Error(detail::str_cat("cuda::Graph::capture on ", device.str(),
                               ": this build of galley has no CUDA backend"));
 }

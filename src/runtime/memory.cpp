@@ -17,6 +17,7 @@
 #ifdef GALLEY_HAVE_CUDA
 #include <cuda_runtime_api.h>
 
+#include "kernels/cuda/convert.cuh"
 #include "kernels/cuda/fill.cuh"
 #endif
 
@@ -414,6 +415,14 @@ void fill_elements(Device device, void* dst, size_t count, uint64_t pattern, int
   if (launch != cudaErrorNotReady) cuda_check(launch, "fill", device);
 }
 
+void convert_elements(Device device, const void* src, DType from, void* dst, DType to,
+                      size_t count) {
+  CurrentDevice current(device);
+  kernels::cuda::convert(src, from, dst, to, static_cast<int64_t>(count), compute_stream(device));
+  const cudaError_t launch = cudaGetLastError();
+  if (launch != cudaErrorNotReady) cuda_check(launch, "convert", device);
+}
+
 void* pinned_alloc(size_t bytes) {
   if (cuda_device_count() == 0) return nullptr;
   void* p = nullptr;
@@ -555,6 +564,9 @@ void make_current(Device device) {
   no_backend(device);
 }
 void fill_elements(Device device, void*, size_t, uint64_t, int) {
+  no_backend(device);
+}
+void convert_elements(Device device, const void*, DType, void*, DType, size_t) {
   no_backend(device);
 }
 void* pinned_alloc(size_t) {

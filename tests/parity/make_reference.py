@@ -21,6 +21,10 @@ Beyond single ops:
                              AdamW, and Adam (amsgrad + weight decay); initial and final
                              parameters, batches and losses; hyper-parameters as tensors.
   lr_scheduler.safetensors   learning-rate sequences of StepLR and CosineAnnealingLR.
+  convert.safetensors        float32 -> bfloat16 / float16 rounding ("float32.x" and the
+                             results' bits, "float32.bfloat16_bits", ...) and every 16-bit
+                             pattern widened to float32 ("widen.bits", "widen.from_bfloat16",
+                             "widen.from_float16", as float32 bits).
   lr_scheduler_more.safetensors  learning-rate sequences ("<case>.lrs") of LinearLR,
                              OneCycleLR (cos/linear, two/three phases), ReduceLROnPlateau (min/max,
                              rel/abs, cooldown, min_lr; driven by "<case>.metrics") and
@@ -534,7 +538,55 @@ def build_lr_scheduler_more(c):
     lr_case(t, "seq_three", 0.1, three_stages, {"milestone0": 4, "milestone1": 9}, 16)
 
 
+def float_bits(t):
+    """The float32 bits of t as int64 (the file format has no unsigned 32-bit type)."""
+    return t.contiguous().view(torch.int32).to(torch.int64) & 0xFFFFFFFF
+
+
+def half_bits(t):
+    """The 16 bits of a bfloat16 / float16 tensor as int64."""
+    return t.contiguous().view(torch.int16).to(torch.int64) & 0xFFFF
+
+
+def conversion_inputs():
+    """float32 values that exercise every rounding case of float32 -> bfloat16 / float16: each
+    16-bit value exactly, the ties half-way between neighbours (round to even) and a hair either
+    side of them, float32 subnormals, float16's subnormal and overflow ranges, infinities,
+    and random values over the whole exponent range."""
+    patterns = torch.arange(0, 1 << 16, dtype=torch.int64)
+    values = []
+    for kind in (torch.bfloat16, torch.float16):
+        exact = patterns.to(torch.int16).view(kind).to(torch.float32)
+        finite = exact[torch.isfinite(exact)]
+        values.append(finite)
+        ordered = torch.sort(torch.unique(finite.to(torch.float64)))[0]
+        ties = (ordered[1:] + ordered[:-1]) / 2  # exact in float64, exact in float32 here
+        ties = ties.to(torch.float32)
+        values += [ties, torch.nextafter(ties, torch.tensor(float("inf"))),
+                   torch.nextafter(ties, torch.tensor(float("-inf")))]
+    values.append(torch.tensor([1e-45, -1e-45, 1e-40, 3e-39, 65504.0, 65519.996, 65520.0,
+                                65536.0, 1e6, -1e6, 3.4e38, float("inf"), float("-inf"), 0.0,
+                                -0.0]))
+    values.append(torch.randn(20000) * torch.exp2(torch.randint(-140, 127, (20000,)).float()))
+    return torch.cat(values)
+
+
+def build_convert(c):
+    x = conversion_inputs()
+    c.put("float32", "x", x)
+    c.put("float32", "bfloat16_bits", half_bits(x.to(torch.bfloat16)))
+    c.put("float32", "float16_bits", half_bits(x.to(torch.float16)))
+    # Back: every 16-bit pattern to float32 (NaN patterns included: their float32 bits too).
+    patterns = torch.arange(0, 1 << 16, dtype=torch.int64)
+    c.put("widen", "bits", patterns)
+    c.put("widen", "from_bfloat16", float_bits(patterns.to(torch.int16).view(torch.bfloat16)
+                                               .to(torch.float32)))
+    c.put("widen", "from_float16", float_bits(patterns.to(torch.int16).view(torch.float16)
+                                              .to(torch.float32)))
+
+
 BUILDERS = dict(OPS)
+BUILDERS["convert"] = build_convert
 BUILDERS["simple_cnn"] = build_simple_cnn
 BUILDERS.update(OPTIMIZERS)
 BUILDERS["lr_scheduler"] = build_lr_scheduler

@@ -1,0 +1,83 @@
+#pragma once
+// Element type conversions on the host: float32 to and from bfloat16 and float16, vectorised
+// (F16C for float16 where the CPU has it; bfloat16 is integer arithmetic the compiler
+// vectorises), rounding to nearest even bit for bit as galley/half.h's scalar conversions.
+#include <algorithm>
+#include <cstdint>
+#include <type_traits>
+
+#include "galley/half.h"
+#include "galley/tensor.h"
+
+namespace galley::kernels::cpu {
+
+void to_float(const bfloat16* src, float* dst, int64_t n);
+void to_float(const float16* src, float* dst, int64_t n);
+void from_float(const float* src, bfloat16* dst, int64_t n);
+void from_float(const float* src, float16* dst, int64_t n);
+
+// n elements of `src` (dtype `from`) into `dst` (dtype `to`); both floating, or either side
+// float32 with the other int64 or uint8 (values cast as C++ does). Splits over the worker
+// threads for large n.
+void convert(const void* src, DType from, void* dst, DType to, int64_t n);
+// A host tensor's elements converted to `dtype` in a new contiguous tensor on its device (no
+// autograd: for kernels that compute a 16-bit type in float32).
+Tensor converted(const Tensor& t, DType dtype);
+
+// Elements of the 16-bit types are computed in float32 a block at a time, staged on the stack.
+constexpr int64_t kStageBlock = 256;
+
+// o[i] = f(a[i]) for n elements of T, computed in float32.
+template <typename T, typename F>
+inline void map_n(const T* a, T* o, int64_t n, F f) {
+  if constexpr (std::is_same_v<T, float>) {
+#pragma omp simd
+    for (int64_t i = 0; i < n; ++i) o[i] = f(a[i]);
+  } else {
+    float fa[kStageBlock];
+    for (int64_t i = 0; i < n; i += kStageBlock) {
+      const int64_t m = std::min(kStageBlock, n - i);
+      to_float(a + i, fa, m);
+#pragma omp simd
+      for (int64_t j = 0; j < m; ++j) fa[j] = f(fa[j]);
+      from_float(fa, o + i, m);
+    }
+  }
+}
+
+// o[i] = f(a[i * sa], b[i * sb]) for n elements of T, sa and sb 0 (one element repeated) or 1,
+// computed in float32.
+template <typename T, typename F>
+inline void zip_n(const T* a, int64_t sa, const T* b, int64_t sb, T* o, int64_t n, F f) {
+  if (n <= 0) return;
+  if constexpr (std::is_same_v<T, float>) {
+    if (sa && sb) {
+#pragma omp simd
+      for (int64_t i = 0; i < n; ++i) o[i] = f(a[i], b[i]);
+    } else if (sa) {
+      const float bv = *b;
+#pragma omp simd
+      for (int64_t i = 0; i < n; ++i) o[i] = f(a[i], bv);
+    } else if (sb) {
+      const float av = *a;
+#pragma omp simd
+      for (int64_t i = 0; i < n; ++i) o[i] = f(av, b[i]);
+    } else {
+      const float v = f(*a, *b);
+      for (int64_t i = 0; i < n; ++i) o[i] = v;
+    }
+  } else {
+    float fa[kStageBlock], fb[kStageBlock];
+    const float av = float(*a), bv = float(*b);
+    for (int64_t i = 0; i < n; i += kStageBlock) {
+      const int64_t m = std::min(kStageBlock, n - i);
+      if (sa) to_float(a + i, fa, m);
+      if (sb) to_float(b + i, fb, m);
+#pragma omp simd
+      for (int64_t j = 0; j < m; ++j) fa[j] = f(sa ? fa[j] : av, sb ? fb[j] : bv);
+      from_float(fa, o + i, m);
+    }
+  }
+}
+
+}  // namespace galley::kernels::cpu
