@@ -174,12 +174,13 @@ void accumulate(Tensor& slot, const Tensor& g) {
 }
 
 // `take`: g is the engine's own sum for this leaf, which it drops afterwards.
-void accumulate_leaf(const Tensor& leaf, const Tensor& g_in, bool take = false) {
+void accumulate_leaf(const Tensor& leaf, const Tensor& g, bool take = false) {
   detail::TensorImpl* impl = leaf.impl();
-  GALLEY_CHECK(g_in.shape() == impl->shape, "backward: gradient of shape ", shape_str(g_in.shape()),
+  GALLEY_CHECK(g.shape() == impl->shape, "backward: gradient of shape ", shape_str(g.shape()),
                " for a leaf of shape ", shape_str(impl->shape));
-  // A leaf's gradient has the leaf's dtype, as in PyTorch.
-  const Tensor g = g_in.dtype() == impl->dtype ? g_in : g_in.detach().to(impl->dtype);
+  // A leaf's gradient has the leaf's dtype, as in PyTorch. (A converted copy is the engine's
+  // own; `g` itself is passed on untouched so that the sole-owner test below can see it is.)
+  if (g.dtype() != impl->dtype) return accumulate_leaf(leaf, g.detach().to(impl->dtype), true);
   if (!impl->grad) {
     // A gradient may alias another tensor of the graph (e.g. the output gradient of an add):
     // the leaf gets a private copy so later in-place accumulation cannot leak into it, unless
