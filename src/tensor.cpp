@@ -755,6 +755,83 @@ Tensor randn(const Shape& shape, Generator& gen) {
   return t;
 }
 
+namespace {
+// Host float32 values placed as `options` asks (rounded once, then copied).
+Tensor placed(const Tensor& host, const TensorOptions& options) {
+  return host.to(options.device, options.dtype);
+}
+}  // namespace
+
+Tensor empty(const Shape& shape, const TensorOptions& options) {
+  return Tensor::empty(shape, options.dtype, options.device);
+}
+Tensor zeros(const Shape& shape, const TensorOptions& options) {
+  return full(shape, 0.f, options.dtype, options.device);
+}
+Tensor ones(const Shape& shape, const TensorOptions& options) {
+  return full(shape, 1.f, options.dtype, options.device);
+}
+Tensor full(const Shape& shape, float value, const TensorOptions& options) {
+  return full(shape, value, options.dtype, options.device);
+}
+Tensor rand(const Shape& shape, const TensorOptions& options, Generator& gen) {
+  return placed(rand(shape, gen), options);
+}
+Tensor randn(const Shape& shape, const TensorOptions& options, Generator& gen) {
+  return placed(randn(shape, gen), options);
+}
+Tensor uniform(const Shape& shape, float low, float high, const TensorOptions& options,
+               Generator& gen) {
+  return placed(uniform(shape, low, high, gen), options);
+}
+
+Tensor randint(int64_t low, int64_t high, const Shape& shape, Generator& gen) {
+  return randint(low, high, shape, {DType::Int64, Device::cpu()}, gen);
+}
+
+Tensor randint(int64_t low, int64_t high, const Shape& shape, const TensorOptions& options,
+               Generator& gen) {
+  GALLEY_CHECK(low < high, "randint: the range [", low, ", ", high, ") is empty");
+  GALLEY_CHECK(options.dtype == DType::Int64 || is_floating_point(options.dtype), "randint: dtype ",
+               dtype_name(options.dtype), " is not int64 or a floating dtype");
+  const uint64_t span = static_cast<uint64_t>(high) - static_cast<uint64_t>(low);
+  Tensor t = Tensor::empty(shape, DType::Int64);
+  int64_t* p = t.data<int64_t>();
+  {
+    std::lock_guard<std::mutex> lock(generator_mutex());
+    // Rejection keeps every value equally likely when span does not divide 2^64.
+    const uint64_t limit = UINT64_MAX - UINT64_MAX % span;
+    for (int64_t i = 0, n = t.numel(); i < n; ++i) {
+      uint64_t r;
+      do r = gen.next_u64();
+      while (r >= limit);
+      p[i] = static_cast<int64_t>(static_cast<uint64_t>(low) + r % span);
+    }
+  }
+  if (options.dtype == DType::Int64) return t.to(options.device);
+  Tensor f = t.to(DType::Float32);
+  return f.to(options.device, options.dtype);
+}
+
+Tensor empty_like(const Tensor& like) {
+  return Tensor::empty(like.shape(), like.dtype(), like.device());
+}
+Tensor zeros_like(const Tensor& like) {
+  return zeros(like.shape(), like.dtype(), like.device());
+}
+Tensor ones_like(const Tensor& like) {
+  return ones(like.shape(), like.dtype(), like.device());
+}
+Tensor full_like(const Tensor& like, float value) {
+  return full(like.shape(), value, like.dtype(), like.device());
+}
+Tensor rand_like(const Tensor& like, Generator& gen) {
+  return rand(like.shape(), {like.dtype(), like.device()}, gen);
+}
+Tensor randn_like(const Tensor& like, Generator& gen) {
+  return randn(like.shape(), {like.dtype(), like.device()}, gen);
+}
+
 // ---------------------------------------------------------------------------------------------
 // Grad mode
 

@@ -119,6 +119,52 @@ TEST(Factories, ZerosOnesFull) {
             std::vector<uint8_t>(2, 200));
 }
 
+TEST(Factories, TakeADtypeAndDeviceInOptions) {
+  const galley::TensorOptions bf16{.dtype = DType::BFloat16, .device = galley::Device::cpu(1)};
+  for (const Tensor& t :
+       {galley::empty({2, 3}, bf16), galley::zeros({2, 3}, bf16), galley::ones({2, 3}, bf16),
+        galley::full({2, 3}, 2.f, bf16), galley::rand({2, 3}, bf16), galley::randn({2, 3}, bf16),
+        galley::uniform({2, 3}, -1.f, 1.f, bf16)}) {
+    EXPECT_EQ(t.shape(), (Shape{2, 3}));
+    EXPECT_EQ(t.dtype(), DType::BFloat16);
+    EXPECT_EQ(t.device(), galley::Device::cpu(1));
+  }
+  EXPECT_EQ(galley::full({2}, 2.f, bf16).to(DType::Float32).to_vector(),
+            std::vector<float>(2, 2.f));
+  // The random values are the float32 draws, rounded once: one seed, one sequence.
+  galley::Generator g1(5), g2(5);
+  EXPECT_EQ(galley::randn({100}, {.dtype = DType::Float16}, g1).to(DType::Float32).to_vector(),
+            galley::randn({100}, g2).to(DType::Float16).to(DType::Float32).to_vector());
+}
+
+TEST(Factories, RandintDrawsEveryValueOfTheRangeAndNoOther) {
+  galley::Generator gen(3);
+  const Tensor t = galley::randint(-2, 3, {5000}, gen);
+  EXPECT_EQ(t.dtype(), DType::Int64);
+  std::vector<int> counts(5, 0);
+  for (int64_t v : t.to_vector<int64_t>()) {
+    ASSERT_TRUE(v >= -2 && v < 3) << v;
+    ++counts[size_t(v + 2)];
+  }
+  for (int c : counts) EXPECT_GT(c, 800) << "a value of the range is drawn far too rarely";
+  const Tensor f = galley::randint(0, 10, {4}, {.dtype = DType::Float32});
+  EXPECT_EQ(f.dtype(), DType::Float32);
+  testutil::expect_contains(testutil::error_of([] { galley::randint(3, 3, {2}); }),
+                            {"randint", "empty"});
+}
+
+TEST(Factories, LikeTakesTheShapeDtypeAndDevice) {
+  const Tensor like = galley::ones({3, 2}, DType::Float16, galley::Device::cpu(2));
+  for (const Tensor& t :
+       {galley::empty_like(like), galley::zeros_like(like), galley::ones_like(like),
+        galley::full_like(like, 4.f), galley::rand_like(like), galley::randn_like(like)}) {
+    EXPECT_EQ(t.shape(), like.shape());
+    EXPECT_EQ(t.dtype(), DType::Float16);
+    EXPECT_EQ(t.device(), galley::Device::cpu(2));
+  }
+  EXPECT_EQ(galley::zeros_like(like).to(DType::Float32).to_vector(), std::vector<float>(6, 0.f));
+}
+
 TEST(Factories, ScalarAndEmptyShapes) {
   Tensor s = galley::full({}, 3.f);
   EXPECT_EQ(s.dim(), 0);

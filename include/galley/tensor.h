@@ -246,6 +246,37 @@ Tensor randn(const Shape& shape, Generator& gen = default_generator());
 /// Uniform in [low, high).
 Tensor uniform(const Shape& shape, float low, float high, Generator& gen = default_generator());
 
+/// The dtype and device a factory makes its tensor with: `randn({64, 10}, {.dtype =
+/// DType::BFloat16, .device = Device::cuda(0)})`.
+struct TensorOptions {
+  DType dtype = DType::Float32;
+  Device device = Device::cpu();
+};
+/// The factories with options. The random ones draw float32 values on the host from `gen` (the
+/// same values whatever the dtype and device, so a seed means one thing everywhere) and round
+/// them to the dtype once.
+Tensor empty(const Shape& shape, const TensorOptions& options);
+Tensor zeros(const Shape& shape, const TensorOptions& options);
+Tensor ones(const Shape& shape, const TensorOptions& options);
+Tensor full(const Shape& shape, float value, const TensorOptions& options);
+Tensor rand(const Shape& shape, const TensorOptions& options, Generator& gen = default_generator());
+Tensor randn(const Shape& shape, const TensorOptions& options,
+             Generator& gen = default_generator());
+Tensor uniform(const Shape& shape, float low, float high, const TensorOptions& options,
+               Generator& gen = default_generator());
+/// Integers drawn uniformly from [low, high): int64 on the host, or as `options` says (a
+/// floating dtype holds them exactly up to its mantissa's reach).
+Tensor randint(int64_t low, int64_t high, const Shape& shape, Generator& gen = default_generator());
+Tensor randint(int64_t low, int64_t high, const Shape& shape, const TensorOptions& options,
+               Generator& gen = default_generator());
+/// A new tensor of `like`'s shape, dtype and device.
+Tensor empty_like(const Tensor& like);
+Tensor zeros_like(const Tensor& like);
+Tensor ones_like(const Tensor& like);
+Tensor full_like(const Tensor& like, float value);
+Tensor rand_like(const Tensor& like, Generator& gen = default_generator());
+Tensor randn_like(const Tensor& like, Generator& gen = default_generator());
+
 /// Disables graph recording on this thread while alive (inference, optimizer updates).
 class NoGradGuard {
  public:
