@@ -250,6 +250,38 @@ void on_threads(int n, F f) {
 }
 }  // namespace
 
+// Adds its buffer to the input, then counts the call in the buffer: a replica's own forwards
+// would make replicas drift apart.
+class Shifted : public nn::Layer {
+ public:
+  Shifted() { shift_ = &register_buffer("shift", galley::zeros({1})); }
+  Tensor forward(const Tensor& x) override {
+    Tensor y = galley::add(x, *shift_);
+    galley::NoGradGuard no_grad;
+    shift_->copy_(galley::add(*shift_, 1.f));
+    return y;
+  }
+
+ private:
+  Tensor* shift_;
+};
+
+TEST(DataParallel, EveryReplicaTakesReplicaZerosBuffersAtEachForward) {
+  for (bool broadcast : {true, false}) {
+    SCOPED_TRACE(broadcast ? "broadcast_buffers" : "each replica its own buffers");
+    galley::DataParallel<Shifted> model(cpus(2), {.broadcast_buffers = broadcast});
+    EXPECT_EQ(model.module(0).named_buffers().size(), 1u);
+    model.module(1).named_buffers()[0].second.fill_(100.f);
+    const Tensor x = galley::zeros({4, 1});
+    // Two forwards: with the broadcast both halves see replica 0's count (0, then 1).
+    for (float step : {0.f, 1.f}) {
+      const std::vector<float> y = model(x).to_vector();
+      const float second_half = broadcast ? step : 100.f + step;
+      EXPECT_EQ(y, (std::vector<float>{step, step, second_half, second_half}));
+    }
+  }
+}
+
 TEST(ThreadCommunicator, AllReduceBroadcastAllGather) {
   const int n = 3;
   auto comms = galley::parallel::make_thread_communicators(n);

@@ -69,7 +69,7 @@ std::vector<std::string> names_of(const std::vector<nn::NamedTensor>& v) {
 
 std::map<std::string, std::vector<float>> values_of(const nn::Layer& l) {
   std::map<std::string, std::vector<float>> out;
-  for (auto& [n, t] : l.named_buffers()) out[n] = t.to_vector();
+  for (auto& [n, t] : l.named_state()) out[n] = t.to_vector();
   return out;
 }
 
@@ -115,11 +115,12 @@ TEST(Registration, Children) {
 TEST(Registration, BuffersAreStateButNotParameters) {
   WithBuffer l;
   EXPECT_EQ(names_of(l.named_parameters()), (std::vector<std::string>{"w"}));
-  EXPECT_EQ(names_of(l.named_buffers()), (std::vector<std::string>{"w", "running"}));
+  EXPECT_EQ(names_of(l.named_buffers()), (std::vector<std::string>{"running"}));
+  EXPECT_EQ(names_of(l.named_state()), (std::vector<std::string>{"w", "running"}));
   auto sd = l.state_dict();
   EXPECT_EQ(sd.size(), 2u);
   EXPECT_TRUE(sd.count("running"));
-  EXPECT_FALSE(l.named_buffers()[1].second.requires_grad());
+  EXPECT_FALSE(l.named_buffers()[0].second.requires_grad());
 }
 
 TEST(Registration, BadNamesAndDuplicatesThrow) {
@@ -321,11 +322,34 @@ TEST(StateDict, MissingAndUnexpectedEntries) {
   EXPECT_THROW(b.load_state_dict(sd2, false), galley::Error);
 }
 
+TEST(StateDict, ToDtypeConvertsFloatingStateAndKeepsTheHandles) {
+  class WithCounter : public nn::Layer {
+   public:
+    WithCounter() {
+      register_parameter("w", galley::full({3}, 1.5f));
+      register_buffer("running", galley::full({3}, 0.25f));
+      register_buffer("steps", galley::zeros({1}, galley::DType::Int64));
+    }
+    Tensor forward(const Tensor& x) override { return x; }
+  } l;
+  const Tensor w = l.named_parameters()[0].second;  // as an optimizer holds it
+  l.to(galley::DType::BFloat16);
+  EXPECT_EQ(w.dtype(), galley::DType::BFloat16);
+  EXPECT_EQ(w.to(galley::DType::Float32).to_vector(), std::vector<float>(3, 1.5f));
+  const auto buffers = l.named_buffers();
+  EXPECT_EQ(buffers[0].second.dtype(), galley::DType::BFloat16);
+  EXPECT_EQ(buffers[1].second.dtype(), galley::DType::Int64) << "a counter stays an integer";
+  l.to(galley::DType::Float32);
+  EXPECT_EQ(w.dtype(), galley::DType::Float32);
+  EXPECT_EQ(w.to_vector(), std::vector<float>(3, 1.5f));
+  expect_contains(error_of([&] { l.to(galley::DType::Int64); }), {"to(int64)"});
+}
+
 TEST(StateDict, IncludesBuffers) {
   WithBuffer a, b;
-  a.named_buffers()[1].second.fill_(7.f);
+  a.named_buffers()[0].second.fill_(7.f);
   b.load_state_dict(a.state_dict());
-  EXPECT_EQ(b.named_buffers()[1].second.to_vector(), (std::vector<float>{7, 7}));
+  EXPECT_EQ(b.named_buffers()[0].second.to_vector(), (std::vector<float>{7, 7}));
 }
 
 TEST(StateDict, ZeroGradClearsEveryParameter) {

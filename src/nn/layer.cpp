@@ -52,16 +52,18 @@ Tensor Layer::operator()(const Tensor& x) {
   return forward(x);
 }
 
-void Layer::collect(const std::string& prefix, bool buffers, std::vector<NamedTensor>& out) const {
-  for (auto& [n, t] : params_) out.emplace_back(prefix + n, t);
+void Layer::collect(const std::string& prefix, bool params, bool buffers,
+                    std::vector<NamedTensor>& out) const {
+  if (params)
+    for (auto& [n, t] : params_) out.emplace_back(prefix + n, t);
   if (buffers)
     for (auto& [n, t] : buffers_) out.emplace_back(prefix + n, t);
-  for (auto& [n, l] : children_) l->collect(prefix + n + ".", buffers, out);
+  for (auto& [n, l] : children_) l->collect(prefix + n + ".", params, buffers, out);
 }
 
 std::vector<NamedTensor> Layer::named_parameters() const {
   std::vector<NamedTensor> out;
-  collect("", false, out);
+  collect("", true, false, out);
   return out;
 }
 
@@ -73,7 +75,13 @@ std::vector<Tensor> Layer::parameters() const {
 
 std::vector<NamedTensor> Layer::named_buffers() const {
   std::vector<NamedTensor> out;
-  collect("", true, out);
+  collect("", false, true, out);
+  return out;
+}
+
+std::vector<NamedTensor> Layer::named_state() const {
+  std::vector<NamedTensor> out;
+  collect("", true, true, out);
   return out;
 }
 
@@ -86,27 +94,46 @@ void Layer::train(bool on) {
   for (auto& [n, l] : children_) l->train(on);
 }
 
+namespace {
+// Puts `replacement`'s data under the handle `t` (same shape), so that whoever holds `t` (an
+// optimizer, a DataParallel bucket) sees the new data.
+void swap_data(const Tensor& t, const Tensor& replacement) {
+  detail::TensorImpl* impl = t.impl();
+  impl->storage = replacement.impl()->storage;
+  impl->offset = replacement.impl()->offset;
+  impl->strides = replacement.impl()->strides;
+  impl->dtype = replacement.dtype();
+}
+}  // namespace
+
 void Layer::to(Device device) {
-  for (auto& [name, t] : named_buffers()) {
+  for (auto& [name, t] : named_state()) {
     if (t.device() == device) continue;
-    // Swap the storage under the existing handle so optimizers holding it stay valid.
-    Tensor moved = t.detach().to(device);
+    swap_data(t, t.detach().to(device));
     detail::TensorImpl* impl = t.impl();
-    impl->storage = moved.impl()->storage;
-    impl->offset = moved.impl()->offset;
-    impl->strides = moved.impl()->strides;
     if (impl->grad) impl->grad = Tensor(impl->grad).to(device).impl_ptr();
+  }
+}
+
+void Layer::to(DType dtype) {
+  GALLEY_CHECK(is_floating_point(dtype), repr(), ": to(", dtype_name(dtype),
+               "): layers convert to float32, bfloat16 or float16 only");
+  for (auto& [name, t] : named_state()) {
+    if (t.dtype() == dtype || !is_floating_point(t.dtype())) continue;
+    swap_data(t, t.detach().to(dtype));
+    detail::TensorImpl* impl = t.impl();
+    if (impl->grad) impl->grad = Tensor(impl->grad).to(dtype).impl_ptr();
   }
 }
 
 std::map<std::string, Tensor> Layer::state_dict() const {
   std::map<std::string, Tensor> out;
-  for (auto& [n, t] : named_buffers()) out[n] = t.detach().clone();
+  for (auto& [n, t] : named_state()) out[n] = t.detach().clone();
   return out;
 }
 
 void Layer::load_state_dict(const std::map<std::string, Tensor>& state, bool strict) {
-  auto mine = named_buffers();
+  auto mine = named_state();
   std::set<std::string> known;
   for (auto& [n, t] : mine) known.insert(n);
   for (auto& [n, t] : state)

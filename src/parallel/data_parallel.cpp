@@ -171,7 +171,8 @@ struct DataParallelBase::Impl {
     std::unique_ptr<nn::Layer> layer;
     Device device;
     std::vector<Tensor> params;
-    std::vector<Tensor> flat;  // one buffer per bucket, on the replica's device
+    std::vector<Tensor> buffers;  // the layer's named_buffers(), in order
+    std::vector<Tensor> flat;     // one buffer per bucket, on the replica's device
     std::shared_ptr<parallel::Communicator> comm;
     std::unique_ptr<Worker> compute, comms;
     // GPU replicas: a stream and an event to read the reduced presence flags back without
@@ -204,6 +205,20 @@ struct DataParallelBase::Impl {
   DataParallelStats stats;
 
   size_t n() const { return replicas.size(); }
+
+  // Replica 0's buffers into every other replica (after process 0's into replica 0).
+  void broadcast_buffers() {
+    const std::vector<Tensor>& source = replicas[0]->buffers;
+    if (source.empty()) return;
+    NoGradGuard no_grad;
+    if (procs)
+      for (const Tensor& b : source) {
+        Tensor h = b;
+        if (h.dtype() == DType::Float32) procs->broadcast(h, 0);
+      }
+    for (size_t r = 1; r < n(); ++r)
+      for (size_t k = 0; k < source.size(); ++k) replicas[r]->buffers[k].copy_(source[k]);
+  }
 
   void build_buckets() {
     const auto& params = replicas[0]->params;
@@ -462,6 +477,7 @@ DataParallelBase::DataParallelBase(std::vector<std::unique_ptr<nn::Layer>> layer
     rep->device = devices[i];
     rep->layer->to(devices[i]);
     rep->params = rep->layer->parameters();
+    for (auto& [name, b] : rep->layer->named_buffers()) rep->buffers.push_back(b);
     rep->comm = comms[i];
     rep->compute = std::make_unique<Worker>();
     rep->comms = std::make_unique<Worker>();
@@ -470,14 +486,14 @@ DataParallelBase::DataParallelBase(std::vector<std::unique_ptr<nn::Layer>> layer
   // Replicas start identical: every one takes replica 0's parameters and buffers, and
   // replica 0 takes process 0's. Between GPUs copy_ runs on the destination's compute stream
   // after the source's queued work, so each copy follows both replicas' own uploads above.
-  const auto state = m.replicas[0]->layer->named_buffers();
+  const auto state = m.replicas[0]->layer->named_state();
   if (m.procs)
     for (auto& [name, t] : state) {
       Tensor h = t;
       if (h.dtype() == DType::Float32) m.procs->broadcast(h, 0);
     }
   for (size_t i = 1; i < m.n(); ++i) {
-    auto mine = m.replicas[i]->layer->named_buffers();
+    auto mine = m.replicas[i]->layer->named_state();
     GALLEY_CHECK(mine.size() == state.size(), "DataParallel: replica ", i,
                  " has a different parameter list from replica 0");
     NoGradGuard no_grad;
@@ -515,6 +531,7 @@ Tensor DataParallelBase::forward(const Tensor& x) {
   std::vector<int64_t> starts{0};
   for (int64_t r = 0; r < n; ++r) starts.push_back(starts.back() + batch / n + (r < batch % n));
   const bool grad_mode = grad_enabled();
+  if (m.opt.broadcast_buffers) m.broadcast_buffers();
   Tensor cx = x.contiguous();
   const int64_t row = batch > 0 ? cx.numel() / batch : 0;
   std::vector<Tensor> outs(m.n());

@@ -52,8 +52,12 @@ class Layer {
   std::vector<NamedTensor> named_parameters() const;
   /// The same list without names.
   std::vector<Tensor> parameters() const;
-  /// Parameters and buffers with dotted names.
+  /// Every buffer (register_buffer: running statistics, counters), depth first in registration
+  /// order, with dotted names ("bn.running_mean"); no parameters.
   std::vector<NamedTensor> named_buffers() const;
+  /// Every parameter and buffer with dotted names, each layer's parameters before its buffers
+  /// (PyTorch's state_dict order): what state_dict, to() and the replicas of DataParallel carry.
+  std::vector<NamedTensor> named_state() const;
   /// Direct children in registration order.
   std::vector<std::pair<std::string, Layer*>> children() const;
 
@@ -66,6 +70,9 @@ class Layer {
 
   /// Moves every parameter and buffer to `device`, keeping the handles (optimizers stay valid).
   void to(Device device);
+  /// Converts every floating parameter and buffer (and gradient) to floating `dtype`, keeping
+  /// the handles; integer buffers (counters) stay as they are.
+  void to(DType dtype);
 
   /// Copies of every parameter and buffer by dotted name.
   std::map<std::string, Tensor> state_dict() const;
@@ -84,7 +91,8 @@ class Layer {
 
  private:
   void add_child(const std::string& name, Layer* layer, std::shared_ptr<Layer> owned);
-  void collect(const std::string& prefix, bool buffers, std::vector<NamedTensor>& out) const;
+  void collect(const std::string& prefix, bool params, bool buffers,
+               std::vector<NamedTensor>& out) const;
 
   bool training_ = true;
   std::string name_;

@@ -26,6 +26,11 @@ struct DataParallelOptions {
   /// are summed over this process's replicas first, then averaged over the processes (each
   /// process's loss is the mean over its own batch), and parameters start as process 0's.
   std::shared_ptr<parallel::Communicator> process_group;
+  /// At every forward, every replica (and every process) first takes replica 0's buffers
+  /// (running statistics, counters), as PyTorch DDP's broadcast_buffers: the replicas then
+  /// compute with the same state whatever their own forwards changed. Across processes the
+  /// float32 buffers are broadcast from process 0. Off: each replica keeps its own.
+  bool broadcast_buffers = true;
 };
 
 /// Timings of the last training step (milliseconds, wall clock).
