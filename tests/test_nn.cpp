@@ -345,6 +345,36 @@ TEST(StateDict, ToDtypeConvertsFloatingStateAndKeepsTheHandles) {
   expect_contains(error_of([&] { l.to(galley::DType::Int64); }), {"to(int64)"});
 }
 
+// out = a + fc(b): a join of two inputs, as a residual block's.
+class Join : public nn::Layer {
+ public:
+  Join() { register_layer("fc", fc_); }
+  Tensor forward(const std::vector<Tensor>& in) override {
+    GALLEY_CHECK(in.size() == 2, "Join takes two inputs, got ", in.size());
+    return galley::add(in[0], fc_(in[1]));
+  }
+  std::string repr() const override { return "Join"; }
+  nn::Linear& fc() { return fc_; }
+
+ private:
+  nn::Linear fc_{3, 3};
+};
+
+TEST(Layers, ALayerMayTakeSeveralInputs) {
+  Join join;
+  const Tensor a = galley::ones({2, 3}), b = galley::full({2, 3}, 2.f);
+  const std::vector<float> want = galley::add(a, join.fc()(b)).to_vector();
+  EXPECT_EQ(join(a, b).to_vector(), want);
+  EXPECT_EQ(join({a, b}).to_vector(), want);
+  expect_contains(error_of([&] { join(a); }), {"Join takes two inputs, got 1"});
+  nn::Linear single(3, 3);
+  expect_contains(error_of([&] { single(a, b); }), {"takes one input", "called with 2"});
+  // Layer paths reach the inner layer through the several-input call.
+  galley::DetectAnomalyGuard anomaly;
+  Tensor nan_b = galley::full({2, 3}, NAN);
+  expect_contains(error_of([&] { join(a, nan_b); }), {"fc"});
+}
+
 TEST(StateDict, IncludesBuffers) {
   WithBuffer a, b;
   a.named_buffers()[0].second.fill_(7.f);

@@ -46,10 +46,30 @@ void Layer::add_child(const std::string& name, Layer* layer, std::shared_ptr<Lay
   if (owned) owned_.push_back(std::move(owned));
 }
 
+Tensor Layer::forward(const Tensor& x) {
+  // A layer of several inputs given one: its own forward says whether that is an error.
+  return forward(std::vector<Tensor>{x});
+}
+
+Tensor Layer::forward(const std::vector<Tensor>& inputs) {
+  GALLEY_CHECK(inputs.size() != 1, repr(),
+               ": defines no forward (override forward(const Tensor&), or "
+               "forward(const std::vector<Tensor>&) for several inputs)");
+  GALLEY_CHECK(false, repr(), ": takes one input; it was called with ", inputs.size());
+  return Tensor();
+}
+
 Tensor Layer::operator()(const Tensor& x) {
   if (!autograd::layer_paths_enabled()) return forward(x);
   autograd::LayerScope scope(name_);
   return forward(x);
+}
+
+Tensor Layer::operator()(const std::vector<Tensor>& inputs) {
+  if (inputs.size() == 1) return (*this)(inputs[0]);
+  if (!autograd::layer_paths_enabled()) return forward(inputs);
+  autograd::LayerScope scope(name_);
+  return forward(inputs);
 }
 
 void Layer::collect(const std::string& prefix, bool params, bool buffers,

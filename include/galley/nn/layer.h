@@ -23,12 +23,23 @@ class Layer {
   Layer(const Layer&) = delete;
   Layer& operator=(const Layer&) = delete;
 
-  /// The layer's computation.
-  virtual Tensor forward(const Tensor& x) = 0;
+  /// The layer's computation on one input. Every layer overrides this or, if it takes several
+  /// inputs (a residual join, an attention block), the form below.
+  virtual Tensor forward(const Tensor& x);
+  /// The computation on several inputs, for layers that take more than one. The default is an
+  /// error naming the layer and the number of inputs.
+  virtual Tensor forward(const std::vector<Tensor>& inputs);
   /// Calls forward(). While anomaly detection is on it also records that this layer is being
   /// called, so errors name the layer path ("features.1"); call sub-layers through it
   /// (`conv_(x)`, not `conv_.forward(x)`) for their names to appear.
   Tensor operator()(const Tensor& x);
+  /// Calls the forward of several inputs (one input goes to the one-input forward).
+  Tensor operator()(const std::vector<Tensor>& inputs);
+  /// `block(x, skip)`: the same with the inputs as arguments.
+  template <typename... More>
+  Tensor operator()(const Tensor& first, const Tensor& second, const More&... more) {
+    return (*this)(std::vector<Tensor>{first, second, more...});
+  }
 
   /// Registers `value` as a parameter called `name` (it becomes a leaf that wants gradients
   /// when `requires_grad`). Returns the stored handle.
