@@ -91,11 +91,13 @@ double evaluate(galley::nn::Layer& model, galley::data::DataLoader& test) {
   model.eval();
   int64_t correct = 0, total = 0;
   for (auto& [data, label] : test) {
-    auto pred = galley::argmax(model(data), 1);
+    // Compared on the host, wherever the model ran.
+    const galley::Tensor pred = galley::argmax(model(data), 1).to(galley::Device::cpu());
+    const galley::Tensor truth = label.to(galley::Device::cpu());
     const int64_t* p = pred.data<int64_t>();
-    const int64_t* y = label.data<int64_t>();
-    for (int64_t i = 0; i < label.numel(); ++i) correct += p[i] == y[i];
-    total += label.numel();
+    const int64_t* y = truth.data<int64_t>();
+    for (int64_t i = 0; i < truth.numel(); ++i) correct += p[i] == y[i];
+    total += truth.numel();
   }
   model.train();
   return double(correct) / double(total);

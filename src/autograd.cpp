@@ -70,7 +70,7 @@ int64_t find_nonfinite(const Tensor& t, float* value) {
   const int64_t i = backend::first_nonfinite(t);
   if (i >= 0) {
     Tensor c = t.contiguous();
-    detail::copy_bytes(value, Device::cpu(), c.data<float>() + i, c.device(), sizeof(float));
+    detail::copy_bytes(value, Device::cpu(), c.data_ptr<float>() + i, c.device(), sizeof(float));
   }
   return i;
 }

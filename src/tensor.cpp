@@ -187,17 +187,32 @@ void* Tensor::raw_data() const {
 }
 
 template <typename T>
-T* Tensor::data() const {
+T* Tensor::data_ptr() const {
   GALLEY_CHECK_DEFINED("data");
   GALLEY_CHECK(impl_->dtype == dtype_of<T>::value, "data<", dtype_name(dtype_of<T>::value),
                ">: the tensor holds ", dtype_name(impl_->dtype));
   return static_cast<T*>(raw_data());
 }
-template float* Tensor::data<float>() const;
-template int64_t* Tensor::data<int64_t>() const;
-template uint8_t* Tensor::data<uint8_t>() const;
-template bfloat16* Tensor::data<bfloat16>() const;
-template float16* Tensor::data<float16>() const;
+
+template <typename T>
+T* Tensor::data() const {
+  GALLEY_CHECK_DEFINED("data");
+  GALLEY_CHECK(impl_->storage->device().is_cpu(), "data<", dtype_name(dtype_of<T>::value),
+               ">: the tensor of shape ", shape_str(impl_->shape), " is in ",
+               impl_->storage->device().str(),
+               " memory, which host code cannot read; copy it with .to(Device::cpu()) first");
+  return data_ptr<T>();
+}
+
+#define GALLEY_INSTANTIATE_DATA(T)     \
+  template T* Tensor::data<T>() const; \
+  template T* Tensor::data_ptr<T>() const;
+GALLEY_INSTANTIATE_DATA(float)
+GALLEY_INSTANTIATE_DATA(int64_t)
+GALLEY_INSTANTIATE_DATA(uint8_t)
+GALLEY_INSTANTIATE_DATA(bfloat16)
+GALLEY_INSTANTIATE_DATA(float16)
+#undef GALLEY_INSTANTIATE_DATA
 
 // ---------------------------------------------------------------------------------------------
 // Host copies

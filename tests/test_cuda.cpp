@@ -11,6 +11,15 @@
 using galley::Device;
 using galley::Tensor;
 
+TEST(Cuda, AHostAccessorOnDeviceMemoryIsAClearError) {
+  REQUIRE_GPU();
+  const galley::Tensor t = galley::ones({4}, galley::DType::Float32, galley::Device::cuda(0));
+  testutil::expect_contains(testutil::error_of([&] { t.data<float>(); }),
+                            {"data<float32>", "cuda:0", ".to(Device::cpu())"});
+  EXPECT_NE(t.data_ptr<float>(), nullptr);  // the device pointer, for kernels
+  EXPECT_EQ(t.to(galley::Device::cpu()).data<float>()[3], 1.f);
+}
+
 TEST(CudaWithoutGpu, DeviceTensorsAreAClearErrorNotACrash) {
   if (galley::cuda::available()) GTEST_SKIP() << "a GPU is present";
   EXPECT_EQ(galley::cuda_device_count(), 0);

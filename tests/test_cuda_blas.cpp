@@ -105,10 +105,10 @@ struct ConvCase {
     gy = galley::randn({g.n, g.o, g.oh, g.ow});
     y = Tensor::empty({g.n, g.o, g.oh, g.ow});
     gx = Tensor::empty(x.shape()), gw = Tensor::empty(w.shape()), gb = Tensor::empty({g.o});
-    galley::kernels::cpu::conv2d_forward(g, x.data<float>(), w.data<float>(), b.data<float>(),
-                                         y.data<float>());
-    galley::kernels::cpu::conv2d_backward(g, x.data<float>(), w.data<float>(), gy.data<float>(),
-                                          gx.data<float>(), gw.data<float>(), gb.data<float>());
+    galley::kernels::cpu::conv2d_forward(g, x.data_ptr<float>(), w.data_ptr<float>(), b.data_ptr<float>(),
+                                         y.data_ptr<float>());
+    galley::kernels::cpu::conv2d_backward(g, x.data_ptr<float>(), w.data_ptr<float>(), gy.data_ptr<float>(),
+                                          gx.data_ptr<float>(), gw.data_ptr<float>(), gb.data_ptr<float>());
     dx = x.to(gpu), dw = w.to(gpu), db = b.to(gpu), dgy = gy.to(gpu);
     dy = Tensor::empty(y.shape(), galley::DType::Float32, gpu);
     dgx = Tensor::empty(x.shape(), galley::DType::Float32, gpu);
@@ -117,10 +117,10 @@ struct ConvCase {
   }
 
   void run(const kcuda::Workspace& ws, void* stream) {
-    kcuda::conv2d_forward(0, g, dx.data<float>(), dw.data<float>(), db.data<float>(),
-                          dy.data<float>(), ws, stream);
-    kcuda::conv2d_backward(0, g, dx.data<float>(), dw.data<float>(), dgy.data<float>(),
-                           dgx.data<float>(), dgw.data<float>(), dgb.data<float>(), ws, stream);
+    kcuda::conv2d_forward(0, g, dx.data_ptr<float>(), dw.data_ptr<float>(), db.data_ptr<float>(),
+                          dy.data_ptr<float>(), ws, stream);
+    kcuda::conv2d_backward(0, g, dx.data_ptr<float>(), dw.data_ptr<float>(), dgy.data_ptr<float>(),
+                           dgx.data_ptr<float>(), dgw.data_ptr<float>(), dgb.data_ptr<float>(), ws, stream);
   }
 
   // After the device has finished.
@@ -184,11 +184,11 @@ TEST(CudaBlas, GemmMatchesTheCpuForEveryTransposition) {
              b = galley::randn({tb ? n : k, tb ? k : n});
       Tensor c = galley::randn({m, n});
       Tensor expected = c.clone();
-      galley::kernels::cpu::gemm(ta, tb, m, n, k, 0.5f, a.data<float>(), a.size(1), b.data<float>(),
-                                 b.size(1), 2.f, expected.data<float>(), n);
+      galley::kernels::cpu::gemm(ta, tb, m, n, k, 0.5f, a.data_ptr<float>(), a.size(1), b.data_ptr<float>(),
+                                 b.size(1), 2.f, expected.data_ptr<float>(), n);
       Tensor da = a.to(gpu), db = b.to(gpu), dc = c.to(gpu);
-      kcuda::gemm(0, ta, tb, m, n, k, 0.5f, da.data<float>(), a.size(1), db.data<float>(),
-                  b.size(1), 2.f, dc.data<float>(), n, compute_stream());
+      kcuda::gemm(0, ta, tb, m, n, k, 0.5f, da.data_ptr<float>(), a.size(1), db.data_ptr<float>(),
+                  b.size(1), 2.f, dc.data_ptr<float>(), n, compute_stream());
       galley::cuda::synchronize(gpu);
       expect_close(dc, expected, kGemmTolerance,
                    ta ? (tb ? "gemm TT" : "gemm TN") : (tb ? "gemm NT" : "gemm NN"));
@@ -279,11 +279,11 @@ TEST(CudaBlas, ConvolutionRunsUnderATightMemoryCap) {
             << " in use; fastest: " << kcuda::conv2d_algorithms(0, g, size_t(1) << 30)
             << "; under the cap: "
             << kcuda::conv2d_algorithms(0, g, cap - std::min(cap, before.allocated)) << "\n";
-  galley::backend::conv2d_forward(gpu, g, cs.dx.data<float>(), cs.dw.data<float>(),
-                                  cs.db.data<float>(), cs.dy.data<float>());
-  galley::backend::conv2d_backward(gpu, g, cs.dx.data<float>(), cs.dw.data<float>(),
-                                   cs.dgy.data<float>(), cs.dgx.data<float>(), cs.dgw.data<float>(),
-                                   cs.dgb.data<float>());
+  galley::backend::conv2d_forward(gpu, g, cs.dx.data_ptr<float>(), cs.dw.data_ptr<float>(),
+                                  cs.db.data_ptr<float>(), cs.dy.data_ptr<float>());
+  galley::backend::conv2d_backward(gpu, g, cs.dx.data_ptr<float>(), cs.dw.data_ptr<float>(),
+                                   cs.dgy.data_ptr<float>(), cs.dgx.data_ptr<float>(), cs.dgw.data_ptr<float>(),
+                                   cs.dgb.data_ptr<float>());
   galley::cuda::synchronize(gpu);
   EXPECT_LE(galley::memory_stats(gpu).reserved, cap);
   cs.expect_matches(str(g) + " under a tight cap");
@@ -312,8 +312,8 @@ TEST(CudaBlas, ThreadsShareADeviceSafely) {
       Work& wk = work[t];
       wk.a = galley::randn({m, k}), wk.b = galley::randn({k, n});
       wk.expected = Tensor::empty({m, n});
-      galley::kernels::cpu::gemm(false, false, m, n, k, 1.f, wk.a.data<float>(), k,
-                                 wk.b.data<float>(), n, 0.f, wk.expected.data<float>(), n);
+      galley::kernels::cpu::gemm(false, false, m, n, k, 1.f, wk.a.data_ptr<float>(), k,
+                                 wk.b.data_ptr<float>(), n, 0.f, wk.expected.data_ptr<float>(), n);
       wk.da = wk.a.to(gpu), wk.db = wk.b.to(gpu);
       wk.dc = Tensor::empty({m, n}, galley::DType::Float32, gpu);
       for (const Conv2dGeometry& g : shapes) wk.convs.emplace_back(g);
@@ -329,8 +329,8 @@ TEST(CudaBlas, ThreadsShareADeviceSafely) {
           galley::detail::make_current(gpu);
           stream = galley::detail::create_stream(gpu);
           for (int i = 0; i < kIterations; ++i) {
-            kcuda::gemm(0, false, false, m, n, k, 1.f, wk.da.data<float>(), k, wk.db.data<float>(),
-                        n, 0.f, wk.dc.data<float>(), n, stream);
+            kcuda::gemm(0, false, false, m, n, k, 1.f, wk.da.data_ptr<float>(), k, wk.db.data_ptr<float>(),
+                        n, 0.f, wk.dc.data_ptr<float>(), n, stream);
             for (ConvCase& cs : wk.convs) cs.run(scratch.workspace(), stream);
           }
         } catch (const std::exception& e) {

@@ -142,14 +142,14 @@ TEST(NcclOneGpu, CollectivesOfOneRankGiveTheInputBack) {
   const int64_t n = int64_t(v.size());
   for (auto op : {par::ReduceOp::Sum, par::ReduceOp::Avg}) {
     Tensor d = on_gpu(v, 0);
-    c.all_reduce(d.data<float>(), n, op);
+    c.all_reduce(d.data_ptr<float>(), n, op);
     EXPECT_EQ(d.to_vector(), v);
   }
   Tensor b = on_gpu(v, 0);
-  c.broadcast(b.data<float>(), n, 0);
+  c.broadcast(b.data_ptr<float>(), n, 0);
   EXPECT_EQ(b.to_vector(), v);
   Tensor g = Tensor::empty({n}, DType::Float32, Device::cuda(0));
-  c.all_gather(on_gpu(v, 0).data<float>(), n, g.data<float>());
+  c.all_gather(on_gpu(v, 0).data_ptr<float>(), n, g.data_ptr<float>());
   EXPECT_EQ(g.to_vector(), v);
   c.barrier();
 }
@@ -242,10 +242,10 @@ TEST(NcclGpus, SumAndAvgMatchTheCpuOnOddSizes) {
     std::vector<std::vector<float>> sums(n), avgs(n);
     expect_no_errors(on_threads(n, [&](int r) {
       Tensor s = on_gpu(input(r, count), r);
-      comms[r]->all_reduce(s.data<float>(), count, par::ReduceOp::Sum);
+      comms[r]->all_reduce(s.data_ptr<float>(), count, par::ReduceOp::Sum);
       sums[r] = s.to_vector();
       Tensor a = on_gpu(input(r, count), r);
-      comms[r]->all_reduce(a.data<float>(), count, par::ReduceOp::Avg);
+      comms[r]->all_reduce(a.data_ptr<float>(), count, par::ReduceOp::Avg);
       avgs[r] = a.to_vector();
     }));
     for (int r = 0; r < n; ++r) {
@@ -293,10 +293,10 @@ TEST(NcclGpus, BroadcastAllGatherBarrier) {
   std::vector<std::vector<float>> bcast(n), gathered(n);
   expect_no_errors(on_threads(n, [&](int r) {
     Tensor b = on_gpu(input(r, count), r);
-    comms[r]->broadcast(b.data<float>(), count, n - 1);
+    comms[r]->broadcast(b.data_ptr<float>(), count, n - 1);
     bcast[r] = b.to_vector();
     Tensor g = Tensor::empty({n * count}, DType::Float32, Device::cuda(r));
-    comms[r]->all_gather(on_gpu(input(r, count), r).data<float>(), count, g.data<float>());
+    comms[r]->all_gather(on_gpu(input(r, count), r).data_ptr<float>(), count, g.data_ptr<float>());
     gathered[r] = g.to_vector();
     comms[r]->barrier();
     Tensor tg = comms[r]->all_gather(on_gpu(input(r, 3), r));

@@ -153,10 +153,15 @@ class Tensor {
   /// True when `other` is a handle to the same tensor.
   bool is_same(const Tensor& other) const { return impl_ == other.impl_; }
 
-  /// Typed pointer to the first element (host tensors; checks the dtype).
+  /// Typed pointer to the first element, for host code: checks the dtype, and that the data is
+  /// in host memory (a GPU tensor is read after `.to(Device::cpu())`).
   template <typename T>
   T* data() const;
-  /// Untyped pointer to the first element.
+  /// Typed pointer to the first element wherever it lives (a device pointer for a GPU tensor, to
+  /// hand to a kernel); checks the dtype.
+  template <typename T>
+  T* data_ptr() const;
+  /// Untyped pointer to the first element wherever it lives.
   void* raw_data() const;
   /// The value of a one-element tensor, as float.
   float item() const;

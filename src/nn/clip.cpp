@@ -40,7 +40,7 @@ std::vector<Group> group_by_device(const char* fn, const std::vector<Tensor>& pa
       groups.push_back(Group{d, {}, {}, {}});
       group = &groups.back();
     }
-    group->spans.push_back({g.data<float>(), g.numel()});
+    group->spans.push_back({g.data_ptr<float>(), g.numel()});
     group->grads.push_back(std::move(g));
     group->param.push_back(i);
   }

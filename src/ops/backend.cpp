@@ -231,9 +231,9 @@ Tensor sum_all(const Tensor& x, float scale) {
   Tensor cx = x.contiguous();
   Tensor out = Tensor::empty({}, DType::Float32, x.device());
   if (on_gpu(x)) {
-    gpu::sum_all(cx.data<float>(), cx.numel(), scale, out.data<float>(), stream(x.device()));
+    gpu::sum_all(cx.data_ptr<float>(), cx.numel(), scale, out.data_ptr<float>(), stream(x.device()));
   } else {
-    out.data<float>()[0] = static_cast<float>(cpu::sum_all(cx.data<float>(), cx.numel()) * scale);
+    out.data_ptr<float>()[0] = static_cast<float>(cpu::sum_all(cx.data_ptr<float>(), cx.numel()) * scale);
   }
   return out;
 }
@@ -281,7 +281,7 @@ int64_t cross_entropy_forward(Device device, const float* logits, const int64_t*
   // have arrived are raised now.
   detail::check_deferred_errors(device);
   Tensor counters = Tensor::empty({2}, DType::Int64, device);
-  int64_t* d = counters.data<int64_t>();
+  int64_t* d = counters.data_ptr<int64_t>();
   gpu::cross_entropy_forward(logits, labels, n, c, eps, ignore_index, loss, prob, d, d + 1,
                              detail::error_slot(device), stream(device));
   *count = counters;  // element 0 is the count
@@ -292,12 +292,12 @@ int64_t cross_entropy_forward(Device device, const float* logits, const int64_t*
 Tensor row_scales(const Tensor& g_scalar, float factor, int64_t n, const Tensor& count) {
   Tensor out = Tensor::empty({n}, DType::Float32, g_scalar.device());
   if (on_gpu(g_scalar)) {
-    gpu::fill_scaled(g_scalar.data<float>(), factor,
-                     count.defined() ? count.data<int64_t>() : nullptr, out.data<float>(), n,
+    gpu::fill_scaled(g_scalar.data_ptr<float>(), factor,
+                     count.defined() ? count.data_ptr<int64_t>() : nullptr, out.data_ptr<float>(), n,
                      stream(g_scalar.device()));
   } else {
     GALLEY_CHECK(!count.defined(), "row_scales: a host loss counts its rows on the host");
-    std::fill_n(out.data<float>(), n, g_scalar.item() * factor);
+    std::fill_n(out.data_ptr<float>(), n, g_scalar.item() * factor);
   }
   return out;
 }
@@ -307,8 +307,8 @@ void cross_entropy_backward(Device device, const float* prob, const int64_t* lab
                             int64_t ignore_index, float* gx) {
   Tensor s = row_scale.contiguous();
   if (device.is_cpu())
-    return cpu::cross_entropy_backward(prob, labels, s.data<float>(), n, c, eps, ignore_index, gx);
-  gpu::cross_entropy_backward(prob, labels, s.data<float>(), n, c, eps, ignore_index, gx,
+    return cpu::cross_entropy_backward(prob, labels, s.data_ptr<float>(), n, c, eps, ignore_index, gx);
+  gpu::cross_entropy_backward(prob, labels, s.data_ptr<float>(), n, c, eps, ignore_index, gx,
                               stream(device));
 }
 
@@ -355,17 +355,17 @@ void sgd_update(Device device, const cpu::SGDStep& s, int64_t n, float* p, const
 
 int64_t first_nonfinite(const Tensor& t) {
   Tensor c = t.contiguous();
-  if (!on_gpu(c)) return cpu::first_nonfinite(c.data<float>(), c.numel());
+  if (!on_gpu(c)) return cpu::first_nonfinite(c.data_ptr<float>(), c.numel());
   Tensor first = Tensor::empty({}, DType::Int64, c.device());
-  gpu::first_nonfinite(c.data<float>(), c.numel(), first.data<int64_t>(), stream(c.device()));
-  return first.to(Device::cpu()).data<int64_t>()[0];
+  gpu::first_nonfinite(c.data_ptr<float>(), c.numel(), first.data_ptr<int64_t>(), stream(c.device()));
+  return first.to(Device::cpu()).data_ptr<int64_t>()[0];
 }
 
 void report_nonfinite_loss(const Tensor& loss) {
   const Device dev = loss.device();
   GALLEY_CHECK(dev.is_cuda() && loss.numel() == 1 && loss.dtype() == DType::Float32,
                "report_nonfinite_loss: expects one float32 element on a GPU");
-  gpu::report_nonfinite_scalar(loss.data<float>(),
+  gpu::report_nonfinite_scalar(loss.data_ptr<float>(),
                                static_cast<int64_t>(detail::DeferredError::NonFiniteLoss),
                                detail::error_slot(dev), stream(dev));
 }
@@ -374,7 +374,7 @@ Tensor grad_norm(Device device, const std::vector<GradSpan>& spans, double norm_
   Tensor out = Tensor::empty({}, DType::Float32, device);
   const int count = static_cast<int>(spans.size());
   if (device.is_cpu()) {
-    out.data<float>()[0] = static_cast<float>(cpu::grad_norm(spans.data(), count, norm_type));
+    out.data_ptr<float>()[0] = static_cast<float>(cpu::grad_norm(spans.data(), count, norm_type));
     return out;
   }
   // One double per chunk (int64 storage: tensors have no float64 dtype), from the caching
@@ -382,7 +382,7 @@ Tensor grad_norm(Device device, const std::vector<GradSpan>& spans, double norm_
   const int64_t parts = gpu::grad_norm_scratch(spans.data(), count);
   Tensor scratch = Tensor::empty({std::max<int64_t>(parts, 1)}, DType::Int64, device);
   gpu::grad_norm(spans.data(), count, norm_type, reinterpret_cast<double*>(scratch.raw_data()),
-                 out.data<float>(), stream(device));
+                 out.data_ptr<float>(), stream(device));
   return out;
 }
 

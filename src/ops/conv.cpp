@@ -46,8 +46,8 @@ Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias, const C
   Tensor cb = bias.defined() ? bias.contiguous() : Tensor();
   Tensor out = Tensor::empty({g.n, g.o, g.oh, g.ow});
   const Device dev = x.device();
-  backend::conv2d_forward(dev, g, cx.data<float>(), cw.data<float>(),
-                          cb.defined() ? cb.data<float>() : nullptr, out.data<float>());
+  backend::conv2d_forward(dev, g, cx.data_ptr<float>(), cw.data_ptr<float>(),
+                          cb.defined() ? cb.data_ptr<float>() : nullptr, out.data_ptr<float>());
   if (!autograd::needs_grad({&x, &weight, &bias})) return out;
   Tensor dx = cx.detach(), dw = cw.detach();
   bool gx = x.requires_grad(), gw = weight.requires_grad(),
@@ -58,10 +58,10 @@ Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias, const C
         if (gx) gi[0] = Tensor::empty(dx.shape());
         if (gw) gi[1] = Tensor::empty(dw.shape());
         if (gb) gi[2] = Tensor::empty({g.o});
-        backend::conv2d_backward(dev, g, dx.data<float>(), dw.data<float>(), cgy.data<float>(),
-                                 gx ? gi[0].data<float>() : nullptr,
-                                 gw ? gi[1].data<float>() : nullptr,
-                                 gb ? gi[2].data<float>() : nullptr);
+        backend::conv2d_backward(dev, g, dx.data_ptr<float>(), dw.data_ptr<float>(), cgy.data_ptr<float>(),
+                                 gx ? gi[0].data_ptr<float>() : nullptr,
+                                 gw ? gi[1].data_ptr<float>() : nullptr,
+                                 gb ? gi[2].data_ptr<float>() : nullptr);
       });
 }
 
@@ -89,14 +89,14 @@ Tensor max_pool2d(const Tensor& x, const MaxPool2dOptions& o) {
   const Device dev = x.device();
   auto idx = std::make_shared<Storage>(out.numel() * sizeof(int32_t), dev);
   int32_t* pidx = static_cast<int32_t*>(idx->data());
-  backend::max_pool2d_forward(dev, g, cx.data<float>(), out.data<float>(), pidx);
+  backend::max_pool2d_forward(dev, g, cx.data_ptr<float>(), out.data_ptr<float>(), pidx);
   if (!grad) return out;
   Shape in_shape = x.shape();
   return autograd::record(out, "max_pool2d", {x}, [=](const Tensor& gy, std::vector<Tensor>& gi) {
     Tensor cgy = gy.contiguous();
     gi[0] = Tensor::empty(in_shape);
-    backend::max_pool2d_backward(dev, g, cgy.data<float>(),
-                                 static_cast<const int32_t*>(idx->data()), gi[0].data<float>());
+    backend::max_pool2d_backward(dev, g, cgy.data_ptr<float>(),
+                                 static_cast<const int32_t*>(idx->data()), gi[0].data_ptr<float>());
   });
 }
 

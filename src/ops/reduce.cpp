@@ -54,8 +54,8 @@ Tensor scaled_sum_all(const Tensor& x, float scale, const char* name) {
     // Every element's gradient is g * scale: one row of len numel() fed by the scalar.
     Tensor cg = detail::widened(g).contiguous();
     Tensor grad = Tensor::empty(in_shape, DType::Float32, dev);
-    backend::expand_dim(dev, cg.data<float>(), 1, shape_numel(in_shape), 1, scale,
-                        grad.data<float>());
+    backend::expand_dim(dev, cg.data_ptr<float>(), 1, shape_numel(in_shape), 1, scale,
+                        grad.data_ptr<float>());
     gi[0] = detail::rounded(grad, dtype);
   });
 }
@@ -72,15 +72,15 @@ Tensor scaled_sum_dim(const Tensor& x, int64_t dim, bool keepdim, bool mean, con
   const Device dev = x.device();
   Tensor cx = detail::widened(x).contiguous();
   Tensor sums = Tensor::empty(reduced_shape(x.shape(), d, keepdim), DType::Float32, dev);
-  backend::sum_dim(dev, cx.data<float>(), sp.outer, sp.len, sp.inner, scale, sums.data<float>());
+  backend::sum_dim(dev, cx.data_ptr<float>(), sp.outer, sp.len, sp.inner, scale, sums.data_ptr<float>());
   Tensor out = detail::rounded(sums, dtype);
   if (!autograd::needs_grad({&x})) return out;
   Shape in_shape = x.shape();
   return autograd::record(out, name, {x}, [=](const Tensor& g, std::vector<Tensor>& gi) {
     Tensor cg = detail::widened(g).contiguous();
     Tensor grad = Tensor::empty(in_shape, DType::Float32, dev);
-    backend::expand_dim(dev, cg.data<float>(), sp.outer, sp.len, sp.inner, scale,
-                        grad.data<float>());
+    backend::expand_dim(dev, cg.data_ptr<float>(), sp.outer, sp.len, sp.inner, scale,
+                        grad.data_ptr<float>());
     gi[0] = detail::rounded(grad, dtype);
   });
 }
@@ -95,7 +95,7 @@ Tensor softmax_impl(const Tensor& x, int64_t dim, bool log, const char* name) {
   const Device dev = x.device();
   Tensor cx = detail::widened(x).contiguous();
   Tensor y = Tensor::empty(x.shape(), DType::Float32, dev);
-  backend::softmax_forward(dev, cx.data<float>(), sp.outer, sp.len, sp.inner, log, y.data<float>());
+  backend::softmax_forward(dev, cx.data_ptr<float>(), sp.outer, sp.len, sp.inner, log, y.data_ptr<float>());
   Tensor out = detail::rounded(y, dtype);
   if (!autograd::needs_grad({&x})) return out;
   // The backward reads the float32 probabilities (the 16-bit output's rounding stays out of
@@ -105,8 +105,8 @@ Tensor softmax_impl(const Tensor& x, int64_t dim, bool log, const char* name) {
   return autograd::record(out, name, {x}, [=](const Tensor& g, std::vector<Tensor>& gi) {
     Tensor cg = detail::widened(g).contiguous();
     Tensor grad = Tensor::empty(y.shape(), DType::Float32, dev);
-    backend::softmax_backward(dev, y.data<float>(), cg.data<float>(), sp.outer, sp.len, sp.inner,
-                              log, grad.data<float>());
+    backend::softmax_backward(dev, y.data_ptr<float>(), cg.data_ptr<float>(), sp.outer, sp.len, sp.inner,
+                              log, grad.data_ptr<float>());
     gi[0] = detail::rounded(grad, dtype);
   });
 }
@@ -141,8 +141,8 @@ Tensor argmax(const Tensor& x, int64_t dim, bool keepdim) {
   GALLEY_CHECK(sp.len > 0, "argmax: dimension ", dim, " of ", shape_str(x.shape()), " is empty");
   Tensor cx = x.contiguous();
   Tensor out = Tensor::empty(reduced_shape(x.shape(), d, keepdim), DType::Int64);
-  backend::argmax_dim(x.device(), cx.data<float>(), sp.outer, sp.len, sp.inner,
-                      out.data<int64_t>());
+  backend::argmax_dim(x.device(), cx.data_ptr<float>(), sp.outer, sp.len, sp.inner,
+                      out.data_ptr<int64_t>());
   return out;
 }
 
@@ -170,21 +170,21 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& labels, const CrossEntr
   int64_t bad = -1;
   Tensor count_dev;  // on a GPU the rows counted stay on the device
   const int64_t count = backend::cross_entropy_forward(
-      dev, cx.data<float>(), cy.data<int64_t>(), n, c, o.label_smoothing, o.ignore_index,
-      per_row.data<float>(), prob.data<float>(), &bad, &count_dev);
+      dev, cx.data_ptr<float>(), cy.data_ptr<int64_t>(), n, c, o.label_smoothing, o.ignore_index,
+      per_row.data_ptr<float>(), prob.data_ptr<float>(), &bad, &count_dev);
   GALLEY_CHECK(bad < 0, "cross_entropy: label ",
-               bad >= 0 ? cy.to(Device::cpu()).data<int64_t>()[bad] : 0, " at row ", bad,
+               bad >= 0 ? cy.to(Device::cpu()).data_ptr<int64_t>()[bad] : 0, " at row ", bad,
                " is outside [0, ", c, ")");
   const bool mean = o.reduction == Reduction::Mean;
   Tensor out;
   if (o.reduction == Reduction::None) {
     out = per_row;
   } else if (dev.is_cpu()) {
-    double s = cpu::sum_all(per_row.data<float>(), n);
+    double s = cpu::sum_all(per_row.data_ptr<float>(), n);
     // A mean over no counted rows (all ignored) is defined as 0 with zero gradient.
     if (mean) s = count > 0 ? s / double(count) : 0.0;
     out = Tensor::empty({});
-    out.data<float>()[0] = static_cast<float>(s);
+    out.data_ptr<float>()[0] = static_cast<float>(s);
   } else {
     out = backend::sum_all(per_row, 1.f);
     if (mean) out = backend::row_scales(out, 1.f, 1, count_dev).view({});
@@ -206,8 +206,8 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& labels, const CrossEntr
           scale = backend::row_scales(g, 1.f, n, mean ? count_dev : Tensor());
         }
         gi[0] = Tensor::empty({n, c});
-        backend::cross_entropy_backward(dev, prob.data<float>(), cy.data<int64_t>(), scale, n, c,
-                                        eps, ignore, gi[0].data<float>());
+        backend::cross_entropy_backward(dev, prob.data_ptr<float>(), cy.data_ptr<int64_t>(), scale, n, c,
+                                        eps, ignore, gi[0].data_ptr<float>());
       });
 }
 

@@ -159,12 +159,12 @@ void Adam::step() {
       ++st.step;
       keep.push_back(g);
       backend::OptimizerTensor t{};
-      t.p = p.data<float>();
-      t.g = g.data<float>();
-      t.m = st.exp_avg.data<float>();
-      t.v = st.exp_avg_sq.data<float>();
-      t.vmax = opt_.amsgrad ? st.max_exp_avg_sq.data<float>() : nullptr;
-      t.step = st.device_step.data<int64_t>();
+      t.p = p.data_ptr<float>();
+      t.g = g.data_ptr<float>();
+      t.m = st.exp_avg.data_ptr<float>();
+      t.v = st.exp_avg_sq.data_ptr<float>();
+      t.vmax = opt_.amsgrad ? st.max_exp_avg_sq.data_ptr<float>() : nullptr;
+      t.step = st.device_step.data_ptr<int64_t>();
       t.n = p.numel();
       group_of(gpu, p.device()).push_back(t);
       return;
@@ -173,9 +173,9 @@ void Adam::step() {
     cpu::AdamStep h = s;
     h.step_size = static_cast<float>(lr_ / (1.0 - std::pow(opt_.beta1, double(st.step))));
     h.bias2_sqrt = static_cast<float>(std::sqrt(1.0 - std::pow(opt_.beta2, double(st.step))));
-    backend::adam_update(p.device(), h, p.numel(), p.data<float>(), g.data<float>(),
-                         st.exp_avg.data<float>(), st.exp_avg_sq.data<float>(),
-                         opt_.amsgrad ? st.max_exp_avg_sq.data<float>() : nullptr);
+    backend::adam_update(p.device(), h, p.numel(), p.data_ptr<float>(), g.data_ptr<float>(),
+                         st.exp_avg.data_ptr<float>(), st.exp_avg_sq.data_ptr<float>(),
+                         opt_.amsgrad ? st.max_exp_avg_sq.data_ptr<float>() : nullptr);
   });
   for (auto& [device, tensors] : gpu) {
     detail::DeviceScope scope(device);
@@ -246,19 +246,19 @@ void SGD::step() {
       check_not_capturing(p, name());
       momentum_[i] = Tensor::empty(p.shape());
     }
-    float* buf = opt_.momentum != 0 ? momentum_[i].data<float>() : nullptr;
+    float* buf = opt_.momentum != 0 ? momentum_[i].data_ptr<float>() : nullptr;
     if (p.device().is_cuda()) {
       keep.push_back(g);
       backend::OptimizerTensor t{};
-      t.p = p.data<float>();
-      t.g = g.data<float>();
+      t.p = p.data_ptr<float>();
+      t.g = g.data_ptr<float>();
       t.buf = buf;
       t.n = p.numel();
       t.first = h.first;
       group_of(gpu, p.device()).push_back(t);
       return;
     }
-    backend::sgd_update(p.device(), h, p.numel(), p.data<float>(), g.data<float>(), buf);
+    backend::sgd_update(p.device(), h, p.numel(), p.data_ptr<float>(), g.data_ptr<float>(), buf);
   });
   for (auto& [device, tensors] : gpu) {
     detail::DeviceScope scope(device);

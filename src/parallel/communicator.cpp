@@ -41,14 +41,14 @@ void copy_back(Tensor& t, const Tensor& staged) {
 void Communicator::all_reduce(Tensor& t, ReduceOp op) {
   check_tensor(*this, t, "all_reduce", /*contiguous=*/true);
   Tensor s = in_memory_of(*this, t);
-  all_reduce(s.data<float>(), s.numel(), op);
+  all_reduce(s.data_ptr<float>(), s.numel(), op);
   copy_back(t, s);
 }
 
 void Communicator::broadcast(Tensor& t, int root) {
   check_tensor(*this, t, "broadcast", /*contiguous=*/true);
   Tensor s = in_memory_of(*this, t);
-  broadcast(s.data<float>(), s.numel(), root);
+  broadcast(s.data_ptr<float>(), s.numel(), root);
   copy_back(t, s);
 }
 
@@ -63,7 +63,7 @@ Tensor Communicator::all_gather(const Tensor& t) {
     detail::DeviceScope scope(c.device());
     out = Tensor::empty(shape, DType::Float32, c.device());
   }
-  all_gather(c.data<float>(), c.numel(), out.data<float>());
+  all_gather(c.data_ptr<float>(), c.numel(), out.data_ptr<float>());
   return out.device() == t.device() ? out : out.to(t.device());
 }
 

@@ -144,7 +144,7 @@ void wait_all(const std::vector<Pending>& tasks, const std::vector<Device>& devi
 // GPU: queued on the compute stream, in order with the gradients copied in).
 void set_floats(const Tensor& buf, int64_t offset, int64_t count, float value) {
   if (count <= 0) return;
-  float* p = buf.data<float>() + offset;
+  float* p = buf.data_ptr<float>() + offset;
   if (buf.device().is_cpu()) {
     std::fill_n(p, count, value);
     return;
@@ -267,10 +267,10 @@ struct DataParallelBase::Impl {
     size_t slot = 0;
     while (bucket.params[slot] != k) ++slot;
     Tensor g = grad.contiguous();
-    float* flat = rep.flat[b].data<float>();
+    float* flat = rep.flat[b].data_ptr<float>();
     // On a GPU both are queued on the compute stream; the communicator orders its collective
     // after that stream's work.
-    detail::copy_bytes(flat + bucket.offsets[slot], rep.device, g.data<float>(), g.device(),
+    detail::copy_bytes(flat + bucket.offsets[slot], rep.device, g.data_ptr<float>(), g.device(),
                        g.numel() * sizeof(float));
     set_floats(rep.flat[b], bucket.numel + slot, 1, 1.f);
     std::lock_guard<std::mutex> lock(rep.mu);
@@ -316,7 +316,7 @@ struct DataParallelBase::Impl {
         rep.cv.wait(lock, [&] { return rep.bucket_ready[b] != 0; });
       }
       const auto t0 = Clock::now();
-      float* data = rep.flat[b].data<float>();
+      float* data = rep.flat[b].data_ptr<float>();
       const int64_t count = buckets[b].total();
       profiler::RecordScope prof("all_reduce_bucket", {}, profiler::EventKind::AllReduce, nullptr,
                                  count * int64_t(sizeof(float)));
@@ -356,7 +356,7 @@ struct DataParallelBase::Impl {
           g = Tensor::empty(p.shape());
           p.set_grad(g);
         }
-        detail::copy_bytes(g.data<float>(), dev, data + buckets[b].offsets[s], dev,
+        detail::copy_bytes(g.data_ptr<float>(), dev, data + buckets[b].offsets[s], dev,
                            g.numel() * sizeof(float));
       }
       rep.allreduce_ms += ms_between(t0, t1);
@@ -394,7 +394,7 @@ struct DataParallelBase::Impl {
         const int64_t row = cg.numel() / std::max<int64_t>(cg.size(0), 1);
         detail::DeviceScope scope(replicas[r]->device);
         g_r = Tensor::empty(s, DType::Float32, replicas[r]->device);
-        detail::copy_bytes(g_r.raw_data(), g_r.device(), cg.data<float>() + starts[r] * row,
+        detail::copy_bytes(g_r.raw_data(), g_r.device(), cg.data_ptr<float>() + starts[r] * row,
                            cg.device(), g_r.numel() * sizeof(float));
       }
       compute_tasks[r] = replicas[r]->compute->post([this, r, reduce, out = outs[r], g_r] {
