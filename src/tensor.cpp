@@ -580,6 +580,10 @@ std::string Tensor::to_string() const {
     std::ostringstream v;
     if (dtype() == DType::Float32) {
       v << std::setprecision(4) << std::fixed << c.data<float>()[i];
+    } else if (dtype() == DType::BFloat16) {
+      v << std::setprecision(4) << std::fixed << float(c.data<bfloat16>()[i]);
+    } else if (dtype() == DType::Float16) {
+      v << std::setprecision(4) << std::fixed << float(c.data<float16>()[i]);
     } else if (dtype() == DType::Int64) {
       v << c.data<int64_t>()[i];
     } else if (dtype() == DType::UInt8) {

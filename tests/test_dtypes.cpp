@@ -236,6 +236,12 @@ TEST(Dtypes, ConversionsBetweenTheHalfTypesGoThroughFloat32) {
                   {"int64", "bfloat16", "float32"});
 }
 
+TEST(Dtypes, A16BitTensorPrintsItsValues) {
+  const std::string text = galley::full({2}, 1.5f, DType::BFloat16).to_string();
+  expect_contains(text, {"1.5000", "bfloat16"});
+  expect_contains(galley::full({1}, -2.f, DType::Float16).to_string(), {"-2.0000", "float16"});
+}
+
 TEST(Dtypes, OnlyFloatingTensorsTakeGradients) {
   EXPECT_NO_THROW(galley::ones({2}, DType::BFloat16).set_requires_grad());
   EXPECT_NO_THROW(galley::ones({2}, DType::Float16).set_requires_grad());
