@@ -472,8 +472,8 @@ Tensor Tensor::to(DType dtype) const {
   GALLEY_CHECK_DEFINED("to");
   if (dtype == this->dtype()) return *this;
   const bool floating = is_floating_point(this->dtype()) && is_floating_point(dtype);
-  GALLEY_CHECK(floating || dtype == DType::Float32 || this->dtype() == DType::Float32,
-               "to: cannot convert ", dtype_name(this->dtype()), " to ", dtype_name(dtype),
+  GALLEY_CHECK(is_convertible(this->dtype(), dtype), "to: cannot convert ",
+               dtype_name(this->dtype()), " to ", dtype_name(dtype),
                " directly (go through float32)");
   Tensor c = contiguous();
   Tensor out = empty(shape(), dtype, device());

@@ -105,10 +105,11 @@ struct ConvCase {
     gy = galley::randn({g.n, g.o, g.oh, g.ow});
     y = Tensor::empty({g.n, g.o, g.oh, g.ow});
     gx = Tensor::empty(x.shape()), gw = Tensor::empty(w.shape()), gb = Tensor::empty({g.o});
-    galley::kernels::cpu::conv2d_forward(g, x.data_ptr<float>(), w.data_ptr<float>(), b.data_ptr<float>(),
-                                         y.data_ptr<float>());
-    galley::kernels::cpu::conv2d_backward(g, x.data_ptr<float>(), w.data_ptr<float>(), gy.data_ptr<float>(),
-                                          gx.data_ptr<float>(), gw.data_ptr<float>(), gb.data_ptr<float>());
+    galley::kernels::cpu::conv2d_forward(g, x.data_ptr<float>(), w.data_ptr<float>(),
+                                         b.data_ptr<float>(), y.data_ptr<float>());
+    galley::kernels::cpu::conv2d_backward(g, x.data_ptr<float>(), w.data_ptr<float>(),
+                                          gy.data_ptr<float>(), gx.data_ptr<float>(),
+                                          gw.data_ptr<float>(), gb.data_ptr<float>());
     dx = x.to(gpu), dw = w.to(gpu), db = b.to(gpu), dgy = gy.to(gpu);
     dy = Tensor::empty(y.shape(), galley::DType::Float32, gpu);
     dgx = Tensor::empty(x.shape(), galley::DType::Float32, gpu);
@@ -120,7 +121,8 @@ struct ConvCase {
     kcuda::conv2d_forward(0, g, dx.data_ptr<float>(), dw.data_ptr<float>(), db.data_ptr<float>(),
                           dy.data_ptr<float>(), ws, stream);
     kcuda::conv2d_backward(0, g, dx.data_ptr<float>(), dw.data_ptr<float>(), dgy.data_ptr<float>(),
-                           dgx.data_ptr<float>(), dgw.data_ptr<float>(), dgb.data_ptr<float>(), ws, stream);
+                           dgx.data_ptr<float>(), dgw.data_ptr<float>(), dgb.data_ptr<float>(), ws,
+                           stream);
   }
 
   // After the device has finished.
@@ -184,8 +186,9 @@ TEST(CudaBlas, GemmMatchesTheCpuForEveryTransposition) {
              b = galley::randn({tb ? n : k, tb ? k : n});
       Tensor c = galley::randn({m, n});
       Tensor expected = c.clone();
-      galley::kernels::cpu::gemm(ta, tb, m, n, k, 0.5f, a.data_ptr<float>(), a.size(1), b.data_ptr<float>(),
-                                 b.size(1), 2.f, expected.data_ptr<float>(), n);
+      galley::kernels::cpu::gemm(ta, tb, m, n, k, 0.5f, a.data_ptr<float>(), a.size(1),
+                                 b.data_ptr<float>(), b.size(1), 2.f, expected.data_ptr<float>(),
+                                 n);
       Tensor da = a.to(gpu), db = b.to(gpu), dc = c.to(gpu);
       kcuda::gemm(0, ta, tb, m, n, k, 0.5f, da.data_ptr<float>(), a.size(1), db.data_ptr<float>(),
                   b.size(1), 2.f, dc.data_ptr<float>(), n, compute_stream());
@@ -282,8 +285,8 @@ TEST(CudaBlas, ConvolutionRunsUnderATightMemoryCap) {
   galley::backend::conv2d_forward(gpu, g, cs.dx.data_ptr<float>(), cs.dw.data_ptr<float>(),
                                   cs.db.data_ptr<float>(), cs.dy.data_ptr<float>());
   galley::backend::conv2d_backward(gpu, g, cs.dx.data_ptr<float>(), cs.dw.data_ptr<float>(),
-                                   cs.dgy.data_ptr<float>(), cs.dgx.data_ptr<float>(), cs.dgw.data_ptr<float>(),
-                                   cs.dgb.data_ptr<float>());
+                                   cs.dgy.data_ptr<float>(), cs.dgx.data_ptr<float>(),
+                                   cs.dgw.data_ptr<float>(), cs.dgb.data_ptr<float>());
   galley::cuda::synchronize(gpu);
   EXPECT_LE(galley::memory_stats(gpu).reserved, cap);
   cs.expect_matches(str(g) + " under a tight cap");
@@ -329,8 +332,8 @@ TEST(CudaBlas, ThreadsShareADeviceSafely) {
           galley::detail::make_current(gpu);
           stream = galley::detail::create_stream(gpu);
           for (int i = 0; i < kIterations; ++i) {
-            kcuda::gemm(0, false, false, m, n, k, 1.f, wk.da.data_ptr<float>(), k, wk.db.data_ptr<float>(),
-                        n, 0.f, wk.dc.data_ptr<float>(), n, stream);
+            kcuda::gemm(0, false, false, m, n, k, 1.f, wk.da.data_ptr<float>(), k,
+                        wk.db.data_ptr<float>(), n, 0.f, wk.dc.data_ptr<float>(), n, stream);
             for (ConvCase& cs : wk.convs) cs.run(scratch.workspace(), stream);
           }
         } catch (const std::exception& e) {

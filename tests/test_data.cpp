@@ -454,7 +454,8 @@ TEST_F(IdxFiles, AGzipTrailerThatLiesAboutTheSizeCostsNoMemory) {
   put_u32(count, n);
   content.replace(4, 4, count);
   std::string gz = gzip(content);
-  for (int b = 0; b < 4; ++b) gz[gz.size() - 4 + b] = static_cast<char>((claimed >> (8 * b)) & 0xff);
+  for (int b = 0; b < 4; ++b)
+    gz[gz.size() - 4 + b] = static_cast<char>((claimed >> (8 * b)) & 0xff);
   std::string p = write("lying-trailer.gz", gz);
   rusage before{}, after{};
   getrusage(RUSAGE_SELF, &before);

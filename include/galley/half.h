@@ -123,6 +123,13 @@ inline bool is_floating_point(DType t) {
   return t == DType::Float32 || t == DType::BFloat16 || t == DType::Float16;
 }
 
+/// True when Tensor::to converts `from` to `to` in one step: the same dtype, two floating
+/// dtypes, or float32 and int64 / uint8 either way.
+inline bool is_convertible(DType from, DType to) {
+  return from == to || (is_floating_point(from) && is_floating_point(to)) ||
+         from == DType::Float32 || to == DType::Float32;
+}
+
 /// Names a C++ element type for a dispatched lambda: `typename decltype(tag)::type`.
 template <typename T>
 struct type_tag {

@@ -101,10 +101,7 @@ void convert(const void* src, DType from, void* dst, DType to, int64_t n) {
     return;
   }
   // Checked before any thread starts, so an unsupported pair is one error on the caller.
-  const bool floating = is_floating_point(from) && is_floating_point(to);
-  const bool via_float = (from == DType::Float32 && (to == DType::Int64 || to == DType::UInt8)) ||
-                         (to == DType::Float32 && (from == DType::Int64 || from == DType::UInt8));
-  GALLEY_CHECK(floating || via_float, "convert: cannot convert ", dtype_name(from), " to ",
+  GALLEY_CHECK(is_convertible(from, to), "convert: cannot convert ", dtype_name(from), " to ",
                dtype_name(to), " directly (go through float32)");
   parallel_for(n, kElementwiseGrain, [&](int64_t s, int64_t e) {
     convert_n(at(src, from, s), from, at(dst, to, s), to, e - s);

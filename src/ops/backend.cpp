@@ -231,9 +231,11 @@ Tensor sum_all(const Tensor& x, float scale) {
   Tensor cx = x.contiguous();
   Tensor out = Tensor::empty({}, DType::Float32, x.device());
   if (on_gpu(x)) {
-    gpu::sum_all(cx.data_ptr<float>(), cx.numel(), scale, out.data_ptr<float>(), stream(x.device()));
+    gpu::sum_all(cx.data_ptr<float>(), cx.numel(), scale, out.data_ptr<float>(),
+                 stream(x.device()));
   } else {
-    out.data_ptr<float>()[0] = static_cast<float>(cpu::sum_all(cx.data_ptr<float>(), cx.numel()) * scale);
+    out.data_ptr<float>()[0] =
+        static_cast<float>(cpu::sum_all(cx.data_ptr<float>(), cx.numel()) * scale);
   }
   return out;
 }
@@ -293,8 +295,8 @@ Tensor row_scales(const Tensor& g_scalar, float factor, int64_t n, const Tensor&
   Tensor out = Tensor::empty({n}, DType::Float32, g_scalar.device());
   if (on_gpu(g_scalar)) {
     gpu::fill_scaled(g_scalar.data_ptr<float>(), factor,
-                     count.defined() ? count.data_ptr<int64_t>() : nullptr, out.data_ptr<float>(), n,
-                     stream(g_scalar.device()));
+                     count.defined() ? count.data_ptr<int64_t>() : nullptr, out.data_ptr<float>(),
+                     n, stream(g_scalar.device()));
   } else {
     GALLEY_CHECK(!count.defined(), "row_scales: a host loss counts its rows on the host");
     std::fill_n(out.data_ptr<float>(), n, g_scalar.item() * factor);
@@ -307,7 +309,8 @@ void cross_entropy_backward(Device device, const float* prob, const int64_t* lab
                             int64_t ignore_index, float* gx) {
   Tensor s = row_scale.contiguous();
   if (device.is_cpu())
-    return cpu::cross_entropy_backward(prob, labels, s.data_ptr<float>(), n, c, eps, ignore_index, gx);
+    return cpu::cross_entropy_backward(prob, labels, s.data_ptr<float>(), n, c, eps, ignore_index,
+                                       gx);
   gpu::cross_entropy_backward(prob, labels, s.data_ptr<float>(), n, c, eps, ignore_index, gx,
                               stream(device));
 }
@@ -357,7 +360,8 @@ int64_t first_nonfinite(const Tensor& t) {
   Tensor c = t.contiguous();
   if (!on_gpu(c)) return cpu::first_nonfinite(c.data_ptr<float>(), c.numel());
   Tensor first = Tensor::empty({}, DType::Int64, c.device());
-  gpu::first_nonfinite(c.data_ptr<float>(), c.numel(), first.data_ptr<int64_t>(), stream(c.device()));
+  gpu::first_nonfinite(c.data_ptr<float>(), c.numel(), first.data_ptr<int64_t>(),
+                       stream(c.device()));
   return first.to(Device::cpu()).data_ptr<int64_t>()[0];
 }
 

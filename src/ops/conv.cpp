@@ -58,8 +58,8 @@ Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias, const C
         if (gx) gi[0] = Tensor::empty(dx.shape());
         if (gw) gi[1] = Tensor::empty(dw.shape());
         if (gb) gi[2] = Tensor::empty({g.o});
-        backend::conv2d_backward(dev, g, dx.data_ptr<float>(), dw.data_ptr<float>(), cgy.data_ptr<float>(),
-                                 gx ? gi[0].data_ptr<float>() : nullptr,
+        backend::conv2d_backward(dev, g, dx.data_ptr<float>(), dw.data_ptr<float>(),
+                                 cgy.data_ptr<float>(), gx ? gi[0].data_ptr<float>() : nullptr,
                                  gw ? gi[1].data_ptr<float>() : nullptr,
                                  gb ? gi[2].data_ptr<float>() : nullptr);
       });

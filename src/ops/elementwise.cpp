@@ -202,8 +202,8 @@ Tensor bias_relu(const Tensor& x, const Tensor& bias, int64_t dim) {
   Tensor cx = x.contiguous(), cb = bias.contiguous();
   Tensor out = Tensor::empty(x.shape());
   const Device dev = x.device();
-  backend::bias_relu_forward(dev, cx.data_ptr<float>(), cb.data_ptr<float>(), outer, channels, inner,
-                             out.data_ptr<float>());
+  backend::bias_relu_forward(dev, cx.data_ptr<float>(), cb.data_ptr<float>(), outer, channels,
+                             inner, out.data_ptr<float>());
   if (!autograd::needs_grad({&x, &bias})) return out;
   Tensor dout = out.detach();
   const bool gx = x.requires_grad(), gb = bias.requires_grad();
@@ -213,8 +213,9 @@ Tensor bias_relu(const Tensor& x, const Tensor& bias, int64_t dim) {
     Tensor cg = g.contiguous();
     Tensor gxt = reuse ? cg : Tensor::empty(dout.shape());
     if (gb) gi[1] = Tensor::empty({channels});
-    backend::bias_relu_backward(dev, cg.data_ptr<float>(), dout.data_ptr<float>(), outer, channels, inner,
-                                gxt.data_ptr<float>(), gb ? gi[1].data_ptr<float>() : nullptr);
+    backend::bias_relu_backward(dev, cg.data_ptr<float>(), dout.data_ptr<float>(), outer, channels,
+                                inner, gxt.data_ptr<float>(),
+                                gb ? gi[1].data_ptr<float>() : nullptr);
     if (gx) gi[0] = gxt;
   });
 }

@@ -18,8 +18,8 @@ Tensor matmul(const Tensor& a, const Tensor& b) {
   int64_t m = a.size(0), k = a.size(1), n = b.size(1);
   Tensor out = Tensor::empty({m, n});
   const Device dev = a.device();
-  backend::gemm(dev, false, false, m, n, k, 1.f, ca.data_ptr<float>(), k, cb.data_ptr<float>(), n, 0.f,
-                out.data_ptr<float>(), n);
+  backend::gemm(dev, false, false, m, n, k, 1.f, ca.data_ptr<float>(), k, cb.data_ptr<float>(), n,
+                0.f, out.data_ptr<float>(), n);
   if (!autograd::needs_grad({&a, &b})) return out;
   Tensor da = ca.detach(), db = cb.detach();
   bool ga = a.requires_grad(), gb = b.requires_grad();
@@ -27,13 +27,13 @@ Tensor matmul(const Tensor& a, const Tensor& b) {
     Tensor cg = g.contiguous();
     if (ga) {  // dA = G B^T
       gi[0] = Tensor::empty({m, k});
-      backend::gemm(dev, false, true, m, k, n, 1.f, cg.data_ptr<float>(), n, db.data_ptr<float>(), n, 0.f,
-                    gi[0].data_ptr<float>(), k);
+      backend::gemm(dev, false, true, m, k, n, 1.f, cg.data_ptr<float>(), n, db.data_ptr<float>(),
+                    n, 0.f, gi[0].data_ptr<float>(), k);
     }
     if (gb) {  // dB = A^T G
       gi[1] = Tensor::empty({k, n});
-      backend::gemm(dev, true, false, k, n, m, 1.f, da.data_ptr<float>(), k, cg.data_ptr<float>(), n, 0.f,
-                    gi[1].data_ptr<float>(), n);
+      backend::gemm(dev, true, false, k, n, m, 1.f, da.data_ptr<float>(), k, cg.data_ptr<float>(),
+                    n, 0.f, gi[1].data_ptr<float>(), n);
     }
   });
 }
@@ -62,32 +62,32 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
   const Device dev = x.device();
   if (bias.defined())  // seed C with the bias so the GEMM adds into it: one pass fewer
     backend::broadcast_rows(dev, bias.contiguous().data_ptr<float>(), rows, out_f, po);
-  backend::gemm(dev, false, true, rows, out_f, in_f, 1.f, cx.data_ptr<float>(), in_f, cw.data_ptr<float>(),
-                in_f, bias.defined() ? 1.f : 0.f, po, out_f);
+  backend::gemm(dev, false, true, rows, out_f, in_f, 1.f, cx.data_ptr<float>(), in_f,
+                cw.data_ptr<float>(), in_f, bias.defined() ? 1.f : 0.f, po, out_f);
   if (!autograd::needs_grad({&x, &weight, &bias})) return out;
   Tensor dx = cx.detach(), dw = cw.detach();
   bool gx = x.requires_grad(), gw = weight.requires_grad(),
        gb = bias.defined() && bias.requires_grad();
   Shape x_shape = x.shape();
-  return autograd::record(out, "linear", {x, weight, bias},
-                          [=](const Tensor& g, std::vector<Tensor>& gi) {
-                            Tensor cg = g.contiguous();
-                            const float* pg = cg.data_ptr<float>();
-                            if (gx) {  // dX = G W
-                              gi[0] = Tensor::empty(x_shape);
-                              backend::gemm(dev, false, false, rows, in_f, out_f, 1.f, pg, out_f,
-                                            dw.data_ptr<float>(), in_f, 0.f, gi[0].data_ptr<float>(), in_f);
-                            }
-                            if (gw) {  // dW = G^T X
-                              gi[1] = Tensor::empty({out_f, in_f});
-                              backend::gemm(dev, true, false, out_f, in_f, rows, 1.f, pg, out_f,
-                                            dx.data_ptr<float>(), in_f, 0.f, gi[1].data_ptr<float>(), in_f);
-                            }
-                            if (gb) {
-                              gi[2] = Tensor::empty({out_f});
-                              backend::column_sums(dev, pg, rows, out_f, gi[2].data_ptr<float>());
-                            }
-                          });
+  return autograd::record(
+      out, "linear", {x, weight, bias}, [=](const Tensor& g, std::vector<Tensor>& gi) {
+        Tensor cg = g.contiguous();
+        const float* pg = cg.data_ptr<float>();
+        if (gx) {  // dX = G W
+          gi[0] = Tensor::empty(x_shape);
+          backend::gemm(dev, false, false, rows, in_f, out_f, 1.f, pg, out_f, dw.data_ptr<float>(),
+                        in_f, 0.f, gi[0].data_ptr<float>(), in_f);
+        }
+        if (gw) {  // dW = G^T X
+          gi[1] = Tensor::empty({out_f, in_f});
+          backend::gemm(dev, true, false, out_f, in_f, rows, 1.f, pg, out_f, dx.data_ptr<float>(),
+                        in_f, 0.f, gi[1].data_ptr<float>(), in_f);
+        }
+        if (gb) {
+          gi[2] = Tensor::empty({out_f});
+          backend::column_sums(dev, pg, rows, out_f, gi[2].data_ptr<float>());
+        }
+      });
 }
 
 }  // namespace galley

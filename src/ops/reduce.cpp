@@ -72,7 +72,8 @@ Tensor scaled_sum_dim(const Tensor& x, int64_t dim, bool keepdim, bool mean, con
   const Device dev = x.device();
   Tensor cx = detail::widened(x).contiguous();
   Tensor sums = Tensor::empty(reduced_shape(x.shape(), d, keepdim), DType::Float32, dev);
-  backend::sum_dim(dev, cx.data_ptr<float>(), sp.outer, sp.len, sp.inner, scale, sums.data_ptr<float>());
+  backend::sum_dim(dev, cx.data_ptr<float>(), sp.outer, sp.len, sp.inner, scale,
+                   sums.data_ptr<float>());
   Tensor out = detail::rounded(sums, dtype);
   if (!autograd::needs_grad({&x})) return out;
   Shape in_shape = x.shape();
@@ -95,7 +96,8 @@ Tensor softmax_impl(const Tensor& x, int64_t dim, bool log, const char* name) {
   const Device dev = x.device();
   Tensor cx = detail::widened(x).contiguous();
   Tensor y = Tensor::empty(x.shape(), DType::Float32, dev);
-  backend::softmax_forward(dev, cx.data_ptr<float>(), sp.outer, sp.len, sp.inner, log, y.data_ptr<float>());
+  backend::softmax_forward(dev, cx.data_ptr<float>(), sp.outer, sp.len, sp.inner, log,
+                           y.data_ptr<float>());
   Tensor out = detail::rounded(y, dtype);
   if (!autograd::needs_grad({&x})) return out;
   // The backward reads the float32 probabilities (the 16-bit output's rounding stays out of
@@ -105,8 +107,8 @@ Tensor softmax_impl(const Tensor& x, int64_t dim, bool log, const char* name) {
   return autograd::record(out, name, {x}, [=](const Tensor& g, std::vector<Tensor>& gi) {
     Tensor cg = detail::widened(g).contiguous();
     Tensor grad = Tensor::empty(y.shape(), DType::Float32, dev);
-    backend::softmax_backward(dev, y.data_ptr<float>(), cg.data_ptr<float>(), sp.outer, sp.len, sp.inner,
-                              log, grad.data_ptr<float>());
+    backend::softmax_backward(dev, y.data_ptr<float>(), cg.data_ptr<float>(), sp.outer, sp.len,
+                              sp.inner, log, grad.data_ptr<float>());
     gi[0] = detail::rounded(grad, dtype);
   });
 }
@@ -206,8 +208,8 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& labels, const CrossEntr
           scale = backend::row_scales(g, 1.f, n, mean ? count_dev : Tensor());
         }
         gi[0] = Tensor::empty({n, c});
-        backend::cross_entropy_backward(dev, prob.data_ptr<float>(), cy.data_ptr<int64_t>(), scale, n, c,
-                                        eps, ignore, gi[0].data_ptr<float>());
+        backend::cross_entropy_backward(dev, prob.data_ptr<float>(), cy.data_ptr<int64_t>(), scale,
+                                        n, c, eps, ignore, gi[0].data_ptr<float>());
       });
 }
 
