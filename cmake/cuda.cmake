@@ -1,3 +1,5 @@
+include(${CMAKE_CURRENT_LIST_DIR}/cuda_stubs.cmake)
+
 # The CUDA backend. GALLEY_WITH_CUDA: AUTO builds it when nvcc, cuBLAS, cuDNN and NCCL are all
 # found (also on machines without a GPU, so that every build compiles and links the kernels),
 # ON requires them, OFF leaves it out. CUDNN_ROOT and NCCL_ROOT (CMake or environment variables)
@@ -74,7 +76,8 @@ endmacro()
 function(galley_configure_cuda target)
   if(NOT GALLEY_CUDA_ENABLED)
     # The launchers, each throwing: the op layer's single dispatch links either way.
-    target_sources(${target} PRIVATE ${PROJECT_SOURCE_DIR}/kernels/cuda/stub.cpp)
+    galley_cuda_stubs(${PROJECT_SOURCE_DIR} stubs)
+    target_sources(${target} PRIVATE ${stubs})
     return()
   endif()
   file(GLOB cuda_sources CONFIGURE_DEPENDS ${PROJECT_SOURCE_DIR}/kernels/cuda/*.cu)

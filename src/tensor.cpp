@@ -12,7 +12,7 @@
 #include "galley/autograd.h"
 #include "galley/half.h"
 #include "galley/ops.h"
-#include "kernels/cpu/convert.h"
+#include "kernels/convert.h"
 #include "runtime/device_memory.h"
 
 namespace galley {

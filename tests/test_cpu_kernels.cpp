@@ -15,11 +15,11 @@
 #include <vector>
 
 #include "galley/galley.h"
-#include "kernels/cpu/conv2d.h"
+#include "kernels/conv2d.h"
 #include "kernels/cpu/conv2d_direct.h"
-#include "kernels/cpu/gemm.h"
+#include "kernels/gemm.h"
 
-using galley::kernels::cpu::Conv2dGeometry;
+using galley::kernels::Conv2dGeometry;
 
 namespace {
 

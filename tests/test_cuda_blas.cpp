@@ -15,8 +15,8 @@
 #include "galley/galley.h"
 #include "galley/runtime/cuda.h"
 #include "galley/runtime/memory.h"
-#include "kernels/cpu/conv2d.h"
-#include "kernels/cpu/gemm.h"
+#include "kernels/conv2d.h"
+#include "kernels/gemm.h"
 #ifdef GALLEY_HAVE_CUDA
 #include "kernels/cuda/blas.cuh"
 #include "src/ops/backend.h"
@@ -25,7 +25,7 @@
 
 using galley::Device;
 using galley::Tensor;
-using galley::kernels::cpu::Conv2dGeometry;
+using galley::kernels::Conv2dGeometry;
 
 namespace {
 

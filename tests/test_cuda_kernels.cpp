@@ -27,15 +27,15 @@
 
 #include "galley/galley.h"
 #include "galley/runtime/cuda.h"
-#include "kernels/cpu/bias_relu.h"
-#include "kernels/cpu/binary.h"
-#include "kernels/cpu/cross_entropy.h"
-#include "kernels/cpu/gemm.h"
-#include "kernels/cpu/max_pool2d.h"
-#include "kernels/cpu/optimizer_update.h"
-#include "kernels/cpu/reduce.h"
-#include "kernels/cpu/softmax.h"
-#include "kernels/cpu/unary.h"
+#include "kernels/bias_relu.h"
+#include "kernels/binary.h"
+#include "kernels/cross_entropy.h"
+#include "kernels/gemm.h"
+#include "kernels/max_pool2d.h"
+#include "kernels/optimizer_update.h"
+#include "kernels/reduce.h"
+#include "kernels/softmax.h"
+#include "kernels/unary.h"
 #ifdef GALLEY_HAVE_CUDA
 #include "kernels/cuda/elementwise.cuh"
 #include "src/runtime/device_memory.h"
@@ -295,9 +295,9 @@ TEST(CudaKernels, BinaryOpsMatchTheCpuWithBroadcasting) {
       {{9000001}, {1}, 0},
       {{3000001}, {3000001}, 0},
   };
-  const cpu::BinaryOp cpu_ops[] = {cpu::BinaryOp::Add, cpu::BinaryOp::Sub, cpu::BinaryOp::Mul,
-                                   cpu::BinaryOp::Div};
-  const gk::Binary gpu_ops[] = {gk::Binary::Add, gk::Binary::Sub, gk::Binary::Mul, gk::Binary::Div};
+  const BinaryOp cpu_ops[] = {BinaryOp::Add, BinaryOp::Sub, BinaryOp::Mul,
+                                   BinaryOp::Div};
+  const gk::Binary gpu_ops[] = {BinaryOp::Add, BinaryOp::Sub, BinaryOp::Mul, BinaryOp::Div};
   const char* names[] = {"add", "sub", "mul", "div"};
   for (const Case& c : cases) {
     std::vector<float> va = normal(numel(c.a)), vb = normal(numel(c.b));
@@ -388,12 +388,12 @@ TEST(CudaKernels, UnaryOpsMatchTheCpu) {
     int64_t max_ulps;
   };
   const Case cases[] = {
-      {"exp", gk::Unary::Exp, 0.f, 0.f, cpu::exp(t), 3},
-      {"log", gk::Unary::Log, 0.f, 0.f, cpu::log(t), 3},
-      {"pow 2.5", gk::Unary::Pow, 2.5f, 0.f, cpu::pow(t, 2.5f), 8},
-      {"pow 2", gk::Unary::Pow, 2.f, 0.f, cpu::pow(t, 2.f), 8},
-      {"pow -1.5", gk::Unary::Pow, -1.5f, 0.f, cpu::pow(t, -1.5f), 8},
-      {"relu", gk::Unary::Relu, 0.f, 0.f, cpu::relu(t), 0},
+      {"exp", UnaryOp::Exp, 0.f, 0.f, cpu::exp(t), 3},
+      {"log", UnaryOp::Log, 0.f, 0.f, cpu::log(t), 3},
+      {"pow 2.5", UnaryOp::Pow, 2.5f, 0.f, cpu::pow(t, 2.5f), 8},
+      {"pow 2", UnaryOp::Pow, 2.f, 0.f, cpu::pow(t, 2.f), 8},
+      {"pow -1.5", UnaryOp::Pow, -1.5f, 0.f, cpu::pow(t, -1.5f), 8},
+      {"relu", UnaryOp::Relu, 0.f, 0.f, cpu::relu(t), 0},
   };
   for (const Case& c : cases)
     for (int64_t pad : {0, 1}) {
@@ -405,7 +405,7 @@ TEST(CudaKernels, UnaryOpsMatchTheCpu) {
   // x * 0.7 - 1.3 may be one FMA on either side: within one rounding of the product.
   for (int64_t pad : {0, 1}) {
     DeviceFloats da(base, pad), dout = DeviceFloats::zeros(n, pad);
-    gk::unary(gk::Unary::Affine, galley::DType::Float32, da.get(), dout.get(), n, 0.7f, -1.3f,
+    gk::unary(UnaryOp::Affine, galley::DType::Float32, da.get(), dout.get(), n, 0.7f, -1.3f,
               nullptr);
     std::vector<double> tol(n);
     for (int64_t i = 0; i < n; ++i) tol[i] = FLT_EPSILON * (std::abs(base[i] * 0.7) + 1.3);
@@ -414,7 +414,7 @@ TEST(CudaKernels, UnaryOpsMatchTheCpu) {
   }
   // In place (out == a), as the op layer's relu_ does.
   DeviceFloats inplace(base);
-  gk::unary(gk::Unary::Relu, galley::DType::Float32, inplace.get(), inplace.get(), n, 0.f, 0.f,
+  gk::unary(UnaryOp::Relu, galley::DType::Float32, inplace.get(), inplace.get(), n, 0.f, 0.f,
             nullptr);
   expect_same(inplace.host(), cpu::relu(t).to_vector(), "relu in place");
 #endif
@@ -812,12 +812,12 @@ struct SplitSums {
   // Overwrites this one's inputs with `o`'s, on `stream`: x * 1 + 0 keeps every bit that a sum
   // sees.
   void load_inputs(const SplitSums& o, void* stream) {
-    gk::unary(gk::Unary::Affine, galley::DType::Float32, o.x.get(), x.get(), kN, 1.f, 0.f, stream);
-    gk::unary(gk::Unary::Affine, galley::DType::Float32, o.g.get(), g.get(), kRows * kCols, 1.f,
+    gk::unary(UnaryOp::Affine, galley::DType::Float32, o.x.get(), x.get(), kN, 1.f, 0.f, stream);
+    gk::unary(UnaryOp::Affine, galley::DType::Float32, o.g.get(), g.get(), kRows * kCols, 1.f,
               0.f, stream);
-    gk::unary(gk::Unary::Affine, galley::DType::Float32, o.gy.get(), gy.get(), kConv, 1.f, 0.f,
+    gk::unary(UnaryOp::Affine, galley::DType::Float32, o.gy.get(), gy.get(), kConv, 1.f, 0.f,
               stream);
-    gk::unary(gk::Unary::Affine, galley::DType::Float32, o.y.get(), y.get(), kConv, 1.f, 0.f,
+    gk::unary(UnaryOp::Affine, galley::DType::Float32, o.y.get(), y.get(), kConv, 1.f, 0.f,
               stream);
   }
 };
@@ -1052,7 +1052,7 @@ TEST(CudaKernels, MaxPoolPicksTheCpuWinnersAndRoutesGradients) {
   for (const Case& c : {Case{6, 13, 11, 2, 2, 0}, Case{4, 12, 12, 2, 2, 0}, Case{3, 9, 9, 3, 2, 1},
                         Case{2, 7, 8, 3, 1, 0}, Case{5, 10, 10, 2, 1, 0}, Case{2, 6, 6, 3, 3, 1},
                         Case{128, 32, 32, 2, 2, 0}}) {
-    cpu::Pool2dGeometry g{};
+    Pool2dGeometry g{};
     g.planes = c.planes, g.h = c.h, g.w = c.w, g.k = c.k, g.stride = c.stride, g.pad = c.pad;
     g.oh = (c.h + 2 * c.pad - c.k) / c.stride + 1;
     g.ow = (c.w + 2 * c.pad - c.k) / c.stride + 1;
@@ -1099,7 +1099,7 @@ TEST(CudaKernels, AdamAndAdamWUpdatesMatchTheCpu) {
                         Case{0.02f, true, true}})
     for (int64_t n : {1003, 1 << 20})
       for (int64_t pad : {0, 1}) {
-        cpu::AdamStep s{};
+        AdamStep s{};
         s.lr = lr, s.beta1 = beta1, s.beta2 = beta2, s.eps = 1e-8f;
         s.weight_decay = c.weight_decay;
         // As the optimizer computes them (in double); the GPU derives them from its step counter.
@@ -1140,7 +1140,7 @@ TEST(CudaKernels, SgdUpdatesMatchTheCpu) {
                         Case{0.9f, 0.1f, 1e-4f, true, false}, Case{0.9f, 0.f, 0.f, false, false}})
     for (int64_t n : {1003, 1 << 20})
       for (int64_t pad : {0, 1}) {
-        cpu::SGDStep s{};
+        SGDStep s{};
         s.lr = 0.1f, s.momentum = c.momentum, s.dampening = c.dampening;
         s.weight_decay = c.weight_decay, s.nesterov = c.nesterov, s.first = c.first;
         const std::string what = "SGD momentum=" + std::to_string(c.momentum) +

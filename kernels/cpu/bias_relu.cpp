@@ -1,4 +1,4 @@
-#include "kernels/cpu/bias_relu.h"
+#include "kernels/bias_relu.h"
 
 #include <algorithm>
 

@@ -1,67 +1,59 @@
-#include "kernels/cpu/binary.h"
+// Elementwise binary ops with broadcasting, sum_to and in-place accumulation on the host.
+#include "kernels/binary.h"
 
-#include "kernels/cpu/convert.h"
+#include <algorithm>
+#include <vector>
+
+#include "galley/half.h"
+#include "kernels/convert.h"
 #include "kernels/cpu/parallel.h"
+#include "kernels/cpu/staged.h"
 
 namespace galley::kernels::cpu {
-
-Shape broadcast_shapes(const Shape& a, const Shape& b, const char* op) {
-  size_t n = std::max(a.size(), b.size());
-  Shape out(n);
-  for (size_t i = 0; i < n; ++i) {
-    int64_t da = i < n - a.size() ? 1 : a[i - (n - a.size())];
-    int64_t db = i < n - b.size() ? 1 : b[i - (n - b.size())];
-    GALLEY_CHECK(da == db || da == 1 || db == 1, op, ": shapes ", shape_str(a), " and ",
-                 shape_str(b), " cannot be broadcast together (dimension ", i, ": ", da, " vs ", db,
-                 ")");
-    out[i] = da == 1 ? db : da;
-  }
-  return out;
-}
-
 namespace {
 
-// Strides of `s` laid out row-major, aligned to `out`'s rank, 0 where `s` is broadcast.
-Shape broadcast_strides(const Shape& s, const Shape& out) {
-  Shape st(out.size(), 0);
+int64_t count(const int64_t* shape, int rank) {
+  int64_t n = 1;
+  for (int i = 0; i < rank; ++i) n *= shape[i];
+  return n;
+}
+
+// Row-major strides of `s`, 0 where `s` is broadcast against `out`.
+std::vector<int64_t> broadcast_strides(const int64_t* s, int rank) {
+  std::vector<int64_t> st(rank, 0);
   int64_t acc = 1;
-  for (size_t i = s.size(); i-- > 0;) {
-    size_t j = i + out.size() - s.size();
-    st[j] = s[i] == 1 ? 0 : acc;
+  for (int i = rank; i-- > 0;) {
+    st[i] = s[i] == 1 ? 0 : acc;
     acc *= s[i];
   }
   return st;
 }
 
 template <typename T, typename F>
-void run(const Tensor& ta, const Tensor& tb, Tensor& to, F f) {
-  const T* a = ta.data<T>();
-  const T* b = tb.data<T>();
-  T* o = to.data<T>();
-  const Shape& out = to.shape();
-  int64_t n = to.numel();
-  if (ta.shape() == tb.shape()) {
+void run(const T* a, const int64_t* as, const T* b, const int64_t* bs, T* o, const int64_t* os,
+         int d, F f) {
+  const int64_t n = count(os, d), na = count(as, d), nb = count(bs, d);
+  if (std::equal(as, as + d, bs)) {
     parallel_for(n, kElementwiseGrain,
                  [&](int64_t s, int64_t e) { zip_n(a + s, 1, b + s, 1, o + s, e - s, f); });
     return;
   }
-  if (tb.numel() == 1 && ta.numel() == n) {
+  if (nb == 1 && na == n) {
     parallel_for(n, kElementwiseGrain,
                  [&](int64_t s, int64_t e) { zip_n(a + s, 1, b, 0, o + s, e - s, f); });
     return;
   }
   // General case: walk rows of the innermost dimension, each side with stride 0 or 1 in it.
-  Shape sa = broadcast_strides(ta.shape(), out), sb = broadcast_strides(tb.shape(), out);
-  int64_t d = static_cast<int64_t>(out.size());
-  int64_t inner = d ? out[d - 1] : 1, rows = inner ? n / inner : 0;
-  int64_t ia = d ? sa[d - 1] : 0, ib = d ? sb[d - 1] : 0;
+  const std::vector<int64_t> sa = broadcast_strides(as, d), sb = broadcast_strides(bs, d);
+  const int64_t inner = d ? os[d - 1] : 1, rows = inner ? n / inner : 0;
+  const int64_t ia = d ? sa[d - 1] : 0, ib = d ? sb[d - 1] : 0;
   parallel_for(rows, std::max<int64_t>(1, kElementwiseGrain / std::max<int64_t>(inner, 1)),
                [&](int64_t r0, int64_t r1) {
                  for (int64_t r = r0; r < r1; ++r) {
                    int64_t oa = 0, ob = 0, rem = r;
-                   for (int64_t k = d - 2; k >= 0; --k) {
-                     int64_t idx = rem % out[k];
-                     rem /= out[k];
+                   for (int k = d - 2; k >= 0; --k) {
+                     const int64_t idx = rem % os[k];
+                     rem /= os[k];
                      oa += idx * sa[k];
                      ob += idx * sb[k];
                    }
@@ -70,85 +62,87 @@ void run(const Tensor& ta, const Tensor& tb, Tensor& to, F f) {
                });
 }
 
-}  // namespace
-
-Tensor binary(BinaryOp op, const Tensor& a, const Tensor& b) {
-  static const char* names[] = {"add", "sub", "mul", "div"};
-  const char* name = names[int(op)];
-  Shape out_shape = broadcast_shapes(a.shape(), b.shape(), name);
-  Tensor ca = a.contiguous(), cb = b.contiguous();
-  Tensor out = Tensor::empty(out_shape, a.dtype(), a.device());
-  dispatch_floating(a.dtype(), name, [&](auto tag) {
-    using T = typename decltype(tag)::type;
-    switch (op) {
-      case BinaryOp::Add:
-        run<T>(ca, cb, out, [](float x, float y) { return x + y; });
-        break;
-      case BinaryOp::Sub:
-        run<T>(ca, cb, out, [](float x, float y) { return x - y; });
-        break;
-      case BinaryOp::Mul:
-        run<T>(ca, cb, out, [](float x, float y) { return x * y; });
-        break;
-      case BinaryOp::Div:
-        run<T>(ca, cb, out, [](float x, float y) { return x / y; });
-        break;
-    }
-  });
-  return out;
-}
-
-Tensor sum_to(const Tensor& g, const Shape& shape) {
-  if (g.shape() == shape) return g;
-  // The 16-bit types are summed in float32 and rounded once.
-  if (g.dtype() != DType::Float32)
-    return converted(sum_to(converted(g, DType::Float32), shape), g.dtype());
-  Tensor cg = g.contiguous();
-  Tensor out = zeros(shape, DType::Float32, g.device());
-  const Shape& gs = cg.shape();
-  Shape so = broadcast_strides(shape, gs);
-  int64_t d = static_cast<int64_t>(gs.size());
-  int64_t inner = d ? gs[d - 1] : 1, n = cg.numel(), rows = inner ? n / inner : 0;
-  int64_t io = d ? so[d - 1] : 0;
-  const float* pg = cg.data<float>();
-  float* po = out.data<float>();
+void sum_to_float32(const float* g, const int64_t* gs, float* out, const int64_t* shape, int d) {
+  const int64_t n = count(gs, d), inner = d ? gs[d - 1] : 1, rows = inner ? n / inner : 0;
+  std::fill_n(out, count(shape, d), 0.f);
+  const std::vector<int64_t> so = broadcast_strides(shape, d);
+  const int64_t io = d ? so[d - 1] : 0;
   // Serial: many rows may add into the same output element.
   for (int64_t r = 0; r < rows; ++r) {
     int64_t oo = 0, rem = r;
-    for (int64_t k = d - 2; k >= 0; --k) {
+    for (int k = d - 2; k >= 0; --k) {
       oo += (rem % gs[k]) * so[k];
       rem /= gs[k];
     }
-    const float* row = pg + r * inner;
+    const float* row = g + r * inner;
     if (io) {
 #pragma omp simd
-      for (int64_t i = 0; i < inner; ++i) po[oo + i] += row[i];
+      for (int64_t i = 0; i < inner; ++i) out[oo + i] += row[i];
     } else {
       float s = 0.f;
 #pragma omp simd reduction(+ : s)
       for (int64_t i = 0; i < inner; ++i) s += row[i];
-      po[oo] += s;
+      out[oo] += s;
     }
   }
-  return out;
 }
 
-Tensor add_same_shape(const Tensor& a, const Tensor& b) {
-  return binary(BinaryOp::Add, a, b);
-}
+}  // namespace
 
-void add_inplace(Tensor& acc, const Tensor& g) {
-  GALLEY_CHECK(acc.shape() == g.shape(), "add_inplace: ", shape_str(acc.shape()), " vs ",
-               shape_str(g.shape()));
-  Tensor cg = g.contiguous();
-  dispatch_floating(acc.dtype(), "add_inplace", [&](auto tag) {
+void binary(BinaryOp op, DType dtype, const void* a, const int64_t* a_shape, const void* b,
+            const int64_t* b_shape, void* out, const int64_t* out_shape, int rank) {
+  static const char* names[] = {"add", "sub", "mul", "div"};
+  dispatch_floating(dtype, names[int(op)], [&](auto tag) {
     using T = typename decltype(tag)::type;
-    T* o = acc.data<T>();
-    const T* p = cg.data<T>();
-    parallel_for(acc.numel(), kElementwiseGrain, [&](int64_t s, int64_t e) {
+    const T* x = static_cast<const T*>(a);
+    const T* y = static_cast<const T*>(b);
+    T* o = static_cast<T*>(out);
+    switch (op) {
+      case BinaryOp::Add:
+        return run(x, a_shape, y, b_shape, o, out_shape, rank,
+                   [](float p, float q) { return p + q; });
+      case BinaryOp::Sub:
+        return run(x, a_shape, y, b_shape, o, out_shape, rank,
+                   [](float p, float q) { return p - q; });
+      case BinaryOp::Mul:
+        return run(x, a_shape, y, b_shape, o, out_shape, rank,
+                   [](float p, float q) { return p * q; });
+      case BinaryOp::Div:
+        return run(x, a_shape, y, b_shape, o, out_shape, rank,
+                   [](float p, float q) { return p / q; });
+    }
+  });
+}
+
+void sum_to(DType dtype, const void* g, const int64_t* g_shape, void* out, const int64_t* shape,
+            int rank) {
+  dispatch_floating(dtype, "sum_to", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    if constexpr (std::is_same_v<T, float>) {
+      sum_to_float32(static_cast<const float*>(g), g_shape, static_cast<float*>(out), shape, rank);
+    } else {
+      // The 16-bit types are summed in float32 and rounded once.
+      std::vector<float> wide(count(g_shape, rank)), sums(count(shape, rank));
+      to_float(static_cast<const T*>(g), wide.data(), int64_t(wide.size()));
+      sum_to_float32(wide.data(), g_shape, sums.data(), shape, rank);
+      from_float(sums.data(), static_cast<T*>(out), int64_t(sums.size()));
+    }
+  });
+}
+
+void add_inplace(DType dtype, void* acc, const void* g, int64_t n) {
+  dispatch_floating(dtype, "add_inplace", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    T* o = static_cast<T*>(acc);
+    const T* p = static_cast<const T*>(g);
+    parallel_for(n, kElementwiseGrain, [&](int64_t s, int64_t e) {
       zip_n(o + s, 1, p + s, 1, o + s, e - s, [](float x, float y) { return x + y; });
     });
   });
+}
+
+void broadcast_rows(const float* bias, int64_t rows, int64_t n, float* out) {
+  for (int64_t r = 0; r < rows; ++r) std::copy_n(bias, n, out + r * n);
 }
 
 }  // namespace galley::kernels::cpu

@@ -1,4 +1,4 @@
-#include "kernels/cpu/clip.h"
+#include "kernels/clip.h"
 
 #include <algorithm>
 #include <cmath>

@@ -1,4 +1,4 @@
-#include "kernels/cpu/conv2d.h"
+#include "kernels/conv2d.h"
 
 #include <algorithm>
 #include <cstring>
@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "kernels/cpu/conv2d_direct.h"
-#include "kernels/cpu/gemm.h"
+#include "kernels/gemm.h"
 #include "kernels/cpu/parallel.h"
 
 namespace galley::kernels::cpu {

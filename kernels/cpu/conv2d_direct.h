@@ -10,7 +10,7 @@
 // carries Wp - OW junk columns per row, dropped when the result is written out. The input
 // gradient is the same correlation of the bordered output gradient with the flipped, transposed
 // kernel; the weight gradient runs over q with output channels across the vector lanes.
-#include "kernels/cpu/conv2d.h"
+#include "kernels/conv2d.h"
 
 namespace galley::kernels::cpu {
 

@@ -1,4 +1,4 @@
-#include "kernels/cpu/convert.h"
+#include "kernels/convert.h"
 
 #if defined(__F16C__)
 #include <immintrin.h>
@@ -8,6 +8,7 @@
 #include <cstring>
 #include <type_traits>
 
+#include "galley/error.h"
 #include "kernels/cpu/parallel.h"
 
 namespace galley::kernels::cpu {
@@ -106,13 +107,6 @@ void convert(const void* src, DType from, void* dst, DType to, int64_t n) {
   parallel_for(n, kElementwiseGrain, [&](int64_t s, int64_t e) {
     convert_n(at(src, from, s), from, at(dst, to, s), to, e - s);
   });
-}
-
-Tensor converted(const Tensor& t, DType dtype) {
-  Tensor c = t.contiguous();
-  Tensor out = Tensor::empty(t.shape(), dtype, t.device());
-  convert(c.raw_data(), c.dtype(), out.raw_data(), dtype, c.numel());
-  return out;
 }
 
 }  // namespace galley::kernels::cpu

@@ -1,4 +1,4 @@
-#include "kernels/cpu/cross_entropy.h"
+#include "kernels/cross_entropy.h"
 
 #include <algorithm>
 #include <cmath>

@@ -1,9 +1,8 @@
-#include "kernels/cpu/gemm.h"
+#include "kernels/gemm.h"
 
 #include <Eigen/Core>
 #include <algorithm>
 
-#include "galley/ops.h"
 #include "kernels/cpu/parallel.h"
 
 namespace galley::kernels::cpu {
@@ -83,15 +82,6 @@ void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alp
       gemm_serial(trans_a, trans_b, hi - lo, n, k, alpha, trans_a ? a + lo : a + lo * lda, lda, b,
                   ldb, beta, c + lo * ldc, ldc);
   });
-}
-
-void column_sums(const float* g, int64_t rows, int64_t n, float* out, bool accumulate) {
-  if (!accumulate) std::fill_n(out, n, 0.f);
-  for (int64_t i = 0; i < rows; ++i) {
-    const float* r = g + i * n;
-#pragma omp simd
-    for (int64_t j = 0; j < n; ++j) out[j] += r[j];
-  }
 }
 
 }  // namespace galley::kernels::cpu

@@ -1,4 +1,4 @@
-#include "kernels/cpu/max_pool2d.h"
+#include "kernels/max_pool2d.h"
 
 #include <algorithm>
 #include <cmath>

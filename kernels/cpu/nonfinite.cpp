@@ -1,4 +1,4 @@
-#include "kernels/cpu/nonfinite.h"
+#include "kernels/nonfinite.h"
 
 #include <algorithm>
 #include <cstring>

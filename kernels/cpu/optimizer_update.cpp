@@ -1,4 +1,4 @@
-#include "kernels/cpu/optimizer_update.h"
+#include "kernels/optimizer_update.h"
 
 #include <algorithm>
 #include <cmath>

@@ -6,7 +6,10 @@
 #include <cstdint>
 #include <vector>
 
-#include "galley/ops.h"
+namespace galley {
+// The threads the CPU kernels may use now (galley/ops.h's public setting, defined by the core).
+int num_threads();
+}  // namespace galley
 
 namespace galley::kernels::cpu {
 

@@ -1,4 +1,4 @@
-#include "kernels/cpu/reduce.h"
+#include "kernels/reduce.h"
 
 #include <algorithm>
 #include <cmath>
@@ -52,6 +52,15 @@ void argmax_dim(const float* x, int64_t outer, int64_t len, int64_t inner, int64
       }
       out[o * inner + i] = best;
     }
+}
+
+void column_sums(const float* g, int64_t rows, int64_t n, float* out, bool accumulate) {
+  if (!accumulate) std::fill_n(out, n, 0.f);
+  for (int64_t i = 0; i < rows; ++i) {
+    const float* r = g + i * n;
+#pragma omp simd
+    for (int64_t j = 0; j < n; ++j) out[j] += r[j];
+  }
 }
 
 }  // namespace galley::kernels::cpu

@@ -1,4 +1,4 @@
-#include "kernels/cpu/softmax.h"
+#include "kernels/softmax.h"
 
 #include <algorithm>
 #include <cmath>

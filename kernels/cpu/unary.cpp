@@ -1,85 +1,66 @@
-#include "kernels/cpu/unary.h"
+// Elementwise unary ops and their backward on the host.
+#include "kernels/unary.h"
 
 #include <cmath>
 
-#include "kernels/cpu/convert.h"
+#include "galley/half.h"
 #include "kernels/cpu/parallel.h"
+#include "kernels/cpu/staged.h"
 
 namespace galley::kernels::cpu {
 namespace {
 
-// f over every element, in the input's dtype (float32, bfloat16 or float16; computed in float32).
+// o = f(a) over n elements of `dtype`, computed in float32.
 template <typename F>
-Tensor map(const char* op, const Tensor& a, F f) {
-  Tensor ca = a.contiguous();
-  Tensor out = Tensor::empty(a.shape(), a.dtype(), a.device());
-  dispatch_floating(a.dtype(), op, [&](auto tag) {
+void map(const char* op, DType dtype, const void* a, void* out, int64_t n, F f) {
+  dispatch_floating(dtype, op, [&](auto tag) {
     using T = typename decltype(tag)::type;
-    const T* p = ca.data<T>();
-    T* o = out.data<T>();
-    parallel_for(out.numel(), kElementwiseGrain,
+    const T* p = static_cast<const T*>(a);
+    T* o = static_cast<T*>(out);
+    parallel_for(n, kElementwiseGrain,
                  [&](int64_t s, int64_t e) { map_n(p + s, o + s, e - s, f); });
   });
-  return out;
 }
 
-// f over the elements of two tensors of one shape and dtype (the op layer checks the dtypes);
-// in place when `out` is `a`.
+// o = f(a, b) over n elements of `dtype`; o may be a.
 template <typename F>
-void zip_into(const char* op, const Tensor& a, const Tensor& b, Tensor& out, F f) {
-  GALLEY_CHECK(a.shape() == b.shape(), op, ": shapes ", shape_str(a.shape()), " and ",
-               shape_str(b.shape()), " differ");
-  Tensor cb = b.contiguous();
-  dispatch_floating(a.dtype(), op, [&](auto tag) {
+void zip(const char* op, DType dtype, const void* a, const void* b, void* out, int64_t n, F f) {
+  dispatch_floating(dtype, op, [&](auto tag) {
     using T = typename decltype(tag)::type;
-    const T* pa = a.data<T>();
-    const T* pb = cb.data<T>();
-    T* o = out.data<T>();
-    parallel_for(out.numel(), kElementwiseGrain,
+    const T* pa = static_cast<const T*>(a);
+    const T* pb = static_cast<const T*>(b);
+    T* o = static_cast<T*>(out);
+    parallel_for(n, kElementwiseGrain,
                  [&](int64_t s, int64_t e) { zip_n(pa + s, 1, pb + s, 1, o + s, e - s, f); });
   });
 }
 
-template <typename F>
-Tensor zip(const char* op, const Tensor& a, const Tensor& b, F f) {
-  Tensor ca = a.contiguous();
-  Tensor out = Tensor::empty(a.shape(), a.dtype(), a.device());
-  zip_into(op, ca, b, out, f);
-  return out;
-}
-
 }  // namespace
 
-Tensor affine(const Tensor& a, float scale, float shift) {
-  return map("affine", a, [=](float x) { return x * scale + shift; });
+void unary(UnaryOp op, DType dtype, const void* a, void* out, int64_t n, float p0, float p1) {
+  switch (op) {
+    case UnaryOp::Affine:
+      return map("affine", dtype, a, out, n, [=](float x) { return x * p0 + p1; });
+    case UnaryOp::Exp:
+      return map("exp", dtype, a, out, n, [](float x) { return std::exp(x); });
+    case UnaryOp::Log:
+      return map("log", dtype, a, out, n, [](float x) { return std::log(x); });
+    case UnaryOp::Pow:
+      return map("pow", dtype, a, out, n, [=](float x) { return std::pow(x, p0); });
+    case UnaryOp::Relu:
+      // `!(x <= 0)` keeps a NaN as NaN, as PyTorch does, instead of hiding it behind a zero.
+      return map("relu", dtype, a, out, n, [](float x) { return !(x <= 0.f) ? x : 0.f; });
+  }
 }
-Tensor exp(const Tensor& a) {
-  return map("exp", a, [](float x) { return std::exp(x); });
+
+void pow_backward(DType dtype, const void* grad, const void* a, void* out, int64_t n, float p) {
+  zip("pow_backward", dtype, grad, a, out, n,
+      [=](float g, float x) { return g * p * std::pow(x, p - 1.f); });
 }
-Tensor log(const Tensor& a) {
-  return map("log", a, [](float x) { return std::log(x); });
-}
-Tensor pow(const Tensor& a, float p) {
-  return map("pow", a, [=](float x) { return std::pow(x, p); });
-}
-Tensor pow_backward(const Tensor& grad, const Tensor& a, float p) {
-  return zip("pow_backward", grad, a,
-             [=](float g, float x) { return g * p * std::pow(x, p - 1.f); });
-}
-// `!(x <= 0)` keeps a NaN as NaN, as PyTorch does, instead of hiding it behind a zero.
-Tensor relu(const Tensor& a) {
-  return map("relu", a, [](float x) { return !(x <= 0.f) ? x : 0.f; });
-}
-void relu_(Tensor& a) {
-  GALLEY_CHECK(a.is_contiguous(), "relu_: the tensor must be contiguous");
-  zip_into("relu_", a, a, a, [](float x, float) { return !(x <= 0.f) ? x : 0.f; });
-}
-void relu_backward_(Tensor& grad, const Tensor& out) {
-  GALLEY_CHECK(grad.is_contiguous(), "relu_backward_: the gradient must be contiguous");
-  zip_into("relu_backward", grad, out, grad, [](float g, float y) { return y > 0.f ? g : 0.f; });
-}
-Tensor relu_backward(const Tensor& grad, const Tensor& out) {
-  return zip("relu_backward", grad, out, [](float g, float y) { return y > 0.f ? g : 0.f; });
+
+void relu_backward(DType dtype, const void* grad, const void* out_fwd, void* out, int64_t n) {
+  zip("relu_backward", dtype, grad, out_fwd, out, n,
+      [](float g, float y) { return y > 0.f ? g : 0.f; });
 }
 
 }  // namespace galley::kernels::cpu

@@ -8,7 +8,9 @@
 #include <algorithm>
 #include <cstdint>
 
-#include "kernels/cuda/elementwise.cuh"
+#include "kernels/bias_relu.h"
+#include "kernels/reduce.h"
+#include "kernels/unary.h"
 #include "kernels/cuda/launch.cuh"
 
 namespace galley::kernels::cuda {

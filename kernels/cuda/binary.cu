@@ -9,7 +9,8 @@
 #include <vector>
 
 #include "galley/error.h"
-#include "kernels/cuda/elementwise.cuh"
+#include "kernels/binary.h"
+#include "kernels/reduce.h"
 #include "kernels/cuda/map.cuh"
 
 namespace galley::kernels::cuda {
@@ -280,7 +281,7 @@ void run_sum_to(const T* g, const int64_t* g_shape, T* out, const int64_t* shape
 
 }  // namespace
 
-void binary(Binary op, DType dtype, const void* a, const int64_t* a_shape, const void* b,
+void binary(BinaryOp op, DType dtype, const void* a, const int64_t* a_shape, const void* b,
             const int64_t* b_shape, void* out, const int64_t* out_shape, int rank, void* stream) {
   static const char* names[] = {"add", "sub", "mul", "div"};
   const cudaStream_t st = static_cast<cudaStream_t>(stream);
@@ -290,13 +291,13 @@ void binary(Binary op, DType dtype, const void* a, const int64_t* a_shape, const
     const T* y = static_cast<const T*>(b);
     T* o = static_cast<T*>(out);
     switch (op) {
-      case Binary::Add:
+      case BinaryOp::Add:
         return run_binary(x, a_shape, y, b_shape, o, out_shape, rank, AddOp{}, st);
-      case Binary::Sub:
+      case BinaryOp::Sub:
         return run_binary(x, a_shape, y, b_shape, o, out_shape, rank, SubOp{}, st);
-      case Binary::Mul:
+      case BinaryOp::Mul:
         return run_binary(x, a_shape, y, b_shape, o, out_shape, rank, MulOp{}, st);
-      case Binary::Div:
+      case BinaryOp::Div:
         return run_binary(x, a_shape, y, b_shape, o, out_shape, rank, DivOp{}, st);
     }
   });

@@ -31,7 +31,9 @@
 #include <vector>
 
 #include "galley/error.h"
-#include "kernels/cuda/blas.cuh"
+#include "kernels/conv2d.h"
+#include "kernels/gemm.h"
+#include "kernels/math_mode.h"
 
 namespace galley::kernels::cuda {
 
@@ -79,9 +81,6 @@ void forget_cudnn_message() {
       check_status(false, "cuDNN", #call, __FILE__, __LINE__, cudnn_message(s_)); \
   } while (0)
 
-std::atomic<bool> tf32{false};
-std::atomic<bool> deterministic_only{false};
-
 cudaStream_t as_stream(void* s) {
   return static_cast<cudaStream_t>(s);
 }
@@ -124,11 +123,11 @@ constexpr size_t kBlasWorkspace = size_t(32) << 20;
 // n, c, h, w, o, kh, kw, stride, pad, dilation, groups: what a convolution's shape is.
 using ConvShape = std::array<int64_t, 11>;
 
-ConvShape shape_of(const cpu::Conv2dGeometry& g) {
+ConvShape shape_of(const Conv2dGeometry& g) {
   return {g.n, g.c, g.h, g.w, g.o, g.kh, g.kw, g.stride, g.pad, g.dilation, g.groups};
 }
 
-std::string describe(const cpu::Conv2dGeometry& g) {
+std::string describe(const Conv2dGeometry& g) {
   return str_cat(g.n, "x", g.c, "x", g.h, "x", g.w, " by ", g.o, "x", g.c / g.groups, "x", g.kh,
                  "x", g.kw, " (stride ", g.stride, ", padding ", g.pad, ", dilation ", g.dilation,
                  ", groups ", g.groups, ")");
@@ -153,7 +152,7 @@ struct ConvDescs {
     if (conv) (void)cudnnDestroyConvolutionDescriptor(conv);
   }
 
-  void init(const cpu::Conv2dGeometry& g) {
+  void init(const Conv2dGeometry& g) {
     CUDNN_CHECK(cudnnCreateTensorDescriptor(&x));
     CUDNN_CHECK(cudnnCreateTensorDescriptor(&y));
     CUDNN_CHECK(cudnnCreateTensorDescriptor(&b));
@@ -436,7 +435,7 @@ struct PlanCache {
 
 const Plan& plan_for(Handles& hs, const ConvDescs& d, const ConvShape& shape) {
   static auto* cache = new PlanCache();  // lives to exit, like the handles that fill it
-  const bool allow = tf32.load(), det = deterministic_only.load();
+  const bool allow = kernels::allow_tf32(), det = kernels::deterministic();
   const PlanKey key{hs.device, shape, allow, det};
   {
     std::lock_guard<std::mutex> lock(cache->mu);
@@ -456,7 +455,7 @@ struct Conv {
   const Plan& plan;
 };
 
-Conv conv_for(int device, const cpu::Conv2dGeometry& g) {
+Conv conv_for(int device, const Conv2dGeometry& g) {
   Handles& h = handles(device);
   const ConvShape shape = shape_of(g);
   auto it = h.convs.find(shape);
@@ -484,7 +483,7 @@ bool worth_another_algorithm(cudnnStatus_t s) {
 // for this shape moves on to the next.
 template <typename Launch>
 void run_fastest(const Conv& c, Direction dir, const Workspace& ws, int device,
-                 const cpu::Conv2dGeometry& g, Launch&& launch) {
+                 const Conv2dGeometry& g, Launch&& launch) {
   size_t limit = ws.limit;
   size_t refused = SIZE_MAX;  // the smallest workspace that did not fit
   std::string oom, failure;
@@ -547,22 +546,6 @@ void prepare(int device) {
   (void)handles(device);
 }
 
-void set_allow_tf32(bool on) {
-  tf32 = on;
-}
-
-bool allow_tf32() {
-  return tf32.load();
-}
-
-void set_deterministic(bool on) {
-  deterministic_only = on;
-}
-
-bool deterministic() {
-  return deterministic_only.load();
-}
-
 void gemm(int device, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
           const float* a, int64_t lda, const float* b, int64_t ldb, float beta, float* c,
           int64_t ldc, void* stream) {
@@ -573,7 +556,7 @@ void gemm(int device, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t 
   CUBLAS_CHECK(cublasSetStream(h, s));
   // cublasSetStream has just put the handle back on cuBLAS's default workspace.
   if (void* ws = blas_workspace(hs, s)) CUBLAS_CHECK(cublasSetWorkspace(h, ws, kBlasWorkspace));
-  CUBLAS_CHECK(cublasSetMathMode(h, tf32 ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH));
+  CUBLAS_CHECK(cublasSetMathMode(h, kernels::allow_tf32() ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH));
   // Row-major C = op(A) op(B) is column-major C^T = op(B)^T op(A)^T: swap the operands.
   // cuBLAS wants leading dimensions of at least 1 even where an operand is empty (k == 0).
   auto ld = [](int64_t v) { return int(std::max<int64_t>(v, 1)); };
@@ -582,7 +565,7 @@ void gemm(int device, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t 
                            ld(ldb), a, ld(lda), &beta, c, ld(ldc)));
 }
 
-void conv2d_forward(int device, const cpu::Conv2dGeometry& g, const float* x, const float* w,
+void conv2d_forward(int device, const Conv2dGeometry& g, const float* x, const float* w,
                     const float* bias, float* y, const Workspace& ws, void* stream) {
   const Conv c = conv_for(device, g);
   cudnnHandle_t h = c.h.dnn;
@@ -595,7 +578,7 @@ void conv2d_forward(int device, const cpu::Conv2dGeometry& g, const float* x, co
   if (bias) CUDNN_CHECK(cudnnAddTensor(h, &one, c.d.b, bias, &one, c.d.y, y));
 }
 
-void conv2d_backward(int device, const cpu::Conv2dGeometry& g, const float* x, const float* w,
+void conv2d_backward(int device, const Conv2dGeometry& g, const float* x, const float* w,
                      const float* gy, float* gx, float* gw, float* gb, const Workspace& ws,
                      void* stream) {
   const Conv c = conv_for(device, g);
@@ -617,7 +600,7 @@ void conv2d_backward(int device, const cpu::Conv2dGeometry& g, const float* x, c
   if (gb) CUDNN_CHECK(cudnnConvolutionBackwardBias(h, &one, c.d.y, gy, &zero, c.d.b, gb));
 }
 
-std::string conv2d_algorithms(int device, const cpu::Conv2dGeometry& g, size_t limit) {
+std::string conv2d_algorithms(int device, const Conv2dGeometry& g, size_t limit) {
   const Conv c = conv_for(device, g);
   std::string out;
   for (Direction dir : {kForward, kBackwardData, kBackwardFilter}) {

@@ -1,5 +1,5 @@
 // Gradient clipping over many tensors: the GPU side of kernels/cpu/clip.cpp. Every reduction is
-// deterministic: a block per chunk of cpu::kClipChunk elements writes its partial (a fixed tree
+// deterministic: a block per chunk of kClipChunk elements writes its partial (a fixed tree
 // over its threads), and one block adds the partials by a fixed tree, so the bits depend on the
 // sizes alone.
 #include <cuda_runtime.h>
@@ -8,7 +8,7 @@
 #include <cmath>
 #include <cstdint>
 
-#include "kernels/cuda/clip.cuh"
+#include "kernels/clip.h"
 #include "kernels/cuda/launch.cuh"
 
 namespace galley::kernels::cuda {
@@ -18,14 +18,14 @@ namespace galley::kernels::cuda {
 
 namespace {
 
-constexpr int64_t kChunk = cpu::kClipChunk;
+constexpr int64_t kChunk = kClipChunk;
 static_assert(kChunk % 4 == 0, "chunks start 16-byte aligned within a span");
 // Spans per launch: they travel in the kernel's parameters (by value, so a CUDA graph captures
 // them), well inside the 4 KB limit.
 constexpr int kBatch = 64;
 
 struct Batch {
-  cpu::GradSpan t[kBatch];
+  GradSpan t[kBatch];
   int32_t first_block[kBatch + 1];
   int32_t count;
   int64_t base;  // the first block's chunk among all the launches' chunks
@@ -48,7 +48,7 @@ __device__ __forceinline__ int span_of_block(const Batch& b) {
 // Calls f(i) for the block's elements of span k, f4(i4) for aligned groups of four.
 template <typename F, typename F4>
 __device__ __forceinline__ void for_chunk(const Batch& b, int k, F f, F4 f4) {
-  const cpu::GradSpan s = b.t[k];
+  const GradSpan s = b.t[k];
   const int64_t begin = int64_t(int32_t(blockIdx.x) - b.first_block[k]) * kChunk;
   const int64_t end = min(s.n, begin + kChunk);
   int64_t tail = begin;
@@ -179,14 +179,14 @@ __global__ void __launch_bounds__(kThreads) clamp_kernel(Batch b, float lo, floa
 // launchers
 
 namespace {
-int64_t chunks_of(const cpu::GradSpan& s) {
+int64_t chunks_of(const GradSpan& s) {
   return (std::max<int64_t>(s.n, 0) + kChunk - 1) / kChunk;
 }
 
 // Calls launch(batch, blocks) for groups of up to kBatch non-empty spans; batch.base counts the
 // chunks of the batches before.
 template <typename Launch>
-void for_batches(const cpu::GradSpan* spans, int count, Launch launch) {
+void for_batches(const GradSpan* spans, int count, Launch launch) {
   Batch b{};
   int64_t blocks = 0, base = 0;
   auto flush = [&] {
@@ -212,7 +212,7 @@ void for_batches(const cpu::GradSpan* spans, int count, Launch launch) {
 }
 
 template <int kKind>
-void grad_norm_as(const cpu::GradSpan* spans, int count, double p, double* scratch, float* total,
+void grad_norm_as(const GradSpan* spans, int count, double p, double* scratch, float* total,
                   cudaStream_t st) {
   int64_t parts = 0;
   for_batches(spans, count, [&](const Batch& b, int blocks) {
@@ -223,13 +223,13 @@ void grad_norm_as(const cpu::GradSpan* spans, int count, double p, double* scrat
 }
 }  // namespace
 
-int64_t grad_norm_scratch(const cpu::GradSpan* spans, int count) {
+int64_t grad_norm_scratch(const GradSpan* spans, int count) {
   int64_t parts = 0;
   for (int i = 0; i < count; ++i) parts += chunks_of(spans[i]);
   return parts;
 }
 
-void grad_norm(const cpu::GradSpan* spans, int count, double norm_type, double* scratch,
+void grad_norm(const GradSpan* spans, int count, double norm_type, double* scratch,
                float* total, void* stream) {
   const cudaStream_t st = static_cast<cudaStream_t>(stream);
   if (std::isinf(norm_type))
@@ -242,14 +242,14 @@ void grad_norm(const cpu::GradSpan* spans, int count, double norm_type, double* 
     grad_norm_as<kOther>(spans, count, norm_type, scratch, total, st);
 }
 
-void scale_grads(const cpu::GradSpan* spans, int count, float scale, void* stream) {
+void scale_grads(const GradSpan* spans, int count, float scale, void* stream) {
   const cudaStream_t st = static_cast<cudaStream_t>(stream);
   for_batches(spans, count, [&](const Batch& b, int blocks) {
     scale_kernel<<<blocks, kThreads, 0, st>>>(b, scale);
   });
 }
 
-void clamp_grads(const cpu::GradSpan* spans, int count, float clip, void* stream) {
+void clamp_grads(const GradSpan* spans, int count, float clip, void* stream) {
   const cudaStream_t st = static_cast<cudaStream_t>(stream);
   for_batches(spans, count, [&](const Batch& b, int blocks) {
     clamp_kernel<<<blocks, kThreads, 0, st>>>(b, -clip, clip);

@@ -8,7 +8,7 @@
 
 #include "galley/error.h"
 #include "galley/half.h"
-#include "kernels/cuda/convert.cuh"
+#include "kernels/convert.h"
 
 namespace galley::kernels::cuda {
 

@@ -2,7 +2,7 @@
 
 #include <algorithm>
 
-#include "kernels/cuda/fill.cuh"
+#include "kernels/fill.h"
 
 namespace galley::kernels::cuda {
 

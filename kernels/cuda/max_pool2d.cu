@@ -6,7 +6,7 @@
 #include <algorithm>
 #include <cstdint>
 
-#include "kernels/cuda/elementwise.cuh"
+#include "kernels/max_pool2d.h"
 #include "kernels/cuda/launch.cuh"
 
 namespace galley::kernels::cuda {
@@ -125,13 +125,13 @@ __global__ void pool_backward_kernel(const float* __restrict__ gy, const int32_t
 
 namespace {
 
-Geometry geometry(const cpu::Pool2dGeometry& g) {
+Geometry geometry(const Pool2dGeometry& g) {
   return {g.planes, g.h, g.w, g.k, g.stride, g.pad, g.oh, g.ow};
 }
 
 }  // namespace
 
-void max_pool2d_forward(const cpu::Pool2dGeometry& pg, const float* x, float* y, int32_t* idx,
+void max_pool2d_forward(const Pool2dGeometry& pg, const float* x, float* y, int32_t* idx,
                         void* stream) {
   const Geometry g = geometry(pg);
   const int64_t total = g.planes * g.oh * g.ow;
@@ -155,7 +155,7 @@ void max_pool2d_forward(const cpu::Pool2dGeometry& pg, const float* x, float* y,
   }
 }
 
-void max_pool2d_backward(const cpu::Pool2dGeometry& pg, const float* gy, const int32_t* idx,
+void max_pool2d_backward(const Pool2dGeometry& pg, const float* gy, const int32_t* idx,
                          float* gx, void* stream) {
   const Geometry g = geometry(pg);
   const int64_t total = g.planes * g.h * g.w;

@@ -5,7 +5,7 @@
 #include <cstdint>
 
 #include "kernels/cuda/launch.cuh"
-#include "kernels/cuda/nonfinite.cuh"
+#include "kernels/nonfinite.h"
 
 namespace galley::kernels::cuda {
 

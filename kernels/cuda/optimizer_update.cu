@@ -6,7 +6,7 @@
 #include <algorithm>
 #include <cstdint>
 
-#include "kernels/cuda/elementwise.cuh"
+#include "kernels/optimizer_update.h"
 #include "kernels/cuda/launch.cuh"
 
 namespace galley::kernels::cuda {
@@ -18,7 +18,7 @@ namespace {
 
 // One Adam element. Mirrors the CPU loop line by line; std::max(vmax, v) keeps vmax unless
 // vmax < v.
-__device__ __forceinline__ void adam_element(const cpu::AdamStep& s, float& p, float g, float& m,
+__device__ __forceinline__ void adam_element(const AdamStep& s, float& p, float g, float& m,
                                              float& v, float* vmax) {
   const float l2 = s.decoupled ? 0.f : s.weight_decay;
   const float shrink = s.decoupled ? 1.f - s.lr * s.weight_decay : 1.f;
@@ -38,7 +38,7 @@ __device__ __forceinline__ void adam_element(const cpu::AdamStep& s, float& p, f
 }
 
 // One SGD element; the branches are uniform across the grid.
-__device__ __forceinline__ void sgd_element(const cpu::SGDStep& s, float& p, float g, float* buf) {
+__device__ __forceinline__ void sgd_element(const SGDStep& s, float& p, float g, float* buf) {
   float d = g + s.weight_decay * p;
   if (s.momentum != 0.f) {
     const float bi = s.first ? d : *buf * s.momentum + (1.f - s.dampening) * d;
@@ -81,7 +81,7 @@ __device__ __forceinline__ void for_chunk(const Batch& b, int k, bool vec, F f, 
 }
 
 template <bool kAms>
-__global__ void adam_multi_kernel(Batch b, cpu::AdamStep s, double lr, double beta1, double beta2) {
+__global__ void adam_multi_kernel(Batch b, AdamStep s, double lr, double beta1, double beta2) {
   const int k = tensor_of_block(b);
   const OptimizerTensor t = b.t[k];
   __shared__ float step_size, bias2_sqrt;
@@ -122,7 +122,7 @@ __global__ void advance_steps_kernel(Batch b) {
   if (int32_t(threadIdx.x) < b.count) *b.t[threadIdx.x].step += 1;
 }
 
-__global__ void sgd_multi_kernel(Batch b, cpu::SGDStep s) {
+__global__ void sgd_multi_kernel(Batch b, SGDStep s) {
   const int k = tensor_of_block(b);
   const OptimizerTensor t = b.t[k];
   s.first = t.first;
@@ -180,7 +180,7 @@ void for_batches(const OptimizerTensor* tensors, int count, Launch launch) {
 }
 }  // namespace
 
-void adam_update_multi(const cpu::AdamStep& s, double lr, double beta1, double beta2,
+void adam_update_multi(const AdamStep& s, double lr, double beta1, double beta2,
                        const OptimizerTensor* tensors, int count, void* stream) {
   const cudaStream_t st = static_cast<cudaStream_t>(stream);
   for_batches(tensors, count, [&](const Batch& b, int blocks) {
@@ -192,7 +192,7 @@ void adam_update_multi(const cpu::AdamStep& s, double lr, double beta1, double b
   });
 }
 
-void sgd_update_multi(const cpu::SGDStep& s, const OptimizerTensor* tensors, int count,
+void sgd_update_multi(const SGDStep& s, const OptimizerTensor* tensors, int count,
                       void* stream) {
   const cudaStream_t st = static_cast<cudaStream_t>(stream);
   for_batches(tensors, count, [&](const Batch& b, int blocks) {

@@ -17,7 +17,8 @@
 #include <utility>
 
 #include "galley/error.h"
-#include "kernels/cuda/elementwise.cuh"
+#include "kernels/binary.h"
+#include "kernels/reduce.h"
 #include "kernels/cuda/launch.cuh"
 
 namespace galley::kernels::cuda {

@@ -6,7 +6,7 @@
 #include <algorithm>
 #include <cstdint>
 
-#include "kernels/cuda/elementwise.cuh"
+#include "kernels/softmax.h"
 #include "kernels/cuda/launch.cuh"
 
 namespace galley::kernels::cuda {

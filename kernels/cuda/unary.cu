@@ -5,7 +5,7 @@
 #include <algorithm>
 #include <cstdint>
 
-#include "kernels/cuda/elementwise.cuh"
+#include "kernels/unary.h"
 #include "kernels/cuda/map.cuh"
 
 namespace galley::kernels::cuda {
@@ -46,7 +46,7 @@ struct ReluBackwardOp {
 // ----------------------------------------------------------------------------------------------
 // launchers
 
-void unary(Unary op, DType dtype, const void* a, void* out, int64_t n, float p0, float p1,
+void unary(UnaryOp op, DType dtype, const void* a, void* out, int64_t n, float p0, float p1,
            void* stream) {
   static const char* names[] = {"affine", "exp", "log", "pow", "relu"};
   const cudaStream_t st = static_cast<cudaStream_t>(stream);
@@ -55,15 +55,15 @@ void unary(Unary op, DType dtype, const void* a, void* out, int64_t n, float p0,
     const T* x = static_cast<const T*>(a);
     T* y = static_cast<T*>(out);
     switch (op) {
-      case Unary::Affine:
+      case UnaryOp::Affine:
         return launch_map(x, y, n, AffineOp{p0, p1}, st);
-      case Unary::Exp:
+      case UnaryOp::Exp:
         return launch_map(x, y, n, ExpOp{}, st);
-      case Unary::Log:
+      case UnaryOp::Log:
         return launch_map(x, y, n, LogOp{}, st);
-      case Unary::Pow:
+      case UnaryOp::Pow:
         return launch_map(x, y, n, PowOp{p0}, st);
-      case Unary::Relu:
+      case UnaryOp::Relu:
         return launch_map(x, y, n, ReluOp{}, st);
     }
   });

@@ -4,24 +4,21 @@
 #include <algorithm>
 
 #include "galley/runtime/memory.h"
-#include "kernels/cpu/bias_relu.h"
-#include "kernels/cpu/clip.h"
-#include "kernels/cpu/cross_entropy.h"
-#include "kernels/cpu/gemm.h"
-#include "kernels/cpu/nonfinite.h"
-#include "kernels/cpu/reduce.h"
-#include "kernels/cpu/softmax.h"
-#include "kernels/cpu/unary.h"
-#include "kernels/cuda/blas.cuh"
-#include "kernels/cuda/clip.cuh"
-#include "kernels/cuda/elementwise.cuh"
-#include "kernels/cuda/nonfinite.cuh"
+#include "kernels/bias_relu.h"
+#include "kernels/clip.h"
+#include "kernels/cross_entropy.h"
+#include "kernels/gemm.h"
+#include "kernels/nonfinite.h"
+#include "kernels/reduce.h"
+#include "kernels/softmax.h"
+#include "kernels/unary.h"
 #include "src/runtime/device_memory.h"
 
 namespace galley::backend {
 
 namespace cpu = kernels::cpu;
 namespace gpu = kernels::cuda;
+using kernels::UnaryOp;
 
 void* stream(Device device) {
   return device.is_cuda() ? detail::compute_stream(device) : nullptr;
@@ -39,31 +36,26 @@ std::vector<int64_t> aligned(const Shape& s, size_t rank) {
   return out;
 }
 
-gpu::Binary to_gpu(BinaryOp op) {
-  switch (op) {
-    case BinaryOp::Add:
-      return gpu::Binary::Add;
-    case BinaryOp::Sub:
-      return gpu::Binary::Sub;
-    case BinaryOp::Mul:
-      return gpu::Binary::Mul;
-    case BinaryOp::Div:
-      return gpu::Binary::Div;
-  }
-  return gpu::Binary::Add;
-}
-
 // The kernels take one dtype for all their arrays: two inputs must agree (on either device).
 void check_same_dtype(const char* op, const Tensor& a, const Tensor& b) {
   GALLEY_CHECK(a.dtype() == b.dtype(), op, ": dtypes ", dtype_name(a.dtype()), " and ",
                dtype_name(b.dtype()), " differ (convert one with .to(dtype))");
 }
 
-Tensor gpu_unary(gpu::Unary op, const Tensor& a, float p0 = 0.f, float p1 = 0.f) {
+Tensor run_unary(UnaryOp op, const Tensor& a, float p0 = 0.f, float p1 = 0.f) {
   Tensor ca = a.contiguous();
   Tensor out = Tensor::empty(a.shape(), a.dtype(), a.device());
-  gpu::unary(op, a.dtype(), ca.raw_data(), out.raw_data(), a.numel(), p0, p1, stream(a.device()));
+  if (on_gpu(a))
+    gpu::unary(op, a.dtype(), ca.raw_data(), out.raw_data(), a.numel(), p0, p1, stream(a.device()));
+  else
+    cpu::unary(op, a.dtype(), ca.raw_data(), out.raw_data(), a.numel(), p0, p1);
   return out;
+}
+
+// `grad` (contiguous) and `other` of one shape and dtype, as the backward kernels take them.
+void check_same_shape(const char* op, const Tensor& grad, const Tensor& other) {
+  GALLEY_CHECK(grad.shape() == other.shape(), op, ": shapes ", shape_str(grad.shape()), " and ",
+               shape_str(other.shape()), " differ");
 }
 
 // The most workspace one convolution call may take, cap or no cap. cuDNN's hungriest algorithms
@@ -88,8 +80,8 @@ size_t conv_workspace_limit(Device device) {
 struct Scratch {
   Device device;
   Tensor block;
-  gpu::Workspace workspace() {
-    gpu::Workspace ws;
+  kernels::Workspace workspace() {
+    kernels::Workspace ws;
     ws.limit = conv_workspace_limit(device);
     ws.allocate = [this](size_t bytes) {
       block = Tensor();
@@ -101,84 +93,120 @@ struct Scratch {
 };
 }  // namespace
 
+Shape broadcast_shapes(const Shape& a, const Shape& b, const char* op) {
+  const size_t n = std::max(a.size(), b.size());
+  Shape out(n);
+  for (size_t i = 0; i < n; ++i) {
+    const int64_t da = i < n - a.size() ? 1 : a[i - (n - a.size())];
+    const int64_t db = i < n - b.size() ? 1 : b[i - (n - b.size())];
+    GALLEY_CHECK(da == db || da == 1 || db == 1, op, ": shapes ", shape_str(a), " and ",
+                 shape_str(b), " cannot be broadcast together (dimension ", i, ": ", da, " vs ", db,
+                 ")");
+    out[i] = da == 1 ? db : da;
+  }
+  return out;
+}
+
 Tensor binary(BinaryOp op, const Tensor& a, const Tensor& b) {
   static const char* names[] = {"add", "sub", "mul", "div"};
   check_same_dtype(names[int(op)], a, b);
-  if (!on_gpu(a)) return cpu::binary(op, a, b);
-  const Shape out_shape = cpu::broadcast_shapes(a.shape(), b.shape(), names[int(op)]);
+  const Shape out_shape = broadcast_shapes(a.shape(), b.shape(), names[int(op)]);
   const size_t rank = std::max<size_t>(out_shape.size(), 1);
   Tensor ca = a.contiguous(), cb = b.contiguous();
   Tensor out = Tensor::empty(out_shape, a.dtype(), a.device());
   auto sa = aligned(a.shape(), rank), sb = aligned(b.shape(), rank), so = aligned(out_shape, rank);
-  gpu::binary(to_gpu(op), a.dtype(), ca.raw_data(), sa.data(), cb.raw_data(), sb.data(),
-              out.raw_data(), so.data(), int(rank), stream(a.device()));
+  if (on_gpu(a))
+    gpu::binary(op, a.dtype(), ca.raw_data(), sa.data(), cb.raw_data(), sb.data(), out.raw_data(),
+                so.data(), int(rank), stream(a.device()));
+  else
+    cpu::binary(op, a.dtype(), ca.raw_data(), sa.data(), cb.raw_data(), sb.data(), out.raw_data(),
+                so.data(), int(rank));
   return out;
 }
 
 Tensor sum_to(const Tensor& g, const Shape& shape) {
-  if (!on_gpu(g)) return cpu::sum_to(g, shape);
   if (g.shape() == shape) return g;
   const size_t rank = std::max<size_t>(g.dim(), 1);
   Tensor cg = g.contiguous();
   Tensor out = Tensor::empty(shape, g.dtype(), g.device());
   auto sg = aligned(g.shape(), rank), so = aligned(shape, rank);
-  gpu::sum_to(g.dtype(), cg.raw_data(), sg.data(), out.raw_data(), so.data(), int(rank),
-              stream(g.device()));
+  if (on_gpu(g))
+    gpu::sum_to(g.dtype(), cg.raw_data(), sg.data(), out.raw_data(), so.data(), int(rank),
+                stream(g.device()));
+  else
+    cpu::sum_to(g.dtype(), cg.raw_data(), sg.data(), out.raw_data(), so.data(), int(rank));
   return out;
 }
 
 void add_inplace(Tensor& acc, const Tensor& g) {
   check_same_dtype("add_inplace", acc, g);
-  if (!on_gpu(acc)) return cpu::add_inplace(acc, g);
   GALLEY_CHECK(acc.shape() == g.shape(), "add_inplace: ", shape_str(acc.shape()), " vs ",
                shape_str(g.shape()));
+  GALLEY_CHECK(acc.is_contiguous(), "add_inplace: the accumulator must be contiguous");
   Tensor cg = g.contiguous();
-  gpu::add_inplace(acc.dtype(), acc.raw_data(), cg.raw_data(), acc.numel(), stream(acc.device()));
+  if (on_gpu(acc))
+    gpu::add_inplace(acc.dtype(), acc.raw_data(), cg.raw_data(), acc.numel(), stream(acc.device()));
+  else
+    cpu::add_inplace(acc.dtype(), acc.raw_data(), cg.raw_data(), acc.numel());
 }
 
 Tensor affine(const Tensor& a, float scale, float shift) {
-  return on_gpu(a) ? gpu_unary(gpu::Unary::Affine, a, scale, shift) : cpu::affine(a, scale, shift);
+  return run_unary(UnaryOp::Affine, a, scale, shift);
 }
 Tensor exp(const Tensor& a) {
-  return on_gpu(a) ? gpu_unary(gpu::Unary::Exp, a) : cpu::exp(a);
+  return run_unary(UnaryOp::Exp, a);
 }
 Tensor log(const Tensor& a) {
-  return on_gpu(a) ? gpu_unary(gpu::Unary::Log, a) : cpu::log(a);
+  return run_unary(UnaryOp::Log, a);
 }
 Tensor pow(const Tensor& a, float p) {
-  return on_gpu(a) ? gpu_unary(gpu::Unary::Pow, a, p) : cpu::pow(a, p);
+  return run_unary(UnaryOp::Pow, a, p);
 }
 Tensor pow_backward(const Tensor& grad, const Tensor& a, float p) {
   check_same_dtype("pow_backward", grad, a);
-  if (!on_gpu(a)) return cpu::pow_backward(grad, a, p);
+  check_same_shape("pow_backward", grad, a);
   Tensor cg = grad.contiguous(), ca = a.contiguous();
   Tensor out = Tensor::empty(a.shape(), a.dtype(), a.device());
-  gpu::pow_backward(a.dtype(), cg.raw_data(), ca.raw_data(), out.raw_data(), a.numel(), p,
-                    stream(a.device()));
+  if (on_gpu(a))
+    gpu::pow_backward(a.dtype(), cg.raw_data(), ca.raw_data(), out.raw_data(), a.numel(), p,
+                      stream(a.device()));
+  else
+    cpu::pow_backward(a.dtype(), cg.raw_data(), ca.raw_data(), out.raw_data(), a.numel(), p);
   return out;
 }
 Tensor relu(const Tensor& a) {
-  return on_gpu(a) ? gpu_unary(gpu::Unary::Relu, a) : cpu::relu(a);
+  return run_unary(UnaryOp::Relu, a);
 }
 void relu_(Tensor& a) {
-  if (!on_gpu(a)) return cpu::relu_(a);
-  gpu::unary(gpu::Unary::Relu, a.dtype(), a.raw_data(), a.raw_data(), a.numel(), 0.f, 0.f,
-             stream(a.device()));
+  GALLEY_CHECK(a.is_contiguous(), "relu_: the tensor must be contiguous");
+  if (on_gpu(a))
+    gpu::unary(UnaryOp::Relu, a.dtype(), a.raw_data(), a.raw_data(), a.numel(), 0.f, 0.f,
+               stream(a.device()));
+  else
+    cpu::unary(UnaryOp::Relu, a.dtype(), a.raw_data(), a.raw_data(), a.numel(), 0.f, 0.f);
 }
-Tensor relu_backward(const Tensor& grad, const Tensor& out) {
+namespace {
+// r = grad where out > 0, else 0 (r may be grad).
+void relu_backward_into(const Tensor& grad, const Tensor& out, Tensor& r) {
   check_same_dtype("relu_backward", grad, out);
-  if (!on_gpu(out)) return cpu::relu_backward(grad, out);
-  Tensor cg = grad.contiguous();
+  check_same_shape("relu_backward", grad, out);
+  Tensor cg = grad.contiguous(), co = out.contiguous();
+  if (on_gpu(out))
+    gpu::relu_backward(out.dtype(), cg.raw_data(), co.raw_data(), r.raw_data(), out.numel(),
+                       stream(out.device()));
+  else
+    cpu::relu_backward(out.dtype(), cg.raw_data(), co.raw_data(), r.raw_data(), out.numel());
+}
+}  // namespace
+
+Tensor relu_backward(const Tensor& grad, const Tensor& out) {
   Tensor r = Tensor::empty(out.shape(), out.dtype(), out.device());
-  gpu::relu_backward(out.dtype(), cg.raw_data(), out.raw_data(), r.raw_data(), out.numel(),
-                     stream(out.device()));
+  relu_backward_into(grad, out, r);
   return r;
 }
 void relu_backward_(Tensor& grad, const Tensor& out) {
-  check_same_dtype("relu_backward_", grad, out);
-  if (!on_gpu(out)) return cpu::relu_backward_(grad, out);
-  gpu::relu_backward(out.dtype(), grad.raw_data(), out.raw_data(), grad.raw_data(), out.numel(),
-                     stream(out.device()));
+  GALLEY_CHECK(grad.is_contiguous(), "relu_backward_: the gradient must be contiguous");
+  relu_backward_into(grad, out, grad);
 }
 
 void gemm(Device device, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
@@ -192,7 +220,7 @@ void gemm(Device device, bool trans_a, bool trans_b, int64_t m, int64_t n, int64
 
 void broadcast_rows(Device device, const float* bias, int64_t rows, int64_t n, float* out) {
   if (device.is_cuda()) return gpu::broadcast_rows(bias, rows, n, out, stream(device));
-  for (int64_t r = 0; r < rows; ++r) std::copy_n(bias, n, out + r * n);
+  cpu::broadcast_rows(bias, rows, n, out);
 }
 
 void column_sums(Device device, const float* g, int64_t rows, int64_t n, float* out) {
@@ -200,28 +228,28 @@ void column_sums(Device device, const float* g, int64_t rows, int64_t n, float* 
   cpu::column_sums(g, rows, n, out, false);
 }
 
-void conv2d_forward(Device device, const cpu::Conv2dGeometry& g, const float* x, const float* w,
+void conv2d_forward(Device device, const kernels::Conv2dGeometry& g, const float* x, const float* w,
                     const float* b, float* y) {
   if (device.is_cpu()) return cpu::conv2d_forward(g, x, w, b, y);
   Scratch scratch{device, Tensor()};
   gpu::conv2d_forward(device.index(), g, x, w, b, y, scratch.workspace(), stream(device));
 }
 
-void conv2d_backward(Device device, const cpu::Conv2dGeometry& g, const float* x, const float* w,
-                     const float* gy, float* gx, float* gw, float* gb) {
+void conv2d_backward(Device device, const kernels::Conv2dGeometry& g, const float* x,
+                     const float* w, const float* gy, float* gx, float* gw, float* gb) {
   if (device.is_cpu()) return cpu::conv2d_backward(g, x, w, gy, gx, gw, gb);
   Scratch scratch{device, Tensor()};
   gpu::conv2d_backward(device.index(), g, x, w, gy, gx, gw, gb, scratch.workspace(),
                        stream(device));
 }
 
-void max_pool2d_forward(Device device, const cpu::Pool2dGeometry& g, const float* x, float* y,
+void max_pool2d_forward(Device device, const kernels::Pool2dGeometry& g, const float* x, float* y,
                         int32_t* idx) {
   if (device.is_cpu()) return cpu::max_pool2d_forward(g, x, y, idx);
   gpu::max_pool2d_forward(g, x, y, idx, stream(device));
 }
 
-void max_pool2d_backward(Device device, const cpu::Pool2dGeometry& g, const float* gy,
+void max_pool2d_backward(Device device, const kernels::Pool2dGeometry& g, const float* gy,
                          const int32_t* idx, float* gx) {
   if (device.is_cpu()) return cpu::max_pool2d_backward(g, gy, idx, gx);
   gpu::max_pool2d_backward(g, gy, idx, gx, stream(device));
@@ -329,28 +357,28 @@ void bias_relu_backward(Device device, const float* gy, const float* y, int64_t 
   cpu::bias_relu_backward(gy, y, outer, channels, inner, gx, gb);
 }
 
-void adam_update_multi(Device device, const cpu::AdamStep& s, double lr, double beta1, double beta2,
-                       const std::vector<OptimizerTensor>& tensors) {
+void adam_update_multi(Device device, const kernels::AdamStep& s, double lr, double beta1,
+                       double beta2, const std::vector<kernels::OptimizerTensor>& tensors) {
   GALLEY_CHECK(device.is_cuda(), "adam_update_multi: ", device.str(), " is not a GPU");
   if (tensors.empty()) return;
   gpu::adam_update_multi(s, lr, beta1, beta2, tensors.data(), static_cast<int>(tensors.size()),
                          stream(device));
 }
 
-void sgd_update_multi(Device device, const cpu::SGDStep& s,
-                      const std::vector<OptimizerTensor>& tensors) {
+void sgd_update_multi(Device device, const kernels::SGDStep& s,
+                      const std::vector<kernels::OptimizerTensor>& tensors) {
   GALLEY_CHECK(device.is_cuda(), "sgd_update_multi: ", device.str(), " is not a GPU");
   if (tensors.empty()) return;
   gpu::sgd_update_multi(s, tensors.data(), static_cast<int>(tensors.size()), stream(device));
 }
 
-void adam_update(Device device, const cpu::AdamStep& s, int64_t n, float* p, const float* g,
+void adam_update(Device device, const kernels::AdamStep& s, int64_t n, float* p, const float* g,
                  float* m, float* v, float* vmax) {
   GALLEY_CHECK(device.is_cpu(), "adam_update: ", device.str(), " takes adam_update_multi");
   cpu::adam_update(s, n, p, g, m, v, vmax);
 }
 
-void sgd_update(Device device, const cpu::SGDStep& s, int64_t n, float* p, const float* g,
+void sgd_update(Device device, const kernels::SGDStep& s, int64_t n, float* p, const float* g,
                 float* buf) {
   GALLEY_CHECK(device.is_cpu(), "sgd_update: ", device.str(), " takes sgd_update_multi");
   cpu::sgd_update(s, n, p, g, buf);
@@ -374,7 +402,7 @@ void report_nonfinite_loss(const Tensor& loss) {
                                detail::error_slot(dev), stream(dev));
 }
 
-Tensor grad_norm(Device device, const std::vector<GradSpan>& spans, double norm_type) {
+Tensor grad_norm(Device device, const std::vector<kernels::GradSpan>& spans, double norm_type) {
   Tensor out = Tensor::empty({}, DType::Float32, device);
   const int count = static_cast<int>(spans.size());
   if (device.is_cpu()) {
@@ -390,12 +418,12 @@ Tensor grad_norm(Device device, const std::vector<GradSpan>& spans, double norm_
   return out;
 }
 
-void scale_grads(Device device, const std::vector<GradSpan>& spans, float scale) {
+void scale_grads(Device device, const std::vector<kernels::GradSpan>& spans, float scale) {
   if (device.is_cpu()) return cpu::scale_grads(spans.data(), int(spans.size()), scale);
   gpu::scale_grads(spans.data(), int(spans.size()), scale, stream(device));
 }
 
-void clamp_grads(Device device, const std::vector<GradSpan>& spans, float clip) {
+void clamp_grads(Device device, const std::vector<kernels::GradSpan>& spans, float clip) {
   if (device.is_cpu()) return cpu::clamp_grads(spans.data(), int(spans.size()), clip);
   gpu::clamp_grads(spans.data(), int(spans.size()), clip, stream(device));
 }

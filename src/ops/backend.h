@@ -3,16 +3,15 @@
 // launcher according to its inputs' device and returns tensors on that device. The ops in
 // src/ops call these instead of a backend directly, so dispatch happens at one place per op.
 #include "galley/tensor.h"
-#include "kernels/cpu/binary.h"
-#include "kernels/cpu/clip.h"
-#include "kernels/cpu/conv2d.h"
-#include "kernels/cpu/max_pool2d.h"
-#include "kernels/cpu/optimizer_update.h"
-#include "kernels/cuda/elementwise.cuh"
+#include "kernels/binary.h"
+#include "kernels/clip.h"
+#include "kernels/conv2d.h"
+#include "kernels/max_pool2d.h"
+#include "kernels/optimizer_update.h"
 
 namespace galley::backend {
 
-using kernels::cpu::BinaryOp;
+using kernels::BinaryOp;
 
 // The CUDA stream of `device` (null for the host).
 void* stream(Device device);
@@ -38,9 +37,9 @@ void gemm(Device device, bool trans_a, bool trans_b, int64_t m, int64_t n, int64
 void broadcast_rows(Device device, const float* bias, int64_t rows, int64_t n, float* out);
 void column_sums(Device device, const float* g, int64_t rows, int64_t n, float* out);
 
-void conv2d_forward(Device device, const kernels::cpu::Conv2dGeometry& g, const float* x,
-                    const float* w, const float* b, float* y);
-void conv2d_backward(Device device, const kernels::cpu::Conv2dGeometry& g, const float* x,
+void conv2d_forward(Device device, const kernels::Conv2dGeometry& g, const float* x, const float* w,
+                    const float* b, float* y);
+void conv2d_backward(Device device, const kernels::Conv2dGeometry& g, const float* x,
                      const float* w, const float* gy, float* gx, float* gw, float* gb);
 
 // relu(x + b) over [outer, channels, inner], and its backward (gb may be null).
@@ -49,9 +48,9 @@ void bias_relu_forward(Device device, const float* x, const float* b, int64_t ou
 void bias_relu_backward(Device device, const float* gy, const float* y, int64_t outer,
                         int64_t channels, int64_t inner, float* gx, float* gb);
 
-void max_pool2d_forward(Device device, const kernels::cpu::Pool2dGeometry& g, const float* x,
-                        float* y, int32_t* idx);
-void max_pool2d_backward(Device device, const kernels::cpu::Pool2dGeometry& g, const float* gy,
+void max_pool2d_forward(Device device, const kernels::Pool2dGeometry& g, const float* x, float* y,
+                        int32_t* idx);
+void max_pool2d_backward(Device device, const kernels::Pool2dGeometry& g, const float* gy,
                          const int32_t* idx, float* gx);
 
 // Scaled sum of every element into a one-element tensor on the same device.
@@ -83,17 +82,17 @@ void cross_entropy_backward(Device device, const float* prob, const int64_t* lab
                             int64_t ignore_index, float* gx);
 
 // One parameter tensor on the host.
-void adam_update(Device device, const kernels::cpu::AdamStep& s, int64_t n, float* p,
-                 const float* g, float* m, float* v, float* vmax);
-void sgd_update(Device device, const kernels::cpu::SGDStep& s, int64_t n, float* p, const float* g,
+void adam_update(Device device, const kernels::AdamStep& s, int64_t n, float* p, const float* g,
+                 float* m, float* v, float* vmax);
+void sgd_update(Device device, const kernels::SGDStep& s, int64_t n, float* p, const float* g,
                 float* buf);
 // Every tensor of `tensors` (all on the GPU `device`) in a few launches; see
-// kernels/cuda/elementwise.cuh.
-using kernels::cuda::OptimizerTensor;
-void adam_update_multi(Device device, const kernels::cpu::AdamStep& s, double lr, double beta1,
-                       double beta2, const std::vector<OptimizerTensor>& tensors);
-void sgd_update_multi(Device device, const kernels::cpu::SGDStep& s,
-                      const std::vector<OptimizerTensor>& tensors);
+// kernels/optimizer_update.h.
+using kernels::OptimizerTensor;
+void adam_update_multi(Device device, const kernels::AdamStep& s, double lr, double beta1,
+                       double beta2, const std::vector<kernels::OptimizerTensor>& tensors);
+void sgd_update_multi(Device device, const kernels::SGDStep& s,
+                      const std::vector<kernels::OptimizerTensor>& tensors);
 
 // The index of the first NaN or infinite element of `t` (float32, any layout) in row-major
 // order, -1 when every element is finite. On a GPU it waits for the answer: for anomaly
@@ -105,9 +104,9 @@ void report_nonfinite_loss(const Tensor& loss);
 
 // Gradient clipping over every span at once, all on `device` (kernels/cpu/clip.h). grad_norm
 // returns the norm as a one-element float32 tensor on the device, queued on a GPU.
-using kernels::cpu::GradSpan;
-Tensor grad_norm(Device device, const std::vector<GradSpan>& spans, double norm_type);
-void scale_grads(Device device, const std::vector<GradSpan>& spans, float scale);
-void clamp_grads(Device device, const std::vector<GradSpan>& spans, float clip);
+using kernels::GradSpan;
+Tensor grad_norm(Device device, const std::vector<kernels::GradSpan>& spans, double norm_type);
+void scale_grads(Device device, const std::vector<kernels::GradSpan>& spans, float scale);
+void clamp_grads(Device device, const std::vector<kernels::GradSpan>& spans, float clip);
 
 }  // namespace galley::backend

@@ -23,7 +23,7 @@ Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias, const C
   GALLEY_CHECK(o.stride > 0 && o.dilation > 0 && o.padding >= 0 && o.groups > 0, "conv2d: stride ",
                o.stride, ", dilation ", o.dilation, ", padding ", o.padding, ", groups ", o.groups,
                " (stride, dilation, groups > 0; padding >= 0)");
-  cpu::Conv2dGeometry g{};
+  kernels::Conv2dGeometry g{};
   g.n = x.size(0), g.c = x.size(1), g.h = x.size(2), g.w = x.size(3);
   g.o = weight.size(0), g.kh = weight.size(2), g.kw = weight.size(3);
   g.stride = o.stride, g.pad = o.padding, g.dilation = o.dilation, g.groups = o.groups;
@@ -74,7 +74,7 @@ Tensor max_pool2d(const Tensor& x, const MaxPool2dOptions& o) {
   GALLEY_CHECK(o.kernel_size > 0 && stride > 0 && o.padding >= 0 && 2 * o.padding <= o.kernel_size,
                "max_pool2d: kernel ", o.kernel_size, ", stride ", stride, ", padding ", o.padding,
                " (padding may be at most half the kernel)");
-  cpu::Pool2dGeometry g{};
+  kernels::Pool2dGeometry g{};
   g.planes = x.size(0) * x.size(1), g.h = x.size(2), g.w = x.size(3);
   g.k = o.kernel_size, g.stride = stride, g.pad = o.padding;
   g.oh = (g.h + 2 * g.pad - g.k) / g.stride + 1;

@@ -5,7 +5,7 @@
 #include "galley/optim/adam.h"
 #include "galley/optim/lr_scheduler.h"
 #include "galley/optim/sgd.h"
-#include "kernels/cpu/optimizer_update.h"
+#include "kernels/optimizer_update.h"
 #include "src/device_scope.h"
 #include "src/ops/backend.h"
 #include "src/runtime/device_memory.h"
@@ -132,7 +132,7 @@ Adam::Adam(std::vector<Tensor> params, AdamOptions options)
 }
 
 void Adam::step() {
-  cpu::AdamStep s{};
+  kernels::AdamStep s{};
   s.lr = static_cast<float>(lr_);
   s.beta1 = static_cast<float>(opt_.beta1);
   s.beta2 = static_cast<float>(opt_.beta2);
@@ -170,7 +170,7 @@ void Adam::step() {
       return;
     }
     ++st.step;
-    cpu::AdamStep h = s;
+    kernels::AdamStep h = s;
     h.step_size = static_cast<float>(lr_ / (1.0 - std::pow(opt_.beta1, double(st.step))));
     h.bias2_sqrt = static_cast<float>(std::sqrt(1.0 - std::pow(opt_.beta2, double(st.step))));
     backend::adam_update(p.device(), h, p.numel(), p.data_ptr<float>(), g.data_ptr<float>(),
@@ -231,7 +231,7 @@ SGD::SGD(std::vector<Tensor> params, SGDOptions options)
 }
 
 void SGD::step() {
-  cpu::SGDStep s{};
+  kernels::SGDStep s{};
   s.lr = static_cast<float>(lr_);
   s.momentum = static_cast<float>(opt_.momentum);
   s.dampening = static_cast<float>(opt_.dampening);
@@ -240,7 +240,7 @@ void SGD::step() {
   GpuBatches gpu;
   std::vector<Tensor> keep;
   for_each_gradient([&](size_t i, Tensor& p, const Tensor& g) {
-    cpu::SGDStep h = s;
+    kernels::SGDStep h = s;
     h.first = opt_.momentum != 0 && !momentum_[i].defined();
     if (h.first) {
       check_not_capturing(p, name());

@@ -5,7 +5,8 @@
 
 #include "galley/error.h"
 #include "galley/runtime/cuda.h"
-#include "kernels/cuda/blas.cuh"
+#include "kernels/gemm.h"
+#include "kernels/math_mode.h"
 #include "src/device_scope.h"
 #include "src/runtime/device_memory.h"
 
@@ -18,16 +19,16 @@ namespace galley {
 namespace cuda {
 
 void set_allow_tf32(bool on) {
-  kernels::cuda::set_allow_tf32(on);
+  kernels::set_allow_tf32(on);
 }
 bool allow_tf32() {
-  return kernels::cuda::allow_tf32();
+  return kernels::allow_tf32();
 }
 void set_deterministic(bool on) {
-  kernels::cuda::set_deterministic(on);
+  kernels::set_deterministic(on);
 }
 bool deterministic() {
-  return kernels::cuda::deterministic();
+  return kernels::deterministic();
 }
 
 struct Graph::Impl {

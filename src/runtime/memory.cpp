@@ -17,8 +17,8 @@
 #ifdef GALLEY_HAVE_CUDA
 #include <cuda_runtime_api.h>
 
-#include "kernels/cuda/convert.cuh"
-#include "kernels/cuda/fill.cuh"
+#include "kernels/convert.h"
+#include "kernels/fill.h"
 #endif
 
 namespace galley {

@@ -1,28 +1,15 @@
 #pragma once
-// Element type conversions on the host: float32 to and from bfloat16 and float16, vectorised
-// (F16C for float16 where the CPU has it; bfloat16 is integer arithmetic the compiler
-// vectorises), rounding to nearest even bit for bit as galley/half.h's scalar conversions.
+// Elementwise loops over float32, bfloat16 or float16 arrays computed in float32: the 16-bit
+// types are widened a block at a time into a buffer on the stack, so a kernel is written once
+// for float and instantiated per element type (internal to the CPU kernels).
 #include <algorithm>
 #include <cstdint>
 #include <type_traits>
 
 #include "galley/half.h"
-#include "galley/tensor.h"
+#include "kernels/convert.h"
 
 namespace galley::kernels::cpu {
-
-void to_float(const bfloat16* src, float* dst, int64_t n);
-void to_float(const float16* src, float* dst, int64_t n);
-void from_float(const float* src, bfloat16* dst, int64_t n);
-void from_float(const float* src, float16* dst, int64_t n);
-
-// n elements of `src` (dtype `from`) into `dst` (dtype `to`); both floating, or either side
-// float32 with the other int64 or uint8 (values cast as C++ does). Splits over the worker
-// threads for large n.
-void convert(const void* src, DType from, void* dst, DType to, int64_t n);
-// A host tensor's elements converted to `dtype` in a new contiguous tensor on its device (no
-// autograd: for kernels that compute a 16-bit type in float32).
-Tensor converted(const Tensor& t, DType dtype);
 
 // Elements of the 16-bit types are computed in float32 a block at a time, staged on the stack.
 constexpr int64_t kStageBlock = 256;

@@ -1,0 +1,32 @@
+#pragma once
+// Element type conversions (the kernels of Tensor::to(DType)): float32 to and from bfloat16 and
+// float16 with round to nearest even, bit for bit as galley/half.h's scalar conversions; the
+// 16-bit types between each other through float32; int64 and uint8 to and from float32 (values
+// cast as C++ does). On the host vectorised (F16C for float16 where the CPU has it; bfloat16 is
+// integer arithmetic the compiler vectorises) and split over the worker threads for large n.
+#include <cstdint>
+
+#include "galley/dtype.h"
+#include "galley/half.h"
+
+namespace galley::kernels {
+namespace cpu {
+
+void to_float(const bfloat16* src, float* dst, int64_t n);
+void to_float(const float16* src, float* dst, int64_t n);
+void from_float(const float* src, bfloat16* dst, int64_t n);
+void from_float(const float* src, float16* dst, int64_t n);
+
+// n elements of `src` (dtype `from`) into `dst` (dtype `to`); the pair must satisfy
+// is_convertible (galley/half.h), else galley::Error names both dtypes.
+void convert(const void* src, DType from, void* dst, DType to, int64_t n);
+
+}  // namespace cpu
+
+namespace cuda {
+
+// As cpu::convert, on `stream` (a cudaStream_t); the caller checks the pair.
+void convert(const void* src, DType from, void* dst, DType to, int64_t n, void* stream);
+
+}  // namespace cuda
+}  // namespace galley::kernels

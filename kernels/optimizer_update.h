@@ -1,0 +1,61 @@
+#pragma once
+// Fused optimizer updates (torch.optim.Adam / AdamW / SGD): one pass over parameter, gradient
+// and state per parameter tensor on the host; many tensors per launch on a GPU (the launchers
+// take device pointers and the cudaStream_t to run on; they only enqueue).
+#include <cstdint>
+
+namespace galley::kernels {
+
+struct AdamStep {
+  float lr, beta1, beta2, eps, weight_decay;
+  float step_size;   // lr / (1 - beta1^t)
+  float bias2_sqrt;  // sqrt(1 - beta2^t)
+  bool decoupled;    // AdamW: p *= 1 - lr * wd before the update
+  bool amsgrad;
+};
+
+struct SGDStep {
+  float lr, momentum, dampening, weight_decay;
+  bool nesterov;
+  bool first;  // the momentum buffer starts as the first gradient
+};
+
+// One tensor of a multi-tensor update. `step` (Adam) is a device int64 holding the steps this
+// tensor has taken; `buf` (SGD) its momentum buffer, `first` whether that buffer starts now.
+struct OptimizerTensor {
+  float* p;
+  const float* g;
+  float* m;       // Adam: exp_avg
+  float* v;       // Adam: exp_avg_sq
+  float* vmax;    // Adam with amsgrad: max_exp_avg_sq, else null
+  int64_t* step;  // Adam: device step counter
+  float* buf;     // SGD: momentum buffer (null without momentum)
+  int64_t n;
+  bool first;  // SGD: the momentum buffer starts as the gradient
+};
+
+namespace cpu {
+
+// Updates p, m, v (and vmax when amsgrad) from g in place.
+void adam_update(const AdamStep& s, int64_t n, float* p, const float* g, float* m, float* v,
+                 float* vmax);
+// Updates p (and the momentum buffer buf when momentum != 0) from g.
+void sgd_update(const SGDStep& s, int64_t n, float* p, const float* g, float* buf);
+
+}  // namespace cpu
+
+namespace cuda {
+
+// Adam / AdamW over `count` tensors in a few launches (one per 32 tensors, plus one that
+// advances the step counters). lr, beta1 and beta2 come in double: each block computes its
+// tensor's lr / (1 - beta1^t) and sqrt(1 - beta2^t) from t = *step + 1 exactly as the host
+// does, so nothing is read back and the launches can be captured in a CUDA graph (whose replays
+// then keep counting steps). s's other fields (eps, weight_decay, decoupled, amsgrad) apply to
+// every tensor.
+void adam_update_multi(const AdamStep& s, double lr, double beta1, double beta2,
+                       const OptimizerTensor* tensors, int count, void* stream);
+// SGD over `count` tensors, one launch per 32 (s.first is ignored; each tensor has its own).
+void sgd_update_multi(const SGDStep& s, const OptimizerTensor* tensors, int count, void* stream);
+
+}  // namespace cuda
+}  // namespace galley::kernels
