@@ -1,5 +1,8 @@
 #include "src/ops/dispatch.h"
 
+#include <utility>
+#include <vector>
+
 namespace galley::detail {
 
 void check_float(const char* op, const Tensor& t) {
@@ -42,6 +45,19 @@ Tensor widened(const Tensor& t) {
 
 Tensor rounded(const Tensor& t, DType dtype) {
   return t.dtype() == dtype ? t : t.detach().to(dtype);
+}
+
+Tensor kept_for_backward(const Tensor& t, const Tensor& wide) {
+  return t.dtype() == DType::Float32 ? wide.detach() : t.detach();
+}
+
+autograd::BackwardFn widened_backward(DType dtype, autograd::BackwardFn f32) {
+  if (dtype == DType::Float32) return f32;
+  return [dtype, f32 = std::move(f32)](const Tensor& g, std::vector<Tensor>& gi) {
+    f32(widened(g), gi);
+    for (Tensor& t : gi)
+      if (t.defined()) t = rounded(t, dtype);
+  };
 }
 
 int64_t wrap_dim(const char* op, int64_t dim, int64_t rank) {
