@@ -6,10 +6,6 @@
 
 namespace galley::detail {
 
-// `t` must be a defined float32 tensor on a device with kernels.
-void check_float(const char* op, const Tensor& t);
-// Both must pass check_float and live on the same device.
-void check_float_pair(const char* op, const Tensor& a, const Tensor& b);
 // `t` must be a defined float32, bfloat16 or float16 tensor on a device with kernels.
 void check_floating(const char* op, const Tensor& t);
 // Both must pass check_floating, have one dtype (no silent promotion: the error names both) and
