@@ -1,21 +1,9 @@
 #include "src/ops/dispatch.h"
 
+#include <utility>
+#include <vector>
+
 namespace galley::detail {
-
-void check_float(const char* op, const Tensor& t) {
-  GALLEY_CHECK(t.defined(), op, ": an input tensor is undefined");
-  GALLEY_CHECK(t.dtype() == DType::Float32, op, ": expected a float32 tensor, got ",
-               dtype_name(t.dtype()), " of shape ", shape_str(t.shape()));
-  GALLEY_CHECK(t.device().is_cpu() || t.device().index() < cuda_device_count(), op,
-               ": the tensor is on ", t.device().str(), ", which does not exist here");
-}
-
-void check_float_pair(const char* op, const Tensor& a, const Tensor& b) {
-  check_float(op, a);
-  check_float(op, b);
-  GALLEY_CHECK(a.device() == b.device(), op, ": inputs on different devices (", a.device().str(),
-               " and ", b.device().str(), ")");
-}
 
 void check_floating(const char* op, const Tensor& t) {
   GALLEY_CHECK(t.defined(), op, ": an input tensor is undefined");
@@ -42,6 +30,19 @@ Tensor widened(const Tensor& t) {
 
 Tensor rounded(const Tensor& t, DType dtype) {
   return t.dtype() == dtype ? t : t.detach().to(dtype);
+}
+
+Tensor kept_for_backward(const Tensor& t, const Tensor& wide) {
+  return t.dtype() == DType::Float32 ? wide.detach() : t.detach();
+}
+
+autograd::BackwardFn widened_backward(DType dtype, autograd::BackwardFn f32) {
+  if (dtype == DType::Float32) return f32;
+  return [dtype, f32 = std::move(f32)](const Tensor& g, std::vector<Tensor>& gi) {
+    f32(widened(g), gi);
+    for (Tensor& t : gi)
+      if (t.defined()) t = rounded(t, dtype);
+  };
 }
 
 int64_t wrap_dim(const char* op, int64_t dim, int64_t rank) {

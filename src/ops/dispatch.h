@@ -1,14 +1,11 @@
 #pragma once
 // Argument checks shared by the ops. Every op runs its kernel on the device of its inputs;
 // this build has the CPU kernels, so a tensor elsewhere is refused here with a clear message.
+#include "galley/autograd.h"
 #include "galley/tensor.h"
 
 namespace galley::detail {
 
-// `t` must be a defined float32 tensor on a device with kernels.
-void check_float(const char* op, const Tensor& t);
-// Both must pass check_float and live on the same device.
-void check_float_pair(const char* op, const Tensor& a, const Tensor& b);
 // `t` must be a defined float32, bfloat16 or float16 tensor on a device with kernels.
 void check_floating(const char* op, const Tensor& t);
 // Both must pass check_floating, have one dtype (no silent promotion: the error names both) and
@@ -20,6 +17,19 @@ void check_floating_pair(const char* op, const Tensor& a, const Tensor& b);
 Tensor widened(const Tensor& t);
 // `t` (float32, outside the graph) converted to `dtype`.
 Tensor rounded(const Tensor& t, DType dtype);
+
+// How an op whose kernels take float32 only (matmul, linear, conv, pooling, the loss) runs on a
+// 16-bit input: the kernels read `widened(x).contiguous()`, the output is `rounded` once, and
+// the recorded backward is wrapped by `widened_backward`.
+//
+// What the backward keeps of an input `t` whose float32 contiguous form is `wide`: `wide` itself
+// when `t` is float32 (what the op read), else `t`'s own 16-bit data (half the bytes, and
+// usually no copy at all), which the backward reads through `widened` again.
+Tensor kept_for_backward(const Tensor& t, const Tensor& wide);
+// The backward of such an op on inputs of `dtype`: `f32` itself for float32; for bfloat16 and
+// float16, `f32` run on the incoming gradient widened to float32, each input gradient it
+// produces then rounded once to `dtype`.
+autograd::BackwardFn widened_backward(DType dtype, autograd::BackwardFn f32);
 // Normalises a possibly negative dimension index against `rank`.
 int64_t wrap_dim(const char* op, int64_t dim, int64_t rank);
 

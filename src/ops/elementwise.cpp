@@ -187,7 +187,7 @@ Tensor relu(Tensor&& a) {
 
 Tensor bias_relu(const Tensor& x, const Tensor& bias, int64_t dim) {
   profiler::OpScope prof("bias_relu", {&x, &bias});
-  detail::check_float_pair("bias_relu", x, bias);
+  detail::check_floating_pair("bias_relu", x, bias);
   detail::DeviceScope scope(x.device());
   const int64_t d = dim < 0 ? dim + x.dim() : dim;
   GALLEY_CHECK(x.dim() >= 1 && d >= 0 && d < x.dim(), "bias_relu: dimension ", dim,
@@ -199,25 +199,31 @@ Tensor bias_relu(const Tensor& x, const Tensor& bias, int64_t dim) {
   for (int64_t k = 0; k < d; ++k) outer *= x.size(k);
   for (int64_t k = d + 1; k < x.dim(); ++k) inner *= x.size(k);
   const int64_t channels = x.size(d);
-  Tensor cx = x.contiguous(), cb = bias.contiguous();
+  // The kernels take float32: a 16-bit input is widened, the output rounded once, and the
+  // gradients computed in float32 (masked by the rounded output, as a 16-bit relu is).
+  const DType dtype = x.dtype();
+  Tensor cx = detail::widened(x).contiguous(), cb = detail::widened(bias).contiguous();
   Tensor out = Tensor::empty(x.shape());
   const Device dev = x.device();
   backend::bias_relu_forward(dev, cx.data_ptr<float>(), cb.data_ptr<float>(), outer, channels,
                              inner, out.data_ptr<float>());
-  if (!autograd::needs_grad({&x, &bias})) return out;
-  Tensor dout = out.detach();
+  Tensor result = detail::rounded(out, dtype);
+  if (!autograd::needs_grad({&x, &bias})) return result;
+  Tensor dout = result.detach();
   const bool gx = x.requires_grad(), gb = bias.requires_grad();
-  return record(out, "bias_relu", {x, bias}, [=](const Tensor& g, std::vector<Tensor>& gi) {
-    // The masked gradient goes into the incoming one when nothing else holds it.
-    const bool reuse = gx && sole_owner(g);
-    Tensor cg = g.contiguous();
-    Tensor gxt = reuse ? cg : Tensor::empty(dout.shape());
-    if (gb) gi[1] = Tensor::empty({channels});
-    backend::bias_relu_backward(dev, cg.data_ptr<float>(), dout.data_ptr<float>(), outer, channels,
-                                inner, gxt.data_ptr<float>(),
-                                gb ? gi[1].data_ptr<float>() : nullptr);
-    if (gx) gi[0] = gxt;
-  });
+  return record(result, "bias_relu", {x, bias},
+                detail::widened_backward(dtype, [=](const Tensor& g, std::vector<Tensor>& gi) {
+                  // The masked gradient goes into the incoming one when nothing else holds it.
+                  const bool reuse = gx && sole_owner(g);
+                  Tensor cg = g.contiguous();
+                  Tensor wout = detail::widened(dout);
+                  Tensor gxt = reuse ? cg : Tensor::empty(wout.shape());
+                  if (gb) gi[1] = Tensor::empty({channels});
+                  backend::bias_relu_backward(dev, cg.data_ptr<float>(), wout.data_ptr<float>(),
+                                              outer, channels, inner, gxt.data_ptr<float>(),
+                                              gb ? gi[1].data_ptr<float>() : nullptr);
+                  if (gx) gi[0] = gxt;
+                }));
 }
 
 }  // namespace galley

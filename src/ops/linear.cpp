@@ -1,4 +1,5 @@
-// matmul and linear (fully connected) on top of the GEMM kernel.
+// matmul and linear (fully connected) on top of the GEMM kernel. The GEMM takes float32: a
+// 16-bit op widens its inputs, rounds its output once and computes its gradients in float32.
 #include "galley/autograd.h"
 #include "galley/ops.h"
 #include "galley/profiler.h"
@@ -10,37 +11,41 @@ namespace galley {
 
 Tensor matmul(const Tensor& a, const Tensor& b) {
   profiler::OpScope prof("matmul", {&a, &b});
-  detail::check_float_pair("matmul", a, b);
+  detail::check_floating_pair("matmul", a, b);
   detail::DeviceScope scope(a.device());
   GALLEY_CHECK(a.dim() == 2 && b.dim() == 2 && a.size(1) == b.size(0), "matmul: cannot multiply ",
                shape_str(a.shape()), " by ", shape_str(b.shape()), " (need [m, k] x [k, n])");
-  Tensor ca = a.contiguous(), cb = b.contiguous();
+  const DType dtype = a.dtype();
+  Tensor ca = detail::widened(a).contiguous(), cb = detail::widened(b).contiguous();
   int64_t m = a.size(0), k = a.size(1), n = b.size(1);
   Tensor out = Tensor::empty({m, n});
   const Device dev = a.device();
   backend::gemm(dev, false, false, m, n, k, 1.f, ca.data_ptr<float>(), k, cb.data_ptr<float>(), n,
                 0.f, out.data_ptr<float>(), n);
-  if (!autograd::needs_grad({&a, &b})) return out;
-  Tensor da = ca.detach(), db = cb.detach();
+  Tensor result = detail::rounded(out, dtype);
+  if (!autograd::needs_grad({&a, &b})) return result;
+  Tensor da = detail::kept_for_backward(a, ca), db = detail::kept_for_backward(b, cb);
   bool ga = a.requires_grad(), gb = b.requires_grad();
-  return autograd::record(out, "matmul", {a, b}, [=](const Tensor& g, std::vector<Tensor>& gi) {
-    Tensor cg = g.contiguous();
-    if (ga) {  // dA = G B^T
-      gi[0] = Tensor::empty({m, k});
-      backend::gemm(dev, false, true, m, k, n, 1.f, cg.data_ptr<float>(), n, db.data_ptr<float>(),
-                    n, 0.f, gi[0].data_ptr<float>(), k);
-    }
-    if (gb) {  // dB = A^T G
-      gi[1] = Tensor::empty({k, n});
-      backend::gemm(dev, true, false, k, n, m, 1.f, da.data_ptr<float>(), k, cg.data_ptr<float>(),
-                    n, 0.f, gi[1].data_ptr<float>(), n);
-    }
-  });
+  return autograd::record(
+      result, "matmul", {a, b},
+      detail::widened_backward(dtype, [=](const Tensor& g, std::vector<Tensor>& gi) {
+        Tensor cg = g.contiguous();
+        if (ga) {  // dA = G B^T
+          gi[0] = Tensor::empty({m, k});
+          backend::gemm(dev, false, true, m, k, n, 1.f, cg.data_ptr<float>(), n,
+                        detail::widened(db).data_ptr<float>(), n, 0.f, gi[0].data_ptr<float>(), k);
+        }
+        if (gb) {  // dB = A^T G
+          gi[1] = Tensor::empty({k, n});
+          backend::gemm(dev, true, false, k, n, m, 1.f, detail::widened(da).data_ptr<float>(), k,
+                        cg.data_ptr<float>(), n, 0.f, gi[1].data_ptr<float>(), n);
+        }
+      }));
 }
 
 Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
   profiler::OpScope prof("linear", {&x, &weight, &bias});
-  detail::check_float_pair("linear", x, weight);
+  detail::check_floating_pair("linear", x, weight);
   detail::DeviceScope scope(x.device());
   GALLEY_CHECK(weight.dim() == 2, "linear: weight must be [out, in], got ",
                shape_str(weight.shape()));
@@ -49,11 +54,12 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
                " does not match weight ", shape_str(weight.shape()),
                " (the input's last dimension must be ", in_f, ")");
   if (bias.defined()) {
-    detail::check_float_pair("linear", x, bias);
+    detail::check_floating_pair("linear", x, bias);
     GALLEY_CHECK(bias.dim() == 1 && bias.size(0) == out_f, "linear: bias of shape ",
                  shape_str(bias.shape()), " does not match weight ", shape_str(weight.shape()));
   }
-  Tensor cx = x.contiguous(), cw = weight.contiguous();
+  const DType dtype = x.dtype();
+  Tensor cx = detail::widened(x).contiguous(), cw = detail::widened(weight).contiguous();
   const int64_t rows = x.numel() / in_f;
   Shape out_shape = x.shape();
   out_shape.back() = out_f;
@@ -61,33 +67,38 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
   float* po = out.data_ptr<float>();
   const Device dev = x.device();
   if (bias.defined())  // seed C with the bias so the GEMM adds into it: one pass fewer
-    backend::broadcast_rows(dev, bias.contiguous().data_ptr<float>(), rows, out_f, po);
+    backend::broadcast_rows(dev, detail::widened(bias).contiguous().data_ptr<float>(), rows, out_f,
+                            po);
   backend::gemm(dev, false, true, rows, out_f, in_f, 1.f, cx.data_ptr<float>(), in_f,
                 cw.data_ptr<float>(), in_f, bias.defined() ? 1.f : 0.f, po, out_f);
-  if (!autograd::needs_grad({&x, &weight, &bias})) return out;
-  Tensor dx = cx.detach(), dw = cw.detach();
+  Tensor result = detail::rounded(out, dtype);
+  if (!autograd::needs_grad({&x, &weight, &bias})) return result;
+  Tensor dx = detail::kept_for_backward(x, cx), dw = detail::kept_for_backward(weight, cw);
   bool gx = x.requires_grad(), gw = weight.requires_grad(),
        gb = bias.defined() && bias.requires_grad();
   Shape x_shape = x.shape();
   return autograd::record(
-      out, "linear", {x, weight, bias}, [=](const Tensor& g, std::vector<Tensor>& gi) {
+      result, "linear", {x, weight, bias},
+      detail::widened_backward(dtype, [=](const Tensor& g, std::vector<Tensor>& gi) {
         Tensor cg = g.contiguous();
         const float* pg = cg.data_ptr<float>();
         if (gx) {  // dX = G W
           gi[0] = Tensor::empty(x_shape);
-          backend::gemm(dev, false, false, rows, in_f, out_f, 1.f, pg, out_f, dw.data_ptr<float>(),
-                        in_f, 0.f, gi[0].data_ptr<float>(), in_f);
+          backend::gemm(dev, false, false, rows, in_f, out_f, 1.f, pg, out_f,
+                        detail::widened(dw).data_ptr<float>(), in_f, 0.f, gi[0].data_ptr<float>(),
+                        in_f);
         }
         if (gw) {  // dW = G^T X
           gi[1] = Tensor::empty({out_f, in_f});
-          backend::gemm(dev, true, false, out_f, in_f, rows, 1.f, pg, out_f, dx.data_ptr<float>(),
-                        in_f, 0.f, gi[1].data_ptr<float>(), in_f);
+          backend::gemm(dev, true, false, out_f, in_f, rows, 1.f, pg, out_f,
+                        detail::widened(dx).data_ptr<float>(), in_f, 0.f, gi[1].data_ptr<float>(),
+                        in_f);
         }
         if (gb) {
           gi[2] = Tensor::empty({out_f});
           backend::column_sums(dev, pg, rows, out_f, gi[2].data_ptr<float>());
         }
-      });
+      }));
 }
 
 }  // namespace galley

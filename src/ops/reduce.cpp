@@ -136,12 +136,13 @@ Tensor log_softmax(const Tensor& x, int64_t dim) {
 
 Tensor argmax(const Tensor& x, int64_t dim, bool keepdim) {
   profiler::OpScope prof("argmax", {&x});
-  detail::check_float("argmax", x);
+  detail::check_floating("argmax", x);
   detail::DeviceScope scope(x.device());
   int64_t d = detail::wrap_dim("argmax", dim, x.dim());
   Split3 sp = x.dim() == 0 ? Split3{} : split_at(x.shape(), d);
   GALLEY_CHECK(sp.len > 0, "argmax: dimension ", dim, " of ", shape_str(x.shape()), " is empty");
-  Tensor cx = x.contiguous();
+  // Widening is exact, so the winner is the one among the input's own values.
+  Tensor cx = detail::widened(x).contiguous();
   Tensor out = Tensor::empty(reduced_shape(x.shape(), d, keepdim), DType::Int64);
   backend::argmax_dim(x.device(), cx.data_ptr<float>(), sp.outer, sp.len, sp.inner,
                       out.data_ptr<int64_t>());
@@ -150,7 +151,7 @@ Tensor argmax(const Tensor& x, int64_t dim, bool keepdim) {
 
 Tensor cross_entropy(const Tensor& logits, const Tensor& labels, const CrossEntropyOptions& o) {
   profiler::OpScope prof("cross_entropy", {&logits, &labels});
-  detail::check_float("cross_entropy", logits);
+  detail::check_floating("cross_entropy", logits);
   detail::DeviceScope scope(logits.device());
   GALLEY_CHECK(labels.defined() && labels.dtype() == DType::Int64,
                "cross_entropy: labels must be an int64 tensor of class indices",
@@ -163,7 +164,10 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& labels, const CrossEntr
   GALLEY_CHECK(o.label_smoothing >= 0.f && o.label_smoothing <= 1.f,
                "cross_entropy: label_smoothing ", o.label_smoothing, " is outside [0, 1]");
   const int64_t n = logits.size(0), c = logits.size(1);
-  Tensor cx = logits.contiguous(), cy = labels.contiguous();
+  // The loss comes in the logits' dtype (as PyTorch's); it is computed in float32, and so is the
+  // gradient from the float32 probabilities kept here.
+  const DType dtype = logits.dtype();
+  Tensor cx = detail::widened(logits).contiguous(), cy = labels.contiguous();
   Tensor per_row = Tensor::empty({n});
   Tensor prob = Tensor::empty({n, c});
   GALLEY_CHECK(labels.device() == logits.device(), "cross_entropy: logits on ",
@@ -191,12 +195,14 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& labels, const CrossEntr
     out = backend::sum_all(per_row, 1.f);
     if (mean) out = backend::row_scales(out, 1.f, 1, count_dev).view({});
   }
-  if (!autograd::needs_grad({&logits})) return out;
+  Tensor result = detail::rounded(out, dtype);
+  if (!autograd::needs_grad({&logits})) return result;
   const Reduction red = o.reduction;
   const float eps = o.label_smoothing;
   const int64_t ignore = o.ignore_index;
   return autograd::record(
-      out, "cross_entropy", {logits}, [=](const Tensor& g, std::vector<Tensor>& gi) {
+      result, "cross_entropy", {logits},
+      detail::widened_backward(dtype, [=](const Tensor& g, std::vector<Tensor>& gi) {
         Tensor scale;
         if (red == Reduction::None) {
           scale = g.contiguous();
@@ -210,7 +216,7 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& labels, const CrossEntr
         gi[0] = Tensor::empty({n, c});
         backend::cross_entropy_backward(dev, prob.data_ptr<float>(), cy.data_ptr<int64_t>(), scale,
                                         n, c, eps, ignore, gi[0].data_ptr<float>());
-      });
+      }));
 }
 
 }  // namespace galley
