@@ -1,7 +1,10 @@
-// The CUDA elementwise, reduction, softmax, loss, pooling and optimizer kernels against the CPU
-// kernels they mirror (the oracle), on random inputs with broadcasting, odd sizes, misaligned
-// pointers and NaNs. Compiled always; skipped with the reason when there is no GPU (or the build
-// has no CUDA backend).
+// The CUDA launchers of the elementwise, reduction, softmax, loss, pooling and optimizer kernels
+// against the CPU kernels they mirror (the oracle), called directly with raw pointers: odd sizes,
+// misaligned pointers, NaNs and infinities, in-place calls, bit-exact sums and their determinism,
+// split sums in CUDA graphs and on concurrent streams, and the launchers no op exposes (column
+// sums, broadcasts, fill_scaled, the optimizer updates). The op-level comparison of every op,
+// backend and dtype with the CPU float32 result is the table in test_backend_ops.cpp. Compiled
+// always; skipped with the reason when there is no GPU (or the build has no CUDA backend).
 //
 // Tolerances: results that are the same float operations in the same order (binary ops, relu,
 // broadcasts, pooling, argmax, gathers) must be bit-identical. Sums use values that are
@@ -272,7 +275,7 @@ Shape aligned(const Shape& s, size_t rank) {
 // ----------------------------------------------------------------------------------------------
 // binary.cu
 
-TEST(CudaKernels, BinaryOpsMatchTheCpuWithBroadcasting) {
+TEST(CudaLaunchers, BinaryOpsMatchTheCpuWithBroadcasting) {
   REQUIRE_GPU();
 #ifdef GALLEY_HAVE_CUDA
   struct Case {
@@ -320,7 +323,7 @@ TEST(CudaKernels, BinaryOpsMatchTheCpuWithBroadcasting) {
 #endif
 }
 
-TEST(CudaKernels, AddInplaceMatchesTheCpu) {
+TEST(CudaLaunchers, AddInplaceMatchesTheCpu) {
   REQUIRE_GPU();
 #ifdef GALLEY_HAVE_CUDA
   for (int64_t n : {1, 7, 1024, 1000003})
@@ -337,7 +340,7 @@ TEST(CudaKernels, AddInplaceMatchesTheCpu) {
 #endif
 }
 
-TEST(CudaKernels, BroadcastRowsAndChannelsSeedEveryElement) {
+TEST(CudaLaunchers, BroadcastRowsAndChannelsSeedEveryElement) {
   REQUIRE_GPU();
 #ifdef GALLEY_HAVE_CUDA
   for (auto [rows, n] : {std::pair<int64_t, int64_t>{5, 12}, {5, 7}, {1, 1}, {300, 1024}}) {
@@ -372,7 +375,7 @@ TEST(CudaKernels, BroadcastRowsAndChannelsSeedEveryElement) {
 // ----------------------------------------------------------------------------------------------
 // unary.cu
 
-TEST(CudaKernels, UnaryOpsMatchTheCpu) {
+TEST(CudaLaunchers, UnaryOpsMatchTheCpu) {
   REQUIRE_GPU();
 #ifdef GALLEY_HAVE_CUDA
   std::vector<float> base = normal(1003, 3.f);
@@ -420,7 +423,7 @@ TEST(CudaKernels, UnaryOpsMatchTheCpu) {
 #endif
 }
 
-TEST(CudaKernels, PowAndReluBackwardMatchTheCpu) {
+TEST(CudaLaunchers, PowAndReluBackwardMatchTheCpu) {
   REQUIRE_GPU();
 #ifdef GALLEY_HAVE_CUDA
   const int64_t n = 1003;
@@ -457,7 +460,7 @@ TEST(CudaKernels, PowAndReluBackwardMatchTheCpu) {
 // ----------------------------------------------------------------------------------------------
 // reduce.cu
 
-TEST(CudaKernels, SumToMatchesTheCpuForEveryBroadcastPattern) {
+TEST(CudaLaunchers, SumToMatchesTheCpuForEveryBroadcastPattern) {
   REQUIRE_GPU();
 #ifdef GALLEY_HAVE_CUDA
   struct Case {
@@ -496,7 +499,7 @@ TEST(CudaKernels, SumToMatchesTheCpuForEveryBroadcastPattern) {
 #endif
 }
 
-TEST(CudaKernels, SumDimMatchesTheCpu) {
+TEST(CudaLaunchers, SumDimMatchesTheCpu) {
   REQUIRE_GPU();
 #ifdef GALLEY_HAVE_CUDA
   struct Case {
@@ -543,7 +546,7 @@ TEST(CudaKernels, SumDimMatchesTheCpu) {
 #endif
 }
 
-TEST(CudaKernels, ColumnSumsMatchTheCpu) {
+TEST(CudaLaunchers, ColumnSumsMatchTheCpu) {
   REQUIRE_GPU();
 #ifdef GALLEY_HAVE_CUDA
   for (auto [rows, n] : {std::pair<int64_t, int64_t>{256, 10},
@@ -569,7 +572,7 @@ TEST(CudaKernels, ColumnSumsMatchTheCpu) {
 // Tall matrices (the bias gradients of large batches) split their rows over blocks and add the
 // partials in a fixed order; wide or short ones run in one pass. Both must count every row once,
 // stay close to the exact sum, and give the same bits at every run.
-TEST(CudaKernels, ColumnSumsOfLargeShapesMatchADoubleSumAndRepeatTheirBits) {
+TEST(CudaLaunchers, ColumnSumsOfLargeShapesMatchADoubleSumAndRepeatTheirBits) {
   REQUIRE_GPU();
 #ifdef GALLEY_HAVE_CUDA
   for (auto [rows, n] : {std::pair<int64_t, int64_t>{70000, 3},
@@ -615,7 +618,7 @@ TEST(CudaKernels, ColumnSumsOfLargeShapesMatchADoubleSumAndRepeatTheirBits) {
 #endif
 }
 
-TEST(CudaKernels, SumAllMatchesTheCpuAndIsDeterministic) {
+TEST(CudaLaunchers, SumAllMatchesTheCpuAndIsDeterministic) {
   REQUIRE_GPU();
 #ifdef GALLEY_HAVE_CUDA
   for (int64_t n : {1, 1000, 4096, 4097, 100003, 3000001})
@@ -643,7 +646,7 @@ TEST(CudaKernels, SumAllMatchesTheCpuAndIsDeterministic) {
 #endif
 }
 
-TEST(CudaKernels, ExpandDimMatchesTheCpu) {
+TEST(CudaLaunchers, ExpandDimMatchesTheCpu) {
   REQUIRE_GPU();
 #ifdef GALLEY_HAVE_CUDA
   struct Case {
@@ -664,7 +667,7 @@ TEST(CudaKernels, ExpandDimMatchesTheCpu) {
 #endif
 }
 
-TEST(CudaKernels, ArgmaxTakesTheFirstMaximumAndLetsNaNWin) {
+TEST(CudaLaunchers, ArgmaxTakesTheFirstMaximumAndLetsNaNWin) {
   REQUIRE_GPU();
 #ifdef GALLEY_HAVE_CUDA
   struct Case {
@@ -697,7 +700,7 @@ TEST(CudaKernels, ArgmaxTakesTheFirstMaximumAndLetsNaNWin) {
 // ----------------------------------------------------------------------------------------------
 // bias_relu.cu
 
-TEST(CudaKernels, BiasReluForwardAndBackwardMatchTheCpu) {
+TEST(CudaLaunchers, BiasReluForwardAndBackwardMatchTheCpu) {
   REQUIRE_GPU();
 #ifdef GALLEY_HAVE_CUDA
   struct Case {
@@ -835,7 +838,7 @@ void expect_same_results(const std::vector<std::vector<float>>& got,
 // A captured graph must replay the split sums with scratch of its own: a choice frozen at
 // capture (a one-block fallback, or the capturing stream's eager buffer) would be slow, or
 // shared with every later eager sum and other graph.
-TEST(CudaKernels, CapturedSplitSumsReplayWithTheBitsOfEagerRuns) {
+TEST(CudaLaunchers, CapturedSplitSumsReplayWithTheBitsOfEagerRuns) {
   REQUIRE_GPU();
 #ifdef GALLEY_HAVE_CUDA
   void* stream = galley::detail::compute_stream(gpu);
@@ -871,7 +874,7 @@ TEST(CudaKernels, CapturedSplitSumsReplayWithTheBitsOfEagerRuns) {
 
 // Split sums queued at once by four host threads, two on streams of their own and two sharing
 // one, each on its own inputs: every result has the bits of a lone run.
-TEST(CudaKernels, SplitSumsOnConcurrentStreamsAndThreadsKeepTheirScratchApart) {
+TEST(CudaLaunchers, SplitSumsOnConcurrentStreamsAndThreadsKeepTheirScratchApart) {
   REQUIRE_GPU();
 #ifdef GALLEY_HAVE_CUDA
   constexpr int kWorkers = 4, kIterations = SplitSums::kSlots;
@@ -912,7 +915,7 @@ TEST(CudaKernels, SplitSumsOnConcurrentStreamsAndThreadsKeepTheirScratchApart) {
 // ----------------------------------------------------------------------------------------------
 // softmax.cu
 
-TEST(CudaKernels, SoftmaxForwardAndBackwardMatchTheCpu) {
+TEST(CudaLaunchers, SoftmaxForwardAndBackwardMatchTheCpu) {
   REQUIRE_GPU();
 #ifdef GALLEY_HAVE_CUDA
   struct Case {
@@ -964,7 +967,7 @@ TEST(CudaKernels, SoftmaxForwardAndBackwardMatchTheCpu) {
 // ----------------------------------------------------------------------------------------------
 // cross_entropy.cu
 
-TEST(CudaKernels, CrossEntropyMatchesTheCpuWithSmoothingAndIgnoredRows) {
+TEST(CudaLaunchers, CrossEntropyMatchesTheCpuWithSmoothingAndIgnoredRows) {
   REQUIRE_GPU();
 #ifdef GALLEY_HAVE_CUDA
   struct Case {
@@ -1024,7 +1027,7 @@ TEST(CudaKernels, CrossEntropyMatchesTheCpuWithSmoothingAndIgnoredRows) {
 #endif
 }
 
-TEST(CudaKernels, FillScaledReadsTheScalarOnTheDevice) {
+TEST(CudaLaunchers, FillScaledReadsTheScalarOnTheDevice) {
   REQUIRE_GPU();
 #ifdef GALLEY_HAVE_CUDA
   DeviceFloats scalar({2.5f}), out = DeviceFloats::zeros(1001);
@@ -1043,7 +1046,7 @@ TEST(CudaKernels, FillScaledReadsTheScalarOnTheDevice) {
 // ----------------------------------------------------------------------------------------------
 // max_pool2d.cu
 
-TEST(CudaKernels, MaxPoolPicksTheCpuWinnersAndRoutesGradients) {
+TEST(CudaLaunchers, MaxPoolPicksTheCpuWinnersAndRoutesGradients) {
   REQUIRE_GPU();
 #ifdef GALLEY_HAVE_CUDA
   struct Case {
@@ -1086,7 +1089,7 @@ TEST(CudaKernels, MaxPoolPicksTheCpuWinnersAndRoutesGradients) {
 // ----------------------------------------------------------------------------------------------
 // optimizer_update.cu
 
-TEST(CudaKernels, AdamAndAdamWUpdatesMatchTheCpu) {
+TEST(CudaLaunchers, AdamAndAdamWUpdatesMatchTheCpu) {
   REQUIRE_GPU();
 #ifdef GALLEY_HAVE_CUDA
   struct Case {
@@ -1129,7 +1132,7 @@ TEST(CudaKernels, AdamAndAdamWUpdatesMatchTheCpu) {
 #endif
 }
 
-TEST(CudaKernels, SgdUpdatesMatchTheCpu) {
+TEST(CudaLaunchers, SgdUpdatesMatchTheCpu) {
   REQUIRE_GPU();
 #ifdef GALLEY_HAVE_CUDA
   struct Case {
