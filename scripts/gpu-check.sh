@@ -512,7 +512,7 @@ EOF
 
 gpu_test_targets() {
   local t
-  for t in tests/test_cuda*.cpp tests/test_nccl.cpp; do basename "$t" .cpp; done
+  for t in tests/test_backend_ops.cpp tests/test_cuda*.cpp tests/test_nccl.cpp; do basename "$t" .cpp; done
 }
 bench_targets=(bench_train_step fashion_mnist galley-launch)
 

@@ -1,18 +1,15 @@
-// Tensor handles: storage, shapes and views, host copies, factories and printing.
+// Tensor handles: storage, shapes and views, host copies, autograd state and the factories that
+// are not random. Dtype conversion is in tensor_convert.cpp, random numbers in tensor_random.cpp,
+// printing in tensor_print.cpp and the device scope in device_scope.cpp.
 #include "galley/tensor.h"
 
 #include <cmath>
 #include <cstring>
-#include <iomanip>
-#include <mutex>
-#include <sstream>
 
 #include "allocator.h"
 #include "device_scope.h"
 #include "galley/autograd.h"
 #include "galley/half.h"
-#include "galley/ops.h"
-#include "kernels/convert.h"
 #include "runtime/device_memory.h"
 
 namespace galley {
@@ -74,23 +71,6 @@ Storage::~Storage() {
 
 // ---------------------------------------------------------------------------------------------
 // Construction and metadata
-
-namespace detail {
-namespace {
-thread_local Device tls_device = Device::cpu();
-}
-DeviceScope::DeviceScope(Device device) : prev_(tls_device) {
-  tls_device = device;
-  // Kernels go to the device's streams, which CUDA accepts only from its current device.
-  if (device.is_cuda()) make_current(device);
-}
-DeviceScope::~DeviceScope() {
-  tls_device = prev_;
-}
-Device current_device() {
-  return tls_device;
-}
-}  // namespace detail
 
 Tensor Tensor::empty(const Shape& shape, DType dtype, Device device) {
   if (device == Device::cpu(0)) device = detail::current_device();
@@ -468,33 +448,6 @@ void store_float(void* p, DType t, int64_t i, float v) {
 }
 }  // namespace
 
-Tensor Tensor::to(DType dtype) const {
-  GALLEY_CHECK_DEFINED("to");
-  if (dtype == this->dtype()) return *this;
-  const bool floating = is_floating_point(this->dtype()) && is_floating_point(dtype);
-  GALLEY_CHECK(is_convertible(this->dtype(), dtype), "to: cannot convert ",
-               dtype_name(this->dtype()), " to ", dtype_name(dtype),
-               " directly (go through float32)");
-  Tensor c = contiguous();
-  Tensor out = empty(shape(), dtype, device());
-  if (device().is_cpu())
-    kernels::cpu::convert(c.raw_data(), c.dtype(), out.raw_data(), dtype, numel());
-  else
-    detail::convert_elements(device(), c.raw_data(), c.dtype(), out.raw_data(), dtype,
-                             static_cast<size_t>(numel()));
-  if (!floating || !autograd::needs_grad({this})) return out;
-  const DType from = this->dtype();
-  return autograd::record(out, "to", {*this},
-                          [from](const Tensor& g, std::vector<Tensor>& gi) { gi[0] = g.to(from); });
-}
-
-Tensor Tensor::to(Device device, DType dtype) const {
-  // Converted where there are fewer bytes to move: before a copy that narrows, after one that
-  // widens.
-  if (dtype_size(dtype) <= dtype_size(this->dtype())) return to(dtype).to(device);
-  return to(device).to(dtype);
-}
-
 // ---------------------------------------------------------------------------------------------
 // Autograd state
 
@@ -562,74 +515,7 @@ std::string Tensor::grad_fn_name() const {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Printing
-
-std::string Tensor::to_string() const {
-  if (!impl_) return "Tensor(undefined)";
-  std::ostringstream os;
-  os << "Tensor(";
-  if (!device().is_cpu()) {
-    os << "shape=" << shape_str(shape()) << ", dtype=" << dtype_name(dtype())
-       << ", device=" << device().str() << ")";
-    return os.str();
-  }
-  Tensor c = contiguous();
-  const int64_t n = numel();
-  const int64_t edge = 3;  // elements shown at each end of a long row
-  auto value = [&](int64_t i) {
-    std::ostringstream v;
-    if (dtype() == DType::Float32) {
-      v << std::setprecision(4) << std::fixed << c.data<float>()[i];
-    } else if (dtype() == DType::BFloat16) {
-      v << std::setprecision(4) << std::fixed << float(c.data<bfloat16>()[i]);
-    } else if (dtype() == DType::Float16) {
-      v << std::setprecision(4) << std::fixed << float(c.data<float16>()[i]);
-    } else if (dtype() == DType::Int64) {
-      v << c.data<int64_t>()[i];
-    } else if (dtype() == DType::UInt8) {
-      v << int(c.data<uint8_t>()[i]);
-    } else {
-      v << "?";
-    }
-    return v.str();
-  };
-  std::function<void(int64_t, int64_t, int)> rec = [&](int64_t d, int64_t base, int indent) {
-    if (d == dim()) {
-      os << value(base);
-      return;
-    }
-    int64_t len = shape()[d], stride = shape_numel(Shape(shape().begin() + d + 1, shape().end()));
-    os << "[";
-    for (int64_t i = 0; i < len; ++i) {
-      if (len > 2 * edge && i == edge) {
-        os << (d + 1 == dim() ? "..., " : "...,\n" + std::string(indent + 1, ' '));
-        i = len - edge;
-      }
-      rec(d + 1, base + i * stride, indent + 1);
-      if (i + 1 < len) os << (d + 1 == dim() ? ", " : ",\n" + std::string(indent + 1, ' '));
-    }
-    os << "]";
-  };
-  if (n > 0)
-    rec(0, 0, 7);
-  else
-    os << "[]";
-  os << ", shape=" << shape_str(shape()) << ", dtype=" << dtype_name(dtype());
-  if (!device().is_cpu() || device().index() != 0) os << ", device=" << device().str();
-  if (impl_->grad_fn)
-    os << ", grad_fn=" << impl_->grad_fn->name;
-  else if (impl_->requires_grad)
-    os << ", requires_grad=true";
-  os << ")";
-  return os.str();
-}
-
-std::ostream& operator<<(std::ostream& os, const Tensor& t) {
-  return os << t.to_string();
-}
-
-// ---------------------------------------------------------------------------------------------
-// Factories and random numbers
+// Factories
 
 Tensor full(const Shape& shape, float value, DType dtype, Device device) {
   Tensor t = Tensor::empty(shape, dtype, device);
@@ -661,126 +547,6 @@ Tensor arange(double start, double end, double step, DType dtype) {
   return t;
 }
 
-namespace {
-uint64_t splitmix64(uint64_t& x) {
-  uint64_t z = (x += 0x9e3779b97f4a7c15ULL);
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-  return z ^ (z >> 31);
-}
-uint64_t rotl(uint64_t x, int k) {
-  return (x << k) | (x >> (64 - k));
-}
-std::mutex& generator_mutex() {
-  static std::mutex mu;
-  return mu;
-}
-}  // namespace
-
-Generator::Generator(uint64_t seed) {
-  manual_seed(seed);
-}
-
-void Generator::manual_seed(uint64_t seed) {
-  for (auto& s : state_) s = splitmix64(seed);
-  has_spare_ = false;
-}
-
-uint64_t Generator::next_u64() {  // xoshiro256**
-  uint64_t result = rotl(state_[1] * 5, 7) * 9;
-  uint64_t t = state_[1] << 17;
-  state_[2] ^= state_[0];
-  state_[3] ^= state_[1];
-  state_[1] ^= state_[2];
-  state_[0] ^= state_[3];
-  state_[2] ^= t;
-  state_[3] = rotl(state_[3], 45);
-  return result;
-}
-
-float Generator::next_float() {
-  return (next_u64() >> 40) * (1.0f / 16777216.0f);
-}
-
-float Generator::next_normal() {
-  if (has_spare_) {
-    has_spare_ = false;
-    return spare_;
-  }
-  double u1, u2;
-  do u1 = (next_u64() >> 11) * (1.0 / 9007199254740992.0);
-  while (u1 <= 0.0);
-  u2 = (next_u64() >> 11) * (1.0 / 9007199254740992.0);
-  double r = std::sqrt(-2.0 * std::log(u1));
-  spare_ = static_cast<float>(r * std::sin(2 * M_PI * u2));
-  has_spare_ = true;
-  return static_cast<float>(r * std::cos(2 * M_PI * u2));
-}
-
-std::string Generator::state() const {
-  char buf[128];
-  uint32_t spare_bits;
-  std::memcpy(&spare_bits, &spare_, 4);
-  std::snprintf(buf, sizeof buf, "%016llx %016llx %016llx %016llx %d %08x",
-                static_cast<unsigned long long>(state_[0]),
-                static_cast<unsigned long long>(state_[1]),
-                static_cast<unsigned long long>(state_[2]),
-                static_cast<unsigned long long>(state_[3]), has_spare_ ? 1 : 0, spare_bits);
-  return buf;
-}
-
-void Generator::set_state(const std::string& text) {
-  unsigned long long s[4];
-  int spare = 0;
-  unsigned int bits = 0;
-  char tail = 0;
-  const int n = std::sscanf(text.c_str(), "%llx %llx %llx %llx %d %x%c", &s[0], &s[1], &s[2], &s[3],
-                            &spare, &bits, &tail);
-  GALLEY_CHECK(n == 6 && (spare == 0 || spare == 1), "Generator::set_state: '", text,
-               "' is not a generator state");
-  for (int i = 0; i < 4; ++i) state_[i] = s[i];
-  has_spare_ = spare == 1;
-  std::memcpy(&spare_, &bits, 4);
-}
-
-Generator& default_generator() {
-  static Generator gen(0);
-  return gen;
-}
-
-void manual_seed(uint64_t seed) {
-  std::lock_guard<std::mutex> lock(generator_mutex());
-  default_generator().manual_seed(seed);
-}
-
-Tensor uniform(const Shape& shape, float low, float high, Generator& gen) {
-  GALLEY_CHECK(low <= high, "uniform: low ", low, " is above high ", high);
-  Tensor t = Tensor::empty(shape);
-  float* p = t.data<float>();
-  std::lock_guard<std::mutex> lock(generator_mutex());
-  for (int64_t i = 0, n = t.numel(); i < n; ++i) p[i] = low + (high - low) * gen.next_float();
-  return t;
-}
-
-Tensor rand(const Shape& shape, Generator& gen) {
-  return uniform(shape, 0.f, 1.f, gen);
-}
-
-Tensor randn(const Shape& shape, Generator& gen) {
-  Tensor t = Tensor::empty(shape);
-  float* p = t.data<float>();
-  std::lock_guard<std::mutex> lock(generator_mutex());
-  for (int64_t i = 0, n = t.numel(); i < n; ++i) p[i] = gen.next_normal();
-  return t;
-}
-
-namespace {
-// Host float32 values placed as `options` asks (rounded once, then copied).
-Tensor placed(const Tensor& host, const TensorOptions& options) {
-  return host.to(options.device, options.dtype);
-}
-}  // namespace
-
 Tensor empty(const Shape& shape, const TensorOptions& options) {
   return Tensor::empty(shape, options.dtype, options.device);
 }
@@ -792,44 +558,6 @@ Tensor ones(const Shape& shape, const TensorOptions& options) {
 }
 Tensor full(const Shape& shape, float value, const TensorOptions& options) {
   return full(shape, value, options.dtype, options.device);
-}
-Tensor rand(const Shape& shape, const TensorOptions& options, Generator& gen) {
-  return placed(rand(shape, gen), options);
-}
-Tensor randn(const Shape& shape, const TensorOptions& options, Generator& gen) {
-  return placed(randn(shape, gen), options);
-}
-Tensor uniform(const Shape& shape, float low, float high, const TensorOptions& options,
-               Generator& gen) {
-  return placed(uniform(shape, low, high, gen), options);
-}
-
-Tensor randint(int64_t low, int64_t high, const Shape& shape, Generator& gen) {
-  return randint(low, high, shape, {DType::Int64, Device::cpu()}, gen);
-}
-
-Tensor randint(int64_t low, int64_t high, const Shape& shape, const TensorOptions& options,
-               Generator& gen) {
-  GALLEY_CHECK(low < high, "randint: the range [", low, ", ", high, ") is empty");
-  GALLEY_CHECK(options.dtype == DType::Int64 || is_floating_point(options.dtype), "randint: dtype ",
-               dtype_name(options.dtype), " is not int64 or a floating dtype");
-  const uint64_t span = static_cast<uint64_t>(high) - static_cast<uint64_t>(low);
-  Tensor t = Tensor::empty(shape, DType::Int64);
-  int64_t* p = t.data<int64_t>();
-  {
-    std::lock_guard<std::mutex> lock(generator_mutex());
-    // Rejection keeps every value equally likely when span does not divide 2^64.
-    const uint64_t limit = UINT64_MAX - UINT64_MAX % span;
-    for (int64_t i = 0, n = t.numel(); i < n; ++i) {
-      uint64_t r;
-      do r = gen.next_u64();
-      while (r >= limit);
-      p[i] = static_cast<int64_t>(static_cast<uint64_t>(low) + r % span);
-    }
-  }
-  if (options.dtype == DType::Int64) return t.to(options.device);
-  Tensor f = t.to(DType::Float32);
-  return f.to(options.device, options.dtype);
 }
 
 Tensor empty_like(const Tensor& like) {
@@ -843,12 +571,6 @@ Tensor ones_like(const Tensor& like) {
 }
 Tensor full_like(const Tensor& like, float value) {
   return full(like.shape(), value, like.dtype(), like.device());
-}
-Tensor rand_like(const Tensor& like, Generator& gen) {
-  return rand(like.shape(), {like.dtype(), like.device()}, gen);
-}
-Tensor randn_like(const Tensor& like, Generator& gen) {
-  return randn(like.shape(), {like.dtype(), like.device()}, gen);
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -18,7 +18,6 @@
 #include "kernels/conv2d.h"
 #include "kernels/gemm.h"
 #ifdef GALLEY_HAVE_CUDA
-#include "kernels/cuda/blas.cuh"
 #include "src/ops/backend.h"
 #include "src/runtime/device_memory.h"
 #endif

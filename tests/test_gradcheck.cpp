@@ -1,86 +1,15 @@
-// Finite-difference gradient checks for every differentiable op.
-//
-// Each check builds loss = sum(op(inputs) * R) for a fixed random R, then compares the analytic
-// gradient of every float input with a central difference (step 1e-2) evaluated in float32.
-// The tolerance is |analytic - numeric| <= 2e-2 * max(1, |numeric|), the same scale Caffe's
-// checker uses for single precision.
+// Finite-difference gradient checks for every differentiable op (the checker is in gradcheck.h).
 #include <gtest/gtest.h>
 
-#include <functional>
-
 #include "galley/galley.h"
+#include "gradcheck.h"
 
 using galley::Shape;
 using galley::Tensor;
-
-namespace {
-
-using Fn = std::function<Tensor(const std::vector<Tensor>&)>;
-
-void gradcheck(const char* name, Fn fn, std::vector<Tensor> inputs, uint64_t seed = 7,
-               float step = 1e-2f, float tol = 2e-2f) {
-  galley::Generator gen(seed);
-  for (auto& t : inputs) t.set_requires_grad(true);
-  Tensor out = fn(inputs);
-  Tensor r = galley::randn(out.shape(), gen);
-  galley::sum(out * r).backward();
-  std::vector<Tensor> grads;
-  for (auto& t : inputs) {
-    ASSERT_TRUE(t.grad().defined()) << name << ": no gradient reached an input";
-    grads.push_back(t.grad().clone());
-  }
-  galley::NoGradGuard no_grad;
-  auto objective = [&] {
-    Tensor o = fn(inputs);
-    return static_cast<double>(galley::sum(o * r).item());
-  };
-  for (size_t k = 0; k < inputs.size(); ++k) {
-    float* p = inputs[k].data<float>();
-    const float* g = grads[k].data<float>();
-    const int64_t n = inputs[k].numel();
-    // Every element of small inputs, a spread of 64 elements of large ones.
-    const int64_t stride = std::max<int64_t>(1, n / 64);
-    for (int64_t i = 0; i < n; i += stride) {
-      const float saved = p[i];
-      p[i] = saved + step;
-      const double plus = objective();
-      p[i] = saved - step;
-      const double minus = objective();
-      p[i] = saved;
-      const double numeric = (plus - minus) / (2.0 * step);
-      ASSERT_NEAR(g[i], numeric, tol * std::max(1.0, std::abs(numeric)))
-          << name << ": input " << k << " element " << i << " of shape "
-          << galley::shape_str(inputs[k].shape());
-    }
-  }
-}
-
-Tensor rnd(const Shape& s, uint64_t seed, float scale = 1.f) {
-  galley::Generator gen(seed);
-  return galley::randn(s, gen) * scale;
-}
-
-// Values kept away from 0 so that relu and max have no kink within a finite-difference step.
-Tensor away_from_zero(const Shape& s, uint64_t seed) {
-  Tensor t = rnd(s, seed);
-  float* p = t.data<float>();
-  for (int64_t i = 0; i < t.numel(); ++i) p[i] += p[i] >= 0 ? 0.1f : -0.1f;
-  return t;
-}
-
-// Distinct values spaced wider than the step, so that max-pool winners never swap.
-Tensor distinct(const Shape& s, uint64_t seed) {
-  Tensor t = galley::Tensor::empty(s);
-  const int64_t n = t.numel();
-  std::vector<int64_t> perm(n);
-  for (int64_t i = 0; i < n; ++i) perm[i] = i;
-  galley::Generator gen(seed);
-  for (int64_t i = n - 1; i > 0; --i) std::swap(perm[i], perm[gen.next_u64() % (i + 1)]);
-  for (int64_t i = 0; i < n; ++i) t.data<float>()[i] = 0.05f * float(perm[i] - n / 2);
-  return t;
-}
-
-}  // namespace
+using testutil::away_from_zero;
+using testutil::distinct;
+using testutil::gradcheck;
+using testutil::rnd;
 
 TEST(GradCheck, Add) {
   gradcheck("add", [](auto& v) { return v[0] + v[1]; }, {rnd({3, 4}, 1), rnd({3, 4}, 2)});
