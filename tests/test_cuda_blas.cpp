@@ -72,9 +72,10 @@ void expect_close(const Tensor& device_result, const Tensor& cpu_result, float t
       << what << ": worst error " << worst << " of largest " << scale;
 }
 
-Conv2dGeometry geometry(int64_t n, int64_t c, int64_t h, int64_t w, int64_t o, int64_t k,
-                        int64_t stride, int64_t pad, int64_t dilation, int64_t groups) {
-  Conv2dGeometry g{};
+galley::kernels::Conv2dGeometry geometry(int64_t n, int64_t c, int64_t h, int64_t w, int64_t o,
+                                         int64_t k, int64_t stride, int64_t pad, int64_t dilation,
+                                         int64_t groups) {
+  galley::kernels::Conv2dGeometry g{};
   g.n = n, g.c = c, g.h = h, g.w = w, g.o = o, g.kh = k, g.kw = k;
   g.stride = stride, g.pad = pad, g.dilation = dilation, g.groups = groups;
   g.oh = (g.h + 2 * g.pad - g.dilation * (g.kh - 1) - 1) / g.stride + 1;
@@ -82,7 +83,7 @@ Conv2dGeometry geometry(int64_t n, int64_t c, int64_t h, int64_t w, int64_t o, i
   return g;
 }
 
-std::string str(const Conv2dGeometry& g) {
+std::string str(const galley::kernels::Conv2dGeometry& g) {
   return galley::detail::str_cat(g.n, "x", g.c, "x", g.h, "x", g.w, " conv ", g.o, "x",
                                  g.c / g.groups, "x", g.kh, "x", g.kw, " stride ", g.stride,
                                  " pad ", g.pad, " dilation ", g.dilation, " groups ", g.groups);
@@ -91,13 +92,13 @@ std::string str(const Conv2dGeometry& g) {
 // A convolution's inputs and its CPU results, and the same on the GPU with room for its
 // results there.
 struct ConvCase {
-  Conv2dGeometry g;
+  galley::kernels::Conv2dGeometry g;
   Tensor x, w, b, gy;    // host inputs
   Tensor y, gx, gw, gb;  // CPU results
   Tensor dx, dw, db, dgy;
   Tensor dy, dgx, dgw, dgb;
 
-  explicit ConvCase(const Conv2dGeometry& geo) : g(geo) {
+  explicit ConvCase(const galley::kernels::Conv2dGeometry& geo) : g(geo) {
     x = galley::randn({g.n, g.c, g.h, g.w});
     w = galley::randn({g.o, g.c / g.groups, g.kh, g.kw});
     b = galley::randn({g.o});
@@ -116,7 +117,7 @@ struct ConvCase {
     dgb = Tensor::empty({g.o}, galley::DType::Float32, gpu);
   }
 
-  void run(const kcuda::Workspace& ws, void* stream) {
+  void run(const galley::kernels::Workspace& ws, void* stream) {
     kcuda::conv2d_forward(0, g, dx.data_ptr<float>(), dw.data_ptr<float>(), db.data_ptr<float>(),
                           dy.data_ptr<float>(), ws, stream);
     kcuda::conv2d_backward(0, g, dx.data_ptr<float>(), dw.data_ptr<float>(), dgy.data_ptr<float>(),
@@ -133,13 +134,13 @@ struct ConvCase {
   }
 };
 
-// Workspace from the caching allocator, as the op layer supplies it; the blocks are kept until
-// the test has waited for the stream that uses them.
+// galley::kernels::Workspace from the caching allocator, as the op layer supplies it; the blocks
+// are kept until the test has waited for the stream that uses them.
 struct TestScratch {
   std::vector<Tensor> blocks;
   int requests = 0;
-  kcuda::Workspace workspace(size_t limit = size_t(1) << 30) {
-    kcuda::Workspace ws;
+  galley::kernels::Workspace workspace(size_t limit = size_t(1) << 30) {
+    galley::kernels::Workspace ws;
     ws.limit = limit;
     ws.allocate = [this](size_t bytes) {
       ++requests;
@@ -205,7 +206,7 @@ TEST(CudaBlas, ConvolutionForwardAndBackwardMatchTheCpu) {
   REQUIRE_GPU();
 #ifdef GALLEY_HAVE_CUDA
   Tf32Setting exact(false);
-  const std::vector<Conv2dGeometry> shapes = {
+  const std::vector<galley::kernels::Conv2dGeometry> shapes = {
       geometry(2, 3, 32, 32, 64, 3, 1, 0, 1, 1),   geometry(2, 4, 9, 11, 6, 3, 2, 1, 1, 2),
       geometry(1, 2, 10, 10, 3, 3, 1, 2, 2, 1),    geometry(8, 32, 28, 28, 32, 3, 1, 1, 1, 1),
       geometry(4, 16, 32, 32, 16, 5, 1, 2, 1, 1),  geometry(4, 8, 24, 24, 8, 7, 1, 3, 1, 1),
@@ -213,7 +214,7 @@ TEST(CudaBlas, ConvolutionForwardAndBackwardMatchTheCpu) {
       geometry(3, 5, 17, 13, 7, 4, 3, 0, 1, 1)};
   for (bool det : {false, true}) {
     DeterministicSetting setting(det);
-    for (const Conv2dGeometry& g : shapes) {
+    for (const galley::kernels::Conv2dGeometry& g : shapes) {
       ConvCase cs(g);
       TestScratch scratch;
       cs.run(scratch.workspace(), compute_stream());
@@ -233,12 +234,12 @@ TEST(CudaBlas, ConvolutionFallsBackWhenWorkspaceIsShort) {
   REQUIRE_GPU();
 #ifdef GALLEY_HAVE_CUDA
   Tf32Setting exact(false);
-  const Conv2dGeometry g = geometry(8, 32, 32, 32, 32, 5, 1, 2, 1, 1);
+  const galley::kernels::Conv2dGeometry g = geometry(8, 32, 32, 32, 32, 5, 1, 2, 1, 1);
   std::cout << "fastest: " << kcuda::conv2d_algorithms(0, g, size_t(1) << 30) << "\n"
             << "without workspace: " << kcuda::conv2d_algorithms(0, g, 0) << "\n";
   {
     ConvCase cs(g);
-    kcuda::Workspace none;  // limit 0, nothing to allocate with
+    galley::kernels::Workspace none;  // limit 0, nothing to allocate with
     cs.run(none, compute_stream());
     galley::cuda::synchronize(gpu);
     cs.expect_matches(str(g) + " without workspace");
@@ -246,7 +247,7 @@ TEST(CudaBlas, ConvolutionFallsBackWhenWorkspaceIsShort) {
   {
     ConvCase cs(g);
     int refused = 0;
-    kcuda::Workspace failing;
+    galley::kernels::Workspace failing;
     failing.limit = size_t(1) << 30;
     failing.allocate = [&](size_t bytes) -> void* {
       ++refused;
@@ -266,7 +267,7 @@ TEST(CudaBlas, ConvolutionRunsUnderATightMemoryCap) {
   REQUIRE_GPU();
 #ifdef GALLEY_HAVE_CUDA
   Tf32Setting exact(false);
-  const Conv2dGeometry g = geometry(16, 32, 32, 32, 32, 5, 1, 2, 1, 1);
+  const galley::kernels::Conv2dGeometry g = geometry(16, 32, 32, 32, 32, 5, 1, 2, 1, 1);
   ConvCase cs(g);
   galley::cuda::synchronize(gpu);
   galley::empty_cache(gpu);
@@ -300,8 +301,8 @@ TEST(CudaBlas, ThreadsShareADeviceSafely) {
   Tf32Setting exact(false);
   constexpr int kThreads = 4, kRounds = 2, kIterations = 5;
   const int64_t m = 96, n = 80, k = 200;
-  const std::vector<Conv2dGeometry> shapes = {geometry(4, 16, 20, 20, 24, 3, 1, 1, 1, 1),
-                                              geometry(2, 8, 17, 17, 8, 5, 2, 2, 1, 2)};
+  const std::vector<galley::kernels::Conv2dGeometry> shapes = {
+      geometry(4, 16, 20, 20, 24, 3, 1, 1, 1, 1), geometry(2, 8, 17, 17, 8, 5, 2, 2, 1, 2)};
   for (int round = 0; round < kRounds; ++round) {
     struct Work {
       Tensor a, b, c, expected;  // host
@@ -318,7 +319,7 @@ TEST(CudaBlas, ThreadsShareADeviceSafely) {
                                  wk.b.data_ptr<float>(), n, 0.f, wk.expected.data_ptr<float>(), n);
       wk.da = wk.a.to(gpu), wk.db = wk.b.to(gpu);
       wk.dc = Tensor::empty({m, n}, galley::DType::Float32, gpu);
-      for (const Conv2dGeometry& g : shapes) wk.convs.emplace_back(g);
+      for (const galley::kernels::Conv2dGeometry& g : shapes) wk.convs.emplace_back(g);
     }
     galley::cuda::synchronize(gpu);  // the uploads, queued on the compute stream, are done
     std::vector<std::thread> threads;
@@ -365,7 +366,7 @@ TEST(CudaBlas, DeterministicConvolutionsRepeatTheirBits) {
 #ifdef GALLEY_HAVE_CUDA
   Tf32Setting exact(false);
   DeterministicSetting det(true);
-  const Conv2dGeometry g = geometry(16, 16, 24, 24, 16, 3, 1, 1, 1, 1);
+  const galley::kernels::Conv2dGeometry g = geometry(16, 16, 24, 24, 16, 3, 1, 1, 1, 1);
   ConvCase cs(g);
   TestScratch scratch;
   cs.run(scratch.workspace(), compute_stream());

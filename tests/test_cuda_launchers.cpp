@@ -52,6 +52,8 @@ namespace {
 
 namespace cpu = galley::kernels::cpu;
 namespace gk = galley::kernels::cuda;
+using galley::kernels::BinaryOp;
+using galley::kernels::UnaryOp;
 
 const Device gpu = Device::cuda(0);
 constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
@@ -306,7 +308,6 @@ TEST(CudaLaunchers, BinaryOpsMatchTheCpuWithBroadcasting) {
       {{9000001}, {1}, 0},
       {{3000001}, {3000001}, 0},
   };
-  using galley::kernels::BinaryOp;
   const BinaryOp ops[] = {BinaryOp::Add, BinaryOp::Sub, BinaryOp::Mul, BinaryOp::Div};
   Tensor (*host_ops[])(const Tensor&, const Tensor&) = {galley::add, galley::sub, galley::mul,
                                                         galley::div};
@@ -497,7 +498,7 @@ TEST(CudaLaunchers, SumToMatchesTheCpuForEveryBroadcastPattern) {
   for (const Case& c : cases) {
     const std::vector<float> g = exact_values(numel(c.g));
     const Shape to = aligned(c.to, c.g.size());
-    Tensor want = Tensor::zeros(c.to);
+    Tensor want = galley::zeros(c.to);
     cpu::sum_to(galley::DType::Float32, g.data(), c.g.data(), want.data<float>(), to.data(),
                 static_cast<int>(c.g.size()));
     DeviceFloats dg(g), dout = DeviceFloats::zeros(numel(c.to));
@@ -826,12 +827,11 @@ struct SplitSums {
   // sees.
   void load_inputs(const SplitSums& o, void* stream) {
     gk::unary(UnaryOp::Affine, galley::DType::Float32, o.x.get(), x.get(), kN, 1.f, 0.f, stream);
-    gk::unary(UnaryOp::Affine, galley::DType::Float32, o.g.get(), g.get(), kRows * kCols, 1.f,
-              0.f, stream);
+    gk::unary(UnaryOp::Affine, galley::DType::Float32, o.g.get(), g.get(), kRows * kCols, 1.f, 0.f,
+              stream);
     gk::unary(UnaryOp::Affine, galley::DType::Float32, o.gy.get(), gy.get(), kConv, 1.f, 0.f,
               stream);
-    gk::unary(UnaryOp::Affine, galley::DType::Float32, o.y.get(), y.get(), kConv, 1.f, 0.f,
-              stream);
+    gk::unary(UnaryOp::Affine, galley::DType::Float32, o.y.get(), y.get(), kConv, 1.f, 0.f, stream);
   }
 };
 
@@ -1065,7 +1065,7 @@ TEST(CudaLaunchers, MaxPoolPicksTheCpuWinnersAndRoutesGradients) {
   for (const Case& c : {Case{6, 13, 11, 2, 2, 0}, Case{4, 12, 12, 2, 2, 0}, Case{3, 9, 9, 3, 2, 1},
                         Case{2, 7, 8, 3, 1, 0}, Case{5, 10, 10, 2, 1, 0}, Case{2, 6, 6, 3, 3, 1},
                         Case{128, 32, 32, 2, 2, 0}}) {
-    Pool2dGeometry g{};
+    galley::kernels::Pool2dGeometry g{};
     g.planes = c.planes, g.h = c.h, g.w = c.w, g.k = c.k, g.stride = c.stride, g.pad = c.pad;
     g.oh = (c.h + 2 * c.pad - c.k) / c.stride + 1;
     g.ow = (c.w + 2 * c.pad - c.k) / c.stride + 1;
@@ -1112,7 +1112,7 @@ TEST(CudaLaunchers, AdamAndAdamWUpdatesMatchTheCpu) {
                         Case{0.02f, true, true}})
     for (int64_t n : {1003, 1 << 20})
       for (int64_t pad : {0, 1}) {
-        AdamStep s{};
+        galley::kernels::AdamStep s{};
         s.lr = lr, s.beta1 = beta1, s.beta2 = beta2, s.eps = 1e-8f;
         s.weight_decay = c.weight_decay;
         // As the optimizer computes them (in double); the GPU derives them from its step counter.
@@ -1128,7 +1128,7 @@ TEST(CudaLaunchers, AdamAndAdamWUpdatesMatchTheCpu) {
         DeviceInts step({t - 1});  // steps taken before this one
         cpu::adam_update(s, n, p.data(), g.data(), m.data(), v.data(),
                          c.amsgrad ? vmax.data() : nullptr);
-        gk::OptimizerTensor ot{};
+        galley::kernels::OptimizerTensor ot{};
         ot.p = dp.get(), ot.g = dg.get(), ot.m = dm.get(), ot.v = dv.get();
         ot.vmax = c.amsgrad ? dvmax.get() : nullptr, ot.step = step.get(), ot.n = n;
         gk::adam_update_multi(s, lr, beta1, beta2, &ot, 1, nullptr);
@@ -1153,7 +1153,7 @@ TEST(CudaLaunchers, SgdUpdatesMatchTheCpu) {
                         Case{0.9f, 0.1f, 1e-4f, true, false}, Case{0.9f, 0.f, 0.f, false, false}})
     for (int64_t n : {1003, 1 << 20})
       for (int64_t pad : {0, 1}) {
-        SGDStep s{};
+        galley::kernels::SGDStep s{};
         s.lr = 0.1f, s.momentum = c.momentum, s.dampening = c.dampening;
         s.weight_decay = c.weight_decay, s.nesterov = c.nesterov, s.first = c.first;
         const std::string what = "SGD momentum=" + std::to_string(c.momentum) +
@@ -1163,7 +1163,7 @@ TEST(CudaLaunchers, SgdUpdatesMatchTheCpu) {
         std::vector<float> p = normal(n), g = normal(n), buf = normal(n, 0.1f);
         DeviceFloats dp(p, pad), dg(g, pad), dbuf(buf, pad);
         cpu::sgd_update(s, n, p.data(), g.data(), momentum ? buf.data() : nullptr);
-        gk::OptimizerTensor ot{};
+        galley::kernels::OptimizerTensor ot{};
         ot.p = dp.get(), ot.g = dg.get(), ot.buf = momentum ? dbuf.get() : nullptr, ot.n = n;
         ot.first = c.first;
         gk::sgd_update_multi(s, &ot, 1, nullptr);
