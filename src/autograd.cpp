@@ -9,6 +9,7 @@
 
 #include "device_scope.h"
 #include "src/ops/backend.h"
+#include "src/ops/binary.h"
 #include "src/runtime/device_memory.h"
 
 namespace galley {
@@ -170,7 +171,7 @@ void accumulate(Tensor& slot, const Tensor& g) {
     slot = g;
     return;
   }
-  slot = backend::binary(backend::BinaryOp::Add, slot, g);
+  slot = detail::binary(kernels::BinaryOp::Add, slot, g);
 }
 
 // `take`: g is the engine's own sum for this leaf, which it drops afterwards.
@@ -191,7 +192,7 @@ void accumulate_leaf(const Tensor& leaf, const Tensor& g, bool take = false) {
     impl->grad = sole ? g.impl_ptr() : g.detach().clone().impl_ptr();
   } else {
     Tensor acc(impl->grad);
-    backend::add_inplace(acc, g);
+    detail::add_inplace(acc, g);
   }
   Tensor grad(impl->grad);
   for (auto& hook : impl->grad_hooks) hook(grad);

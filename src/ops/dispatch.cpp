@@ -3,7 +3,19 @@
 #include <utility>
 #include <vector>
 
+#include "src/runtime/device_memory.h"
+
 namespace galley::detail {
+
+void* stream(Device device) {
+  return device.is_cuda() ? compute_stream(device) : nullptr;
+}
+
+std::vector<int64_t> aligned(const Shape& s, size_t rank) {
+  std::vector<int64_t> out(rank - s.size(), 1);
+  out.insert(out.end(), s.begin(), s.end());
+  return out;
+}
 
 void check_floating(const char* op, const Tensor& t) {
   GALLEY_CHECK(t.defined(), op, ": an input tensor is undefined");
@@ -45,10 +57,27 @@ autograd::BackwardFn widened_backward(DType dtype, autograd::BackwardFn f32) {
   };
 }
 
+bool sole_owner(const Tensor& t) {
+  return t.impl_ptr().use_count() == 1 && t.impl()->storage.use_count() == 1 && t.is_contiguous();
+}
+
 int64_t wrap_dim(const char* op, int64_t dim, int64_t rank) {
   int64_t r = rank == 0 ? 1 : rank;
   GALLEY_CHECK(dim >= -r && dim < r, op, ": dimension ", dim, " out of range for rank ", rank);
   return dim < 0 ? dim + r : dim;
+}
+
+Split3 split_at(const Shape& s, int64_t dim) {
+  Split3 r;
+  for (int64_t i = 0; i < static_cast<int64_t>(s.size()); ++i) {
+    if (i < dim)
+      r.outer *= s[i];
+    else if (i == dim)
+      r.len = s[i];
+    else
+      r.inner *= s[i];
+  }
+  return r;
 }
 
 }  // namespace galley::detail

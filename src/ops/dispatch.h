@@ -1,10 +1,18 @@
 #pragma once
-// Argument checks shared by the ops. Every op runs its kernel on the device of its inputs;
-// this build has the CPU kernels, so a tensor elsewhere is refused here with a clear message.
+// What the ops in src/ops share: argument checks, the stream a launcher runs on, and the float32
+// widening through which ops whose kernels take float32 run 16-bit inputs. Every op runs its
+// kernel on the device of its inputs and allocates its outputs there.
+#include <vector>
+
 #include "galley/autograd.h"
 #include "galley/tensor.h"
 
 namespace galley::detail {
+
+// The CUDA stream of `device` that the op's launchers enqueue on (null for the host).
+void* stream(Device device);
+// `s` with leading 1s up to `rank` dimensions (how the broadcasting kernels take shapes).
+std::vector<int64_t> aligned(const Shape& s, size_t rank);
 
 // `t` must be a defined float32, bfloat16 or float16 tensor on a device with kernels.
 void check_floating(const char* op, const Tensor& t);
@@ -30,7 +38,16 @@ Tensor kept_for_backward(const Tensor& t, const Tensor& wide);
 // float16, `f32` run on the incoming gradient widened to float32, each input gradient it
 // produces then rounded once to `dtype`.
 autograd::BackwardFn widened_backward(DType dtype, autograd::BackwardFn f32);
+// True when `t` is the only handle to its data (no views, no saved copies) and contiguous, so an
+// op may write its result into t's buffer without anyone observing it.
+bool sole_owner(const Tensor& t);
 // Normalises a possibly negative dimension index against `rank`.
 int64_t wrap_dim(const char* op, int64_t dim, int64_t rank);
+// A contiguous tensor viewed as [outer, len, inner] around one dimension (how the reductions and
+// softmax kernels take it).
+struct Split3 {
+  int64_t outer = 1, len = 1, inner = 1;
+};
+Split3 split_at(const Shape& s, int64_t dim);
 
 }  // namespace galley::detail

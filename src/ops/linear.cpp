@@ -1,27 +1,47 @@
-// matmul and linear (fully connected) on top of the GEMM kernel. The GEMM takes float32: a
-// 16-bit op widens its inputs, rounds its output once and computes its gradients in float32.
+// matmul and linear (fully connected) on the GEMM kernel (kernels/gemm.h), with the bias seeded
+// into the output and its gradient summed by columns (kernels/binary.h, kernels/reduce.h). The
+// GEMM takes float32: a 16-bit op widens its inputs, rounds its output once and computes its
+// gradients in float32.
 #include "galley/autograd.h"
 #include "galley/ops.h"
 #include "galley/profiler.h"
-#include "src/device_scope.h"
-#include "src/ops/backend.h"
+#include "kernels/binary.h"
+#include "kernels/gemm.h"
+#include "kernels/reduce.h"
 #include "src/ops/dispatch.h"
 
 namespace galley {
 
+namespace cpu = kernels::cpu;
+namespace gpu = kernels::cuda;
+
+namespace {
+
+// Row-major C = alpha * op(A) * op(B) + beta * C on `device` (pointers into its tensors).
+void gemm(Device device, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
+          const float* a, int64_t lda, const float* b, int64_t ldb, float beta, float* c,
+          int64_t ldc) {
+  if (device.is_cuda())
+    gpu::gemm(device.index(), trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc,
+              detail::stream(device));
+  else
+    cpu::gemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+}
+
+}  // namespace
+
 Tensor matmul(const Tensor& a, const Tensor& b) {
   profiler::OpScope prof("matmul", {&a, &b});
   detail::check_floating_pair("matmul", a, b);
-  detail::DeviceScope scope(a.device());
   GALLEY_CHECK(a.dim() == 2 && b.dim() == 2 && a.size(1) == b.size(0), "matmul: cannot multiply ",
                shape_str(a.shape()), " by ", shape_str(b.shape()), " (need [m, k] x [k, n])");
   const DType dtype = a.dtype();
+  const Device dev = a.device();
   Tensor ca = detail::widened(a).contiguous(), cb = detail::widened(b).contiguous();
   int64_t m = a.size(0), k = a.size(1), n = b.size(1);
-  Tensor out = Tensor::empty({m, n});
-  const Device dev = a.device();
-  backend::gemm(dev, false, false, m, n, k, 1.f, ca.data_ptr<float>(), k, cb.data_ptr<float>(), n,
-                0.f, out.data_ptr<float>(), n);
+  Tensor out = Tensor::empty({m, n}, DType::Float32, dev);
+  gemm(dev, false, false, m, n, k, 1.f, ca.data_ptr<float>(), k, cb.data_ptr<float>(), n, 0.f,
+       out.data_ptr<float>(), n);
   Tensor result = detail::rounded(out, dtype);
   if (!autograd::needs_grad({&a, &b})) return result;
   Tensor da = detail::kept_for_backward(a, ca), db = detail::kept_for_backward(b, cb);
@@ -31,14 +51,14 @@ Tensor matmul(const Tensor& a, const Tensor& b) {
       detail::widened_backward(dtype, [=](const Tensor& g, std::vector<Tensor>& gi) {
         Tensor cg = g.contiguous();
         if (ga) {  // dA = G B^T
-          gi[0] = Tensor::empty({m, k});
-          backend::gemm(dev, false, true, m, k, n, 1.f, cg.data_ptr<float>(), n,
-                        detail::widened(db).data_ptr<float>(), n, 0.f, gi[0].data_ptr<float>(), k);
+          gi[0] = Tensor::empty({m, k}, DType::Float32, dev);
+          gemm(dev, false, true, m, k, n, 1.f, cg.data_ptr<float>(), n,
+               detail::widened(db).data_ptr<float>(), n, 0.f, gi[0].data_ptr<float>(), k);
         }
         if (gb) {  // dB = A^T G
-          gi[1] = Tensor::empty({k, n});
-          backend::gemm(dev, true, false, k, n, m, 1.f, detail::widened(da).data_ptr<float>(), k,
-                        cg.data_ptr<float>(), n, 0.f, gi[1].data_ptr<float>(), n);
+          gi[1] = Tensor::empty({k, n}, DType::Float32, dev);
+          gemm(dev, true, false, k, n, m, 1.f, detail::widened(da).data_ptr<float>(), k,
+               cg.data_ptr<float>(), n, 0.f, gi[1].data_ptr<float>(), n);
         }
       }));
 }
@@ -46,7 +66,6 @@ Tensor matmul(const Tensor& a, const Tensor& b) {
 Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
   profiler::OpScope prof("linear", {&x, &weight, &bias});
   detail::check_floating_pair("linear", x, weight);
-  detail::DeviceScope scope(x.device());
   GALLEY_CHECK(weight.dim() == 2, "linear: weight must be [out, in], got ",
                shape_str(weight.shape()));
   const int64_t out_f = weight.size(0), in_f = weight.size(1);
@@ -59,18 +78,22 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
                  shape_str(bias.shape()), " does not match weight ", shape_str(weight.shape()));
   }
   const DType dtype = x.dtype();
+  const Device dev = x.device();
   Tensor cx = detail::widened(x).contiguous(), cw = detail::widened(weight).contiguous();
   const int64_t rows = x.numel() / in_f;
   Shape out_shape = x.shape();
   out_shape.back() = out_f;
-  Tensor out = Tensor::empty(out_shape);
+  Tensor out = Tensor::empty(out_shape, DType::Float32, dev);
   float* po = out.data_ptr<float>();
-  const Device dev = x.device();
-  if (bias.defined())  // seed C with the bias so the GEMM adds into it: one pass fewer
-    backend::broadcast_rows(dev, detail::widened(bias).contiguous().data_ptr<float>(), rows, out_f,
-                            po);
-  backend::gemm(dev, false, true, rows, out_f, in_f, 1.f, cx.data_ptr<float>(), in_f,
-                cw.data_ptr<float>(), in_f, bias.defined() ? 1.f : 0.f, po, out_f);
+  if (bias.defined()) {  // seed C with the bias so the GEMM adds into it: one pass fewer
+    Tensor cb = detail::widened(bias).contiguous();
+    if (dev.is_cuda())
+      gpu::broadcast_rows(cb.data_ptr<float>(), rows, out_f, po, detail::stream(dev));
+    else
+      cpu::broadcast_rows(cb.data_ptr<float>(), rows, out_f, po);
+  }
+  gemm(dev, false, true, rows, out_f, in_f, 1.f, cx.data_ptr<float>(), in_f, cw.data_ptr<float>(),
+       in_f, bias.defined() ? 1.f : 0.f, po, out_f);
   Tensor result = detail::rounded(out, dtype);
   if (!autograd::needs_grad({&x, &weight, &bias})) return result;
   Tensor dx = detail::kept_for_backward(x, cx), dw = detail::kept_for_backward(weight, cw);
@@ -83,20 +106,21 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
         Tensor cg = g.contiguous();
         const float* pg = cg.data_ptr<float>();
         if (gx) {  // dX = G W
-          gi[0] = Tensor::empty(x_shape);
-          backend::gemm(dev, false, false, rows, in_f, out_f, 1.f, pg, out_f,
-                        detail::widened(dw).data_ptr<float>(), in_f, 0.f, gi[0].data_ptr<float>(),
-                        in_f);
+          gi[0] = Tensor::empty(x_shape, DType::Float32, dev);
+          gemm(dev, false, false, rows, in_f, out_f, 1.f, pg, out_f,
+               detail::widened(dw).data_ptr<float>(), in_f, 0.f, gi[0].data_ptr<float>(), in_f);
         }
         if (gw) {  // dW = G^T X
-          gi[1] = Tensor::empty({out_f, in_f});
-          backend::gemm(dev, true, false, out_f, in_f, rows, 1.f, pg, out_f,
-                        detail::widened(dx).data_ptr<float>(), in_f, 0.f, gi[1].data_ptr<float>(),
-                        in_f);
+          gi[1] = Tensor::empty({out_f, in_f}, DType::Float32, dev);
+          gemm(dev, true, false, out_f, in_f, rows, 1.f, pg, out_f,
+               detail::widened(dx).data_ptr<float>(), in_f, 0.f, gi[1].data_ptr<float>(), in_f);
         }
-        if (gb) {
-          gi[2] = Tensor::empty({out_f});
-          backend::column_sums(dev, pg, rows, out_f, gi[2].data_ptr<float>());
+        if (gb) {  // db = the column sums of G
+          gi[2] = Tensor::empty({out_f}, DType::Float32, dev);
+          if (dev.is_cuda())
+            gpu::column_sums(pg, rows, out_f, gi[2].data_ptr<float>(), false, detail::stream(dev));
+          else
+            cpu::column_sums(pg, rows, out_f, gi[2].data_ptr<float>(), false);
         }
       }));
 }

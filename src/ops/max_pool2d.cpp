@@ -1,0 +1,63 @@
+// max_pool2d: checks, output geometry, the device switch and the autograd record (the winners'
+// indices kept for backward). The kernels take float32: a 16-bit op widens its input, rounds its
+// output once and computes its gradient in float32.
+#include "kernels/max_pool2d.h"
+
+#include <memory>
+
+#include "galley/autograd.h"
+#include "galley/ops.h"
+#include "galley/profiler.h"
+#include "src/ops/dispatch.h"
+
+namespace galley {
+
+namespace cpu = kernels::cpu;
+namespace gpu = kernels::cuda;
+
+Tensor max_pool2d(const Tensor& x, const MaxPool2dOptions& o) {
+  profiler::OpScope prof("max_pool2d", {&x});
+  detail::check_floating("max_pool2d", x);
+  GALLEY_CHECK(x.dim() == 4, "max_pool2d: input must be [N, C, H, W], got ", shape_str(x.shape()));
+  int64_t stride = o.stride == 0 ? o.kernel_size : o.stride;
+  GALLEY_CHECK(o.kernel_size > 0 && stride > 0 && o.padding >= 0 && 2 * o.padding <= o.kernel_size,
+               "max_pool2d: kernel ", o.kernel_size, ", stride ", stride, ", padding ", o.padding,
+               " (padding may be at most half the kernel)");
+  kernels::Pool2dGeometry g{};
+  g.planes = x.size(0) * x.size(1), g.h = x.size(2), g.w = x.size(3);
+  g.k = o.kernel_size, g.stride = stride, g.pad = o.padding;
+  g.oh = (g.h + 2 * g.pad - g.k) / g.stride + 1;
+  g.ow = (g.w + 2 * g.pad - g.k) / g.stride + 1;
+  GALLEY_CHECK(g.h + 2 * g.pad >= g.k && g.w + 2 * g.pad >= g.k && g.oh > 0 && g.ow > 0,
+               "max_pool2d: input ", shape_str(x.shape()), " is smaller than the ", g.k, "x", g.k,
+               " window");
+  const DType dtype = x.dtype();
+  const Device dev = x.device();
+  Tensor cx = detail::widened(x).contiguous();
+  Tensor out = Tensor::empty({x.size(0), x.size(1), g.oh, g.ow}, DType::Float32, dev);
+  // The winners' indices are kept for backward; the block comes from the host cache.
+  auto idx = std::make_shared<Storage>(out.numel() * sizeof(int32_t), dev);
+  int32_t* pidx = static_cast<int32_t*>(idx->data());
+  if (dev.is_cuda())
+    gpu::max_pool2d_forward(g, cx.data_ptr<float>(), out.data_ptr<float>(), pidx,
+                            detail::stream(dev));
+  else
+    cpu::max_pool2d_forward(g, cx.data_ptr<float>(), out.data_ptr<float>(), pidx);
+  Tensor result = detail::rounded(out, dtype);
+  if (!autograd::needs_grad({&x})) return result;
+  Shape in_shape = x.shape();
+  return autograd::record(
+      result, "max_pool2d", {x},
+      detail::widened_backward(dtype, [=](const Tensor& gy, std::vector<Tensor>& gi) {
+        Tensor cgy = gy.contiguous();
+        gi[0] = Tensor::empty(in_shape, DType::Float32, dev);
+        const int32_t* winners = static_cast<const int32_t*>(idx->data());
+        if (dev.is_cuda())
+          gpu::max_pool2d_backward(g, cgy.data_ptr<float>(), winners, gi[0].data_ptr<float>(),
+                                   detail::stream(dev));
+        else
+          cpu::max_pool2d_backward(g, cgy.data_ptr<float>(), winners, gi[0].data_ptr<float>());
+      }));
+}
+
+}  // namespace galley
