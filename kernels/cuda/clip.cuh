@@ -1,6 +1,7 @@
 #pragma once
 // Gradient clipping over many tensors of one GPU: the CUDA side of kernels/cpu/clip.h (the same
-// chunks of cpu::kClipChunk elements, norms accumulated in double). Declared without CUDA types
+// chunks of cpu::kClipChunk elements, norms accumulated in double; spans of any floating dtype,
+// each dtype's spans launched together). Declared without CUDA types
 // so that C++ files can call the launchers; `stream` is a cudaStream_t. Launchers only enqueue.
 #include <cstdint>
 

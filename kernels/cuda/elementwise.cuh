@@ -101,29 +101,33 @@ void max_pool2d_backward(const cpu::Pool2dGeometry& g, const float* gy, const in
                          float* gx, void* stream);
 
 // Fused optimizer updates (torch.optim.Adam / AdamW / SGD, as kernels/cpu/optimizer_update.h)
-// over many tensors at once.
+// over many tensors at once. Parameters and gradients are float32, bfloat16 or float16 (`dtype`,
+// per tensor), the state float32; the update is computed in float32 and the parameter rounded
+// once. Tensors of different dtypes may be mixed in one call (each dtype gets its own launches).
 // One tensor of a multi-tensor update. `step` (Adam) is a device int64 holding the steps this
 // tensor has taken; `buf` (SGD) its momentum buffer, `first` whether that buffer starts now.
 struct OptimizerTensor {
-  float* p;
-  const float* g;
+  void* p;        // `dtype`
+  const void* g;  // `dtype`
   float* m;       // Adam: exp_avg
   float* v;       // Adam: exp_avg_sq
   float* vmax;    // Adam with amsgrad: max_exp_avg_sq, else null
   int64_t* step;  // Adam: device step counter
   float* buf;     // SGD: momentum buffer (null without momentum)
   int64_t n;
-  bool first;  // SGD: the momentum buffer starts as the gradient
+  bool first;                    // SGD: the momentum buffer starts as the gradient
+  DType dtype = DType::Float32;  // of p and g
 };
-// Adam / AdamW over `count` tensors in a few launches (one per 32 tensors, plus one that
-// advances the step counters). lr, beta1 and beta2 come in double: each block computes its
+// Adam / AdamW over `count` tensors in a few launches (one per 32 tensors of a dtype, plus one
+// that advances the step counters). lr, beta1 and beta2 come in double: each block computes its
 // tensor's lr / (1 - beta1^t) and sqrt(1 - beta2^t) from t = *step + 1 exactly as the host
 // does, so nothing is read back and the launches can be captured in a CUDA graph (whose replays
 // then keep counting steps). s's other fields (eps, weight_decay, decoupled, amsgrad) apply to
 // every tensor.
 void adam_update_multi(const cpu::AdamStep& s, double lr, double beta1, double beta2,
                        const OptimizerTensor* tensors, int count, void* stream);
-// SGD over `count` tensors, one launch per 32 (s.first is ignored; each tensor has its own).
+// SGD over `count` tensors, one launch per 32 of a dtype (s.first is ignored; each tensor has
+// its own).
 void sgd_update_multi(const cpu::SGDStep& s, const OptimizerTensor* tensors, int count,
                       void* stream);
 

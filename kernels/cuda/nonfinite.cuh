@@ -4,14 +4,16 @@
 // `stream` is a cudaStream_t. Launchers only enqueue.
 #include <cstdint>
 
+#include "galley/dtype.h"
+
 namespace galley::kernels::cuda {
 
 // ----------------------------------------------------------------------------------------------
 // launchers
 
 // *first (a device int64) = the index of the first element of x[0, n) that is NaN or infinite,
-// -1 when all are finite.
-void first_nonfinite(const float* x, int64_t n, int64_t* first, void* stream);
+// -1 when all are finite. x holds `dtype` elements: float32, bfloat16 or float16.
+void first_nonfinite(const void* x, DType dtype, int64_t n, int64_t* first, void* stream);
 // When *x (one device float) is NaN or infinite and word 0 of `error_slot` (a device's deferred
 // error slot, {code, a, b, c}) is clear, writes {code, the bits of *x, 0, 0}, code last. Nothing
 // waits: the host finds the report at its next synchronisation.

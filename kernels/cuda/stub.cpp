@@ -147,7 +147,7 @@ void scale_grads(const cpu::GradSpan*, int, float, void*) {
 void clamp_grads(const cpu::GradSpan*, int, float, void*) {
   absent();
 }
-void first_nonfinite(const float*, int64_t, int64_t*, void*) {
+void first_nonfinite(const void*, DType, int64_t, int64_t*, void*) {
   absent();
 }
 void report_nonfinite_scalar(const float*, int64_t, int64_t*, void*) {

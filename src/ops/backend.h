@@ -82,11 +82,12 @@ void cross_entropy_backward(Device device, const float* prob, const int64_t* lab
                             const Tensor& row_scale, int64_t n, int64_t c, float eps,
                             int64_t ignore_index, float* gx);
 
-// One parameter tensor on the host.
-void adam_update(Device device, const kernels::cpu::AdamStep& s, int64_t n, float* p,
-                 const float* g, float* m, float* v, float* vmax);
-void sgd_update(Device device, const kernels::cpu::SGDStep& s, int64_t n, float* p, const float* g,
-                float* buf);
+// One parameter tensor on the host: p and g of `dtype` (float32, bfloat16 or float16), the
+// state float32.
+void adam_update(Device device, const kernels::cpu::AdamStep& s, DType dtype, int64_t n, void* p,
+                 const void* g, float* m, float* v, float* vmax);
+void sgd_update(Device device, const kernels::cpu::SGDStep& s, DType dtype, int64_t n, void* p,
+                const void* g, float* buf);
 // Every tensor of `tensors` (all on the GPU `device`) in a few launches; see
 // kernels/cuda/elementwise.cuh.
 using kernels::cuda::OptimizerTensor;
@@ -95,7 +96,8 @@ void adam_update_multi(Device device, const kernels::cpu::AdamStep& s, double lr
 void sgd_update_multi(Device device, const kernels::cpu::SGDStep& s,
                       const std::vector<OptimizerTensor>& tensors);
 
-// The index of the first NaN or infinite element of `t` (float32, any layout) in row-major
+// The index of the first NaN or infinite element of `t` (float32, bfloat16 or float16, any
+// layout) in row-major
 // order, -1 when every element is finite. On a GPU it waits for the answer: for anomaly
 // detection and error reports, never the default path.
 int64_t first_nonfinite(const Tensor& t);
