@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <cmath>
 #include <cstdlib>
 #include <thread>
 
@@ -112,6 +113,49 @@ TEST(Mpi, ReplicasOfEveryProcessStartAsProcessZeros) {
   const size_t n = p.numel();
   for (int r = 1; r < e.world_size; ++r)
     for (size_t i = 0; i < n; ++i) ASSERT_EQ(v[r * n + i], v[i]) << "process " << r;
+}
+
+TEST(Mpi, SixteenBitAllReduceIsTheFloat32SumRoundedOnce) {
+  const auto& e = env();
+  if (e.world_size == 1) GTEST_SKIP() << "single process: run under mpirun -np 2";
+  auto world = galley::distributed::world();
+  const int64_t count = 3000;
+  // Process r's values, exact in the 16-bit dtype; every process can compute everyone's.
+  auto values = [&](int r, galley::DType dtype) {
+    std::vector<float> v(count);
+    for (int64_t i = 0; i < count; ++i)
+      v[i] = std::sin(0.37f * float(i) + float(r)) * (1.f + float(r) / 7.f) + 0.001f * float(i);
+    return Tensor::from_vector(v, {count}).to(dtype);
+  };
+  for (galley::DType dtype : {galley::DType::BFloat16, galley::DType::Float16}) {
+    std::vector<float> sum(count, 0.f);
+    for (int r = 0; r < e.world_size; ++r) {
+      const auto v = values(r, dtype).to(galley::DType::Float32).to_vector();
+      for (int64_t i = 0; i < count; ++i) sum[i] += v[i];
+    }
+    std::vector<float> avg(sum);
+    for (float& a : avg) a *= 1.f / float(e.world_size);
+    auto rounded = [&](const std::vector<float>& v) {
+      return Tensor::from_vector(v, {count}).to(dtype).to(galley::DType::Float32).to_vector();
+    };
+    Tensor s = values(e.rank, dtype);
+    world->all_reduce(s, galley::parallel::ReduceOp::Sum);
+    EXPECT_EQ(s.dtype(), dtype);
+    EXPECT_EQ(s.to(galley::DType::Float32).to_vector(), rounded(sum)) << "rank " << e.rank;
+    Tensor a = values(e.rank, dtype);
+    world->all_reduce(a, galley::parallel::ReduceOp::Avg);
+    EXPECT_EQ(a.to(galley::DType::Float32).to_vector(), rounded(avg)) << "rank " << e.rank;
+    Tensor b = values(e.rank, dtype);
+    world->broadcast(b, 1);
+    EXPECT_EQ(b.to(galley::DType::Float32).to_vector(),
+              values(1, dtype).to(galley::DType::Float32).to_vector());
+    Tensor g = world->all_gather(values(e.rank, dtype));
+    ASSERT_EQ(g.dtype(), dtype);
+    const auto gv = g.to(galley::DType::Float32).to_vector();
+    for (int r = 0; r < e.world_size; ++r)
+      EXPECT_EQ(std::vector<float>(gv.begin() + r * count, gv.begin() + (r + 1) * count),
+                values(r, dtype).to(galley::DType::Float32).to_vector());
+  }
 }
 
 TEST(MpiTimeout, APeerThatNeverArrivesIsAnErrorNotAHang) {

@@ -279,6 +279,30 @@ struct DataParallelBase::Impl {
     }
   }
 
+  // Buckets follow the parameters' dtypes: once the parameters have changed dtype (Layer::to on
+  // every replica), the buckets are built again. Every replica must have made the same change.
+  void refresh_buckets() {
+    const auto& params = replicas[0]->params;
+    bool stale = false;
+    for (size_t k = 0; k < params.size() && !stale; ++k)
+      stale = params[k].dtype() != buckets[bucket_of[k]].dtype;
+    if (!stale) return;
+    for (size_t r = 1; r < n(); ++r)
+      for (size_t k = 0; k < params.size(); ++k)
+        GALLEY_CHECK(replicas[r]->params[k].dtype() == params[k].dtype(),
+                     "DataParallel: parameter ", k, " of replica ", r, " is ",
+                     dtype_name(replicas[r]->params[k].dtype()), " but replica 0's is ",
+                     dtype_name(params[k].dtype()),
+                     "; convert every replica alike (DataParallel::to)");
+    buckets.clear();
+    bucket_of.clear();
+    for (auto& r : replicas) {
+      r->flat.clear();
+      r->bucket_filled.clear();
+    }
+    build_buckets();
+  }
+
   // Marks bucket b of a replica filled (the caller holds rep.mu and notifies). On a GPU it first
   // records the event that the bucket's collective waits for.
   static void mark_filled(Replica& rep, size_t b) {
@@ -412,6 +436,7 @@ struct DataParallelBase::Impl {
   void backward(const std::vector<Tensor>& outs, const std::vector<int64_t>& starts,
                 const Tensor& grad) {
     const bool reduce = sync && (n() > 1 || procs);
+    if (reduce) refresh_buckets();
     for (auto& rep : replicas) {
       std::lock_guard<std::mutex> lock(rep->mu);
       rep->param_ready.assign(rep->params.size(), 0);
@@ -652,6 +677,14 @@ std::map<std::string, Tensor> DataParallelBase::state_dict() const {
 
 void DataParallelBase::load_state_dict(const std::map<std::string, Tensor>& state, bool strict) {
   for (auto& rep : impl_->replicas) rep->layer->load_state_dict(state, strict);
+}
+
+void DataParallelBase::to(DType dtype) {
+  for (auto& rep : impl_->replicas) {
+    detail::DeviceScope scope(rep->device);
+    rep->layer->to(dtype);
+  }
+  impl_->refresh_buckets();
 }
 
 void DataParallelBase::train(bool on) {

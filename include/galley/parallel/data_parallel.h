@@ -71,6 +71,11 @@ class DataParallelBase {
   /// Loads the same state into every replica.
   void load_state_dict(const std::map<std::string, Tensor>& state, bool strict = true);
 
+  /// Converts every replica's floating parameters and buffers to `dtype` (float32, bfloat16 or
+  /// float16; nn::Layer::to), keeping their handles: an optimizer made from parameters() before
+  /// steps them in the new dtype. The gradient buckets follow the new dtypes (they are also
+  /// rebuilt at the next backward after every replica was converted through module(i).to()).
+  void to(DType dtype);
   /// Training or evaluation mode for every replica.
   void train(bool on = true);
   /// Same as train(false).
