@@ -30,6 +30,20 @@ class TinyNet : public nn::Layer {
   nn::Linear fc_{3 * 3 * 3, 4};
 };
 
+// x * weight + bias, then a ReLU: elementwise ops only, converted to bfloat16 when built.
+class BFloat16Diagonal : public nn::Layer {
+ public:
+  BFloat16Diagonal() {
+    weight_ = register_parameter("weight", galley::randn({4}) * 0.5f + 1.f);
+    bias_ = register_parameter("bias", galley::randn({4}) * 0.1f);
+    to(galley::DType::BFloat16);
+  }
+  Tensor forward(const Tensor& x) override { return galley::relu(x * weight_ + bias_); }
+
+ private:
+  Tensor weight_, bias_;
+};
+
 const galley::distributed::ParallelEnv& env() {
   const char* t = std::getenv("GALLEY_TEST_MPI_TIMEOUT");
   return galley::distributed::init_parallel_env({.timeout_seconds = t ? std::atof(t) : 60.0});
@@ -156,6 +170,34 @@ TEST(Mpi, SixteenBitAllReduceIsTheFloat32SumRoundedOnce) {
       EXPECT_EQ(std::vector<float>(gv.begin() + r * count, gv.begin() + (r + 1) * count),
                 values(r, dtype).to(galley::DType::Float32).to_vector());
   }
+}
+
+TEST(Mpi, ABFloat16ModelStaysIdenticalAcrossProcesses) {
+  const auto& e = env();
+  if (e.world_size == 1) GTEST_SKIP() << "single process: run under mpirun -np 2";
+  std::vector<galley::Device> devs;
+  for (int i = 0; i < local_devices(); ++i) devs.push_back(galley::Device::cpu(i));
+  galley::manual_seed(700 + e.rank);  // process 0's start wins
+  galley::DataParallel<BFloat16Diagonal> model(devs);
+  galley::optim::SGD opt(model.parameters(), {.learning_rate = 0.05, .momentum = 0.9});
+  nn::CrossEntropyLoss loss_fn;
+  galley::Generator gen(99 + e.rank);  // each process its own data
+  for (int s = 0; s < 5; ++s) {
+    Tensor x = galley::randn({6, 4}, gen).to(galley::DType::BFloat16);
+    std::vector<int64_t> l(6);
+    for (auto& v : l) v = static_cast<int64_t>(gen.next_u64() % 4);
+    loss_fn(model(x).to(galley::DType::Float32), Tensor::from_vector(l, {6})).backward();
+    opt.step();
+    opt.clear_grad();
+  }
+  for (size_t r = 0; r < model.num_replicas(); ++r)
+    for (auto& p : model.module(r).parameters()) {
+      ASSERT_EQ(p.dtype(), galley::DType::BFloat16);
+      auto v = galley::distributed::world()->all_gather(p).to(galley::DType::Float32).to_vector();
+      const size_t n = p.numel();
+      for (int q = 1; q < e.world_size; ++q)
+        for (size_t i = 0; i < n; ++i) ASSERT_EQ(v[q * n + i], v[i]) << "process " << q;
+    }
 }
 
 TEST(MpiTimeout, APeerThatNeverArrivesIsAnErrorNotAHang) {

@@ -31,10 +31,10 @@ class Communicator {
   virtual int size() const = 0;
   /// Combines `count` elements of `dtype` (float32, bfloat16 or float16) at `data` across the
   /// group, in place. 16-bit data is summed in float32 and rounded to its dtype once ("threads"
-  /// and "mpi": each element is widened, the participants' values added in rank order and the
-  /// sum, or the average, rounded), so the result differs from a float32 sum rounded once only
-  /// by that one rounding, however many participants there are. "nccl" reduces bfloat16 and
-  /// float16 natively (ncclBfloat16 / ncclFloat16), which rounds at each step of its ring.
+  /// and "mpi": each element is widened, the participants' values added in float32, in rank
+  /// order for "threads", and the sum, or the average, rounded), so the result is a float32 sum
+  /// rounded once, however many participants there are. "nccl" reduces bfloat16 and float16
+  /// natively (ncclBfloat16 / ncclFloat16), which may round at each step of its ring.
   virtual void all_reduce(void* data, int64_t count, DType dtype, ReduceOp op) = 0;
   /// all_reduce of `count` float32 values.
   void all_reduce(float* data, int64_t count, ReduceOp op) {
