@@ -11,28 +11,23 @@ namespace galley::kernels::cpu {
 
 namespace {
 
-// Runs `update(b, e, p, g, off)` over float32 arrays for the elements [b, e) of parameter p and
-// gradient g of element type T, where `off` is the index of the arrays' first element in the
-// state. float32 is updated in place; a 16-bit parameter and its gradient are widened a block
-// at a time on the stack, updated in float32 and the parameter rounded back once.
+// Runs `update(0, m, fp, fg, off)` over float32 copies of blocks of the elements [b, e) of a
+// 16-bit parameter p and its gradient g, where `off` is the index of the block's first element
+// (for the float32 state): the block is widened on the stack, updated in float32 and the
+// parameter rounded back once.
 template <typename T, typename Update>
 void staged(int64_t b, int64_t e, T* p, const T* g, Update update) {
-  if constexpr (std::is_same_v<T, float>) {
-    update(b, e, p, g, int64_t(0));
-  } else {
-    float fp[kStageBlock], fg[kStageBlock];
-    for (int64_t i = b; i < e; i += kStageBlock) {
-      const int64_t m = std::min(kStageBlock, e - i);
-      to_float(p + i, fp, m);
-      to_float(g + i, fg, m);
-      update(int64_t(0), m, fp, fg, i);
-      from_float(fp, p + i, m);
-    }
+  float fp[kStageBlock], fg[kStageBlock];
+  for (int64_t i = b; i < e; i += kStageBlock) {
+    const int64_t m = std::min(kStageBlock, e - i);
+    to_float(p + i, fp, m);
+    to_float(g + i, fg, m);
+    update(int64_t(0), m, fp, fg, i);
+    from_float(fp, p + i, m);
   }
 }
 
 // The AMSGrad branch is a template parameter so the loop has no control flow and vectorises.
-// p and g are indexed [b, e); m, v and vmax [b + off, e + off).
 template <bool kAmsgrad>
 void adam_range(const AdamStep& s, int64_t b, int64_t e, float* p, const float* g, float* m,
                 float* v, float* vmax) {
@@ -64,18 +59,23 @@ void adam_range(const AdamStep& s, int64_t b, int64_t e, float* p, const float* 
 template <typename T>
 void adam_typed(const AdamStep& s, int64_t n, T* p, const T* g, float* m, float* v, float* vmax) {
   parallel_for(n, kElementwiseGrain, [&](int64_t b, int64_t e) {
-    staged(b, e, p, g, [&](int64_t sb, int64_t se, float* fp, const float* fg, int64_t off) {
-      // Offsetting the state keeps the float32 case's arguments exactly as before (off == 0).
+    if constexpr (std::is_same_v<T, float>) {
       if (s.amsgrad)
-        adam_range<true>(s, sb, se, fp, fg, m + off, v + off, vmax + off);
+        adam_range<true>(s, b, e, p, g, m, v, vmax);
       else
-        adam_range<false>(s, sb, se, fp, fg, m + off, v + off, nullptr);
-    });
+        adam_range<false>(s, b, e, p, g, m, v, vmax);
+    } else {
+      staged(b, e, p, g, [&](int64_t sb, int64_t se, float* fp, const float* fg, int64_t off) {
+        if (s.amsgrad)
+          adam_range<true>(s, sb, se, fp, fg, m + off, v + off, vmax + off);
+        else
+          adam_range<false>(s, sb, se, fp, fg, m + off, v + off, nullptr);
+      });
+    }
   });
 }
 
-// Momentum is a template parameter so the loop has no control flow and vectorises. p and g are
-// indexed [b, e); buf [b + off, e + off) through the offset pointer the caller passes.
+// Momentum is a template parameter so the loop has no control flow and vectorises.
 template <bool kMomentum>
 void sgd_range(const SGDStep& s, int64_t b, int64_t e, float* p, const float* g, float* buf) {
   const float weight_decay = s.weight_decay, momentum = s.momentum, dampening = s.dampening,
@@ -96,12 +96,19 @@ void sgd_range(const SGDStep& s, int64_t b, int64_t e, float* p, const float* g,
 template <typename T>
 void sgd_typed(const SGDStep& s, int64_t n, T* p, const T* g, float* buf) {
   parallel_for(n, kElementwiseGrain, [&](int64_t b, int64_t e) {
-    staged(b, e, p, g, [&](int64_t sb, int64_t se, float* fp, const float* fg, int64_t off) {
+    if constexpr (std::is_same_v<T, float>) {
       if (s.momentum != 0.f)
-        sgd_range<true>(s, sb, se, fp, fg, buf + off);
+        sgd_range<true>(s, b, e, p, g, buf);
       else
-        sgd_range<false>(s, sb, se, fp, fg, nullptr);
-    });
+        sgd_range<false>(s, b, e, p, g, buf);
+    } else {
+      staged(b, e, p, g, [&](int64_t sb, int64_t se, float* fp, const float* fg, int64_t off) {
+        if (s.momentum != 0.f)
+          sgd_range<true>(s, sb, se, fp, fg, buf + off);
+        else
+          sgd_range<false>(s, sb, se, fp, fg, nullptr);
+      });
+    }
   });
 }
 
