@@ -360,8 +360,7 @@ void sgd_update(Device device, const cpu::SGDStep& s, DType dtype, int64_t n, vo
 int64_t first_nonfinite(const Tensor& t) {
   Tensor c = t.contiguous();
   GALLEY_CHECK(is_floating_point(c.dtype()),
-               "first_nonfinite: expected a float32, bfloat16 or "
-               "float16 tensor, got ",
+               "first_nonfinite: expected a float32, bfloat16 or float16 tensor, got ",
                dtype_name(c.dtype()));
   if (!on_gpu(c)) return cpu::first_nonfinite(c.raw_data(), c.dtype(), c.numel());
   Tensor first = Tensor::empty({}, DType::Int64, c.device());

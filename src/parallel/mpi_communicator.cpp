@@ -98,9 +98,7 @@ class MpiCommunicator : public parallel::Communicator {
   // The MPI type that carries `dtype`'s elements (16-bit ones as their bits).
   static MPI_Datatype element_type(DType dtype, const char* op) {
     GALLEY_CHECK(is_floating_point(dtype), "mpi ", op,
-                 ": expected float32, bfloat16 or float16 "
-                 "data, got ",
-                 dtype_name(dtype));
+                 ": expected float32, bfloat16 or float16 data, got ", dtype_name(dtype));
     return dtype == DType::Float32 ? MPI_FLOAT : MPI_UINT16_T;
   }
   void all_reduce_floats(float* data, int64_t count, parallel::ReduceOp op) {

@@ -129,9 +129,7 @@ class ThreadCommunicator : public Communicator {
  private:
   void check_floating(DType dtype, const char* op) const {
     GALLEY_CHECK(is_floating_point(dtype), "threads ", op,
-                 ": expected float32, bfloat16 or "
-                 "float16 data, got ",
-                 dtype_name(dtype));
+                 ": expected float32, bfloat16 or float16 data, got ", dtype_name(dtype));
   }
 
   // Sums elements [b, e) of every participant's buffer in rank order, scales the sum, and
