@@ -2,15 +2,20 @@
 // Gradient clipping over many tensors at once (torch.nn.utils.clip_grad_norm_ /
 // clip_grad_value_): one reduction pass over every gradient for the total norm, one pass that
 // scales or clamps them all. The CUDA launchers take device spans and the cudaStream_t to run
-// on; they only enqueue.
+// on (each dtype's spans launched together); they only enqueue.
 #include <cstdint>
+
+#include "galley/dtype.h"
 
 namespace galley::kernels {
 
-// One gradient: n contiguous float32 elements.
+// One gradient: n contiguous elements of `dtype` (float32, bfloat16 or float16). The spans of
+// one call may have different dtypes; a 16-bit element is widened to float32 for the
+// arithmetic (norms accumulate in double) and a changed element rounded back once.
 struct GradSpan {
-  float* data;
+  void* data;
   int64_t n;
+  DType dtype = DType::Float32;
 };
 
 // The spans are cut into chunks of this many elements (a span's last chunk is shorter); each

@@ -279,3 +279,100 @@ TEST(ClipGradNorm, KeepsDataParallelReplicasEqual) {
   for (size_t k = 0; k < per; ++k)
     EXPECT_EQ(params[k].to_vector(), params[k + per].to_vector()) << "parameter " << k;
 }
+
+// ---------------------------------------------------------------------------------------------
+// 16-bit gradients: widened for the norm (accumulated in double), scaled or clamped in float32
+// and rounded once.
+
+namespace {
+
+// The parameters of params_with_grads with their gradients rounded to `dtype`, and float32
+// copies holding the same (widened) gradient values.
+std::pair<std::vector<Tensor>, std::vector<Tensor>> sixteen_bit_and_float32(
+    const std::vector<int64_t>& sizes, galley::DType dtype, float scale) {
+  auto base = params_with_grads(sizes, scale);
+  std::vector<Tensor> low, wide;
+  for (auto& p : base) {
+    Tensor g16 = p.grad().to(dtype);
+    Tensor a = galley::zeros(p.shape(), dtype), b = galley::zeros(p.shape());
+    a.set_requires_grad(true);
+    b.set_requires_grad(true);
+    a.set_grad(g16);
+    b.set_grad(g16.to(galley::DType::Float32));
+    low.push_back(a);
+    wide.push_back(b);
+  }
+  return {low, wide};
+}
+
+std::vector<std::vector<float>> widened_grads(const std::vector<Tensor>& params) {
+  std::vector<std::vector<float>> out;
+  for (auto& p : params) out.push_back(p.grad().to(galley::DType::Float32).to_vector());
+  return out;
+}
+
+}  // namespace
+
+TEST(ClipGradNorm16Bit, BFloat16AndFloat16NormsMatchFloat32AndScaleRoundsOnce) {
+  for (galley::DType dtype : {galley::DType::BFloat16, galley::DType::Float16})
+    for (double p : {2.0, 1.0, 3.0, double(INFINITY)}) {
+      const std::string what =
+          std::string(dtype == galley::DType::BFloat16 ? "bfloat16" : "float16") + " norm_type " +
+          std::to_string(p);
+      auto [low, wide] = sixteen_bit_and_float32(kSizes, dtype, 0.5f);
+      const auto before = widened_grads(low);
+      const double max_norm = reference_norm(before, p) / 3;
+      const float got = nn::clip_grad_norm_(low, max_norm, {.norm_type = p});
+      const float want = nn::clip_grad_norm_(wide, max_norm, {.norm_type = p});
+      // Both in double over the same values, only the summation order differs.
+      EXPECT_NEAR(got, want, 1e-6 * want) << what;
+      EXPECT_NEAR(got, reference_norm(before, p), 1e-5 * want) << what;
+      // Each 16-bit gradient is the widened one times the float32 coefficient, rounded once.
+      const float coef = reference_coef(got, max_norm);
+      for (size_t k = 0; k < low.size(); ++k) {
+        EXPECT_EQ(low[k].grad().dtype(), dtype) << what;
+        std::vector<float> scaled = before[k];
+        for (float& v : scaled) v *= coef;
+        const int64_t n = int64_t(scaled.size());
+        EXPECT_EQ(low[k].grad().to(galley::DType::Float32).to_vector(),
+                  Tensor::from_vector(scaled, {n}).to(dtype).to(galley::DType::Float32).to_vector())
+            << what << ", tensor " << k;
+      }
+    }
+}
+
+TEST(ClipGradNorm16Bit, MixedDtypesGiveOneNormOverAll) {
+  auto [low, wide] = sixteen_bit_and_float32({100, 9000, 7}, galley::DType::BFloat16, 1.f);
+  std::vector<Tensor> mixed{wide[0], low[1], wide[2]};
+  const double want = reference_norm(widened_grads(mixed), 2.0);
+  EXPECT_NEAR(nn::clip_grad_norm_(mixed, 1e9), want, 1e-6 * want);
+  EXPECT_NEAR(nn::clip_grad_norm_(mixed, want / 2), want, 1e-6 * want);
+  EXPECT_NEAR(reference_norm(widened_grads(mixed), 2.0), want / 2, 1e-2 * want);
+  EXPECT_EQ(mixed[1].grad().dtype(), galley::DType::BFloat16);
+}
+
+TEST(ClipGradNorm16Bit, ANonFiniteBFloat16GradientIsNamed) {
+  auto [low, wide] = sixteen_bit_and_float32({10, 300, 30}, galley::DType::BFloat16, 1.f);
+  auto v = low[1].grad().to(galley::DType::Float32).to_vector();
+  v[271] = kInf;
+  low[1].set_grad(Tensor::from_vector(v, {300}).to(galley::DType::BFloat16));
+  expect_contains(error_of([&] { nn::clip_grad_norm_(low, 1.0); }),
+                  {"is inf", "parameter with a non-finite gradient is number 1", "[300]"});
+  v[271] = kNaN;
+  low[1].set_grad(Tensor::from_vector(v, {300}).to(galley::DType::Float16));
+  expect_contains(error_of([&] { nn::clip_grad_norm_(low, 1.0); }),
+                  {"is nan", "parameter with a non-finite gradient is number 1"});
+}
+
+TEST(ClipGradValue16Bit, ClampsFloat16AndBFloat16) {
+  for (galley::DType dtype : {galley::DType::BFloat16, galley::DType::Float16}) {
+    auto [low, wide] = sixteen_bit_and_float32({5000, 3}, dtype, 2.f);
+    nn::clip_grad_value_(low, 0.7);
+    nn::clip_grad_value_(wide, 0.7);
+    for (size_t k = 0; k < low.size(); ++k) {
+      EXPECT_EQ(low[k].grad().dtype(), dtype);
+      EXPECT_EQ(low[k].grad().to(galley::DType::Float32).to_vector(),
+                wide[k].grad().to(dtype).to(galley::DType::Float32).to_vector());
+    }
+  }
+}

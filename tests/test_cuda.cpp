@@ -3,6 +3,9 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <functional>
+#include <limits>
+#include <memory>
 
 #include "galley/galley.h"
 #include "galley/runtime/cuda.h"
@@ -260,4 +263,98 @@ TEST(Cuda, OutOfMemoryInsideALayerStaysAnOutOfMemoryError) {
     testutil::expect_contains(e.what(), {"Conv2D(3, 64", "out of memory on cuda:0"});
   }
   galley::set_memory_limit(gpu, 0);
+}
+
+// 16-bit parameters on a GPU: the multi-tensor kernels compute what the CPU kernels compute (in
+// float32, with float32 state) and round the parameter once; either compiler may fuse a
+// multiply-add, so the bits may differ by one unit in the parameter's last place.
+TEST(Cuda, SixteenBitOptimizersMatchTheCpu) {
+  REQUIRE_GPU();
+  const Device gpu = Device::cuda(0);
+  using galley::DType;
+  using Make = std::function<std::unique_ptr<galley::optim::Optimizer>(std::vector<Tensor>)>;
+  const std::vector<std::pair<std::string, Make>> cases = {
+      {"SGD nesterov",
+       [](std::vector<Tensor> p) {
+         return std::make_unique<galley::optim::SGD>(
+             p,
+             galley::optim::SGDOptions{
+                 .learning_rate = 0.05, .momentum = 0.9, .weight_decay = 1e-3, .nesterov = true});
+       }},
+      {"Adam amsgrad",
+       [](std::vector<Tensor> p) {
+         return std::make_unique<galley::optim::Adam>(
+             p, galley::optim::AdamOptions{.learning_rate = 1e-2, .amsgrad = true});
+       }},
+      {"AdamW", [](std::vector<Tensor> p) {
+         return std::make_unique<galley::optim::AdamW>(
+             p, galley::optim::AdamOptions{.learning_rate = 1e-2, .weight_decay = 1e-2});
+       }}};
+  for (DType dtype : {DType::BFloat16, DType::Float16})
+    for (auto& [name, make] : cases) {
+      const double ulp = dtype == DType::BFloat16 ? std::ldexp(1.0, -7) : std::ldexp(1.0, -10);
+      // Sizes across the kernels' chunks, with a float32 parameter mixed in.
+      std::vector<Tensor> host, dev;
+      for (int64_t n : {int64_t(20011), int64_t(3), int64_t(8192)}) {
+        Tensor h = galley::randn({n}).to(n == 3 ? DType::Float32 : dtype);
+        Tensor d = h.to(gpu);
+        h.set_requires_grad(true);
+        d.set_requires_grad(true);
+        host.push_back(h);
+        dev.push_back(d);
+      }
+      auto ho = make(host), dg = make(dev);
+      for (int step = 0; step < 3; ++step) {
+        for (size_t k = 0; k < host.size(); ++k) {
+          Tensor g = galley::randn(host[k].shape()).to(host[k].dtype());
+          host[k].set_grad(g);
+          dev[k].set_grad(g.to(gpu));
+        }
+        ho->step();
+        dg->step();
+      }
+      for (size_t k = 0; k < host.size(); ++k) {
+        EXPECT_EQ(dev[k].dtype(), host[k].dtype());
+        const auto want = host[k].to(DType::Float32).to_vector();
+        const auto got = dev[k].to(DType::Float32).to_vector();
+        for (size_t i = 0; i < want.size(); ++i)
+          ASSERT_NEAR(got[i], want[i], 3 * ulp * std::max(1.f, std::fabs(want[i])))
+              << name << " " << galley::dtype_name(dtype) << " tensor " << k << " element " << i;
+      }
+    }
+}
+
+TEST(Cuda, SixteenBitClippingAndTheNonFiniteCheckMatchTheCpu) {
+  REQUIRE_GPU();
+  const Device gpu = Device::cuda(0);
+  using galley::DType;
+  for (DType dtype : {DType::BFloat16, DType::Float16}) {
+    std::vector<Tensor> host, dev;
+    for (int64_t n : {int64_t(20011), int64_t(5), int64_t(8192)}) {
+      Tensor h = galley::zeros({n}, n == 5 ? DType::Float32 : dtype);
+      Tensor d = h.to(gpu);
+      h.set_requires_grad(true);
+      d.set_requires_grad(true);
+      Tensor g = galley::randn({n}).to(h.dtype());
+      h.set_grad(g);
+      d.set_grad(g.to(gpu));
+      host.push_back(h);
+      dev.push_back(d);
+    }
+    const float want = galley::nn::clip_grad_norm_(host, 1.0);
+    const float got = galley::nn::clip_grad_norm_(dev, 1.0);
+    EXPECT_NEAR(got, want, 1e-5 * want) << galley::dtype_name(dtype);
+    for (size_t k = 0; k < host.size(); ++k) {
+      EXPECT_EQ(dev[k].grad().dtype(), host[k].grad().dtype());
+      if (got == want)
+        EXPECT_EQ(dev[k].grad().to(DType::Float32).to_vector(),
+                  host[k].grad().to(DType::Float32).to_vector());
+    }
+    // A non-finite 16-bit gradient on the GPU is found and named.
+    auto v = dev[0].grad().to(DType::Float32).to_vector();
+    v[12345] = std::numeric_limits<float>::infinity();
+    dev[0].set_grad(Tensor::from_vector(v, {20011}).to(dtype).to(gpu));
+    testutil::expect_contains(testutil::error_of([&] { galley::nn::clip_grad_norm_(dev, 1.0); }),
+                              {"is inf", "number 0"});
+  }
 }

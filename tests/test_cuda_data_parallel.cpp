@@ -77,3 +77,53 @@ TEST(CudaDataParallel, SeveralGpusTrainLikeOneGpuOnTheWholeBatch) {
   for (int i = 0; i < std::min(n, 4); ++i) gpus.push_back(Device::cuda(i));
   EXPECT_LE(worst(train(gpus, init, data), train({Device::cuda(0)}, init, data)), 1e-5);
 }
+
+namespace {
+
+// x * weight + bias, a ReLU, again: elementwise ops only, converted to bfloat16 when built.
+class BFloat16Elementwise : public galley::nn::Layer {
+ public:
+  BFloat16Elementwise() {
+    w1_ = register_parameter("w1", galley::randn({6}) * 0.5f + 1.f);
+    b1_ = register_parameter("b1", galley::randn({6}) * 0.1f);
+    w2_ = register_parameter("w2", galley::randn({6}) * 0.5f + 1.f);
+    b2_ = register_parameter("b2", galley::randn({6}) * 0.1f);
+    to(galley::DType::BFloat16);
+  }
+  Tensor forward(const Tensor& x) override { return galley::relu(x * w1_ + b1_) * w2_ + b2_; }
+
+ private:
+  Tensor w1_, b1_, w2_, b2_;
+};
+
+}  // namespace
+
+TEST(CudaDataParallel, ABFloat16ModelOnSeveralGpusKeepsItsReplicasIdentical) {
+  const int n = galley::cuda_device_count();
+  if (n < 2) GTEST_SKIP() << "needs 2 CUDA devices, this machine has " << n;
+  std::vector<Device> gpus;
+  for (int i = 0; i < std::min(n, 4); ++i) gpus.push_back(Device::cuda(i));
+  galley::DataParallel<BFloat16Elementwise> model(gpus);
+  galley::optim::Adam opt(model.parameters(), {.learning_rate = 1e-2});
+  galley::nn::CrossEntropyLoss loss_fn;
+  galley::Generator gen(5);
+  for (int s = 0; s < 5; ++s) {
+    std::vector<int64_t> labels(20);
+    for (auto& l : labels) l = static_cast<int64_t>(gen.next_u64() % 6);
+    Tensor x = galley::randn({20, 6}, gen).to(galley::DType::BFloat16);
+    loss_fn(model(x).to(galley::DType::Float32), Tensor::from_vector(labels, {20}).to(gpus[0]))
+        .backward();
+    opt.step();
+    opt.clear_grad();
+  }
+  const auto first = model.module(0).parameters();
+  for (size_t r = 1; r < model.num_replicas(); ++r) {
+    const auto mine = model.module(r).parameters();
+    for (size_t k = 0; k < first.size(); ++k) {
+      EXPECT_EQ(mine[k].dtype(), galley::DType::BFloat16);
+      EXPECT_EQ(mine[k].to(galley::DType::Float32).to_vector(),
+                first[k].to(galley::DType::Float32).to_vector())
+          << "replica " << r << " parameter " << k;
+    }
+  }
+}

@@ -1,6 +1,7 @@
 // DataParallel over several CPU devices must train exactly like one model on the whole batch.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <thread>
 
 #include "galley/galley.h"
@@ -335,4 +336,242 @@ TEST(ThreadCommunicator, MismatchedSizesAreAnError) {
     }
   });
   for (auto& e : errors) testutil::expect_contains(e, {"elements"});
+}
+
+// ---------------------------------------------------------------------------------------------
+// 16-bit models and data
+
+namespace {
+
+using galley::DType;
+
+// x * weight + bias over the last dimension: elementwise ops only (every op takes 16-bit data).
+class Diagonal : public nn::Layer {
+ public:
+  explicit Diagonal(int64_t n) {
+    weight_ = register_parameter("weight", galley::randn({n}) * 0.5f + 1.f);
+    bias_ = register_parameter("bias", galley::randn({n}) * 0.1f);
+  }
+  Tensor forward(const Tensor& x) override { return x * weight_ + bias_; }
+
+ private:
+  Tensor weight_, bias_;
+};
+
+constexpr int64_t kFeatures = 5;  // the classes too
+
+// Two diagonal layers with a ReLU between them, built in float32.
+class Elementwise : public nn::Layer {
+ public:
+  Elementwise() {
+    register_layer("a", a_);
+    register_layer("b", b_);
+  }
+  Tensor forward(const Tensor& x) override { return b_(galley::relu(a_(x))); }
+
+ private:
+  Diagonal a_{kFeatures}, b_{kFeatures};
+};
+
+// The same converted to bfloat16 when built (Layer::to).
+class BFloat16Elementwise : public Elementwise {
+ public:
+  BFloat16Elementwise() { to(DType::BFloat16); }
+};
+
+// A float32 linear layer, then a bfloat16 diagonal one: gradients of two dtypes.
+class Mixed : public nn::Layer {
+ public:
+  Mixed() {
+    register_layer("fc", fc_);
+    register_layer("out", out_);
+    out_.to(DType::BFloat16);
+  }
+  Tensor forward(const Tensor& x) override {
+    return out_(galley::relu(fc_(x.to(DType::Float32))).to(DType::BFloat16));
+  }
+
+ private:
+  nn::Linear fc_{kFeatures, kFeatures};
+  Diagonal out_{kFeatures};
+};
+
+std::vector<Batch> feature_batches(int count, int64_t size, uint64_t seed) {
+  galley::Generator gen(seed);
+  std::vector<Batch> out;
+  for (int i = 0; i < count; ++i) {
+    std::vector<int64_t> labels(size);
+    for (auto& l : labels) l = static_cast<int64_t>(gen.next_u64() % kFeatures);
+    out.push_back({galley::randn({size, kFeatures}, gen), Tensor::from_vector(labels, {size})});
+  }
+  return out;
+}
+
+// SGD with momentum, one step per batch, inputs in `input` dtype and the loss in float32.
+template <typename M>
+void train16(M& model, const std::vector<Batch>& data, DType input) {
+  galley::optim::SGD opt(model.parameters(), {.learning_rate = 0.05, .momentum = 0.9});
+  nn::CrossEntropyLoss loss_fn;
+  for (auto& b : data) {
+    loss_fn(model(b.x.to(input)).to(DType::Float32), b.y).backward();
+    opt.step();
+    opt.clear_grad();
+  }
+}
+
+std::map<std::string, Tensor> converted(const std::map<std::string, Tensor>& state, DType dtype) {
+  std::map<std::string, Tensor> out;
+  for (auto& [k, t] : state) out[k] = t.to(dtype);
+  return out;
+}
+
+std::vector<std::vector<float>> widened(const std::vector<Tensor>& params) {
+  std::vector<std::vector<float>> out;
+  for (auto& p : params) out.push_back(p.to(DType::Float32).to_vector());
+  return out;
+}
+
+// Replicas identical bit for bit, and close to `single` (another split of the batch rounds the
+// 16-bit gradients differently).
+template <typename M>
+void expect_replicas_equal_and_close(const galley::DataParallel<M>& model,
+                                     const std::vector<Tensor>& single, double tol,
+                                     const std::string& what) {
+  const auto first = widened(model.module(0).parameters());
+  for (size_t r = 1; r < model.num_replicas(); ++r)
+    EXPECT_EQ(widened(model.module(r).parameters()), first) << what << ": replica " << r;
+  const auto want = widened(single);
+  ASSERT_EQ(first.size(), want.size());
+  for (size_t k = 0; k < want.size(); ++k)
+    for (size_t i = 0; i < want[k].size(); ++i)
+      ASSERT_NEAR(first[k][i], want[k][i], tol * std::max(1.f, std::fabs(want[k][i])))
+          << what << ": parameter " << k << " element " << i;
+}
+
+}  // namespace
+
+TEST(DataParallel16Bit, ABFloat16ModelTrainsOnTwoReplicasThatStayIdentical) {
+  galley::manual_seed(21);
+  const auto init = converted(Elementwise().state_dict(), DType::BFloat16);
+  const auto data = feature_batches(8, 12, 31);
+  BFloat16Elementwise single;
+  single.load_state_dict(init);
+  train16(single, data, DType::BFloat16);
+  for (int64_t bytes : {int64_t(8), int64_t(25) << 20}) {
+    const std::string what = "bucket_bytes " + std::to_string(bytes);
+    galley::DataParallel<BFloat16Elementwise> model(cpus(2), {.bucket_bytes = bytes});
+    model.load_state_dict(init);
+    train16(model, data, DType::BFloat16);
+    for (auto& p : model.parameters()) EXPECT_EQ(p.dtype(), DType::BFloat16) << what;
+    for (auto& [name, p] : model.module(0).named_parameters())
+      EXPECT_NE(widened({p}), widened({init.at(name)})) << what << ": " << name << " trained";
+    expect_replicas_equal_and_close(model, single.parameters(), 1e-2, what);
+  }
+}
+
+TEST(DataParallel16Bit, ConvertingAfterConstructionRebuildsTheBuckets) {
+  galley::manual_seed(22);
+  const auto init = Elementwise().state_dict();
+  const auto data = feature_batches(6, 10, 32);
+  galley::DataParallel<BFloat16Elementwise> built(cpus(2));
+  built.load_state_dict(converted(init, DType::BFloat16));
+  train16(built, data, DType::BFloat16);
+  // A float32 model converted afterwards, as a whole or replica by replica, trains the same.
+  galley::DataParallel<Elementwise> whole(cpus(2));
+  whole.load_state_dict(init);
+  whole.to(DType::BFloat16);
+  train16(whole, data, DType::BFloat16);
+  galley::DataParallel<Elementwise> each(cpus(2));
+  each.load_state_dict(init);
+  for (size_t r = 0; r < 2; ++r) each.module(r).to(DType::BFloat16);
+  train16(each, data, DType::BFloat16);
+  for (size_t r = 0; r < 2; ++r) {
+    EXPECT_EQ(widened(whole.module(r).parameters()), widened(built.module(r).parameters()));
+    EXPECT_EQ(widened(each.module(r).parameters()), widened(built.module(r).parameters()));
+  }
+}
+
+TEST(DataParallel16Bit, Float32AndBFloat16ParametersGoToTheirOwnBuckets) {
+  galley::manual_seed(23);
+  Mixed reference;
+  const auto init = reference.state_dict();
+  const auto data = feature_batches(8, 12, 33);
+  Mixed single;
+  single.load_state_dict(init);
+  train16(single, data, DType::Float32);
+  for (int64_t bytes : {int64_t(8), int64_t(25) << 20}) {
+    const std::string what = "bucket_bytes " + std::to_string(bytes);
+    galley::DataParallel<Mixed> model(cpus(2), {.bucket_bytes = bytes});
+    model.load_state_dict(init);
+    train16(model, data, DType::Float32);
+    auto params = model.module(0).named_parameters();
+    for (auto& [name, p] : params)
+      EXPECT_EQ(p.dtype(), name.rfind("fc.", 0) == 0 ? DType::Float32 : DType::BFloat16) << name;
+    EXPECT_GE(model.last_stats().buckets, 2) << what;
+    expect_replicas_equal_and_close(model, single.parameters(), 1e-2, what);
+  }
+}
+
+TEST(ThreadCommunicator, SixteenBitAllReduceIsTheFloat32SumRoundedOnce) {
+  const int n = 3;
+  const int64_t count = 5000;  // several of the widening blocks, split over the ranks
+  for (DType dtype : {DType::BFloat16, DType::Float16}) {
+    auto comms = galley::parallel::make_thread_communicators(n);
+    // Rank r's values, exact in `dtype`; their float32 sum is not.
+    std::vector<std::vector<float>> values(n);
+    for (int r = 0; r < n; ++r) {
+      std::vector<float> v(count);
+      for (int64_t i = 0; i < count; ++i)
+        v[i] = std::sin(0.37f * float(i) + float(r)) * (1.f + float(r) / 7.f) + 0.001f * float(i);
+      values[r] = Tensor::from_vector(v, {count}).to(dtype).to(DType::Float32).to_vector();
+    }
+    std::vector<float> sum(count, 0.f), avg(count);
+    for (int64_t i = 0; i < count; ++i) {
+      for (int r = 0; r < n; ++r) sum[i] += values[r][i];
+      avg[i] = sum[i] * (1.f / float(n));
+    }
+    const auto want_sum =
+        Tensor::from_vector(sum, {count}).to(dtype).to(DType::Float32).to_vector();
+    const auto want_avg =
+        Tensor::from_vector(avg, {count}).to(dtype).to(DType::Float32).to_vector();
+    std::vector<std::vector<float>> sums(n), avgs(n), bcast(n), gathered(n);
+    std::vector<DType> gathered_dtype(n);
+    on_threads(n, [&](int r) {
+      auto& c = *comms[r];
+      Tensor s = Tensor::from_vector(values[r], {count}).to(dtype);
+      c.all_reduce(s, galley::parallel::ReduceOp::Sum);
+      sums[r] = s.to(DType::Float32).to_vector();
+      Tensor a = Tensor::from_vector(values[r], {count}).to(dtype);
+      c.all_reduce(a.raw_data(), count, dtype, galley::parallel::ReduceOp::Avg);
+      avgs[r] = a.to(DType::Float32).to_vector();
+      Tensor b = Tensor::from_vector(values[r], {count}).to(dtype);
+      c.broadcast(b, 1);
+      bcast[r] = b.to(DType::Float32).to_vector();
+      Tensor g = c.all_gather(Tensor::from_vector(values[r], {count}).to(dtype));
+      gathered_dtype[r] = g.dtype();
+      gathered[r] = g.to(DType::Float32).to_vector();
+    });
+    for (int r = 0; r < n; ++r) {
+      EXPECT_EQ(sums[r], want_sum) << "rank " << r;
+      EXPECT_EQ(avgs[r], want_avg) << "rank " << r;
+      EXPECT_EQ(bcast[r], values[1]) << "rank " << r;
+      EXPECT_EQ(gathered_dtype[r], dtype);
+      for (int q = 0; q < n; ++q)
+        EXPECT_EQ(std::vector<float>(gathered[r].begin() + q * count,
+                                     gathered[r].begin() + (q + 1) * count),
+                  values[q]);
+    }
+    // Ranks passing different dtypes is an error.
+    auto pair = galley::parallel::make_thread_communicators(2, {.timeout_seconds = 5});
+    std::vector<std::string> errors(2);
+    on_threads(2, [&](int r) {
+      Tensor t = galley::zeros({4}, r == 0 ? dtype : DType::Float32);
+      try {
+        pair[r]->all_reduce(t);
+      } catch (const galley::Error& e) {
+        errors[r] = e.what();
+      }
+    });
+    for (auto& e : errors) testutil::expect_contains(e, {"float32", galley::dtype_name(dtype)});
+  }
 }

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <cmath>
 #include <cstdlib>
 #include <thread>
 
@@ -27,6 +28,20 @@ class TinyNet : public nn::Layer {
  private:
   nn::Conv2D conv_{1, 3, 3, {.padding = 1}};
   nn::Linear fc_{3 * 3 * 3, 4};
+};
+
+// x * weight + bias, then a ReLU: elementwise ops only, converted to bfloat16 when built.
+class BFloat16Diagonal : public nn::Layer {
+ public:
+  BFloat16Diagonal() {
+    weight_ = register_parameter("weight", galley::randn({4}) * 0.5f + 1.f);
+    bias_ = register_parameter("bias", galley::randn({4}) * 0.1f);
+    to(galley::DType::BFloat16);
+  }
+  Tensor forward(const Tensor& x) override { return galley::relu(x * weight_ + bias_); }
+
+ private:
+  Tensor weight_, bias_;
 };
 
 const galley::distributed::ParallelEnv& env() {
@@ -112,6 +127,77 @@ TEST(Mpi, ReplicasOfEveryProcessStartAsProcessZeros) {
   const size_t n = p.numel();
   for (int r = 1; r < e.world_size; ++r)
     for (size_t i = 0; i < n; ++i) ASSERT_EQ(v[r * n + i], v[i]) << "process " << r;
+}
+
+TEST(Mpi, SixteenBitAllReduceIsTheFloat32SumRoundedOnce) {
+  const auto& e = env();
+  if (e.world_size == 1) GTEST_SKIP() << "single process: run under mpirun -np 2";
+  auto world = galley::distributed::world();
+  const int64_t count = 3000;
+  // Process r's values, exact in the 16-bit dtype; every process can compute everyone's.
+  auto values = [&](int r, galley::DType dtype) {
+    std::vector<float> v(count);
+    for (int64_t i = 0; i < count; ++i)
+      v[i] = std::sin(0.37f * float(i) + float(r)) * (1.f + float(r) / 7.f) + 0.001f * float(i);
+    return Tensor::from_vector(v, {count}).to(dtype);
+  };
+  for (galley::DType dtype : {galley::DType::BFloat16, galley::DType::Float16}) {
+    std::vector<float> sum(count, 0.f);
+    for (int r = 0; r < e.world_size; ++r) {
+      const auto v = values(r, dtype).to(galley::DType::Float32).to_vector();
+      for (int64_t i = 0; i < count; ++i) sum[i] += v[i];
+    }
+    std::vector<float> avg(sum);
+    for (float& a : avg) a *= 1.f / float(e.world_size);
+    auto rounded = [&](const std::vector<float>& v) {
+      return Tensor::from_vector(v, {count}).to(dtype).to(galley::DType::Float32).to_vector();
+    };
+    Tensor s = values(e.rank, dtype);
+    world->all_reduce(s, galley::parallel::ReduceOp::Sum);
+    EXPECT_EQ(s.dtype(), dtype);
+    EXPECT_EQ(s.to(galley::DType::Float32).to_vector(), rounded(sum)) << "rank " << e.rank;
+    Tensor a = values(e.rank, dtype);
+    world->all_reduce(a, galley::parallel::ReduceOp::Avg);
+    EXPECT_EQ(a.to(galley::DType::Float32).to_vector(), rounded(avg)) << "rank " << e.rank;
+    Tensor b = values(e.rank, dtype);
+    world->broadcast(b, 1);
+    EXPECT_EQ(b.to(galley::DType::Float32).to_vector(),
+              values(1, dtype).to(galley::DType::Float32).to_vector());
+    Tensor g = world->all_gather(values(e.rank, dtype));
+    ASSERT_EQ(g.dtype(), dtype);
+    const auto gv = g.to(galley::DType::Float32).to_vector();
+    for (int r = 0; r < e.world_size; ++r)
+      EXPECT_EQ(std::vector<float>(gv.begin() + r * count, gv.begin() + (r + 1) * count),
+                values(r, dtype).to(galley::DType::Float32).to_vector());
+  }
+}
+
+TEST(Mpi, ABFloat16ModelStaysIdenticalAcrossProcesses) {
+  const auto& e = env();
+  if (e.world_size == 1) GTEST_SKIP() << "single process: run under mpirun -np 2";
+  std::vector<galley::Device> devs;
+  for (int i = 0; i < local_devices(); ++i) devs.push_back(galley::Device::cpu(i));
+  galley::manual_seed(700 + e.rank);  // process 0's start wins
+  galley::DataParallel<BFloat16Diagonal> model(devs);
+  galley::optim::SGD opt(model.parameters(), {.learning_rate = 0.05, .momentum = 0.9});
+  nn::CrossEntropyLoss loss_fn;
+  galley::Generator gen(99 + e.rank);  // each process its own data
+  for (int s = 0; s < 5; ++s) {
+    Tensor x = galley::randn({6, 4}, gen).to(galley::DType::BFloat16);
+    std::vector<int64_t> l(6);
+    for (auto& v : l) v = static_cast<int64_t>(gen.next_u64() % 4);
+    loss_fn(model(x).to(galley::DType::Float32), Tensor::from_vector(l, {6})).backward();
+    opt.step();
+    opt.clear_grad();
+  }
+  for (size_t r = 0; r < model.num_replicas(); ++r)
+    for (auto& p : model.module(r).parameters()) {
+      ASSERT_EQ(p.dtype(), galley::DType::BFloat16);
+      auto v = galley::distributed::world()->all_gather(p).to(galley::DType::Float32).to_vector();
+      const size_t n = p.numel();
+      for (int q = 1; q < e.world_size; ++q)
+        for (size_t i = 0; i < n; ++i) ASSERT_EQ(v[q * n + i], v[i]) << "process " << q;
+    }
 }
 
 TEST(MpiTimeout, APeerThatNeverArrivesIsAnErrorNotAHang) {

@@ -154,6 +154,28 @@ TEST(NcclOneGpu, CollectivesOfOneRankGiveTheInputBack) {
   c.barrier();
 }
 
+TEST(NcclOneGpu, SixteenBitCollectivesOfOneRankGiveTheInputBack) {
+  REQUIRE_GPUS(1);
+  auto comms = par::make_nccl_communicators({Device::cuda(0)});
+  par::Communicator& c = *comms[0];
+  for (DType dtype : {DType::BFloat16, DType::Float16}) {
+    const Tensor v = Tensor::from_vector(input(0, 1037), {1037}).to(dtype);
+    const auto want = v.to(DType::Float32).to_vector();
+    for (auto op : {par::ReduceOp::Sum, par::ReduceOp::Avg}) {
+      Tensor d = v.to(Device::cuda(0));
+      c.all_reduce(d, op);
+      EXPECT_EQ(d.dtype(), dtype);
+      EXPECT_EQ(d.to(DType::Float32).to_vector(), want);
+    }
+    Tensor b = v.to(Device::cuda(0));
+    c.broadcast(b, 0);
+    EXPECT_EQ(b.to(DType::Float32).to_vector(), want);
+    Tensor g = c.all_gather(v.to(Device::cuda(0)));
+    EXPECT_EQ(g.dtype(), dtype);
+    EXPECT_EQ(g.to(DType::Float32).to_vector(), want);
+  }
+}
+
 TEST(NcclOneGpu, BadArgumentsAreErrorsThatLeaveTheCommunicatorUsable) {
   REQUIRE_GPUS(1);
   auto comms = par::make_nccl_communicators({Device::cuda(0)});
@@ -259,6 +281,38 @@ TEST(NcclGpus, SumAndAvgMatchTheCpuOnOddSizes) {
       }
       EXPECT_EQ(bad_sum, 0) << "rank " << r << ", " << count << " elements, Sum";
       EXPECT_EQ(bad_avg, 0) << "rank " << r << ", " << count << " elements, Avg";
+    }
+  }
+}
+
+TEST(NcclGpus, SixteenBitSumsAreCloseToTheFloat32SumRoundedOnce) {
+  REQUIRE_GPUS(2);
+  const int n = galley::cuda_device_count();
+  auto comms = par::make_nccl_communicators(gpus(n));
+  const int64_t count = 100003;
+  for (DType dtype : {DType::BFloat16, DType::Float16}) {
+    // NCCL reduces 16-bit data natively, rounding along its ring: within a few units of the
+    // dtype's last place of the float32 sum.
+    const double ulp = dtype == DType::BFloat16 ? std::ldexp(1.0, -7) : std::ldexp(1.0, -10);
+    std::vector<double> sum(count, 0.0);
+    for (int r = 0; r < n; ++r) {
+      const auto v =
+          Tensor::from_vector(input(r, count), {count}).to(dtype).to(DType::Float32).to_vector();
+      for (int64_t i = 0; i < count; ++i) sum[i] += v[i];
+    }
+    std::vector<std::vector<float>> sums(n);
+    expect_no_errors(on_threads(n, [&](int r) {
+      Tensor s = Tensor::from_vector(input(r, count), {count}).to(dtype).to(Device::cuda(r));
+      comms[r]->all_reduce(s, par::ReduceOp::Sum);
+      sums[r] = s.to(DType::Float32).to_vector();
+    }));
+    for (int r = 0; r < n; ++r) {
+      ASSERT_EQ(int64_t(sums[r].size()), count);
+      int64_t bad = 0;
+      for (int64_t i = 0; i < count; ++i)
+        if (std::abs(sums[r][i] - sum[i]) > n * ulp * std::max(1.0, std::abs(sum[i]))) ++bad;
+      EXPECT_EQ(bad, 0) << "rank " << r << ", " << galley::dtype_name(dtype);
+      EXPECT_EQ(sums[r], sums[0]) << "every rank gets the same bits";
     }
   }
 }

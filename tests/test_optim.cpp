@@ -680,4 +680,224 @@ TEST(Schedulers, SequentialLRValidation) {
   expect_contains(error_of([&] { SequentialLR(opt, {&a, &plateau}, {2}); }), {"ReduceLROnPlateau"});
 }
 
+// ---------------------------------------------------------------------------------------------
+// 16-bit parameters: the update is computed in float32 (float32 state) and the parameter rounded
+// once per step.
+
+using galley::DType;
+
+struct OptimizerCase {
+  std::string name;
+  std::function<std::unique_ptr<galley::optim::Optimizer>(std::vector<Tensor>)> make;
+};
+
+std::vector<OptimizerCase> every_optimizer() {
+  using galley::optim::Optimizer;
+  return {
+      {"SGD",
+       [](std::vector<Tensor> p) -> std::unique_ptr<Optimizer> {
+         return std::make_unique<SGD>(p, SGDOptions{.learning_rate = 0.05});
+       }},
+      {"SGD momentum, dampening, weight decay",
+       [](std::vector<Tensor> p) -> std::unique_ptr<Optimizer> {
+         return std::make_unique<SGD>(
+             p,
+             SGDOptions{
+                 .learning_rate = 0.05, .momentum = 0.9, .dampening = 0.1, .weight_decay = 1e-2});
+       }},
+      {"SGD nesterov",
+       [](std::vector<Tensor> p) -> std::unique_ptr<Optimizer> {
+         return std::make_unique<SGD>(
+             p,
+             SGDOptions{
+                 .learning_rate = 0.05, .momentum = 0.9, .weight_decay = 1e-3, .nesterov = true});
+       }},
+      {"Adam",
+       [](std::vector<Tensor> p) -> std::unique_ptr<Optimizer> {
+         return std::make_unique<Adam>(p, AdamOptions{.learning_rate = 1e-2});
+       }},
+      {"Adam amsgrad, L2",
+       [](std::vector<Tensor> p) -> std::unique_ptr<Optimizer> {
+         return std::make_unique<Adam>(
+             p, AdamOptions{.learning_rate = 1e-2, .weight_decay = 1e-2, .amsgrad = true});
+       }},
+      {"AdamW",
+       [](std::vector<Tensor> p) -> std::unique_ptr<Optimizer> {
+         return std::make_unique<AdamW>(p,
+                                        AdamOptions{.learning_rate = 1e-2, .weight_decay = 1e-2});
+       }},
+  };
+}
+
+// 600 elements: more than one block of the 16-bit staging (256), not a multiple of it.
+constexpr int64_t kN16 = 600;
+
+std::vector<float> init16() {
+  std::vector<float> v(kN16);
+  for (int64_t i = 0; i < kN16; ++i) v[i] = 1.5f * std::sin(0.7f * float(i)) + 0.01f;
+  return v;
+}
+std::vector<float> grad16(int step) {
+  std::vector<float> v(kN16);
+  for (int64_t i = 0; i < kN16; ++i) v[i] = 0.5f * std::cos(0.3f * float(i) + step) + 0.01f * step;
+  return v;
+}
+
+// `values` rounded to `dtype` (float32 values that `dtype` holds exactly).
+std::vector<float> rounded(const std::vector<float>& values, DType dtype) {
+  return Tensor::from_vector(values, {int64_t(values.size())})
+      .to(dtype)
+      .to(DType::Float32)
+      .to_vector();
+}
+
+Tensor param16(const std::vector<float>& values, DType dtype) {
+  Tensor p = Tensor::from_vector(values, {int64_t(values.size())}).to(dtype);
+  p.set_requires_grad();
+  return p;
+}
+
+std::vector<float> widened(const Tensor& t) {
+  return t.to(DType::Float32).to_vector();
+}
+
+const char* dtype_label(DType d) {
+  return d == DType::BFloat16 ? "bfloat16" : "float16";
+}
+
+TEST(Optimizer16Bit, EachOptimizerRoundsTheFloat32UpdateOncePerStep) {
+  // The float32 optimizer stepping the widened 16-bit parameter with the same gradient, then
+  // rounded, gives the 16-bit optimizer's parameter bit for bit: the update is float32 with
+  // float32 state, and the parameter is rounded once.
+  for (DType dtype : {DType::BFloat16, DType::Float16})
+    for (const OptimizerCase& c : every_optimizer()) {
+      const std::string what = c.name + " on " + dtype_label(dtype);
+      Tensor p = param16(init16(), dtype);
+      Tensor q = param16(rounded(init16(), dtype), DType::Float32);
+      auto o16 = c.make({p});
+      auto o32 = c.make({q});
+      for (int step = 1; step <= 10; ++step) {
+        const std::vector<float> g = rounded(grad16(step), dtype);
+        p.set_grad(Tensor::from_vector(g, {kN16}).to(dtype));
+        {
+          galley::NoGradGuard no_grad;
+          q.copy_(p.to(DType::Float32));
+        }
+        q.set_grad(Tensor::from_vector(g, {kN16}));
+        o16->step();
+        o32->step();
+        ASSERT_EQ(p.dtype(), dtype) << what;
+        ASSERT_EQ(widened(p), widened(q.to(dtype))) << what << ", step " << step;
+      }
+      for (auto& [key, t] : o16->state_dict().tensors)
+        EXPECT_EQ(t.dtype(), DType::Float32) << what << ": state " << key << " is float32";
+    }
+}
+
+TEST(Optimizer16Bit, EachOptimizerTracksTheFloat32OneWithinTheDtypesTolerance) {
+  const int steps = 10;
+  for (DType dtype : {DType::BFloat16, DType::Float16})
+    for (const OptimizerCase& c : every_optimizer()) {
+      const std::string what = c.name + " on " + dtype_label(dtype);
+      // Unit roundoff: each step rounds the parameter once.
+      const double u = dtype == DType::BFloat16 ? std::ldexp(1.0, -8) : std::ldexp(1.0, -11);
+      const std::vector<float> start = rounded(init16(), dtype);
+      Tensor p = param16(start, dtype);
+      Tensor q = param16(start, DType::Float32);
+      auto o16 = c.make({p});
+      auto o32 = c.make({q});
+      for (int step = 1; step <= steps; ++step) {
+        const std::vector<float> g = rounded(grad16(step), dtype);
+        p.set_grad(Tensor::from_vector(g, {kN16}).to(dtype));
+        q.set_grad(Tensor::from_vector(g, {kN16}));
+        o16->step();
+        o32->step();
+      }
+      ASSERT_EQ(p.dtype(), dtype) << what;
+      const std::vector<float> got = widened(p), want = q.to_vector();
+      double moved = 0;
+      for (int64_t i = 0; i < kN16; ++i) {
+        moved = std::max(moved, std::fabs(double(want[i]) - start[i]));
+        EXPECT_NEAR(got[i], want[i], steps * u * std::max(1.0, std::fabs(double(want[i]))))
+            << what << ", element " << i;
+      }
+      EXPECT_GT(moved, 10 * u) << what << ": the parameters moved";
+    }
+}
+
+TEST(Optimizer16Bit, StateDictRoundTripsWithFloat32State) {
+  for (DType dtype : {DType::BFloat16, DType::Float16})
+    for (const OptimizerCase& c : every_optimizer()) {
+      const std::string what = c.name + " on " + dtype_label(dtype);
+      Tensor p = param16(init16(), dtype);
+      auto a = c.make({p});
+      for (int step = 1; step <= 3; ++step) {
+        p.set_grad(Tensor::from_vector(grad16(step), {kN16}).to(dtype));
+        a->step();
+      }
+      const galley::StateDict st = a->state_dict();
+      for (auto& [key, t] : st.tensors) EXPECT_EQ(t.dtype(), DType::Float32) << what << " " << key;
+      Tensor p2 = param16(widened(p), dtype);
+      auto b = c.make({p2});
+      b->load_state_dict(st);
+      for (int step = 4; step <= 6; ++step) {
+        const Tensor g = Tensor::from_vector(grad16(step), {kN16}).to(dtype);
+        p.set_grad(g);
+        p2.set_grad(g.clone());
+        a->step();
+        b->step();
+        ASSERT_EQ(widened(p2), widened(p)) << what << ", step " << step;
+      }
+      // Saved again, the state is the same.
+      const galley::StateDict again = b->state_dict();
+      for (auto& [key, t] : a->state_dict().tensors) {
+        ASSERT_TRUE(again.tensors.count(key)) << what << " " << key;
+        EXPECT_EQ(again.tensors.at(key).to_vector(), t.to_vector()) << what << " " << key;
+      }
+    }
+}
+
+TEST(Optimizer16Bit, ASavedSixteenBitStateIsWidened) {
+  Tensor p = param16(init16(), DType::BFloat16);
+  SGD a({p}, {.learning_rate = 0.1, .momentum = 0.9});
+  p.set_grad(Tensor::from_vector(grad16(1), {kN16}).to(DType::BFloat16));
+  a.step();
+  galley::StateDict st = a.state_dict();
+  Tensor& buf = st.tensors.at("state.0.momentum_buffer");
+  buf = buf.to(DType::BFloat16);
+  SGD b({param16(init16(), DType::BFloat16)}, {.learning_rate = 0.1, .momentum = 0.9});
+  b.load_state_dict(st);
+  EXPECT_EQ(b.state_dict().tensors.at("state.0.momentum_buffer").dtype(), DType::Float32);
+  EXPECT_EQ(b.state_dict().tensors.at("state.0.momentum_buffer").to_vector(),
+            buf.to(DType::Float32).to_vector());
+}
+
+TEST(Optimizer16Bit, MixedDtypesInOneOptimizer) {
+  // A float32 and a bfloat16 parameter side by side: the float32 one steps exactly as alone.
+  Tensor a = param16(init16(), DType::Float32);
+  Tensor b = param16(init16(), DType::BFloat16);
+  Tensor alone = param16(init16(), DType::Float32);
+  Adam both({a, b}, {.learning_rate = 1e-2});
+  Adam single({alone}, {.learning_rate = 1e-2});
+  for (int step = 1; step <= 5; ++step) {
+    const Tensor g = Tensor::from_vector(grad16(step), {kN16});
+    a.set_grad(g);
+    alone.set_grad(g.clone());
+    b.set_grad(g.to(DType::BFloat16));
+    both.step();
+    single.step();
+  }
+  EXPECT_EQ(a.to_vector(), alone.to_vector());
+  EXPECT_EQ(b.dtype(), DType::BFloat16);
+  EXPECT_EQ(both.state(b).exp_avg.dtype(), DType::Float32);
+}
+
+TEST(Optimizer16Bit, AGradientOfAnotherDtypeIsAnError) {
+  Tensor p = param16(init16(), DType::BFloat16);
+  SGD opt({p});
+  p.set_grad(Tensor::from_vector(grad16(1), {kN16}));
+  expect_contains(error_of([&] { opt.step(); }),
+                  {"parameter 0", "float32", "bfloat16", "same dtype"});
+}
+
 }  // namespace

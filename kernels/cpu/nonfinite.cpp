@@ -2,8 +2,10 @@
 
 #include <algorithm>
 #include <cstring>
+#include <type_traits>
 #include <vector>
 
+#include "galley/half.h"
 #include "kernels/cpu/parallel.h"
 
 namespace galley::kernels::cpu {
@@ -12,28 +14,45 @@ namespace {
 // Blocks scanned with a vector OR of "exponent all ones" before any element is looked at alone.
 constexpr int64_t kBlock = 4096;
 
-int64_t first_in(const float* x, int64_t b, int64_t e) {
+// An element's bits as an unsigned integer of its width, and the mask of its exponent: an
+// element is NaN or infinite exactly when its exponent bits are all ones.
+template <typename T>
+struct ExponentBits {
+  using Bits = uint16_t;
+  static constexpr Bits kMask = std::is_same_v<T, bfloat16> ? 0x7f80u : 0x7c00u;
+};
+template <>
+struct ExponentBits<float> {
+  using Bits = uint32_t;
+  static constexpr Bits kMask = 0x7f800000u;
+};
+
+template <typename T>
+int64_t first_in(const T* x, int64_t b, int64_t e) {
+  using Bits = typename ExponentBits<T>::Bits;
+  constexpr Bits kMask = ExponentBits<T>::kMask;
+  static_assert(sizeof(Bits) == sizeof(T), "an element's bits have its width");
   for (int64_t s = b; s < e; s += kBlock) {
     const int64_t t = std::min(e, s + kBlock);
     uint32_t bad = 0;
 #pragma omp simd reduction(| : bad)
     for (int64_t i = s; i < t; ++i) {
-      uint32_t bits;
-      std::memcpy(&bits, x + i, 4);
-      bad |= uint32_t((bits & 0x7f800000u) == 0x7f800000u);
+      Bits bits;
+      std::memcpy(&bits, x + i, sizeof(Bits));
+      bad |= uint32_t((bits & kMask) == kMask);
     }
     if (!bad) continue;
     for (int64_t i = s; i < t; ++i) {
-      uint32_t bits;
-      std::memcpy(&bits, x + i, 4);
-      if ((bits & 0x7f800000u) == 0x7f800000u) return i;
+      Bits bits;
+      std::memcpy(&bits, x + i, sizeof(Bits));
+      if ((bits & kMask) == kMask) return i;
     }
   }
   return -1;
 }
-}  // namespace
 
-int64_t first_nonfinite(const float* x, int64_t n) {
+template <typename T>
+int64_t first_nonfinite_typed(const T* x, int64_t n) {
   if (n <= kElementwiseGrain) return first_in(x, 0, n);
   // Pieces of kElementwiseGrain elements spread over the threads; the first piece with a hit
   // holds the answer.
@@ -47,6 +66,14 @@ int64_t first_nonfinite(const float* x, int64_t n) {
   for (int64_t h : hits)
     if (h >= 0) return h;
   return -1;
+}
+}  // namespace
+
+int64_t first_nonfinite(const void* x, DType dtype, int64_t n) {
+  return dispatch_floating(dtype, "first_nonfinite", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    return first_nonfinite_typed(static_cast<const T*>(x), n);
+  });
 }
 
 }  // namespace galley::kernels::cpu

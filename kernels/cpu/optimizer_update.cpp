@@ -2,12 +2,32 @@
 
 #include <algorithm>
 #include <cmath>
+#include <type_traits>
 
+#include "kernels/convert.h"
 #include "kernels/cpu/parallel.h"
+#include "kernels/cpu/staged.h"
 
 namespace galley::kernels::cpu {
 
 namespace {
+
+// Runs `update(0, m, fp, fg, off)` over float32 copies of blocks of the elements [b, e) of a
+// 16-bit parameter p and its gradient g, where `off` is the index of the block's first element
+// (for the float32 state): the block is widened on the stack, updated in float32 and the
+// parameter rounded back once.
+template <typename T, typename Update>
+void staged(int64_t b, int64_t e, T* p, const T* g, Update update) {
+  float fp[kStageBlock], fg[kStageBlock];
+  for (int64_t i = b; i < e; i += kStageBlock) {
+    const int64_t m = std::min(kStageBlock, e - i);
+    to_float(p + i, fp, m);
+    to_float(g + i, fg, m);
+    update(int64_t(0), m, fp, fg, i);
+    from_float(fp, p + i, m);
+  }
+}
+
 // The AMSGrad branch is a template parameter so the loop has no control flow and vectorises.
 template <bool kAmsgrad>
 void adam_range(const AdamStep& s, int64_t b, int64_t e, float* p, const float* g, float* m,
@@ -36,19 +56,26 @@ void adam_range(const AdamStep& s, int64_t b, int64_t e, float* p, const float* 
     p[i] = pi - step_size * (mi / denom);
   }
 }
-}  // namespace
 
-void adam_update(const AdamStep& s, int64_t n, float* p, const float* g, float* m, float* v,
-                 float* vmax) {
+template <typename T>
+void adam_typed(const AdamStep& s, int64_t n, T* p, const T* g, float* m, float* v, float* vmax) {
   parallel_for(n, kElementwiseGrain, [&](int64_t b, int64_t e) {
-    if (s.amsgrad)
-      adam_range<true>(s, b, e, p, g, m, v, vmax);
-    else
-      adam_range<false>(s, b, e, p, g, m, v, vmax);
+    if constexpr (std::is_same_v<T, float>) {
+      if (s.amsgrad)
+        adam_range<true>(s, b, e, p, g, m, v, vmax);
+      else
+        adam_range<false>(s, b, e, p, g, m, v, vmax);
+    } else {
+      staged(b, e, p, g, [&](int64_t sb, int64_t se, float* fp, const float* fg, int64_t off) {
+        if (s.amsgrad)
+          adam_range<true>(s, sb, se, fp, fg, m + off, v + off, vmax + off);
+        else
+          adam_range<false>(s, sb, se, fp, fg, m + off, v + off, nullptr);
+      });
+    }
   });
 }
 
-namespace {
 // Momentum is a template parameter so the loop has no control flow and vectorises.
 template <bool kMomentum>
 void sgd_range(const SGDStep& s, int64_t b, int64_t e, float* p, const float* g, float* buf) {
@@ -66,15 +93,50 @@ void sgd_range(const SGDStep& s, int64_t b, int64_t e, float* p, const float* g,
     p[i] -= lr * d;
   }
 }
+
+template <typename T>
+void sgd_typed(const SGDStep& s, int64_t n, T* p, const T* g, float* buf) {
+  parallel_for(n, kElementwiseGrain, [&](int64_t b, int64_t e) {
+    if constexpr (std::is_same_v<T, float>) {
+      if (s.momentum != 0.f)
+        sgd_range<true>(s, b, e, p, g, buf);
+      else
+        sgd_range<false>(s, b, e, p, g, buf);
+    } else {
+      staged(b, e, p, g, [&](int64_t sb, int64_t se, float* fp, const float* fg, int64_t off) {
+        if (s.momentum != 0.f)
+          sgd_range<true>(s, sb, se, fp, fg, buf + off);
+        else
+          sgd_range<false>(s, sb, se, fp, fg, nullptr);
+      });
+    }
+  });
+}
+
 }  // namespace
 
-void sgd_update(const SGDStep& s, int64_t n, float* p, const float* g, float* buf) {
-  parallel_for(n, kElementwiseGrain, [&](int64_t b, int64_t e) {
-    if (s.momentum != 0.f)
-      sgd_range<true>(s, b, e, p, g, buf);
-    else
-      sgd_range<false>(s, b, e, p, g, buf);
+void adam_update(const AdamStep& s, DType dtype, int64_t n, void* p, const void* g, float* m,
+                 float* v, float* vmax) {
+  dispatch_floating(dtype, "adam_update", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    adam_typed(s, n, static_cast<T*>(p), static_cast<const T*>(g), m, v, vmax);
   });
+}
+
+void adam_update(const AdamStep& s, int64_t n, float* p, const float* g, float* m, float* v,
+                 float* vmax) {
+  adam_typed(s, n, p, g, m, v, vmax);
+}
+
+void sgd_update(const SGDStep& s, DType dtype, int64_t n, void* p, const void* g, float* buf) {
+  dispatch_floating(dtype, "sgd_update", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    sgd_typed(s, n, static_cast<T*>(p), static_cast<const T*>(g), buf);
+  });
+}
+
+void sgd_update(const SGDStep& s, int64_t n, float* p, const float* g, float* buf) {
+  sgd_typed(s, n, p, g, buf);
 }
 
 }  // namespace galley::kernels::cpu

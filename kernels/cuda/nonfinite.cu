@@ -5,6 +5,7 @@
 #include <cstdint>
 
 #include "kernels/cuda/launch.cuh"
+#include "kernels/cuda/map.cuh"
 #include "kernels/nonfinite.h"
 
 namespace galley::kernels::cuda {
@@ -17,12 +18,20 @@ namespace {
 __device__ __forceinline__ bool nonfinite(float v) {
   return (__float_as_uint(v) & 0x7f800000u) == 0x7f800000u;
 }
+// A 16-bit element's exponent bits all ones (NaN or infinite), read from its storage.
+__device__ __forceinline__ bool nonfinite(__nv_bfloat16 v) {
+  return (__bfloat16_as_ushort(v) & 0x7f80u) == 0x7f80u;
+}
+__device__ __forceinline__ bool nonfinite(__half v) {
+  return (__half_as_ushort(v) & 0x7c00u) == 0x7c00u;
+}
 
 // Each thread walks its grid-stride elements in order, so its first hit is its smallest; the
 // block's smallest goes to *first by an integer atomicMin (order-independent: the result is
 // the same whatever order the blocks run in). *first starts as all ones (-1 as int64).
+template <typename T>
 __global__ void __launch_bounds__(kThreads)
-    first_nonfinite_kernel(const float* __restrict__ x, int64_t n,
+    first_nonfinite_kernel(const T* __restrict__ x, int64_t n,
                            unsigned long long* __restrict__ first) {
   __shared__ unsigned long long scratch[32];
   const int64_t stride = int64_t(gridDim.x) * blockDim.x;
@@ -59,12 +68,15 @@ __global__ void report_nonfinite_scalar_kernel(const float* __restrict__ x, int6
 // ----------------------------------------------------------------------------------------------
 // launchers
 
-void first_nonfinite(const float* x, int64_t n, int64_t* first, void* stream) {
+void first_nonfinite(const void* x, DType dtype, int64_t n, int64_t* first, void* stream) {
   const cudaStream_t st = static_cast<cudaStream_t>(stream);
-  cudaMemsetAsync(first, 0xff, sizeof(int64_t), st);
-  if (n <= 0) return;
-  first_nonfinite_kernel<<<blocks_for(n), kThreads, 0, st>>>(
-      x, n, reinterpret_cast<unsigned long long*>(first));
+  with_floating_type(dtype, "first_nonfinite", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    cudaMemsetAsync(first, 0xff, sizeof(int64_t), st);
+    if (n <= 0) return;
+    first_nonfinite_kernel<T><<<blocks_for(n), kThreads, 0, st>>>(
+        static_cast<const T*>(x), n, reinterpret_cast<unsigned long long*>(first));
+  });
 }
 
 void report_nonfinite_scalar(const float* x, int64_t code, int64_t* error_slot, void* stream) {

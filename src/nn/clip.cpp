@@ -1,9 +1,11 @@
 // Gradient clipping: the gradients grouped by device, one fused reduction and one fused scaling
 // (or clamping) pass per device, dispatched to kernels/cpu/clip.cpp or kernels/cuda/clip.cu.
+// Gradients may be float32, bfloat16 or float16 (mixed too): norms accumulate in double.
 #include "galley/nn/clip.h"
 
 #include <cmath>
 
+#include "galley/half.h"
 #include "src/device_scope.h"
 #include "src/ops/backend.h"
 
@@ -25,9 +27,9 @@ std::vector<Group> group_by_device(const char* fn, const std::vector<Tensor>& pa
     GALLEY_CHECK(params[i].defined(), fn, ": parameter ", i, " is undefined");
     Tensor g = params[i].grad();
     if (!g.defined()) continue;
-    GALLEY_CHECK(g.dtype() == DType::Float32, fn, ": the gradient of parameter ", i, " (shape ",
+    GALLEY_CHECK(is_floating_point(g.dtype()), fn, ": the gradient of parameter ", i, " (shape ",
                  shape_str(g.shape()), ") is ", dtype_name(g.dtype()),
-                 "; gradients must be float32");
+                 "; gradients must be float32, bfloat16 or float16");
     GALLEY_CHECK(g.is_contiguous(), fn, ": the gradient of parameter ", i, " (shape ",
                  shape_str(g.shape()), ") is not contiguous");
     const Device d = g.device();
@@ -40,7 +42,7 @@ std::vector<Group> group_by_device(const char* fn, const std::vector<Tensor>& pa
       groups.push_back(Group{d, {}, {}, {}});
       group = &groups.back();
     }
-    group->spans.push_back({g.data_ptr<float>(), g.numel()});
+    group->spans.push_back({g.raw_data(), g.numel(), g.dtype()});
     group->grads.push_back(std::move(g));
     group->param.push_back(i);
   }

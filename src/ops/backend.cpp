@@ -3,6 +3,7 @@
 
 #include <algorithm>
 
+#include "galley/half.h"
 #include "galley/runtime/memory.h"
 #include "kernels/bias_relu.h"
 #include "kernels/clip.h"
@@ -46,23 +47,26 @@ void sgd_update_multi(Device device, const kernels::SGDStep& s,
   gpu::sgd_update_multi(s, tensors.data(), static_cast<int>(tensors.size()), stream(device));
 }
 
-void adam_update(Device device, const kernels::AdamStep& s, int64_t n, float* p, const float* g,
-                 float* m, float* v, float* vmax) {
+void adam_update(Device device, const kernels::AdamStep& s, DType dtype, int64_t n, void* p,
+                 const void* g, float* m, float* v, float* vmax) {
   GALLEY_CHECK(device.is_cpu(), "adam_update: ", device.str(), " takes adam_update_multi");
-  cpu::adam_update(s, n, p, g, m, v, vmax);
+  cpu::adam_update(s, dtype, n, p, g, m, v, vmax);
 }
 
-void sgd_update(Device device, const kernels::SGDStep& s, int64_t n, float* p, const float* g,
-                float* buf) {
+void sgd_update(Device device, const kernels::SGDStep& s, DType dtype, int64_t n, void* p,
+                const void* g, float* buf) {
   GALLEY_CHECK(device.is_cpu(), "sgd_update: ", device.str(), " takes sgd_update_multi");
-  cpu::sgd_update(s, n, p, g, buf);
+  cpu::sgd_update(s, dtype, n, p, g, buf);
 }
 
 int64_t first_nonfinite(const Tensor& t) {
   Tensor c = t.contiguous();
-  if (!on_gpu(c)) return cpu::first_nonfinite(c.data_ptr<float>(), c.numel());
+  GALLEY_CHECK(is_floating_point(c.dtype()),
+               "first_nonfinite: expected a float32, bfloat16 or float16 tensor, got ",
+               dtype_name(c.dtype()));
+  if (!on_gpu(c)) return cpu::first_nonfinite(c.raw_data(), c.dtype(), c.numel());
   Tensor first = Tensor::empty({}, DType::Int64, c.device());
-  gpu::first_nonfinite(c.data_ptr<float>(), c.numel(), first.data_ptr<int64_t>(),
+  gpu::first_nonfinite(c.raw_data(), c.dtype(), c.numel(), first.data_ptr<int64_t>(),
                        stream(c.device()));
   return first.to(Device::cpu()).data_ptr<int64_t>()[0];
 }

@@ -11,11 +11,12 @@ namespace galley::backend {
 // The CUDA stream of `device` (null for the host).
 void* stream(Device device);
 
-// One parameter tensor on the host.
-void adam_update(Device device, const kernels::AdamStep& s, int64_t n, float* p, const float* g,
-                 float* m, float* v, float* vmax);
-void sgd_update(Device device, const kernels::SGDStep& s, int64_t n, float* p, const float* g,
-                float* buf);
+// One parameter tensor on the host: p and g of `dtype` (float32, bfloat16 or float16), the
+// state float32.
+void adam_update(Device device, const kernels::AdamStep& s, DType dtype, int64_t n, void* p,
+                 const void* g, float* m, float* v, float* vmax);
+void sgd_update(Device device, const kernels::SGDStep& s, DType dtype, int64_t n, void* p,
+                const void* g, float* buf);
 // Every tensor of `tensors` (all on the GPU `device`) in a few launches; see
 // kernels/optimizer_update.h.
 using kernels::OptimizerTensor;
@@ -24,7 +25,8 @@ void adam_update_multi(Device device, const kernels::AdamStep& s, double lr, dou
 void sgd_update_multi(Device device, const kernels::SGDStep& s,
                       const std::vector<kernels::OptimizerTensor>& tensors);
 
-// The index of the first NaN or infinite element of `t` (float32, any layout) in row-major
+// The index of the first NaN or infinite element of `t` (float32, bfloat16 or float16, any
+// layout) in row-major
 // order, -1 when every element is finite. On a GPU it waits for the answer: for anomaly
 // detection and error reports, never the default path.
 int64_t first_nonfinite(const Tensor& t);

@@ -2,6 +2,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "galley/half.h"
 #include "galley/optim/adam.h"
 #include "galley/optim/lr_scheduler.h"
 #include "galley/optim/sgd.h"
@@ -23,8 +24,12 @@ Optimizer::Optimizer(std::vector<Tensor> params, double learning_rate)
   GALLEY_CHECK(learning_rate >= 0, "optimizer: learning rate ", learning_rate, " is negative");
   for (size_t i = 0; i < params_.size(); ++i) {
     const Tensor& p = params_[i];
-    GALLEY_CHECK(p.defined() && p.is_leaf() && p.dtype() == DType::Float32, "optimizer: parameter ",
-                 i, " must be a defined float32 leaf tensor");
+    GALLEY_CHECK(p.defined() && p.is_leaf() && is_floating_point(p.dtype()),
+                 "optimizer: parameter ", i,
+                 " must be a defined float32, bfloat16 or float16 leaf tensor",
+                 p.defined() ? detail::str_cat(" (it is ", dtype_name(p.dtype()),
+                                               p.is_leaf() ? ")" : ", not a leaf)")
+                             : std::string());
     for (size_t j = 0; j < i; ++j)
       GALLEY_CHECK(!params_[j].is_same(p), "optimizer: parameter ", i, " appears twice (also at ",
                    j, ")");
@@ -49,6 +54,9 @@ void Optimizer::for_each_gradient(
     if (!g.defined()) continue;
     GALLEY_CHECK(g.shape() == p.shape(), "optimizer: gradient of parameter ", i, " has shape ",
                  shape_str(g.shape()), ", the parameter ", shape_str(p.shape()));
+    GALLEY_CHECK(g.dtype() == p.dtype(), "optimizer: gradient of parameter ", i, " is ",
+                 dtype_name(g.dtype()), ", the parameter ", dtype_name(p.dtype()),
+                 "; they must have the same dtype");
     // State created for a parameter lives on the parameter's device.
     detail::DeviceScope scope(p.device());
     update(i, p, g.contiguous());
@@ -68,16 +76,17 @@ std::string key(size_t i, const char* what) {
   return detail::str_cat("state.", i, ".", what);
 }
 
-// The saved tensor for parameter i, checked against the parameter's shape.
+// The saved tensor for parameter i, checked against the parameter's shape. The state is
+// float32 whatever the parameter's dtype; a saved 16-bit state is widened to it.
 Tensor saved(const StateDict& st, size_t i, const char* what, const Tensor& param,
              const std::string& owner) {
   auto it = st.tensors.find(key(i, what));
   GALLEY_CHECK(it != st.tensors.end(), owner, ": saved state lacks '", key(i, what), "'");
-  GALLEY_CHECK(it->second.shape() == param.shape() && it->second.dtype() == DType::Float32, owner,
+  GALLEY_CHECK(it->second.shape() == param.shape() && is_floating_point(it->second.dtype()), owner,
                ": saved '", key(i, what), "' is ", shape_str(it->second.shape()), " ",
                dtype_name(it->second.dtype()), " but parameter ", i, " is ",
-               shape_str(param.shape()), " float32");
-  return it->second;
+               shape_str(param.shape()), " (state is float32, or a 16-bit float widened to it)");
+  return it->second.dtype() == DType::Float32 ? it->second : it->second.to(DType::Float32);
 }
 
 // State made inside a CUDA graph capture would be made again at every replay (moments reset to
@@ -147,9 +156,9 @@ void Adam::step() {
     AdamState& st = state_[i];
     if (st.step == 0 && !st.exp_avg.defined()) {
       check_not_capturing(p, name());
-      st.exp_avg = zeros(p.shape());
-      st.exp_avg_sq = zeros(p.shape());
-      if (opt_.amsgrad) st.max_exp_avg_sq = zeros(p.shape());
+      st.exp_avg = zeros(p.shape(), DType::Float32);
+      st.exp_avg_sq = zeros(p.shape(), DType::Float32);
+      if (opt_.amsgrad) st.max_exp_avg_sq = zeros(p.shape(), DType::Float32);
     }
     if (p.device().is_cuda()) {
       if (!st.device_step.defined()) {
@@ -159,8 +168,9 @@ void Adam::step() {
       ++st.step;
       keep.push_back(g);
       backend::OptimizerTensor t{};
-      t.p = p.data_ptr<float>();
-      t.g = g.data_ptr<float>();
+      t.p = p.raw_data();
+      t.g = g.raw_data();
+      t.dtype = p.dtype();
       t.m = st.exp_avg.data_ptr<float>();
       t.v = st.exp_avg_sq.data_ptr<float>();
       t.vmax = opt_.amsgrad ? st.max_exp_avg_sq.data_ptr<float>() : nullptr;
@@ -173,7 +183,7 @@ void Adam::step() {
     kernels::AdamStep h = s;
     h.step_size = static_cast<float>(lr_ / (1.0 - std::pow(opt_.beta1, double(st.step))));
     h.bias2_sqrt = static_cast<float>(std::sqrt(1.0 - std::pow(opt_.beta2, double(st.step))));
-    backend::adam_update(p.device(), h, p.numel(), p.data_ptr<float>(), g.data_ptr<float>(),
+    backend::adam_update(p.device(), h, p.dtype(), p.numel(), p.raw_data(), g.raw_data(),
                          st.exp_avg.data_ptr<float>(), st.exp_avg_sq.data_ptr<float>(),
                          opt_.amsgrad ? st.max_exp_avg_sq.data_ptr<float>() : nullptr);
   });
@@ -244,21 +254,22 @@ void SGD::step() {
     h.first = opt_.momentum != 0 && !momentum_[i].defined();
     if (h.first) {
       check_not_capturing(p, name());
-      momentum_[i] = Tensor::empty(p.shape());
+      momentum_[i] = Tensor::empty(p.shape(), DType::Float32);
     }
     float* buf = opt_.momentum != 0 ? momentum_[i].data_ptr<float>() : nullptr;
     if (p.device().is_cuda()) {
       keep.push_back(g);
       backend::OptimizerTensor t{};
-      t.p = p.data_ptr<float>();
-      t.g = g.data_ptr<float>();
+      t.p = p.raw_data();
+      t.g = g.raw_data();
+      t.dtype = p.dtype();
       t.buf = buf;
       t.n = p.numel();
       t.first = h.first;
       group_of(gpu, p.device()).push_back(t);
       return;
     }
-    backend::sgd_update(p.device(), h, p.numel(), p.data_ptr<float>(), g.data_ptr<float>(), buf);
+    backend::sgd_update(p.device(), h, p.dtype(), p.numel(), p.raw_data(), g.raw_data(), buf);
   });
   for (auto& [device, tensors] : gpu) {
     detail::DeviceScope scope(device);

@@ -1,6 +1,8 @@
 // The tensor calls every communicator shares, over its pointer calls.
 #include "galley/parallel/communicator.h"
 
+#include "galley/half.h"
+
 #include "src/device_scope.h"
 #include "src/runtime/device_memory.h"
 
@@ -16,8 +18,12 @@ bool same_memory(Device a, Device b) {
 // Checks what every tensor call needs; a tensor on another GPU than the communicator's is a
 // misplaced tensor, not something to copy between GPUs behind the caller's back.
 void check_tensor(const Communicator& c, const Tensor& t, const char* op, bool contiguous) {
-  GALLEY_CHECK(t.defined() && t.dtype() == DType::Float32 && (!contiguous || t.is_contiguous()),
-               c.kind(), " ", op, ": needs a ", contiguous ? "contiguous " : "", "float32 tensor");
+  GALLEY_CHECK(t.defined() && is_floating_point(t.dtype()) && (!contiguous || t.is_contiguous()),
+               c.kind(), " ", op, ": needs a ", contiguous ? "contiguous " : "",
+               "float32, bfloat16 or float16 tensor",
+               t.defined() ? detail::str_cat(", got a ", t.is_contiguous() ? "" : "non-contiguous ",
+                                             dtype_name(t.dtype()), " one")
+                           : std::string());
   GALLEY_CHECK(!(t.device().is_cuda() && c.device().is_cuda() && t.device() != c.device()),
                c.kind(), " ", op, ": the tensor is on ", t.device().str(),
                " but this communicator works on ", c.device().str());
@@ -33,7 +39,7 @@ Tensor in_memory_of(const Communicator& c, const Tensor& t) {
 void copy_back(Tensor& t, const Tensor& staged) {
   if (staged.is_same(t)) return;
   detail::copy_bytes(t.raw_data(), t.device(), staged.raw_data(), staged.device(),
-                     size_t(t.numel()) * sizeof(float));
+                     size_t(t.numel()) * dtype_size(t.dtype()));
 }
 
 }  // namespace
@@ -41,14 +47,14 @@ void copy_back(Tensor& t, const Tensor& staged) {
 void Communicator::all_reduce(Tensor& t, ReduceOp op) {
   check_tensor(*this, t, "all_reduce", /*contiguous=*/true);
   Tensor s = in_memory_of(*this, t);
-  all_reduce(s.data_ptr<float>(), s.numel(), op);
+  all_reduce(s.raw_data(), s.numel(), s.dtype(), op);
   copy_back(t, s);
 }
 
 void Communicator::broadcast(Tensor& t, int root) {
   check_tensor(*this, t, "broadcast", /*contiguous=*/true);
   Tensor s = in_memory_of(*this, t);
-  broadcast(s.data_ptr<float>(), s.numel(), root);
+  broadcast(s.raw_data(), s.numel(), s.dtype(), root);
   copy_back(t, s);
 }
 
@@ -61,9 +67,9 @@ Tensor Communicator::all_gather(const Tensor& t) {
   {
     // Inside an op's scope, Tensor::empty would move a cpu:0 tensor to the op's device.
     detail::DeviceScope scope(c.device());
-    out = Tensor::empty(shape, DType::Float32, c.device());
+    out = Tensor::empty(shape, c.dtype(), c.device());
   }
-  all_gather(c.data_ptr<float>(), c.numel(), out.data_ptr<float>());
+  all_gather(c.raw_data(), c.numel(), c.dtype(), out.raw_data());
   return out.device() == t.device() ? out : out.to(t.device());
 }
 

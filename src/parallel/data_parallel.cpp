@@ -1,6 +1,7 @@
 // DataParallel: persistent replica threads, bucketed all-reduce started from gradient hooks.
 #include "galley/parallel/data_parallel.h"
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -13,6 +14,7 @@
 
 #include "galley/autograd.h"
 #include "galley/distributed.h"
+#include "galley/half.h"
 #include "galley/ops.h"
 #include "galley/profiler.h"
 #include "src/device_scope.h"
@@ -140,28 +142,41 @@ void wait_all(const std::vector<Pending>& tasks, const std::vector<Device>& devi
         ->raise();
 }
 
-// Writes `count` copies of `value` from element `offset` of a float buffer, on its device (on a
-// GPU: queued on the compute stream, in order with the gradients copied in).
-void set_floats(const Tensor& buf, int64_t offset, int64_t count, float value) {
-  if (count <= 0) return;
-  float* p = buf.data_ptr<float>() + offset;
-  if (buf.device().is_cpu()) {
-    std::fill_n(p, count, value);
-    return;
-  }
-  uint32_t bits;
-  std::memcpy(&bits, &value, 4);
-  detail::fill_elements(buf.device(), p, size_t(count), bits, 4);
+// The address of element `offset` of a flat buffer of any dtype.
+char* element_at(const Tensor& buf, int64_t offset) {
+  return static_cast<char*>(buf.raw_data()) + offset * int64_t(dtype_size(buf.dtype()));
 }
 
-// A group of parameters reduced together. Its flat buffer holds their gradients back to back,
-// then one flag per parameter (1 where this replica produced a gradient), so that after the
-// reduction every replica knows whether any replica had a gradient for it.
+// Writes `count` copies of `value` (0 or 1: exact in every floating dtype) from element `offset`
+// of a flat buffer of buf's dtype, on its device (on a GPU: queued on the compute stream, in
+// order with the gradients copied in).
+void set_elements(const Tensor& buf, int64_t offset, int64_t count, float value) {
+  if (count <= 0) return;
+  dispatch_floating(buf.dtype(), "DataParallel bucket", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    T* p = reinterpret_cast<T*>(element_at(buf, offset));
+    const T v(value);
+    if (buf.device().is_cpu()) {
+      std::fill_n(p, count, v);
+      return;
+    }
+    uint64_t bits = 0;
+    std::memcpy(&bits, &v, sizeof(T));
+    detail::fill_elements(buf.device(), p, size_t(count), bits, int(sizeof(T)));
+  });
+}
+
+// A group of parameters of one dtype reduced together. Its flat buffer, of that dtype, holds
+// their gradients back to back, then one flag per parameter (1 where this replica produced a
+// gradient), so that after the reduction every replica knows whether any replica had a
+// gradient for it.
 struct Bucket {
+  DType dtype = DType::Float32;
   std::vector<size_t> params;    // indices into a replica's parameter list
   std::vector<int64_t> offsets;  // element offset of each in the flat buffer
   int64_t numel = 0;             // gradient elements; the flags follow them
   int64_t total() const { return numel + static_cast<int64_t>(params.size()); }
+  int64_t bytes(int64_t elements) const { return elements * int64_t(dtype_size(dtype)); }
 };
 
 }  // namespace
@@ -214,7 +229,7 @@ struct DataParallelBase::Impl {
     if (procs)
       for (const Tensor& b : source) {
         Tensor h = b;
-        if (h.dtype() == DType::Float32) procs->broadcast(h, 0);
+        if (is_floating_point(h.dtype())) procs->broadcast(h, 0);
       }
     for (size_t r = 1; r < n(); ++r)
       for (size_t k = 0; k < source.size(); ++k) replicas[r]->buffers[k].copy_(source[k]);
@@ -227,28 +242,65 @@ struct DataParallelBase::Impl {
     // whole backward: cap buckets at a quarter of the model (not below 64 KB) so the first
     // gradients are on the wire while the rest of backward runs.
     int64_t total = 0;
-    for (auto& p : params) total += p.numel() * 4;
+    for (auto& p : params) total += p.numel() * int64_t(dtype_size(p.dtype()));
     const int64_t cap = std::min<int64_t>(opt.bucket_bytes, std::max<int64_t>(total / 4, 64 << 10));
-    Bucket cur;
-    for (size_t k = params.size(); k-- > 0;) {  // reverse registration order
+    // One open bucket per dtype: a parameter joins the open bucket of its dtype, which is closed
+    // (and a new one opened) when it would pass the cap. Buckets are numbered as they open, so
+    // the earliest gradients are still reduced first.
+    std::vector<std::pair<DType, size_t>> open;  // dtype -> index of its open bucket
+    for (size_t k = params.size(); k-- > 0;) {   // reverse registration order
+      const DType dtype = params[k].dtype();
+      GALLEY_CHECK(is_floating_point(dtype), "DataParallel: parameter ", k, " is ",
+                   dtype_name(dtype), "; parameters must be float32, bfloat16 or float16");
       const int64_t numel = params[k].numel();
-      if (!cur.params.empty() && (cur.numel + numel) * 4 > cap) {
-        buckets.push_back(std::move(cur));
-        cur = Bucket{};
+      auto it = std::find_if(open.begin(), open.end(), [&](auto& o) { return o.first == dtype; });
+      if (it != open.end() && buckets[it->second].bytes(buckets[it->second].numel + numel) > cap) {
+        open.erase(it);
+        it = open.end();
       }
+      if (it == open.end()) {
+        buckets.push_back(Bucket{});
+        buckets.back().dtype = dtype;
+        open.emplace_back(dtype, buckets.size() - 1);
+        it = open.end() - 1;
+      }
+      Bucket& cur = buckets[it->second];
       cur.params.push_back(k);
       cur.offsets.push_back(cur.numel);
       cur.numel += numel;
-      bucket_of[k] = buckets.size();
+      bucket_of[k] = it->second;
     }
-    if (!cur.params.empty()) buckets.push_back(std::move(cur));
     for (auto& r : replicas) {
       detail::DeviceScope scope(r->device);
       for (auto& b : buckets) {
-        r->flat.push_back(zeros({b.total()}, DType::Float32, r->device));
+        r->flat.push_back(zeros({b.total()}, b.dtype, r->device));
         if (r->device.is_cuda()) r->bucket_filled.emplace_back(r->device);
       }
     }
+  }
+
+  // Buckets follow the parameters' dtypes: once the parameters have changed dtype (Layer::to on
+  // every replica), the buckets are built again. Every replica must have made the same change.
+  void refresh_buckets() {
+    const auto& params = replicas[0]->params;
+    bool stale = false;
+    for (size_t k = 0; k < params.size() && !stale; ++k)
+      stale = params[k].dtype() != buckets[bucket_of[k]].dtype;
+    if (!stale) return;
+    for (size_t r = 1; r < n(); ++r)
+      for (size_t k = 0; k < params.size(); ++k)
+        GALLEY_CHECK(replicas[r]->params[k].dtype() == params[k].dtype(),
+                     "DataParallel: parameter ", k, " of replica ", r, " is ",
+                     dtype_name(replicas[r]->params[k].dtype()), " but replica 0's is ",
+                     dtype_name(params[k].dtype()),
+                     "; convert every replica alike (DataParallel::to)");
+    buckets.clear();
+    bucket_of.clear();
+    for (auto& r : replicas) {
+      r->flat.clear();
+      r->bucket_filled.clear();
+    }
+    build_buckets();
   }
 
   // Marks bucket b of a replica filled (the caller holds rep.mu and notifies). On a GPU it first
@@ -267,12 +319,13 @@ struct DataParallelBase::Impl {
     size_t slot = 0;
     while (bucket.params[slot] != k) ++slot;
     Tensor g = grad.contiguous();
-    float* flat = rep.flat[b].data_ptr<float>();
+    GALLEY_CHECK(g.dtype() == bucket.dtype, "DataParallel: the gradient of parameter ", k, " is ",
+                 dtype_name(g.dtype()), " but the parameter is ", dtype_name(bucket.dtype));
     // On a GPU both are queued on the compute stream; the communicator orders its collective
     // after that stream's work.
-    detail::copy_bytes(flat + bucket.offsets[slot], rep.device, g.data_ptr<float>(), g.device(),
-                       g.numel() * sizeof(float));
-    set_floats(rep.flat[b], bucket.numel + slot, 1, 1.f);
+    detail::copy_bytes(element_at(rep.flat[b], bucket.offsets[slot]), rep.device, g.raw_data(),
+                       g.device(), size_t(bucket.bytes(g.numel())));
+    set_elements(rep.flat[b], bucket.numel + slot, 1, 1.f);
     std::lock_guard<std::mutex> lock(rep.mu);
     if (rep.param_ready[k]) return;
     rep.param_ready[k] = 1;
@@ -292,8 +345,8 @@ struct DataParallelBase::Impl {
       for (size_t s = 0; s < buckets[b].params.size(); ++s) {
         const size_t k = buckets[b].params[s];
         if (rep.param_ready[k]) continue;
-        set_floats(rep.flat[b], buckets[b].offsets[s], rep.params[k].numel(), 0.f);
-        set_floats(rep.flat[b], buckets[b].numel + s, 1, 0.f);
+        set_elements(rep.flat[b], buckets[b].offsets[s], rep.params[k].numel(), 0.f);
+        set_elements(rep.flat[b], buckets[b].numel + s, 1, 0.f);
         rep.param_ready[k] = 1;
       }
       rep.pending[b] = 0;
@@ -309,6 +362,7 @@ struct DataParallelBase::Impl {
     const Device dev = rep.device;
     std::unique_ptr<detail::DeviceScope> scope;
     if (dev.is_cuda()) scope = std::make_unique<detail::DeviceScope>(dev);
+    std::vector<char> flag_bytes;
     std::vector<float> flags;
     for (size_t b = 0; b < buckets.size(); ++b) {
       {
@@ -316,48 +370,60 @@ struct DataParallelBase::Impl {
         rep.cv.wait(lock, [&] { return rep.bucket_ready[b] != 0; });
       }
       const auto t0 = Clock::now();
-      float* data = rep.flat[b].data_ptr<float>();
-      const int64_t count = buckets[b].total();
+      const Bucket& bucket = buckets[b];
+      const DType dtype = bucket.dtype;
+      void* data = rep.flat[b].raw_data();
+      const int64_t count = bucket.total();
       profiler::RecordScope prof("all_reduce_bucket", {}, profiler::EventKind::AllReduce, nullptr,
-                                 count * int64_t(sizeof(float)));
+                                 bucket.bytes(count));
       // Sum over this process's replicas, average over processes (replica 0 speaks for the
       // process), then hand the result back to the local replicas.
       // The first collective on the bucket waits for the bucket's own event (one replica per
       // process: the process-level one).
       if (dev.is_cuda())
         (n() > 1 ? rep.comm : procs)->wait_for_event(rep.bucket_filled[b].handle());
-      rep.comm->all_reduce(data, count, parallel::ReduceOp::Sum);
+      rep.comm->all_reduce(data, count, dtype, parallel::ReduceOp::Sum);
       if (procs) {
-        if (r == 0) procs->all_reduce(data, count, parallel::ReduceOp::Avg);
-        rep.comm->broadcast(data, count, 0);
+        if (r == 0) procs->all_reduce(data, count, dtype, parallel::ReduceOp::Avg);
+        rep.comm->broadcast(data, count, dtype, 0);
       }
-      // The presence flags, on the host.
-      const size_t nflags = buckets[b].params.size();
-      flags.resize(nflags);
+      // The presence flags, on the host, as floats.
+      const size_t nflags = bucket.params.size();
+      const char* flag_data = element_at(rep.flat[b], bucket.numel);
+      flag_bytes.resize(size_t(bucket.bytes(int64_t(nflags))));
       if (dev.is_cpu()) {
-        std::memcpy(flags.data(), data + buckets[b].numel, nflags * sizeof(float));
+        std::memcpy(flag_bytes.data(), flag_data, flag_bytes.size());
       } else {
         if (!rep.side) {
           rep.side = detail::create_stream(dev);
           rep.side_done = detail::Event(dev);
         }
-        detail::copy_bytes_async(flags.data(), Device::cpu(), data + buckets[b].numel, dev,
-                                 nflags * sizeof(float), rep.side);
+        detail::copy_bytes_async(flag_bytes.data(), Device::cpu(), flag_data, dev,
+                                 flag_bytes.size(), rep.side);
         rep.side_done.record(rep.side);
         rep.side_done.synchronize();
       }
+      flags.resize(nflags);
+      dispatch_floating(dtype, "DataParallel bucket", [&](auto tag) {
+        using T = typename decltype(tag)::type;
+        for (size_t s = 0; s < nflags; ++s) {
+          T v;
+          std::memcpy(&v, flag_bytes.data() + s * sizeof(T), sizeof(T));
+          flags[s] = float(v);
+        }
+      });
       const auto t1 = Clock::now();
       for (size_t s = 0; s < nflags; ++s) {
         if (flags[s] == 0.f) continue;  // no replica had a gradient
-        Tensor& p = rep.params[buckets[b].params[s]];
+        Tensor& p = rep.params[bucket.params[s]];
         Tensor g = p.grad();
         if (!g.defined()) {  // this replica had no samples: it takes the others' gradient
           detail::DeviceScope in(dev);
-          g = Tensor::empty(p.shape());
+          g = Tensor::empty(p.shape(), dtype);
           p.set_grad(g);
         }
-        detail::copy_bytes(g.data_ptr<float>(), dev, data + buckets[b].offsets[s], dev,
-                           g.numel() * sizeof(float));
+        detail::copy_bytes(g.raw_data(), dev, element_at(rep.flat[b], bucket.offsets[s]), dev,
+                           size_t(bucket.bytes(g.numel())));
       }
       rep.allreduce_ms += ms_between(t0, t1);
       std::lock_guard<std::mutex> lock(rep.mu);
@@ -370,6 +436,7 @@ struct DataParallelBase::Impl {
   void backward(const std::vector<Tensor>& outs, const std::vector<int64_t>& starts,
                 const Tensor& grad) {
     const bool reduce = sync && (n() > 1 || procs);
+    if (reduce) refresh_buckets();
     for (auto& rep : replicas) {
       std::lock_guard<std::mutex> lock(rep->mu);
       rep->param_ready.assign(rep->params.size(), 0);
@@ -393,9 +460,11 @@ struct DataParallelBase::Impl {
         s[0] = rows;
         const int64_t row = cg.numel() / std::max<int64_t>(cg.size(0), 1);
         detail::DeviceScope scope(replicas[r]->device);
-        g_r = Tensor::empty(s, DType::Float32, replicas[r]->device);
-        detail::copy_bytes(g_r.raw_data(), g_r.device(), cg.data_ptr<float>() + starts[r] * row,
-                           cg.device(), g_r.numel() * sizeof(float));
+        const int64_t elem = int64_t(dtype_size(cg.dtype()));
+        g_r = Tensor::empty(s, cg.dtype(), replicas[r]->device);
+        detail::copy_bytes(g_r.raw_data(), g_r.device(),
+                           static_cast<const char*>(cg.raw_data()) + starts[r] * row * elem,
+                           cg.device(), size_t(g_r.numel() * elem));
       }
       compute_tasks[r] = replicas[r]->compute->post([this, r, reduce, out = outs[r], g_r] {
         Replica& rep = *replicas[r];
@@ -490,7 +559,7 @@ DataParallelBase::DataParallelBase(std::vector<std::unique_ptr<nn::Layer>> layer
   if (m.procs)
     for (auto& [name, t] : state) {
       Tensor h = t;
-      if (h.dtype() == DType::Float32) m.procs->broadcast(h, 0);
+      if (is_floating_point(h.dtype())) m.procs->broadcast(h, 0);
     }
   for (size_t i = 1; i < m.n(); ++i) {
     auto mine = m.replicas[i]->layer->named_state();
@@ -608,6 +677,14 @@ std::map<std::string, Tensor> DataParallelBase::state_dict() const {
 
 void DataParallelBase::load_state_dict(const std::map<std::string, Tensor>& state, bool strict) {
   for (auto& rep : impl_->replicas) rep->layer->load_state_dict(state, strict);
+}
+
+void DataParallelBase::to(DType dtype) {
+  for (auto& rep : impl_->replicas) {
+    detail::DeviceScope scope(rep->device);
+    rep->layer->to(dtype);
+  }
+  impl_->refresh_buckets();
 }
 
 void DataParallelBase::train(bool on) {

@@ -5,8 +5,10 @@
 #include <chrono>
 #include <mutex>
 #include <thread>
+#include <vector>
 
 #include "galley/distributed.h"
+#include "galley/half.h"
 #include "src/parallel/mpi.h"
 
 namespace galley::distributed {
@@ -56,30 +58,34 @@ class MpiCommunicator : public parallel::Communicator {
   using Communicator::all_reduce;
   using Communicator::broadcast;
 
-  void all_reduce(float* data, int64_t count, parallel::ReduceOp op) override {
+  // 16-bit data is widened into a float32 buffer, reduced as float32 and rounded back once.
+  void all_reduce(void* data, int64_t count, DType dtype, parallel::ReduceOp op) override {
     check_count(count, "all_reduce");
-    MPI_Request req;
-    MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, data, static_cast<int>(count), MPI_FLOAT, MPI_SUM,
-                             MPI_COMM_WORLD, &req));
-    wait(req, "all_reduce");
-    if (op == parallel::ReduceOp::Avg) {
-      const float scale = 1.f / float(size_);
-      for (int64_t i = 0; i < count; ++i) data[i] *= scale;
-    }
+    element_type(dtype, "all_reduce");
+    if (dtype == DType::Float32) return all_reduce_floats(static_cast<float*>(data), count, op);
+    dispatch_floating(dtype, "mpi all_reduce", [&](auto tag) {
+      using T = typename decltype(tag)::type;
+      T* x = static_cast<T*>(data);
+      std::vector<float> wide(x, x + count);
+      all_reduce_floats(wide.data(), count, op);
+      for (int64_t i = 0; i < count; ++i) x[i] = T(wide[size_t(i)]);
+    });
   }
-  void broadcast(float* data, int64_t count, int root) override {
+  void broadcast(void* data, int64_t count, DType dtype, int root) override {
     check_count(count, "broadcast");
     GALLEY_CHECK(root >= 0 && root < size_, "mpi broadcast: root ", root, " out of range for ",
                  size_, " processes");
+    const MPI_Datatype type = element_type(dtype, "broadcast");
     MPI_Request req;
-    MPI_CHECK(MPI_Ibcast(data, static_cast<int>(count), MPI_FLOAT, root, MPI_COMM_WORLD, &req));
+    MPI_CHECK(MPI_Ibcast(data, static_cast<int>(count), type, root, MPI_COMM_WORLD, &req));
     wait(req, "broadcast");
   }
-  void all_gather(const float* data, int64_t count, float* out) override {
+  void all_gather(const void* data, int64_t count, DType dtype, void* out) override {
     check_count(count, "all_gather");
+    const MPI_Datatype type = element_type(dtype, "all_gather");
     MPI_Request req;
-    MPI_CHECK(MPI_Iallgather(data, static_cast<int>(count), MPI_FLOAT, out, static_cast<int>(count),
-                             MPI_FLOAT, MPI_COMM_WORLD, &req));
+    MPI_CHECK(MPI_Iallgather(data, static_cast<int>(count), type, out, static_cast<int>(count),
+                             type, MPI_COMM_WORLD, &req));
     wait(req, "all_gather");
   }
   void barrier() override {
@@ -89,6 +95,22 @@ class MpiCommunicator : public parallel::Communicator {
   }
 
  private:
+  // The MPI type that carries `dtype`'s elements (16-bit ones as their bits).
+  static MPI_Datatype element_type(DType dtype, const char* op) {
+    GALLEY_CHECK(is_floating_point(dtype), "mpi ", op,
+                 ": expected float32, bfloat16 or float16 data, got ", dtype_name(dtype));
+    return dtype == DType::Float32 ? MPI_FLOAT : MPI_UINT16_T;
+  }
+  void all_reduce_floats(float* data, int64_t count, parallel::ReduceOp op) {
+    MPI_Request req;
+    MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, data, static_cast<int>(count), MPI_FLOAT, MPI_SUM,
+                             MPI_COMM_WORLD, &req));
+    wait(req, "all_reduce");
+    if (op == parallel::ReduceOp::Avg) {
+      const float scale = 1.f / float(size_);
+      for (int64_t i = 0; i < count; ++i) data[i] *= scale;
+    }
+  }
   void check_count(int64_t count, const char* op) const {
     GALLEY_CHECK(count >= 0 && count <= INT32_MAX, "mpi ", op, ": ", count,
                  " elements exceed one MPI call; use smaller buckets");

@@ -311,24 +311,27 @@ class NcclCommunicator : public Communicator {
   using Communicator::all_reduce;
   using Communicator::broadcast;
 
-  void all_reduce(float* data, int64_t count, ReduceOp op) override {
+  // bfloat16 and float16 travel and reduce natively.
+  void all_reduce(void* data, int64_t count, DType dtype, ReduceOp op) override {
+    const ncclDataType_t type = nccl_type(dtype, "all_reduce");
     const ncclRedOp_t nccl_op = op == ReduceOp::Avg ? ncclAvg : ncclSum;
     run("all_reduce", count, [&] {
-      return ncclAllReduce(data, data, size_t(count), ncclFloat, nccl_op, comm_.get(), stream_);
+      return ncclAllReduce(data, data, size_t(count), type, nccl_op, comm_.get(), stream_);
     });
   }
 
-  void broadcast(float* data, int64_t count, int root) override {
+  void broadcast(void* data, int64_t count, DType dtype, int root) override {
+    const ncclDataType_t type = nccl_type(dtype, "broadcast");
     GALLEY_CHECK(root >= 0 && root < size_, "nccl broadcast: root ", root, " out of range for ",
                  size_, " ranks");
-    run("broadcast", count, [&] {
-      return ncclBroadcast(data, data, size_t(count), ncclFloat, root, comm_.get(), stream_);
-    });
+    run("broadcast", count,
+        [&] { return ncclBroadcast(data, data, size_t(count), type, root, comm_.get(), stream_); });
   }
 
-  void all_gather(const float* data, int64_t count, float* out) override {
+  void all_gather(const void* data, int64_t count, DType dtype, void* out) override {
+    const ncclDataType_t type = nccl_type(dtype, "all_gather");
     run("all_gather", count,
-        [&] { return ncclAllGather(data, out, size_t(count), ncclFloat, comm_.get(), stream_); });
+        [&] { return ncclAllGather(data, out, size_t(count), type, comm_.get(), stream_); });
   }
 
   // An all-reduce completes on a rank only once every rank has contributed to it.
@@ -407,6 +410,22 @@ class NcclCommunicator : public Communicator {
     if (queued != ncclSuccess)
       fail(op, detail::str_cat("could not be queued: ", nccl_error_text(queued)));
     wait(op);
+  }
+
+  static ncclDataType_t nccl_type(DType dtype, const char* op) {
+    switch (dtype) {
+      case DType::Float32:
+        return ncclFloat;
+      case DType::BFloat16:
+        return ncclBfloat16;
+      case DType::Float16:
+        return ncclFloat16;
+      default:
+        break;
+    }
+    GALLEY_CHECK(false, "nccl ", op, ": expected float32, bfloat16 or float16 data, got ",
+                 dtype_name(dtype));
+    return ncclFloat;  // not reached
   }
 
   void check_usable(const char* op) const {

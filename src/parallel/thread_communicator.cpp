@@ -4,7 +4,10 @@
 #include <condition_variable>
 #include <cstring>
 #include <mutex>
+#include <type_traits>
+#include <vector>
 
+#include "galley/half.h"
 #include "galley/parallel/communicator.h"
 
 namespace galley::parallel {
@@ -14,23 +17,27 @@ namespace {
 // State shared by the participants: published buffers and a reusable barrier.
 class ThreadGroup {
  public:
-  ThreadGroup(int n, CommOptions opt) : n_(n), opt_(opt), ptrs_(n), counts_(n) {}
+  ThreadGroup(int n, CommOptions opt) : n_(n), opt_(opt), ptrs_(n), counts_(n), dtypes_(n) {}
 
   int size() const { return n_; }
 
   // Publishes this participant's buffer, then waits for everyone.
-  void publish(int rank, const char* op, void* ptr, int64_t count) {
+  void publish(int rank, const char* op, void* ptr, int64_t count, DType dtype) {
     {
       std::lock_guard<std::mutex> lock(mu_);
       ptrs_[rank] = ptr;
       counts_[rank] = count;
+      dtypes_[rank] = dtype;
     }
     wait(rank, op);
-    for (int r = 0; r < n_; ++r)
+    for (int r = 0; r < n_; ++r) {
       GALLEY_CHECK(counts_[r] == count, "threads ", op, ": rank ", rank, " passed ", count,
                    " elements but rank ", r, " passed ", counts_[r]);
+      GALLEY_CHECK(dtypes_[r] == dtype, "threads ", op, ": rank ", rank, " passed ",
+                   dtype_name(dtype), " data but rank ", r, " passed ", dtype_name(dtypes_[r]));
+    }
   }
-  float* buffer(int r) const { return static_cast<float*>(ptrs_[r]); }
+  void* buffer(int r) const { return ptrs_[r]; }
 
   // A barrier that fails, for everyone, once any participant has waited past the timeout.
   void wait(int rank, const char* op) {
@@ -61,6 +68,7 @@ class ThreadGroup {
   const CommOptions opt_;
   std::vector<void*> ptrs_;
   std::vector<int64_t> counts_;
+  std::vector<DType> dtypes_;
   std::mutex mu_;
   std::condition_variable cv_;
   int arrived_ = 0;
@@ -81,48 +89,78 @@ class ThreadCommunicator : public Communicator {
   using Communicator::all_reduce;
   using Communicator::broadcast;
 
-  void all_reduce(float* data, int64_t count, ReduceOp op) override {
+  void all_reduce(void* data, int64_t count, DType dtype, ReduceOp op) override {
+    check_floating(dtype, "all_reduce");
     const int n = size();
     if (n == 1) return;
-    group_->publish(rank_, "all_reduce", data, count);
+    group_->publish(rank_, "all_reduce", data, count, dtype);
     // Reduce-scatter and all-gather in one: this rank owns one slice of every buffer, sums it
     // and writes the sum back into every buffer. Slices are disjoint, so no locking.
     const int64_t chunk = (count + n - 1) / n;
     const int64_t b = std::min<int64_t>(count, rank_ * chunk), e = std::min(count, b + chunk);
-    const float scale = op == ReduceOp::Avg ? 1.f / float(n) : 1.f;
-    // Summed in rank order, so the result does not depend on which rank owns the slice.
-    const float* first = group_->buffer(0);
-    std::vector<float> acc(first + b, first + e);
-    for (int r = 1; r < n; ++r) {
-      const float* other = group_->buffer(r);
-      for (int64_t i = b; i < e; ++i) acc[i - b] += other[i];
-    }
-    if (scale != 1.f)
-      for (float& v : acc) v *= scale;
-    for (int r = 0; r < n; ++r)
-      std::memcpy(group_->buffer(r) + b, acc.data(), (e - b) * sizeof(float));
+    dispatch_floating(dtype, "threads all_reduce", [&](auto tag) {
+      using T = typename decltype(tag)::type;
+      reduce_slice<T>(b, e, op == ReduceOp::Avg ? 1.f / float(n) : 1.f);
+    });
     group_->wait(rank_, "all_reduce");
   }
 
-  void broadcast(float* data, int64_t count, int root) override {
+  void broadcast(void* data, int64_t count, DType dtype, int root) override {
+    check_floating(dtype, "broadcast");
     GALLEY_CHECK(root >= 0 && root < size(), "threads broadcast: root ", root, " out of range for ",
                  size(), " participants");
     if (size() == 1) return;
-    group_->publish(rank_, "broadcast", data, count);
-    if (rank_ != root) std::memcpy(data, group_->buffer(root), count * sizeof(float));
+    group_->publish(rank_, "broadcast", data, count, dtype);
+    if (rank_ != root) std::memcpy(data, group_->buffer(root), count * dtype_size(dtype));
     group_->wait(rank_, "broadcast");
   }
 
-  void all_gather(const float* data, int64_t count, float* out) override {
-    group_->publish(rank_, "all_gather", const_cast<float*>(data), count);
+  void all_gather(const void* data, int64_t count, DType dtype, void* out) override {
+    check_floating(dtype, "all_gather");
+    group_->publish(rank_, "all_gather", const_cast<void*>(data), count, dtype);
+    const size_t bytes = count * dtype_size(dtype);
     for (int r = 0; r < size(); ++r)
-      std::memcpy(out + r * count, group_->buffer(r), count * sizeof(float));
+      std::memcpy(static_cast<char*>(out) + r * bytes, group_->buffer(r), bytes);
     group_->wait(rank_, "all_gather");
   }
 
   void barrier() override { group_->wait(rank_, "barrier"); }
 
  private:
+  void check_floating(DType dtype, const char* op) const {
+    GALLEY_CHECK(is_floating_point(dtype), "threads ", op,
+                 ": expected float32, bfloat16 or float16 data, got ", dtype_name(dtype));
+  }
+
+  // Sums elements [b, e) of every participant's buffer in rank order, scales the sum, and
+  // writes it into every buffer. float32 adds in place in a float32 accumulator; 16-bit
+  // elements are widened to float32, added and scaled there, and rounded to T once.
+  template <typename T>
+  void reduce_slice(int64_t b, int64_t e, float scale) {
+    const int n = size();
+    constexpr int64_t kBlock = 4096;  // the widened slice, a block at a time
+    std::vector<float> acc(size_t(std::min(e - b, kBlock)));
+    std::vector<T> rounded(std::is_same_v<T, float> ? 0 : acc.size());
+    for (int64_t s = b; s < e; s += kBlock) {
+      const int64_t m = std::min(kBlock, e - s);
+      const T* first = static_cast<const T*>(group_->buffer(0)) + s;
+      for (int64_t i = 0; i < m; ++i) acc[i] = float(first[i]);
+      for (int r = 1; r < n; ++r) {
+        const T* other = static_cast<const T*>(group_->buffer(r)) + s;
+        for (int64_t i = 0; i < m; ++i) acc[i] += float(other[i]);
+      }
+      if (scale != 1.f)
+        for (int64_t i = 0; i < m; ++i) acc[i] *= scale;
+      const void* result = acc.data();
+      if constexpr (!std::is_same_v<T, float>) {
+        for (int64_t i = 0; i < m; ++i) rounded[i] = T(acc[i]);
+        result = rounded.data();
+      }
+      for (int r = 0; r < n; ++r)
+        std::memcpy(static_cast<T*>(group_->buffer(r)) + s, result, size_t(m) * sizeof(T));
+    }
+  }
+
   std::shared_ptr<ThreadGroup> group_;
   int rank_;
 };

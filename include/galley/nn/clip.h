@@ -36,7 +36,9 @@ struct ClipGradNormOptions {
 /// max_norm / (total + 1e-6) when that is below 1 (PyTorch's formula, in float32), and left as
 /// it is otherwise. Returns the total norm before clipping, as float32 (0 when no parameter has a
 /// gradient), of the first device's gradients (every device's, for DataParallel). Gradients must
-/// be contiguous float32; `max_norm` must be >= 0. On a GPU the norm is read back: the host waits
+/// be contiguous float32, bfloat16 or float16 (mixed dtypes are fine): 16-bit elements are
+/// widened and the norm accumulated in double, and a scaled gradient is rounded to its dtype
+/// once; `max_norm` must be >= 0. On a GPU the norm is read back: the host waits
 /// for the device once per call (as loss.item() does), so a CUDA graph capture cannot contain
 /// it.
 float clip_grad_norm_(const std::vector<Tensor>& parameters, double max_norm,

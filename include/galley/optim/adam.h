@@ -14,7 +14,7 @@ struct AdamOptions {
   bool amsgrad = false;
 };
 
-/// Moments of one parameter.
+/// Moments of one parameter: float32 whatever the parameter's dtype (see Optimizer).
 struct AdamState {
   /// Steps taken, as counted by the host (eager steps).
   int64_t step = 0;
@@ -26,6 +26,8 @@ struct AdamState {
 };
 
 /// Adam (Kingma & Ba) with L2 weight decay added to the gradient, as torch.optim.Adam.
+/// Parameters are float32, bfloat16 or float16; the update is computed in float32 with float32
+/// moments (exp_avg, exp_avg_sq, max_exp_avg_sq), and a 16-bit parameter rounded once per step.
 class Adam : public Optimizer {
  public:
   /// Validates the options (lr >= 0, betas in [0, 1), eps >= 0, weight_decay >= 0).

@@ -9,9 +9,17 @@
 namespace galley::optim {
 
 /// Holds the parameters it updates (handles shared with the model) and a learning rate.
+///
+/// Parameters may be float32, bfloat16 or float16 (mixed in one optimizer too), each with a
+/// gradient of its own dtype. As in torch.optim, the update of a 16-bit parameter is computed in
+/// float32 and the parameter rounded to its dtype once per step. The optimizer state (momentum
+/// buffers, Adam's moments) is float32 for every parameter dtype: PyTorch keeps it in the
+/// parameter's dtype, where small updates of exp_avg_sq underflow or round away; float32 state
+/// costs 8 bytes (Adam) or 4 (SGD) per element and tracks a float32 run closely. state_dict()
+/// saves it as float32; load_state_dict() also takes 16-bit state and widens it.
 class Optimizer {
  public:
-  /// Every parameter must be a defined float32 leaf.
+  /// Every parameter must be a defined float32, bfloat16 or float16 leaf.
   Optimizer(std::vector<Tensor> params, double learning_rate);
   virtual ~Optimizer() = default;
 
@@ -40,7 +48,8 @@ class Optimizer {
   virtual std::string name() const { return "Optimizer"; }
 
  protected:
-  /// Calls update(index, param, gradient) for each parameter that has a gradient, without
+  /// Calls update(index, param, gradient) for each parameter that has a gradient (which must
+  /// have the parameter's shape and dtype), without
   /// recording a graph, with new tensors placed on the parameter's device.
   void for_each_gradient(const std::function<void(size_t, Tensor&, const Tensor&)>& update);
 

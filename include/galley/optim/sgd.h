@@ -14,6 +14,9 @@ struct SGDOptions {
 };
 
 /// SGD with optional momentum, dampening, Nesterov and L2 weight decay, as torch.optim.SGD.
+/// Parameters are float32, bfloat16 or float16; the update is computed in float32 with a
+/// float32 momentum buffer ("momentum_buffer" in state_dict()), and a 16-bit parameter rounded
+/// once per step.
 class SGD : public Optimizer {
  public:
   /// Validates the options (Nesterov needs momentum > 0 and zero dampening).

@@ -29,12 +29,31 @@ class Communicator {
   virtual int rank() const = 0;
   /// Number of participants.
   virtual int size() const = 0;
-  /// Combines `count` floats at `data` across the group, in place.
-  virtual void all_reduce(float* data, int64_t count, ReduceOp op) = 0;
-  /// Copies `count` floats at `data` from participant `root` to every other participant.
-  virtual void broadcast(float* data, int64_t count, int root) = 0;
-  /// Writes every participant's `count` floats, in rank order, into `out` (size() * count).
-  virtual void all_gather(const float* data, int64_t count, float* out) = 0;
+  /// Combines `count` elements of `dtype` (float32, bfloat16 or float16) at `data` across the
+  /// group, in place. 16-bit data is summed in float32 and rounded to its dtype once ("threads"
+  /// and "mpi": each element is widened, the participants' values added in float32, in rank
+  /// order for "threads", and the sum, or the average, rounded), so the result is a float32 sum
+  /// rounded once, however many participants there are. "nccl" reduces bfloat16 and float16
+  /// natively (ncclBfloat16 / ncclFloat16), which may round at each step of its ring.
+  virtual void all_reduce(void* data, int64_t count, DType dtype, ReduceOp op) = 0;
+  /// all_reduce of `count` float32 values.
+  void all_reduce(float* data, int64_t count, ReduceOp op) {
+    all_reduce(data, count, DType::Float32, op);
+  }
+  /// Copies `count` elements of `dtype` at `data` from participant `root` to every other
+  /// participant, bit for bit.
+  virtual void broadcast(void* data, int64_t count, DType dtype, int root) = 0;
+  /// broadcast of `count` float32 values.
+  void broadcast(float* data, int64_t count, int root) {
+    broadcast(data, count, DType::Float32, root);
+  }
+  /// Writes every participant's `count` elements of `dtype`, in rank order, into `out`
+  /// (size() * count elements), bit for bit.
+  virtual void all_gather(const void* data, int64_t count, DType dtype, void* out) = 0;
+  /// all_gather of `count` float32 values.
+  void all_gather(const float* data, int64_t count, float* out) {
+    all_gather(data, count, DType::Float32, out);
+  }
   /// Returns once every participant has called it.
   virtual void barrier() = 0;
   /// Short description for messages ("threads", "mpi", "nccl").
@@ -52,11 +71,12 @@ class Communicator {
   // through a copy there and back: a GPU tensor on a host communicator, a host tensor on an
   // NCCL one. A tensor on a different GPU from an NCCL communicator's is an error.
 
-  /// all_reduce of a contiguous float32 tensor, in place.
+  /// all_reduce of a contiguous float32, bfloat16 or float16 tensor, in place.
   void all_reduce(Tensor& t, ReduceOp op = ReduceOp::Sum);
-  /// broadcast of a contiguous float32 tensor, in place.
+  /// broadcast of a contiguous float32, bfloat16 or float16 tensor, in place.
   void broadcast(Tensor& t, int root = 0);
-  /// all_gather of a float32 tensor: the result is [size(), ...t.shape()], on t's device.
+  /// all_gather of a float32, bfloat16 or float16 tensor: the result is [size(), ...t.shape()],
+  /// of t's dtype, on t's device.
   Tensor all_gather(const Tensor& t);
 };
 

@@ -17,7 +17,10 @@ struct DataParallelOptions {
   /// that gets a bucket of its own), filled in reverse registration order (the order backward
   /// produces them); each bucket is all-reduced as soon as all its gradients are ready. A model
   /// smaller than four buckets gets buckets of a quarter of its size (at least 64 KB), so that
-  /// communication starts before backward ends.
+  /// communication starts before backward ends. A bucket holds gradients of one dtype, counted
+  /// at that dtype's element size: a model with float32 and bfloat16 (or float16) parameters
+  /// gets buckets of each, and 16-bit buckets are reduced in their own dtype (summed in float32
+  /// on the CPU and over MPI, natively by NCCL; see Communicator::all_reduce).
   int64_t bucket_bytes = 25 << 20;
   /// A collective that waits longer than this for a replica raises galley::Error.
   double timeout_seconds = 300.0;
@@ -29,7 +32,8 @@ struct DataParallelOptions {
   /// At every forward, every replica (and every process) first takes replica 0's buffers
   /// (running statistics, counters), as PyTorch DDP's broadcast_buffers: the replicas then
   /// compute with the same state whatever their own forwards changed. Across processes the
-  /// float32 buffers are broadcast from process 0. Off: each replica keeps its own.
+  /// floating buffers (float32, bfloat16, float16) are broadcast from process 0. Off: each replica
+  /// keeps its own.
   bool broadcast_buffers = true;
 };
 
@@ -67,6 +71,11 @@ class DataParallelBase {
   /// Loads the same state into every replica.
   void load_state_dict(const std::map<std::string, Tensor>& state, bool strict = true);
 
+  /// Converts every replica's floating parameters and buffers to `dtype` (float32, bfloat16 or
+  /// float16; nn::Layer::to), keeping their handles: an optimizer made from parameters() before
+  /// steps them in the new dtype. The gradient buckets follow the new dtypes (they are also
+  /// rebuilt at the next backward after every replica was converted through module(i).to()).
+  void to(DType dtype);
   /// Training or evaluation mode for every replica.
   void train(bool on = true);
   /// Same as train(false).
