@@ -7,9 +7,8 @@
 #include <unordered_map>
 #include <unordered_set>
 
-#include "device_scope.h"
-#include "src/ops/backend.h"
 #include "src/ops/binary.h"
+#include "src/ops/nonfinite.h"
 #include "src/runtime/device_memory.h"
 
 namespace galley {
@@ -67,8 +66,7 @@ int64_t find_nonfinite(const Tensor& t, float* value) {
   GALLEY_CHECK(!t.device().is_cuda() || !detail::capturing(t.device()),
                "detect_anomaly: checking values reads them back, which a CUDA graph capture on ",
                t.device().str(), " forbids; turn anomaly detection off while capturing");
-  detail::DeviceScope scope(t.device());
-  const int64_t i = backend::first_nonfinite(t);
+  const int64_t i = detail::first_nonfinite(t);
   if (i >= 0) {
     Tensor c = t.contiguous();
     detail::copy_bytes(value, Device::cpu(), c.data_ptr<float>() + i, c.device(), sizeof(float));
@@ -115,9 +113,8 @@ void check_loss_value(const Tensor& root) {
                  "galley::set_check_loss_finite(false) turns this check off");
     return;
   }
-  detail::DeviceScope scope(root.device());
-  backend::report_nonfinite_loss(root.dtype() == DType::Float32 ? root
-                                                                : root.detach().to(DType::Float32));
+  detail::report_nonfinite_loss(root.dtype() == DType::Float32 ? root
+                                                               : root.detach().to(DType::Float32));
 }
 
 }  // namespace
@@ -250,7 +247,6 @@ void run_backward(const Tensor& root, const Tensor& gradient) {
     if (git != grads.end()) {  // else nothing reached it: its inputs get no gradient from it
       Tensor g = std::move(git->second);
       grads.erase(git);
-      detail::DeviceScope scope(g.device());
       profiler::RecordScope prof(node->name, {&g}, profiler::EventKind::Backward,
                                  &node->layer_path);
       node->backward(g, grad_inputs);

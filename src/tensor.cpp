@@ -1,13 +1,12 @@
 // Tensor handles: storage, shapes and views, host copies, autograd state and the factories that
 // are not random. Dtype conversion is in tensor_convert.cpp, random numbers in tensor_random.cpp,
-// printing in tensor_print.cpp and the device scope in device_scope.cpp.
+// printing in tensor_print.cpp.
 #include "galley/tensor.h"
 
 #include <cmath>
 #include <cstring>
 
 #include "allocator.h"
-#include "device_scope.h"
 #include "galley/autograd.h"
 #include "galley/half.h"
 #include "runtime/device_memory.h"
@@ -73,7 +72,6 @@ Storage::~Storage() {
 // Construction and metadata
 
 Tensor Tensor::empty(const Shape& shape, DType dtype, Device device) {
-  if (device == Device::cpu(0)) device = detail::current_device();
   for (int64_t d : shape)
     GALLEY_CHECK(d >= 0, "Tensor::empty: negative size in shape ", shape_str(shape));
   auto impl = std::make_shared<detail::TensorImpl>();

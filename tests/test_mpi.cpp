@@ -44,6 +44,22 @@ class BFloat16Diagonal : public nn::Layer {
   Tensor weight_, bias_;
 };
 
+// Adds its buffer to the input, then counts the call in the buffer: without broadcast_buffers
+// replicas that start apart stay apart.
+class Counting : public nn::Layer {
+ public:
+  Counting() { count_ = &register_buffer("count", galley::zeros({1})); }
+  Tensor forward(const Tensor& x) override {
+    Tensor y = galley::add(x, *count_);
+    galley::NoGradGuard no_grad;
+    count_->copy_(galley::add(*count_, 1.f));
+    return y;
+  }
+
+ private:
+  Tensor* count_;
+};
+
 const galley::distributed::ParallelEnv& env() {
   const char* t = std::getenv("GALLEY_TEST_MPI_TIMEOUT");
   return galley::distributed::init_parallel_env({.timeout_seconds = t ? std::atof(t) : 60.0});
@@ -198,6 +214,36 @@ TEST(Mpi, ABFloat16ModelStaysIdenticalAcrossProcesses) {
       for (int q = 1; q < e.world_size; ++q)
         for (size_t i = 0; i < n; ++i) ASSERT_EQ(v[q * n + i], v[i]) << "process " << q;
     }
+}
+
+TEST(Mpi, BuffersFollowProcessZerosReplicaZeroAtEachForward) {
+  const auto& e = env();
+  if (e.world_size == 1) GTEST_SKIP() << "single process: run under mpirun -np 2";
+  std::vector<galley::Device> devs;
+  for (int i = 0; i < local_devices(); ++i) devs.push_back(galley::Device::cpu(i));
+  for (bool broadcast : {true, false}) {
+    SCOPED_TRACE(broadcast ? "broadcast_buffers" : "each replica its own buffers");
+    galley::DataParallel<Counting> model(devs, {.broadcast_buffers = broadcast});
+    // Construction gives every replica process 0's state; then each replica moves its own
+    // buffer: 100 * process + 10 * replica.
+    auto start = [&](int q, size_t r) { return 100.f * float(q) + 10.f * float(r); };
+    for (size_t r = 0; r < model.num_replicas(); ++r)
+      model.module(r).named_buffers()[0].second.fill_(start(e.rank, r));
+    const int64_t per_replica = 2, rows = per_replica * int64_t(devs.size());
+    for (float step : {0.f, 1.f, 2.f}) {
+      const std::vector<float> y = model(galley::zeros({rows, 1})).to_vector();
+      // With the broadcast every replica of every process adds process 0's replica 0's count.
+      for (int64_t i = 0; i < rows; ++i)
+        ASSERT_EQ(y[i], (broadcast ? 0.f : start(e.rank, size_t(i / per_replica))) + step)
+            << "row " << i << ", step " << step;
+    }
+    for (size_t r = 0; r < model.num_replicas(); ++r) {
+      Tensor b = model.module(r).named_buffers()[0].second;
+      auto all = galley::distributed::world()->all_gather(b).to_vector();
+      for (int q = 0; q < e.world_size; ++q)
+        EXPECT_EQ(all[q], (broadcast ? 0.f : start(q, r)) + 3.f) << "process " << q;
+    }
+  }
 }
 
 TEST(MpiTimeout, APeerThatNeverArrivesIsAnErrorNotAHang) {

@@ -143,3 +143,36 @@ TEST(BiasRelu, NanStaysNanAndNegativeZeroIsZeroAsInRelu) {
   EXPECT_EQ(y[2], 0.f);
   EXPECT_EQ(y[3], 2.f);
 }
+
+// Outputs and gradients are allocated on the inputs' device; factories on the one they are
+// given (cpu:0 by default) whatever ran before on the thread.
+TEST(Devices, OpsAllocateOnTheirInputsDeviceAndFactoriesOnTheirOwn) {
+  const galley::Device d1 = galley::Device::cpu(1);
+  Tensor w = galley::randn({4, 18}).to(d1), x = galley::randn({2, 1, 6, 6}).to(d1);
+  Tensor k = galley::randn({2, 1, 3, 3}).to(d1);
+  w.set_requires_grad(true);
+  k.set_requires_grad(true);
+  Tensor h = galley::conv2d(x, k, Tensor(), {.padding = 1});
+  EXPECT_EQ(h.device(), d1);
+  Tensor f = galley::flatten(galley::max_pool2d(galley::relu(h), {.kernel_size = 2}), 1);
+  Tensor logits = galley::linear(f, w);
+  EXPECT_EQ(logits.device(), d1);
+  Tensor labels = Tensor::from_vector(std::vector<int64_t>{1, 3}, {2}).to(d1);
+  Tensor loss = galley::cross_entropy(logits, labels);
+  EXPECT_EQ(loss.device(), d1);
+  EXPECT_EQ(galley::zeros({2}).device(), galley::Device::cpu(0));  // while d1's graph is alive
+  loss.backward();
+  EXPECT_EQ(w.grad().device(), d1);
+  EXPECT_EQ(k.grad().device(), d1);
+  EXPECT_EQ(galley::ones({2}).device(), galley::Device::cpu(0));
+  galley::optim::Adam opt({w, k}, {.learning_rate = 1e-3});
+  opt.step();
+  EXPECT_EQ(w.device(), d1);
+  EXPECT_EQ(Tensor::empty({1}).device(), galley::Device::cpu(0));
+  try {
+    galley::add(w, galley::zeros({4, 18}));
+    FAIL() << "an op on cpu:1 and cpu:0 ran";
+  } catch (const galley::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("(cpu:1 and cpu)"), std::string::npos) << e.what();
+  }
+}

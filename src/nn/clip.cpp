@@ -3,11 +3,13 @@
 // Gradients may be float32, bfloat16 or float16 (mixed too): norms accumulate in double.
 #include "galley/nn/clip.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "galley/half.h"
-#include "src/device_scope.h"
-#include "src/ops/backend.h"
+#include "kernels/clip.h"
+#include "src/ops/dispatch.h"
+#include "src/ops/nonfinite.h"
 
 namespace galley::nn {
 
@@ -18,7 +20,7 @@ struct Group {
   Device device;
   std::vector<Tensor> grads;  // keeps the spans' memory alive
   std::vector<size_t> param;  // index of each in the caller's list
-  std::vector<backend::GradSpan> spans;
+  std::vector<kernels::GradSpan> spans;
 };
 
 std::vector<Group> group_by_device(const char* fn, const std::vector<Tensor>& params) {
@@ -53,8 +55,7 @@ std::vector<Group> group_by_device(const char* fn, const std::vector<Tensor>& pa
   // An error path: finding the culprit may read every gradient back.
   std::string culprit;
   for (size_t k = 0; k < group.grads.size() && culprit.empty(); ++k) {
-    detail::DeviceScope scope(group.device);
-    if (backend::first_nonfinite(group.grads[k]) >= 0)
+    if (detail::first_nonfinite(group.grads[k]) >= 0)
       culprit = detail::str_cat("; the first parameter with a non-finite gradient is number ",
                                 group.param[k], " of the list (shape ",
                                 shape_str(group.grads[k].shape()), ")");
@@ -65,6 +66,36 @@ std::vector<Group> group_by_device(const char* fn, const std::vector<Tensor>& pa
                               ". No gradient was changed; pass {.error_if_nonfinite = false} to "
                               "scale them by the non-finite norm anyway, as PyTorch does by "
                               "default"));
+}
+
+// The norm of all the spans (on `device`) taken together, as a float32 scalar there; queued on
+// a GPU, so that several devices' reductions run side by side.
+Tensor grad_norm(Device device, const std::vector<kernels::GradSpan>& spans, double norm_type) {
+  Tensor out = Tensor::empty({}, DType::Float32, device);
+  const int count = static_cast<int>(spans.size());
+  if (device.is_cpu()) {
+    out.data_ptr<float>()[0] =
+        static_cast<float>(kernels::cpu::grad_norm(spans.data(), count, norm_type));
+    return out;
+  }
+  // One double per chunk (int64 storage: tensors have no float64 dtype), from the caching
+  // allocator, so a step allocates nothing new.
+  const int64_t parts = kernels::cuda::grad_norm_scratch(spans.data(), count);
+  Tensor scratch = Tensor::empty({std::max<int64_t>(parts, 1)}, DType::Int64, device);
+  kernels::cuda::grad_norm(spans.data(), count, norm_type,
+                           reinterpret_cast<double*>(scratch.raw_data()), out.data_ptr<float>(),
+                           detail::stream(device));
+  return out;
+}
+
+void scale_grads(Device device, const std::vector<kernels::GradSpan>& spans, float scale) {
+  if (device.is_cpu()) return kernels::cpu::scale_grads(spans.data(), int(spans.size()), scale);
+  kernels::cuda::scale_grads(spans.data(), int(spans.size()), scale, detail::stream(device));
+}
+
+void clamp_grads(Device device, const std::vector<kernels::GradSpan>& spans, float clip) {
+  if (device.is_cpu()) return kernels::cpu::clamp_grads(spans.data(), int(spans.size()), clip);
+  kernels::cuda::clamp_grads(spans.data(), int(spans.size()), clip, detail::stream(device));
 }
 
 }  // namespace
@@ -80,8 +111,7 @@ float clip_grad_norm_(const std::vector<Tensor>& parameters, double max_norm,
   // Every device's reduction is queued before any is read back, so GPUs work side by side.
   std::vector<Tensor> norms;
   for (auto& g : groups) {
-    detail::DeviceScope scope(g.device);
-    norms.push_back(backend::grad_norm(g.device, g.spans, options.norm_type));
+    norms.push_back(grad_norm(g.device, g.spans, options.norm_type));
   }
   std::vector<float> totals;
   for (auto& n : norms) totals.push_back(n.item());
@@ -94,8 +124,7 @@ float clip_grad_norm_(const std::vector<Tensor>& parameters, double max_norm,
     // to at most 1 and multiplied in. A coefficient of 1 changes nothing, so it is skipped.
     const float coef = (1.f / (totals[k] + 1e-6f)) * static_cast<float>(max_norm);
     if (coef >= 1.f) continue;  // NaN scales, as in PyTorch
-    detail::DeviceScope scope(groups[k].device);
-    backend::scale_grads(groups[k].device, groups[k].spans, coef);
+    scale_grads(groups[k].device, groups[k].spans, coef);
   }
   return totals[0];
 }
@@ -108,8 +137,7 @@ void clip_grad_value_(const std::vector<Tensor>& parameters, double clip_value) 
   GALLEY_CHECK(clip_value >= 0, "clip_grad_value_: clip_value ", clip_value, " must be >= 0");
   NoGradGuard no_grad;
   for (auto& g : group_by_device("clip_grad_value_", parameters)) {
-    detail::DeviceScope scope(g.device);
-    backend::clamp_grads(g.device, g.spans, static_cast<float>(clip_value));
+    clamp_grads(g.device, g.spans, static_cast<float>(clip_value));
   }
 }
 

@@ -8,7 +8,10 @@
 namespace galley::detail {
 
 void* stream(Device device) {
-  return device.is_cuda() ? compute_stream(device) : nullptr;
+  if (!device.is_cuda()) return nullptr;
+  // CUDA takes work for a device's streams only from a thread where that device is current.
+  make_current(device);
+  return compute_stream(device);
 }
 
 std::vector<int64_t> aligned(const Shape& s, size_t rank) {

@@ -9,7 +9,8 @@
 
 namespace galley::detail {
 
-// The CUDA stream of `device` that the op's launchers enqueue on (null for the host).
+// The CUDA stream of `device` that the op's launchers enqueue on, with `device` made current on
+// this thread (null for the host).
 void* stream(Device device);
 // `s` with leading 1s up to `rank` dimensions (how the broadcasting kernels take shapes).
 std::vector<int64_t> aligned(const Shape& s, size_t rank);

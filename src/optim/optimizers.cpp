@@ -7,8 +7,7 @@
 #include "galley/optim/lr_scheduler.h"
 #include "galley/optim/sgd.h"
 #include "kernels/optimizer_update.h"
-#include "src/device_scope.h"
-#include "src/ops/backend.h"
+#include "src/ops/dispatch.h"
 #include "src/runtime/device_memory.h"
 
 namespace galley::optim {
@@ -58,7 +57,6 @@ void Optimizer::for_each_gradient(
                  dtype_name(g.dtype()), ", the parameter ", dtype_name(p.dtype()),
                  "; they must have the same dtype");
     // State created for a parameter lives on the parameter's device.
-    detail::DeviceScope scope(p.device());
     update(i, p, g.contiguous());
   }
 }
@@ -99,11 +97,11 @@ void check_not_capturing(const Tensor& p, const std::string& owner) {
 }
 
 // The batch of GPU tensors for `device`, added when new.
-using GpuBatches = std::vector<std::pair<Device, std::vector<backend::OptimizerTensor>>>;
-std::vector<backend::OptimizerTensor>& group_of(GpuBatches& batches, Device device) {
+using GpuBatches = std::vector<std::pair<Device, std::vector<kernels::OptimizerTensor>>>;
+std::vector<kernels::OptimizerTensor>& group_of(GpuBatches& batches, Device device) {
   for (auto& [d, tensors] : batches)
     if (d == device) return tensors;
-  batches.emplace_back(device, std::vector<backend::OptimizerTensor>{});
+  batches.emplace_back(device, std::vector<kernels::OptimizerTensor>{});
   return batches.back().second;
 }
 
@@ -156,9 +154,9 @@ void Adam::step() {
     AdamState& st = state_[i];
     if (st.step == 0 && !st.exp_avg.defined()) {
       check_not_capturing(p, name());
-      st.exp_avg = zeros(p.shape(), DType::Float32);
-      st.exp_avg_sq = zeros(p.shape(), DType::Float32);
-      if (opt_.amsgrad) st.max_exp_avg_sq = zeros(p.shape(), DType::Float32);
+      st.exp_avg = zeros(p.shape(), DType::Float32, p.device());
+      st.exp_avg_sq = zeros(p.shape(), DType::Float32, p.device());
+      if (opt_.amsgrad) st.max_exp_avg_sq = zeros(p.shape(), DType::Float32, p.device());
     }
     if (p.device().is_cuda()) {
       if (!st.device_step.defined()) {
@@ -167,7 +165,7 @@ void Adam::step() {
       }
       ++st.step;
       keep.push_back(g);
-      backend::OptimizerTensor t{};
+      kernels::OptimizerTensor t{};
       t.p = p.raw_data();
       t.g = g.raw_data();
       t.dtype = p.dtype();
@@ -183,14 +181,13 @@ void Adam::step() {
     kernels::AdamStep h = s;
     h.step_size = static_cast<float>(lr_ / (1.0 - std::pow(opt_.beta1, double(st.step))));
     h.bias2_sqrt = static_cast<float>(std::sqrt(1.0 - std::pow(opt_.beta2, double(st.step))));
-    backend::adam_update(p.device(), h, p.dtype(), p.numel(), p.raw_data(), g.raw_data(),
-                         st.exp_avg.data_ptr<float>(), st.exp_avg_sq.data_ptr<float>(),
-                         opt_.amsgrad ? st.max_exp_avg_sq.data_ptr<float>() : nullptr);
+    kernels::cpu::adam_update(h, p.dtype(), p.numel(), p.raw_data(), g.raw_data(),
+                              st.exp_avg.data_ptr<float>(), st.exp_avg_sq.data_ptr<float>(),
+                              opt_.amsgrad ? st.max_exp_avg_sq.data_ptr<float>() : nullptr);
   });
-  for (auto& [device, tensors] : gpu) {
-    detail::DeviceScope scope(device);
-    backend::adam_update_multi(device, s, lr_, opt_.beta1, opt_.beta2, tensors);
-  }
+  for (auto& [device, tensors] : gpu)
+    kernels::cuda::adam_update_multi(s, lr_, opt_.beta1, opt_.beta2, tensors.data(),
+                                     static_cast<int>(tensors.size()), detail::stream(device));
 }
 
 StateDict Adam::state_dict() const {
@@ -254,12 +251,12 @@ void SGD::step() {
     h.first = opt_.momentum != 0 && !momentum_[i].defined();
     if (h.first) {
       check_not_capturing(p, name());
-      momentum_[i] = Tensor::empty(p.shape(), DType::Float32);
+      momentum_[i] = Tensor::empty(p.shape(), DType::Float32, p.device());
     }
     float* buf = opt_.momentum != 0 ? momentum_[i].data_ptr<float>() : nullptr;
     if (p.device().is_cuda()) {
       keep.push_back(g);
-      backend::OptimizerTensor t{};
+      kernels::OptimizerTensor t{};
       t.p = p.raw_data();
       t.g = g.raw_data();
       t.dtype = p.dtype();
@@ -269,12 +266,11 @@ void SGD::step() {
       group_of(gpu, p.device()).push_back(t);
       return;
     }
-    backend::sgd_update(p.device(), h, p.dtype(), p.numel(), p.raw_data(), g.raw_data(), buf);
+    kernels::cpu::sgd_update(h, p.dtype(), p.numel(), p.raw_data(), g.raw_data(), buf);
   });
-  for (auto& [device, tensors] : gpu) {
-    detail::DeviceScope scope(device);
-    backend::sgd_update_multi(device, s, tensors);
-  }
+  for (auto& [device, tensors] : gpu)
+    kernels::cuda::sgd_update_multi(s, tensors.data(), static_cast<int>(tensors.size()),
+                                    detail::stream(device));
 }
 
 StateDict SGD::state_dict() const {

@@ -3,7 +3,6 @@
 
 #include "galley/half.h"
 
-#include "src/device_scope.h"
 #include "src/runtime/device_memory.h"
 
 namespace galley::parallel {
@@ -66,7 +65,7 @@ Tensor Communicator::all_gather(const Tensor& t) {
   Tensor out;
   {
     // Inside an op's scope, Tensor::empty would move a cpu:0 tensor to the op's device.
-    detail::DeviceScope scope(c.device());
+    if (c.device().is_cuda()) detail::make_current(c.device());
     out = Tensor::empty(shape, c.dtype(), c.device());
   }
   all_gather(c.raw_data(), c.numel(), c.dtype(), out.raw_data());

@@ -17,7 +17,6 @@
 #include "galley/half.h"
 #include "galley/ops.h"
 #include "galley/profiler.h"
-#include "src/device_scope.h"
 #include "src/runtime/device_memory.h"
 #include "src/thread_budget.h"
 
@@ -271,7 +270,7 @@ struct DataParallelBase::Impl {
       bucket_of[k] = it->second;
     }
     for (auto& r : replicas) {
-      detail::DeviceScope scope(r->device);
+      if (r->device.is_cuda()) detail::make_current(r->device);
       for (auto& b : buckets) {
         r->flat.push_back(zeros({b.total()}, b.dtype, r->device));
         if (r->device.is_cuda()) r->bucket_filled.emplace_back(r->device);
@@ -360,8 +359,7 @@ struct DataParallelBase::Impl {
   void reduce_buckets(size_t r) {
     Replica& rep = *replicas[r];
     const Device dev = rep.device;
-    std::unique_ptr<detail::DeviceScope> scope;
-    if (dev.is_cuda()) scope = std::make_unique<detail::DeviceScope>(dev);
+    if (dev.is_cuda()) detail::make_current(dev);
     std::vector<char> flag_bytes;
     std::vector<float> flags;
     for (size_t b = 0; b < buckets.size(); ++b) {
@@ -418,8 +416,8 @@ struct DataParallelBase::Impl {
         Tensor& p = rep.params[bucket.params[s]];
         Tensor g = p.grad();
         if (!g.defined()) {  // this replica had no samples: it takes the others' gradient
-          detail::DeviceScope in(dev);
-          g = Tensor::empty(p.shape(), dtype);
+          if (dev.is_cuda()) detail::make_current(dev);
+          g = Tensor::empty(p.shape(), dtype, dev);
           p.set_grad(g);
         }
         detail::copy_bytes(g.raw_data(), dev, element_at(rep.flat[b], bucket.offsets[s]), dev,
@@ -459,7 +457,7 @@ struct DataParallelBase::Impl {
         Shape s = cg.shape();
         s[0] = rows;
         const int64_t row = cg.numel() / std::max<int64_t>(cg.size(0), 1);
-        detail::DeviceScope scope(replicas[r]->device);
+        if (replicas[r]->device.is_cuda()) detail::make_current(replicas[r]->device);
         const int64_t elem = int64_t(dtype_size(cg.dtype()));
         g_r = Tensor::empty(s, cg.dtype(), replicas[r]->device);
         detail::copy_bytes(g_r.raw_data(), g_r.device(),
@@ -469,7 +467,7 @@ struct DataParallelBase::Impl {
       compute_tasks[r] = replicas[r]->compute->post([this, r, reduce, out = outs[r], g_r] {
         Replica& rep = *replicas[r];
         detail::ThreadBudget budget(threads_per_replica);
-        detail::DeviceScope scope(rep.device);
+        if (rep.device.is_cuda()) detail::make_current(rep.device);
         {
           std::lock_guard<std::mutex> lock(rep.mu);
           rep.bwd_begin = Clock::now();
@@ -617,7 +615,7 @@ Tensor DataParallelBase::forward(const Tensor& x) {
         cx.device(), x_r.numel() * dtype_size(cx.dtype()));
     tasks[r] = m.replicas[r]->compute->post([&m, &outs, r, x_r, grad_mode] {
       detail::ThreadBudget budget(m.threads_per_replica);
-      detail::DeviceScope scope(m.replicas[r]->device);
+      if (m.replicas[r]->device.is_cuda()) detail::make_current(m.replicas[r]->device);
       std::unique_ptr<NoGradGuard> no_grad;
       if (!grad_mode) no_grad = std::make_unique<NoGradGuard>();
       outs[r] = m.replicas[r]->layer->forward(x_r);
@@ -681,7 +679,7 @@ void DataParallelBase::load_state_dict(const std::map<std::string, Tensor>& stat
 
 void DataParallelBase::to(DType dtype) {
   for (auto& rep : impl_->replicas) {
-    detail::DeviceScope scope(rep->device);
+    if (rep->device.is_cuda()) detail::make_current(rep->device);
     rep->layer->to(dtype);
   }
   impl_->refresh_buckets();

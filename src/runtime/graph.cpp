@@ -7,7 +7,6 @@
 #include "galley/runtime/cuda.h"
 #include "kernels/gemm.h"
 #include "kernels/math_mode.h"
-#include "src/device_scope.h"
 #include "src/runtime/device_memory.h"
 
 #ifdef GALLEY_HAVE_CUDA
@@ -99,7 +98,7 @@ void Graph::capture(Device device, const std::function<void()>& step) {
                " does not exist: this machine has ", cuda_device_count(), " CUDA device(s)");
   GALLEY_CHECK(!captured(), "cuda::Graph::capture: this graph already holds a capture on ",
                impl_->device.str(), "; use a new Graph");
-  detail::DeviceScope scope(device);
+  detail::make_current(device);
   cudaStream_t stream = static_cast<cudaStream_t>(detail::compute_stream(device));
   // Eager work queued before must not end up in the graph, and any error it hit is raised now.
   check(cudaStreamSynchronize(stream), "finishing the work queued before the capture", device);
@@ -155,7 +154,7 @@ void Graph::capture(Device device, const std::function<void()>& step) {
 
 void Graph::replay() {
   GALLEY_CHECK(captured(), "cuda::Graph::replay: nothing has been captured");
-  detail::DeviceScope scope(impl_->device);
+  detail::make_current(impl_->device);
   check(cudaGraphLaunch(impl_->exec,
                         static_cast<cudaStream_t>(detail::compute_stream(impl_->device))),
         "replay", impl_->device);
