@@ -23,4 +23,20 @@ class SimpleCNN : public galley::nn::Layer {
   galley::nn::Linear fc_{64 * 15 * 15, 10};
 };
 
+/// Adds its one-element buffer "count" to the input, then counts the call in the buffer:
+/// replicas whose buffers are not kept in step drift apart.
+class CountingBuffer : public galley::nn::Layer {
+ public:
+  CountingBuffer() { count_ = &register_buffer("count", galley::zeros({1})); }
+  galley::Tensor forward(const galley::Tensor& x) override {
+    galley::Tensor y = galley::add(x, *count_);
+    galley::NoGradGuard no_grad;
+    count_->copy_(galley::add(*count_, 1.f));
+    return y;
+  }
+
+ private:
+  galley::Tensor* count_;
+};
+
 }  // namespace testmodels

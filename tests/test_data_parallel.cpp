@@ -5,6 +5,7 @@
 #include <thread>
 
 #include "galley/galley.h"
+#include "models.h"
 #include "test_util.h"
 
 namespace nn = galley::nn;
@@ -251,26 +252,11 @@ void on_threads(int n, F f) {
 }
 }  // namespace
 
-// Adds its buffer to the input, then counts the call in the buffer: a replica's own forwards
-// would make replicas drift apart.
-class Shifted : public nn::Layer {
- public:
-  Shifted() { shift_ = &register_buffer("shift", galley::zeros({1})); }
-  Tensor forward(const Tensor& x) override {
-    Tensor y = galley::add(x, *shift_);
-    galley::NoGradGuard no_grad;
-    shift_->copy_(galley::add(*shift_, 1.f));
-    return y;
-  }
-
- private:
-  Tensor* shift_;
-};
-
 TEST(DataParallel, EveryReplicaTakesReplicaZerosBuffersAtEachForward) {
   for (bool broadcast : {true, false}) {
     SCOPED_TRACE(broadcast ? "broadcast_buffers" : "each replica its own buffers");
-    galley::DataParallel<Shifted> model(cpus(2), {.broadcast_buffers = broadcast});
+    galley::DataParallel<testmodels::CountingBuffer> model(cpus(2),
+                                                           {.broadcast_buffers = broadcast});
     EXPECT_EQ(model.module(0).named_buffers().size(), 1u);
     model.module(1).named_buffers()[0].second.fill_(100.f);
     const Tensor x = galley::zeros({4, 1});

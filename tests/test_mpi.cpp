@@ -8,6 +8,7 @@
 #include <thread>
 
 #include "galley/galley.h"
+#include "models.h"
 #include "test_util.h"
 
 namespace nn = galley::nn;
@@ -42,22 +43,6 @@ class BFloat16Diagonal : public nn::Layer {
 
  private:
   Tensor weight_, bias_;
-};
-
-// Adds its buffer to the input, then counts the call in the buffer: without broadcast_buffers
-// replicas that start apart stay apart.
-class Counting : public nn::Layer {
- public:
-  Counting() { count_ = &register_buffer("count", galley::zeros({1})); }
-  Tensor forward(const Tensor& x) override {
-    Tensor y = galley::add(x, *count_);
-    galley::NoGradGuard no_grad;
-    count_->copy_(galley::add(*count_, 1.f));
-    return y;
-  }
-
- private:
-  Tensor* count_;
 };
 
 const galley::distributed::ParallelEnv& env() {
@@ -223,7 +208,7 @@ TEST(Mpi, BuffersFollowProcessZerosReplicaZeroAtEachForward) {
   for (int i = 0; i < local_devices(); ++i) devs.push_back(galley::Device::cpu(i));
   for (bool broadcast : {true, false}) {
     SCOPED_TRACE(broadcast ? "broadcast_buffers" : "each replica its own buffers");
-    galley::DataParallel<Counting> model(devs, {.broadcast_buffers = broadcast});
+    galley::DataParallel<testmodels::CountingBuffer> model(devs, {.broadcast_buffers = broadcast});
     // Construction gives every replica process 0's state; then each replica moves its own
     // buffer: 100 * process + 10 * replica.
     auto start = [&](int q, size_t r) { return 100.f * float(q) + 10.f * float(r); };
