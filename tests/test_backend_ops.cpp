@@ -157,26 +157,26 @@ const std::vector<OpCase> kOps = {
     // relu(Tensor&&): a temporary's buffer is reused for the result
     {"relu_temporary",       [](V v) { return galley::relu(v[0].clone()); }, {kinkless({4, 5})}, kAllFloat},
     // bias + x stays clear of relu's kink: |x| >= 0.1, |bias| ~ 0.01
-    {"bias_relu_channels",   [](V v) { return galley::bias_relu(v[0], v[1]); }, {kinkless({2, 3, 4, 5}), normal({3}, 0.01f)}, kFloat32},
-    {"bias_relu_features",   [](V v) { return galley::bias_relu(v[0], v[1], -1); }, {kinkless({6, 7}), normal({7}, 0.01f)}, kFloat32},
+    {"bias_relu_channels",   [](V v) { return galley::bias_relu(v[0], v[1]); }, {kinkless({2, 3, 4, 5}), normal({3}, 0.01f)}, kAllFloat},
+    {"bias_relu_features",   [](V v) { return galley::bias_relu(v[0], v[1], -1); }, {kinkless({6, 7}), normal({7}, 0.01f)}, kAllFloat},
     // matrix products
-    {"matmul",               [](V v) { return galley::matmul(v[0], v[1]); }, {normal({3, 5}), normal({5, 4})}, kFloat32},
-    {"matmul_odd",           [](V v) { return galley::matmul(v[0], v[1]); }, {normal({17, 33}), normal({33, 9})}, kFloat32},
-    {"linear",               [](V v) { return galley::linear(v[0], v[1], v[2]); }, {normal({4, 6}), normal({3, 6}), normal({3})}, kFloat32},
-    {"linear_3d_no_bias",    [](V v) { return galley::linear(v[0], v[1]); }, {normal({2, 4, 6}), normal({3, 6})}, kFloat32},
+    {"matmul",               [](V v) { return galley::matmul(v[0], v[1]); }, {normal({3, 5}), normal({5, 4})}, kAllFloat},
+    {"matmul_odd",           [](V v) { return galley::matmul(v[0], v[1]); }, {normal({17, 33}), normal({33, 9})}, kAllFloat},
+    {"linear",               [](V v) { return galley::linear(v[0], v[1], v[2]); }, {normal({4, 6}), normal({3, 6}), normal({3})}, kAllFloat},
+    {"linear_3d_no_bias",    [](V v) { return galley::linear(v[0], v[1]); }, {normal({2, 4, 6}), normal({3, 6})}, kAllFloat},
     // convolution: the geometry of each code path
-    {"conv2d",               conv({}), {normal({2, 3, 7, 7}), normal({4, 3, 3, 3}, 0.5f), normal({4})}, kFloat32},
-    {"conv2d_stride2_pad1",  conv({.stride = 2, .padding = 1}), {normal({1, 2, 8, 9}), normal({3, 2, 3, 3}, 0.5f), normal({3})}, kFloat32},
-    {"conv2d_dilation2",     conv({.padding = 2, .dilation = 2}), {normal({1, 2, 9, 9}), normal({2, 2, 3, 3}, 0.5f)}, kFloat32},
-    {"conv2d_groups2",       conv({.padding = 1, .groups = 2}), {normal({2, 4, 6, 6}), normal({6, 2, 3, 3}, 0.5f), normal({6})}, kFloat32},
-    {"conv2d_1x1",           conv({}), {normal({2, 3, 5, 5}), normal({4, 3, 1, 1}, 0.5f), normal({4})}, kFloat32},
-    {"conv2d_rect_stride2",  conv({.stride = 2}), {normal({1, 1, 6, 5}), normal({2, 1, 2, 3}, 0.5f), normal({2})}, kFloat32},
+    {"conv2d",               conv({}), {normal({2, 3, 7, 7}), normal({4, 3, 3, 3}, 0.5f), normal({4})}, kAllFloat},
+    {"conv2d_stride2_pad1",  conv({.stride = 2, .padding = 1}), {normal({1, 2, 8, 9}), normal({3, 2, 3, 3}, 0.5f), normal({3})}, kAllFloat},
+    {"conv2d_dilation2",     conv({.padding = 2, .dilation = 2}), {normal({1, 2, 9, 9}), normal({2, 2, 3, 3}, 0.5f)}, kAllFloat},
+    {"conv2d_groups2",       conv({.padding = 1, .groups = 2}), {normal({2, 4, 6, 6}), normal({6, 2, 3, 3}, 0.5f), normal({6})}, kAllFloat},
+    {"conv2d_1x1",           conv({}), {normal({2, 3, 5, 5}), normal({4, 3, 1, 1}, 0.5f), normal({4})}, kAllFloat},
+    {"conv2d_rect_stride2",  conv({.stride = 2}), {normal({1, 1, 6, 5}), normal({2, 1, 2, 3}, 0.5f), normal({2})}, kAllFloat},
     // enough channels and images for the CPU's direct path
-    {"conv2d_direct",        conv({.padding = 1}), {normal({2, 16, 5, 5}), normal({4, 16, 3, 3}, 0.5f), normal({4})}, kFloat32},
+    {"conv2d_direct",        conv({.padding = 1}), {normal({2, 16, 5, 5}), normal({4, 16, 3, 3}, 0.5f), normal({4})}, kAllFloat},
     // pooling
-    {"max_pool2d",           pool({.kernel_size = 2}), {distinct({2, 3, 6, 6})}, kFloat32},
-    {"max_pool2d_k3_s2_p1",  pool({.kernel_size = 3, .stride = 2, .padding = 1}), {distinct({1, 2, 7, 7})}, kFloat32},
-    {"max_pool2d_k3_s1",     pool({.kernel_size = 3, .stride = 1}), {distinct({1, 2, 5, 6})}, kFloat32},
+    {"max_pool2d",           pool({.kernel_size = 2}), {distinct({2, 3, 6, 6})}, kAllFloat},
+    {"max_pool2d_k3_s2_p1",  pool({.kernel_size = 3, .stride = 2, .padding = 1}), {distinct({1, 2, 7, 7})}, kAllFloat},
+    {"max_pool2d_k3_s1",     pool({.kernel_size = 3, .stride = 1}), {distinct({1, 2, 5, 6})}, kAllFloat},
     // shapes
     {"flatten",              [](V v) { return galley::flatten(v[0], 1); }, {normal({2, 3, 4})}, kAllFloat},
     {"reshape",              [](V v) { return galley::reshape(v[0], {4, -1}); }, {normal({2, 3, 4})}, kAllFloat},
@@ -191,14 +191,14 @@ const std::vector<OpCase> kOps = {
     {"softmax_wide",         [](V v) { return galley::softmax(v[0], -1); }, {normal({3, 1000}, 2.f)}, kAllFloat},
     {"log_softmax",          [](V v) { return galley::log_softmax(v[0], -1); }, {normal({3, 5})}, kAllFloat},
     {"log_softmax_dim0",     [](V v) { return galley::log_softmax(v[0], 0); }, {normal({6, 4})}, kAllFloat},
-    {"argmax",               [](V v) { return galley::argmax(v[0], -1); }, {normal({6, 10})}, kFloat32, false},
-    {"argmax_dim1_keepdim",  [](V v) { return galley::argmax(v[0], 1, true); }, {normal({5, 33, 4})}, kFloat32, false},
+    {"argmax",               [](V v) { return galley::argmax(v[0], -1); }, {normal({6, 10})}, kAllFloat, false},
+    {"argmax_dim1_keepdim",  [](V v) { return galley::argmax(v[0], 1, true); }, {normal({5, 33, 4})}, kAllFloat, false},
     // losses
-    {"cross_entropy",        cross_entropy({}), {normal({6, 5}), labels(kLabels)}, kFloat32},
-    {"cross_entropy_sum",    cross_entropy({.reduction = galley::Reduction::Sum}), {normal({6, 5}), labels(kLabels)}, kFloat32},
-    {"cross_entropy_none",   cross_entropy({.reduction = galley::Reduction::None}), {normal({6, 5}), labels(kLabels)}, kFloat32},
-    {"cross_entropy_smooth", cross_entropy({.label_smoothing = 0.1f}), {normal({6, 5}), labels(kLabels)}, kFloat32},
-    {"cross_entropy_ignore", cross_entropy({}), {normal({6, 5}), labels(kIgnored)}, kFloat32},
+    {"cross_entropy",        cross_entropy({}), {normal({6, 5}), labels(kLabels)}, kAllFloat},
+    {"cross_entropy_sum",    cross_entropy({.reduction = galley::Reduction::Sum}), {normal({6, 5}), labels(kLabels)}, kAllFloat},
+    {"cross_entropy_none",   cross_entropy({.reduction = galley::Reduction::None}), {normal({6, 5}), labels(kLabels)}, kAllFloat},
+    {"cross_entropy_smooth", cross_entropy({.label_smoothing = 0.1f}), {normal({6, 5}), labels(kLabels)}, kAllFloat},
+    {"cross_entropy_ignore", cross_entropy({}), {normal({6, 5}), labels(kIgnored)}, kAllFloat},
 };
 // clang-format on
 
