@@ -10,6 +10,7 @@
 #include "galley/autograd.h"
 #include "galley/half.h"
 #include "runtime/device_memory.h"
+#include "src/ops/copy.h"
 
 namespace galley {
 
@@ -34,11 +35,6 @@ Shape contiguous_strides(const Shape& shape) {
     acc *= shape[i];
   }
   return st;
-}
-
-void check_cpu(const Tensor& t, const char* what) {
-  GALLEY_CHECK(t.device().is_cpu(), what, ": tensor is on ", t.device().str(),
-               " but this build has no kernels for that device");
 }
 }  // namespace
 
@@ -197,8 +193,6 @@ GALLEY_INSTANTIATE_DATA(float16)
 
 void Tensor::copy_to_host(void* dst) const {
   GALLEY_CHECK_DEFINED("copy_to_host");
-  GALLEY_CHECK(device().is_cpu() || is_contiguous(), "copy_to_host: a ", device().str(),
-               " tensor must be contiguous");
   Tensor c = contiguous();
   detail::copy_bytes(dst, Device::cpu(), c.raw_data(), c.device(),
                      c.numel() * dtype_size(c.dtype()));
@@ -360,23 +354,8 @@ Tensor Tensor::flatten(int64_t start_axis, int64_t end_axis) const {
 Tensor Tensor::contiguous() const {
   GALLEY_CHECK_DEFINED("contiguous");
   if (is_contiguous()) return *this;
-  check_cpu(*this, "contiguous (of a strided view)");
   Tensor out = empty(shape(), dtype(), device());
-  // Generic strided gather, one element at a time; only transposed views reach this.
-  size_t es = dtype_size(dtype());
-  int64_t n = numel(), d = dim();
-  std::vector<int64_t> idx(d, 0);
-  const char* src = static_cast<const char*>(raw_data());
-  char* dst = static_cast<char*>(out.raw_data());
-  for (int64_t i = 0; i < n; ++i) {
-    int64_t off = 0;
-    for (int64_t k = 0; k < d; ++k) off += idx[k] * impl_->strides[k];
-    std::memcpy(dst + i * es, src + off * es, es);
-    for (int64_t k = d - 1; k >= 0; --k) {
-      if (++idx[k] < impl_->shape[k]) break;
-      idx[k] = 0;
-    }
-  }
+  detail::copy_strided(*this, out);
   if (!autograd::needs_grad({this})) return out;
   return autograd::record(out, "contiguous", {*this},
                           [](const Tensor& g, std::vector<Tensor>& gi) { gi[0] = g; });
