@@ -199,6 +199,27 @@ const std::vector<OpCase> kOps = {
     {"cross_entropy_none",   cross_entropy({.reduction = galley::Reduction::None}), {normal({6, 5}), labels(kLabels)}, kAllFloat},
     {"cross_entropy_smooth", cross_entropy({.label_smoothing = 0.1f}), {normal({6, 5}), labels(kLabels)}, kAllFloat},
     {"cross_entropy_ignore", cross_entropy({}), {normal({6, 5}), labels(kIgnored)}, kAllFloat},
+    // joining, slicing and views: cat, stack, split, narrow, select, transpose, permute, add_
+    {"cat_dim0",             [](V v) { return galley::cat({v[0], v[1]}); }, {normal({2, 3}), normal({4, 3})}, kAllFloat},
+    {"cat_dim1_three",       [](V v) { return galley::cat({v[0], v[1], v[2]}, 1); }, {normal({2, 1, 4}), normal({2, 3, 4}), normal({2, 2, 4})}, kAllFloat},
+    {"cat_negative_dim",     [](V v) { return galley::cat({v[0], v[1]}, -1); }, {normal({3, 2}), normal({3, 5})}, kAllFloat},
+    {"cat_of_views",         [](V v) { return galley::cat({galley::transpose(v[0], 0, 1), v[1].narrow(1, 1, 3)}); }, {normal({3, 2}), normal({4, 5})}, kAllFloat},
+    {"stack_dim0",           [](V v) { return galley::stack({v[0], v[1]}); }, {normal({3, 4}), normal({3, 4})}, kAllFloat},
+    {"stack_last_three",     [](V v) { return galley::stack({v[0], v[1], v[2]}, -1); }, {normal({2, 3}), normal({2, 3}), normal({2, 3})}, kAllFloat},
+    {"split_reordered",      [](V v) { auto p = galley::split(v[0], 2, 1); return galley::cat({p[2], p[0], p[1]}, 1); }, {normal({3, 6})}, kAllFloat},
+    {"split_sizes_empty",    [](V v) { auto p = galley::split(v[0], {1, 0, 3}); return galley::cat({p[2] * 2.f, p[1], p[0]}); }, {normal({4, 5})}, kAllFloat},
+    {"split_uneven_unused",  [](V v) { auto p = galley::split(v[0], 3, -1); return p[1] * p[2]; }, {normal({2, 7})}, kAllFloat},
+    {"narrow",               [](V v) { return galley::narrow(v[0], 1, 1, 3); }, {normal({2, 5, 3})}, kAllFloat},
+    {"narrow_negative",      [](V v) { return v[0].narrow(-1, -3, 2); }, {normal({4, 5})}, kAllFloat},
+    {"select",               [](V v) { return galley::select(v[0], 1, -1); }, {normal({3, 4, 2})}, kAllFloat},
+    {"transpose",            [](V v) { return galley::transpose(v[0], 0, 2); }, {normal({2, 3, 4})}, kAllFloat},
+    {"permute",              [](V v) { return galley::permute(v[0], {2, 0, 1}); }, {normal({2, 3, 4})}, kAllFloat},
+    {"permute_contiguous",   [](V v) { return v[0].permute({1, 2, 0}).contiguous(); }, {normal({2, 3, 4})}, kAllFloat},
+    {"transpose_matmul",     [](V v) { return galley::matmul(v[0].transpose(0, 1), v[1]); }, {normal({5, 3}), normal({5, 4})}, kAllFloat},
+    {"permute_add",          [](V v) { return galley::permute(v[0], {1, 0, 2}) + v[1]; }, {normal({2, 3, 4}), normal({3, 2, 4})}, kAllFloat},
+    {"add_inplace",          [](V v) { Tensor t = v[0] * 1.f; t.add_(v[1]); return t; }, {normal({3, 4}), normal({3, 4})}, kAllFloat},
+    {"add_inplace_broadcast", [](V v) { Tensor t = v[0] * 2.f; galley::add_(t, v[1]); return t; }, {normal({2, 3, 4}), normal({3, 1})}, kAllFloat},
+    {"add_inplace_residual", [](V v) { Tensor h = galley::matmul(v[0], v[1]); h.add_(v[2]); h.add_(v[2]); return h * h; }, {normal({3, 5}), normal({5, 4}), normal({3, 4})}, kAllFloat},
 };
 // clang-format on
 

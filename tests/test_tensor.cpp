@@ -591,4 +591,261 @@ TEST(Printing, LargeTensorsAreAbbreviated) {
   EXPECT_LT(sm.size(), 2000u) << sm;
 }
 
+// ---------------------------------------------------------------------------------------------
+// Joining, slicing and views: cat, stack, split, narrow, select, transpose, permute, add_
+
+// 0, 1, 2, ... in `shape` as int64.
+Tensor iota(const Shape& shape) {
+  return galley::arange(0, double(galley::shape_numel(shape)), 1, DType::Int64).reshape(shape);
+}
+
+TEST(TensorOps, ViewsShareStorageAndSeeWrites) {
+  Tensor x = fvec({0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11}, {3, 4});
+  std::vector<Tensor> views = {x.narrow(1, 1, 2), x.select(0, 2), x.transpose(0, 1),
+                               x.permute({1, 0}), galley::split(x, 2, 1)[1]};
+  for (const Tensor& v : views) EXPECT_EQ(v.impl()->storage, x.impl()->storage);
+  EXPECT_FALSE(views[2].is_contiguous());
+  EXPECT_EQ(views[2].strides(), (Shape{1, 4}));
+  x.data<float>()[6] = 60.f;  // x[1][2]
+  EXPECT_EQ(views[0].contiguous().to_vector(), (std::vector<float>{1, 2, 5, 60, 9, 10}));
+  EXPECT_EQ(views[2].select(0, 2).contiguous().to_vector(), (std::vector<float>{2, 60, 10}));
+  EXPECT_EQ(views[4].contiguous().to_vector(), (std::vector<float>{2, 3, 60, 7, 10, 11}));
+  EXPECT_EQ(views[1].to_vector(), (std::vector<float>{8, 9, 10, 11}));
+}
+
+TEST(TensorOps, ContiguousOfAPermutedTensorEqualsAReferenceLoopInEveryDType) {
+  const Shape shape = {2, 3, 4, 5};
+  const std::vector<int64_t> order = {3, 1, 0, 2};
+  Tensor x = iota(shape);
+  // out[a][b][c][d] = x[c][b][d][a] for the order above.
+  std::vector<int64_t> want;
+  for (int64_t a = 0; a < 5; ++a)
+    for (int64_t b = 0; b < 3; ++b)
+      for (int64_t c = 0; c < 2; ++c)
+        for (int64_t d = 0; d < 4; ++d) want.push_back(((c * 3 + b) * 4 + d) * 5 + a);
+  Tensor p = x.permute(order);
+  EXPECT_EQ(p.shape(), (Shape{5, 3, 2, 4}));
+  EXPECT_FALSE(p.is_contiguous());
+  Tensor c = p.contiguous();
+  EXPECT_TRUE(c.is_contiguous());
+  EXPECT_EQ(c.to_vector<int64_t>(), want);
+  // Every dtype (the values are small integers, exact in each).
+  for (DType d : {DType::Float32, DType::BFloat16, DType::Float16, DType::UInt8}) {
+    Tensor xd = x.to(DType::Float32).to(d);
+    Tensor got = xd.permute(order).contiguous();
+    EXPECT_EQ(got.dtype(), d);
+    const std::vector<float> gotf = got.to(DType::Float32).to_vector();
+    for (size_t i = 0; i < want.size(); ++i)
+      ASSERT_EQ(gotf[i], float(want[i])) << galley::dtype_name(d) << " element " << i;
+  }
+  // A narrowed, transposed view of a view: offsets and strides compose.
+  Tensor v = x.narrow(2, 1, 2).transpose(0, 3).select(1, 2);  // [5, 2, 2]
+  std::vector<int64_t> want2;
+  for (int64_t a = 0; a < 5; ++a)
+    for (int64_t b = 0; b < 2; ++b)
+      for (int64_t c2 = 0; c2 < 2; ++c2) want2.push_back(((c2 * 3 + 2) * 4 + (b + 1)) * 5 + a);
+  EXPECT_EQ(v.contiguous().to_vector<int64_t>(), want2);
+}
+
+TEST(TensorOps, NegativeDimensionsCountFromTheEnd) {
+  Tensor a = iota({2, 3}), b = iota({2, 3});
+  EXPECT_EQ(galley::cat({a, b}, -1).to_vector<int64_t>(),
+            galley::cat({a, b}, 1).to_vector<int64_t>());
+  EXPECT_EQ(galley::stack({a, b}, -1).shape(), (Shape{2, 3, 2}));
+  EXPECT_EQ(galley::stack({a, b}, -3).shape(), (Shape{2, 2, 3}));
+  EXPECT_EQ(galley::stack({a, b}, 2).to_vector<int64_t>(),
+            galley::stack({a, b}, -1).to_vector<int64_t>());
+  EXPECT_EQ(a.narrow(-1, -2, 2).to_vector<int64_t>(), (std::vector<int64_t>{1, 2, 4, 5}));
+  EXPECT_EQ(a.select(-1, -1).to_vector<int64_t>(), (std::vector<int64_t>{2, 5}));
+  EXPECT_EQ(a.transpose(-1, -2).contiguous().to_vector<int64_t>(),
+            (std::vector<int64_t>{0, 3, 1, 4, 2, 5}));
+  EXPECT_EQ(iota({2, 3, 4}).permute({-1, 0, -2}).shape(), (Shape{4, 2, 3}));
+  auto parts = galley::split(a, 1, -1);
+  ASSERT_EQ(parts.size(), 3u);
+  EXPECT_EQ(parts[2].to_vector<int64_t>(), (std::vector<int64_t>{2, 5}));
+  expect_contains(error_of([&] { galley::cat({a, b}, 2); }), {"cat", "dimension 2"});
+  expect_contains(error_of([&] { galley::permute(a, {0, -2}); }), {"permute", "twice"});
+  expect_contains(error_of([&] { galley::permute(a, {0}); }), {"permute", "[2, 3]"});
+}
+
+TEST(TensorOps, EmptySplitsAndEmptyPieces) {
+  Tensor x = iota({4, 3});
+  auto p = galley::split(x, {0, 3, 0, 1});
+  ASSERT_EQ(p.size(), 4u);
+  EXPECT_EQ(p[0].shape(), (Shape{0, 3}));
+  EXPECT_EQ(p[2].shape(), (Shape{0, 3}));
+  EXPECT_EQ(p[3].to_vector<int64_t>(), (std::vector<int64_t>{9, 10, 11}));
+  // cat takes empty pieces, and joining the pieces gives x back.
+  EXPECT_EQ(galley::cat(p).to_vector<int64_t>(), x.to_vector<int64_t>());
+  auto e = galley::split(iota({0, 3}), 2);
+  ASSERT_EQ(e.size(), 1u);
+  EXPECT_EQ(e[0].shape(), (Shape{0, 3}));
+  EXPECT_EQ(galley::split(iota({0, 3}), 0).size(), 1u);
+  EXPECT_EQ(galley::split(x, 3).size(), 2u);
+  EXPECT_EQ(galley::split(x, 3)[1].shape(), (Shape{1, 3}));
+  EXPECT_EQ(galley::split(x, 10).size(), 1u);
+  expect_contains(error_of([&] { galley::split(x, 0); }), {"split", "split_size 0", "[4, 3]"});
+  expect_contains(error_of([&] { galley::split(x, {1, 2}); }), {"split", "[1, 2]", "3", "[4, 3]"});
+  expect_contains(error_of([&] { x.narrow(0, 3, 2); }), {"narrow", "[4, 3]"});
+  expect_contains(error_of([&] { x.select(1, 3); }), {"select", "index 3", "[4, 3]"});
+  // The gradient of an empty piece is empty; unused pieces get zeros.
+  Tensor w = galley::zeros({4, 3}).set_requires_grad(true);
+  auto q = galley::split(w, {0, 3, 1});
+  galley::sum(q[1] * 2.f).backward();
+  EXPECT_EQ(w.grad().to_vector(), (std::vector<float>{2, 2, 2, 2, 2, 2, 2, 2, 2, 0, 0, 0}));
+}
+
+TEST(TensorOps, CatAndStackErrorsNameTheTensorShapesDTypesAndDevices) {
+  Tensor a = galley::zeros({2, 3}), b = galley::zeros({2, 4}), c = galley::zeros({3, 3});
+  expect_contains(error_of([&] {
+                    galley::cat({a, a, c}, 1);
+                  }),
+                  {"cat", "tensor 2", "[3, 3]", "tensor 0", "[2, 3]"});
+  expect_contains(error_of([&] {
+                    galley::cat({a, galley::zeros({2, 3, 1})});
+                  }),
+                  {"cat", "tensor 1", "[2, 3, 1]", "[2, 3]"});
+  EXPECT_EQ(galley::cat({a, b}, 1).shape(), (Shape{2, 7}));
+  expect_contains(error_of([&] {
+                    galley::cat({a, a.to(DType::BFloat16)});
+                  }),
+                  {"cat", "tensor 1", "bfloat16", "float32"});
+  expect_contains(error_of([&] {
+                    galley::stack({a, a.to(galley::Device::cpu(1))});
+                  }),
+                  {"stack", "tensor 1", "on cpu:1", "tensor 0 is on cpu"});
+  expect_contains(error_of([&] {
+                    galley::stack({a, b});
+                  }),
+                  {"stack", "tensor 1", "[2, 4]", "[2, 3]"});
+  expect_contains(error_of([&] { galley::cat({}); }), {"cat", "at least one"});
+  expect_contains(error_of([&] { galley::cat({galley::zeros({})}); }), {"cat", "scalar"});
+}
+
+TEST(TensorOps, DataMovementKeepsInt64Exact) {
+  Tensor big = Tensor::from_vector(std::vector<int64_t>{int64_t(1) << 53 | 1, -7}, {2});
+  EXPECT_EQ(galley::stack({big, big}, 1).to_vector<int64_t>(),
+            (std::vector<int64_t>{(int64_t(1) << 53) | 1, (int64_t(1) << 53) | 1, -7, -7}));
+  EXPECT_EQ(galley::cat({big, big.narrow(0, 1, 1)}).dtype(), DType::Int64);
+}
+
+TEST(TensorOps, CatStackAndPermuteGradients) {
+  Tensor a = fvec({1, 2, 3, 4}, {2, 2}).set_requires_grad(true);
+  Tensor b = fvec({5, 6}, {2, 1}).set_requires_grad(true);
+  Tensor g = fvec({1, 2, 3, 4, 5, 6}, {2, 3});
+  galley::cat({a, b}, 1).backward(g);
+  EXPECT_EQ(a.grad().to_vector(), (std::vector<float>{1, 2, 4, 5}));
+  EXPECT_EQ(b.grad().to_vector(), (std::vector<float>{3, 6}));
+  Tensor s = fvec({1, 2}, {2}).set_requires_grad(true);
+  galley::stack({s, s}, 1).backward(fvec({1, 2, 3, 4}, {2, 2}));
+  EXPECT_EQ(s.grad().to_vector(), (std::vector<float>{3, 7}));  // both uses summed
+  Tensor x = iota({2, 3, 4}).to(DType::Float32).detach().set_requires_grad(true);
+  Tensor y = galley::permute(x, {2, 0, 1});
+  EXPECT_EQ(y.grad_fn_name(), "permute");
+  y.backward(y.detach().contiguous());  // the gradient is y's values: x's, permuted back
+  EXPECT_TRUE(x.grad().is_contiguous());
+  EXPECT_EQ(x.grad().to_vector(), x.detach().to_vector());
+}
+
+TEST(TensorOps, AddInPlaceWritesWithoutACopyAndRecordsTheSum) {
+  // A residual sum: an op's fresh output, summed into in place, then used.
+  Tensor w = fvec({1, 2, 3, 4}, {2, 2}).set_requires_grad(true);
+  Tensor r = fvec({1, 1, 1, 1}, {2, 2}).set_requires_grad(true);
+  Tensor h = w * 3.f;
+  const void* before = h.raw_data();
+  h.add_(r);
+  EXPECT_EQ(h.raw_data(), before) << "add_ writes into the tensor's own buffer";
+  EXPECT_EQ(h.grad_fn_name(), "add_");
+  EXPECT_EQ(h.to_vector(), (std::vector<float>{4, 7, 10, 13}));
+  galley::sum(h * h).backward();
+  EXPECT_EQ(w.grad().to_vector(), (std::vector<float>{24, 42, 60, 78}));  // 2h * 3
+  EXPECT_EQ(r.grad().to_vector(), (std::vector<float>{8, 14, 20, 26}));   // 2h
+  // Broadcast: the gradient of the small side is summed.
+  Tensor b = fvec({1, 2}, {2}).set_requires_grad(true);
+  Tensor t = w * 1.f;
+  galley::add_(t, b);
+  EXPECT_EQ(t.to_vector(), (std::vector<float>{2, 4, 4, 6}));
+  galley::sum(t).backward();
+  EXPECT_EQ(b.grad().to_vector(), (std::vector<float>{2, 2}));
+  expect_contains(error_of([&] {
+                    Tensor u = b * 1.f;
+                    u.add_(w);
+                  }),
+                  {"add_", "[2, 2]", "does not broadcast", "[2]"});
+}
+
+TEST(TensorOps, AddInPlaceRefusesWritesAutogradCannotTrack) {
+  Tensor w = fvec({1, 2}, {2}).set_requires_grad(true);
+  expect_contains(error_of([&] { w.add_(w); }), {"add_", "leaf", "requires a gradient", "[2]"});
+  {
+    galley::NoGradGuard no_grad;  // an optimizer-style update is fine
+    w.add_(fvec({1, 1}, {2}));
+  }
+  EXPECT_EQ(w.to_vector(), (std::vector<float>{2, 3}));
+  // Data kept for a backward (mul keeps its inputs), another reader of the tensor, a view.
+  Tensor h = w * 1.f;
+  Tensor kept = h * w;
+  expect_contains(error_of([&] { h.add_(w); }),
+                  {"add_", "referred to from elsewhere", "add(a, b)"});
+  Tensor h2 = w * 1.f;
+  Tensor view = h2.narrow(0, 0, 1);
+  expect_contains(error_of([&] { h2.add_(w); }), {"add_", "referred to from elsewhere"});
+  expect_contains(error_of([&] {
+                    Tensor v = (w * 1.f).narrow(0, 0, 1);
+                    v.add_(w.narrow(0, 0, 1));
+                  }),
+                  {"add_"});
+  expect_contains(error_of([&] {
+                    Tensor u = w * 1.f;
+                    u.add_(w.to(DType::Float16));
+                  }),
+                  {"add_", "float32", "float16"});
+  EXPECT_EQ(h.to_vector(), (std::vector<float>{2, 3})) << "a refused write changes nothing";
+}
+
+TEST(TensorOps, AddInPlaceIntoViewsAndOverlaps) {
+  // Outside autograd a write into a view shows in its base.
+  Tensor x = fvec({0, 1, 2, 3, 4, 5}, {2, 3});
+  x.transpose(0, 1).narrow(0, 1, 2).add_(fvec({10, 20}, {2}));
+  EXPECT_EQ(x.to_vector(), (std::vector<float>{0, 11, 12, 3, 24, 25}));
+  Tensor y = fvec({1, 2, 3, 4}, {4});
+  y.add_(y);
+  EXPECT_EQ(y.to_vector(), (std::vector<float>{2, 4, 6, 8}));
+  // b overlapping a: b is read as it was before the write.
+  Tensor z = fvec({1, 2, 3, 4}, {4});
+  z.narrow(0, 1, 3).add_(z.narrow(0, 0, 3));
+  EXPECT_EQ(z.to_vector(), (std::vector<float>{1, 3, 5, 7}));
+  // Every floating dtype.
+  for (DType d : {DType::BFloat16, DType::Float16}) {
+    Tensor u = fvec({1, 2, 3}, {3}).to(d);
+    u.add_(fvec({0.5f, 0.25f, 1}, {3}).to(d));
+    EXPECT_EQ(u.dtype(), d);
+    EXPECT_EQ(u.to(DType::Float32).to_vector(), (std::vector<float>{1.5f, 2.25f, 4}));
+  }
+}
+
+TEST(TensorOps, ViewsAndContiguousOnTheGpuMatchTheCpu) {
+  REQUIRE_GPU();
+  const galley::Device dev = galley::Device::cuda(0);
+  Tensor x = iota({3, 4, 5});
+  for (DType d : {DType::Int64, DType::Float32, DType::BFloat16, DType::Float16}) {
+    Tensor xc = d == DType::Int64 ? x : x.to(DType::Float32).to(d);
+    Tensor xg = xc.to(dev);
+    auto build = [](const Tensor& t) {
+      return galley::cat({t.permute({2, 0, 1}).narrow(1, 1, 2).narrow(2, 0, 3),
+                          t.transpose(0, 2).select(1, 3).reshape({5, 1, 3})},
+                         1);
+    };
+    Tensor want = build(xc);
+    Tensor got = build(xg);
+    EXPECT_EQ(got.device(), dev);
+    EXPECT_EQ(got.dtype(), d);
+    Tensor back = got.to(galley::Device::cpu());
+    if (d == DType::Int64)
+      EXPECT_EQ(back.to_vector<int64_t>(), want.to_vector<int64_t>());
+    else
+      EXPECT_EQ(back.to(DType::Float32).to_vector(), want.to(DType::Float32).to_vector());
+  }
+}
+
 }  // namespace

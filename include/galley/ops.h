@@ -3,6 +3,7 @@
 /// to a CPU or CUDA kernel, and records itself for autograd.
 #include <cstdint>
 #include <optional>
+#include <vector>
 
 #include "galley/tensor.h"
 
@@ -131,6 +132,56 @@ struct CrossEntropyOptions {
 /// Softmax cross-entropy of logits [N, C] against int64 class labels [N], fused.
 Tensor cross_entropy(const Tensor& logits, const Tensor& labels,
                      const CrossEntropyOptions& options = {});
+
+// Joining, slicing and views. These ops move data without computing on it: they take every
+// dtype (float32, bfloat16, float16, int64, uint8) on the CPU and CUDA, return their input's dtype,
+// and record gradients of floating inputs. A view shares its input's storage (writing one shows
+// in the other) and has its own shape, strides and offset; contiguous() makes a dense copy.
+
+/// Joins tensors of one dtype and device along `dim` (negative counts from the end); they must
+/// match in every other dimension (the error names the tensor's index and both shapes).
+/// Backward hands each input its slab of the gradient. PyTorch's torch.cat, without its dtype
+/// promotion: mixing dtypes is an error naming both.
+Tensor cat(const std::vector<Tensor>& tensors, int64_t dim = 0);
+/// Joins tensors of one shape along a new dimension `dim` (in [-rank - 1, rank]): the result has
+/// shape [.., tensors.size(), ..]. Backward hands each input its index of the gradient.
+/// PyTorch's torch.stack.
+Tensor stack(const std::vector<Tensor>& tensors, int64_t dim = 0);
+/// Views of consecutive pieces of `dim`, `split_size` long each (the last one shorter); a
+/// dimension of size 0 gives one empty piece. PyTorch's torch.split with an int.
+std::vector<Tensor> split(const Tensor& x, int64_t split_size, int64_t dim = 0);
+/// Views of consecutive pieces of `dim` of the given sizes, which must add up to its size; a size
+/// of 0 gives an empty piece. PyTorch's torch.split with a list.
+std::vector<Tensor> split(const Tensor& x, const std::vector<int64_t>& split_sizes,
+                          int64_t dim = 0);
+/// A view of x's elements start..start + length - 1 along `dim` (start may be negative). Its
+/// backward writes the gradient into that slice of zeros. PyTorch's torch.narrow.
+Tensor narrow(const Tensor& x, int64_t dim, int64_t start, int64_t length);
+/// A view of index `index` (negative counts from the end) of `dim`, without that dimension: x[i]
+/// for dim 0. PyTorch's torch.select.
+Tensor select(const Tensor& x, int64_t dim, int64_t index);
+/// A view with dimensions dim0 and dim1 swapped (strides swapped, no copy). Backward swaps the
+/// gradient back. PyTorch's torch.transpose.
+Tensor transpose(const Tensor& x, int64_t dim0, int64_t dim1);
+/// A view with the dimensions reordered: dimension i of the result is dimension dims[i] of x
+/// (strides permuted, no copy). Backward applies the inverse order. PyTorch's torch.permute.
+Tensor permute(const Tensor& x, const std::vector<int64_t>& dims);
+
+/// a += b in place, with b broadcast to a's shape (a does not grow); one floating dtype, one
+/// device. Returns a handle to `a`. Residual blocks use it to sum into a branch's output without
+/// a new tensor: `out.add_(identity)`.
+///
+/// Autograd: when a or b requires a gradient (and no NoGradGuard is alive), the add is recorded
+/// and `a` becomes its output (its previous history moves onto the recorded node), as in PyTorch.
+/// The engine keeps no version counters, so instead of detecting a stale saved tensor at
+/// backward, add_ refuses, with an error, the writes that could make one:
+/// - `a` is a leaf that requires a gradient (a parameter: the same error as PyTorch's);
+/// - anything but the caller's one handle refers to `a` or its data: another handle, an op that
+///   took `a` as input (its graph would see the new history), a view of `a` or `a` itself a view,
+///   or a copy an op kept for its backward (which would silently change that gradient).
+/// An op's fresh output held by one variable (the residual case) passes. Writes not recorded are
+/// not checked: changing data that a recorded op kept for its backward changes that backward.
+Tensor add_(const Tensor& a, const Tensor& b);
 
 /// Threads the CPU kernels may use (default: GALLEY_NUM_THREADS, else the cores of the process's
 /// affinity mask, capped by a cgroup CPU quota).

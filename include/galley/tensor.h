@@ -187,8 +187,18 @@ class Tensor {
   Tensor view(const Shape& shape) const;
   /// Merges dimensions start..end (inclusive, negative from the end) into one.
   Tensor flatten(int64_t start_axis = 0, int64_t end_axis = -1) const;
-  /// This tensor if contiguous, else a dense copy.
+  /// This tensor if contiguous, else a dense copy (any strides, any dtype, on the tensor's device).
   Tensor contiguous() const;
+  /// galley::narrow(*this, dim, start, length): a view of a slice of one dimension.
+  Tensor narrow(int64_t dim, int64_t start, int64_t length) const;
+  /// galley::select(*this, dim, index): a view of one index of `dim`, without that dimension.
+  Tensor select(int64_t dim, int64_t index) const;
+  /// galley::transpose(*this, dim0, dim1): a view with two dimensions swapped.
+  Tensor transpose(int64_t dim0, int64_t dim1) const;
+  /// galley::permute(*this, dims): a view with the dimensions reordered.
+  Tensor permute(const std::vector<int64_t>& dims) const;
+  /// galley::add_(*this, other): adds `other` (broadcast) into this tensor in place. Returns *this.
+  Tensor& add_(const Tensor& other);
   /// A deep copy (recorded by autograd).
   Tensor clone() const;
   /// Same data, cut from the graph.
