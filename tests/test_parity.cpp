@@ -120,6 +120,8 @@ constexpr Tol kOpTol{1e-5, 1e-5, true};
 constexpr Tol kLossTol{0.0, 1e-4, false};
 constexpr Tol kCnnParamTol{1e-4, 0.0, false};
 constexpr Tol kLrTol{0.0, 1e-6, false};
+/// Ops that only move data (and multiply by small integers): bit for bit.
+constexpr Tol kExact{0.0, 0.0, false};
 
 std::string index_str(int64_t flat, const Shape& shape) {
   std::vector<int64_t> idx(shape.size());
@@ -166,7 +168,7 @@ std::string index_str(int64_t flat, const Shape& shape) {
     const double ai = a[i], bi = b[i];
     const double limit = tol.atol + tol.rtol * (tol.normwise ? max_abs : std::fabs(bi));
     const double err = std::fabs(ai - bi);
-    const double ratio = std::isnan(err) ? INFINITY : err / limit;
+    const double ratio = err == 0.0 ? 0.0 : std::isnan(err) ? INFINITY : err / limit;  // 0/0: equal
     if (!(ratio <= 1.0)) ++bad;
     if (worst < 0 || ratio > worst_ratio || std::isnan(ai)) {
       worst = static_cast<int64_t>(i);
@@ -224,19 +226,20 @@ class Case {
 
 /// Runs `fn` on every case of `op`'s file and checks the output, then back-propagates
 /// grad_out and checks the gradient of every float input.
-void check_op(const Refs& refs, const std::string& op, const std::function<Tensor(Case&)>& fn) {
+void check_op(const Refs& refs, const std::string& op, const std::function<Tensor(Case&)>& fn,
+              Tol tol = kOpTol) {
   const auto names = case_names(refs);
   ASSERT_FALSE(names.empty()) << op << ": the reference file holds no case";
   for (const auto& name : names) {
     Case c(refs, op, name);
     try {
       Tensor out = fn(c);
-      EXPECT_TRUE(close(c.what("out"), out, c.ref("out"), kOpTol));
+      EXPECT_TRUE(close(c.what("out"), out, c.ref("out"), tol));
       if (!c.has("grad_out")) continue;  // integer output: no gradient
       out.backward(c.ref("grad_out"));
       for (const auto& [role, input] : c.inputs()) {
         if (!c.has("grad_" + role)) continue;
-        EXPECT_TRUE(close(c.what("grad_" + role), input.grad(), c.ref("grad_" + role), kOpTol));
+        EXPECT_TRUE(close(c.what("grad_" + role), input.grad(), c.ref("grad_" + role), tol));
       }
     } catch (const std::exception& e) {
       ADD_FAILURE() << op << "/" << name << ": " << e.what();
@@ -396,6 +399,55 @@ TEST(parity, Argmax) {
   LOAD_REFS(refs, "argmax");
   check_op(refs, "argmax",
            [](Case& c) { return galley::argmax(c.in("x"), c.i("dim"), c.i("keepdim") != 0); });
+}
+
+/// The inputs t0, t1, ... of a cat or stack case.
+std::vector<Tensor> numbered_inputs(Case& c) {
+  std::vector<Tensor> ts;
+  for (int k = 0; c.has("t" + std::to_string(k)); ++k) ts.push_back(c.in("t" + std::to_string(k)));
+  return ts;
+}
+
+TEST(parity, Cat) {
+  LOAD_REFS(refs, "cat");
+  check_op(
+      refs, "cat", [](Case& c) { return galley::cat(numbered_inputs(c), c.i("dim")); }, kExact);
+}
+
+TEST(parity, Stack) {
+  LOAD_REFS(refs, "stack");
+  check_op(
+      refs, "stack", [](Case& c) { return galley::stack(numbered_inputs(c), c.i("dim")); }, kExact);
+}
+
+TEST(parity, Split) {
+  LOAD_REFS(refs, "split");
+  // As make_reference.py's split_rejoined: piece k times k + 1, joined in reverse order.
+  check_op(
+      refs, "split",
+      [](Case& c) {
+        Tensor x = c.in("x");
+        const int64_t dim = c.i("dim");
+        std::vector<Tensor> parts = c.has("sizes")
+                                        ? galley::split(x, c.ref("sizes").to_vector<int64_t>(), dim)
+                                        : galley::split(x, c.i("split_size"), dim);
+        std::vector<Tensor> scaled;
+        for (size_t k = parts.size(); k-- > 0;) scaled.push_back(parts[k] * float(k + 1));
+        return galley::cat(scaled, dim);
+      },
+      kExact);
+}
+
+TEST(parity, PermuteContiguous) {
+  LOAD_REFS(refs, "permute");
+  check_op(
+      refs, "permute",
+      [](Case& c) {
+        Tensor p = galley::permute(c.in("x"), c.ref("dims").to_vector<int64_t>());
+        EXPECT_FALSE(p.is_contiguous()) << c.name();
+        return p.contiguous();
+      },
+      kExact);
 }
 
 // ----------------------------------------------------------------------------- training

@@ -318,6 +318,45 @@ def build_argmax(c):
               {"dim": i64(dim), "keepdim": i64(int(keep))})
 
 
+def build_cat(c):
+    for case, shapes, dim in [("dim0", [[2, 3], [4, 3]], 0),
+                              ("dim1_three", [[2, 1, 4], [2, 3, 4], [2, 2, 4]], 1),
+                              ("dim_last", [[3, 2], [3, 5]], -1)]:
+        inputs = {f"t{k}": torch.randn(s) for k, s in enumerate(shapes)}
+        c.run(case, lambda **t: torch.cat([t[f"t{k}"] for k in range(len(t))], dim), inputs,
+              {"dim": i64(dim)})
+
+
+def build_stack(c):
+    for case, shape, n, dim in [("dim0", [3, 4], 2, 0), ("dim_last", [2, 3], 3, -1),
+                                ("middle", [2, 3, 4], 2, 1)]:
+        inputs = {f"t{k}": torch.randn(shape) for k in range(n)}
+        c.run(case, lambda **t: torch.stack([t[f"t{k}"] for k in range(len(t))], dim), inputs,
+              {"dim": i64(dim)})
+
+
+def split_rejoined(x, split, dim):
+    """The pieces of torch.split, piece k times k + 1, joined again in reverse order: the
+    output shows every piece and the gradient reaches every one (both exactly)."""
+    parts = torch.split(x, split, dim)
+    return torch.cat([p * (k + 1) for k, p in enumerate(parts)][::-1], dim)
+
+
+def build_split(c):
+    for case, xs, split, dim in [("size", [4, 6], 2, 1), ("size_uneven", [2, 7], 3, -1),
+                                 ("sizes", [5, 3], [1, 0, 4], 0), ("sizes_dim1", [2, 6, 2], [4, 2], 1)]:
+        setting = {"sizes": i64(split)} if isinstance(split, list) else {"split_size": i64(split)}
+        setting["dim"] = i64(dim)
+        c.run(case, lambda x: split_rejoined(x, split, dim), {"x": torch.randn(xs)}, setting)
+
+
+def build_permute(c):
+    for case, xs, dims in [("2d", [3, 5], [1, 0]), ("3d", [2, 3, 4], [2, 0, 1]),
+                           ("4d", [2, 3, 4, 5], [3, 1, 0, 2]), ("negative", [2, 3, 4], [-1, 0, -2])]:
+        c.run(case, lambda x: x.permute(dims).contiguous(), {"x": torch.randn(xs)},
+              {"dims": i64(dims)})
+
+
 OPS = {
     "add": binary_op(torch.add),
     "sub": binary_op(torch.sub),
@@ -340,6 +379,10 @@ OPS = {
     "log_softmax": softmax_op(torch.log_softmax),
     "cross_entropy": build_cross_entropy,
     "argmax": build_argmax,
+    "cat": build_cat,
+    "stack": build_stack,
+    "split": build_split,
+    "permute": build_permute,
 }
 
 
