@@ -23,9 +23,6 @@ namespace galley::kernels::cpu {
 namespace {
 
 constexpr int64_t kBlockElems = 1 << 14;
-// Float lanes of the sums inside one staged block (kStageBlock elements, so at most
-// kStageBlock / kLanes terms a lane before the block's sum goes into double).
-constexpr int kLanes = 16;
 
 // Up to kStageBlock elements of T as float32: the data itself for float, else a widened copy.
 template <typename T>
@@ -56,25 +53,18 @@ struct Output {
   }
 };
 
-// s += sum of u(j), q += sum of u(j) * v(j) for j < m (m <= kStageBlock): float lanes, then
-// double. The order depends on m alone.
-template <typename U, typename V>
-inline void add_sums(int64_t m, U u, V v, double& s, double& q) {
-  float ls[kLanes] = {}, lq[kLanes] = {};
-  int64_t j = 0;
-  for (; j + kLanes <= m; j += kLanes)
-    for (int l = 0; l < kLanes; ++l) {
-      const float a = u(j + l);
-      ls[l] += a;
-      lq[l] += a * v(j + l);
-    }
-  for (int l = 0; j < m; ++j, ++l) {
-    const float a = u(j);
-    ls[l] += a;
-    lq[l] += a * v(j);
-  }
+// s += sum of u_j and q += sum of u_j (b_j - sb) with u_j = a_j - sa, for j < m
+// (m <= kStageBlock): in float32 vector lanes (a fixed order for a given m and build), then in
+// double.
+inline void add_sums(int64_t m, const float* a, float sa, const float* b, float sb, double& s,
+                     double& q) {
   float fs = 0.f, fq = 0.f;
-  for (int l = 0; l < kLanes; ++l) fs += ls[l], fq += lq[l];
+#pragma omp simd reduction(+ : fs, fq)
+  for (int64_t j = 0; j < m; ++j) {
+    const float u = a[j] - sa;
+    fs += u;
+    fq += u * (b[j] - sb);
+  }
   s += fs;
   q += fq;
 }
@@ -148,8 +138,7 @@ void stats(const T* x, BatchNormGeometry g, BatchNormRunning running, float* mea
           for (int64_t i = 0; i < inner; i += kStageBlock) {
             const int64_t m = std::min(kStageBlock, inner - i);
             const float* f = sx.load(p + i, m);
-            auto d = [&](int64_t j) { return f[j] - sh; };
-            add_sums(m, d, d, s, q);
+            add_sums(m, f, sh, f, sh, s, q);
           }
         }
       },
@@ -273,8 +262,7 @@ void backward(const T* gy, const T* x, const T* y, BatchNormGeometry g, BatchNor
               const int64_t m = std::min(kStageBlock, inner - i);
               const float* fg = sg.load(gy + base + i, y ? y + base + i : nullptr, m, masked);
               const float* fx = sx.load(x + base + i, m);
-              add_sums(
-                  m, [&](int64_t j) { return fg[j]; }, [&](int64_t j) { return fx[j] - mc; }, s, q);
+              add_sums(m, fg, 0.f, fx, mc, s, q);
             }
           }
         },
