@@ -124,6 +124,20 @@ Build pool(galley::MaxPool2dOptions o) {
 Build cross_entropy(galley::CrossEntropyOptions o) {
   return [o](const std::vector<Tensor>& v) { return galley::cross_entropy(v[0], v[1], o); };
 }
+// batch_norm on v = {x[, weight, bias]}, with fresh running statistics on x's device at each
+// call (float32 [C]): zeros and ones when `training` (they are updated), fixed values otherwise.
+Build batch_norm(galley::BatchNormOptions o, bool running = true) {
+  return [o, running](const std::vector<Tensor>& v) {
+    const int64_t C = v[0].size(1);
+    std::vector<float> mean(C), var(C);
+    for (int64_t c = 0; c < C; ++c)
+      mean[c] = 0.2f * float(c) - 0.3f, var[c] = 0.5f + 0.25f * float(c);
+    Tensor rm = running ? Tensor::from_vector(mean, {C}).to(v[0].device()) : Tensor();
+    Tensor rv = running ? Tensor::from_vector(var, {C}).to(v[0].device()) : Tensor();
+    return galley::batch_norm(v[0], rm, rv, v.size() > 1 ? v[1] : Tensor(),
+                              v.size() > 2 ? v[2] : Tensor(), o);
+  };
+}
 
 using V = const std::vector<Tensor>&;
 const std::vector<int64_t> kLabels = {0, 3, 1, 4, 2, 3};
@@ -220,6 +234,16 @@ const std::vector<OpCase> kOps = {
     {"add_inplace",          [](V v) { Tensor t = v[0] * 1.f; t.add_(v[1]); return t; }, {normal({3, 4}), normal({3, 4})}, kAllFloat},
     {"add_inplace_broadcast", [](V v) { Tensor t = v[0] * 2.f; galley::add_(t, v[1]); return t; }, {normal({2, 3, 4}), normal({3, 1})}, kAllFloat},
     {"add_inplace_residual", [](V v) { Tensor h = galley::matmul(v[0], v[1]); h.add_(v[2]); h.add_(v[2]); return h * h; }, {normal({3, 5}), normal({5, 4}), normal({3, 4})}, kAllFloat},
+    // batch_norm: batch statistics (training), running statistics (eval), no affine, none kept
+    {"batch_norm_train_2d",  batch_norm({.training = true}), {normal({4, 3, 5, 5}), normal({3}), normal({3})}, kAllFloat},
+    {"batch_norm_train_1d",  batch_norm({.training = true}), {normal({6, 4}), normal({4}), normal({4})}, kAllFloat},
+    {"batch_norm_train_3d",  batch_norm({.training = true}), {normal({3, 4, 7}), normal({4}), normal({4})}, kAllFloat},
+    {"batch_norm_eval_2d",   batch_norm({}), {normal({4, 3, 5, 5}), normal({3}), normal({3})}, kAllFloat},
+    {"batch_norm_eval_1d",   batch_norm({}), {normal({6, 4}), normal({4}), normal({4})}, kAllFloat},
+    {"batch_norm_no_affine", batch_norm({.training = true}), {normal({4, 3, 2, 3})}, kAllFloat},
+    {"batch_norm_no_running", batch_norm({}, false), {normal({5, 3, 4}), normal({3}), normal({3})}, kAllFloat},
+    // a small weight and |bias| >= 0.1 keep the output clear of relu's kink
+    {"batch_norm_relu",      batch_norm({.training = true, .relu = true}), {normal({4, 3, 3, 3}), normal({3}, 0.02f), kinkless({3})}, kAllFloat},
 };
 // clang-format on
 

@@ -269,6 +269,45 @@ TEST(DataParallel, EveryReplicaTakesReplicaZerosBuffersAtEachForward) {
   }
 }
 
+namespace {
+class BatchNormNet : public nn::Layer {
+ public:
+  BatchNormNet() { register_layer("bn", bn_); }
+  Tensor forward(const Tensor& x) override { return bn_(x); }
+  nn::BatchNorm2D bn_{3};
+};
+}  // namespace
+
+// As PyTorch DDP: each replica updates the running statistics from its own part of the batch,
+// and every forward starts from replica 0's, so replica 0's running statistics are those of a
+// single layer fed replica 0's parts, and the replicas agree at every forward.
+TEST(DataParallel, BatchNormRunningStatisticsFollowReplicaZero) {
+  galley::DataParallel<BatchNormNet> model(cpus(2));
+  BatchNormNet single;
+  for (int step = 0; step < 3; ++step) {
+    galley::Generator gen(50 + step);
+    Tensor first = galley::randn({2, 3, 2, 2}, gen) + float(step);
+    Tensor second = galley::randn({2, 3, 2, 2}, gen) * 3.f - 2.f;
+    std::vector<float> both = first.to_vector(), rest = second.to_vector();
+    both.insert(both.end(), rest.begin(), rest.end());
+    Tensor x = Tensor::from_vector(both, {4, 3, 2, 2});
+    galley::sum(galley::mul(model(x), x)).backward();
+    single(first);
+    EXPECT_NE(model.module(0).bn_.running_mean().to_vector(),
+              model.module(1).bn_.running_mean().to_vector())
+        << "each replica updates from its own part";
+  }
+  model.eval();
+  model(galley::zeros({4, 3, 2, 2}));  // takes replica 0's buffers everywhere
+  for (size_t r = 0; r < 2; ++r) {
+    SCOPED_TRACE(r);
+    auto& bn = model.module(r).bn_;
+    EXPECT_EQ(bn.running_mean().to_vector(), single.bn_.running_mean().to_vector());
+    EXPECT_EQ(bn.running_var().to_vector(), single.bn_.running_var().to_vector());
+    EXPECT_EQ(bn.num_batches_tracked().to_vector<int64_t>(), std::vector<int64_t>{3});
+  }
+}
+
 TEST(ThreadCommunicator, AllReduceBroadcastAllGather) {
   const int n = 3;
   auto comms = galley::parallel::make_thread_communicators(n);

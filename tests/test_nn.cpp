@@ -2,14 +2,17 @@
 // and the errors that name the layer and the shapes at fault.
 #include <gtest/gtest.h>
 
+#include "gradcheck.h"
 #include "test_util.h"
 
 #include <galley/galley.h>
 
 #include <cmath>
+#include <cstdio>
 #include <initializer_list>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -623,4 +626,250 @@ TEST(LayerErrors, WithMessageKeepsTheDynamicType) {
   } catch (const galley::OutOfMemoryError& e) {
     EXPECT_STREQ(e.what(), "context: out of memory");
   }
+}
+
+// ---------------------------------------------------------------------------------------------
+// BatchNorm
+
+namespace {
+
+// Per-channel mean and biased variance of x [N, C, *] computed in double.
+struct ChannelStats {
+  std::vector<double> mean, var;
+  int64_t count = 0;
+};
+ChannelStats channel_stats(const Tensor& x) {
+  const int64_t n = x.size(0), c = x.size(1), inner = x.numel() / (n * c);
+  const std::vector<float> v = x.to_vector();
+  ChannelStats s{std::vector<double>(c), std::vector<double>(c), n * inner};
+  for (int64_t k = 0; k < c; ++k) {
+    double sum = 0, sq = 0;
+    for (int64_t i = 0; i < n; ++i)
+      for (int64_t j = 0; j < inner; ++j) sum += v[(i * c + k) * inner + j];
+    s.mean[k] = sum / double(s.count);
+    for (int64_t i = 0; i < n; ++i)
+      for (int64_t j = 0; j < inner; ++j) {
+        const double d = v[(i * c + k) * inner + j] - s.mean[k];
+        sq += d * d;
+      }
+    s.var[k] = sq / double(s.count);
+  }
+  return s;
+}
+
+void expect_all_near(const Tensor& got, const std::vector<double>& want, double tol,
+                     const std::string& what) {
+  const std::vector<float> g = got.to(galley::DType::Float32).to_vector();
+  ASSERT_EQ(g.size(), want.size()) << what;
+  for (size_t i = 0; i < g.size(); ++i)
+    EXPECT_NEAR(g[i], want[i], tol * (1 + std::fabs(want[i]))) << what << " [" << i << "]";
+}
+
+}  // namespace
+
+TEST(BatchNorm, RunningStatisticsAfterThreeTrainingStepsAndEvalUsesThem) {
+  nn::BatchNorm2D bn(3);
+  bn.weight().copy_(fvec({1.5f, -0.5f, 2.f}, {3}));
+  bn.bias().copy_(fvec({0.1f, 0.2f, -0.3f}, {3}));
+  std::vector<double> rm(3, 0.0), rv(3, 1.0);
+  for (int step = 0; step < 3; ++step) {
+    Tensor x = testutil::rnd({4, 3, 2, 5}, 10 + step, 1.f + step) + float(step) - 1.f;
+    Tensor y = bn(x);
+    const ChannelStats s = channel_stats(x);
+    std::vector<double> want(size_t(x.numel()));
+    const std::vector<float> xv = x.to_vector(), w = bn.weight().to_vector(),
+                             b = bn.bias().to_vector();
+    for (int64_t i = 0; i < x.numel(); ++i) {
+      const int64_t c = (i / 10) % 3;
+      want[i] = (xv[i] - s.mean[c]) / std::sqrt(s.var[c] + 1e-5) * w[c] + b[c];
+    }
+    expect_all_near(y, want, 1e-5, "training output");
+    for (int c = 0; c < 3; ++c) {
+      rm[c] = 0.9 * rm[c] + 0.1 * s.mean[c];
+      rv[c] = 0.9 * rv[c] + 0.1 * s.var[c] * double(s.count) / double(s.count - 1);
+    }
+  }
+  expect_all_near(bn.running_mean(), rm, 1e-6, "running_mean");
+  expect_all_near(bn.running_var(), rv, 1e-6, "running_var");
+  EXPECT_EQ(bn.num_batches_tracked().to_vector<int64_t>(), std::vector<int64_t>{3});
+  EXPECT_EQ(bn.num_batches_tracked().dim(), 0);
+
+  bn.eval();
+  Tensor x = testutil::rnd({2, 3, 2, 5}, 99);
+  Tensor y = bn(x);
+  const std::vector<float> xv = x.to_vector(), w = bn.weight().to_vector(),
+                           b = bn.bias().to_vector();
+  std::vector<double> want(size_t(x.numel()));
+  for (int64_t i = 0; i < x.numel(); ++i) {
+    const int64_t c = (i / 10) % 3;
+    want[i] = (xv[i] - rm[c]) / std::sqrt(rv[c] + 1e-5) * w[c] + b[c];
+  }
+  expect_all_near(y, want, 1e-5, "eval output");
+  // Eval leaves the state alone.
+  expect_all_near(bn.running_mean(), rm, 1e-6, "running_mean after eval");
+  EXPECT_EQ(bn.num_batches_tracked().to_vector<int64_t>(), std::vector<int64_t>{3});
+}
+
+TEST(BatchNorm, MomentumNoneIsTheCumulativeAverage) {
+  nn::BatchNorm1D bn(4, {.momentum = std::nullopt});
+  std::vector<double> mean_sum(4, 0.0), var_sum(4, 0.0);
+  for (int step = 0; step < 3; ++step) {
+    Tensor x = testutil::rnd({6, 4}, 20 + step, 1.f + step);
+    bn(x);
+    const ChannelStats s = channel_stats(x);
+    for (int c = 0; c < 4; ++c) {
+      mean_sum[c] += s.mean[c];
+      var_sum[c] += s.var[c] * 6.0 / 5.0;
+    }
+  }
+  for (int c = 0; c < 4; ++c) mean_sum[c] /= 3, var_sum[c] /= 3;
+  expect_all_near(bn.running_mean(), mean_sum, 1e-6, "running_mean");
+  expect_all_near(bn.running_var(), var_sum, 1e-6, "running_var");
+  expect_contains(bn.repr(), {"BatchNorm1D(4", "momentum=None"});
+}
+
+TEST(BatchNorm, StateDictKeysArePyTorchs) {
+  auto keys = [](const nn::Layer& l) {
+    std::vector<std::string> k;
+    for (auto& [name, t] : l.state_dict()) k.push_back(name);
+    return k;
+  };
+  nn::BatchNorm2D bn(5);
+  EXPECT_EQ(keys(bn), (std::vector<std::string>{"bias", "num_batches_tracked", "running_mean",
+                                                "running_var", "weight"}));
+  EXPECT_EQ(bn.named_parameters().size(), 2u);
+  EXPECT_EQ(bn.named_buffers().size(), 3u);
+  EXPECT_EQ(bn.state_dict().at("num_batches_tracked").dtype(), galley::DType::Int64);
+  EXPECT_EQ(bn.weight().to_vector(), std::vector<float>(5, 1.f));
+  EXPECT_EQ(bn.bias().to_vector(), std::vector<float>(5, 0.f));
+  EXPECT_EQ(bn.running_var().to_vector(), std::vector<float>(5, 1.f));
+  nn::BatchNorm1D no_affine(3, {.affine = false});
+  EXPECT_EQ(keys(no_affine),
+            (std::vector<std::string>{"num_batches_tracked", "running_mean", "running_var"}));
+  nn::BatchNorm1D no_stats(3, {.track_running_stats = false});
+  EXPECT_EQ(keys(no_stats), (std::vector<std::string>{"bias", "weight"}));
+  // Without running statistics both modes normalise with the batch's.
+  Tensor x = testutil::rnd({8, 3}, 5);
+  Tensor train_out = no_stats(x);
+  no_stats.eval();
+  EXPECT_EQ(no_stats(x).to_vector(), train_out.to_vector());
+}
+
+TEST(BatchNorm, ToBFloat16KeepsTheRunningStatisticsFloat32) {
+  nn::BatchNorm2D bn(3);
+  Tensor handle = bn.running_mean();
+  bn.to(galley::DType::BFloat16);
+  EXPECT_EQ(bn.weight().dtype(), galley::DType::BFloat16);
+  EXPECT_EQ(bn.bias().dtype(), galley::DType::BFloat16);
+  EXPECT_EQ(bn.running_mean().dtype(), galley::DType::Float32);
+  EXPECT_EQ(bn.running_var().dtype(), galley::DType::Float32);
+  EXPECT_EQ(bn.num_batches_tracked().dtype(), galley::DType::Int64);
+  Tensor x = testutil::rnd({4, 3, 3, 3}, 7) + 2.f;
+  Tensor y = bn(x.to(galley::DType::BFloat16));
+  EXPECT_EQ(y.dtype(), galley::DType::BFloat16);
+  // The update reads the bfloat16 input widened: the statistics of the rounded values.
+  const ChannelStats s = channel_stats(x.to(galley::DType::BFloat16).to(galley::DType::Float32));
+  std::vector<double> rm(3);
+  for (int c = 0; c < 3; ++c) rm[c] = 0.1 * s.mean[c];
+  expect_all_near(handle, rm, 1e-6, "running_mean through the original handle");
+  // Float32 master weights serve a bfloat16 input as well, and get float32 gradients.
+  nn::BatchNorm2D master(3);
+  Tensor xb = x.to(galley::DType::BFloat16);
+  xb.set_requires_grad(true);
+  galley::sum(galley::mul(master(xb), xb)).backward();
+  EXPECT_EQ(master.weight().grad().dtype(), galley::DType::Float32);
+  EXPECT_EQ(xb.grad().dtype(), galley::DType::BFloat16);
+}
+
+TEST(BatchNorm, StateDictAndSafetensorsRoundTrip) {
+  nn::BatchNorm2D bn(3);
+  bn.weight().copy_(fvec({0.5f, 1.5f, -1.f}, {3}));
+  for (int step = 0; step < 2; ++step) bn(testutil::rnd({4, 3, 2, 2}, 30 + step) * 3.f + 1.f);
+  const std::string path = ::testing::TempDir() + "/galley_batch_norm_state.safetensors";
+  galley::io::save_safetensors(path, bn.state_dict());
+  nn::BatchNorm2D loaded(3);
+  loaded.load_state_dict(galley::io::load_safetensors(path));
+  for (auto& [name, t] : bn.state_dict()) {
+    const Tensor other = loaded.state_dict().at(name);
+    EXPECT_EQ(other.dtype(), t.dtype()) << name;
+    if (t.dtype() == galley::DType::Int64)
+      EXPECT_EQ(other.to_vector<int64_t>(), t.to_vector<int64_t>()) << name;
+    else
+      EXPECT_EQ(other.to_vector(), t.to_vector()) << name;
+  }
+  bn.eval();
+  loaded.eval();
+  Tensor x = testutil::rnd({2, 3, 2, 2}, 40);
+  EXPECT_EQ(loaded(x).to_vector(), bn(x).to_vector());
+  std::remove(path.c_str());
+}
+
+TEST(BatchNorm, StatisticsHaveTheSameBitsForAnyThreadCount) {
+  const int threads = galley::num_threads();
+  for (const Shape& shape : {Shape{8, 4, 64, 65}, Shape{5000, 6}}) {
+    Tensor x = testutil::rnd(shape, 3) * 2.f + 10.f;
+    std::vector<std::vector<float>> results;
+    for (int t : {1, 2, 3}) {
+      galley::set_num_threads(t);
+      Tensor rm = galley::zeros({shape[1]}), rv = galley::ones({shape[1]});
+      Tensor xg = x.clone();
+      xg.set_requires_grad(true);
+      Tensor y = galley::batch_norm(xg, rm, rv, Tensor(), Tensor(), {.training = true});
+      galley::sum(galley::mul(y, x)).backward();
+      std::vector<float> r = rm.to_vector(), v = rv.to_vector(), g = xg.grad().to_vector();
+      r.insert(r.end(), v.begin(), v.end());
+      r.insert(r.end(), g.begin(), g.end());
+      results.push_back(r);
+    }
+    EXPECT_EQ(results[0], results[1]) << galley::shape_str(shape);
+    EXPECT_EQ(results[0], results[2]) << galley::shape_str(shape);
+  }
+  galley::set_num_threads(threads);
+}
+
+TEST(BatchNorm, StatisticsOfDataFarFromZero) {
+  // Shifted sums: a mean 1e4 times the spread loses nothing of the variance.
+  Tensor x = testutil::rnd({16, 2, 8, 8}, 4) + 1e4f;
+  Tensor rm = galley::zeros({2}), rv = galley::zeros({2});
+  galley::batch_norm(x, rm, rv, Tensor(), Tensor(), {.training = true, .momentum = 1.0});
+  const ChannelStats s = channel_stats(x);
+  const double n = double(s.count);
+  expect_all_near(rv, {s.var[0] * n / (n - 1), s.var[1] * n / (n - 1)}, 1e-4, "variance");
+}
+
+TEST(BatchNorm, ErrorsNameTheLayerOrOpAndTheShapes) {
+  nn::BatchNorm2D bn(3);
+  expect_contains(error_of([&] {
+                    bn(galley::zeros({2, 4, 3, 3}));
+                  }),
+                  {"BatchNorm2D(3", "[N, 3, H, W]", "[2, 4, 3, 3]"});
+  expect_contains(error_of([&] {
+                    bn(galley::zeros({1, 3, 1, 1}));
+                  }),
+                  {"BatchNorm2D(3", "more than 1 value per channel", "[1, 3, 1, 1]"});
+  nn::BatchNorm1D bn1(4);
+  expect_contains(error_of([&] {
+                    bn1(galley::zeros({2, 4, 3, 3}));
+                  }),
+                  {"BatchNorm1D(4", "[N, 4] or [N, 4, L]"});
+  const Tensor x = galley::zeros({2, 3});
+  expect_contains(error_of([&] {
+                    galley::batch_norm(x, galley::zeros({3}, galley::DType::BFloat16),
+                                       galley::ones({3}), Tensor(), Tensor());
+                  }),
+                  {"batch_norm", "running_mean", "bfloat16", "float32"});
+  expect_contains(error_of([&] {
+                    galley::batch_norm(x, galley::zeros({4}), galley::ones({4}), Tensor(),
+                                       Tensor());
+                  }),
+                  {"batch_norm", "running_mean", "[4]", "3 channels", "[2, 3]"});
+  expect_contains(error_of([&] {
+                    galley::batch_norm(x, Tensor(), Tensor(),
+                                       galley::ones({3}, galley::DType::Float16), Tensor());
+                  }),
+                  {"batch_norm", "weight", "float16", "float32 input [2, 3]"});
+  expect_contains(error_of([&] {
+                    galley::batch_norm(galley::zeros({3}), Tensor(), Tensor(), Tensor(), Tensor());
+                  }),
+                  {"batch_norm", "[N, C]", "[3]"});
 }

@@ -337,6 +337,53 @@ TEST(parity, MaxPool2d) {
   });
 }
 
+TEST(parity, BatchNorm) {
+  LOAD_REFS(refs, "batch_norm");
+  check_op(refs, "batch_norm", [](Case& c) {
+    // The running statistics are settings: copies, updated in training, without gradients.
+    Tensor rm = c.ref("running_mean").clone(), rv = c.ref("running_var").clone();
+    Tensor x = c.in("x");
+    Tensor w = c.has("weight") ? c.in("weight") : Tensor();
+    Tensor b = c.has("bias") ? c.in("bias") : Tensor();
+    return galley::batch_norm(x, rm, rv, w, b,
+                              {.training = c.i("training") != 0, .relu = c.i("relu") != 0});
+  });
+}
+
+// BatchNorm2d / BatchNorm1d: a training step's output and gradients, the running statistics
+// after two training steps, and the eval output.
+TEST(parity, BatchNormLayers) {
+  LOAD_REFS(refs, "batch_norm_layers");
+  for (const std::string name : {"bn2d", "bn1d"}) {
+    SCOPED_TRACE(name);
+    auto ref = [&](const std::string& role) { return at(refs, name + "." + role); };
+    auto what = [&](const std::string& role) { return "batch_norm_layers/" + name + " " + role; };
+    const int64_t channels = ref("weight").size(0);
+    std::unique_ptr<galley::nn::BatchNorm> m;
+    if (name == "bn2d")
+      m = std::make_unique<galley::nn::BatchNorm2D>(channels);
+    else
+      m = std::make_unique<galley::nn::BatchNorm1D>(channels);
+    m->weight().copy_(ref("weight"));
+    m->bias().copy_(ref("bias"));
+    Tensor x = ref("x0").clone();
+    x.set_requires_grad(true);
+    Tensor out = (*m)(x);
+    EXPECT_TRUE(close(what("out0"), out, ref("out0"), kOpTol));
+    out.backward(ref("grad_out"));
+    EXPECT_TRUE(close(what("grad_x"), x.grad(), ref("grad_x"), kOpTol));
+    EXPECT_TRUE(close(what("grad_weight"), m->weight().grad(), ref("grad_weight"), kOpTol));
+    EXPECT_TRUE(close(what("grad_bias"), m->bias().grad(), ref("grad_bias"), kOpTol));
+    EXPECT_TRUE(close(what("out1"), (*m)(ref("x1")), ref("out1"), kOpTol));
+    EXPECT_TRUE(close(what("running_mean"), m->running_mean(), ref("running_mean"), kOpTol));
+    EXPECT_TRUE(close(what("running_var"), m->running_var(), ref("running_var"), kOpTol));
+    EXPECT_TRUE(close(what("num_batches_tracked"), m->num_batches_tracked(),
+                      ref("num_batches_tracked"), kOpTol));
+    m->eval();
+    EXPECT_TRUE(close(what("out2"), (*m)(ref("x2")), ref("out2"), kOpTol));
+  }
+}
+
 TEST(parity, Flatten) {
   LOAD_REFS(refs, "flatten");
   check_op(refs, "flatten",

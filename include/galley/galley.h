@@ -37,3 +37,4 @@
 #include "galley/runtime/memory.h"
 #include "galley/state.h"
 #include "galley/tensor.h"
+#include "galley/nn/batch_norm.h"

@@ -182,6 +182,30 @@ Tensor permute(const Tensor& x, const std::vector<int64_t>& dims);
 /// An op's fresh output held by one variable (the residual case) passes. Writes not recorded are
 /// not checked: changing data that a recorded op kept for its backward changes that backward.
 Tensor add_(const Tensor& a, const Tensor& b);
+/// Options of batch_norm; they mirror PyTorch's F.batch_norm (plus a fused ReLU).
+struct BatchNormOptions {
+  /// Normalise with the batch statistics and update the running ones; else use the running
+  /// statistics (batch statistics when there are none).
+  bool training = false;
+  /// Weight of the batch statistics in the running update.
+  double momentum = 0.1;
+  /// Added to the variance before its square root.
+  double eps = 1e-5;
+  /// max(y, 0) after the affine transform, in the same pass (and the mask in backward).
+  bool relu = false;
+};
+/// Batch normalisation of x [N, C] or [N, C, *] over every dimension but the channels (dim 1):
+/// y = (x - mean) / sqrt(var + eps) * weight + bias, as PyTorch's F.batch_norm. In training, or
+/// when running_mean / running_var are undefined, mean and var are the batch's (the biased
+/// variance), and defined running statistics are updated in place:
+/// running = (1 - momentum) running + momentum batch, with the unbiased batch variance for
+/// running_var. Otherwise the running statistics normalise. The running statistics are float32
+/// [C] (also for a 16-bit x: they are accumulated over many steps); weight and bias [C] (either
+/// may be undefined: 1 and 0) are in x's dtype or float32 (master weights beside 16-bit
+/// activations), and get gradients in their own dtype. The result has x's dtype; statistics and
+/// normalisation are computed in float32 with double accumulation.
+Tensor batch_norm(const Tensor& x, const Tensor& running_mean, const Tensor& running_var,
+                  const Tensor& weight, const Tensor& bias, const BatchNormOptions& options = {});
 
 /// Threads the CPU kernels may use (default: GALLEY_NUM_THREADS, else the cores of the process's
 /// affinity mask, capped by a cgroup CPU quota).

@@ -30,10 +30,19 @@ Tensor& Layer::register_parameter(const std::string& name, Tensor value, bool re
   return params_.back().second;
 }
 
-Tensor& Layer::register_buffer(const std::string& name, Tensor value) {
+Tensor& Layer::register_buffer(const std::string& name, Tensor value, bool keep_dtype) {
   check_name(name, "buffer");
   buffers_.emplace_back(name, value.detach());
+  if (keep_dtype) keep_dtype_.push_back(buffers_.back().second.impl());
   return buffers_.back().second;
+}
+
+bool Layer::keeps_dtype(const Tensor& t) const {
+  for (const void* p : keep_dtype_)
+    if (p == t.impl()) return true;
+  for (auto& [n, l] : children_)
+    if (l->keeps_dtype(t)) return true;
+  return false;
 }
 
 void Layer::add_child(const std::string& name, Layer* layer, std::shared_ptr<Layer> owned) {
@@ -139,7 +148,7 @@ void Layer::to(DType dtype) {
   GALLEY_CHECK(is_floating_point(dtype), repr(), ": to(", dtype_name(dtype),
                "): layers convert to float32, bfloat16 or float16 only");
   for (auto& [name, t] : named_state()) {
-    if (t.dtype() == dtype || !is_floating_point(t.dtype())) continue;
+    if (t.dtype() == dtype || !is_floating_point(t.dtype()) || keeps_dtype(t)) continue;
     swap_data(t, t.detach().to(dtype));
     detail::TensorImpl* impl = t.impl();
     if (impl->grad) impl->grad = Tensor(impl->grad).to(dtype).impl_ptr();

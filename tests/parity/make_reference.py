@@ -25,6 +25,10 @@ Beyond single ops:
                              results' bits, "float32.bfloat16_bits", ...) and every 16-bit
                              pattern widened to float32 ("widen.bits", "widen.from_bfloat16",
                              "widen.from_float16", as float32 bits).
+  batch_norm_layers.safetensors  BatchNorm2d [4, 3, 5, 5] and BatchNorm1d [6, 4]: the first
+                             training step's output and gradients ("<case>.out0", "grad_x",
+                             "grad_weight", ...), the running statistics after a second step
+                             and the eval output ("out2").
   lr_scheduler_more.safetensors  learning-rate sequences ("<case>.lrs") of LinearLR,
                              OneCycleLR (cos/linear, two/three phases), ReduceLROnPlateau (min/max,
                              rel/abs, cooldown, min_lr; driven by "<case>.metrics") and
@@ -357,6 +361,58 @@ def build_permute(c):
               {"dims": i64(dims)})
 
 
+def build_batch_norm(c):
+    """F.batch_norm: batch statistics with and without affine, fixed running statistics (eval),
+    a fused relu; the running statistics are settings (they get no gradient)."""
+    for case, xs, training, affine, relu in [("train_2d", [4, 3, 5, 5], True, True, False),
+                                            ("train_1d", [6, 4], True, True, False),
+                                            ("train_3d_no_affine", [3, 4, 7], True, False, False),
+                                            ("eval_2d", [4, 3, 5, 5], False, True, False),
+                                            ("eval_1d_relu", [6, 4], False, True, True)]:
+        ch = xs[1]
+        rm, rv = torch.randn(ch) * 0.5, torch.rand(ch) + 0.5
+        inputs = {"x": torch.randn(xs) * 2.0 + 0.5}
+        if affine:
+            inputs.update(weight=torch.randn(ch), bias=torch.randn(ch))
+
+        def fn(x, weight=None, bias=None):
+            y = F.batch_norm(x, rm.clone(), rv.clone(), weight, bias, training=training)
+            return torch.relu(y) if relu else y
+        c.run(case, fn, inputs, {"running_mean": rm, "running_var": rv,
+                                 "training": i64(int(training)), "relu": i64(int(relu))})
+
+
+def build_batch_norm_layers(c):
+    """BatchNorm2d on [4, 3, 5, 5] and BatchNorm1d on [6, 4] with random affine parameters: the
+    first training step's output and gradients, the running statistics after a second training
+    step, and the output in eval mode."""
+    for case, xs, make in [("bn2d", [4, 3, 5, 5], torch.nn.BatchNorm2d),
+                           ("bn1d", [6, 4], torch.nn.BatchNorm1d)]:
+        ch = xs[1]
+        m = make(ch)
+        with torch.no_grad():
+            m.weight.copy_(torch.randn(ch))
+            m.bias.copy_(torch.randn(ch))
+        c.put(case, "weight", m.weight)
+        c.put(case, "bias", m.bias)
+        x0, x1, x2 = torch.randn(xs) * 2.0 + 0.5, torch.randn(xs) - 1.0, torch.randn(xs)
+        x = leaf(x0)
+        out = m(x)
+        grad_out = torch.randn(out.shape)
+        out.backward(grad_out)
+        for role, t in [("x0", x0), ("out0", out), ("grad_out", grad_out), ("grad_x", x.grad),
+                        ("grad_weight", m.weight.grad), ("grad_bias", m.bias.grad)]:
+            c.put(case, role, t)
+        c.put(case, "x1", x1)
+        c.put(case, "out1", m(x1))
+        c.put(case, "running_mean", m.running_mean)
+        c.put(case, "running_var", m.running_var)
+        c.put(case, "num_batches_tracked", m.num_batches_tracked)
+        m.eval()
+        c.put(case, "x2", x2)
+        c.put(case, "out2", m(x2))
+
+
 OPS = {
     "add": binary_op(torch.add),
     "sub": binary_op(torch.sub),
@@ -383,6 +439,7 @@ OPS = {
     "stack": build_stack,
     "split": build_split,
     "permute": build_permute,
+    "batch_norm": build_batch_norm,
 }
 
 
@@ -634,6 +691,7 @@ BUILDERS["simple_cnn"] = build_simple_cnn
 BUILDERS.update(OPTIMIZERS)
 BUILDERS["lr_scheduler"] = build_lr_scheduler
 BUILDERS["lr_scheduler_more"] = build_lr_scheduler_more
+BUILDERS["batch_norm_layers"] = build_batch_norm_layers
 
 
 # ----------------------------------------------------------------------------- main

@@ -44,8 +44,9 @@ class Layer {
   /// Registers `value` as a parameter called `name` (it becomes a leaf that wants gradients
   /// when `requires_grad`). Returns the stored handle.
   Tensor& register_parameter(const std::string& name, Tensor value, bool requires_grad = true);
-  /// Registers a tensor that is state but not a parameter (e.g. running statistics).
-  Tensor& register_buffer(const std::string& name, Tensor value);
+  /// Registers a tensor that is state but not a parameter (e.g. running statistics). With
+  /// `keep_dtype`, to(DType) leaves it in its dtype (float32 statistics of a 16-bit layer).
+  Tensor& register_buffer(const std::string& name, Tensor value, bool keep_dtype = false);
   /// Registers a sub-layer that the caller owns (typically a data member). Returns it.
   template <typename L>
   L& register_layer(const std::string& name, L& layer) {
@@ -104,11 +105,13 @@ class Layer {
   void add_child(const std::string& name, Layer* layer, std::shared_ptr<Layer> owned);
   void collect(const std::string& prefix, bool params, bool buffers,
                std::vector<NamedTensor>& out) const;
+  bool keeps_dtype(const Tensor& t) const;
 
   bool training_ = true;
   std::string name_;
   std::vector<std::pair<std::string, Tensor>> params_;
   std::vector<std::pair<std::string, Tensor>> buffers_;
+  std::vector<const void*> keep_dtype_;  // the TensorImpls of buffers registered keep_dtype
   std::vector<std::pair<std::string, Layer*>> children_;
   std::vector<std::shared_ptr<Layer>> owned_;
 };

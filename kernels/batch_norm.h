@@ -1,0 +1,75 @@
+#pragma once
+// Batch normalisation over the channels of x laid out [outer, channels, inner] ([N, C] or
+// [N, C, *] with N the outer and the spatial positions the inner dimension). x, y and the
+// gradients of x are float32, bfloat16 or float16 (computed in float32; any other dtype throws
+// galley::Error naming the op); the per-channel arrays (statistics, weight, bias and their
+// gradients) are float32. Every per-channel sum is split into blocks by a rule that depends on
+// the shape alone and the blocks are combined in a fixed order, so the results have the same
+// bits at every run, whatever the thread count (CPU) or the GPU. The CUDA launchers take device
+// pointers and the cudaStream_t to run on; they only enqueue.
+#include <cstdint>
+
+#include "galley/dtype.h"
+
+namespace galley::kernels {
+
+// x as [outer, channels, inner].
+struct BatchNormGeometry {
+  int64_t outer = 1;
+  int64_t channels = 1;
+  int64_t inner = 1;
+};
+
+// The per-channel update of the running statistics after batch_norm_stats:
+// running_mean = (1 - momentum) running_mean + momentum mean and the same for running_var with
+// the unbiased batch variance (var * n / (n - 1), n = outer * inner). Null pointers: no update.
+struct BatchNormRunning {
+  float* mean = nullptr;
+  float* var = nullptr;
+  float momentum = 0.1f;
+};
+
+// The per-channel arrays the normalisation reads: mean and biased var (batch or running
+// statistics), eps, and weight and bias (null: 1 and 0).
+struct BatchNormParams {
+  const float* mean = nullptr;
+  const float* var = nullptr;
+  float eps = 1e-5f;
+  const float* weight = nullptr;
+  const float* bias = nullptr;
+};
+
+namespace cpu {
+
+// mean[c] and biased var[c] of channel c over outer and inner, in one pass of shifted sums
+// accumulated in double; then the running update when `running.mean` is set.
+void batch_norm_stats(DType dtype, const void* x, BatchNormGeometry g, BatchNormRunning running,
+                      float* mean, float* var);
+// y = (x - mean[c]) / sqrt(var[c] + eps) * weight[c] + bias[c], then max(y, 0) when `relu`.
+void batch_norm_forward(DType dtype, const void* x, BatchNormGeometry g, BatchNormParams p,
+                        bool relu, void* y);
+// The backward of batch_norm_forward for the incoming gradient gy, masked by y > 0 when y is
+// given (the forward had relu). gweight[c] = sum(gy xhat) and gbias[c] = sum(gy) (either may be
+// null, except that both are needed for gx in training); gx (may be null) is, with batch
+// statistics (`training`), the full backward through the mean and variance, else
+// gy * weight / sqrt(var + eps).
+void batch_norm_backward(DType dtype, const void* gy, const void* x, const void* y,
+                         BatchNormGeometry g, BatchNormParams p, bool training, void* gx,
+                         float* gweight, float* gbias);
+
+}  // namespace cpu
+
+namespace cuda {
+
+void batch_norm_stats(DType dtype, const void* x, BatchNormGeometry g, BatchNormRunning running,
+                      float* mean, float* var, void* stream);
+void batch_norm_forward(DType dtype, const void* x, BatchNormGeometry g, BatchNormParams p,
+                        bool relu, void* y, void* stream);
+void batch_norm_backward(DType dtype, const void* gy, const void* x, const void* y,
+                         BatchNormGeometry g, BatchNormParams p, bool training, void* gx,
+                         float* gweight, float* gbias, void* stream);
+// *counter += 1 (a layer's num_batches_tracked, kept on its device).
+void batch_norm_count(int64_t* counter, void* stream);
+
+}  // namespace cuda
+}  // namespace galley::kernels

@@ -1,0 +1,367 @@
+// Batch normalisation on the host: the per-channel statistics in one pass, the normalisation
+// (with the affine transform and ReLU) in one more, and the backward in two (the per-channel
+// sums of the gradient and of gradient x centred input, then the input gradient).
+//
+// Two layouts: with spatial positions (inner > 1) a block is a run of images of one channel,
+// whose planes are contiguous; without them ([N, C], inner == 1) a block is a run of rows, each
+// vectorised over the channels. A block holds about kBlockElems elements whatever the thread
+// count; threads take whole blocks and the blocks of a channel are added in block order, so the
+// statistics and the weight and bias gradients have the same bits for any number of threads.
+#include "kernels/batch_norm.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <type_traits>
+#include <vector>
+
+#include "galley/half.h"
+#include "kernels/cpu/parallel.h"
+#include "kernels/cpu/staged.h"
+
+namespace galley::kernels::cpu {
+namespace {
+
+constexpr int64_t kBlockElems = 1 << 14;
+
+// Up to kStageBlock elements of T as float32: the data itself for float, else a widened copy.
+template <typename T>
+struct Staged {
+  float buf[kStageBlock];
+  const float* load(const T* p, int64_t n) {
+    if constexpr (std::is_same_v<T, float>) {
+      return p;
+    } else {
+      to_float(p, buf, n);
+      return buf;
+    }
+  }
+};
+
+// Where a block of float32 results for `o` goes before it is stored: `o` itself for float.
+template <typename T>
+struct Output {
+  float buf[kStageBlock];
+  float* at(T* o) {
+    if constexpr (std::is_same_v<T, float>)
+      return o;
+    else
+      return buf;
+  }
+  void store(T* o, int64_t n) {
+    if constexpr (!std::is_same_v<T, float>) from_float(buf, o, n);
+  }
+};
+
+// s += sum of u_j and q += sum of u_j (b_j - sb) with u_j = a_j - sa, for j < m
+// (m <= kStageBlock): in float32 vector lanes (a fixed order for a given m and build), then in
+// double.
+inline void add_sums(int64_t m, const float* a, float sa, const float* b, float sb, double& s,
+                     double& q) {
+  float fs = 0.f, fq = 0.f;
+#pragma omp simd reduction(+ : fs, fq)
+  for (int64_t j = 0; j < m; ++j) {
+    const float u = a[j] - sa;
+    fs += u;
+    fq += u * (b[j] - sb);
+  }
+  s += fs;
+  q += fq;
+}
+
+// The partial sums of the blocks, kept between calls on the calling thread.
+std::vector<double>& partials() {
+  thread_local std::vector<double> p;
+  return p;
+}
+
+// Two sums per channel into out[c] and out[C + c], split into blocks by the shape alone:
+//  - inner > 1: plane(c, o0, o1, s, q) adds channel c's images [o0, o1) to s and q;
+//  - inner == 1: rows(o0, o1, s, q) adds rows [o0, o1) of every channel to s[c] and q[c].
+template <typename Plane, typename Rows>
+void channel_sums(BatchNormGeometry g, Plane plane, Rows rows, double* out) {
+  const int64_t C = g.channels;
+  std::vector<double>& part = partials();
+  if (g.inner > 1) {
+    const int64_t per_block = std::clamp<int64_t>(kBlockElems / g.inner, 1, g.outer);
+    const int64_t blocks = (g.outer + per_block - 1) / per_block;  // per channel
+    part.assign(size_t(2 * C * blocks), 0.0);
+    parallel_for(C * blocks, 1, [&](int64_t b0, int64_t b1) {
+      for (int64_t b = b0; b < b1; ++b) {
+        const int64_t c = b / blocks, o0 = (b % blocks) * per_block;
+        plane(c, o0, std::min(g.outer, o0 + per_block), part[2 * b], part[2 * b + 1]);
+      }
+    });
+    for (int64_t c = 0; c < C; ++c) {
+      double s = 0, q = 0;
+      for (int64_t k = 0; k < blocks; ++k)
+        s += part[2 * (c * blocks + k)], q += part[2 * (c * blocks + k) + 1];
+      out[c] = s;
+      out[C + c] = q;
+    }
+    return;
+  }
+  const int64_t per_block = std::clamp<int64_t>(kBlockElems / C, 1, g.outer);
+  const int64_t blocks = (g.outer + per_block - 1) / per_block;
+  part.assign(size_t(2 * C * blocks), 0.0);
+  parallel_for(blocks, 1, [&](int64_t b0, int64_t b1) {
+    for (int64_t b = b0; b < b1; ++b) {
+      const int64_t o0 = b * per_block;
+      rows(o0, std::min(g.outer, o0 + per_block), &part[2 * C * b], &part[2 * C * b + C]);
+    }
+  });
+  std::fill(out, out + 2 * C, 0.0);
+  for (int64_t b = 0; b < blocks; ++b)
+    for (int64_t c = 0; c < 2 * C; ++c) out[c] += part[2 * C * b + c];
+}
+
+// A per-call array of float32, kept between calls on the calling thread.
+float* channel_scratch(int slot, int64_t n) {
+  return thread_scratch(slot, size_t(n));
+}
+
+template <typename T>
+void stats(const T* x, BatchNormGeometry g, BatchNormRunning running, float* mean, float* var) {
+  const int64_t C = g.channels, inner = g.inner;
+  // Sums of x - shift[c], shift[c] the channel's first element: no cancellation for data far
+  // from zero.
+  float* shift = channel_scratch(0, C);
+  for (int64_t c = 0; c < C; ++c) shift[c] = float(x[c * inner]);
+  std::vector<double> sums(size_t(2 * C));
+  channel_sums(
+      g,
+      [&](int64_t c, int64_t o0, int64_t o1, double& s, double& q) {
+        Staged<T> sx;
+        const float sh = shift[c];
+        for (int64_t o = o0; o < o1; ++o) {
+          const T* p = x + (o * C + c) * inner;
+          for (int64_t i = 0; i < inner; i += kStageBlock) {
+            const int64_t m = std::min(kStageBlock, inner - i);
+            const float* f = sx.load(p + i, m);
+            add_sums(m, f, sh, f, sh, s, q);
+          }
+        }
+      },
+      [&](int64_t o0, int64_t o1, double* s, double* q) {
+        Staged<T> sx;
+        for (int64_t o = o0; o < o1; ++o)
+          for (int64_t c0 = 0; c0 < C; c0 += kStageBlock) {
+            const int64_t m = std::min(kStageBlock, C - c0);
+            const float* f = sx.load(x + o * C + c0, m);
+            for (int64_t j = 0; j < m; ++j) {
+              const double d = f[j] - shift[c0 + j];
+              s[c0 + j] += d;
+              q[c0 + j] += d * d;
+            }
+          }
+      },
+      sums.data());
+  const double n = double(g.outer) * double(inner);
+  for (int64_t c = 0; c < C; ++c) {
+    const double ms = sums[c] / n;
+    const double v = std::max(0.0, sums[C + c] / n - ms * ms);
+    mean[c] = float(shift[c] + ms);
+    var[c] = float(v);
+    if (running.mean) {
+      const double m = running.momentum;
+      running.mean[c] = float((1 - m) * running.mean[c] + m * mean[c]);
+      running.var[c] = float((1 - m) * running.var[c] + m * v * n / std::max(n - 1, 1.0));
+    }
+  }
+}
+
+// scale[c] = weight / sqrt(var + eps), shift[c] = bias - mean * scale.
+void affine_of(BatchNormParams p, int64_t C, float* scale, float* shift) {
+  for (int64_t c = 0; c < C; ++c) {
+    const double invstd = 1.0 / std::sqrt(double(p.var[c]) + p.eps);
+    const float a = float(invstd * (p.weight ? p.weight[c] : 1.f));
+    scale[c] = a;
+    shift[c] = (p.bias ? p.bias[c] : 0.f) - p.mean[c] * a;
+  }
+}
+
+template <bool kRelu>
+inline float affine(float v, float a, float b) {
+  const float t = v * a + b;
+  if constexpr (kRelu) return !(t <= 0.f) ? t : 0.f;  // as relu: NaN stays NaN
+  return t;
+}
+
+template <typename T, bool kRelu>
+void forward(const T* x, BatchNormGeometry g, BatchNormParams p, T* y) {
+  const int64_t C = g.channels, inner = g.inner;
+  float* scale = channel_scratch(0, 2 * C);
+  float* shift = scale + C;
+  affine_of(p, C, scale, shift);
+  if (inner > 1) {
+    parallel_for(g.outer * C, std::max<int64_t>(1, kElementwiseGrain / inner),
+                 [&](int64_t r0, int64_t r1) {
+                   for (int64_t r = r0; r < r1; ++r) {
+                     const float a = scale[r % C], b = shift[r % C];
+                     map_n(x + r * inner, y + r * inner, inner,
+                           [a, b](float v) { return affine<kRelu>(v, a, b); });
+                   }
+                 });
+    return;
+  }
+  parallel_for(g.outer, std::max<int64_t>(1, kElementwiseGrain / C), [&](int64_t o0, int64_t o1) {
+    Staged<T> sx;
+    Output<T> out;
+    for (int64_t o = o0; o < o1; ++o)
+      for (int64_t c0 = 0; c0 < C; c0 += kStageBlock) {
+        const int64_t m = std::min(kStageBlock, C - c0);
+        const float* f = sx.load(x + o * C + c0, m);
+        float* r = out.at(y + o * C + c0);
+        for (int64_t j = 0; j < m; ++j) r[j] = affine<kRelu>(f[j], scale[c0 + j], shift[c0 + j]);
+        out.store(y + o * C + c0, m);
+      }
+  });
+}
+
+// The incoming gradient masked by the forward's ReLU (y > 0) when y is given.
+template <typename T>
+struct MaskedGrad {
+  Staged<T> g, y;
+  const float* load(const T* gp, const T* yp, int64_t n, float* masked) {
+    const float* fg = g.load(gp, n);
+    if (!yp) return fg;
+    const float* fy = y.load(yp, n);
+    for (int64_t j = 0; j < n; ++j) masked[j] = fy[j] > 0.f ? fg[j] : 0.f;
+    return masked;
+  }
+};
+
+template <typename T>
+void backward(const T* gy, const T* x, const T* y, BatchNormGeometry g, BatchNormParams p,
+              bool training, T* gx, float* gweight, float* gbias) {
+  const int64_t C = g.channels, inner = g.inner;
+  const double n = double(g.outer) * double(inner);
+  // Per channel: the mean, k (the coefficient of the centred input), the mean gradient and
+  // weight / std; gx = (g - mean_g - (x - mean) k) * a, with k = mean_g = 0 for fixed statistics.
+  float* coef = channel_scratch(1, 4 * C);
+  float *mean = coef, *k = coef + C, *mg = coef + 2 * C, *a = coef + 3 * C;
+  std::vector<double> inv(static_cast<size_t>(C));
+  for (int64_t c = 0; c < C; ++c) {
+    inv[c] = 1.0 / std::sqrt(double(p.var[c]) + p.eps);
+    mean[c] = p.mean[c];
+    a[c] = float(inv[c] * (p.weight ? p.weight[c] : 1.f));
+    k[c] = mg[c] = 0.f;
+  }
+  if ((training && gx) || gweight || gbias) {
+    std::vector<double> sums(size_t(2 * C));
+    channel_sums(
+        g,
+        [&](int64_t c, int64_t o0, int64_t o1, double& s, double& q) {
+          MaskedGrad<T> sg;
+          Staged<T> sx;
+          float masked[kStageBlock];
+          const float mc = mean[c];
+          for (int64_t o = o0; o < o1; ++o) {
+            const int64_t base = (o * C + c) * inner;
+            for (int64_t i = 0; i < inner; i += kStageBlock) {
+              const int64_t m = std::min(kStageBlock, inner - i);
+              const float* fg = sg.load(gy + base + i, y ? y + base + i : nullptr, m, masked);
+              const float* fx = sx.load(x + base + i, m);
+              add_sums(m, fg, 0.f, fx, mc, s, q);
+            }
+          }
+        },
+        [&](int64_t o0, int64_t o1, double* s, double* q) {
+          MaskedGrad<T> sg;
+          Staged<T> sx;
+          float masked[kStageBlock];
+          for (int64_t o = o0; o < o1; ++o)
+            for (int64_t c0 = 0; c0 < C; c0 += kStageBlock) {
+              const int64_t m = std::min(kStageBlock, C - c0), base = o * C + c0;
+              const float* fg = sg.load(gy + base, y ? y + base : nullptr, m, masked);
+              const float* fx = sx.load(x + base, m);
+              for (int64_t j = 0; j < m; ++j) {
+                s[c0 + j] += fg[j];
+                q[c0 + j] += double(fg[j]) * (fx[j] - mean[c0 + j]);
+              }
+            }
+        },
+        sums.data());
+    for (int64_t c = 0; c < C; ++c) {
+      if (gweight) gweight[c] = float(sums[C + c] * inv[c]);
+      if (gbias) gbias[c] = float(sums[c]);
+      if (training) {
+        k[c] = float(sums[C + c] * inv[c] * inv[c] / n);
+        mg[c] = float(sums[c] / n);
+      }
+    }
+  }
+  if (!gx) return;
+  auto dx = [&](const float* fg, const float* fx, int64_t m, int64_t c0, int64_t step, float* r) {
+    for (int64_t j = 0; j < m; ++j) {
+      const int64_t c = c0 + j * step;
+      r[j] = (fg[j] - mg[c] - (fx[j] - mean[c]) * k[c]) * a[c];
+    }
+  };
+  if (inner > 1) {
+    parallel_for(g.outer * C, std::max<int64_t>(1, kElementwiseGrain / inner),
+                 [&](int64_t r0, int64_t r1) {
+                   MaskedGrad<T> sg;
+                   Staged<T> sx;
+                   Output<T> out;
+                   float masked[kStageBlock];
+                   for (int64_t r = r0; r < r1; ++r)
+                     for (int64_t i = 0; i < inner; i += kStageBlock) {
+                       const int64_t m = std::min(kStageBlock, inner - i), base = r * inner + i;
+                       const float* fg = sg.load(gy + base, y ? y + base : nullptr, m, masked);
+                       dx(fg, sx.load(x + base, m), m, r % C, 0, out.at(gx + base));
+                       out.store(gx + base, m);
+                     }
+                 });
+    return;
+  }
+  parallel_for(g.outer, std::max<int64_t>(1, kElementwiseGrain / C), [&](int64_t o0, int64_t o1) {
+    MaskedGrad<T> sg;
+    Staged<T> sx;
+    Output<T> out;
+    float masked[kStageBlock];
+    for (int64_t o = o0; o < o1; ++o)
+      for (int64_t c0 = 0; c0 < C; c0 += kStageBlock) {
+        const int64_t m = std::min(kStageBlock, C - c0), base = o * C + c0;
+        const float* fg = sg.load(gy + base, y ? y + base : nullptr, m, masked);
+        dx(fg, sx.load(x + base, m), m, c0, 1, out.at(gx + base));
+        out.store(gx + base, m);
+      }
+  });
+}
+
+}  // namespace
+
+void batch_norm_stats(DType dtype, const void* x, BatchNormGeometry g, BatchNormRunning running,
+                      float* mean, float* var) {
+  if (g.outer * g.channels * g.inner <= 0) return;
+  dispatch_floating(dtype, "batch_norm", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    stats(static_cast<const T*>(x), g, running, mean, var);
+  });
+}
+
+void batch_norm_forward(DType dtype, const void* x, BatchNormGeometry g, BatchNormParams p,
+                        bool relu, void* y) {
+  if (g.outer * g.channels * g.inner <= 0) return;
+  dispatch_floating(dtype, "batch_norm", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    if (relu)
+      forward<T, true>(static_cast<const T*>(x), g, p, static_cast<T*>(y));
+    else
+      forward<T, false>(static_cast<const T*>(x), g, p, static_cast<T*>(y));
+  });
+}
+
+void batch_norm_backward(DType dtype, const void* gy, const void* x, const void* y,
+                         BatchNormGeometry g, BatchNormParams p, bool training, void* gx,
+                         float* gweight, float* gbias) {
+  if (g.outer * g.channels * g.inner <= 0) return;
+  dispatch_floating(dtype, "batch_norm_backward", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    backward(static_cast<const T*>(gy), static_cast<const T*>(x), static_cast<const T*>(y), g, p,
+             training, static_cast<T*>(gx), gweight, gbias);
+  });
+}
+
+}  // namespace galley::kernels::cpu

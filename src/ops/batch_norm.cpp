@@ -1,0 +1,153 @@
+// batch_norm: checks, the statistics (batch or running), the normalisation with the affine
+// transform (and ReLU), the in-place update of the running statistics and the autograd record.
+// The kernels take x and its gradients in x's dtype and compute in float32; the per-channel
+// arrays are float32 (weight and bias given in a 16-bit dtype are widened, and their gradients
+// rounded back once).
+#include "kernels/batch_norm.h"
+
+#include "galley/autograd.h"
+#include "galley/ops.h"
+#include "galley/profiler.h"
+#include "src/ops/batch_norm.h"
+#include "src/ops/dispatch.h"
+
+namespace galley {
+
+namespace cpu = kernels::cpu;
+namespace gpu = kernels::cuda;
+
+namespace {
+
+// A per-channel argument: undefined, or [C] on x's device in float32 (or x's dtype when
+// `x_dtype_too`).
+void check_channel_arg(const Tensor& x, const Tensor& t, const char* role, bool x_dtype_too) {
+  if (!t.defined()) return;
+  const int64_t C = x.size(1);
+  GALLEY_CHECK(t.dim() == 1 && t.size(0) == C, "batch_norm: ", role, " of shape ",
+               shape_str(t.shape()), " does not match the ", C, " channels of input ",
+               shape_str(x.shape()));
+  GALLEY_CHECK(t.dtype() == DType::Float32 || (x_dtype_too && t.dtype() == x.dtype()),
+               "batch_norm: ", role, " is ", dtype_name(t.dtype()), " for a ",
+               dtype_name(x.dtype()), " input ", shape_str(x.shape()), "; it must be float32",
+               x_dtype_too ? " or the input's dtype" : "");
+  GALLEY_CHECK(t.device() == x.device(), "batch_norm: ", role, " is on ", t.device().str(),
+               ", the input on ", x.device().str());
+}
+
+float* ptr_or_null(const Tensor& t) {
+  return t.defined() ? t.data_ptr<float>() : nullptr;
+}
+
+}  // namespace
+
+Tensor batch_norm(const Tensor& x, const Tensor& running_mean, const Tensor& running_var,
+                  const Tensor& weight, const Tensor& bias, const BatchNormOptions& o) {
+  profiler::OpScope prof("batch_norm", {&x, &weight, &bias});
+  detail::check_floating("batch_norm", x);
+  GALLEY_CHECK(x.dim() >= 2, "batch_norm: input must be [N, C] or [N, C, *], got ",
+               shape_str(x.shape()));
+  GALLEY_CHECK(running_mean.defined() == running_var.defined(),
+               "batch_norm: running_mean and running_var must both be given or both undefined");
+  check_channel_arg(x, running_mean, "running_mean", false);
+  check_channel_arg(x, running_var, "running_var", false);
+  check_channel_arg(x, weight, "weight", true);
+  check_channel_arg(x, bias, "bias", true);
+  GALLEY_CHECK(o.eps >= 0 && o.momentum >= 0 && o.momentum <= 1, "batch_norm: eps ", o.eps,
+               " and momentum ", o.momentum, " must be >= 0, momentum at most 1");
+  kernels::BatchNormGeometry g;
+  g.outer = x.size(0), g.channels = x.size(1);
+  for (int64_t k = 2; k < x.dim(); ++k) g.inner *= x.size(k);
+  const bool batch_stats = o.training || !running_mean.defined();
+  GALLEY_CHECK(!batch_stats || g.outer * g.inner > 1,
+               "batch_norm: expected more than 1 value per channel when training, got input ",
+               shape_str(x.shape()));
+  if (o.training && running_mean.defined())
+    GALLEY_CHECK(running_mean.is_contiguous() && running_var.is_contiguous(),
+                 "batch_norm: running_mean and running_var are updated in place and must be "
+                 "contiguous");
+  const DType dtype = x.dtype();
+  const Device dev = x.device();
+  const int64_t C = g.channels;
+  Tensor cx = x.contiguous();
+  Tensor cw = weight.defined() ? detail::widened(weight).contiguous() : Tensor();
+  Tensor cb = bias.defined() ? detail::widened(bias).contiguous() : Tensor();
+  const bool grad = autograd::needs_grad({&x, &weight, &bias});
+
+  Tensor mean, var;
+  if (batch_stats) {
+    mean = Tensor::empty({C}, DType::Float32, dev);
+    var = Tensor::empty({C}, DType::Float32, dev);
+    kernels::BatchNormRunning run;
+    if (o.training && running_mean.defined()) {
+      run.mean = running_mean.data_ptr<float>();
+      run.var = running_var.data_ptr<float>();
+      run.momentum = static_cast<float>(o.momentum);
+    }
+    if (dev.is_cuda())
+      gpu::batch_norm_stats(dtype, cx.raw_data(), g, run, mean.data_ptr<float>(),
+                            var.data_ptr<float>(), detail::stream(dev));
+    else
+      cpu::batch_norm_stats(dtype, cx.raw_data(), g, run, mean.data_ptr<float>(),
+                            var.data_ptr<float>());
+  } else {
+    // The backward reads the statistics of this forward, whatever updates them meanwhile.
+    mean = grad ? running_mean.detach().clone() : running_mean.detach().contiguous();
+    var = grad ? running_var.detach().clone() : running_var.detach().contiguous();
+  }
+  kernels::BatchNormParams p;
+  p.mean = mean.data_ptr<float>(), p.var = var.data_ptr<float>();
+  p.eps = static_cast<float>(o.eps);
+  p.weight = ptr_or_null(cw), p.bias = ptr_or_null(cb);
+  Tensor result = Tensor::empty(x.shape(), dtype, dev);
+  if (dev.is_cuda())
+    gpu::batch_norm_forward(dtype, cx.raw_data(), g, p, o.relu, result.raw_data(),
+                            detail::stream(dev));
+  else
+    cpu::batch_norm_forward(dtype, cx.raw_data(), g, p, o.relu, result.raw_data());
+  if (!grad) return result;
+
+  Tensor out = o.relu ? result.detach() : Tensor();
+  const bool gx = x.requires_grad();
+  const bool gw = weight.defined() && weight.requires_grad();
+  const bool gb = bias.defined() && bias.requires_grad();
+  const DType wdtype = weight.defined() ? weight.dtype() : dtype;
+  const DType bdtype = bias.defined() ? bias.dtype() : dtype;
+  const Shape shape = x.shape();
+  return autograd::record(
+      result, "batch_norm", {x, weight, bias}, [=](const Tensor& gy, std::vector<Tensor>& gi) {
+        Tensor cg = (gy.dtype() == dtype ? gy : gy.detach().to(dtype)).contiguous();
+        if (gx) gi[0] = Tensor::empty(shape, dtype, dev);
+        // The input gradient through batch statistics needs both per-channel sums.
+        const bool sums = batch_stats && gx;
+        Tensor dw = gw || sums ? Tensor::empty({C}, DType::Float32, dev) : Tensor();
+        Tensor db = gb || sums ? Tensor::empty({C}, DType::Float32, dev) : Tensor();
+        kernels::BatchNormParams q = p;
+        q.mean = mean.data_ptr<float>(), q.var = var.data_ptr<float>();
+        q.weight = ptr_or_null(cw), q.bias = nullptr;
+        const void* py = out.defined() ? out.raw_data() : nullptr;
+        void* pgx = gx ? gi[0].raw_data() : nullptr;
+        if (dev.is_cuda())
+          gpu::batch_norm_backward(dtype, cg.raw_data(), cx.raw_data(), py, g, q, batch_stats, pgx,
+                                   ptr_or_null(dw), ptr_or_null(db), detail::stream(dev));
+        else
+          cpu::batch_norm_backward(dtype, cg.raw_data(), cx.raw_data(), py, g, q, batch_stats, pgx,
+                                   ptr_or_null(dw), ptr_or_null(db));
+        if (gw) gi[1] = wdtype == DType::Float32 ? dw : detail::rounded(dw, wdtype);
+        if (gb) gi[2] = bdtype == DType::Float32 ? db : detail::rounded(db, bdtype);
+      });
+}
+
+namespace detail {
+
+void count_batch(const Tensor& counter) {
+  GALLEY_CHECK(counter.defined() && counter.dtype() == DType::Int64 && counter.numel() == 1,
+               "batch_norm: num_batches_tracked must be one int64, got ",
+               counter.defined() ? dtype_name(counter.dtype()) : "undefined");
+  if (counter.device().is_cuda())
+    gpu::batch_norm_count(counter.data_ptr<int64_t>(), stream(counter.device()));
+  else
+    ++*counter.data_ptr<int64_t>();
+}
+
+}  // namespace detail
+}  // namespace galley
