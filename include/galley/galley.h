@@ -37,3 +37,5 @@
 #include "galley/runtime/memory.h"
 #include "galley/state.h"
 #include "galley/tensor.h"
+#include "galley/nn/dropout.h"
+#include "galley/nn/pooling.h"

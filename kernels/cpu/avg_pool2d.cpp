@@ -1,0 +1,133 @@
+// 2-D average pooling on the host: planes split over the threads, each plane computed in
+// float32 (a 16-bit plane is widened into per-thread scratch first and its result rounded once).
+#include "kernels/avg_pool2d.h"
+
+#include <algorithm>
+#include <type_traits>
+
+#include "kernels/cpu/parallel.h"
+#include "kernels/cpu/staged.h"
+
+namespace galley::kernels::cpu {
+namespace {
+
+bool is_global(const AvgPool2dGeometry& g) {
+  return g.k == 0 && g.oh == 1 && g.ow == 1;
+}
+
+// y = the mean of each window of one float32 plane; each window is summed row by row, as
+// PyTorch does, and divided once by its count.
+void pool_plane(const AvgPool2dGeometry& g, const float* x, float* y) {
+  for (int64_t oh = 0; oh < g.oh; ++oh) {
+    const PoolWindow r = avg_pool_window(g, oh, g.h, g.oh);
+    for (int64_t ow = 0; ow < g.ow; ++ow) {
+      const PoolWindow c = avg_pool_window(g, ow, g.w, g.ow);
+      float s = 0.f;
+      for (int64_t ih = r.start; ih < r.end; ++ih) {
+        const float* row = x + ih * g.w;
+        for (int64_t iw = c.start; iw < c.end; ++iw) s += row[iw];
+      }
+      y[oh * g.ow + ow] = s / float(r.count * c.count);
+    }
+  }
+}
+
+// gx (overwritten) of one float32 plane: each window adds gy / count to its elements, windows in
+// output order (the order the CUDA kernel gathers them in, so both give the same bits).
+void unpool_plane(const AvgPool2dGeometry& g, const float* gy, float* gx) {
+  std::fill_n(gx, g.h * g.w, 0.f);
+  for (int64_t oh = 0; oh < g.oh; ++oh) {
+    const PoolWindow r = avg_pool_window(g, oh, g.h, g.oh);
+    for (int64_t ow = 0; ow < g.ow; ++ow) {
+      const PoolWindow c = avg_pool_window(g, ow, g.w, g.ow);
+      const float v = gy[oh * g.ow + ow] / float(r.count * c.count);
+      for (int64_t ih = r.start; ih < r.end; ++ih) {
+        float* row = gx + ih * g.w;
+#pragma omp simd
+        for (int64_t iw = c.start; iw < c.end; ++iw) row[iw] += v;
+      }
+    }
+  }
+}
+
+// The float32 sum of n elements of T, vectorised (16-bit blocks staged on the stack).
+template <typename T>
+float plane_sum(const T* x, int64_t n) {
+  float s = 0.f;
+  if constexpr (std::is_same_v<T, float>) {
+#pragma omp simd reduction(+ : s)
+    for (int64_t i = 0; i < n; ++i) s += x[i];
+  } else {
+    float buf[kStageBlock];
+    for (int64_t i = 0; i < n; i += kStageBlock) {
+      const int64_t m = std::min(kStageBlock, n - i);
+      to_float(x + i, buf, m);
+#pragma omp simd reduction(+ : s)
+      for (int64_t j = 0; j < m; ++j) s += buf[j];
+    }
+  }
+  return s;
+}
+
+// Whole planes per thread, at least kElementwiseGrain input elements a thread.
+int64_t plane_grain(const AvgPool2dGeometry& g) {
+  return std::max<int64_t>(1, kElementwiseGrain / std::max<int64_t>(g.h * g.w, 1));
+}
+
+// Runs f(float32 input plane, float32 output plane) for every plane of `in_size` -> `out_size`
+// elements of T: float32 planes in place, 16-bit ones widened into scratch and rounded back.
+template <typename T, typename F>
+void per_plane(const AvgPool2dGeometry& g, const T* src, int64_t in_size, T* dst, int64_t out_size,
+               F f) {
+  parallel_for(g.planes, plane_grain(g), [&](int64_t p0, int64_t p1) {
+    for (int64_t p = p0; p < p1; ++p) {
+      if constexpr (std::is_same_v<T, float>) {
+        f(src + p * in_size, dst + p * out_size);
+      } else {
+        float* a = thread_scratch(0, in_size);
+        float* b = thread_scratch(1, out_size);
+        to_float(src + p * in_size, a, in_size);
+        f(a, b);
+        from_float(b, dst + p * out_size, out_size);
+      }
+    }
+  });
+}
+
+}  // namespace
+
+void avg_pool2d_forward(const AvgPool2dGeometry& g, DType dtype, const void* x, void* y) {
+  dispatch_floating(dtype, "avg_pool2d", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    const T* px = static_cast<const T*>(x);
+    T* py = static_cast<T*>(y);
+    const int64_t in = g.h * g.w;
+    if (is_global(g)) {
+      parallel_for(g.planes, plane_grain(g), [&](int64_t p0, int64_t p1) {
+        for (int64_t p = p0; p < p1; ++p) py[p] = T(plane_sum(px + p * in, in) / float(in));
+      });
+      return;
+    }
+    per_plane(g, px, in, py, g.oh * g.ow, [&](const float* a, float* b) { pool_plane(g, a, b); });
+  });
+}
+
+void avg_pool2d_backward(const AvgPool2dGeometry& g, DType dtype, const void* gy, void* gx) {
+  dispatch_floating(dtype, "avg_pool2d_backward", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    const T* pgy = static_cast<const T*>(gy);
+    T* pgx = static_cast<T*>(gx);
+    const int64_t in = g.h * g.w;
+    if (is_global(g)) {
+      parallel_for(g.planes, plane_grain(g), [&](int64_t p0, int64_t p1) {
+        for (int64_t p = p0; p < p1; ++p)
+          std::fill_n(pgx + p * in, in, T(float(pgy[p]) / float(in)));
+      });
+      return;
+    }
+    per_plane(g, pgy, g.oh * g.ow, pgx, in,
+              [&](const float* a, float* b) { unpool_plane(g, a, b); });
+  });
+}
+
+}  // namespace galley::kernels::cpu
