@@ -47,6 +47,14 @@ GALLEY_HOST_DEVICE inline PoolWindow avg_pool_window(const AvgPool2dGeometry& g,
   return {s, e, g.count_include_pad ? e0 - s0 : e - s};
 }
 
+// v (a window's sum, or an output's gradient) divided by the window's count as PyTorch does:
+// once by the product for fixed windows, by the row count then the column count for adaptive
+// ones (which gives other bits when the counts are not powers of two).
+GALLEY_HOST_DEVICE inline float avg_pool_divide(const AvgPool2dGeometry& g, float v,
+                                                const PoolWindow& r, const PoolWindow& c) {
+  return g.k == 0 ? v / float(r.count) / float(c.count) : v / float(r.count * c.count);
+}
+
 // The output indices whose windows may hold input index j (a superset for adaptive windows:
 // test each with avg_pool_window): [lo, hi], empty when lo > hi.
 GALLEY_HOST_DEVICE inline void avg_pool_outputs_of(const AvgPool2dGeometry& g, int64_t j,

@@ -15,8 +15,8 @@ bool is_global(const AvgPool2dGeometry& g) {
   return g.k == 0 && g.oh == 1 && g.ow == 1;
 }
 
-// y = the mean of each window of one float32 plane; each window is summed row by row, as
-// PyTorch does, and divided once by its count.
+// y = the mean of each window of one float32 plane; each window is summed row by row and
+// divided by its count, as PyTorch does.
 void pool_plane(const AvgPool2dGeometry& g, const float* x, float* y) {
   for (int64_t oh = 0; oh < g.oh; ++oh) {
     const PoolWindow r = avg_pool_window(g, oh, g.h, g.oh);
@@ -27,7 +27,7 @@ void pool_plane(const AvgPool2dGeometry& g, const float* x, float* y) {
         const float* row = x + ih * g.w;
         for (int64_t iw = c.start; iw < c.end; ++iw) s += row[iw];
       }
-      y[oh * g.ow + ow] = s / float(r.count * c.count);
+      y[oh * g.ow + ow] = avg_pool_divide(g, s, r, c);
     }
   }
 }
@@ -40,7 +40,7 @@ void unpool_plane(const AvgPool2dGeometry& g, const float* gy, float* gx) {
     const PoolWindow r = avg_pool_window(g, oh, g.h, g.oh);
     for (int64_t ow = 0; ow < g.ow; ++ow) {
       const PoolWindow c = avg_pool_window(g, ow, g.w, g.ow);
-      const float v = gy[oh * g.ow + ow] / float(r.count * c.count);
+      const float v = avg_pool_divide(g, gy[oh * g.ow + ow], r, c);
       for (int64_t ih = r.start; ih < r.end; ++ih) {
         float* row = gx + ih * g.w;
 #pragma omp simd

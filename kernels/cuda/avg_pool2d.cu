@@ -17,7 +17,7 @@ namespace galley::kernels::cuda {
 
 namespace {
 
-// One output per thread: the window summed row by row, divided once by its count.
+// One output per thread: the window summed row by row, divided by its count.
 template <typename T>
 __global__ void pool_kernel(const T* __restrict__ x, AvgPool2dGeometry g, T* __restrict__ y) {
   const int64_t out_plane = g.oh * g.ow, total = g.planes * out_plane;
@@ -31,7 +31,7 @@ __global__ void pool_kernel(const T* __restrict__ x, AvgPool2dGeometry g, T* __r
     float s = 0.f;
     for (int64_t ih = r.start; ih < r.end; ++ih)
       for (int64_t iw = c.start; iw < c.end; ++iw) s += to_float(xp[ih * g.w + iw]);
-    y[k] = from_float<T>(s / float(r.count * c.count));
+    y[k] = from_float<T>(avg_pool_divide(g, s, r, c));
   }
 }
 
@@ -69,7 +69,7 @@ __global__ void unpool_kernel(const T* __restrict__ gy, AvgPool2dGeometry g, T* 
       for (int64_t ow = ow_lo; ow <= ow_hi; ++ow) {
         const PoolWindow c = avg_pool_window(g, ow, g.w, g.ow);
         if (iw < c.start || iw >= c.end) continue;
-        acc += to_float(gyp[oh * g.ow + ow]) / float(r.count * c.count);
+        acc += avg_pool_divide(g, to_float(gyp[oh * g.ow + ow]), r, c);
       }
     }
     gx[k] = from_float<T>(acc);
