@@ -566,22 +566,6 @@ TEST(ThreadCommunicator, SixteenBitAllReduceIsTheFloat32SumRoundedOnce) {
 // Random layers under DataParallel
 
 namespace {
-// A Linear (so there are parameters to replicate) followed by a dropout of fixed seed: every
-// replica builds its layer with the same seed, so only the replica's random stream tells them
-// apart.
-class DropoutNet : public nn::Layer {
- public:
-  DropoutNet() {
-    register_layer("fc", fc_);
-    register_layer("drop", drop_);
-  }
-  Tensor forward(const Tensor& x) override { return drop_(fc_(x)); }
-
- private:
-  nn::Linear fc_{8, 512};
-  nn::Dropout drop_{0.5f, 1234};
-};
-
 // Per sample of the batch: 1 where the output is kept.
 std::vector<std::vector<int>> kept_rows(const Tensor& y) {
   const auto v = y.to_vector();
@@ -596,7 +580,7 @@ std::vector<std::vector<int>> kept_rows(const Tensor& y) {
 TEST(DataParallel, ReplicasDrawTheirOwnDropoutMasksReproducibly) {
   const Tensor x = galley::uniform({4, 8}, 1.f, 2.f);
   auto run = [&] {
-    galley::DataParallel<DropoutNet> model(cpus(2));
+    galley::DataParallel<testmodels::DropoutNet> model(cpus(2));
     EXPECT_TRUE(model.state_dict().size() == 2u);  // fc.weight, fc.bias: dropout adds nothing
     // Two steps: each replica's masks move on from step to step.
     std::vector<std::vector<std::vector<int>>> steps;
@@ -617,12 +601,12 @@ TEST(DataParallel, ReplicasDrawTheirOwnDropoutMasksReproducibly) {
   EXPECT_NE(first[0][0], first[1][0]);
   EXPECT_NE(first[0][2], first[1][2]);
   // Replica 0 draws what the layer draws outside DataParallel.
-  DropoutNet single;
+  testmodels::DropoutNet single;
   EXPECT_EQ(kept_rows(single(x))[0], first[0][0]);
   // A rerun from the same seeds reproduces every replica's masks.
   EXPECT_EQ(run(), first);
   // In evaluation mode nothing is dropped.
-  galley::DataParallel<DropoutNet> model(cpus(2));
+  galley::DataParallel<testmodels::DropoutNet> model(cpus(2));
   model.eval();
   for (const auto& row : kept_rows(model(x))) EXPECT_EQ(row, std::vector<int>(512, 1));
 }

@@ -231,37 +231,21 @@ TEST(Mpi, BuffersFollowProcessZerosReplicaZeroAtEachForward) {
   }
 }
 
-namespace {
-// Parameters to replicate, then a dropout whose seed is the same in every process and replica.
-class DropoutNet : public nn::Layer {
- public:
-  DropoutNet() {
-    register_layer("fc", fc_);
-    register_layer("drop", drop_);
-  }
-  Tensor forward(const Tensor& x) override { return drop_(fc_(x)); }
-
- private:
-  nn::Linear fc_{4, 256};
-  nn::Dropout drop_{0.5f, 77};
-};
-}  // namespace
-
 TEST(Mpi, EveryProcessAndReplicaDrawsItsOwnDropoutMask) {
   const auto& e = env();
   if (e.world_size == 1) GTEST_SKIP() << "single process: run under mpirun -np 2";
   std::vector<galley::Device> devs;
   for (int i = 0; i < local_devices(); ++i) devs.push_back(galley::Device::cpu(i));
-  galley::DataParallel<DropoutNet> model(devs);
+  galley::DataParallel<testmodels::DropoutNet> model(devs);
   const int64_t replicas = int64_t(devs.size());
   // One sample per replica; the output's zero pattern is the replica's mask.
   galley::Generator gen(3);
-  Tensor y = model(galley::uniform({replicas, 4}, 1.f, 2.f, gen));
+  Tensor y = model(galley::uniform({replicas, 8}, 1.f, 2.f, gen));
   const auto all = galley::distributed::world()->all_gather(y).to_vector();
-  const int64_t per_process = replicas * 256;
+  const int64_t per_process = replicas * 512;
   auto mask = [&](int q, int64_t r) {
     std::vector<int> m;
-    for (int64_t j = 0; j < 256; ++j) m.push_back(all[q * per_process + r * 256 + j] != 0.f);
+    for (int64_t j = 0; j < 512; ++j) m.push_back(all[q * per_process + r * 512 + j] != 0.f);
     return m;
   };
   for (int q = 0; q < e.world_size; ++q)
