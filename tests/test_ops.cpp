@@ -3,7 +3,11 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <functional>
 #include <limits>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include "galley/galley.h"
 #include "kernels/dropout.h"
@@ -520,4 +524,50 @@ TEST(Dropout, TheCpuAndTheGpuDrawTheSameMask) {
     EXPECT_EQ(xg.grad().device(), gpu);
     EXPECT_EQ(kept(xg.grad().to(galley::Device::cpu())), kept(yc));
   }
+}
+
+// The GPU sums every window in the CPU's order and divides the same way, and its backward
+// gathers in the CPU's scatter order: the same bits, except the global mean's (a warp's tree).
+TEST(AvgPool, TheCpuAndTheGpuGiveTheSameBits) {
+  REQUIRE_GPU();
+  const galley::Device gpu = galley::Device::cuda(0);
+  using Pool = std::function<Tensor(const Tensor&)>;
+  const std::vector<std::pair<const char*, Pool>> pools = {
+      {"k3s2p1_exclude_ceil",
+       [](const Tensor& x) {
+         return galley::avg_pool2d(x, {.kernel_size = 3,
+                                       .stride = 2,
+                                       .padding = 1,
+                                       .count_include_pad = false,
+                                       .ceil_mode = true});
+       }},
+      {"k2s2", [](const Tensor& x) { return galley::avg_pool2d(x, {.kernel_size = 2}); }},
+      {"adaptive_3x4",
+       [](const Tensor& x) {
+         return galley::adaptive_avg_pool2d(x, {3, 4});
+       }},
+      {"global", [](const Tensor& x) {
+         return galley::adaptive_avg_pool2d(x, {1, 1});
+       }}};
+  for (galley::DType dt : {galley::DType::Float32, galley::DType::BFloat16, galley::DType::Float16})
+    for (const auto& [name, pool] : pools) {
+      const std::string what = std::string(name) + " " + galley::dtype_name(dt);
+      Tensor xc = galley::randn({4, 8, 13, 11}).to(dt);
+      Tensor xg = xc.to(gpu);
+      xc.set_requires_grad(true);
+      xg.set_requires_grad(true);
+      Tensor yc = pool(xc), yg = pool(xg);
+      ASSERT_EQ(yg.device(), gpu);
+      Tensor w = galley::randn(yc.shape()).to(dt);
+      galley::sum(yc * w).backward();
+      galley::sum(yg * w.to(gpu)).backward();
+      const auto f = [](const Tensor& t) {
+        return t.to(galley::Device::cpu()).to(galley::DType::Float32).to_vector();
+      };
+      if (std::string(name) == "global")
+        expect_near_all(f(yg), f(yc), what);
+      else
+        EXPECT_EQ(f(yg), f(yc)) << what;
+      EXPECT_EQ(f(xg.grad()), f(xc.grad())) << what << " gradient";
+    }
 }
