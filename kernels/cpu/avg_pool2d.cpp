@@ -50,23 +50,29 @@ void unpool_plane(const AvgPool2dGeometry& g, const float* gy, float* gx) {
   }
 }
 
-// The float32 sum of n elements of T, vectorised (16-bit blocks staged on the stack).
-template <typename T>
-float plane_sum(const T* x, int64_t n) {
+// The float32 sum of n floats, vectorised.
+float plane_sum(const float* x, int64_t n) {
   float s = 0.f;
+#pragma omp simd reduction(+ : s)
+  for (int64_t i = 0; i < n; ++i) s += x[i];
+  return s;
+}
+
+// y[p] = the mean of plane p of n elements, for p in [p0, p1). 16-bit planes are widened a run
+// of whole planes at a time (about 4096 elements), so small planes (7x7) cost no call each.
+template <typename T>
+void plane_means(const T* x, int64_t n, T* y, int64_t p0, int64_t p1) {
   if constexpr (std::is_same_v<T, float>) {
-#pragma omp simd reduction(+ : s)
-    for (int64_t i = 0; i < n; ++i) s += x[i];
+    for (int64_t p = p0; p < p1; ++p) y[p] = plane_sum(x + p * n, n) / float(n);
   } else {
-    float buf[kStageBlock];
-    for (int64_t i = 0; i < n; i += kStageBlock) {
-      const int64_t m = std::min(kStageBlock, n - i);
-      to_float(x + i, buf, m);
-#pragma omp simd reduction(+ : s)
-      for (int64_t j = 0; j < m; ++j) s += buf[j];
+    const int64_t run = std::max<int64_t>(1, 4096 / n);
+    float* buf = thread_scratch(0, run * n);
+    for (int64_t p = p0; p < p1; p += run) {
+      const int64_t q = std::min(run, p1 - p);
+      to_float(x + p * n, buf, q * n);
+      for (int64_t j = 0; j < q; ++j) y[p + j] = T(plane_sum(buf + j * n, n) / float(n));
     }
   }
-  return s;
 }
 
 // Whole planes per thread, at least kElementwiseGrain input elements a thread.
@@ -103,9 +109,8 @@ void avg_pool2d_forward(const AvgPool2dGeometry& g, DType dtype, const void* x, 
     T* py = static_cast<T*>(y);
     const int64_t in = g.h * g.w;
     if (is_global(g)) {
-      parallel_for(g.planes, plane_grain(g), [&](int64_t p0, int64_t p1) {
-        for (int64_t p = p0; p < p1; ++p) py[p] = T(plane_sum(px + p * in, in) / float(in));
-      });
+      parallel_for(g.planes, plane_grain(g),
+                   [&](int64_t p0, int64_t p1) { plane_means(px, in, py, p0, p1); });
       return;
     }
     per_plane(g, px, in, py, g.oh * g.ow, [&](const float* a, float* b) { pool_plane(g, a, b); });
