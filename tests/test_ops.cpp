@@ -238,7 +238,10 @@ TEST(AvgPool, MatchesNaiveReferenceForEveryGeometry) {
     int64_t h, w, k, s, p;
   };
   for (G g : {G{6, 6, 2, 2, 0}, G{7, 8, 3, 2, 1}, G{5, 6, 3, 1, 1}, G{9, 7, 3, 3, 0},
-              G{8, 8, 4, 3, 2}, G{1, 5, 1, 1, 0}, G{5, 5, 5, 1, 2}})
+              G{8, 8, 4, 3, 2}, G{1, 5, 1, 1, 0}, G{5, 5, 5, 1, 2},
+              // wide rows: the vectorised rows of the common windows and their edges
+              G{4, 33, 2, 2, 0}, G{5, 37, 3, 2, 1}, G{3, 40, 3, 1, 1}, G{6, 31, 3, 3, 0},
+              G{3, 29, 3, 3, 1}, G{3, 70, 3, 2, 0}})
     for (bool include_pad : {true, false})
       for (bool ceil_mode : {false, true}) {
         const std::string what = "h=" + std::to_string(g.h) + " w=" + std::to_string(g.w) +
