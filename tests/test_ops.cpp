@@ -574,3 +574,20 @@ TEST(AvgPool, TheCpuAndTheGpuGiveTheSameBits) {
       EXPECT_EQ(f(xg.grad()), f(xc.grad())) << what << " gradient";
     }
 }
+
+// The key is drawn on the host when the op runs: a capture would freeze one mask into the graph.
+TEST(Dropout, TrainingInsideAGraphCaptureIsAnError) {
+  REQUIRE_GPU();
+  const galley::Device gpu = galley::Device::cuda(0);
+  Tensor x = galley::ones({1024}).to(gpu);
+  galley::dropout(x, 0.5f);
+  galley::cuda::Graph graph;
+  testutil::expect_contains(
+      testutil::error_of([&] { graph.capture(gpu, [&] { galley::dropout(x, 0.5f); }); }),
+      {"dropout", "capturing a CUDA graph", "cuda:0"});
+  galley::cuda::Graph eval;
+  Tensor y;
+  // Evaluation mode is the identity, which a graph may hold.
+  eval.capture(gpu, [&] { y = galley::add(galley::dropout(x, 0.5f, false), 1.f); });
+  EXPECT_TRUE(eval.captured());
+}

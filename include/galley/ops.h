@@ -158,7 +158,9 @@ Tensor adaptive_avg_pool2d(const Tensor& x, const Shape& output_size);
 /// returns x itself. The mask is a counter-based function (Philox-4x32-10) of one 64-bit key
 /// drawn from `gen` per call and the element's index, so the same generator state gives the
 /// same mask on the CPU and on a GPU, in every dtype. Backward keeps the mask as one byte per
-/// element on x's device. As PyTorch, NaN and infinity stay so where dropped (x * 0).
+/// element on x's device. As PyTorch, NaN and infinity stay so where dropped (x * 0). Training
+/// mode inside a CUDA graph capture is an error (the key is drawn on the host, so every replay
+/// would repeat the captured mask).
 Tensor dropout(const Tensor& x, float p, bool training = true,
                Generator& gen = default_generator());
 

@@ -9,6 +9,7 @@
 #include "galley/ops.h"
 #include "galley/profiler.h"
 #include "src/ops/dispatch.h"
+#include "src/runtime/device_memory.h"
 
 namespace galley {
 
@@ -24,6 +25,10 @@ Tensor dropout(const Tensor& x, float p, bool training, Generator& gen) {
   const DType dtype = x.dtype();
   const Device dev = x.device();
   const int64_t n = x.numel();
+  // The key is drawn on the host: a captured graph would replay one mask forever.
+  GALLEY_CHECK(!detail::capturing(dev), "dropout: a mask drawn while capturing a CUDA graph on ",
+               dev.str(), " would be the same at every replay (input ", shape_str(x.shape()), ", ",
+               dtype_name(dtype), "); run steps with dropout in training mode eagerly");
   // One draw per call, whatever the size: the mask is Philox at (key, element index).
   const kernels::DropoutParams d{next_seed(gen), kernels::dropout_keep_threshold(p),
                                  p == 1.f ? 0.f : 1.f / (1.f - p)};
