@@ -101,6 +101,11 @@ void manual_seed(uint64_t seed) {
   default_generator().manual_seed(seed);
 }
 
+uint64_t next_seed(Generator& gen) {
+  std::lock_guard<std::mutex> lock(generator_mutex());
+  return gen.next_u64();
+}
+
 Tensor uniform(const Shape& shape, float low, float high, Generator& gen) {
   GALLEY_CHECK(low <= high, "uniform: low ", low, " is above high ", high);
   Tensor t = Tensor::empty(shape);

@@ -39,4 +39,19 @@ class CountingBuffer : public galley::nn::Layer {
   galley::Tensor* count_;
 };
 
+/// A Linear(8, 512) (parameters to replicate) followed by a Dropout(0.5) of a fixed seed: every
+/// replica and process builds the same layer, so only its random stream tells their masks apart.
+class DropoutNet : public galley::nn::Layer {
+ public:
+  DropoutNet() {
+    register_layer("fc", fc_);
+    register_layer("drop", drop_);
+  }
+  galley::Tensor forward(const galley::Tensor& x) override { return drop_(fc_(x)); }
+
+ private:
+  galley::nn::Linear fc_{8, 512};
+  galley::nn::Dropout drop_{0.5f, 1234};
+};
+
 }  // namespace testmodels

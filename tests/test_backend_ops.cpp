@@ -244,6 +244,17 @@ const std::vector<OpCase> kOps = {
     {"batch_norm_no_running", batch_norm({}, false), {normal({5, 3, 4}), normal({3}), normal({3})}, kAllFloat},
     // a small weight and |bias| >= 0.1 keep the output clear of relu's kink
     {"batch_norm_relu",      batch_norm({.training = true, .relu = true}), {normal({4, 3, 3, 3}), normal({3}, 0.02f), kinkless({3})}, kAllFloat},
+    // avg_pool2d, adaptive_avg_pool2d, dropout
+    {"avg_pool2d",               [](V v) { return galley::avg_pool2d(v[0], {.kernel_size = 2}); }, {normal({2, 3, 6, 6})}, kAllFloat},
+    {"avg_pool2d_k3_s2_p1",      [](V v) { return galley::avg_pool2d(v[0], {.kernel_size = 3, .stride = 2, .padding = 1}); }, {normal({1, 2, 7, 8})}, kAllFloat},
+    {"avg_pool2d_k3_s1_exclude", [](V v) { return galley::avg_pool2d(v[0], {.kernel_size = 3, .stride = 1, .padding = 1, .count_include_pad = false}); }, {normal({2, 2, 5, 6})}, kAllFloat},
+    {"avg_pool2d_ceil_exclude",  [](V v) { return galley::avg_pool2d(v[0], {.kernel_size = 3, .stride = 2, .padding = 1, .count_include_pad = false, .ceil_mode = true}); }, {normal({1, 3, 8, 7})}, kAllFloat},
+    {"avg_pool2d_ceil",          [](V v) { return galley::avg_pool2d(v[0], {.kernel_size = 2, .ceil_mode = true}); }, {normal({1, 2, 5, 7})}, kAllFloat},
+    {"adaptive_avg_pool2d_1x1",  [](V v) { return galley::adaptive_avg_pool2d(v[0], {1, 1}); }, {normal({3, 4, 7, 9})}, kAllFloat},
+    {"adaptive_avg_pool2d_3x4",  [](V v) { return galley::adaptive_avg_pool2d(v[0], {3, 4}); }, {normal({2, 2, 7, 10})}, kAllFloat},
+    {"adaptive_avg_pool2d_up",   [](V v) { return galley::adaptive_avg_pool2d(v[0], {5, 3}); }, {normal({1, 2, 3, 2})}, kAllFloat},
+    // dropout: a fresh generator per call, so every backend and dtype draws the same mask
+    {"dropout",                  [](V v) { galley::Generator g(5); return galley::dropout(v[0], 0.3f, true, g); }, {normal({3, 1037})}, kAllFloat},
 };
 // clang-format on
 

@@ -600,3 +600,52 @@ TEST(ThreadCommunicator, SixteenBitAllReduceIsTheFloat32SumRoundedOnce) {
     for (auto& e : errors) testutil::expect_contains(e, {"float32", galley::dtype_name(dtype)});
   }
 }
+
+// ---------------------------------------------------------------------------------------------
+// Random layers under DataParallel
+
+namespace {
+// Per sample of the batch: 1 where the output is kept.
+std::vector<std::vector<int>> kept_rows(const Tensor& y) {
+  const auto v = y.to_vector();
+  const int64_t cols = y.size(1);
+  std::vector<std::vector<int>> rows(y.size(0));
+  for (int64_t i = 0; i < y.size(0); ++i)
+    for (int64_t j = 0; j < cols; ++j) rows[i].push_back(v[i * cols + j] != 0.f);
+  return rows;
+}
+}  // namespace
+
+TEST(DataParallel, ReplicasDrawTheirOwnDropoutMasksReproducibly) {
+  const Tensor x = galley::uniform({4, 8}, 1.f, 2.f);
+  auto run = [&] {
+    galley::DataParallel<testmodels::DropoutNet> model(cpus(2));
+    EXPECT_TRUE(model.state_dict().size() == 2u);  // fc.weight, fc.bias: dropout adds nothing
+    // Two steps: each replica's masks move on from step to step.
+    std::vector<std::vector<std::vector<int>>> steps;
+    for (int s = 0; s < 2; ++s) {
+      Tensor y = model(x);
+      steps.push_back(kept_rows(y));
+      galley::sum(y).backward();
+    }
+    return steps;
+  };
+  const auto first = run();
+  // Samples 0-1 went to replica 0, samples 2-3 to replica 1: the same position in each
+  // replica's slice must not share a mask.
+  for (const auto& rows : first) {
+    EXPECT_NE(rows[0], rows[2]);
+    EXPECT_NE(rows[1], rows[3]);
+  }
+  EXPECT_NE(first[0][0], first[1][0]);
+  EXPECT_NE(first[0][2], first[1][2]);
+  // Replica 0 draws what the layer draws outside DataParallel.
+  testmodels::DropoutNet single;
+  EXPECT_EQ(kept_rows(single(x))[0], first[0][0]);
+  // A rerun from the same seeds reproduces every replica's masks.
+  EXPECT_EQ(run(), first);
+  // In evaluation mode nothing is dropped.
+  galley::DataParallel<testmodels::DropoutNet> model(cpus(2));
+  model.eval();
+  for (const auto& row : kept_rows(model(x))) EXPECT_EQ(row, std::vector<int>(512, 1));
+}

@@ -231,6 +231,32 @@ TEST(Mpi, BuffersFollowProcessZerosReplicaZeroAtEachForward) {
   }
 }
 
+TEST(Mpi, EveryProcessAndReplicaDrawsItsOwnDropoutMask) {
+  const auto& e = env();
+  if (e.world_size == 1) GTEST_SKIP() << "single process: run under mpirun -np 2";
+  std::vector<galley::Device> devs;
+  for (int i = 0; i < local_devices(); ++i) devs.push_back(galley::Device::cpu(i));
+  galley::DataParallel<testmodels::DropoutNet> model(devs);
+  const int64_t replicas = int64_t(devs.size());
+  // One sample per replica; the output's zero pattern is the replica's mask.
+  galley::Generator gen(3);
+  Tensor y = model(galley::uniform({replicas, 8}, 1.f, 2.f, gen));
+  const auto all = galley::distributed::world()->all_gather(y).to_vector();
+  const int64_t per_process = replicas * 512;
+  auto mask = [&](int q, int64_t r) {
+    std::vector<int> m;
+    for (int64_t j = 0; j < 512; ++j) m.push_back(all[q * per_process + r * 512 + j] != 0.f);
+    return m;
+  };
+  for (int q = 0; q < e.world_size; ++q)
+    for (int64_t r = 0; r < replicas; ++r)
+      for (int q2 = 0; q2 < e.world_size; ++q2)
+        for (int64_t r2 = 0; r2 < replicas; ++r2)
+          if (q != q2 || r != r2)
+            EXPECT_NE(mask(q, r), mask(q2, r2)) << "process " << q << " replica " << r
+                                                << " and process " << q2 << " replica " << r2;
+}
+
 TEST(MpiTimeout, APeerThatNeverArrivesIsAnErrorNotAHang) {
   const auto& e = env();
   if (e.world_size == 1) GTEST_SKIP() << "single process: run under mpirun -np 2";

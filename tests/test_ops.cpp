@@ -3,9 +3,14 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <functional>
 #include <limits>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include "galley/galley.h"
+#include "kernels/dropout.h"
 #include "test_util.h"
 
 using galley::Tensor;
@@ -175,4 +180,414 @@ TEST(Devices, OpsAllocateOnTheirInputsDeviceAndFactoriesOnTheirOwn) {
   } catch (const galley::Error& e) {
     EXPECT_NE(std::string(e.what()).find("(cpu:1 and cpu)"), std::string::npos) << e.what();
   }
+}
+
+// ---------------------------------------------------------------------------------------------
+// avg_pool2d, adaptive_avg_pool2d
+
+namespace {
+// The window of output i along an axis, with PyTorch's rules: [start, end) and its divisor.
+struct Win {
+  int64_t start, end, count;
+};
+Win fixed_window(int64_t i, int64_t in, int64_t k, int64_t s, int64_t p, bool include_pad) {
+  int64_t a = i * s - p, b = std::min(a + k, in + p);
+  const int64_t padded = b - a;
+  a = std::max<int64_t>(a, 0), b = std::min(b, in);
+  return {a, b, include_pad ? padded : b - a};
+}
+Win adaptive_window(int64_t i, int64_t in, int64_t out) {
+  const int64_t a = static_cast<int64_t>(std::floor(double(i) * in / out));
+  const int64_t b = static_cast<int64_t>(std::ceil(double(i + 1) * in / out));
+  return {a, b, b - a};
+}
+
+// Naive pooling in double over per-axis windows; `grad` gets d sum(y) / dx.
+template <typename RowWin, typename ColWin>
+std::vector<float> reference_avg(const Tensor& x, int64_t oh, int64_t ow, RowWin rows, ColWin cols,
+                                 std::vector<float>* grad) {
+  const int64_t planes = x.size(0) * x.size(1), h = x.size(2), w = x.size(3);
+  const float* px = x.data<float>();
+  std::vector<float> out;
+  grad->assign(x.numel(), 0.f);
+  for (int64_t pl = 0; pl < planes; ++pl)
+    for (int64_t i = 0; i < oh; ++i)
+      for (int64_t j = 0; j < ow; ++j) {
+        const Win r = rows(i), c = cols(j);
+        double s = 0;
+        for (int64_t a = r.start; a < r.end; ++a)
+          for (int64_t b = c.start; b < c.end; ++b) s += px[pl * h * w + a * w + b];
+        out.push_back(static_cast<float>(s / double(r.count * c.count)));
+        for (int64_t a = r.start; a < r.end; ++a)
+          for (int64_t b = c.start; b < c.end; ++b)
+            (*grad)[pl * h * w + a * w + b] += 1.f / float(r.count * c.count);
+      }
+  return out;
+}
+
+void expect_near_all(const std::vector<float>& got, const std::vector<float>& want,
+                     const std::string& what) {
+  ASSERT_EQ(got.size(), want.size()) << what;
+  for (size_t i = 0; i < got.size(); ++i)
+    ASSERT_NEAR(got[i], want[i], 1e-5f * (1.f + std::fabs(want[i]))) << what << " element " << i;
+}
+}  // namespace
+
+TEST(AvgPool, MatchesNaiveReferenceForEveryGeometry) {
+  struct G {
+    int64_t h, w, k, s, p;
+  };
+  for (G g : {G{6, 6, 2, 2, 0}, G{7, 8, 3, 2, 1}, G{5, 6, 3, 1, 1}, G{9, 7, 3, 3, 0},
+              G{8, 8, 4, 3, 2}, G{1, 5, 1, 1, 0}, G{5, 5, 5, 1, 2},
+              // wide rows: the vectorised rows of the common windows and their edges
+              G{4, 33, 2, 2, 0}, G{5, 37, 3, 2, 1}, G{3, 40, 3, 1, 1}, G{6, 31, 3, 3, 0},
+              G{3, 29, 3, 3, 1}, G{3, 70, 3, 2, 0}})
+    for (bool include_pad : {true, false})
+      for (bool ceil_mode : {false, true}) {
+        const std::string what = "h=" + std::to_string(g.h) + " w=" + std::to_string(g.w) +
+                                 " k=" + std::to_string(g.k) + " s=" + std::to_string(g.s) +
+                                 " p=" + std::to_string(g.p) + (include_pad ? " pad" : "") +
+                                 (ceil_mode ? " ceil" : "");
+        auto size = [&](int64_t in) {
+          const int64_t span = in + 2 * g.p - g.k;
+          int64_t o = (span + (ceil_mode ? g.s - 1 : 0)) / g.s + 1;
+          if (ceil_mode && (o - 1) * g.s >= in + g.p) --o;
+          return o;
+        };
+        const int64_t oh = size(g.h), ow = size(g.w);
+        galley::Generator gen(g.h * 100 + g.k * 10 + g.p);
+        Tensor x = galley::randn({2, 3, g.h, g.w}, gen);
+        std::vector<float> grad;
+        auto want = reference_avg(
+            x, oh, ow, [&](int64_t i) { return fixed_window(i, g.h, g.k, g.s, g.p, include_pad); },
+            [&](int64_t j) { return fixed_window(j, g.w, g.k, g.s, g.p, include_pad); }, &grad);
+        x.set_requires_grad(true);
+        Tensor y = galley::avg_pool2d(x, {.kernel_size = g.k,
+                                          .stride = g.s,
+                                          .padding = g.p,
+                                          .count_include_pad = include_pad,
+                                          .ceil_mode = ceil_mode});
+        ASSERT_EQ(y.shape(), (galley::Shape{2, 3, oh, ow})) << what;
+        expect_near_all(y.to_vector(), want, what);
+        galley::sum(y).backward();
+        expect_near_all(x.grad().to_vector(), grad, what + " gradient");
+      }
+}
+
+TEST(AdaptiveAvgPool, MatchesNaiveReferenceForDivisibleAndOtherSizes) {
+  struct G {
+    int64_t h, w, oh, ow;
+  };
+  for (G g : {G{7, 9, 1, 1}, G{8, 8, 4, 4}, G{7, 10, 3, 4}, G{5, 5, 5, 5}, G{3, 2, 5, 3},
+              G{13, 6, 7, 1}, G{64, 64, 1, 1}, G{1, 1, 1, 1}}) {
+    const std::string what = std::to_string(g.h) + "x" + std::to_string(g.w) + " -> " +
+                             std::to_string(g.oh) + "x" + std::to_string(g.ow);
+    galley::Generator gen(g.h * 31 + g.oh);
+    Tensor x = galley::randn({2, 3, g.h, g.w}, gen);
+    std::vector<float> grad;
+    auto want = reference_avg(
+        x, g.oh, g.ow, [&](int64_t i) { return adaptive_window(i, g.h, g.oh); },
+        [&](int64_t j) { return adaptive_window(j, g.w, g.ow); }, &grad);
+    x.set_requires_grad(true);
+    Tensor y = galley::adaptive_avg_pool2d(x, {g.oh, g.ow});
+    ASSERT_EQ(y.shape(), (galley::Shape{2, 3, g.oh, g.ow})) << what;
+    expect_near_all(y.to_vector(), want, what);
+    galley::sum(y).backward();
+    expect_near_all(x.grad().to_vector(), grad, what + " gradient");
+  }
+}
+
+// A 16-bit pooling computes in float32 and rounds once: the bits of the float32 op on the
+// widened input, rounded.
+TEST(AvgPool, SixteenBitResultsAreTheFloat32ResultRoundedOnce) {
+  for (galley::DType dt : {galley::DType::BFloat16, galley::DType::Float16}) {
+    Tensor x = galley::randn({2, 3, 9, 11}).to(dt);
+    Tensor wide = x.to(galley::DType::Float32);
+    auto same_bits = [&](const Tensor& a, const Tensor& b, const char* what) {
+      ASSERT_EQ(a.dtype(), dt) << what;
+      EXPECT_EQ(a.to(galley::DType::Float32).to_vector(),
+                b.to(dt).to(galley::DType::Float32).to_vector())
+          << what;
+    };
+    const galley::AvgPool2dOptions o{.kernel_size = 3, .stride = 2, .padding = 1};
+    same_bits(galley::avg_pool2d(x, o), galley::avg_pool2d(wide, o), "avg_pool2d");
+    same_bits(galley::adaptive_avg_pool2d(x, {4, 3}), galley::adaptive_avg_pool2d(wide, {4, 3}),
+              "adaptive");
+    same_bits(galley::adaptive_avg_pool2d(x, {1, 1}), galley::adaptive_avg_pool2d(wide, {1, 1}),
+              "global");
+  }
+}
+
+TEST(AvgPool, GlobalPoolingIsTheMeanOfEachPlaneOnEveryThreadCount) {
+  Tensor x = galley::randn({8, 64, 14, 14});
+  const auto want = galley::mean(galley::flatten(x, 2), -1).to_vector();
+  const int threads = galley::num_threads();
+  for (int t : {1, 2, 4}) {
+    galley::set_num_threads(t);
+    expect_near_all(galley::adaptive_avg_pool2d(x, {1, 1}).to_vector(), want,
+                    "threads " + std::to_string(t));
+  }
+  galley::set_num_threads(threads);
+}
+
+TEST(AvgPool, ErrorsNameTheOpAndTheShapes) {
+  Tensor x = galley::randn({1, 2, 3, 3});
+  testutil::expect_contains(
+      testutil::error_of([&] { galley::avg_pool2d(x, {.kernel_size = 2, .padding = 2}); }),
+      {"avg_pool2d", "padding 2", "half the kernel"});
+  testutil::expect_contains(
+      testutil::error_of([&] { galley::avg_pool2d(x, {.kernel_size = 5, .padding = 0}); }),
+      {"avg_pool2d", "[1, 2, 3, 3]", "5x5"});
+  testutil::expect_contains(testutil::error_of([&] {
+                              galley::avg_pool2d(galley::randn({2, 3, 3}), {});
+                            }),
+                            {"avg_pool2d", "[N, C, H, W]", "[2, 3, 3]"});
+  testutil::expect_contains(testutil::error_of([&] {
+                              galley::adaptive_avg_pool2d(x, {0, 2});
+                            }),
+                            {"adaptive_avg_pool2d", "[0, 2]"});
+  testutil::expect_contains(testutil::error_of([] { galley::nn::AvgPool2D(2, 1, 3); }),
+                            {"AvgPool2D", "padding 3"});
+}
+
+TEST(AvgPool, LayersCallTheOpsAndHaveNoState) {
+  Tensor x = galley::randn({2, 3, 8, 8});
+  galley::nn::AvgPool2D pool(3, 2, 1);
+  galley::nn::AdaptiveAvgPool2D gap(1);
+  EXPECT_EQ(pool(x).to_vector(),
+            galley::avg_pool2d(x, {.kernel_size = 3, .stride = 2, .padding = 1}).to_vector());
+  EXPECT_EQ(gap(x).to_vector(), galley::adaptive_avg_pool2d(x, {1, 1}).to_vector());
+  EXPECT_EQ(galley::nn::AdaptiveAvgPool2D(2, 3)(x).shape(), (galley::Shape{2, 3, 2, 3}));
+  EXPECT_TRUE(pool.state_dict().empty());
+  EXPECT_TRUE(gap.state_dict().empty());
+  testutil::expect_contains(
+      testutil::error_of([&] {
+        pool(galley::randn({3, 8, 8}));
+      }),
+      {"AvgPool2D(kernel=3, stride=2, padding=1)", "avg_pool2d", "[3, 8, 8]"});
+}
+
+// ---------------------------------------------------------------------------------------------
+// dropout
+
+namespace {
+// 1 where y is nonzero (x has no zeros).
+std::vector<int> kept(const Tensor& y) {
+  std::vector<int> m;
+  for (float v : y.to(galley::DType::Float32).to_vector()) m.push_back(v != 0.f);
+  return m;
+}
+}  // namespace
+
+// The Random123 known-answer vector of Philox-4x32-10 at counter 0, key 0.
+TEST(Dropout, PhiloxMatchesTheReferenceImplementation) {
+  const galley::kernels::Philox4 r = galley::kernels::philox4x32_10(0, 0);
+  EXPECT_EQ(r.v[0], 0x6627e8d5u);
+  EXPECT_EQ(r.v[1], 0xe169c58du);
+  EXPECT_EQ(r.v[2], 0xbc57ac4cu);
+  EXPECT_EQ(r.v[3], 0x9b00dbd8u);
+}
+
+TEST(Dropout, EvalAndZeroProbabilityAreTheIdentity) {
+  Tensor x = galley::randn({4, 5});
+  x.set_requires_grad(true);
+  Tensor e = galley::dropout(x, 0.5f, false);
+  EXPECT_EQ(e.raw_data(), x.raw_data());
+  EXPECT_EQ(e.to_vector(), x.to_vector());
+  Tensor z = galley::dropout(x, 0.f, true);
+  EXPECT_EQ(z.to_vector(), x.to_vector());
+  galley::sum(z).backward();
+  EXPECT_EQ(x.grad().to_vector(), std::vector<float>(20, 1.f));
+
+  galley::nn::Dropout layer(0.5f);
+  layer.eval();
+  EXPECT_EQ(layer(x).to_vector(), x.to_vector());
+  layer.train();
+  EXPECT_NE(layer(x).to_vector(), x.to_vector());
+}
+
+TEST(Dropout, ProbabilityOneGivesZerosAndZeroGradients) {
+  for (galley::DType dt :
+       {galley::DType::Float32, galley::DType::BFloat16, galley::DType::Float16}) {
+    Tensor x = galley::randn({1000}).to(dt);
+    x.set_requires_grad(true);
+    Tensor y = galley::dropout(x, 1.f);
+    EXPECT_EQ(y.dtype(), dt);
+    for (float v : y.to(galley::DType::Float32).to_vector()) ASSERT_EQ(v, 0.f);
+    galley::sum(y).backward();
+    for (float v : x.grad().to(galley::DType::Float32).to_vector()) ASSERT_EQ(v, 0.f);
+  }
+}
+
+// Over 1M elements the kept fraction of p = 0.3 has a standard deviation of 4.6e-4; 5 of them
+// bound it, and each of Philox's four words (elements i % 4) on its own (9.2e-4 each).
+TEST(Dropout, KeptFractionAndMeanMatchTheProbability) {
+  const int64_t n = 1 << 20;
+  galley::Generator gen(2024);
+  Tensor x = galley::ones({n});
+  const std::vector<float> y = galley::dropout(x, 0.3f, true, gen).to_vector();
+  const float scale = 1.f / 0.7f;
+  int64_t kept_all = 0, kept_word[4] = {0, 0, 0, 0};
+  double sum = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    ASSERT_TRUE(y[i] == 0.f || y[i] == scale) << i << ": " << y[i];
+    const bool k = y[i] != 0.f;
+    kept_all += k, kept_word[i % 4] += k, sum += y[i];
+  }
+  EXPECT_NEAR(double(kept_all) / n, 0.7, 5 * 4.6e-4);
+  for (int w = 0; w < 4; ++w) EXPECT_NEAR(double(kept_word[w]) / (n / 4), 0.7, 5 * 9.2e-4) << w;
+  EXPECT_NEAR(sum / n, 1.0, 5 * 4.6e-4 * scale);  // inverted dropout keeps the mean
+}
+
+TEST(Dropout, SameSeedSameMaskInEveryDtypeAndNewMasksAfterwards) {
+  Tensor x = galley::uniform({3, 1000}, 1.f, 2.f);
+  galley::Generator a(7), b(7);
+  const auto first = kept(galley::dropout(x, 0.4f, true, a));
+  EXPECT_EQ(kept(galley::dropout(x, 0.4f, true, b)), first);
+  EXPECT_NE(kept(galley::dropout(x, 0.4f, true, a)), first);  // the next call draws anew
+  for (galley::DType dt : {galley::DType::BFloat16, galley::DType::Float16}) {
+    galley::Generator c(7);
+    Tensor y = galley::dropout(x.to(dt), 0.4f, true, c);
+    EXPECT_EQ(kept(y), first) << galley::dtype_name(dt);
+    // Computed in float32, rounded once.
+    galley::Generator d(7);
+    Tensor wide = galley::dropout(x.to(dt).to(galley::DType::Float32), 0.4f, true, d);
+    EXPECT_EQ(y.to(galley::DType::Float32).to_vector(),
+              wide.to(dt).to(galley::DType::Float32).to_vector());
+  }
+  galley::nn::Dropout l1(0.4f, 99), l2(0.4f, 99);
+  EXPECT_EQ(kept(l1(x)), kept(l2(x)));
+  EXPECT_EQ(kept(l1(x)), kept(l2(x)));
+}
+
+TEST(Dropout, GradientIsTheMaskTimesTheScale) {
+  for (galley::DType dt :
+       {galley::DType::Float32, galley::DType::BFloat16, galley::DType::Float16}) {
+    Tensor x = galley::uniform({5, 333}, 1.f, 2.f).to(dt);
+    x.set_requires_grad(true);
+    galley::Generator gen(3);
+    Tensor y = galley::dropout(x, 0.25f, true, gen);
+    Tensor w = galley::randn({5, 333}).to(dt);
+    galley::sum(y * w).backward();
+    ASSERT_EQ(x.grad().dtype(), dt);
+    const auto m = kept(y);
+    const auto g = x.grad().to(galley::DType::Float32).to_vector();
+    const auto wv = w.to(galley::DType::Float32).to_vector();
+    for (size_t i = 0; i < g.size(); ++i) {
+      const float want = Tensor::from_vector(std::vector<float>{wv[i] * (m[i] / 0.75f)}, {1})
+                             .to(dt)
+                             .to(galley::DType::Float32)
+                             .to_vector()[0];
+      ASSERT_EQ(g[i], want) << galley::dtype_name(dt) << " element " << i;
+    }
+  }
+}
+
+TEST(Dropout, ErrorsNameTheOpAndTheProbability) {
+  Tensor x = galley::uniform({6, 8}, 1.f, 2.f);
+  testutil::expect_contains(testutil::error_of([&] { galley::dropout(x, 1.5f); }),
+                            {"dropout", "1.5", "[6, 8]"});
+  testutil::expect_contains(testutil::error_of([] { galley::nn::Dropout(-0.1f); }),
+                            {"Dropout", "-0.1"});
+}
+
+TEST(Dropout, LayerHasNoStateAndTakesItsStream) {
+  galley::nn::Sequential model(std::make_shared<galley::nn::Linear>(4, 4),
+                               std::make_shared<galley::nn::Dropout>(0.5f, 11));
+  const auto sd = model.state_dict();
+  EXPECT_EQ(sd.size(), 2u);  // the Linear's weight and bias only, as PyTorch's
+  EXPECT_TRUE(sd.count("0.weight") && sd.count("0.bias"));
+  model.load_state_dict(sd);
+  Tensor x = galley::uniform({8, 64}, 1.f, 2.f);
+  galley::nn::Dropout own(0.5f, 11), streamed(0.5f, 11);
+  streamed.set_random_stream(1);
+  const auto m0 = kept(own(x));
+  EXPECT_NE(kept(streamed(x)), m0);
+  streamed.set_random_stream(0);  // stream 0 restarts from the seed alone
+  EXPECT_EQ(kept(streamed(x)), m0);
+  EXPECT_EQ(std::string(streamed.repr()), "Dropout(p=0.5)");
+}
+
+TEST(Dropout, TheCpuAndTheGpuDrawTheSameMask) {
+  REQUIRE_GPU();
+  const galley::Device gpu = galley::Device::cuda(0);
+  for (galley::DType dt :
+       {galley::DType::Float32, galley::DType::BFloat16, galley::DType::Float16}) {
+    Tensor x = galley::uniform({(1 << 20) + 3}, 1.f, 2.f).to(dt);
+    galley::Generator a(42), b(42);
+    Tensor yc = galley::dropout(x, 0.3f, true, a);
+    Tensor xg = x.to(gpu);
+    xg.set_requires_grad(true);
+    Tensor yg = galley::dropout(xg, 0.3f, true, b);
+    EXPECT_EQ(yg.device(), gpu);
+    EXPECT_EQ(yg.to(galley::Device::cpu()).to(galley::DType::Float32).to_vector(),
+              yc.to(galley::DType::Float32).to_vector())
+        << galley::dtype_name(dt);
+    galley::sum(yg).backward();
+    EXPECT_EQ(xg.grad().device(), gpu);
+    EXPECT_EQ(kept(xg.grad().to(galley::Device::cpu())), kept(yc));
+  }
+}
+
+// The GPU sums every window in the CPU's order and divides the same way, and its backward
+// gathers in the CPU's scatter order: the same bits, except the global mean's (a warp's tree).
+TEST(AvgPool, TheCpuAndTheGpuGiveTheSameBits) {
+  REQUIRE_GPU();
+  const galley::Device gpu = galley::Device::cuda(0);
+  using Pool = std::function<Tensor(const Tensor&)>;
+  const std::vector<std::pair<const char*, Pool>> pools = {
+      {"k3s2p1_exclude_ceil",
+       [](const Tensor& x) {
+         return galley::avg_pool2d(x, {.kernel_size = 3,
+                                       .stride = 2,
+                                       .padding = 1,
+                                       .count_include_pad = false,
+                                       .ceil_mode = true});
+       }},
+      {"k2s2", [](const Tensor& x) { return galley::avg_pool2d(x, {.kernel_size = 2}); }},
+      {"adaptive_3x4",
+       [](const Tensor& x) {
+         return galley::adaptive_avg_pool2d(x, {3, 4});
+       }},
+      {"global", [](const Tensor& x) {
+         return galley::adaptive_avg_pool2d(x, {1, 1});
+       }}};
+  for (galley::DType dt : {galley::DType::Float32, galley::DType::BFloat16, galley::DType::Float16})
+    for (const auto& [name, pool] : pools) {
+      const std::string what = std::string(name) + " " + galley::dtype_name(dt);
+      Tensor xc = galley::randn({4, 8, 13, 11}).to(dt);
+      Tensor xg = xc.to(gpu);
+      xc.set_requires_grad(true);
+      xg.set_requires_grad(true);
+      Tensor yc = pool(xc), yg = pool(xg);
+      ASSERT_EQ(yg.device(), gpu);
+      Tensor w = galley::randn(yc.shape()).to(dt);
+      galley::sum(yc * w).backward();
+      galley::sum(yg * w.to(gpu)).backward();
+      const auto f = [](const Tensor& t) {
+        return t.to(galley::Device::cpu()).to(galley::DType::Float32).to_vector();
+      };
+      if (std::string(name) == "global")
+        expect_near_all(f(yg), f(yc), what);
+      else
+        EXPECT_EQ(f(yg), f(yc)) << what;
+      EXPECT_EQ(f(xg.grad()), f(xc.grad())) << what << " gradient";
+    }
+}
+
+// The key is drawn on the host when the op runs: a capture would freeze one mask into the graph.
+TEST(Dropout, TrainingInsideAGraphCaptureIsAnError) {
+  REQUIRE_GPU();
+  const galley::Device gpu = galley::Device::cuda(0);
+  Tensor x = galley::ones({1024}).to(gpu);
+  galley::dropout(x, 0.5f);
+  galley::cuda::Graph graph;
+  testutil::expect_contains(
+      testutil::error_of([&] { graph.capture(gpu, [&] { galley::dropout(x, 0.5f); }); }),
+      {"dropout", "capturing a CUDA graph", "cuda:0"});
+  galley::cuda::Graph eval;
+  Tensor y;
+  // Evaluation mode is the identity, which a graph may hold.
+  eval.capture(gpu, [&] { y = galley::add(galley::dropout(x, 0.5f, false), 1.f); });
+  EXPECT_TRUE(eval.captured());
 }

@@ -495,6 +495,22 @@ TEST(parity, PermuteContiguous) {
         return p.contiguous();
       },
       kExact);
+TEST(parity, AvgPool2d) {
+  LOAD_REFS(refs, "avg_pool2d");
+  check_op(refs, "avg_pool2d", [](Case& c) {
+    return galley::avg_pool2d(c.in("x"), {.kernel_size = c.i("kernel_size"),
+                                          .stride = c.i("stride"),
+                                          .padding = c.i("padding"),
+                                          .count_include_pad = c.i("count_include_pad") != 0,
+                                          .ceil_mode = c.i("ceil_mode") != 0});
+  });
+}
+
+TEST(parity, AdaptiveAvgPool2d) {
+  LOAD_REFS(refs, "adaptive_avg_pool2d");
+  check_op(refs, "adaptive_avg_pool2d", [](Case& c) {
+    return galley::adaptive_avg_pool2d(c.in("x"), c.ref("output_size").to_vector<int64_t>());
+  });
 }
 
 // ----------------------------------------------------------------------------- training

@@ -38,3 +38,5 @@
 #include "galley/state.h"
 #include "galley/tensor.h"
 #include "galley/nn/batch_norm.h"
+#include "galley/nn/dropout.h"
+#include "galley/nn/pooling.h"

@@ -206,6 +206,37 @@ struct BatchNormOptions {
 /// normalisation are computed in float32 with double accumulation.
 Tensor batch_norm(const Tensor& x, const Tensor& running_mean, const Tensor& running_var,
                   const Tensor& weight, const Tensor& bias, const BatchNormOptions& options = {});
+/// Geometry of a 2-D average pooling; stride 0 means "equal to the kernel". As PyTorch's
+/// avg_pool2d (no divisor_override): padding at most half the kernel; with ceil_mode the last
+/// window may hang over the edge, but starts inside the input or the left padding.
+struct AvgPool2dOptions {
+  int64_t kernel_size = 2;
+  int64_t stride = 0;
+  int64_t padding = 0;
+  /// Divide by the whole window, padding included (clipped at the padded edge), as PyTorch's
+  /// default; false: by the number of input elements in the window.
+  bool count_include_pad = true;
+  /// Round the output size up instead of down.
+  bool ceil_mode = false;
+};
+/// Mean over kernel windows of x [N, C, H, W] (float32, bfloat16 or float16, computed in
+/// float32), in x's dtype.
+Tensor avg_pool2d(const Tensor& x, const AvgPool2dOptions& options);
+/// Mean over adaptive windows of x [N, C, H, W] giving [N, C, oh, ow] for output_size {oh, ow}:
+/// output row i averages input rows floor(i * H / oh) to ceil((i + 1) * H / oh) (exclusive),
+/// columns likewise, as PyTorch's adaptive_avg_pool2d. {1, 1} is global average pooling.
+Tensor adaptive_avg_pool2d(const Tensor& x, const Shape& output_size);
+
+/// Inverted dropout: while `training`, each element of x is zeroed with probability p and the
+/// others are scaled by 1 / (1 - p) (p == 1: every element times 0); not training, or p == 0,
+/// returns x itself. The mask is a counter-based function (Philox-4x32-10) of one 64-bit key
+/// drawn from `gen` per call and the element's index, so the same generator state gives the
+/// same mask on the CPU and on a GPU, in every dtype. Backward keeps the mask as one byte per
+/// element on x's device. As PyTorch, NaN and infinity stay so where dropped (x * 0). Training
+/// mode inside a CUDA graph capture is an error (the key is drawn on the host, so every replay
+/// would repeat the captured mask).
+Tensor dropout(const Tensor& x, float p, bool training = true,
+               Generator& gen = default_generator());
 
 /// Threads the CPU kernels may use (default: GALLEY_NUM_THREADS, else the cores of the process's
 /// affinity mask, capped by a cgroup CPU quota).

@@ -98,6 +98,9 @@ class Generator {
 Generator& default_generator();
 /// Seeds the default generator.
 void manual_seed(uint64_t seed);
+/// The next 64 bits of `gen` under the lock the random factories take, so that ops drawing a
+/// seed (dropout) may share a generator, the default one included, across threads.
+uint64_t next_seed(Generator& gen);
 
 /// A handle to an n-dimensional array. Copies share the same data and autograd state
 /// (like libtorch's at::Tensor); use clone() for a deep copy.

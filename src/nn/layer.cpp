@@ -123,6 +123,10 @@ void Layer::train(bool on) {
   for (auto& [n, l] : children_) l->train(on);
 }
 
+void Layer::set_random_stream(uint64_t stream) {
+  for (auto& [n, l] : children_) l->set_random_stream(stream);
+}
+
 namespace {
 // Puts `replacement`'s data under the handle `t` (same shape), so that whoever holds `t` (an
 // optimizer, a DataParallel bucket) sees the new data.

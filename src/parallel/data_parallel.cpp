@@ -572,6 +572,9 @@ DataParallelBase::DataParallelBase(std::vector<std::unique_ptr<nn::Layer>> layer
       mine[k].second.copy_(state[k].second);
     }
   }
+  // Every replica of every process draws its own random numbers (dropout masks).
+  const uint64_t rank = m.procs ? static_cast<uint64_t>(m.procs->rank()) : 0;
+  for (size_t i = 0; i < m.n(); ++i) m.replicas[i]->layer->set_random_stream((rank << 32) + i);
   m.build_buckets();
   for (size_t r = 0; r < m.n(); ++r)
     for (size_t k = 0; k < m.replicas[r]->params.size(); ++k)

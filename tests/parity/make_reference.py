@@ -413,6 +413,33 @@ def build_batch_norm_layers(c):
         c.put(case, "out2", m(x2))
 
 
+def build_avg_pool2d(c):
+    for case, xs, k, stride, pad, include_pad, ceil in [
+            ("k2s2", [2, 3, 8, 8], 2, 2, 0, True, False),
+            ("k3s2p1", [2, 3, 9, 9], 3, 2, 1, True, False),
+            ("k3s2p1_exclude", [2, 3, 9, 8], 3, 2, 1, False, False),
+            ("k3s1p1_exclude", [2, 2, 7, 6], 3, 1, 1, False, False),
+            ("k3s2p1_ceil", [2, 3, 8, 7], 3, 2, 1, True, True),
+            ("k3s2p1_ceil_exclude", [2, 3, 8, 7], 3, 2, 1, False, True),
+            ("k2s2_ceil_odd", [1, 4, 7, 9], 2, 2, 0, True, True),
+            ("k4s3p2", [2, 2, 10, 11], 4, 3, 2, True, False)]:
+        c.run(case, lambda x: F.avg_pool2d(x, k, stride, pad, ceil_mode=ceil,
+                                           count_include_pad=include_pad),
+              {"x": torch.randn(xs)},
+              {"kernel_size": i64(k), "stride": i64(stride), "padding": i64(pad),
+               "count_include_pad": i64(int(include_pad)), "ceil_mode": i64(int(ceil))})
+
+
+def build_adaptive_avg_pool2d(c):
+    for case, xs, out in [("global", [4, 16, 7, 7], [1, 1]), ("global_odd", [2, 3, 5, 9], [1, 1]),
+                          ("divisible", [2, 3, 8, 8], [4, 2]),
+                          ("non_divisible", [2, 3, 7, 10], [3, 4]),
+                          ("non_divisible_tall", [1, 2, 13, 5], [5, 3]),
+                          ("upsample", [1, 2, 3, 2], [5, 3])]:
+        c.run(case, lambda x: F.adaptive_avg_pool2d(x, out), {"x": torch.randn(xs)},
+              {"output_size": i64(out)})
+
+
 OPS = {
     "add": binary_op(torch.add),
     "sub": binary_op(torch.sub),
@@ -440,6 +467,8 @@ OPS = {
     "split": build_split,
     "permute": build_permute,
     "batch_norm": build_batch_norm,
+    "avg_pool2d": build_avg_pool2d,
+    "adaptive_avg_pool2d": build_adaptive_avg_pool2d,
 }
 
 

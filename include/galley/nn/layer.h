@@ -80,6 +80,12 @@ class Layer {
   /// True in training mode.
   bool is_training() const { return training_; }
 
+  /// Gives this layer and its children the random stream `stream`: a layer that draws random
+  /// numbers (Dropout) restarts from a function of its seed and the stream. DataParallel gives
+  /// replica i of process r the stream r * 2^32 + i, so no two replicas or processes draw the
+  /// same masks; stream 0 is what a layer draws outside DataParallel.
+  virtual void set_random_stream(uint64_t stream);
+
   /// Moves every parameter and buffer to `device`, keeping the handles (optimizers stay valid).
   void to(Device device);
   /// Converts every floating parameter and buffer (and gradient) to floating `dtype`, keeping

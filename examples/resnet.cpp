@@ -1,0 +1,333 @@
+// Trains a ResNet-20-style network on Fashion-MNIST: three stages of basic blocks (3x3 conv,
+// BatchNorm, ReLU, 3x3 conv, BatchNorm, plus the shortcut), 16, 32 and 64 channels at 28x28,
+// 14x14 and 7x7, identity shortcuts inside a stage and 1x1 projections (conv + BatchNorm) where
+// the shape changes, global average pooling and one linear layer. SGD with Nesterov momentum and
+// weight decay under a one-cycle schedule; the loader pads and crops at random and flips.
+//
+// Usage: resnet [options]   (resnet --help lists them)
+// The model runs under DataParallel over every device (--device picks one) and as it is under
+// `mpirun -np N`: each process takes its share of every epoch, gradients are averaged across
+// all replicas of all processes, and every replica uses replica 0's BatchNorm statistics at each
+// forward (broadcast_buffers), so the running statistics stay the same everywhere.
+#include <galley/galley.h>
+
+#include <cerrno>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <memory>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+namespace nn = galley::nn;
+using galley::Tensor;
+
+// conv3x3 - BN - ReLU - conv3x3 - BN, added to the shortcut, then ReLU.
+class BasicBlock : public nn::Layer {
+ public:
+  BasicBlock(int64_t in, int64_t out, int64_t stride)
+      : conv1_(in, out, 3, {.stride = stride, .padding = 1, .bias = false}),
+        bn1_(out, {.relu = true}),
+        conv2_(out, out, 3, {.padding = 1, .bias = false}),
+        bn2_(out) {
+    register_layer("conv1", conv1_);
+    register_layer("bn1", bn1_);
+    register_layer("conv2", conv2_);
+    register_layer("bn2", bn2_);
+    if (stride != 1 || in != out) {
+      // A 1x1 projection where the shape changes (the "option B" shortcut).
+      proj_ = std::make_unique<nn::Conv2D>(in, out, 1, nn::Conv2DOptions{.stride = stride,
+                                                                         .bias = false});
+      proj_bn_ = std::make_unique<nn::BatchNorm2D>(out);
+      register_layer("shortcut_conv", *proj_);
+      register_layer("shortcut_bn", *proj_bn_);
+    }
+  }
+  Tensor forward(const Tensor& x) override {
+    Tensor h = bn2_(conv2_(bn1_(conv1_(x))));
+    h.add_(proj_ ? (*proj_bn_)((*proj_)(x)) : x);  // the residual sum, in place
+    return galley::relu(std::move(h));
+  }
+
+ private:
+  nn::Conv2D conv1_;
+  nn::BatchNorm2D bn1_;  // with its ReLU fused
+  nn::Conv2D conv2_;
+  nn::BatchNorm2D bn2_;
+  std::unique_ptr<nn::Conv2D> proj_;
+  std::unique_ptr<nn::BatchNorm2D> proj_bn_;
+};
+
+class ResNet20 : public nn::Layer {
+ public:
+  explicit ResNet20(int64_t blocks_per_stage = 3) {
+    register_layer("conv", stem_);
+    register_layer("bn", stem_bn_);
+    int64_t in = 16;
+    for (int64_t stage = 0; stage < 3; ++stage) {
+      const int64_t out = 16 << stage;
+      for (int64_t b = 0; b < blocks_per_stage; ++b) {
+        blocks_.push_back(std::make_unique<BasicBlock>(in, out, stage > 0 && b == 0 ? 2 : 1));
+        register_layer("layer" + std::to_string(stage + 1) + "_" + std::to_string(b),
+                       *blocks_.back());
+        in = out;
+      }
+    }
+    register_layer("pool", pool_);
+    register_layer("fc", fc_);
+  }
+  Tensor forward(const Tensor& x) override {
+    Tensor h = stem_bn_(stem_(x));
+    for (auto& b : blocks_) h = (*b)(h);
+    return fc_(galley::flatten(pool_(h), 1));
+  }
+
+ private:
+  nn::Conv2D stem_{1, 16, 3, {.padding = 1, .bias = false}};
+  nn::BatchNorm2D stem_bn_{16, {.relu = true}};
+  std::vector<std::unique_ptr<BasicBlock>> blocks_;
+  nn::AdaptiveAvgPool2D pool_{1};
+  nn::Linear fc_{64, 10};
+};
+
+namespace {
+
+// The mean and standard deviation of the Fashion-MNIST training images in [0, 1].
+constexpr float kFashionMean = 0.2860f, kFashionStd = 0.3530f;
+
+struct Args {
+  int epochs = 10;
+  int64_t batch_size = 128;
+  double lr = 0.1;
+  double weight_decay = 5e-4;
+  std::string data = galley::data::default_fashion_mnist_dir();
+  int threads = 0;
+  int64_t limit = 0;
+  double target = 0;
+  uint64_t seed = 0;
+  int workers = 2;
+  std::string device;
+  std::string metrics;
+};
+
+void usage(std::FILE* out, const char* prog) {
+  std::fprintf(out,
+               "usage: %s [options]\n"
+               "Trains a ResNet-20-style network on Fashion-MNIST and reports the test accuracy "
+               "after each epoch.\n\n"
+               "  --epochs N          epochs to train (default 10)\n"
+               "  --batch-size N      images per step and process (default 128)\n"
+               "  --lr X              peak rate of the one-cycle schedule (default 0.1)\n"
+               "  --weight-decay X    SGD's weight decay (default 5e-4)\n"
+               "  --data DIR          the Fashion-MNIST IDX files (default %s)\n"
+               "  --threads N         galley's threads (default: the cores available)\n"
+               "  --limit N           train on the first N training images only\n"
+               "  --target ACC        exit with status 2 if the final test accuracy is below ACC\n"
+               "  --seed N            seed of the weights, the shuffle and the augmentation\n"
+               "  --workers N         data loader threads (default 2)\n"
+               "  --device D          cpu or cuda:N (default: every GPU, else the CPU)\n"
+               "  --metrics FILE      append a JSON line per epoch to FILE\n"
+               "  -h, --help          show this and exit\n",
+               prog, galley::data::default_fashion_mnist_dir().c_str());
+}
+
+[[noreturn]] void bad_usage(const char* prog, const std::string& message) {
+  std::fprintf(stderr, "%s: %s (%s --help lists the options)\n", prog, message.c_str(), prog);
+  std::exit(64);
+}
+
+template <typename T>
+T number(const char* prog, const std::string& option, const char* text) {
+  errno = 0;
+  char* end = nullptr;
+  T v{};
+  if constexpr (std::is_floating_point_v<T>)
+    v = static_cast<T>(std::strtod(text, &end));
+  else if constexpr (std::is_unsigned_v<T>)
+    v = static_cast<T>(std::strtoull(text, &end, 10));
+  else
+    v = static_cast<T>(std::strtoll(text, &end, 10));
+  if (end == text || *end != '\0' || errno == ERANGE)
+    bad_usage(prog, option + ": '" + text + "' is not a number");
+  return v;
+}
+
+Args parse(int argc, char** argv) {
+  Args a;
+  const char* prog = argv[0];
+  for (int i = 1; i < argc; ++i) {
+    const std::string k = argv[i];
+    auto next = [&]() -> const char* {
+      if (i + 1 >= argc) bad_usage(prog, k + " needs a value");
+      return argv[++i];
+    };
+    if (k == "-h" || k == "--help") {
+      usage(stdout, prog);
+      std::exit(0);
+    } else if (k == "--epochs") {
+      a.epochs = number<int>(prog, k, next());
+    } else if (k == "--batch-size") {
+      a.batch_size = number<int64_t>(prog, k, next());
+    } else if (k == "--lr") {
+      a.lr = number<double>(prog, k, next());
+    } else if (k == "--weight-decay") {
+      a.weight_decay = number<double>(prog, k, next());
+    } else if (k == "--data") {
+      a.data = next();
+    } else if (k == "--threads") {
+      a.threads = number<int>(prog, k, next());
+    } else if (k == "--limit") {
+      a.limit = number<int64_t>(prog, k, next());
+    } else if (k == "--target") {
+      a.target = number<double>(prog, k, next());
+    } else if (k == "--seed") {
+      a.seed = number<uint64_t>(prog, k, next());
+    } else if (k == "--workers") {
+      a.workers = number<int>(prog, k, next());
+    } else if (k == "--device") {
+      a.device = next();
+    } else if (k == "--metrics") {
+      a.metrics = next();
+    } else {
+      bad_usage(prog, "unknown option " + k);
+    }
+  }
+  if (a.epochs < 1) bad_usage(prog, "--epochs must be at least 1");
+  if (a.batch_size < 2) bad_usage(prog, "--batch-size must be at least 2 (BatchNorm)");
+  if (a.lr <= 0) bad_usage(prog, "--lr must be positive");
+  if (a.workers < 0) bad_usage(prog, "--workers must not be negative");
+  return a;
+}
+
+std::vector<galley::Device> devices_of(const char* prog, const std::string& s) {
+  if (s.empty()) return galley::all_devices();
+  if (s == "cpu") return {galley::Device::cpu()};
+  if (s.rfind("cuda:", 0) == 0)
+    return {galley::Device::cuda(number<int>(prog, "--device", s.c_str() + 5))};
+  bad_usage(prog, "--device " + s + ": expected cpu or cuda:N");
+}
+
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+// Test accuracy of replica 0 in evaluation mode (the running statistics).
+double evaluate(galley::DataParallel<ResNet20>& model, galley::data::DataLoader& test) {
+  galley::NoGradGuard no_grad;
+  model.eval();
+  int64_t correct = 0, total = 0;
+  for (auto& [data, label] : test) {
+    const auto p = galley::argmax(model.module(0)(data), 1).to(galley::Device::cpu());
+    const auto y = label.to(galley::Device::cpu()).to_vector<int64_t>();
+    const auto pv = p.to_vector<int64_t>();
+    for (size_t i = 0; i < y.size(); ++i) correct += pv[i] == y[i];
+    total += static_cast<int64_t>(y.size());
+  }
+  model.train();
+  return double(correct) / double(total);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const Args args = parse(argc, argv);
+  try {
+    const auto& env = galley::distributed::init_parallel_env();
+    if (args.threads > 0) galley::set_num_threads(args.threads);
+    galley::manual_seed(args.seed);
+    namespace data = galley::data;
+    data::MNIST train_full(args.data, data::Split::Train);
+    data::MNIST test(args.data, data::Split::Test);
+    data::TensorDataset train = train_full;
+    if (args.limit > 0 && args.limit < int64_t(train_full.size()))
+      train = data::TensorDataset(
+          Tensor::from_host(train_full.data().raw_data(), {args.limit, 1, 28, 28}),
+          Tensor::from_host(train_full.labels().raw_data(), {args.limit}, galley::DType::Int64));
+    const std::vector<galley::Device> devices = devices_of(argv[0], args.device);
+
+    galley::DataParallel<ResNet20> model(devices);
+    galley::optim::SGD optimizer(model.parameters(), {.learning_rate = args.lr,
+                                                      .momentum = 0.9,
+                                                      .weight_decay = args.weight_decay,
+                                                      .nesterov = true});
+    auto sampler = std::make_shared<data::DistributedSampler>(
+        train.size(), data::DistributedSamplerOptions{
+                          .rank = env.rank, .world_size = env.world_size, .seed = args.seed});
+    data::DataLoader loader(
+        train, {.batch_size = args.batch_size,
+                .seed = args.seed,
+                .drop_last = true,
+                .num_workers = args.workers,
+                .sampler = sampler,
+                .transforms = {data::random_crop(2), data::random_horizontal_flip(),
+                               data::normalize({kFashionMean}, {kFashionStd})}});
+    data::DataLoader test_loader(
+        test, {.batch_size = 1000,
+               .num_workers = args.workers,
+               .device = devices[0],
+               .transforms = {data::normalize({kFashionMean}, {kFashionStd})}});
+    galley::optim::OneCycleLR schedule(
+        optimizer, {.max_lr = args.lr,
+                    .epochs = args.epochs,
+                    .steps_per_epoch = static_cast<int64_t>(loader.size())});
+    nn::CrossEntropyLoss loss_fn;
+    std::unique_ptr<galley::MetricsLogger> metrics;
+    if (!args.metrics.empty() && env.rank == 0)
+      metrics = std::make_unique<galley::MetricsLogger>(
+          galley::MetricsLoggerOptions{.path = args.metrics, .memory_devices = devices});
+    if (env.rank == 0)
+      std::printf("Fashion-MNIST: %zu training, %zu test images; ResNet-20 on %zu device(s) x %d "
+                  "process(es), %d threads\n",
+                  train.size(), test.size(), model.num_replicas(), env.world_size,
+                  galley::num_threads());
+
+    double accuracy = 0;
+    int64_t step = 0;
+    const auto start = std::chrono::steady_clock::now();
+    for (int epoch = 1; epoch <= args.epochs; ++epoch) {
+      const auto t0 = std::chrono::steady_clock::now();
+      Tensor loss_total = galley::zeros({});
+      int64_t batches = 0, seen = 0;
+      for (auto& [x, y] : loader) {
+        Tensor loss = loss_fn(model(x), y);
+        loss.backward();
+        optimizer.step();
+        optimizer.clear_grad();
+        schedule.step();
+        loss_total = galley::add(loss_total, loss.detach().to(galley::Device::cpu()));
+        ++batches, ++step;
+        seen += y.numel();
+      }
+      const double train_s = seconds_since(t0);
+      accuracy = evaluate(model, test_loader);
+      const double loss = loss_total.item() / double(batches);
+      if (env.rank == 0)
+        std::printf("epoch %d/%d  loss %.4f  %.0f samples/s  train %.1f s  test accuracy %.2f%%\n",
+                    epoch, args.epochs, loss, env.world_size * seen / train_s, train_s,
+                    100 * accuracy);
+      if (metrics)
+        metrics->log({.event = "epoch",
+                      .step = step,
+                      .epoch = epoch,
+                      .loss = loss,
+                      .accuracy = accuracy,
+                      .learning_rate = optimizer.learning_rate(),
+                      .samples_per_s = env.world_size * seen / train_s,
+                      .values = {{"train_s", train_s}}});
+      std::fflush(stdout);
+    }
+    if (env.rank == 0)
+      std::printf("final test accuracy %.2f%% after %d epochs in %.1f s\n", 100 * accuracy,
+                  args.epochs, seconds_since(start));
+    if (args.target > 0 && accuracy < args.target) {
+      std::fprintf(stderr, "test accuracy %.2f%% is below the target %.2f%%\n", 100 * accuracy,
+                   100 * args.target);
+      return 2;
+    }
+  } catch (const galley::Error& e) {
+    std::fprintf(stderr, "error: %s\n", e.what());
+    return 1;
+  }
+  return 0;
+}
