@@ -37,8 +37,8 @@ class BasicBlock : public nn::Layer {
     register_layer("bn2", bn2_);
     if (stride != 1 || in != out) {
       // A 1x1 projection where the shape changes (the "option B" shortcut).
-      proj_ = std::make_unique<nn::Conv2D>(in, out, 1, nn::Conv2DOptions{.stride = stride,
-                                                                         .bias = false});
+      proj_ = std::make_unique<nn::Conv2D>(in, out, 1,
+                                           nn::Conv2DOptions{.stride = stride, .bias = false});
       proj_bn_ = std::make_unique<nn::BatchNorm2D>(out);
       register_layer("shortcut_conv", *proj_);
       register_layer("shortcut_bn", *proj_bn_);
@@ -104,6 +104,7 @@ struct Args {
   std::string data = galley::data::default_fashion_mnist_dir();
   int threads = 0;
   int64_t limit = 0;
+  int64_t test_limit = 0;
   double target = 0;
   uint64_t seed = 0;
   int workers = 2;
@@ -123,6 +124,7 @@ void usage(std::FILE* out, const char* prog) {
                "  --data DIR          the Fashion-MNIST IDX files (default %s)\n"
                "  --threads N         galley's threads (default: the cores available)\n"
                "  --limit N           train on the first N training images only\n"
+               "  --test-limit N      test on the first N test images only\n"
                "  --target ACC        exit with status 2 if the final test accuracy is below ACC\n"
                "  --seed N            seed of the weights, the shuffle and the augmentation\n"
                "  --workers N         data loader threads (default 2)\n"
@@ -179,6 +181,8 @@ Args parse(int argc, char** argv) {
       a.threads = number<int>(prog, k, next());
     } else if (k == "--limit") {
       a.limit = number<int64_t>(prog, k, next());
+    } else if (k == "--test-limit") {
+      a.test_limit = number<int64_t>(prog, k, next());
     } else if (k == "--target") {
       a.target = number<double>(prog, k, next());
     } else if (k == "--seed") {
@@ -238,12 +242,16 @@ int main(int argc, char** argv) {
     galley::manual_seed(args.seed);
     namespace data = galley::data;
     data::MNIST train_full(args.data, data::Split::Train);
-    data::MNIST test(args.data, data::Split::Test);
-    data::TensorDataset train = train_full;
-    if (args.limit > 0 && args.limit < int64_t(train_full.size()))
-      train = data::TensorDataset(
-          Tensor::from_host(train_full.data().raw_data(), {args.limit, 1, 28, 28}),
-          Tensor::from_host(train_full.labels().raw_data(), {args.limit}, galley::DType::Int64));
+    data::MNIST test_full(args.data, data::Split::Test);
+    // The first n images of `full` (all of them when n is 0 or more than it has).
+    auto first = [](const data::MNIST& full, int64_t n) {
+      if (n <= 0 || n >= int64_t(full.size())) return data::TensorDataset(full);
+      return data::TensorDataset(
+          Tensor::from_host(full.data().raw_data(), {n, 1, 28, 28}),
+          Tensor::from_host(full.labels().raw_data(), {n}, galley::DType::Int64));
+    };
+    data::TensorDataset train = first(train_full, args.limit);
+    data::TensorDataset test = first(test_full, args.test_limit);
     const std::vector<galley::Device> devices = devices_of(argv[0], args.device);
 
     galley::DataParallel<ResNet20> model(devices);
@@ -254,33 +262,33 @@ int main(int argc, char** argv) {
     auto sampler = std::make_shared<data::DistributedSampler>(
         train.size(), data::DistributedSamplerOptions{
                           .rank = env.rank, .world_size = env.world_size, .seed = args.seed});
-    data::DataLoader loader(
-        train, {.batch_size = args.batch_size,
-                .seed = args.seed,
-                .drop_last = true,
-                .num_workers = args.workers,
-                .sampler = sampler,
-                .transforms = {data::random_crop(2), data::random_horizontal_flip(),
-                               data::normalize({kFashionMean}, {kFashionStd})}});
-    data::DataLoader test_loader(
-        test, {.batch_size = 1000,
-               .num_workers = args.workers,
-               .device = devices[0],
-               .transforms = {data::normalize({kFashionMean}, {kFashionStd})}});
-    galley::optim::OneCycleLR schedule(
-        optimizer, {.max_lr = args.lr,
-                    .epochs = args.epochs,
-                    .steps_per_epoch = static_cast<int64_t>(loader.size())});
+    data::DataLoader loader(train,
+                            {.batch_size = args.batch_size,
+                             .seed = args.seed,
+                             .drop_last = true,
+                             .num_workers = args.workers,
+                             .sampler = sampler,
+                             .transforms = {data::random_crop(2), data::random_horizontal_flip(),
+                                            data::normalize({kFashionMean}, {kFashionStd})}});
+    data::DataLoader test_loader(test,
+                                 {.batch_size = 1000,
+                                  .num_workers = args.workers,
+                                  .device = devices[0],
+                                  .transforms = {data::normalize({kFashionMean}, {kFashionStd})}});
+    galley::optim::OneCycleLR schedule(optimizer,
+                                       {.max_lr = args.lr,
+                                        .epochs = args.epochs,
+                                        .steps_per_epoch = static_cast<int64_t>(loader.size())});
     nn::CrossEntropyLoss loss_fn;
     std::unique_ptr<galley::MetricsLogger> metrics;
     if (!args.metrics.empty() && env.rank == 0)
       metrics = std::make_unique<galley::MetricsLogger>(
           galley::MetricsLoggerOptions{.path = args.metrics, .memory_devices = devices});
     if (env.rank == 0)
-      std::printf("Fashion-MNIST: %zu training, %zu test images; ResNet-20 on %zu device(s) x %d "
-                  "process(es), %d threads\n",
-                  train.size(), test.size(), model.num_replicas(), env.world_size,
-                  galley::num_threads());
+      std::printf(
+          "Fashion-MNIST: %zu training, %zu test images; ResNet-20 on %zu device(s) x %d "
+          "process(es), %d threads\n",
+          train.size(), test.size(), model.num_replicas(), env.world_size, galley::num_threads());
 
     double accuracy = 0;
     int64_t step = 0;

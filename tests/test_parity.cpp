@@ -495,6 +495,8 @@ TEST(parity, PermuteContiguous) {
         return p.contiguous();
       },
       kExact);
+}
+
 TEST(parity, AvgPool2d) {
   LOAD_REFS(refs, "avg_pool2d");
   check_op(refs, "avg_pool2d", [](Case& c) {
