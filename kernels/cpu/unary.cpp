@@ -1,14 +1,20 @@
 // Elementwise unary ops and their backward on the host.
 #include "kernels/unary.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "galley/half.h"
 #include "kernels/cpu/parallel.h"
+#include "kernels/cpu/simd_math.h"
 #include "kernels/cpu/staged.h"
+#include "kernels/unary_math.h"
 
 namespace galley::kernels::cpu {
 namespace {
+
+namespace um = unary_math;
+using M = SimdMath;
 
 // o = f(a) over n elements of `dtype`, computed in float32.
 template <typename F>
@@ -35,6 +41,78 @@ void zip(const char* op, DType dtype, const void* a, const void* b, void* out, i
   });
 }
 
+// ---------------------------------------------------------------------------------------------
+// Fixed-size blocks for the ops that call SimdMath: every element, the last block's included,
+// goes through the same vector code (a loop of constant trip count over an aligned stack block
+// has no scalar prologue or epilogue), so its result does not depend on where it lies, in which
+// dtype it is stored or how the threads split the array.
+
+template <typename T>
+void load_block(const T* src, float* dst, int64_t m) {
+  if constexpr (std::is_same_v<T, float>)
+    std::copy(src, src + m, dst);
+  else
+    to_float(src, dst, m);
+  std::fill(dst + m, dst + kStageBlock, 0.f);  // the lanes past the end compute on zeros
+}
+
+template <typename T>
+void store_block(const float* src, T* dst, int64_t m) {
+  if constexpr (std::is_same_v<T, float>)
+    std::copy(src, src + m, dst);
+  else
+    from_float(src, dst, m);
+}
+
+template <typename T, typename F>
+void map_blocks(const T* a, T* o, int64_t n, F f) {
+  alignas(64) float x[kStageBlock];
+  for (int64_t i = 0; i < n; i += kStageBlock) {
+    const int64_t m = std::min(kStageBlock, n - i);
+    load_block(a + i, x, m);
+#pragma omp simd aligned(x : 64)
+    for (int64_t j = 0; j < kStageBlock; ++j) x[j] = f(x[j]);
+    store_block(x, o + i, m);
+  }
+}
+
+template <typename T, typename F>
+void zip_blocks(const T* a, const T* b, T* o, int64_t n, F f) {
+  alignas(64) float x[kStageBlock], y[kStageBlock];
+  for (int64_t i = 0; i < n; i += kStageBlock) {
+    const int64_t m = std::min(kStageBlock, n - i);
+    load_block(a + i, x, m);
+    load_block(b + i, y, m);
+#pragma omp simd aligned(x, y : 64)
+    for (int64_t j = 0; j < kStageBlock; ++j) x[j] = f(x[j], y[j]);
+    store_block(x, o + i, m);
+  }
+}
+
+template <typename F>
+void map_simd(const char* op, DType dtype, const void* a, void* out, int64_t n, F f) {
+  dispatch_floating(dtype, op, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    const T* p = static_cast<const T*>(a);
+    T* o = static_cast<T*>(out);
+    parallel_for(n, kElementwiseGrain,
+                 [&](int64_t s, int64_t e) { map_blocks(p + s, o + s, e - s, f); });
+  });
+}
+
+template <typename F>
+void zip_simd(const char* op, DType dtype, const void* a, const void* b, void* out, int64_t n,
+              F f) {
+  dispatch_floating(dtype, op, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    const T* pa = static_cast<const T*>(a);
+    const T* pb = static_cast<const T*>(b);
+    T* o = static_cast<T*>(out);
+    parallel_for(n, kElementwiseGrain,
+                 [&](int64_t s, int64_t e) { zip_blocks(pa + s, pb + s, o + s, e - s, f); });
+  });
+}
+
 }  // namespace
 
 void unary(UnaryOp op, DType dtype, const void* a, void* out, int64_t n, float p0, float p1) {
@@ -50,6 +128,45 @@ void unary(UnaryOp op, DType dtype, const void* a, void* out, int64_t n, float p
     case UnaryOp::Relu:
       // `!(x <= 0)` keeps a NaN as NaN, as PyTorch does, instead of hiding it behind a zero.
       return map("relu", dtype, a, out, n, [](float x) { return !(x <= 0.f) ? x : 0.f; });
+    case UnaryOp::Sigmoid:
+      return map_simd("sigmoid", dtype, a, out, n, [](float x) { return um::sigmoid<M>(x); });
+    case UnaryOp::Tanh:
+      return map_simd("tanh", dtype, a, out, n, [](float x) { return um::tanh<M>(x); });
+    case UnaryOp::Silu:
+      return map_simd("silu", dtype, a, out, n, [](float x) { return um::silu<M>(x); });
+    case UnaryOp::Gelu:
+      return map_simd("gelu", dtype, a, out, n, [](float x) { return um::gelu<M>(x); });
+    case UnaryOp::GeluTanh:
+      return map_simd("gelu", dtype, a, out, n, [](float x) { return um::gelu_tanh<M>(x); });
+    case UnaryOp::LeakyRelu:
+      return map("leaky_relu", dtype, a, out, n, [=](float x) { return um::leaky_relu(x, p0); });
+  }
+}
+
+void unary_backward(UnaryOp op, DType dtype, const void* grad, const void* saved, void* out,
+                    int64_t n, float p0) {
+  switch (op) {
+    case UnaryOp::Sigmoid:
+      return zip("sigmoid_backward", dtype, grad, saved, out, n,
+                 [](float g, float y) { return um::sigmoid_backward(g, y); });
+    case UnaryOp::Tanh:
+      return zip("tanh_backward", dtype, grad, saved, out, n,
+                 [](float g, float y) { return um::tanh_backward(g, y); });
+    case UnaryOp::Silu:
+      return zip_simd("silu_backward", dtype, grad, saved, out, n,
+                      [](float g, float x) { return um::silu_backward<M>(g, x); });
+    case UnaryOp::Gelu:
+      return zip_simd("gelu_backward", dtype, grad, saved, out, n,
+                      [](float g, float x) { return um::gelu_backward<M>(g, x); });
+    case UnaryOp::GeluTanh:
+      return zip_simd("gelu_backward", dtype, grad, saved, out, n,
+                      [](float g, float x) { return um::gelu_tanh_backward<M>(g, x); });
+    case UnaryOp::LeakyRelu:
+      return zip("leaky_relu_backward", dtype, grad, saved, out, n,
+                 [=](float g, float x) { return um::leaky_relu_backward(g, x, p0); });
+    default:
+      throw Error(detail::str_cat("unary_backward: ", unary_op_name(op),
+                                  " is not an activation (it has a backward kernel of its own)"));
   }
 }
 
