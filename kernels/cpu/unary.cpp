@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <type_traits>
 
 #include "galley/half.h"
 #include "kernels/cpu/parallel.h"
@@ -15,31 +16,6 @@ namespace {
 
 namespace um = unary_math;
 using M = SimdMath;
-
-// o = f(a) over n elements of `dtype`, computed in float32.
-template <typename F>
-void map(const char* op, DType dtype, const void* a, void* out, int64_t n, F f) {
-  dispatch_floating(dtype, op, [&](auto tag) {
-    using T = typename decltype(tag)::type;
-    const T* p = static_cast<const T*>(a);
-    T* o = static_cast<T*>(out);
-    parallel_for(n, kElementwiseGrain,
-                 [&](int64_t s, int64_t e) { map_n(p + s, o + s, e - s, f); });
-  });
-}
-
-// o = f(a, b) over n elements of `dtype`; o may be a.
-template <typename F>
-void zip(const char* op, DType dtype, const void* a, const void* b, void* out, int64_t n, F f) {
-  dispatch_floating(dtype, op, [&](auto tag) {
-    using T = typename decltype(tag)::type;
-    const T* pa = static_cast<const T*>(a);
-    const T* pb = static_cast<const T*>(b);
-    T* o = static_cast<T*>(out);
-    parallel_for(n, kElementwiseGrain,
-                 [&](int64_t s, int64_t e) { zip_n(pa + s, 1, pb + s, 1, o + s, e - s, f); });
-  });
-}
 
 // ---------------------------------------------------------------------------------------------
 // Fixed-size blocks for the ops that call SimdMath: every element, the last block's included,
@@ -89,27 +65,40 @@ void zip_blocks(const T* a, const T* b, T* o, int64_t n, F f) {
   }
 }
 
-template <typename F>
-void map_simd(const char* op, DType dtype, const void* a, void* out, int64_t n, F f) {
+// How map and zip loop: map_n / zip_n (kernels/cpu/staged.h), or over fixed-size blocks for the
+// ops that call SimdMath.
+enum class Loop { Plain, Blocks };
+
+// o = f(a) over n elements of `dtype`, computed in float32; o may be a.
+template <Loop kLoop = Loop::Plain, typename F>
+void map(const char* op, DType dtype, const void* a, void* out, int64_t n, F f) {
   dispatch_floating(dtype, op, [&](auto tag) {
     using T = typename decltype(tag)::type;
     const T* p = static_cast<const T*>(a);
     T* o = static_cast<T*>(out);
-    parallel_for(n, kElementwiseGrain,
-                 [&](int64_t s, int64_t e) { map_blocks(p + s, o + s, e - s, f); });
+    parallel_for(n, kElementwiseGrain, [&](int64_t s, int64_t e) {
+      if constexpr (kLoop == Loop::Blocks)
+        map_blocks(p + s, o + s, e - s, f);
+      else
+        map_n(p + s, o + s, e - s, f);
+    });
   });
 }
 
-template <typename F>
-void zip_simd(const char* op, DType dtype, const void* a, const void* b, void* out, int64_t n,
-              F f) {
+// o = f(a, b) over n elements of `dtype`; o may be a.
+template <Loop kLoop = Loop::Plain, typename F>
+void zip(const char* op, DType dtype, const void* a, const void* b, void* out, int64_t n, F f) {
   dispatch_floating(dtype, op, [&](auto tag) {
     using T = typename decltype(tag)::type;
     const T* pa = static_cast<const T*>(a);
     const T* pb = static_cast<const T*>(b);
     T* o = static_cast<T*>(out);
-    parallel_for(n, kElementwiseGrain,
-                 [&](int64_t s, int64_t e) { zip_blocks(pa + s, pb + s, o + s, e - s, f); });
+    parallel_for(n, kElementwiseGrain, [&](int64_t s, int64_t e) {
+      if constexpr (kLoop == Loop::Blocks)
+        zip_blocks(pa + s, pb + s, o + s, e - s, f);
+      else
+        zip_n(pa + s, 1, pb + s, 1, o + s, e - s, f);
+    });
   });
 }
 
@@ -129,15 +118,17 @@ void unary(UnaryOp op, DType dtype, const void* a, void* out, int64_t n, float p
       // `!(x <= 0)` keeps a NaN as NaN, as PyTorch does, instead of hiding it behind a zero.
       return map("relu", dtype, a, out, n, [](float x) { return !(x <= 0.f) ? x : 0.f; });
     case UnaryOp::Sigmoid:
-      return map_simd("sigmoid", dtype, a, out, n, [](float x) { return um::sigmoid<M>(x); });
+      return map<Loop::Blocks>("sigmoid", dtype, a, out, n,
+                               [](float x) { return um::sigmoid<M>(x); });
     case UnaryOp::Tanh:
-      return map_simd("tanh", dtype, a, out, n, [](float x) { return um::tanh<M>(x); });
+      return map<Loop::Blocks>("tanh", dtype, a, out, n, [](float x) { return um::tanh<M>(x); });
     case UnaryOp::Silu:
-      return map_simd("silu", dtype, a, out, n, [](float x) { return um::silu<M>(x); });
+      return map<Loop::Blocks>("silu", dtype, a, out, n, [](float x) { return um::silu<M>(x); });
     case UnaryOp::Gelu:
-      return map_simd("gelu", dtype, a, out, n, [](float x) { return um::gelu<M>(x); });
+      return map<Loop::Blocks>("gelu", dtype, a, out, n, [](float x) { return um::gelu<M>(x); });
     case UnaryOp::GeluTanh:
-      return map_simd("gelu", dtype, a, out, n, [](float x) { return um::gelu_tanh<M>(x); });
+      return map<Loop::Blocks>("gelu", dtype, a, out, n,
+                               [](float x) { return um::gelu_tanh<M>(x); });
     case UnaryOp::LeakyRelu:
       return map("leaky_relu", dtype, a, out, n, [=](float x) { return um::leaky_relu(x, p0); });
   }
@@ -153,14 +144,14 @@ void unary_backward(UnaryOp op, DType dtype, const void* grad, const void* saved
       return zip("tanh_backward", dtype, grad, saved, out, n,
                  [](float g, float y) { return um::tanh_backward(g, y); });
     case UnaryOp::Silu:
-      return zip_simd("silu_backward", dtype, grad, saved, out, n,
-                      [](float g, float x) { return um::silu_backward<M>(g, x); });
+      return zip<Loop::Blocks>("silu_backward", dtype, grad, saved, out, n,
+                               [](float g, float x) { return um::silu_backward<M>(g, x); });
     case UnaryOp::Gelu:
-      return zip_simd("gelu_backward", dtype, grad, saved, out, n,
-                      [](float g, float x) { return um::gelu_backward<M>(g, x); });
+      return zip<Loop::Blocks>("gelu_backward", dtype, grad, saved, out, n,
+                               [](float g, float x) { return um::gelu_backward<M>(g, x); });
     case UnaryOp::GeluTanh:
-      return zip_simd("gelu_backward", dtype, grad, saved, out, n,
-                      [](float g, float x) { return um::gelu_tanh_backward<M>(g, x); });
+      return zip<Loop::Blocks>("gelu_backward", dtype, grad, saved, out, n,
+                               [](float g, float x) { return um::gelu_tanh_backward<M>(g, x); });
     case UnaryOp::LeakyRelu:
       return zip("leaky_relu_backward", dtype, grad, saved, out, n,
                  [=](float g, float x) { return um::leaky_relu_backward(g, x, p0); });
