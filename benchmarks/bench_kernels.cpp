@@ -1,15 +1,16 @@
-// Micro-benchmarks of the CPU ops behind the SimpleCNN train step, through galley's public API.
+// Micro-benchmarks of the CPU ops behind the SimpleCNN train step, and of the activations,
+// through galley's public API.
 //
 //   bench_kernels [--benchmark_filter=conv] [--threads=T]
 //
 // Shapes are those of the SimpleCNN (Conv2D(3, 64, 3) on 32x32, MaxPool2D(2), Linear(14400, 10))
 // at batch 64 and 256, the padded 3x3 convolutions of the VGG-style model of models.h at batch
-// 64, plus a square GEMM. Counters: GFLOP/s for conv and GEMM, GB/s (bytes read + written once)
-// for the memory-bound ops, and `of_peak`: that figure as a fraction of this machine's peak for
-// the thread count, measured at start-up (single-precision FMA throughput of a tight loop with
-// independent accumulators on every thread, and the bandwidth of a STREAM-like copy of arrays
-// far larger than the caches; both printed in the context lines). Backward benchmarks time only
-// the backward call.
+// 64, plus a square GEMM and the activations on 1M elements. Counters: GFLOP/s for conv and
+// GEMM, GB/s (bytes read + written once) for the memory-bound ops, and `of_peak`: that figure
+// as a fraction of this machine's peak for the thread count, measured at start-up
+// (single-precision FMA throughput of a tight loop with independent accumulators on every
+// thread, and the bandwidth of a STREAM-like copy of arrays far larger than the caches; both
+// printed in the context lines). Backward benchmarks time only the backward call.
 // --threads=T calls galley::set_num_threads(T) first (default: galley's default).
 #include <benchmark/benchmark.h>
 #include <galley/galley.h>
@@ -245,6 +246,47 @@ void BM_relu_backward(benchmark::State& st) {
   set_rate(st, 0, 3.0 * 4 * x.numel(), secs);
 }
 
+// The activations on 1M float32 elements (4 MiB in, 4 MiB out), range(0) picking the op; GB/s of
+// the bytes read and written once (forward: x and y; backward: grad, the saved x or y, and the
+// input gradient).
+constexpr int64_t kActivationElements = int64_t(1) << 20;
+
+Tensor activation(int64_t op, const Tensor& x) {
+  switch (op) {
+    case 0:
+      return galley::gelu(x);
+    case 1:
+      return galley::gelu(x, galley::GeluApproximate::Tanh);
+    case 2:
+      return galley::silu(x);
+    case 3:
+      return galley::sigmoid(x);
+    case 4:
+      return galley::tanh(x);
+    default:
+      return galley::leaky_relu(x);
+  }
+}
+const char* activation_name(int64_t op) {
+  static const char* names[] = {"gelu", "gelu_tanh", "silu", "sigmoid", "tanh", "leaky_relu"};
+  return names[op];
+}
+
+void BM_activation(benchmark::State& st) {
+  Tensor x = galley::randn({kActivationElements}, gen()) * 3.f;
+  const double secs = time_forward(st, [&] { return activation(st.range(0), x); });
+  st.SetLabel(activation_name(st.range(0)));
+  set_rate(st, 0, 2.0 * 4 * x.numel(), secs, false);
+}
+
+void BM_activation_backward(benchmark::State& st) {
+  Tensor x = (galley::randn({kActivationElements}, gen()) * 3.f).set_requires_grad(true);
+  Tensor gy = galley::randn({kActivationElements}, gen());
+  const double secs = time_backward(st, [&] { return activation(st.range(0), x); }, gy, {x});
+  st.SetLabel(activation_name(st.range(0)));
+  set_rate(st, 0, 3.0 * 4 * x.numel(), secs, false);
+}
+
 // MaxPool2D(2) forward on [N, 64, 30, 30].
 void BM_max_pool2d_forward(benchmark::State& st) {
   int64_t n = st.range(0);
@@ -357,6 +399,16 @@ BENCHMARK(BM_conv2d_vgg_backward)
     ->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_relu)->Apply(batches)->UseRealTime();
 BENCHMARK(BM_relu_backward)->Apply(batches)->UseManualTime();
+BENCHMARK(BM_activation)
+    ->DenseRange(0, 5)
+    ->ArgName("op")
+    ->UseRealTime()
+    ->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_activation_backward)
+    ->DenseRange(0, 5)
+    ->ArgName("op")
+    ->UseManualTime()
+    ->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_max_pool2d_forward)->Apply(batches)->UseRealTime();
 BENCHMARK(BM_max_pool2d_backward)->Apply(batches)->UseManualTime();
 BENCHMARK(BM_linear_forward)->Apply(batches)->UseRealTime();

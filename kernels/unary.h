@@ -9,12 +9,40 @@
 
 namespace galley::kernels {
 
-// out = f(a): Affine a * p0 + p1, Exp, Log, Pow a^p0, Relu (NaN stays NaN, as in PyTorch).
-enum class UnaryOp { Affine, Exp, Log, Pow, Relu };
+// out = f(a), in PyTorch's float32 forms:
+//   Affine     a * p0 + p1
+//   Exp, Log   e^a, ln a
+//   Pow        a^p0
+//   Relu       a > 0 ? a : 0 (NaN stays NaN)
+//   Sigmoid    1 / (1 + e^-a)
+//   Tanh       tanh a
+//   Silu       a / (1 + e^-a)
+//   Gelu       a * 0.5 * (1 + erf(a / sqrt 2))
+//   GeluTanh   0.5 * a * (1 + tanh(sqrt(2 / pi) * (a + 0.044715 a^3)))
+//   LeakyRelu  a > 0 ? a : a * p0 (NaN stays NaN)
+enum class UnaryOp { Affine, Exp, Log, Pow, Relu, Sigmoid, Tanh, Silu, Gelu, GeluTanh, LeakyRelu };
+
+// The op's name in messages (PyTorch's name: "gelu" for both forms of it).
+constexpr const char* unary_op_name(UnaryOp op) {
+  constexpr const char* kNames[] = {"affine", "exp",  "log",  "pow",  "relu",      "sigmoid",
+                                    "tanh",   "silu", "gelu", "gelu", "leaky_relu"};
+  return kNames[static_cast<int>(op)];
+}
+
+// What unary_backward reads besides the gradient, as PyTorch's backward does: the forward's
+// output y for Sigmoid (grad * (1 - y) * y) and Tanh (grad * (1 - y * y)), its input x for Silu,
+// Gelu, GeluTanh and LeakyRelu (grad * (x > 0 ? 1 : p0), so x == 0 takes the slope).
+constexpr bool backward_reads_output(UnaryOp op) {
+  return op == UnaryOp::Sigmoid || op == UnaryOp::Tanh;
+}
 
 namespace cpu {
 
 void unary(UnaryOp op, DType dtype, const void* a, void* out, int64_t n, float p0, float p1);
+// out = grad * f'(x) for the activations Sigmoid .. LeakyRelu, from `saved`: the forward's output
+// or input as backward_reads_output(op) says; p0 as in the forward. Other ops throw.
+void unary_backward(UnaryOp op, DType dtype, const void* grad, const void* saved, void* out,
+                    int64_t n, float p0);
 // out = grad * p * a^(p-1)
 void pow_backward(DType dtype, const void* grad, const void* a, void* out, int64_t n, float p);
 // out = out_fwd > 0 ? grad : 0
@@ -26,6 +54,8 @@ namespace cuda {
 
 void unary(UnaryOp op, DType dtype, const void* a, void* out, int64_t n, float p0, float p1,
            void* stream);
+void unary_backward(UnaryOp op, DType dtype, const void* grad, const void* saved, void* out,
+                    int64_t n, float p0, void* stream);
 void pow_backward(DType dtype, const void* grad, const void* a, void* out, int64_t n, float p,
                   void* stream);
 void relu_backward(DType dtype, const void* grad, const void* out_fwd, void* out, int64_t n,

@@ -170,6 +170,21 @@ const std::vector<OpCase> kOps = {
     {"relu",                 [](V v) { return galley::relu(v[0]); }, {kinkless({4, 5})}, kAllFloat},
     // relu(Tensor&&): a temporary's buffer is reused for the result
     {"relu_temporary",       [](V v) { return galley::relu(v[0].clone()); }, {kinkless({4, 5})}, kAllFloat},
+    // activations; 1037 elements: whole 256-element blocks of the CPU kernels and a short one
+    {"gelu",                 [](V v) { return galley::gelu(v[0]); }, {normal({4, 5}, 2.f)}, kAllFloat},
+    {"gelu_odd_size",        [](V v) { return galley::gelu(v[0]); }, {normal({1037}, 3.f)}, kAllFloat},
+    {"gelu_tanh",            [](V v) { return galley::gelu(v[0], galley::GeluApproximate::Tanh); }, {normal({4, 5}, 2.f)}, kAllFloat},
+    {"gelu_tanh_odd_size",   [](V v) { return galley::gelu(v[0], galley::GeluApproximate::Tanh); }, {normal({1037}, 3.f)}, kAllFloat},
+    {"silu",                 [](V v) { return galley::silu(v[0]); }, {normal({4, 5}, 2.f)}, kAllFloat},
+    {"silu_odd_size",        [](V v) { return galley::silu(v[0]); }, {normal({1037}, 3.f)}, kAllFloat},
+    {"sigmoid",              [](V v) { return galley::sigmoid(v[0]); }, {normal({4, 5}, 2.f)}, kAllFloat},
+    {"sigmoid_odd_size",     [](V v) { return galley::sigmoid(v[0]); }, {normal({1037}, 3.f)}, kAllFloat},
+    {"tanh",                 [](V v) { return galley::tanh(v[0]); }, {normal({4, 5}, 1.5f)}, kAllFloat},
+    {"tanh_odd_size",        [](V v) { return galley::tanh(v[0]); }, {normal({1037}, 3.f)}, kAllFloat},
+    {"leaky_relu",           [](V v) { return galley::leaky_relu(v[0]); }, {kinkless({4, 5})}, kAllFloat},
+    {"leaky_relu_slope",     [](V v) { return galley::leaky_relu(v[0], 0.2f); }, {kinkless({4, 5})}, kAllFloat},
+    // after a broadcast add: the gradient flows on to both inputs
+    {"silu_of_sum",          [](V v) { return galley::silu(v[0] + v[1]); }, {normal({3, 4}), normal({4})}, kAllFloat},
     // bias + x stays clear of relu's kink: |x| >= 0.1, |bias| ~ 0.01
     {"bias_relu_channels",   [](V v) { return galley::bias_relu(v[0], v[1]); }, {kinkless({2, 3, 4, 5}), normal({3}, 0.01f)}, kAllFloat},
     {"bias_relu_features",   [](V v) { return galley::bias_relu(v[0], v[1], -1); }, {kinkless({6, 7}), normal({7}, 0.01f)}, kAllFloat},

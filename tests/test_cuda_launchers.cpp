@@ -466,6 +466,72 @@ TEST(CudaLaunchers, PowAndReluBackwardMatchTheCpu) {
 #endif
 }
 
+// The activations forward and backward, against the host kernels (which share their formulas,
+// kernels/unary_math.h): specials (NaN, infinities, zeros, subnormals, saturating and huge
+// values), odd sizes, a misaligned start, and in place. Their erf/exp/tanh differ by a few ulps
+// between the libraries, and 1 + erf(x) cancels for x < 0, so the tolerance is a few ulps of the
+// magnitudes entering the last operations: 16 eps (|want| + |g| (|x| + 1)). leaky_relu is one
+// product on either side: bit-identical.
+TEST(CudaLaunchers, ActivationsMatchTheCpu) {
+  REQUIRE_GPU();
+#ifdef GALLEY_HAVE_CUDA
+  std::vector<float> x = normal(1003, 4.f), g = normal(1003);
+  const float specials[] = {kNaN,   kInf,  -kInf,  0.f,   -0.f,   1e-40f, -1e-40f, 88.7f, -88.7f,
+                            -104.f, 1e20f, -1e20f, 3e38f, -3e38f, 9.f,    -9.f,    1e-3f};
+  for (size_t i = 0; i < std::size(specials); ++i) x[i * 31 + 5] = specials[i];
+  const int64_t n = int64_t(x.size());
+  struct Case {
+    const char* name;
+    UnaryOp op;
+    float p0;
+  };
+  const Case cases[] = {{"gelu", UnaryOp::Gelu, 0.f},
+                        {"gelu_tanh", UnaryOp::GeluTanh, 0.f},
+                        {"silu", UnaryOp::Silu, 0.f},
+                        {"sigmoid", UnaryOp::Sigmoid, 0.f},
+                        {"tanh", UnaryOp::Tanh, 0.f},
+                        {"leaky_relu", UnaryOp::LeakyRelu, 0.01f},
+                        {"leaky_relu 0.2", UnaryOp::LeakyRelu, 0.2f}};
+  for (const Case& c : cases) {
+    const bool exact = c.op == UnaryOp::LeakyRelu;
+    std::vector<float> y(n), dx(n);
+    cpu::unary(c.op, galley::DType::Float32, x.data(), y.data(), n, c.p0, 0.f);
+    const std::vector<float>& saved = galley::kernels::backward_reads_output(c.op) ? y : x;
+    cpu::unary_backward(c.op, galley::DType::Float32, g.data(), saved.data(), dx.data(), n, c.p0);
+    std::vector<double> tol_y(n), tol_dx(n);
+    for (int64_t i = 0; i < n; ++i) {
+      const double ax = std::isfinite(x[i]) ? std::abs(x[i]) : 0.0;
+      tol_y[i] = exact ? 0.0 : 16 * FLT_EPSILON * (std::abs(double(y[i])) + ax + 1);
+      tol_dx[i] =
+          exact ? 0.0 : 16 * FLT_EPSILON * (std::abs(double(dx[i])) + std::abs(g[i]) * (ax + 1));
+    }
+    for (int64_t pad : {0, 1}) {
+      const std::string what = std::string(c.name) + " pad=" + std::to_string(pad);
+      DeviceFloats dxin(x, pad), dy = DeviceFloats::zeros(n, pad);
+      gk::unary(c.op, galley::DType::Float32, dxin.get(), dy.get(), n, c.p0, 0.f, nullptr);
+      expect_within(dy.host(), y, tol_y, what);
+      DeviceFloats dg(g, pad), dsaved(saved, pad), ddx = DeviceFloats::zeros(n, pad);
+      gk::unary_backward(c.op, galley::DType::Float32, dg.get(), dsaved.get(), ddx.get(), n, c.p0,
+                         nullptr);
+      expect_within(ddx.host(), dx, tol_dx, what + " backward");
+    }
+    // In place: out == x forward, out == grad backward.
+    DeviceFloats inplace(x);
+    gk::unary(c.op, galley::DType::Float32, inplace.get(), inplace.get(), n, c.p0, 0.f, nullptr);
+    expect_within(inplace.host(), y, tol_y, std::string(c.name) + " in place");
+    DeviceFloats dg(g), dsaved(saved);
+    gk::unary_backward(c.op, galley::DType::Float32, dg.get(), dsaved.get(), dg.get(), n, c.p0,
+                       nullptr);
+    expect_within(dg.host(), dx, tol_dx, std::string(c.name) + " backward in place");
+  }
+  // An op without an activation's backward is refused by name.
+  DeviceFloats a(x), b(x), o = DeviceFloats::zeros(n);
+  EXPECT_THROW(gk::unary_backward(UnaryOp::Exp, galley::DType::Float32, a.get(), b.get(), o.get(),
+                                  n, 0.f, nullptr),
+               galley::Error);
+#endif
+}
+
 // ----------------------------------------------------------------------------------------------
 // reduce.cu
 

@@ -9,6 +9,7 @@
 
 #include <cmath>
 #include <cstdio>
+#include <functional>
 #include <initializer_list>
 #include <map>
 #include <memory>
@@ -490,6 +491,100 @@ TEST(Forward, SequentialChainsLayers) {
   EXPECT_EQ(seq.size(), 3u);
   EXPECT_EQ(seq(fvec({3, 4}, {1, 2})).shape(), (Shape{2}));
   expect_contains(seq.repr(), {"Sequential", "Linear", "ReLU"});
+}
+
+// ---------------------------------------------------------------------------------------------
+// Activation layers
+
+TEST(Activations, LayersComputeTheirOpForwardAndBackward) {
+  galley::Generator gen(9);
+  const Tensor x0 = galley::randn({3, 5}, gen) * 3.f;
+  struct Row {
+    std::shared_ptr<nn::Layer> layer;
+    std::function<Tensor(const Tensor&)> op;
+  };
+  const Row rows[] = {
+      {std::make_shared<nn::GELU>(), [](const Tensor& x) { return galley::gelu(x); }},
+      {std::make_shared<nn::GELU>(nn::GELUOptions{.approximate = galley::GeluApproximate::Tanh}),
+       [](const Tensor& x) { return galley::gelu(x, galley::GeluApproximate::Tanh); }},
+      {std::make_shared<nn::SiLU>(), [](const Tensor& x) { return galley::silu(x); }},
+      {std::make_shared<nn::Sigmoid>(), [](const Tensor& x) { return galley::sigmoid(x); }},
+      {std::make_shared<nn::Tanh>(), [](const Tensor& x) { return galley::tanh(x); }},
+      {std::make_shared<nn::LeakyReLU>(), [](const Tensor& x) { return galley::leaky_relu(x); }},
+      {std::make_shared<nn::LeakyReLU>(nn::LeakyReLUOptions{.negative_slope = 0.2f}),
+       [](const Tensor& x) { return galley::leaky_relu(x, 0.2f); }},
+  };
+  for (const Row& r : rows) {
+    SCOPED_TRACE(r.layer->repr());
+    Tensor a = x0.clone().set_requires_grad(true), b = x0.clone().set_requires_grad(true);
+    Tensor ya = (*r.layer)(a), yb = r.op(b);
+    EXPECT_EQ(ya.to_vector(), yb.to_vector());
+    galley::sum(ya * x0).backward();
+    galley::sum(yb * x0).backward();
+    EXPECT_EQ(a.grad().to_vector(), b.grad().to_vector());
+  }
+}
+
+TEST(Activations, OptionsDefaultsAndRepr) {
+  EXPECT_EQ(nn::GELU().options().approximate, galley::GeluApproximate::None);
+  EXPECT_EQ(nn::GELU().repr(), "GELU()");
+  nn::GELU tanh_gelu({.approximate = galley::GeluApproximate::Tanh});
+  EXPECT_EQ(tanh_gelu.options().approximate, galley::GeluApproximate::Tanh);
+  EXPECT_EQ(tanh_gelu.repr(), "GELU(approximate='tanh')");
+  EXPECT_EQ(nn::LeakyReLU().options().negative_slope, 0.01f);
+  EXPECT_EQ(nn::LeakyReLU().repr(), "LeakyReLU(negative_slope=0.01)");
+  nn::LeakyReLU steep({.negative_slope = 0.2f});
+  EXPECT_EQ(steep.options().negative_slope, 0.2f);
+  EXPECT_EQ(steep.repr(), "LeakyReLU(negative_slope=0.2)");
+  EXPECT_EQ(nn::SiLU().repr(), "SiLU()");
+  EXPECT_EQ(nn::Sigmoid().repr(), "Sigmoid()");
+  EXPECT_EQ(nn::Tanh().repr(), "Tanh()");
+  EXPECT_EQ(nn::Identity().repr(), "Identity()");
+  nn::Sequential seq(std::make_shared<nn::Linear>(4, 4), std::make_shared<nn::GELU>(),
+                     std::make_shared<nn::Identity>(), std::make_shared<nn::Tanh>());
+  expect_contains(seq.repr(), {"Linear", "GELU()", "Identity()", "Tanh()"});
+}
+
+TEST(Activations, OptionsAreValidatedWhereTheLayerIsBuilt) {
+  expect_contains(error_of([] { nn::LeakyReLU({.negative_slope = NAN}); }),
+                  {"LeakyReLU", "negative_slope", "finite"});
+  expect_contains(error_of([] { nn::LeakyReLU({.negative_slope = INFINITY}); }),
+                  {"LeakyReLU", "negative_slope"});
+  expect_contains(error_of([] { nn::GELU({.approximate = galley::GeluApproximate(3)}); }),
+                  {"GELU", "approximate"});
+  // A negative or zero slope is allowed, as in PyTorch.
+  EXPECT_NO_THROW(nn::LeakyReLU({.negative_slope = -0.5f}));
+}
+
+TEST(Activations, LayersHoldNoStateAndNameThemselvesInErrors) {
+  const Tensor labels = Tensor::from_vector(std::vector<int64_t>{1, 2}, {2});
+  std::vector<std::shared_ptr<nn::Layer>> layers = {
+      std::make_shared<nn::GELU>(),      std::make_shared<nn::SiLU>(),
+      std::make_shared<nn::Sigmoid>(),   std::make_shared<nn::Tanh>(),
+      std::make_shared<nn::LeakyReLU>(), std::make_shared<nn::Identity>()};
+  for (const auto& l : layers) {
+    SCOPED_TRACE(l->repr());
+    EXPECT_TRUE(l->state_dict().empty());
+    EXPECT_TRUE(l->parameters().empty());
+    EXPECT_TRUE(l->named_buffers().empty());
+    if (l->repr() != "Identity()")  // Identity takes anything, labels included
+      expect_contains(error_of([&] { (*l)(labels); }), {l->repr(), "int64"});
+  }
+}
+
+TEST(Activations, IdentityReturnsItsInputItself) {
+  nn::Identity id;
+  Tensor x = galley::randn({2, 3}).set_requires_grad(true);
+  Tensor y = id(x);
+  EXPECT_TRUE(y.is_same(x));  // the same tensor: no copy, no graph node
+  const Tensor labels = Tensor::from_vector(std::vector<int64_t>{4, 5}, {2});
+  EXPECT_TRUE(id(labels).is_same(labels));
+  // In a model the gradient flows through it untouched.
+  nn::Sequential seq(std::make_shared<nn::Identity>(), std::make_shared<nn::Sigmoid>());
+  galley::sum(seq(x)).backward();
+  const auto s = galley::sigmoid(x.detach()).to_vector();
+  const auto g = x.grad().to_vector();
+  for (size_t i = 0; i < s.size(); ++i) EXPECT_FLOAT_EQ(g[i], s[i] * (1.f - s[i]));
 }
 
 TEST(Forward, SequentialIndexOutOfRangeIsAGalleyError) {

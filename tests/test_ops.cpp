@@ -1,5 +1,5 @@
 // Op semantics that the gradient and parity checks do not pin down: NaN propagation, window
-// edges of the vectorised paths, ties.
+// edges of the vectorised paths, ties, the activations at their extremes.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -7,6 +7,10 @@
 #include <limits>
 #include <string>
 #include <utility>
+#include <cstring>
+#include <functional>
+#include <limits>
+#include <string>
 #include <vector>
 
 #include "galley/galley.h"
@@ -81,6 +85,202 @@ TEST(Relu, NanStaysNanAndNegativeZeroIsZero) {
   EXPECT_EQ(y[1], 0.f);
   EXPECT_EQ(y[2], 0.f);
   EXPECT_EQ(y[3], 3.f);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Activations
+
+namespace {
+
+struct Activation {
+  const char* name;
+  std::function<Tensor(const Tensor&)> f;
+};
+
+const std::vector<Activation>& activations() {
+  static const std::vector<Activation> all = {
+      {"gelu", [](const Tensor& x) { return galley::gelu(x); }},
+      {"gelu_tanh", [](const Tensor& x) { return galley::gelu(x, galley::GeluApproximate::Tanh); }},
+      {"silu", [](const Tensor& x) { return galley::silu(x); }},
+      {"sigmoid", [](const Tensor& x) { return galley::sigmoid(x); }},
+      {"tanh", [](const Tensor& x) { return galley::tanh(x); }},
+      {"leaky_relu", [](const Tensor& x) { return galley::leaky_relu(x); }},
+  };
+  return all;
+}
+
+const galley::DType kFloatTypes[] = {galley::DType::Float32, galley::DType::BFloat16,
+                                     galley::DType::Float16};
+
+// f(values) and its gradient against ones (not of a sum, whose NaN the loss guard refuses), in
+// `dtype`, as float32 vectors.
+std::pair<std::vector<float>, std::vector<float>> value_and_grad(const Activation& a,
+                                                                 const std::vector<float>& values,
+                                                                 galley::DType dtype) {
+  Tensor x = Tensor::from_vector(values, {static_cast<int64_t>(values.size())}).to(dtype);
+  x.set_requires_grad(true);
+  Tensor y = a.f(x);
+  y.backward(galley::ones_like(y));
+  return {y.to(galley::DType::Float32).to_vector(),
+          x.grad().to(galley::DType::Float32).to_vector()};
+}
+
+}  // namespace
+
+TEST(Activations, NanStaysNanForwardAndBackward) {
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  for (galley::DType dtype : kFloatTypes)
+    for (const Activation& a : activations()) {
+      SCOPED_TRACE(std::string(a.name) + " in " + galley::dtype_name(dtype));
+      auto [y, g] = value_and_grad(a, {nan, 1.5f, -1.5f}, dtype);
+      EXPECT_TRUE(std::isnan(y[0]));
+      EXPECT_FALSE(std::isnan(y[1]) || std::isnan(y[2]));
+      // leaky_relu's gradient does not read its input's value, only whether it is > 0: the
+      // slope for a NaN, as in PyTorch.
+      if (std::string(a.name) == "leaky_relu")
+        EXPECT_NEAR(g[0], 0.01f, 1e-4f);
+      else
+        EXPECT_TRUE(std::isnan(g[0]));
+      EXPECT_FALSE(std::isnan(g[1]) || std::isnan(g[2]));
+    }
+}
+
+// Finite inputs of any size give the limits, never NaN: e^-x overflowing in sigmoid and silu,
+// erf and tanh saturating, x^2 and x^3 overflowing in gelu's tanh form (where PyTorch's backward
+// returns NaN for |x| > 1.8e19; here the gradient is its limit).
+TEST(Activations, LargeInputsSaturateWithoutNan) {
+  const float big = std::numeric_limits<float>::max();
+  const std::vector<float> x = {-big, -1e30f, -1e20f, -1e4f, -100.f, -50.f,
+                                50.f, 100.f,  1e4f,   1e20f, 1e30f,  big};
+  struct Limits {
+    const char* name;
+    float neg, pos;            // f(x) / x at x -> -inf and +inf (leaky_relu: its slopes)
+    float grad_neg, grad_pos;  // f'(x) there
+    bool relative;             // f(x) ~ x * limit rather than f(x) ~ limit
+  };
+  const Limits limits[] = {
+      {"gelu", 0.f, 1.f, 0.f, 1.f, true},   {"gelu_tanh", 0.f, 1.f, 0.f, 1.f, true},
+      {"silu", 0.f, 1.f, 0.f, 1.f, true},   {"sigmoid", 0.f, 1.f, 0.f, 0.f, false},
+      {"tanh", -1.f, 1.f, 0.f, 0.f, false}, {"leaky_relu", 0.01f, 1.f, 0.01f, 1.f, true},
+  };
+  for (galley::DType dtype : kFloatTypes)
+    for (size_t k = 0; k < activations().size(); ++k) {
+      const Activation& a = activations()[k];
+      const Limits& l = limits[k];
+      ASSERT_EQ(std::string(a.name), l.name);
+      SCOPED_TRACE(std::string(a.name) + " in " + galley::dtype_name(dtype));
+      // float16 holds up to 65504, bfloat16 up to 3.39e38: larger inputs round to infinities
+      // there, tested below.
+      const float largest = dtype == galley::DType::Float16    ? 100.f
+                            : dtype == galley::DType::BFloat16 ? 1e30f
+                                                               : big;
+      std::vector<float> in;
+      for (float v : x)
+        if (std::abs(v) <= largest) in.push_back(v);
+      auto [y, g] = value_and_grad(a, in, dtype);
+      for (size_t i = 0; i < in.size(); ++i) {
+        SCOPED_TRACE("x = " + std::to_string(in[i]));
+        ASSERT_FALSE(std::isnan(y[i]) || std::isnan(g[i]));
+        const float lim = in[i] < 0 ? l.neg : l.pos;
+        const float want = l.relative ? in[i] * lim : lim;
+        // Within the rounding of a 16-bit result (x * 0.01 rounds too); e^-50 is 2e-22, below
+        // any tolerance.
+        EXPECT_NEAR(y[i], want, 1e-2 * std::abs(want) + 1e-20);
+        const float grad = in[i] < 0 ? l.grad_neg : l.grad_pos;
+        EXPECT_NEAR(g[i], grad, 1e-2 * grad + 1e-6);  // 0.01 is not a bfloat16
+      }
+    }
+}
+
+// Infinities give what PyTorch gives: the limits where the formula reaches them, NaN where it
+// multiplies inf by 0 (gelu, its tanh form and silu at -inf, and their gradients at +-inf).
+TEST(Activations, InfinitiesGiveWhatPyTorchGives) {
+  const float inf = std::numeric_limits<float>::infinity();
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  struct Want {
+    const char* name;
+    float y[2], g[2];  // at -inf and +inf
+  };
+  const Want wants[] = {
+      {"gelu", {nan, inf}, {nan, nan}},  {"gelu_tanh", {nan, inf}, {nan, nan}},
+      {"silu", {nan, inf}, {nan, nan}},  {"sigmoid", {0.f, 1.f}, {0.f, 0.f}},
+      {"tanh", {-1.f, 1.f}, {0.f, 0.f}}, {"leaky_relu", {-inf, inf}, {0.01f, 1.f}}};
+  auto same = [](float got, float want) {
+    return std::isnan(want) ? std::isnan(got) : got == want;
+  };
+  for (size_t k = 0; k < activations().size(); ++k) {
+    ASSERT_EQ(std::string(activations()[k].name), wants[k].name);
+    SCOPED_TRACE(wants[k].name);
+    auto [y, g] = value_and_grad(activations()[k], {-inf, inf}, galley::DType::Float32);
+    for (int side = 0; side < 2; ++side) {
+      EXPECT_TRUE(same(y[side], wants[k].y[side]))
+          << "f(" << (side ? "" : "-") << "inf) = " << y[side];
+      EXPECT_TRUE(same(g[side], wants[k].g[side]))
+          << "f'(" << (side ? "" : "-") << "inf) = " << g[side];
+    }
+  }
+}
+
+TEST(Activations, LeakyReluAtZeroTakesTheSlope) {
+  for (galley::DType dtype : kFloatTypes) {
+    SCOPED_TRACE(galley::dtype_name(dtype));
+    Tensor x = Tensor::from_vector({0.f, -0.f, 2.f, -2.f}, {4}).to(dtype);
+    x.set_requires_grad(true);
+    Tensor y = galley::leaky_relu(x, 0.25f);
+    galley::sum(y).backward();
+    const auto yv = y.to(galley::DType::Float32).to_vector();
+    EXPECT_EQ(yv, (std::vector<float>{0.f, 0.f, 2.f, -0.5f}));
+    EXPECT_TRUE(std::signbit(yv[1]));  // -0 * slope, as in PyTorch
+    // x > 0 ? 1 : slope, so 0 and -0 take the slope, as PyTorch's leaky_relu_backward does.
+    EXPECT_EQ(x.grad().to(galley::DType::Float32).to_vector(),
+              (std::vector<float>{0.25f, 0.25f, 1.f, 0.25f}));
+  }
+}
+
+TEST(Activations, ValuesAndSlopesAtZero) {
+  struct At0 {
+    const char* name;
+    float y, g;
+  };
+  const At0 want[] = {{"gelu", 0.f, 0.5f}, {"gelu_tanh", 0.f, 0.5f},
+                      {"silu", 0.f, 0.5f}, {"sigmoid", 0.5f, 0.25f},
+                      {"tanh", 0.f, 1.f},  {"leaky_relu", 0.f, 0.01f}};
+  for (galley::DType dtype : kFloatTypes)
+    for (size_t k = 0; k < activations().size(); ++k) {
+      SCOPED_TRACE(std::string(want[k].name) + " in " + galley::dtype_name(dtype));
+      auto [y, g] = value_and_grad(activations()[k], {0.f}, dtype);
+      EXPECT_EQ(y[0], want[k].y);
+      EXPECT_NEAR(g[0], want[k].g, 1e-4);  // 0.01 is not a bfloat16
+    }
+}
+
+// The CPU kernels run every element through the same vector code: an element's result does not
+// depend on its position in the array (block tails, thread chunks) or on its neighbours.
+TEST(Activations, AnElementsResultDoesNotDependOnItsPosition) {
+  galley::Generator gen(5);
+  const Tensor x = galley::randn({3001}, gen) * 3.f;
+  const std::vector<float> xv = x.to_vector();
+  for (const Activation& a : activations()) {
+    SCOPED_TRACE(a.name);
+    const std::vector<float> all = a.f(x).to_vector();
+    for (int64_t i : {0, 1, 7, 255, 256, 257, 1000, 2999, 3000}) {
+      const float alone = a.f(Tensor::from_vector({xv[i]}, {1})).item();
+      EXPECT_EQ(std::memcmp(&alone, &all[i], sizeof(float)), 0)
+          << "element " << i << ": " << alone << " alone, " << all[i] << " in the array";
+    }
+  }
+}
+
+TEST(Activations, BadArgumentsNameTheOp) {
+  using testutil::error_of;
+  using testutil::expect_contains;
+  expect_contains(error_of([] { galley::leaky_relu(galley::zeros({2}), NAN); }),
+                  {"leaky_relu", "negative_slope", "finite"});
+  expect_contains(error_of([] { galley::gelu(galley::zeros({2}), galley::GeluApproximate(7)); }),
+                  {"gelu", "approximate", "7"});
+  const Tensor labels = Tensor::from_vector(std::vector<int64_t>{1, 2}, {2});
+  expect_contains(error_of([&] { galley::silu(labels); }), {"silu", "int64"});
+  expect_contains(error_of([&] { galley::sigmoid(labels); }), {"sigmoid", "int64"});
 }
 
 TEST(CrossEntropy, AllRowsIgnoredGivesZeroLossAndGradient) {

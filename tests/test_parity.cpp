@@ -15,6 +15,10 @@
 //     torch's own float32 references stay within 0.15 of this tolerance (worst case: the
 //     weight gradient of the SimpleCNN convolution, 1800 terms per entry), which leaves room
 //     for galley to add in another order.
+//   * activations (gelu and its tanh form, silu, sigmoid, tanh, leaky_relu), forward and
+//     backward: rtol = 1e-6 normwise, no atol. Elementwise, where 1 + erf(x) or 1 + tanh(x)
+//     cancels (x < -3), torch float32 is itself far from float64 (1.0 relative at the tails);
+//     normwise it is within 3e-8 of it, and galley's erf/tanh/exp (a few ulps) are as close.
 //   * SimpleCNN losses: rtol = 1e-4 elementwise (torch float32 vs float64: 5e-6).
 //   * SimpleCNN final parameters: atol = 1e-4, a tenth of one Adam step at lr 1e-3. Away
 //     from kinks the runs agree to ~5e-7 (torch float32 vs float64: 6e-7), but each step
@@ -117,6 +121,7 @@ struct Tol {
   bool normwise;
 };
 constexpr Tol kOpTol{1e-5, 1e-5, true};
+constexpr Tol kActivationTol{0.0, 1e-6, true};
 constexpr Tol kLossTol{0.0, 1e-4, false};
 constexpr Tol kCnnParamTol{1e-4, 0.0, false};
 constexpr Tol kLrTol{0.0, 1e-6, false};
@@ -298,6 +303,76 @@ TEST(parity, Pow) {
 TEST(parity, Relu) {
   LOAD_REFS(refs, "relu");
   check_op(refs, "relu", [](Case& c) { return galley::relu(c.in("x")); });
+}
+
+TEST(parity, Gelu) {
+  LOAD_REFS(refs, "gelu");
+  check_op(
+      refs, "gelu", [](Case& c) { return galley::gelu(c.in("x")); }, kActivationTol);
+}
+
+TEST(parity, GeluTanh) {
+  LOAD_REFS(refs, "gelu_tanh");
+  check_op(
+      refs, "gelu_tanh",
+      [](Case& c) { return galley::gelu(c.in("x"), galley::GeluApproximate::Tanh); },
+      kActivationTol);
+}
+
+TEST(parity, Silu) {
+  LOAD_REFS(refs, "silu");
+  check_op(
+      refs, "silu", [](Case& c) { return galley::silu(c.in("x")); }, kActivationTol);
+}
+
+TEST(parity, Sigmoid) {
+  LOAD_REFS(refs, "sigmoid");
+  check_op(
+      refs, "sigmoid", [](Case& c) { return galley::sigmoid(c.in("x")); }, kActivationTol);
+}
+
+TEST(parity, Tanh) {
+  LOAD_REFS(refs, "tanh");
+  check_op(
+      refs, "tanh", [](Case& c) { return galley::tanh(c.in("x")); }, kActivationTol);
+}
+
+TEST(parity, LeakyRelu) {
+  LOAD_REFS(refs, "leaky_relu");
+  check_op(
+      refs, "leaky_relu",
+      [](Case& c) { return galley::leaky_relu(c.in("x"), c.f("negative_slope")); }, kActivationTol);
+}
+
+// The layers on the same references: each calls its op with its options.
+TEST(parity, ActivationLayers) {
+  namespace nn = galley::nn;
+  struct Layer {
+    const char* file;
+    std::function<std::shared_ptr<nn::Layer>(const Case&)> make;
+  };
+  const Layer layers[] = {
+      {"gelu", [](const Case&) { return std::make_shared<nn::GELU>(); }},
+      {"gelu_tanh",
+       [](const Case&) {
+         return std::make_shared<nn::GELU>(
+             nn::GELUOptions{.approximate = galley::GeluApproximate::Tanh});
+       }},
+      {"silu", [](const Case&) { return std::make_shared<nn::SiLU>(); }},
+      {"sigmoid", [](const Case&) { return std::make_shared<nn::Sigmoid>(); }},
+      {"tanh", [](const Case&) { return std::make_shared<nn::Tanh>(); }},
+      {"leaky_relu",
+       [](const Case& c) {
+         return std::make_shared<nn::LeakyReLU>(
+             nn::LeakyReLUOptions{.negative_slope = c.f("negative_slope")});
+       }},
+  };
+  for (const Layer& l : layers) {
+    LOAD_REFS(refs, l.file);
+    check_op(
+        refs, std::string("layer ") + l.file, [&](Case& c) { return (*l.make(c))(c.in("x")); },
+        kActivationTol);
+  }
 }
 
 TEST(parity, Matmul) {

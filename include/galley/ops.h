@@ -38,6 +38,26 @@ Tensor relu(Tensor&& a);
 /// Backward masks the gradient and sums the bias gradient in one pass as well.
 Tensor bias_relu(const Tensor& x, const Tensor& bias, int64_t dim = 1);
 
+// The activations: computed in float32 for every floating dtype, with PyTorch's formulas and
+// operation order. A NaN input gives a NaN output; finite inputs of any size give no NaN,
+// forward or backward.
+
+/// How gelu computes the Gaussian CDF: exactly (erf) or with PyTorch's tanh approximation
+/// (`approximate='none'` / `'tanh'`).
+enum class GeluApproximate { None, Tanh };
+/// x * Phi(x): 0.5 x (1 + erf(x / sqrt 2)), or with Tanh
+/// 0.5 x (1 + tanh(sqrt(2 / pi) (x + 0.044715 x^3))). Backward keeps the input.
+Tensor gelu(const Tensor& x, GeluApproximate approximate = GeluApproximate::None);
+/// x * sigmoid(x) (also called swish). Backward keeps the input.
+Tensor silu(const Tensor& x);
+/// 1 / (1 + e^-x): 0 and 1 at the extremes. Backward keeps the output: grad * y (1 - y).
+Tensor sigmoid(const Tensor& x);
+/// tanh x. Backward keeps the output: grad * (1 - y^2).
+Tensor tanh(const Tensor& x);
+/// x > 0 ? x : negative_slope * x (finite slope). Backward keeps the input; its gradient at
+/// x == 0 is the slope, as in PyTorch.
+Tensor leaky_relu(const Tensor& x, float negative_slope = 0.01f);
+
 inline Tensor operator+(const Tensor& a, const Tensor& b) {
   return add(a, b);
 }

@@ -4,9 +4,11 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <string>
 
 #include "kernels/unary.h"
 #include "kernels/cuda/map.cuh"
+#include "kernels/unary_math.h"
 
 namespace galley::kernels::cuda {
 
@@ -33,6 +35,64 @@ struct PowOp {
 struct ReluOp {
   __device__ float operator()(float x) const { return !(x <= 0.f) ? x : 0.f; }
 };
+
+// The activations: kernels/unary_math.h's formulas, the CPU kernels' expressions, over CUDA's
+// expf, erff and tanhf (no fast-math: 2 ulp or better each).
+struct DeviceMath {
+  __host__ __device__ static float exp(float x) { return expf(x); }
+  __host__ __device__ static float erf(float x) { return erff(x); }
+  __host__ __device__ static float tanh(float x) { return tanhf(x); }
+};
+namespace um = unary_math;
+
+struct SigmoidOp {
+  __device__ float operator()(float x) const { return um::sigmoid<DeviceMath>(x); }
+};
+struct TanhOp {
+  __device__ float operator()(float x) const { return um::tanh<DeviceMath>(x); }
+};
+struct SiluOp {
+  __device__ float operator()(float x) const { return um::silu<DeviceMath>(x); }
+};
+struct GeluOp {
+  __device__ float operator()(float x) const { return um::gelu<DeviceMath>(x); }
+};
+struct GeluTanhOp {
+  __device__ float operator()(float x) const { return um::gelu_tanh<DeviceMath>(x); }
+};
+struct LeakyReluOp {
+  float slope;
+  __device__ float operator()(float x) const { return um::leaky_relu(x, slope); }
+};
+
+struct SigmoidBackwardOp {
+  __device__ float operator()(float g, float y) const { return um::sigmoid_backward(g, y); }
+};
+struct TanhBackwardOp {
+  __device__ float operator()(float g, float y) const { return um::tanh_backward(g, y); }
+};
+struct SiluBackwardOp {
+  __device__ float operator()(float g, float x) const {
+    return um::silu_backward<DeviceMath>(g, x);
+  }
+};
+struct GeluBackwardOp {
+  __device__ float operator()(float g, float x) const {
+    return um::gelu_backward<DeviceMath>(g, x);
+  }
+};
+struct GeluTanhBackwardOp {
+  __device__ float operator()(float g, float x) const {
+    return um::gelu_tanh_backward<DeviceMath>(g, x);
+  }
+};
+struct LeakyReluBackwardOp {
+  float slope;
+  __device__ float operator()(float g, float x) const {
+    return um::leaky_relu_backward(g, x, slope);
+  }
+};
+
 struct PowBackwardOp {
   float p;
   __device__ float operator()(float g, float x) const { return g * p * powf(x, p - 1.f); }
@@ -48,9 +108,8 @@ struct ReluBackwardOp {
 
 void unary(UnaryOp op, DType dtype, const void* a, void* out, int64_t n, float p0, float p1,
            void* stream) {
-  static const char* names[] = {"affine", "exp", "log", "pow", "relu"};
   const cudaStream_t st = static_cast<cudaStream_t>(stream);
-  with_floating_type(dtype, names[int(op)], [&](auto tag) {
+  with_floating_type(dtype, unary_op_name(op), [&](auto tag) {
     using T = typename decltype(tag)::type;
     const T* x = static_cast<const T*>(a);
     T* y = static_cast<T*>(out);
@@ -65,6 +124,47 @@ void unary(UnaryOp op, DType dtype, const void* a, void* out, int64_t n, float p
         return launch_map(x, y, n, PowOp{p0}, st);
       case UnaryOp::Relu:
         return launch_map(x, y, n, ReluOp{}, st);
+      case UnaryOp::Sigmoid:
+        return launch_map(x, y, n, SigmoidOp{}, st);
+      case UnaryOp::Tanh:
+        return launch_map(x, y, n, TanhOp{}, st);
+      case UnaryOp::Silu:
+        return launch_map(x, y, n, SiluOp{}, st);
+      case UnaryOp::Gelu:
+        return launch_map(x, y, n, GeluOp{}, st);
+      case UnaryOp::GeluTanh:
+        return launch_map(x, y, n, GeluTanhOp{}, st);
+      case UnaryOp::LeakyRelu:
+        return launch_map(x, y, n, LeakyReluOp{p0}, st);
+    }
+  });
+}
+
+void unary_backward(UnaryOp op, DType dtype, const void* grad, const void* saved, void* out,
+                    int64_t n, float p0, void* stream) {
+  const cudaStream_t st = static_cast<cudaStream_t>(stream);
+  const std::string name = std::string(unary_op_name(op)) + "_backward";
+  with_floating_type(dtype, name.c_str(), [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    const T* g = static_cast<const T*>(grad);
+    const T* s = static_cast<const T*>(saved);
+    T* o = static_cast<T*>(out);
+    switch (op) {
+      case UnaryOp::Sigmoid:
+        return launch_zip(g, s, o, n, SigmoidBackwardOp{}, st);
+      case UnaryOp::Tanh:
+        return launch_zip(g, s, o, n, TanhBackwardOp{}, st);
+      case UnaryOp::Silu:
+        return launch_zip(g, s, o, n, SiluBackwardOp{}, st);
+      case UnaryOp::Gelu:
+        return launch_zip(g, s, o, n, GeluBackwardOp{}, st);
+      case UnaryOp::GeluTanh:
+        return launch_zip(g, s, o, n, GeluTanhBackwardOp{}, st);
+      case UnaryOp::LeakyRelu:
+        return launch_zip(g, s, o, n, LeakyReluBackwardOp{p0}, st);
+      default:
+        throw Error(std::string("unary_backward: ") + unary_op_name(op) +
+                    " is not an activation (it has a backward kernel of its own)");
     }
   });
 }

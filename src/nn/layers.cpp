@@ -1,5 +1,5 @@
-// The built-in layers: Conv2D, MaxPool2D, Linear, ReLU, Flatten, Sequential, CrossEntropyLoss,
-// and PyTorch's default initialisation.
+// The built-in layers: Conv2D, MaxPool2D, Linear, the activations, Flatten, Sequential,
+// CrossEntropyLoss, and PyTorch's default initialisation.
 #include <cmath>
 
 #include "galley/nn/activation.h"
@@ -48,6 +48,16 @@ void default_init(Tensor& weight, Tensor& bias) {
 
 std::string with_layer(const std::string& layer, const Error& e) {
   return layer + ": " + e.what();
+}
+
+// f(), an error from it prefixed with the layer's description.
+template <typename F>
+Tensor in_layer(const Layer& layer, F&& f) {
+  try {
+    return f();
+  } catch (const Error& e) {
+    detail::rethrow_with_message(e, with_layer(layer.repr(), e));
+  }
 }
 }  // namespace
 
@@ -149,10 +159,50 @@ std::string Linear::repr() const {
 }
 
 // ---------------------------------------------------------------------------------------------
-// ReLU, Flatten, Sequential
+// Activations, Flatten, Sequential
 
 Tensor ReLU::forward(const Tensor& x) {
   return relu(x);
+}
+
+GELU::GELU(GELUOptions options) : opt_(options) {
+  GALLEY_CHECK(
+      opt_.approximate == GeluApproximate::None || opt_.approximate == GeluApproximate::Tanh,
+      "GELU: approximate must be GeluApproximate::None or Tanh, got ",
+      static_cast<int>(opt_.approximate));
+}
+
+Tensor GELU::forward(const Tensor& x) {
+  return in_layer(*this, [&] { return gelu(x, opt_.approximate); });
+}
+
+std::string GELU::repr() const {
+  return opt_.approximate == GeluApproximate::Tanh ? "GELU(approximate='tanh')" : "GELU()";
+}
+
+Tensor SiLU::forward(const Tensor& x) {
+  return in_layer(*this, [&] { return silu(x); });
+}
+
+Tensor Sigmoid::forward(const Tensor& x) {
+  return in_layer(*this, [&] { return sigmoid(x); });
+}
+
+Tensor Tanh::forward(const Tensor& x) {
+  return in_layer(*this, [&] { return tanh(x); });
+}
+
+LeakyReLU::LeakyReLU(LeakyReLUOptions options) : opt_(options) {
+  GALLEY_CHECK(std::isfinite(opt_.negative_slope), "LeakyReLU: negative_slope must be finite, got ",
+               opt_.negative_slope);
+}
+
+Tensor LeakyReLU::forward(const Tensor& x) {
+  return in_layer(*this, [&] { return leaky_relu(x, opt_.negative_slope); });
+}
+
+std::string LeakyReLU::repr() const {
+  return detail::str_cat("LeakyReLU(negative_slope=", opt_.negative_slope, ")");
 }
 
 Tensor Flatten::forward(const Tensor& x) {

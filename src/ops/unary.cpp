@@ -1,7 +1,9 @@
-// Elementwise unary ops: the scalar forms of add and mul, neg, exp, log, pow and relu (with its
-// in-place form for temporaries): checks, the device switch and the autograd record.
+// Elementwise unary ops: the scalar forms of add and mul, neg, exp, log, pow, relu (with its
+// in-place form for temporaries) and the activations gelu, silu, sigmoid, tanh and leaky_relu:
+// checks, the device switch and the autograd record.
 #include "src/ops/unary.h"
 
+#include <cmath>
 #include <memory>
 
 #include "galley/autograd.h"
@@ -65,6 +67,38 @@ void relu_backward(const Tensor& grad, const Tensor& out, Tensor& r) {
                        detail::stream(out.device()));
   else
     cpu::relu_backward(out.dtype(), cg.raw_data(), co.raw_data(), r.raw_data(), out.numel());
+}
+
+// grad * f'(x) of an activation from `saved`, its forward's output or input as
+// kernels::backward_reads_output says; into the gradient's own buffer when nothing else holds it.
+Tensor activation_backward(UnaryOp op, const Tensor& grad, const Tensor& saved, float p0) {
+  check_same("unary_backward", grad, saved);
+  Tensor cg = grad.contiguous(), cs = saved.contiguous();
+  Tensor r =
+      detail::sole_owner(grad) ? grad : Tensor::empty(saved.shape(), saved.dtype(), saved.device());
+  if (saved.device().is_cuda())
+    gpu::unary_backward(op, saved.dtype(), cg.raw_data(), cs.raw_data(), r.raw_data(),
+                        saved.numel(), p0, detail::stream(saved.device()));
+  else
+    cpu::unary_backward(op, saved.dtype(), cg.raw_data(), cs.raw_data(), r.raw_data(),
+                        saved.numel(), p0);
+  return r;
+}
+
+// An activation and its autograd record, which keeps the output (sigmoid, tanh) or the input
+// (the others) for backward, as PyTorch does.
+Tensor activation(UnaryOp op, const Tensor& a, float p0 = 0.f) {
+  const char* name = kernels::unary_op_name(op);
+  profiler::OpScope prof(name, {&a});
+  detail::check_floating(name, a);
+  Tensor ca = a.contiguous();  // kept for backward as it is, when that reads the input
+  Tensor out = unary(op, ca, p0);
+  if (!autograd::needs_grad({&a})) return out;
+  Tensor saved = kernels::backward_reads_output(op) ? out.detach() : ca.detach();
+  return autograd::record(out, name, {a},
+                          [op, saved, p0](const Tensor& g, std::vector<Tensor>& gi) {
+                            gi[0] = activation_backward(op, g, saved, p0);
+                          });
 }
 
 Tensor relu_impl(const Tensor& a, bool reuse_input) {
@@ -173,6 +207,31 @@ Tensor relu(const Tensor& a) {
 
 Tensor relu(Tensor&& a) {
   return relu_impl(a, a.defined() && detail::sole_owner(a));
+}
+
+Tensor gelu(const Tensor& a, GeluApproximate approximate) {
+  GALLEY_CHECK(approximate == GeluApproximate::None || approximate == GeluApproximate::Tanh,
+               "gelu: approximate must be GeluApproximate::None or Tanh, got ",
+               static_cast<int>(approximate));
+  return activation(approximate == GeluApproximate::Tanh ? UnaryOp::GeluTanh : UnaryOp::Gelu, a);
+}
+
+Tensor silu(const Tensor& a) {
+  return activation(UnaryOp::Silu, a);
+}
+
+Tensor sigmoid(const Tensor& a) {
+  return activation(UnaryOp::Sigmoid, a);
+}
+
+Tensor tanh(const Tensor& a) {
+  return activation(UnaryOp::Tanh, a);
+}
+
+Tensor leaky_relu(const Tensor& a, float negative_slope) {
+  GALLEY_CHECK(std::isfinite(negative_slope), "leaky_relu: negative_slope must be finite, got ",
+               negative_slope);
+  return activation(UnaryOp::LeakyRelu, a, negative_slope);
 }
 
 }  // namespace galley

@@ -10,6 +10,9 @@ tensor is named "<case>.<role>": the inputs ("a", "b", "x", "weight", ...), the 
 as small int64/float32 tensors of the same case ("<case>.stride", "<case>.p", ...), so
 the C++ side reads them instead of repeating them.
 
+The activations (gelu, gelu_tanh, silu, sigmoid, tanh, leaky_relu) share their inputs: every
+file holds the same cases on the same values (activation_inputs()).
+
 Beyond single ops:
   simple_cnn.safetensors     the SimpleCNN (Conv2d(3,64,3) -> relu -> MaxPool2d(2) ->
                              flatten(1) -> Linear(64*15*15,10)): initial parameters under
@@ -184,6 +187,37 @@ def build_pow(c):
                           ("sqrt", 0.5, positive), ("inverse", -1.0, positive),
                           ("frac", 1.5, positive)]:
         c.run(case, lambda x: torch.pow(x, p), {"x": make([4, 3, 5])}, {"p": f32(p)})
+
+
+ACTIVATION_SEED = 20240917
+
+
+def activation_inputs():
+    """The inputs every activation file shares (each file draws them from the same seed): randn
+    scaled by 3 in three shapes (1037 elements: the CPU kernels' 256-element blocks and a short
+    one), and a case of fixed values from -30 to 30 with exact zeros, where sigmoid and tanh
+    saturate and gelu, silu and leaky_relu reach their limits."""
+    g = torch.Generator().manual_seed(ACTIVATION_SEED)
+    inputs = [(case, torch.randn(shape, generator=g) * 3.0)
+              for case, shape in [("3d", [4, 3, 5]), ("2d", [8, 6]), ("1d_odd", [1037])]]
+    fixed = [-30.0, -20.0, -15.0, -10.0, -9.0, -5.0, -3.0, -1.0, -1e-3, -0.0, 0.0, 1e-3, 1.0,
+             3.0, 5.0, 9.0, 10.0, 15.0, 20.0, 30.0]
+    inputs.append(("saturate", torch.tensor(fixed)))
+    return inputs
+
+
+def activation_op(fn, slopes=None):
+    """Forward and backward of fn on activation_inputs(); with `slopes`, one set of cases per
+    negative_slope (stored as "<case>.negative_slope")."""
+    def build(c):
+        for case, x in activation_inputs():
+            if slopes is None:
+                c.run(case, lambda x: fn(x), {"x": x})
+                continue
+            for slope in slopes:
+                name = f"{case}_slope{str(slope).replace('.', '_')}"
+                c.run(name, lambda x: fn(x, slope), {"x": x}, {"negative_slope": f32(slope)})
+    return build
 
 
 def build_matmul(c):
@@ -451,6 +485,12 @@ OPS = {
     "log": unary_op(torch.log, positive),
     "pow": build_pow,
     "relu": unary_op(torch.relu, lambda s: away_from_zero(s, 0.05)),
+    "gelu": activation_op(F.gelu),
+    "gelu_tanh": activation_op(lambda x: F.gelu(x, approximate="tanh")),
+    "silu": activation_op(F.silu),
+    "sigmoid": activation_op(torch.sigmoid),
+    "tanh": activation_op(torch.tanh),
+    "leaky_relu": activation_op(F.leaky_relu, slopes=[0.01, 0.2]),
     "matmul": build_matmul,
     "linear": build_linear,
     "conv2d": build_conv2d,
