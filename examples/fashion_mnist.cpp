@@ -22,6 +22,8 @@
 // throughput and the test accuracy (`accuracy`); scripts/plot-metrics.py FILE OUT.png draws it.
 #include <galley/galley.h>
 
+#include "args.h"
+
 #include <unistd.h>
 
 #include <cerrno>
@@ -64,6 +66,10 @@ class FashionCNN : public nn::Layer {
 };
 
 namespace {
+
+using example::bad_usage;
+using example::number;
+using example::parse_device;
 struct Args {
   int epochs = 5;
   int64_t batch_size = 64;
@@ -109,36 +115,6 @@ void usage(std::FILE* out, const char* prog) {
                "  --log-every N         steps between progress and metrics lines (default 50)\n"
                "  -h, --help            show this and exit\n",
                prog, galley::data::default_fashion_mnist_dir().c_str());
-}
-
-[[noreturn]] void bad_usage(const char* prog, const std::string& message) {
-  std::fprintf(stderr, "%s: %s (%s --help lists the options)\n", prog, message.c_str(), prog);
-  std::exit(64);
-}
-
-// The whole of `text` as a number of type T, or a usage error naming the option.
-template <typename T>
-T number(const char* prog, const std::string& option, const char* text) {
-  errno = 0;
-  char* end = nullptr;
-  T v{};
-  if constexpr (std::is_floating_point_v<T>)
-    v = static_cast<T>(std::strtod(text, &end));
-  else if constexpr (std::is_unsigned_v<T>)
-    v = static_cast<T>(std::strtoull(text, &end, 10));
-  else
-    v = static_cast<T>(std::strtoll(text, &end, 10));
-  if (end == text || *end != '\0' || errno == ERANGE)
-    bad_usage(prog, option + ": '" + text + "' is not a number");
-  return v;
-}
-
-galley::Device parse_device(const char* prog, const std::string& s) {
-  if (s == "cpu") return galley::Device::cpu();
-  if (s == "cuda") return galley::Device::cuda(0);
-  if (s.rfind("cuda:", 0) == 0)
-    return galley::Device::cuda(number<int>(prog, "--device", s.c_str() + 5));
-  bad_usage(prog, "--device " + s + ": expected cpu or cuda:N");
 }
 
 Args parse(int argc, char** argv) {

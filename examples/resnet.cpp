@@ -11,6 +11,8 @@
 // forward (broadcast_buffers), so the running statistics stay the same everywhere.
 #include <galley/galley.h>
 
+#include "args.h"
+
 #include <cerrno>
 #include <chrono>
 #include <cstdio>
@@ -93,6 +95,10 @@ class ResNet20 : public nn::Layer {
 
 namespace {
 
+using example::bad_usage;
+using example::number;
+using example::parse_device;
+
 // The mean and standard deviation of the Fashion-MNIST training images in [0, 1].
 constexpr float kFashionMean = 0.2860f, kFashionStd = 0.3530f;
 
@@ -132,27 +138,6 @@ void usage(std::FILE* out, const char* prog) {
                "  --metrics FILE      append a JSON line per epoch to FILE\n"
                "  -h, --help          show this and exit\n",
                prog, galley::data::default_fashion_mnist_dir().c_str());
-}
-
-[[noreturn]] void bad_usage(const char* prog, const std::string& message) {
-  std::fprintf(stderr, "%s: %s (%s --help lists the options)\n", prog, message.c_str(), prog);
-  std::exit(64);
-}
-
-template <typename T>
-T number(const char* prog, const std::string& option, const char* text) {
-  errno = 0;
-  char* end = nullptr;
-  T v{};
-  if constexpr (std::is_floating_point_v<T>)
-    v = static_cast<T>(std::strtod(text, &end));
-  else if constexpr (std::is_unsigned_v<T>)
-    v = static_cast<T>(std::strtoull(text, &end, 10));
-  else
-    v = static_cast<T>(std::strtoll(text, &end, 10));
-  if (end == text || *end != '\0' || errno == ERANGE)
-    bad_usage(prog, option + ": '" + text + "' is not a number");
-  return v;
 }
 
 Args parse(int argc, char** argv) {
@@ -206,10 +191,7 @@ Args parse(int argc, char** argv) {
 
 std::vector<galley::Device> devices_of(const char* prog, const std::string& s) {
   if (s.empty()) return galley::all_devices();
-  if (s == "cpu") return {galley::Device::cpu()};
-  if (s.rfind("cuda:", 0) == 0)
-    return {galley::Device::cuda(number<int>(prog, "--device", s.c_str() + 5))};
-  bad_usage(prog, "--device " + s + ": expected cpu or cuda:N");
+  return {parse_device(prog, s)};
 }
 
 double seconds_since(std::chrono::steady_clock::time_point t0) {
