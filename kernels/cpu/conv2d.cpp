@@ -7,8 +7,8 @@
 #include <vector>
 
 #include "kernels/cpu/conv2d_direct.h"
-#include "kernels/gemm.h"
 #include "kernels/cpu/parallel.h"
+#include "kernels/gemm.h"
 
 namespace galley::kernels::cpu {
 namespace {

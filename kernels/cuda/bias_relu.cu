@@ -9,9 +9,9 @@
 #include <cstdint>
 
 #include "kernels/bias_relu.h"
+#include "kernels/cuda/launch.cuh"
 #include "kernels/reduce.h"
 #include "kernels/unary.h"
-#include "kernels/cuda/launch.cuh"
 
 namespace galley::kernels::cuda {
 

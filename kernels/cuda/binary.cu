@@ -10,8 +10,8 @@
 
 #include "galley/error.h"
 #include "kernels/binary.h"
-#include "kernels/reduce.h"
 #include "kernels/cuda/map.cuh"
+#include "kernels/reduce.h"
 
 namespace galley::kernels::cuda {
 

@@ -556,7 +556,8 @@ void gemm(int device, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t 
   CUBLAS_CHECK(cublasSetStream(h, s));
   // cublasSetStream has just put the handle back on cuBLAS's default workspace.
   if (void* ws = blas_workspace(hs, s)) CUBLAS_CHECK(cublasSetWorkspace(h, ws, kBlasWorkspace));
-  CUBLAS_CHECK(cublasSetMathMode(h, kernels::allow_tf32() ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH));
+  CUBLAS_CHECK(cublasSetMathMode(
+      h, kernels::allow_tf32() ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH));
   // Row-major C = op(A) op(B) is column-major C^T = op(B)^T op(A)^T: swap the operands.
   // cuBLAS wants leading dimensions of at least 1 even where an operand is empty (k == 0).
   auto ld = [](int64_t v) { return int(std::max<int64_t>(v, 1)); };

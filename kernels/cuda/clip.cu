@@ -255,8 +255,8 @@ int64_t grad_norm_scratch(const GradSpan* spans, int count) {
   return parts;
 }
 
-void grad_norm(const GradSpan* spans, int count, double norm_type, double* scratch,
-               float* total, void* stream) {
+void grad_norm(const GradSpan* spans, int count, double norm_type, double* scratch, float* total,
+               void* stream) {
   const cudaStream_t st = static_cast<cudaStream_t>(stream);
   if (std::isinf(norm_type))
     grad_norm_as<kInf>(spans, count, norm_type, scratch, total, st);

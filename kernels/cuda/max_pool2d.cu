@@ -6,8 +6,8 @@
 #include <algorithm>
 #include <cstdint>
 
-#include "kernels/max_pool2d.h"
 #include "kernels/cuda/launch.cuh"
+#include "kernels/max_pool2d.h"
 
 namespace galley::kernels::cuda {
 
@@ -155,8 +155,8 @@ void max_pool2d_forward(const Pool2dGeometry& pg, const float* x, float* y, int3
   }
 }
 
-void max_pool2d_backward(const Pool2dGeometry& pg, const float* gy, const int32_t* idx,
-                         float* gx, void* stream) {
+void max_pool2d_backward(const Pool2dGeometry& pg, const float* gy, const int32_t* idx, float* gx,
+                         void* stream) {
   const Geometry g = geometry(pg);
   const int64_t total = g.planes * g.h * g.w;
   if (total <= 0) return;

@@ -9,9 +9,9 @@
 #include <cstdint>
 #include <type_traits>
 
-#include "kernels/optimizer_update.h"
 #include "kernels/cuda/launch.cuh"
 #include "kernels/cuda/map.cuh"
+#include "kernels/optimizer_update.h"
 
 namespace galley::kernels::cuda {
 
@@ -225,8 +225,7 @@ void adam_update_multi(const AdamStep& s, double lr, double beta1, double beta2,
   });
 }
 
-void sgd_update_multi(const SGDStep& s, const OptimizerTensor* tensors, int count,
-                      void* stream) {
+void sgd_update_multi(const SGDStep& s, const OptimizerTensor* tensors, int count, void* stream) {
   const cudaStream_t st = static_cast<cudaStream_t>(stream);
   for_batches(tensors, count, [&](auto tag, const Batch& b, int blocks) {
     using T = typename decltype(tag)::type;

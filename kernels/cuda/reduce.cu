@@ -18,8 +18,8 @@
 
 #include "galley/error.h"
 #include "kernels/binary.h"
-#include "kernels/reduce.h"
 #include "kernels/cuda/launch.cuh"
+#include "kernels/reduce.h"
 
 namespace galley::kernels::cuda {
 

@@ -6,8 +6,8 @@
 #include <algorithm>
 #include <cstdint>
 
-#include "kernels/softmax.h"
 #include "kernels/cuda/launch.cuh"
+#include "kernels/softmax.h"
 
 namespace galley::kernels::cuda {
 

@@ -6,8 +6,8 @@
 #include <cstdint>
 #include <string>
 
-#include "kernels/unary.h"
 #include "kernels/cuda/map.cuh"
+#include "kernels/unary.h"
 #include "kernels/unary_math.h"
 
 namespace galley::kernels::cuda {
