@@ -46,7 +46,7 @@ void map_blocks(const T* a, T* o, int64_t n, F f) {
   for (int64_t i = 0; i < n; i += kStageBlock) {
     const int64_t m = std::min(kStageBlock, n - i);
     load_block(a + i, x, m);
-#pragma omp simd aligned(x : 64)
+#pragma omp simd
     for (int64_t j = 0; j < kStageBlock; ++j) x[j] = f(x[j]);
     store_block(x, o + i, m);
   }
@@ -59,7 +59,7 @@ void zip_blocks(const T* a, const T* b, T* o, int64_t n, F f) {
     const int64_t m = std::min(kStageBlock, n - i);
     load_block(a + i, x, m);
     load_block(b + i, y, m);
-#pragma omp simd aligned(x, y : 64)
+#pragma omp simd
     for (int64_t j = 0; j < kStageBlock; ++j) x[j] = f(x[j], y[j]);
     store_block(x, o + i, m);
   }
