@@ -26,7 +26,7 @@ struct Args {
 
 inline void usage(const char* prog, std::FILE* out = stderr) {
   std::fprintf(out,
-               "usage: %s [--model simple|fashion|vgg] [--batch N] [--threads T] [--warmup W] "
+               "usage: %s [--model simple|fashion|vgg|resnet] [--batch N] [--threads T] [--warmup W] "
                "[--iters I] [--repeats R] "
                "[--json] [--phases] [--device cpu|cuda:N] [--graph]\n",
                prog);

@@ -4,13 +4,13 @@
 //   bench_kernels [--benchmark_filter=conv] [--threads=T]
 //
 // Shapes are those of the SimpleCNN (Conv2D(3, 64, 3) on 32x32, MaxPool2D(2), Linear(14400, 10))
-// at batch 64 and 256, the padded 3x3 convolutions of the VGG-style model of models.h at batch
-// 64, plus a square GEMM and the activations on 1M elements. Counters: GFLOP/s for conv and
-// GEMM, GB/s (bytes read + written once) for the memory-bound ops, and `of_peak`: that figure
-// as a fraction of this machine's peak for the thread count, measured at start-up
-// (single-precision FMA throughput of a tight loop with independent accumulators on every
-// thread, and the bandwidth of a STREAM-like copy of arrays far larger than the caches; both
-// printed in the context lines). Backward benchmarks time only the backward call.
+// at batch 64 and 256, every convolution shape of the vgg and resnet models of models.h at batch
+// 64 (BM_conv2d_layer_*, labelled with model and shape), plus a square GEMM and the activations on
+// 1M elements. Counters: GFLOP/s for conv and GEMM, GB/s (bytes read + written once) for the
+// memory-bound ops, and `of_peak`: that figure as a fraction of this machine's peak for the thread
+// count, measured at start-up (single-precision FMA throughput of a tight loop with independent
+// accumulators on every thread, and the bandwidth of a STREAM-like copy of arrays far larger than
+// the caches; both printed in the context lines). Backward benchmarks time only the backward call.
 // --threads=T calls galley::set_num_threads(T) first (default: galley's default).
 #include <benchmark/benchmark.h>
 #include <galley/galley.h>
@@ -208,25 +208,65 @@ void BM_conv2d_backward(benchmark::State& st) {
   set_rate(st, need_gx ? 2 * gemm : gemm, 0, secs);
 }
 
-// The padded 3x3 convolutions of the VGG-style model at batch 64: (in, out, size) =
-// (32, 32, 32), (64, 64, 16), (64, 128, 8). Forward, then backward with every gradient.
-void BM_conv2d_vgg_forward(benchmark::State& st) {
-  const int64_t n = 64, c = st.range(0), o = st.range(1), hw = st.range(2);
-  Tensor x = galley::randn({n, c, hw, hw}, gen());
-  Tensor w = galley::randn({o, c, kK, kK}, gen()), b = galley::randn({o}, gen());
-  const double secs = time_forward(st, [&] { return galley::conv2d(x, w, b, {.padding = 1}); });
-  set_rate(st, 2.0 * n * o * hw * hw * c * kK * kK, 0, secs, /*samples=*/false);
+// The convolutions of the vgg and resnet models of models.h at batch 64, one benchmark argument
+// per layer shape; padding (k - 1) / 2 as in those models. Forward, then backward with every
+// gradient (the stems' input gradients too, which the models do not need).
+struct LayerShape {
+  const char* model;
+  int64_t in, out, hw, k, stride;
+  bool bias() const { return std::string(model) == "vgg"; }  // resnet's convs have none
+};
+constexpr LayerShape kLayerShapes[] = {
+    {"vgg", 32, 32, 32, 3, 1},    {"vgg", 64, 64, 16, 3, 1},    {"vgg", 64, 128, 8, 3, 1},
+    {"resnet", 1, 16, 28, 3, 1},  {"resnet", 16, 16, 28, 3, 1}, {"resnet", 16, 32, 28, 3, 2},
+    {"resnet", 32, 32, 14, 3, 1}, {"resnet", 32, 64, 14, 3, 2}, {"resnet", 64, 64, 7, 3, 1},
+    {"resnet", 16, 32, 28, 1, 2}, {"resnet", 32, 64, 14, 1, 2},
+};
+constexpr int64_t kLayerShapeCount = sizeof(kLayerShapes) / sizeof(kLayerShapes[0]);
+constexpr int64_t kLayerBatch = 64;
+
+// The shape of benchmark argument 0, labelled "resnet 16->32 3x3/2 28x28".
+const LayerShape& layer_shape(benchmark::State& st) {
+  const LayerShape& l = kLayerShapes[st.range(0)];
+  st.SetLabel(std::string(l.model) + " " + std::to_string(l.in) + "->" + std::to_string(l.out) +
+              " " + std::to_string(l.k) + "x" + std::to_string(l.k) + "/" +
+              std::to_string(l.stride) + " " + std::to_string(l.hw) + "x" + std::to_string(l.hw));
+  return l;
 }
 
-void BM_conv2d_vgg_backward(benchmark::State& st) {
-  const int64_t n = 64, c = st.range(0), o = st.range(1), hw = st.range(2);
-  Tensor x = galley::randn({n, c, hw, hw}, gen()).set_requires_grad(true);
-  Tensor w = galley::randn({o, c, kK, kK}, gen()).set_requires_grad(true);
-  Tensor b = galley::randn({o}, gen()).set_requires_grad(true);
-  Tensor gy = galley::randn({n, o, hw, hw}, gen());
-  const double secs =
-      time_backward(st, [&] { return galley::conv2d(x, w, b, {.padding = 1}); }, gy, {x, w, b});
-  set_rate(st, 2 * 2.0 * n * o * hw * hw * c * kK * kK, 0, secs, /*samples=*/false);
+// Multiply-adds x 2 of one forward of the layer at kLayerBatch.
+double layer_flops(const LayerShape& l) {
+  const int64_t oh = (l.hw + 2 * ((l.k - 1) / 2) - l.k) / l.stride + 1;
+  return 2.0 * kLayerBatch * l.out * oh * oh * l.in * l.k * l.k;
+}
+
+galley::Conv2dOptions layer_options(const LayerShape& l) {
+  return {.stride = l.stride, .padding = (l.k - 1) / 2};
+}
+
+void BM_conv2d_layer_forward(benchmark::State& st) {
+  const LayerShape& l = layer_shape(st);
+  Tensor x = galley::randn({kLayerBatch, l.in, l.hw, l.hw}, gen());
+  Tensor w = galley::randn({l.out, l.in, l.k, l.k}, gen());
+  Tensor b = l.bias() ? galley::randn({l.out}, gen()) : Tensor();
+  const double secs = time_forward(st, [&] { return galley::conv2d(x, w, b, layer_options(l)); });
+  set_rate(st, layer_flops(l), 0, secs, /*samples=*/false);
+}
+
+void BM_conv2d_layer_backward(benchmark::State& st) {
+  const LayerShape& l = layer_shape(st);
+  Tensor x = galley::randn({kLayerBatch, l.in, l.hw, l.hw}, gen()).set_requires_grad(true);
+  Tensor w = galley::randn({l.out, l.in, l.k, l.k}, gen()).set_requires_grad(true);
+  Tensor b = l.bias() ? galley::randn({l.out}, gen()).set_requires_grad(true) : Tensor();
+  Tensor gy;
+  {
+    galley::NoGradGuard ng;
+    gy = galley::randn(galley::conv2d(x, w, b, layer_options(l)).shape(), gen());
+  }
+  const double secs = time_backward(
+      st, [&] { return galley::conv2d(x, w, b, layer_options(l)); }, gy,
+      l.bias() ? std::vector<Tensor>{x, w, b} : std::vector<Tensor>{x, w});
+  set_rate(st, 2 * layer_flops(l), 0, secs, /*samples=*/false);
 }
 
 // ReLU forward on the conv output.
@@ -383,18 +423,14 @@ BENCHMARK(BM_conv2d_backward)
     ->ArgNames({"batch", "grad_input"})
     ->UseManualTime()
     ->Unit(benchmark::kMillisecond);
-BENCHMARK(BM_conv2d_vgg_forward)
-    ->Args({32, 32, 32})
-    ->Args({64, 64, 16})
-    ->Args({64, 128, 8})
-    ->ArgNames({"in", "out", "hw"})
+BENCHMARK(BM_conv2d_layer_forward)
+    ->DenseRange(0, kLayerShapeCount - 1)
+    ->ArgName("shape")
     ->UseRealTime()
     ->Unit(benchmark::kMillisecond);
-BENCHMARK(BM_conv2d_vgg_backward)
-    ->Args({32, 32, 32})
-    ->Args({64, 64, 16})
-    ->Args({64, 128, 8})
-    ->ArgNames({"in", "out", "hw"})
+BENCHMARK(BM_conv2d_layer_backward)
+    ->DenseRange(0, kLayerShapeCount - 1)
+    ->ArgName("shape")
     ->UseManualTime()
     ->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_relu)->Apply(batches)->UseRealTime();

@@ -119,7 +119,7 @@ int main(int argc, char** argv) {
     galley::data::MNIST train(a.data, galley::data::Split::Train, /*normalize=*/true);
     galley::data::MNIST test(a.data, galley::data::Split::Test, /*normalize=*/true);
     bench::Model m = bench::make_model("fashion");
-    galley::nn::Sequential& model = *m.net;
+    galley::nn::Layer& model = *m.net;
     galley::optim::Adam opt(model.parameters(), {.learning_rate = 1e-3});
     galley::nn::CrossEntropyLoss loss_fn;
     galley::data::DataLoader loader(train, {.batch_size = 64, .shuffle = true, .seed = a.seed});

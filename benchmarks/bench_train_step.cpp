@@ -147,7 +147,7 @@ int run(const Args& a, const ProfileArgs& p) {
     std::fprintf(stderr, "%s\n", e.what());
     return 2;
   }
-  nn::Sequential& model = *m.net;
+  nn::Layer& model = *m.net;
   galley::Device device = galley::Device::cpu();
   if (a.device.rfind("cuda", 0) == 0)
     device = galley::Device::cuda(a.device.size() > 5 ? std::atoi(a.device.c_str() + 5) : 0);

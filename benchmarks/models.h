@@ -1,6 +1,7 @@
 // The benchmark models in galley. models_torch.py, models_libtorch.h and train_step_paddle.py
-// define the same three, layer for layer, with the same initialisation (PyTorch's default:
-// kaiming-uniform with a = sqrt(5), i.e. weights and biases uniform in +-1/sqrt(fan_in)).
+// define the same ones, layer for layer (resnet: models_torch.py only), with the same
+// initialisation (PyTorch's default: kaiming-uniform with a = sqrt(5), i.e. weights and biases
+// uniform in +-1/sqrt(fan_in)).
 //
 //   simple   the SimpleCNN of the README, input [B, 3, 32, 32]:
 //            conv 3->64 (3x3) relu pool2 | fc 14400->10
@@ -8,6 +9,9 @@
 //            conv 1->32 pad1 relu pool2 | conv 32->64 pad1 relu pool2 | fc 3136->128 relu | fc 10
 //   vgg      a VGG-style CNN, input [B, 3, 32, 32], every conv 3x3 with padding 1:
 //            [conv 32, conv 32, pool] [conv 64, conv 64, pool] [conv 128, pool] | fc 2048->10
+//   resnet   the ResNet-20 of examples/resnet.cpp (galley::models::ResNet), input [B, 1, 28, 28]:
+//            stem conv 1->16 BN ReLU | 3 stages of 3 basic blocks (16, 32, 64 channels at 28,
+//            14 and 7 pixels; 1x1 projections where the shape changes) | global avg pool | fc 10
 #pragma once
 
 #include <galley/galley.h>
@@ -21,7 +25,7 @@ namespace bench {
 
 /// A model and the shape of one input sample (channels, height, width).
 struct Model {
-  std::shared_ptr<galley::nn::Sequential> net;
+  std::shared_ptr<galley::nn::Layer> net;
   std::array<int64_t, 3> input;
 };
 
@@ -44,7 +48,10 @@ inline std::shared_ptr<Linear> fc(int64_t in, int64_t out) {
 }
 }  // namespace detail
 
-/// Builds model `name` ("simple", "fashion" or "vgg") from galley's default generator.
+/// The models make_model knows, for usage messages.
+constexpr const char* kModelNames = "simple, fashion, vgg, resnet";
+
+/// Builds model `name` (one of kModelNames) from galley's default generator.
 inline Model make_model(const std::string& name) {
   using namespace detail;
   if (name == "simple")
@@ -62,7 +69,11 @@ inline Model make_model(const std::string& name) {
                                          conv(64, 128, 1), relu(), pool(), flatten(),
                                          fc(128 * 4 * 4, 10)),
             {3, 32, 32}};
-  throw std::invalid_argument("unknown model '" + name + "' (simple, fashion, vgg)");
+  if (name == "resnet")
+    return {std::make_shared<galley::models::ResNet>(
+                galley::models::ResNetOptions{.in_channels = 1, .num_classes = 10}),
+            {1, 28, 28}};
+  throw std::invalid_argument("unknown model '" + name + "' (" + kModelNames + ")");
 }
 
 }  // namespace bench

@@ -4,7 +4,7 @@
 Two suites, run by one driver on the same machine, one process per measurement:
 
 throughput  samples/s of a full train step (forward, cross-entropy, backward, Adam, clearing the
-            gradients) of each model of models.h ("simple", "fashion", "vgg"), for each batch
+            gradients) of each model of models.h ("simple", "fashion", "vgg", "resnet"), for each batch
             size and thread count. Every round runs all frameworks one after the other for each
             cell, their order rotating from round to round; each run reports the median of its
             timed blocks, the table the median over rounds, each framework at its best thread
@@ -47,16 +47,25 @@ BENCH = ROOT / "benchmarks"
 IMPLS = ("galley", "pytorch", "pytorch_alt", "libtorch", "paddle")
 LABELS = {"galley": "galley", "pytorch": "PyTorch", "pytorch_alt": "PyTorch", "libtorch": "libtorch",
           "paddle": "Paddle"}
-MODELS = ("simple", "fashion", "vgg")
+MODELS = ("simple", "fashion", "vgg", "resnet")
 MODEL_DESC = {
     "simple": "SimpleCNN [B,3,32,32]: conv 3->64 relu pool | fc 14400->10",
     "fashion": "Fashion-MNIST CNN [B,1,28,28]: conv 1->32 p1 relu pool | conv 32->64 p1 relu pool | "
                "fc 3136->128 relu | fc 10",
     "vgg": "VGG-style [B,3,32,32], 3x3 convs with padding 1: [32, 32, pool] [64, 64, pool] "
            "[128, pool] | fc 2048->10",
+    "resnet": "ResNet-20 [B,1,28,28] (examples/resnet.cpp): conv 1->16 BN ReLU | 3 stages of 3 "
+              "basic blocks (conv BN ReLU conv BN + shortcut, ReLU) at 16, 32, 64 channels, 1x1 "
+              "projections where the shape changes | global avg pool | fc 64->10",
 }
+# The peers that define each model; a model missing here is defined by all of them.
+MODEL_IMPLS = {"resnet": ("galley", "pytorch", "pytorch_alt")}
+# Goals, galley over the faster PyTorch: (model, batches, ratio, condition on the CPU or None).
+GOALS = [("simple", (64,), 2.0, None), ("fashion", (64,), 2.0, None),
+         ("vgg", (64,), 2.0, None), ("vgg", (32, 64, 256), 1.3, "avx512f"),
+         ("resnet", (64, 256), 1.5, None)]
 # Samples per timed block, so that each block lasts a fraction of a second in galley.
-BLOCK_SAMPLES = {"simple": 512, "fashion": 512, "vgg": 128}
+BLOCK_SAMPLES = {"simple": 512, "fashion": 512, "vgg": 128, "resnet": 128}
 MARKERS = {"train": ("<!-- cpu-train-step:start -->", "<!-- cpu-train-step:end -->"),
            "tta": ("<!-- cpu-time-to-accuracy:start -->", "<!-- cpu-time-to-accuracy:end -->")}
 
@@ -195,6 +204,19 @@ def cpu_model():
     return platform.processor() or platform.machine()
 
 
+def cpu_flags():
+    """The SIMD flags of /proc/cpuinfo that decide which kernels run (avx2, fma, avx512*, amx*)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    return sorted(v for v in line.split(":", 1)[1].split()
+                                  if v in ("avx2", "fma", "f16c") or v.startswith(("avx512", "amx")))
+    except OSError:
+        pass
+    return []
+
+
 def git(*args):
     try:
         return subprocess.run(["git", "-C", str(ROOT), *args], capture_output=True, text=True,
@@ -229,6 +251,7 @@ def metadata(a, benchmark, impls, runs, commit, dirty, t_start):
             "usable_cpus": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
             "kernel": platform.release(),
             "arch": platform.machine(),
+            "cpu_flags": cpu_flags(),
         },
         "versions": versions,
         "runtime_s": round(time.monotonic() - t_start, 1),
@@ -316,14 +339,20 @@ def train_markdown(meta, med, best, shared, impls, models, batches, threads):
                       if g and (p, m, b) in best else "n/a" for p in peers]
             lines.append(f"| {m} | {b} | " + " | ".join(cells + ratios) + " |")
     torches = [p for p in peers if p.startswith("pytorch")]
-    if "galley" in impls and torches and 64 in batches:
-        lines += ["", "Goal: galley ≥ 2x PyTorch at batch 64 (against the faster PyTorch here):", ""]
-        for m in models:
-            g = best.get(("galley", m, 64))
-            pv = [best[(p, m, 64)]["samples_per_s"] for p in torches if (p, m, 64) in best]
-            if g and pv:
-                r = g["samples_per_s"] / max(pv)
-                lines.append(f"- {m}: {r:.2f}x — {'met' if r >= 2 else 'not met'}")
+    goal_lines = []
+    for m, goal_batches, goal, needs in GOALS:
+        for b in goal_batches:
+            g = best.get(("galley", m, b))
+            pv = [best[(p, m, b)]["samples_per_s"] for p in torches if (p, m, b) in best]
+            if m not in models or b not in batches or not g or not pv:
+                continue
+            r = g["samples_per_s"] / max(pv)
+            verdict = "met" if r >= goal else "not met"
+            if needs and needs not in meta["machine"].get("cpu_flags", []):
+                verdict = f"not applicable here (the goal is for CPUs with {needs})"
+            goal_lines.append(f"- {m}, batch {b}: {r:.2f}x, goal ≥ {goal:g}x — {verdict}")
+    if goal_lines:
+        lines += ["", "Goals, galley over the faster PyTorch:", ""] + goal_lines
     lines += ["", "Models:", ""] + [f"- `{m}`: {MODEL_DESC[m]}" for m in models]
     lines += ["", "All thread counts (samples/s, median over rounds):", "",
               "| model | batch | threads | " + " | ".join(label(i, v) for i in impls) + " |",
@@ -643,14 +672,17 @@ def main():
         cells = [(m, b, t) for m in models for b in batches for t in threads]
         paddle_batches = {int(v) for v in a.paddle_batches.split(",") if v}
 
-        def active(rnd, b):
-            return [i for i in impls if i != "paddle" or (rnd < a.paddle_rounds and b in paddle_batches)]
+        def active(rnd, m, b):
+            return [i for i in impls if (i != "paddle" or (rnd < a.paddle_rounds and b in paddle_batches))
+                    and i in MODEL_IMPLS.get(m, IMPLS)]
 
-        n_total = sum(len(active(rnd, b)) for rnd in range(a.rounds) for _, b, _ in cells)
+        n_total = sum(len(active(rnd, m, b)) for rnd in range(a.rounds) for m, b, _ in cells)
         k = 0
         for rnd in range(a.rounds):
             for m, b, t in cells:
-                act = active(rnd, b)
+                act = active(rnd, m, b)
+                if not act:
+                    continue
                 order = act[rnd % len(act):] + act[:rnd % len(act)]
                 for impl in order:
                     k += 1

@@ -25,73 +25,9 @@
 namespace nn = galley::nn;
 using galley::Tensor;
 
-// conv3x3 - BN - ReLU - conv3x3 - BN, added to the shortcut, then ReLU.
-class BasicBlock : public nn::Layer {
- public:
-  BasicBlock(int64_t in, int64_t out, int64_t stride)
-      : conv1_(in, out, 3, {.stride = stride, .padding = 1, .bias = false}),
-        bn1_(out, {.relu = true}),
-        conv2_(out, out, 3, {.padding = 1, .bias = false}),
-        bn2_(out) {
-    register_layer("conv1", conv1_);
-    register_layer("bn1", bn1_);
-    register_layer("conv2", conv2_);
-    register_layer("bn2", bn2_);
-    if (stride != 1 || in != out) {
-      // A 1x1 projection where the shape changes (the "option B" shortcut).
-      proj_ = std::make_unique<nn::Conv2D>(in, out, 1,
-                                           nn::Conv2DOptions{.stride = stride, .bias = false});
-      proj_bn_ = std::make_unique<nn::BatchNorm2D>(out);
-      register_layer("shortcut_conv", *proj_);
-      register_layer("shortcut_bn", *proj_bn_);
-    }
-  }
-  Tensor forward(const Tensor& x) override {
-    Tensor h = bn2_(conv2_(bn1_(conv1_(x))));
-    h.add_(proj_ ? (*proj_bn_)((*proj_)(x)) : x);  // the residual sum, in place
-    return galley::relu(std::move(h));
-  }
-
- private:
-  nn::Conv2D conv1_;
-  nn::BatchNorm2D bn1_;  // with its ReLU fused
-  nn::Conv2D conv2_;
-  nn::BatchNorm2D bn2_;
-  std::unique_ptr<nn::Conv2D> proj_;
-  std::unique_ptr<nn::BatchNorm2D> proj_bn_;
-};
-
-class ResNet20 : public nn::Layer {
- public:
-  explicit ResNet20(int64_t blocks_per_stage = 3) {
-    register_layer("conv", stem_);
-    register_layer("bn", stem_bn_);
-    int64_t in = 16;
-    for (int64_t stage = 0; stage < 3; ++stage) {
-      const int64_t out = 16 << stage;
-      for (int64_t b = 0; b < blocks_per_stage; ++b) {
-        blocks_.push_back(std::make_unique<BasicBlock>(in, out, stage > 0 && b == 0 ? 2 : 1));
-        register_layer("layer" + std::to_string(stage + 1) + "_" + std::to_string(b),
-                       *blocks_.back());
-        in = out;
-      }
-    }
-    register_layer("pool", pool_);
-    register_layer("fc", fc_);
-  }
-  Tensor forward(const Tensor& x) override {
-    Tensor h = stem_bn_(stem_(x));
-    for (auto& b : blocks_) h = (*b)(h);
-    return fc_(galley::flatten(pool_(h), 1));
-  }
-
- private:
-  nn::Conv2D stem_{1, 16, 3, {.padding = 1, .bias = false}};
-  nn::BatchNorm2D stem_bn_{16, {.relu = true}};
-  std::vector<std::unique_ptr<BasicBlock>> blocks_;
-  nn::AdaptiveAvgPool2D pool_{1};
-  nn::Linear fc_{64, 10};
-};
+// ResNet-20 (galley/models/resnet.h) with a one-channel input.
+constexpr galley::models::ResNetOptions kResNet20{.in_channels = 1, .num_classes = 10};
+using galley::models::ResNet;
 
 namespace {
 
@@ -199,7 +135,7 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
 }
 
 // Test accuracy of replica 0 in evaluation mode (the running statistics).
-double evaluate(galley::DataParallel<ResNet20>& model, galley::data::DataLoader& test) {
+double evaluate(galley::DataParallel<ResNet>& model, galley::data::DataLoader& test) {
   galley::NoGradGuard no_grad;
   model.eval();
   int64_t correct = 0, total = 0;
@@ -236,7 +172,7 @@ int main(int argc, char** argv) {
     data::TensorDataset test = first(test_full, args.test_limit);
     const std::vector<galley::Device> devices = devices_of(argv[0], args.device);
 
-    galley::DataParallel<ResNet20> model(devices);
+    galley::DataParallel<ResNet> model(devices, {}, kResNet20);
     galley::optim::SGD optimizer(model.parameters(), {.learning_rate = args.lr,
                                                       .momentum = 0.9,
                                                       .weight_decay = args.weight_decay,

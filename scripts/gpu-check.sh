@@ -781,9 +781,9 @@ run_bench() {
     build_targets "$steplog" 300 "${bench_targets[@]}" || { fail "build failed (bench-steps.log)"; finish_phase failed; return 1; }
   fi
 
-  # galley, eager and CUDA graph.
+  # galley, eager and CUDA graph (resnet: BatchNorm and residual sums in the graph too).
   local model batch graph g r
-  for model in simple fashion; do
+  for model in simple fashion resnet; do
     for batch in 64 256; do
       for graph in "" --graph; do
         g=false; [ -n "$graph" ] && g=true
@@ -874,7 +874,7 @@ TOML
     # summarize.py on made-up figures, so that a change to its inputs is caught here.
     local fx="$work/fixture"
     mkdir -p "$fx"
-    for model in simple fashion; do for batch in 64 256; do for g in false true; do
+    for model in simple fashion resnet; do for batch in 64 256; do for g in false true; do
       printf '{"impl": "galley", "model": "%s", "batch": %s, "device": "cuda:0", "graph": %s, "samples_per_s": 1000.0}\n' "$model" "$batch" "$g"
     done; done; done > "$fx/galley-train-step-gpu.jsonl"
     printf '{"torch": "2.x", "gpu": "a GPU", "cudnn_benchmark": true, "runs": [{"model": "simple", "batch": 64, "mode": "eager", "samples_per_s": 500.0}, {"model": "simple", "batch": 64, "mode": "compile", "error": "made up"}]}\n' > "$fx/torch-train-step-gpu.json"

@@ -14,6 +14,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -967,4 +968,57 @@ TEST(BatchNorm, ErrorsNameTheLayerOrOpAndTheShapes) {
                     galley::batch_norm(galley::zeros({3}), Tensor(), Tensor(), Tensor(), Tensor());
                   }),
                   {"batch_norm", "[N, C]", "[3]"});
+}
+
+// ----------------------------------------------------------------------------- models::ResNet
+
+TEST(ResNet, Resnet20HasTheLayoutOfTheExampleAndPyTorchsNames) {
+  galley::models::ResNet net({.in_channels = 1, .num_classes = 10});
+  // 19 convolutions (stem + 18 in 9 blocks) + 2 projections, 21 BatchNorms, one linear layer.
+  size_t convs = 0, bns = 0;
+  for (const auto& [name, p] : net.named_parameters()) {
+    if (p.dim() == 4) ++convs;
+  }
+  for (const auto& [name, b] : net.named_buffers())
+    if (name.size() > 12 && name.compare(name.size() - 12, 12, "running_mean") == 0) ++bns;
+  EXPECT_EQ(convs, 21u);
+  EXPECT_EQ(bns, 21u);
+  std::set<std::string> names;
+  for (const auto& [name, t] : net.named_state()) names.insert(name);
+  for (const char* n :
+       {"conv.weight", "bn.running_mean", "layer1_0.conv1.weight", "layer1_2.bn2.bias",
+        "layer2_0.shortcut_conv.weight", "layer2_0.shortcut_bn.num_batches_tracked",
+        "layer3_2.conv2.weight", "fc.weight", "fc.bias"})
+    EXPECT_EQ(names.count(n), 1u) << n;
+  EXPECT_EQ(names.count("layer1_0.shortcut_conv.weight"), 0u) << "identity shortcut in stage 1";
+  EXPECT_EQ(names.count("conv.bias"), 0u) << "convolutions before a BatchNorm have no bias";
+  // ResNet-20's 0.27M parameters, as many as models_torch.py's ResNet(in_channels=1) has.
+  int64_t params = 0;
+  for (const Tensor& p : net.parameters()) params += p.numel();
+  EXPECT_EQ(params, 272186);
+
+  Tensor x = galley::randn({2, 1, 28, 28});
+  Tensor y = net(x);
+  EXPECT_EQ(y.shape(), (galley::Shape{2, 10}));
+  net.eval();
+  EXPECT_EQ(net(x).shape(), (galley::Shape{2, 10}));
+}
+
+TEST(ResNet, ShapeOptionsAndErrors) {
+  galley::models::ResNet net(
+      {.in_channels = 3, .num_classes = 7, .width = 4, .stages = 2, .blocks_per_stage = 1});
+  EXPECT_EQ(net(galley::randn({2, 3, 8, 8})).shape(), (galley::Shape{2, 7}));
+  expect_contains(error_of([&] {
+                    net(galley::randn({2, 1, 8, 8}));
+                  }),
+                  {"ResNet(in_channels=3", "[N, 3, H, W]", "[2, 1, 8, 8]"});
+  expect_contains(error_of([] { galley::models::ResNet bad({.stages = 0}); }),
+                  {"ResNet(", "stages=0", "1 to 8 stages"});
+  expect_contains(error_of([] { galley::models::BasicBlock bad(4, 8, 0); }),
+                  {"BasicBlock(4, 8)", "stride 0"});
+  // An error inside a block names the block.
+  expect_contains(error_of([&] {
+                    net(galley::randn({1, 3, 2, 2}));
+                  }),
+                  {"BasicBlock", "more than 1 value per channel"});
 }

@@ -88,7 +88,7 @@ def summarize(out, work, meta_path):
 
     cells = {(r["model"], r["batch"]) for r in galley if "model" in r and "batch" in r}
     cells |= {(r["model"], r["batch"]) for r in torch.get("runs", []) if "model" in r}
-    order = {"simple": 0, "fashion": 1, "vgg": 2}
+    order = {"simple": 0, "fashion": 1, "vgg": 2, "resnet": 3}
     rows = []
     for model, b in sorted(cells, key=lambda c: (order.get(c[0], 9), c[0], c[1])):
         rows.append({"model": model, "batch": b, "galley_eager": galley_rate(model, b, False),

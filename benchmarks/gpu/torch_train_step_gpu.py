@@ -70,7 +70,7 @@ def measure(name, batch, compiled, steps, device):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
-    ap.add_argument("--models", nargs="+", default=["simple", "fashion"], choices=models_torch.MODELS)
+    ap.add_argument("--models", nargs="+", default=["simple", "fashion", "resnet"], choices=models_torch.MODELS)
     ap.add_argument("--batches", type=int, nargs="+", default=[64, 256])
     ap.add_argument("--steps", type=int, default=50)
     ap.add_argument("--device", default="cuda")

@@ -15,6 +15,7 @@
 #include "galley/io/checkpoint.h"
 #include "galley/io/checkpointer.h"
 #include "galley/metrics.h"
+#include "galley/models/resnet.h"
 #include "galley/nn/activation.h"
 #include "galley/nn/batch_norm.h"
 #include "galley/nn/clip.h"

@@ -28,6 +28,12 @@ Beyond single ops:
                              results' bits, "float32.bfloat16_bits", ...) and every 16-bit
                              pattern widened to float32 ("widen.bits", "widen.from_bfloat16",
                              "widen.from_float16", as float32 bits).
+  resnet.safetensors         galley::models::ResNet at width 4, 2 stages of 2 blocks (RESNET):
+                             the initial state ("init.<name>", parameters and buffers), 20
+                             batches, the first step's logits "out0", running statistics
+                             ("step0.<name>") and gradients ("grad0.<name>"), the 20 losses of
+                             SGD (momentum 0.9, weight decay 5e-4), the final state
+                             ("final.<name>"), and an eval batch with its logits and loss.
   batch_norm_layers.safetensors  BatchNorm2d [4, 3, 5, 5] and BatchNorm1d [6, 4]: the first
                              training step's output and gradients ("<case>.out0", "grad_x",
                              "grad_weight", ...), the running statistics after a second step
@@ -52,6 +58,10 @@ import zlib
 
 import torch
 import torch.nn.functional as F
+
+# The ResNet of galley/models/resnet.h, defined once for the benchmarks and the parity suite.
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "benchmarks"))
+from models_torch import ResNet  # noqa: E402
 
 DTYPES = {torch.float32: "F32", torch.int64: "I64"}
 
@@ -553,6 +563,54 @@ def build_simple_cnn(c):
         t["final." + name] = p.detach().clone()
 
 
+# The residual model: galley::models::ResNet with 2 stages of 2 blocks at width 4 (identity
+# shortcuts and one projection), 3 x 8 x 8 inputs, 20 SGD steps with momentum and weight decay
+# in training mode, then eval.
+RESNET = {"in_channels": 3, "num_classes": 10, "width": 4, "stages": 2, "blocks": 2}
+RESNET_STEPS = 20
+RESNET_BATCH = 8
+
+
+def build_resnet(c):
+    t = c.tensors
+    model = ResNet(**RESNET)
+    with torch.no_grad():  # BatchNorm affine parameters away from PyTorch's 1 and 0
+        for m in model.modules():
+            if isinstance(m, torch.nn.BatchNorm2d):
+                m.weight.uniform_(0.5, 1.5)
+                m.bias.uniform_(-0.2, 0.2)
+    for name, v in model.state_dict().items():
+        t["init." + name] = v.clone()
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9, weight_decay=5e-4)
+    losses = []
+    for step in range(RESNET_STEPS):
+        x = torch.randn(RESNET_BATCH, RESNET["in_channels"], 8, 8) * 1.5 + 0.2
+        y = torch.randint(0, RESNET["num_classes"], (RESNET_BATCH,))
+        t[f"x{step}"], t[f"y{step}"] = x, y
+        opt.zero_grad()
+        out = model(x)
+        loss = F.cross_entropy(out, y)
+        losses.append(loss.item())
+        loss.backward()
+        if step == 0:  # the first step in full: logits, the state it updated, every gradient
+            t["out0"] = out.detach().clone()
+            for name, v in model.state_dict().items():
+                if "running" in name:
+                    t["step0." + name] = v.clone()
+            for name, p in model.named_parameters():
+                t["grad0." + name] = p.grad.clone()
+        opt.step()
+    t["losses"] = torch.tensor(losses, dtype=torch.float32)
+    for name, v in model.state_dict().items():
+        t["final." + name] = v.clone()
+    model.eval()
+    x = torch.randn(RESNET_BATCH, RESNET["in_channels"], 8, 8) * 1.5 + 0.2
+    y = torch.randint(0, RESNET["num_classes"], (RESNET_BATCH,))
+    out = model(x)
+    t["eval_x"], t["eval_y"], t["eval_out"] = x, y, out.detach().clone()
+    t["eval_loss"] = F.cross_entropy(out, y).detach().reshape(1)
+
+
 OPT_STEPS = 6
 
 
@@ -757,6 +815,7 @@ def build_convert(c):
 BUILDERS = dict(OPS)
 BUILDERS["convert"] = build_convert
 BUILDERS["simple_cnn"] = build_simple_cnn
+BUILDERS["resnet"] = build_resnet
 BUILDERS.update(OPTIMIZERS)
 BUILDERS["lr_scheduler"] = build_lr_scheduler
 BUILDERS["lr_scheduler_more"] = build_lr_scheduler_more
