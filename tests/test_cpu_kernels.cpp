@@ -150,7 +150,9 @@ TEST(ConvDirect, TakenOnlyWhereItIsCorrectAndPays) {
   for (const Conv2dGeometry* other :
        std::vector<const Conv2dGeometry*>{&strided, &grouped, &pointwise, &overpadded})
     EXPECT_TRUE(none(*other));
-  if (none(g)) GTEST_SKIP() << "this build has no direct path (it needs AVX-512 at compile time)";
+  if (none(g))
+    GTEST_SKIP() << "this build has no direct path (it needs AVX-512, or AVX2 with FMA, at "
+                    "compile time)";
   const auto u = conv2d_direct_use(g);
   EXPECT_TRUE(u.forward && u.input_grad && u.weight_grad);
   // A one-channel input (the first layer of a grey-scale model): im2col + GEMM throughout.

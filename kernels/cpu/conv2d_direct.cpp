@@ -6,12 +6,31 @@
 
 #include "kernels/cpu/parallel.h"
 
+#if defined(__AVX__)
+#include <immintrin.h>
+#endif
+
 namespace galley::kernels::cpu {
 namespace {
 
-// Sixteen floats: one AVX-512 register where the host has it (the compiler splits it elsewhere).
-using V = float __attribute__((vector_size(64)));
+// The register blocking per instruction set. L floats: one vector register (the compiler splits
+// it on hosts with neither). OB output channels x up to 3 vectors of outputs in the
+// correlation's accumulators, and kWeightGradAcc accumulators of at most kMaxWeightGradVectors
+// vectors of output channels each in the weight gradient's: with AVX-512's 32 registers 8 x 3
+// and 24 (of 4 vectors); with AVX2's 16, 4 x 3 and 12 (of 2), which leaves room for the loads
+// and the broadcast.
+#if defined(__AVX512F__)
 constexpr int64_t L = 16;
+constexpr int64_t OB = 8;
+constexpr int kWeightGradAcc = 24;
+constexpr int64_t kMaxWeightGradVectors = 4;
+#else
+constexpr int64_t L = 8;
+constexpr int64_t OB = 4;
+constexpr int kWeightGradAcc = 12;
+constexpr int64_t kMaxWeightGradVectors = 2;
+#endif
+using V = float __attribute__((vector_size(L * sizeof(float))));
 
 inline V load(const float* p) {
   V v;
@@ -23,6 +42,16 @@ inline void store(float* p, V v) {
 }
 inline V splat(float s) {
   return V{} + s;
+}
+// splat(*p), as one broadcast load (no scalar register on the way).
+inline V broadcast(const float* p) {
+#if defined(__AVX512F__)
+  return reinterpret_cast<V>(_mm512_set1_ps(*p));
+#elif defined(__AVX__)
+  return reinterpret_cast<V>(_mm256_broadcast_ss(p));
+#else
+  return splat(*p);
+#endif
 }
 
 // One stride-1 correlation: `cin` planes of h x w, zero-bordered by pad_h / pad_w, against
@@ -70,9 +99,6 @@ void write_out(const Plan& p, const float* flat, const float* bias, float* out) 
   }
 }
 
-// Output channels per register block of the correlation.
-constexpr int64_t OB = 8;
-
 // Weights packed for the correlation: [cout block][cin][tap][OB], zero past cout.
 // `at(co, ci, t)` gives the weight of output co, input ci, tap t.
 template <typename At>
@@ -103,7 +129,7 @@ void correlate_block(const float* x, int64_t plane, int64_t cin, const int64_t* 
       for (int v = 0; v < NV; ++v) xv[v] = load(xs + v * L);
 #pragma GCC unroll 8
       for (int o = 0; o < OB; ++o) {
-        const V wv = splat(wb[o]);
+        const V wv = broadcast(wb + o);
 #pragma GCC unroll 4
         for (int v = 0; v < NV; ++v) acc[o][v] += wv * xv[v];
       }
@@ -153,7 +179,7 @@ void weight_grad_block(const float* gyT, int64_t ldg, int64_t q, const float* co
     for (int v = 0; v < OV; ++v) g[v] = load(gyT + v * L);
 #pragma GCC unroll 24
     for (int j = 0; j < NJ; ++j) {
-      const V xv = splat(x[j][i]);
+      const V xv = broadcast(x[j] + i);
 #pragma GCC unroll 4
       for (int v = 0; v < OV; ++v) acc[j][v] += xv * g[v];
     }
@@ -174,9 +200,9 @@ struct WeightGradLayout {
   int64_t op, ov, nj, jp;
   explicit WeightGradLayout(const Plan& p) {
     const int64_t vecs = round_up(p.cout, L) / L;
-    ov = std::min<int64_t>(vecs, 4);
+    ov = std::min<int64_t>(vecs, kMaxWeightGradVectors);
     op = round_up(p.cout, ov * L);
-    nj = 24 / ov;
+    nj = kWeightGradAcc / ov;
     jp = round_up(p.cin * p.taps(), nj);
   }
 };
@@ -202,17 +228,19 @@ void weight_grad(const Plan& p, const WeightGradLayout& lay, const std::vector<c
       float* out = part + j0 * lay.op + o0;
       switch (lay.ov) {
         case 1:
-          weight_grad_block<1, 24>(gyT + o0, lay.op, q, x, out, lay.op);
+          weight_grad_block<1, kWeightGradAcc>(gyT + o0, lay.op, q, x, out, lay.op);
           break;
         case 2:
-          weight_grad_block<2, 12>(gyT + o0, lay.op, q, x, out, lay.op);
+          weight_grad_block<2, kWeightGradAcc / 2>(gyT + o0, lay.op, q, x, out, lay.op);
           break;
+#if defined(__AVX512F__)
         case 3:
-          weight_grad_block<3, 8>(gyT + o0, lay.op, q, x, out, lay.op);
+          weight_grad_block<3, kWeightGradAcc / 3>(gyT + o0, lay.op, q, x, out, lay.op);
           break;
         default:
-          weight_grad_block<4, 6>(gyT + o0, lay.op, q, x, out, lay.op);
+          weight_grad_block<4, kWeightGradAcc / 4>(gyT + o0, lay.op, q, x, out, lay.op);
           break;
+#endif
       }
     }
 }
@@ -240,7 +268,7 @@ Plan forward_plan(const Conv2dGeometry& g) {
 
 ConvDirectUse conv2d_direct_use(const Conv2dGeometry& g) {
   ConvDirectUse use;
-#ifdef __AVX512F__
+#if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
   const bool fits = g.stride == 1 && g.groups == 1 && g.kh * g.kw > 1 &&
                     g.pad <= (g.kh - 1) * g.dilation && g.pad <= (g.kw - 1) * g.dilation &&
                     g.n >= num_threads();

@@ -4,9 +4,10 @@
 //
 // Each image is copied into a zero-bordered buffer. With rows of the bordered width Wp, the input
 // under kernel tap (i, j) for output (oh, ow) sits at flat offset q + (i * Wp + j) * dilation,
-// where q = oh * Wp + ow. Sixteen consecutive outputs q are thus a sum over (channel, tap) of
-// sixteen consecutive inputs times one weight: one vector load, one broadcast and one FMA per
-// output channel, with a block of output channels and vectors held in registers. The flat output
+// where q = oh * Wp + ow. A vector of consecutive outputs q (16 with AVX-512, 8 with AVX2) is thus
+// a sum over (channel, tap) of as many consecutive inputs times one weight: one vector load, one
+// broadcast and one FMA per output channel, with a block of output channels and vectors held in
+// registers. The flat output
 // carries Wp - OW junk columns per row, dropped when the result is written out. The input
 // gradient is the same correlation of the bordered output gradient with the flipped, transposed
 // kernel; the weight gradient runs over q with output channels across the vector lanes.
@@ -16,9 +17,10 @@ namespace galley::kernels::cpu {
 
 // Which parts of a convolution conv2d_forward / conv2d_backward run on the direct path. None
 // unless: stride 1, one group, a kernel of more than one tap, padding at most
-// (kernel - 1) * dilation, at least one image per thread, and a host with AVX-512 (elsewhere the
-// registers would not hold a block). Then each part where it is faster than im2col + GEMM
-// (measured on the layers of the benchmark models): the forward pass and the weight gradient
+// (kernel - 1) * dilation, at least one image per thread, and a host with AVX-512, or AVX2 with
+// FMA (elsewhere the registers would not hold a block). Then each part where it is faster than
+// im2col + GEMM (measured on the layers of the benchmark models, with AVX-512 and with AVX2; the
+// same thresholds hold for both): the forward pass and the weight gradient
 // need enough (input channel, tap) pairs to amortise writing each output block, and the weight
 // gradient's transpose of the output gradient; the input gradient needs enough input channels
 // to fill its blocks of output channels.
