@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Side-by-side CPU benchmarks of galley against PyTorch, libtorch and PaddlePaddle.
 
-Two suites, run by one driver on the same machine, one process per measurement:
+Three suites, run by one driver on the same machine, one process per measurement:
 
 throughput  samples/s of a full train step (forward, cross-entropy, backward, Adam, clearing the
             gradients) of each model of models.h ("simple", "fashion", "vgg", "resnet"), for each batch
@@ -12,13 +12,16 @@ throughput  samples/s of a full train step (forward, cross-entropy, backward, Ad
 tta         time to reach a Fashion-MNIST test accuracy (default 90%) with the same recipe
             (the "fashion" model, Adam 1e-3, batch 64, same normalisation), in galley and in
             each PyTorch, at all cores; training time only, evaluation every --eval-every steps.
+conv        galley's convolutions, every layer shape of the vgg and resnet models at batch 64
+            (bench_kernels' BM_conv2d_layer_*), forward and backward, at each thread count:
+            GFLOP/s and `of_peak`, the fraction of the FMA peak that bench_kernels measures.
 
   python3 benchmarks/run_cpu.py --build build                    # both suites, ~15 min on 2 cores
   python3 benchmarks/run_cpu.py --suite throughput --rounds 1 --models vgg --batches 64
   python3 benchmarks/run_cpu.py --torch-python VENV/bin/python --paddle-python VENV2/bin/python
 
 Outputs under --out (default docs/benchmarks/): cpu-train-step.{json,md,png} and
-cpu-time-to-accuracy.{json,md,png}, each with the machine, versions, date and git commit, and
+cpu-time-to-accuracy.{json,md,png} and cpu-conv-layers.{json,md}, each with the machine, versions, date and git commit, and
 the tables copied into <out>/README.md between markers.
 
 Other processes competing for the CPU spoil the figures, so before each run the driver waits
@@ -67,6 +70,7 @@ GOALS = [("simple", (64,), 2.0, None), ("fashion", (64,), 2.0, None),
 # Samples per timed block, so that each block lasts a fraction of a second in galley.
 BLOCK_SAMPLES = {"simple": 512, "fashion": 512, "vgg": 128, "resnet": 128}
 MARKERS = {"train": ("<!-- cpu-train-step:start -->", "<!-- cpu-train-step:end -->"),
+           "conv": ("<!-- cpu-conv-layers:start -->", "<!-- cpu-conv-layers:end -->"),
            "tta": ("<!-- cpu-time-to-accuracy:start -->", "<!-- cpu-time-to-accuracy:end -->")}
 
 
@@ -271,7 +275,7 @@ def header(meta):
     return (f"CPU: {meta['machine']['cpu_model']}, {meta['machine']['logical_cpus']} logical CPUs. "
             f"{meta['date']}, galley {v.get('galley') or '?'} at "
             f"{meta['git_commit'][:12] or 'unknown commit'}{' (modified)' if meta.get('git_dirty') else ''}"
-            f"; {peers}.")
+            + (f"; {peers}." if peers else "."))
 
 
 # ----------------------------------------------------------------------------- throughput report
@@ -566,10 +570,82 @@ def report_tta(a, meta, runs, impls):
     print(f"wrote {a.out}/cpu-time-to-accuracy.{{json,md,png}} ({meta['runtime_s']} s)")
 
 
+# ----------------------------------------------------------------------------- conv layers
+CONV_GOAL = 0.75  # of the measured FMA peak
+
+
+def conv_markdown(meta, rows, threads):
+    lines = [
+        "galley's convolutions, float32, batch 64, every layer shape of the `vgg` and `resnet` "
+        "models (`bench_kernels --benchmark_filter=conv2d_layer`, median of "
+        f"{meta['repetitions']} repetitions). " + header(meta),
+        "",
+        "`of_peak`: GFLOP/s over the FMA peak that bench_kernels measures at start-up for the same "
+        "thread count (" + ", ".join(f"{t} thread{'s' if t > 1 else ''}: {meta['peak_gflops'][str(t)]:.0f} GFLOP/s"
+                                     for t in threads) + f"). Goal: ≥ {CONV_GOAL:.0%} of peak.",
+        "",
+        "| model | layer (in->out kxk/stride, input) | pass | "
+        + " | ".join(f"{t}T GFLOP/s | {t}T of_peak" for t in threads) + " |",
+        "|---|---|---|" + "---:|---:|" * len(threads),
+    ]
+    for r in rows:
+        cells = []
+        for t in threads:
+            e = r["by_threads"].get(str(t))
+            cells += [f"{e['gflops']:.1f}", f"{e['of_peak']:.2f}"] if e else ["n/a", "n/a"]
+        lines.append(f"| {r['model']} | {r['layer']} | {r['pass']} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def run_conv(a, threads, commit, dirty):
+    """bench_kernels' per-layer convolutions at each thread count; writes cpu-conv-layers.*"""
+    t_start = time.monotonic()
+    runner = Runner(a)
+    rows, peaks, runs = {}, {}, []
+    for t in threads:
+        out = Path(a.out) / f".conv-layers-{t}.json"
+        a.out.mkdir(parents=True, exist_ok=True)
+        cmd = [str(a.kernels_bin), f"--threads={t}", "--benchmark_filter=conv2d_layer",
+               f"--benchmark_repetitions={a.conv_repetitions}", "--benchmark_min_time=0.5",
+               "--benchmark_report_aggregates_only=true", f"--benchmark_out={out}",
+               "--benchmark_out_format=json"]
+        env = dict(os.environ, OMP_NUM_THREADS=str(t), GALLEY_NUM_THREADS=str(t))
+        wait_idle(a.idle_threshold, a.max_wait)
+        p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=1800, cwd=BENCH)
+        if p.returncode != 0:
+            raise RuntimeError(f"{' '.join(cmd)} failed ({p.returncode}):\n{p.stderr[-2000:]}")
+        d = json.loads(out.read_text())
+        out.unlink()
+        peaks[str(t)] = float(d["context"]["peak_fp32_gflops"])
+        for b in d["benchmarks"]:
+            if b.get("aggregate_name") != "median":
+                continue
+            runs.append({"threads": t, **{k: b[k] for k in ("name", "label", "GFLOP/s", "of_peak")}})
+            key = (b["name"].split("/")[0], b["label"])
+            model, layer = b["label"].split(" ", 1)
+            r = rows.setdefault(key, {"model": model, "layer": layer, "by_threads": {},
+                                      "pass": "forward" if "forward" in key[0] else "backward"})
+            r["by_threads"][str(t)] = {"gflops": b["GFLOP/s"], "of_peak": b["of_peak"]}
+        print(f"conv layers, {t} thread(s): {len(d['benchmarks'])} figures, peak {peaks[str(t)]:.0f} GFLOP/s",
+              flush=True)
+    meta = metadata(a, "cpu-conv-layers", ["galley"], [{"impl": "galley", "version": a.galley_version}],
+                    commit, dirty, t_start)
+    meta.update(repetitions=a.conv_repetitions, peak_gflops=peaks, threads=threads, goal_of_peak=CONV_GOAL)
+    ordered = sorted(rows.values(), key=lambda r: (r["model"] != "vgg", r["pass"] != "forward"))
+    table = conv_markdown(meta, ordered, threads)
+    (a.out / "cpu-conv-layers.json").write_text(json.dumps({**meta, "layers": ordered, "runs": runs}, indent=2) + "\n")
+    (a.out / "cpu-conv-layers.md").write_text(table)
+    if not a.no_readme and update_readme(a.out / "README.md", "conv", table):
+        print(f"updated {a.out / 'README.md'}")
+    print()
+    print(table)
+
+
 # ----------------------------------------------------------------------------- main
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--suite", default="throughput,tta", help="throughput, tta or both")
+    ap.add_argument("--suite", default="throughput,tta,conv", help="throughput, tta, conv, or a list")
+    ap.add_argument("--conv-repetitions", type=int, default=3, help="conv suite: repetitions per layer")
     ap.add_argument("--build", action="append", default=None,
                     help="build folder(s) holding benchmarks/bench_* (default: build, build-bench)")
     ap.add_argument("--python", default="/usr/bin/python3" if Path("/usr/bin/python3").exists()
@@ -638,6 +714,11 @@ def main():
     a.galley_bin = find_binary(builds, "bench_train_step")
     a.tta_bin = find_binary(builds, "bench_time_to_accuracy")
     a.libtorch_bin = find_binary(builds, "bench_train_step_libtorch")
+    a.kernels_bin = find_binary(builds, "bench_kernels")
+    m = re.search(r"project\(galley VERSION ([0-9.]+)", (ROOT / "CMakeLists.txt").read_text())
+    a.galley_version = m.group(1) if m else ""
+    if "conv" in suites and not a.kernels_bin:
+        sys.exit(f"bench_kernels not found in {builds}; build it (it needs Google Benchmark)")
     a.pythons = {"pytorch": a.python, "pytorch_alt": a.torch_python}
     if "galley" in impls and not (a.galley_bin and a.tta_bin):
         sys.exit(f"bench_train_step / bench_time_to_accuracy not found in {builds}; build them")
@@ -696,6 +777,9 @@ def main():
         meta.update(rounds=a.rounds, paddle_rounds=min(a.paddle_rounds, a.rounds),
                     paddle_batches=sorted(paddle_batches), repeats_per_run=a.repeats)
         report_train(a, meta, runs, impls, models, batches, threads)
+
+    if "conv" in suites:
+        run_conv(a, threads, commit, dirty)
 
     if "tta" in suites:
         t_start = time.monotonic()
