@@ -25,11 +25,12 @@ struct Args {
 };
 
 inline void usage(const char* prog, std::FILE* out = stderr) {
-  std::fprintf(out,
-               "usage: %s [--model simple|fashion|vgg|resnet] [--batch N] [--threads T] [--warmup W] "
-               "[--iters I] [--repeats R] "
-               "[--json] [--phases] [--device cpu|cuda:N] [--graph]\n",
-               prog);
+  std::fprintf(
+      out,
+      "usage: %s [--model simple|fashion|vgg|resnet] [--batch N] [--threads T] [--warmup W] "
+      "[--iters I] [--repeats R] "
+      "[--json] [--phases] [--device cpu|cuda:N] [--graph]\n",
+      prog);
 }
 
 // Parses the command line into `a`. Returns nothing when the program should go on, or the

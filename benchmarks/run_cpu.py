@@ -600,11 +600,10 @@ def conv_markdown(meta, rows, threads):
 def run_conv(a, threads, commit, dirty):
     """bench_kernels' per-layer convolutions at each thread count; writes cpu-conv-layers.*"""
     t_start = time.monotonic()
-    runner = Runner(a)
     rows, peaks, runs = {}, {}, []
+    a.out.mkdir(parents=True, exist_ok=True)
     for t in threads:
         out = Path(a.out) / f".conv-layers-{t}.json"
-        a.out.mkdir(parents=True, exist_ok=True)
         cmd = [str(a.kernels_bin), f"--threads={t}", "--benchmark_filter=conv2d_layer",
                f"--benchmark_repetitions={a.conv_repetitions}", "--benchmark_min_time=0.5",
                "--benchmark_report_aggregates_only=true", f"--benchmark_out={out}",

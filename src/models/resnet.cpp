@@ -52,14 +52,18 @@ std::string BasicBlock::repr() const {
 }
 
 namespace {
+// "ResNet(in_channels=1, ...)": the model's name in messages, also before it is built.
+std::string describe(const ResNetOptions& o) {
+  return detail::str_cat("ResNet(in_channels=", o.in_channels, ", num_classes=", o.num_classes,
+                         ", width=", o.width, ", stages=", o.stages,
+                         ", blocks_per_stage=", o.blocks_per_stage, ")");
+}
+
 // The options, checked before any layer is built from them.
 const ResNetOptions& checked(const ResNetOptions& o) {
   GALLEY_CHECK(o.in_channels >= 1 && o.num_classes >= 1 && o.width >= 1 && o.stages >= 1 &&
                    o.stages <= 8 && o.blocks_per_stage >= 1,
-               "ResNet(in_channels=", o.in_channels, ", num_classes=", o.num_classes,
-               ", width=", o.width, ", stages=", o.stages,
-               ", blocks_per_stage=", o.blocks_per_stage,
-               "): every size must be positive, and there are 1 to 8 stages");
+               describe(o), ": every size must be positive, and there are 1 to 8 stages");
   return o;
 }
 }  // namespace
@@ -95,10 +99,7 @@ Tensor ResNet::forward(const Tensor& x) {
 }
 
 std::string ResNet::repr() const {
-  return detail::str_cat("ResNet(in_channels=", opt_.in_channels,
-                         ", num_classes=", opt_.num_classes, ", width=", opt_.width,
-                         ", stages=", opt_.stages, ", blocks_per_stage=", opt_.blocks_per_stage,
-                         ")");
+  return describe(opt_);
 }
 
 }  // namespace galley::models
