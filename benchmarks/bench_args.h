@@ -22,6 +22,7 @@ struct Args {
   bool phases = false;
   std::string device = "cpu";  // "cpu" or "cuda[:N]"
   bool graph = false;          // capture the step in a CUDA graph and time its replays
+  std::string amp = "off";     // "off", "bf16" or "fp16": the forward and the loss under autocast
 };
 
 inline void usage(const char* prog, std::FILE* out = stderr) {
@@ -29,7 +30,7 @@ inline void usage(const char* prog, std::FILE* out = stderr) {
       out,
       "usage: %s [--model simple|fashion|vgg|resnet] [--batch N] [--threads T] [--warmup W] "
       "[--iters I] [--repeats R] "
-      "[--json] [--phases] [--device cpu|cuda:N] [--graph]\n",
+      "[--json] [--phases] [--device cpu|cuda:N] [--graph] [--amp off|bf16|fp16]\n",
       prog);
 }
 
@@ -46,7 +47,7 @@ inline std::optional<int> parse(int argc, char** argv, Args& a) {
     std::string s = argv[i];
     const bool takes_value = s == "--model" || s == "--batch" || s == "--threads" ||
                              s == "--warmup" || s == "--iters" || s == "--repeats" ||
-                             s == "--device";
+                             s == "--device" || s == "--amp";
     if (takes_value && i + 1 >= argc) return fail(s + " needs a value");
     auto count = [&](int& v) {
       const char* text = argv[++i];
@@ -76,6 +77,10 @@ inline std::optional<int> parse(int argc, char** argv, Args& a) {
       a.device = argv[++i];
     } else if (s == "--graph") {
       a.graph = true;
+    } else if (s == "--amp") {
+      a.amp = argv[++i];
+      if (a.amp != "off" && a.amp != "bf16" && a.amp != "fp16")
+        return fail("--amp " + a.amp + ": expected off, bf16 or fp16");
     } else {
       return fail("unknown option " + s);
     }
@@ -159,7 +164,8 @@ inline void print_report(const Args& a, const Report& r, const Phases& ph) {
         "\"samples_per_s\": %.3f, \"samples_per_s_all\": [",
         r.threads, a.warmup, a.iters, a.repeats, med);
     for (size_t i = 0; i < r.rates.size(); ++i) std::printf("%s%.3f", i ? ", " : "", r.rates[i]);
-    std::printf("], \"step_ms\": %.4f, \"final_loss\": %.6f", 1e3 * a.batch / med, r.final_loss);
+    std::printf("], \"step_ms\": %.4f, \"final_loss\": %.6f, \"amp\": \"%s\"", 1e3 * a.batch / med,
+                r.final_loss, a.amp.c_str());
     if (a.phases)
       std::printf(
           ", \"phases_ms\": {\"forward\": %.4f, \"loss\": %.4f, \"backward\": %.4f, "
@@ -168,10 +174,11 @@ inline void print_report(const Args& a, const Report& r, const Phases& ph) {
     std::printf("}\n");
     return;
   }
-  std::printf("%s %s %s batch=%d%s%s%s threads=%d: %.1f samples/s (%.2f ms/step, loss %.4f)\n",
+  std::printf("%s %s %s batch=%d%s%s%s%s%s threads=%d: %.1f samples/s (%.2f ms/step, loss %.4f)\n",
               r.impl.c_str(), r.version.c_str(), a.model.c_str(), a.batch,
-              r.device.empty() ? "" : " ", r.device.c_str(), r.graph ? " graph" : "", r.threads,
-              med, 1e3 * a.batch / med, r.final_loss);
+              r.device.empty() ? "" : " ", r.device.c_str(), r.graph ? " graph" : "",
+              a.amp == "off" ? "" : " amp ", a.amp == "off" ? "" : a.amp.c_str(), r.threads, med,
+              1e3 * a.batch / med, r.final_loss);
   if (a.phases)
     std::printf("  forward %.2f ms  loss %.2f ms  backward %.2f ms  optimizer %.2f ms\n",
                 ph.forward, ph.loss, ph.backward, ph.optimizer);

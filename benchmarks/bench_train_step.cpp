@@ -159,6 +159,10 @@ int run(const Args& a, const ProfileArgs& p) {
     std::fprintf(stderr, "--graph needs a CUDA device, --warmup >= 1 and no --phases\n");
     return 2;
   }
+  if (a.amp != "off" && a.phases) {
+    std::fprintf(stderr, "--phases times float32 steps only; leave out --amp\n");
+    return 2;
+  }
   model.to(device);
   galley::optim::Adam opt(model.parameters(), {.learning_rate = 1e-3});
   nn::CrossEntropyLoss loss_fn;
@@ -170,12 +174,22 @@ int run(const Args& a, const ProfileArgs& p) {
   Tensor y = Tensor::from_vector(labels, {a.batch}).to(device);
   x = x.to(device);
 
+  // --amp: the forward and the loss under autocast, backward and the step outside (fp16 with a
+  // loss scaler, as a training loop would).
+  const bool amp = a.amp != "off";
+  const galley::DType amp_dtype =
+      a.amp == "fp16" ? galley::DType::Float16 : galley::DType::BFloat16;
+  galley::amp::GradScaler scaler({.enabled = a.amp == "fp16"});
   Tensor loss;
   auto step = [&] {
-    Tensor out = model(x);
-    loss = loss_fn(out, y);
-    loss.backward();
-    opt.step();
+    {
+      galley::amp::Autocast autocast(amp_dtype, amp);
+      Tensor out = model(x);
+      loss = loss_fn(out, y);
+    }
+    scaler.scale(loss).backward();
+    scaler.step(opt);
+    scaler.update();
     opt.zero_grad();
   };
 

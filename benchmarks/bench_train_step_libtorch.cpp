@@ -27,8 +27,8 @@ using bench::usage;
 int main(int argc, char** argv) {
   Args a;
   if (const auto status = parse(argc, argv, a)) return *status;
-  if (a.device != "cpu" || a.graph) {
-    std::fprintf(stderr, "%s: the libtorch reference runs on the CPU only\n", argv[0]);
+  if (a.device != "cpu" || a.graph || a.amp != "off") {
+    std::fprintf(stderr, "%s: the libtorch reference runs on the CPU in float32 only\n", argv[0]);
     usage(argv[0]);
     return 2;
   }

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Side-by-side CPU benchmarks of galley against PyTorch, libtorch and PaddlePaddle.
 
-Three suites, run by one driver on the same machine, one process per measurement:
+Four suites, run by one driver on the same machine, one process per measurement:
 
 throughput  samples/s of a full train step (forward, cross-entropy, backward, Adam, clearing the
             gradients) of each model of models.h ("simple", "fashion", "vgg", "resnet"), for each batch
@@ -12,6 +12,10 @@ throughput  samples/s of a full train step (forward, cross-entropy, backward, Ad
 tta         time to reach a Fashion-MNIST test accuracy (default 90%) with the same recipe
             (the "fashion" model, Adam 1e-3, batch 64, same normalisation), in galley and in
             each PyTorch, at all cores; training time only, evaluation every --eval-every steps.
+amp         the train step in float32 and under bfloat16 autocast (galley's amp::Autocast,
+            torch.autocast("cpu", dtype=torch.bfloat16)), galley and each PyTorch, for the models
+            of --amp-models at the batches of --amp-batches: cpu-amp.{json,md}, with the goals
+            (galley bf16 over galley float32, and over the faster PyTorch bf16).
 conv        galley's convolutions, every layer shape of the vgg and resnet models at batch 64
             (bench_kernels' BM_conv2d_layer_*), forward and backward, at each thread count:
             GFLOP/s and `of_peak`, the fraction of the FMA peak that bench_kernels measures.
@@ -71,6 +75,7 @@ GOALS = [("simple", (64,), 2.0, None), ("fashion", (64,), 2.0, None),
 BLOCK_SAMPLES = {"simple": 512, "fashion": 512, "vgg": 128, "resnet": 128}
 MARKERS = {"train": ("<!-- cpu-train-step:start -->", "<!-- cpu-train-step:end -->"),
            "conv": ("<!-- cpu-conv-layers:start -->", "<!-- cpu-conv-layers:end -->"),
+           "amp": ("<!-- cpu-amp:start -->", "<!-- cpu-amp:end -->"),
            "tta": ("<!-- cpu-time-to-accuracy:start -->", "<!-- cpu-time-to-accuracy:end -->")}
 
 
@@ -152,7 +157,7 @@ class Runner:
         return res
 
 
-def step_command(a, impl, model, batch, threads):
+def step_command(a, impl, model, batch, threads, amp="off"):
     warmup = 2
     iters = max(1, int(round(BLOCK_SAMPLES[model] * a.scale / batch)))
     if impl == "paddle":
@@ -161,6 +166,8 @@ def step_command(a, impl, model, batch, threads):
         warmup, iters = warmup + 3, max(1, iters // 4)
     common = ["--model", model, "--batch", str(batch), "--threads", str(threads), "--warmup",
               str(warmup), "--iters", str(iters), "--repeats", str(a.repeats), "--json"]
+    if amp != "off":
+        common += ["--amp", amp]
     if impl == "galley":
         return [str(a.galley_bin)] + common
     if impl == "libtorch":
@@ -640,10 +647,96 @@ def run_conv(a, threads, commit, dirty):
     print(table)
 
 
+# ----------------------------------------------------------------------------- amp
+# Goals of bfloat16 autocast, on a CPU with AVX512-BF16: galley bf16 over galley float32, and over
+# the faster PyTorch bf16.
+AMP_GOALS = {"over_float32": 1.5, "over_pytorch": 2.0, "cpu_flag": "avx512_bf16"}
+AMP_IMPLS = ("galley", "pytorch", "pytorch_alt")
+
+
+def amp_markdown(meta, best, variants, models, batches):
+    v = meta["versions"]
+    names = {f"{i}|{amp}": f"{label(i, v)} {'bf16' if amp == 'bf16' else 'fp32'}" for i in AMP_IMPLS
+             for amp in ("off", "bf16")}
+    has_flag = AMP_GOALS["cpu_flag"] in meta["machine"]["cpu_flags"]
+    lines = [
+        "Train step (forward and loss under bfloat16 autocast, backward, Adam, zero grad) against "
+        "the float32 step. " + header(meta),
+        "",
+        f"Samples per second, each at its best thread count (in brackets), median of {meta['rounds']} "
+        "rounds. Goals on a CPU with AVX512-BF16: galley bf16 ≥ "
+        f"{AMP_GOALS['over_float32']}x galley fp32 and ≥ {AMP_GOALS['over_pytorch']}x the faster PyTorch "
+        "bf16. " + ("This CPU has AVX512-BF16." if has_flag else
+                    "This CPU has no AVX512-BF16: bfloat16 runs through the converting fallback "
+                    "(inputs rounded to bfloat16, widened, float32 kernels), so the goals do not "
+                    "apply here and the figures show that fallback's cost."),
+        "",
+        "| model | batch | " + " | ".join(names[x] for x in variants)
+        + " | galley bf16 / fp32 | galley bf16 / best PyTorch bf16 |",
+        "|---|---:|" + "---:|" * (len(variants) + 2),
+    ]
+    for m in models:
+        for b in batches:
+            cells = []
+            for x in variants:
+                e = best.get((x, m, b))
+                cells.append(f"{fmt(e['samples_per_s'])} ({e['threads']})" if e else "n/a")
+            g16, g32 = best.get(("galley|bf16", m, b)), best.get(("galley|off", m, b))
+            t16 = [best[(x, m, b)]["samples_per_s"] for x in variants
+                   if x.startswith("pytorch") and x.endswith("|bf16") and (x, m, b) in best]
+            r1 = f"{g16['samples_per_s'] / g32['samples_per_s']:.2f}x" if g16 and g32 else "n/a"
+            r2 = f"{g16['samples_per_s'] / max(t16):.2f}x" if g16 and t16 else "n/a"
+            lines.append(f"| {m} | {b} | " + " | ".join(cells) + f" | {r1} | {r2} |")
+    return "\n".join(lines) + "\n"
+
+
+def run_amp(a, runner, impls, threads, commit, dirty):
+    """float32 and bf16 autocast steps of galley and each PyTorch; writes cpu-amp.{json,md}"""
+    t_start = time.monotonic()
+    models = [m for m in a.amp_models.split(",") if m]
+    batches = [int(v) for v in a.amp_batches.split(",") if v]
+    variants = [f"{i}|{amp}" for i in impls if i in AMP_IMPLS for amp in ("off", "bf16")]
+    runs = []
+    n_total, k = a.rounds * len(models) * len(batches) * len(threads) * len(variants), 0
+    for rnd in range(a.rounds):
+        for m in models:
+            for b in batches:
+                for t in threads:
+                    order = variants[rnd % len(variants):] + variants[:rnd % len(variants)]
+                    for x in order:
+                        impl, amp = x.split("|")
+                        k += 1
+                        res = runner(step_command(a, impl, m, b, t, amp), t)
+                        res.update(impl=impl, amp=amp, model=m, round=rnd)
+                        runs.append(res)
+                        flag = "  (shared CPU)" if res["background_cores"] >= a.idle_threshold else ""
+                        print(f"[{k:3d}/{n_total}] round {rnd} {m:7s} batch {b:4d} threads {t} "
+                              f"{impl:11s} {amp:4s}{res['samples_per_s']:10.1f} samples/s{flag}", flush=True)
+    keyed = [dict(r, impl=f"{r['impl']}|{r['amp']}") for r in runs]
+    _, best, _ = summarise(keyed, variants, models, batches, threads, a.idle_threshold)
+    meta = metadata(a, "cpu-amp", [i for i in impls if i in AMP_IMPLS], runs, commit, dirty, t_start)
+    meta.update(rounds=a.rounds, repeats_per_run=a.repeats, goals=AMP_GOALS)
+    table = amp_markdown(meta, best, variants, models, batches)
+    summary = [{"variant": x, "model": m, "batch": b, **best[(x, m, b)]}
+               for x in variants for m in models for b in batches if (x, m, b) in best]
+    a.out.mkdir(parents=True, exist_ok=True)
+    (a.out / "cpu-amp.json").write_text(
+        json.dumps({**meta, "models": models, "batches": batches, "threads": threads,
+                    "summary": summary, "runs": runs}, indent=2) + "\n")
+    (a.out / "cpu-amp.md").write_text(table)
+    if not a.no_readme and update_readme(a.out / "README.md", "amp", table):
+        print(f"updated {a.out / 'README.md'}")
+    print()
+    print(table)
+
+
 # ----------------------------------------------------------------------------- main
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--suite", default="throughput,tta,conv", help="throughput, tta, conv, or a list")
+    ap.add_argument("--suite", default="throughput,tta,conv,amp",
+                    help="throughput, tta, conv, amp, or a list")
+    ap.add_argument("--amp-models", default="vgg,resnet", help="amp suite: models")
+    ap.add_argument("--amp-batches", default="64", help="amp suite: batch sizes")
     ap.add_argument("--conv-repetitions", type=int, default=3, help="conv suite: repetitions per layer")
     ap.add_argument("--build", action="append", default=None,
                     help="build folder(s) holding benchmarks/bench_* (default: build, build-bench)")
@@ -779,6 +872,9 @@ def main():
 
     if "conv" in suites:
         run_conv(a, threads, commit, dirty)
+
+    if "amp" in suites:
+        run_amp(a, runner, impls, threads, commit, dirty)
 
     if "tta" in suites:
         t_start = time.monotonic()

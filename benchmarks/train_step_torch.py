@@ -33,6 +33,8 @@ def main() -> int:
     ap.add_argument("--json", action="store_true", help="print one JSON object instead of text")
     ap.add_argument("--phases", action="store_true", help="also time forward/loss/backward/optimizer")
     ap.add_argument("--profile", action="store_true", help="print torch.profiler's per-op table")
+    ap.add_argument("--amp", choices=("off", "bf16"), default="off",
+                    help="forward and loss under torch.autocast('cpu', dtype=torch.bfloat16)")
     a = ap.parse_args()
 
     torch.set_num_threads(a.threads)
@@ -45,8 +47,9 @@ def main() -> int:
     y = torch.randint(0, 10, (a.batch,), generator=g, dtype=torch.int64)
 
     def step():
-        out = model(x)
-        loss = loss_fn(out, y)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=a.amp == "bf16"):
+            out = model(x)
+            loss = loss_fn(out, y)
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
@@ -107,6 +110,7 @@ def main() -> int:
         "samples_per_s_all": rates,
         "step_ms": 1e3 * a.batch / med,
         "final_loss": float(loss.item()),
+        "amp": a.amp,
     }
     if phases:
         result["phases_ms"] = phases

@@ -13,6 +13,9 @@
 // --resume then continues mid-epoch, exactly as if the run had not stopped.
 // --device cpu or cuda:N picks where to train (default: the first GPU if there is one); on a GPU
 // the loader delivers batches there from page-locked buffers, copied on side streams.
+// --amp bf16 (or fp16) runs the forward and the loss under galley::amp::Autocast: conv and linear
+// in that dtype, the loss in float32, the weights and their update in float32; fp16 adds a
+// GradScaler (its state goes into the checkpoints).
 //
 // The progress line comes every --log-every steps: on a terminal it is one line rewritten in
 // place, with the time left in the epoch; in a log file or a pipe it is a plain line each time.
@@ -69,6 +72,7 @@ namespace {
 
 using example::bad_usage;
 using example::number;
+using example::parse_amp;
 using example::parse_device;
 struct Args {
   int epochs = 5;
@@ -86,6 +90,7 @@ struct Args {
   galley::Device device = galley::all_devices()[0];
   std::string metrics;
   int log_every = 50;
+  example::Amp amp;
 };
 
 void usage(std::FILE* out, const char* prog) {
@@ -113,6 +118,8 @@ void usage(std::FILE* out, const char* prog) {
                "  --metrics FILE        append JSON lines of metrics to FILE (see "
                "scripts/plot-metrics.py)\n"
                "  --log-every N         steps between progress and metrics lines (default 50)\n"
+               "  --amp MODE            off, bf16 or fp16: conv and linear under autocast in that\n"
+               "                        dtype (fp16 with dynamic loss scaling); default off\n"
                "  -h, --help            show this and exit\n",
                prog, galley::data::default_fashion_mnist_dir().c_str());
 }
@@ -159,6 +166,8 @@ Args parse(int argc, char** argv) {
       a.metrics = next();
     else if (k == "--log-every")
       a.log_every = number<int>(prog, k, next());
+    else if (k == "--amp")
+      a.amp = parse_amp(prog, next());
     else
       bad_usage(prog, "unknown option " + k);
   }
@@ -219,8 +228,9 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
-double evaluate(FashionCNN& model, galley::data::DataLoader& test) {
+double evaluate(FashionCNN& model, galley::data::DataLoader& test, const example::Amp& amp) {
   galley::NoGradGuard no_grad;
+  galley::amp::Autocast autocast(amp.dtype, amp.enabled);
   model.eval();
   int64_t correct = 0, total = 0;
   for (auto& [data, label] : test) {
@@ -249,9 +259,9 @@ int main(int argc, char** argv) {
           Tensor::from_host(d.raw_data(), {args.limit, 1, 28, 28}),
           Tensor::from_host(l.raw_data(), {args.limit}, galley::DType::Int64));
     }
-    std::printf("Fashion-MNIST: %zu training, %zu test images from %s; %s, %d threads\n",
+    std::printf("Fashion-MNIST: %zu training, %zu test images from %s; %s, %d threads, amp %s\n",
                 train.size(), test.size(), args.data.c_str(), args.device.str().c_str(),
-                galley::num_threads());
+                galley::num_threads(), args.amp.name());
 
     FashionCNN model;
     model.to(args.device);
@@ -259,6 +269,7 @@ int main(int argc, char** argv) {
     // The rate follows a cosine from lr down to lr/100 over the run, stepped once per epoch.
     galley::optim::CosineAnnealingLR schedule(optimizer, args.epochs, args.lr / 100);
     nn::CrossEntropyLoss loss_fn;
+    galley::amp::GradScaler scaler(args.amp.scaler());
     // Same seed, same order as before the loader had workers: the order depends only on the
     // seed and the epoch.
     galley::data::DataLoader loader(train, {.batch_size = args.batch_size,
@@ -280,7 +291,7 @@ int main(int argc, char** argv) {
     // state.epoch counts the epochs done and state.batch the batches of the next one: a
     // checkpoint at an epoch's end has batch 0.
     galley::io::TrainingState state{
-        .model = &model, .optimizer = &optimizer, .scheduler = &schedule};
+        .model = &model, .optimizer = &optimizer, .scheduler = &schedule, .grad_scaler = &scaler};
     if (!args.checkpoint_dir.empty()) {
       checkpoints = std::make_unique<galley::io::Checkpointer>(
           args.checkpoint_dir,
@@ -326,10 +337,8 @@ int main(int argc, char** argv) {
       Tensor loss_total =
           galley::full({}, static_cast<float>(loss_sum), galley::DType::Float32, args.device);
       for (auto& [data, label] : loader) {
-        auto loss = loss_fn(model(data), label);
-        loss.backward();
-        optimizer.step();
-        optimizer.clear_grad();
+        Tensor loss = example::train_step(args.amp, scaler, optimizer,
+                                          [&] { return loss_fn(model(data), label); });
         loss_total = galley::add(loss_total, loss.detach());
         seen += label.numel();
         ++step;
@@ -374,7 +383,7 @@ int main(int argc, char** argv) {
       progress.status(
           format("epoch %d/%d  testing on %zu images", epoch, args.epochs, test.size()));
       const auto e0 = std::chrono::steady_clock::now();
-      accuracy = evaluate(model, test_loader);
+      accuracy = evaluate(model, test_loader, args.amp);
       const double eval_s = seconds_since(e0);
       progress.finish(
           format("epoch %d/%d  loss %.4f  %.0f samples/s  train %.1f s  test accuracy %.2f%%  "

@@ -9,6 +9,9 @@
 // `mpirun -np N`: each process takes its share of every epoch, gradients are averaged across
 // all replicas of all processes, and every replica uses replica 0's BatchNorm statistics at each
 // forward (broadcast_buffers), so the running statistics stay the same everywhere.
+// --amp bf16 (or fp16) runs the forward and the loss under galley::amp::Autocast (every replica
+// inherits it): convolutions and the linear layer in that dtype, BatchNorm's statistics, the loss
+// and the weights in float32; fp16 adds a GradScaler, whose Inf check agrees across replicas.
 #include <galley/galley.h>
 
 #include "args.h"
@@ -33,6 +36,7 @@ namespace {
 
 using example::bad_usage;
 using example::number;
+using example::parse_amp;
 using example::parse_device;
 
 // The mean and standard deviation of the Fashion-MNIST training images in [0, 1].
@@ -52,6 +56,7 @@ struct Args {
   int workers = 2;
   std::string device;
   std::string metrics;
+  example::Amp amp;
 };
 
 void usage(std::FILE* out, const char* prog) {
@@ -72,6 +77,8 @@ void usage(std::FILE* out, const char* prog) {
                "  --workers N         data loader threads (default 2)\n"
                "  --device D          cpu or cuda:N (default: every GPU, else the CPU)\n"
                "  --metrics FILE      append a JSON line per epoch to FILE\n"
+               "  --amp MODE          off, bf16 or fp16: conv and linear under autocast in that\n"
+               "                      dtype (fp16 with dynamic loss scaling); default off\n"
                "  -h, --help          show this and exit\n",
                prog, galley::data::default_fashion_mnist_dir().c_str());
 }
@@ -114,6 +121,8 @@ Args parse(int argc, char** argv) {
       a.device = next();
     } else if (k == "--metrics") {
       a.metrics = next();
+    } else if (k == "--amp") {
+      a.amp = parse_amp(prog, next());
     } else {
       bad_usage(prog, "unknown option " + k);
     }
@@ -135,8 +144,10 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
 }
 
 // Test accuracy of replica 0 in evaluation mode (the running statistics).
-double evaluate(galley::DataParallel<ResNet>& model, galley::data::DataLoader& test) {
+double evaluate(galley::DataParallel<ResNet>& model, galley::data::DataLoader& test,
+                const example::Amp& amp) {
   galley::NoGradGuard no_grad;
+  galley::amp::Autocast autocast(amp.dtype, amp.enabled);
   model.eval();
   int64_t correct = 0, total = 0;
   for (auto& [data, label] : test) {
@@ -198,6 +209,7 @@ int main(int argc, char** argv) {
                                         .epochs = args.epochs,
                                         .steps_per_epoch = static_cast<int64_t>(loader.size())});
     nn::CrossEntropyLoss loss_fn;
+    galley::amp::GradScaler scaler(args.amp.scaler());
     std::unique_ptr<galley::MetricsLogger> metrics;
     if (!args.metrics.empty() && env.rank == 0)
       metrics = std::make_unique<galley::MetricsLogger>(
@@ -205,8 +217,9 @@ int main(int argc, char** argv) {
     if (env.rank == 0)
       std::printf(
           "Fashion-MNIST: %zu training, %zu test images; ResNet-20 on %zu device(s) x %d "
-          "process(es), %d threads\n",
-          train.size(), test.size(), model.num_replicas(), env.world_size, galley::num_threads());
+          "process(es), %d threads, amp %s\n",
+          train.size(), test.size(), model.num_replicas(), env.world_size, galley::num_threads(),
+          args.amp.name());
 
     double accuracy = 0;
     int64_t step = 0;
@@ -216,17 +229,15 @@ int main(int argc, char** argv) {
       Tensor loss_total = galley::zeros({});
       int64_t batches = 0, seen = 0;
       for (auto& [x, y] : loader) {
-        Tensor loss = loss_fn(model(x), y);
-        loss.backward();
-        optimizer.step();
-        optimizer.clear_grad();
+        Tensor loss =
+            example::train_step(args.amp, scaler, optimizer, [&] { return loss_fn(model(x), y); });
         schedule.step();
         loss_total = galley::add(loss_total, loss.detach().to(galley::Device::cpu()));
         ++batches, ++step;
         seen += y.numel();
       }
       const double train_s = seconds_since(t0);
-      accuracy = evaluate(model, test_loader);
+      accuracy = evaluate(model, test_loader, args.amp);
       const double loss = loss_total.item() / double(batches);
       if (env.rank == 0)
         std::printf("epoch %d/%d  loss %.4f  %.0f samples/s  train %.1f s  test accuracy %.2f%%\n",

@@ -105,6 +105,7 @@ void check_backward(const Node& node, const std::vector<Tensor>& grads) {
 // The loss guard: on the host the value is read where it lies; on a GPU a check is queued.
 void check_loss_value(const Tensor& root) {
   if (root.numel() != 1 || !is_floating_point(root.dtype())) return;
+  if (root.impl()->grad_fn && root.impl()->grad_fn->nonfinite_loss_ok) return;
   if (root.device().is_cpu()) {
     const float v = root.item();
     GALLEY_CHECK(std::isfinite(v), "backward: the loss is ", value_str(v),

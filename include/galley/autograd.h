@@ -82,6 +82,9 @@ struct Node {
   std::vector<Tensor> inputs;
   BackwardFn backward;
   bool released = false;  // set once backward has consumed it
+  /// Set on the node of a scaled loss (amp::GradScaler::scale): the loss guard lets backward
+  /// start from its output when it is not finite, since the scaler skips that step itself.
+  bool nonfinite_loss_ok = false;
   /// The layer path at the op's forward ("features.1"), kept while anomaly detection is on or a
   /// profiler records.
   std::string layer_path;

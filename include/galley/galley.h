@@ -1,5 +1,7 @@
 #pragma once
 /// \file Everything a training program needs.
+#include "galley/amp/autocast.h"
+#include "galley/amp/grad_scaler.h"
 #include "galley/autograd.h"
 #include "galley/data/cifar.h"
 #include "galley/data/dataloader.h"

@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <optional>
 
 #include "galley/distributed.h"
 #include "galley/io/checkpoint.h"
@@ -103,6 +104,8 @@ void save_checkpoint(const std::string& path, const TrainingState& s) {
     put("optimizer", opt, tensors, meta);
   }
   if (s.scheduler) put("scheduler", s.scheduler->state_dict(), tensors, meta);
+  if (s.grad_scaler && s.grad_scaler->is_enabled())
+    put("grad_scaler", s.grad_scaler->state_dict(), tensors, meta);
   for (auto& [k, v] : s.extra) meta["extra." + k] = v;
   save_safetensors(path, tensors, meta);
 }
@@ -126,7 +129,13 @@ void load_checkpoint(const std::string& path, TrainingState& s) {
     std::map<std::string, Tensor> model;
     for (auto& [k, t] : f.tensors)
       if (k.compare(0, 6, "model.") == 0) model[k.substr(6)] = t;
-    // Each component checks its own entries before changing anything.
+    // Each component checks its own entries before changing anything; the scaler, whose state
+    // is checked as a whole, first, into a copy.
+    std::optional<amp::GradScaler> scaler;
+    if (s.grad_scaler && s.grad_scaler->is_enabled()) {
+      scaler = *s.grad_scaler;
+      scaler->load_state_dict(take("grad_scaler", f));
+    }
     if (s.model) s.model->load_state_dict(model);
     if (s.parallel_model) s.parallel_model->load_state_dict(model);
     if (s.optimizer) {
@@ -139,6 +148,7 @@ void load_checkpoint(const std::string& path, TrainingState& s) {
       s.optimizer->load_state_dict(opt);
     }
     if (s.scheduler) s.scheduler->load_state_dict(take("scheduler", f));
+    if (scaler) *s.grad_scaler = *scaler;
     default_generator().set_state(meta("rng.default"));
     s.epoch = epoch;
     s.step = step;

@@ -8,6 +8,7 @@
 
 #include "galley/half.h"
 #include "kernels/clip.h"
+#include "src/nn/grad_groups.h"
 #include "src/ops/dispatch.h"
 #include "src/ops/nonfinite.h"
 
@@ -15,43 +16,7 @@ namespace galley::nn {
 
 namespace {
 
-// The gradients on one device, with the parameters they belong to.
-struct Group {
-  Device device;
-  std::vector<Tensor> grads;  // keeps the spans' memory alive
-  std::vector<size_t> param;  // index of each in the caller's list
-  std::vector<kernels::GradSpan> spans;
-};
-
-std::vector<Group> group_by_device(const char* fn, const std::vector<Tensor>& params) {
-  std::vector<Group> groups;
-  for (size_t i = 0; i < params.size(); ++i) {
-    GALLEY_CHECK(params[i].defined(), fn, ": parameter ", i, " is undefined");
-    Tensor g = params[i].grad();
-    if (!g.defined()) continue;
-    GALLEY_CHECK(is_floating_point(g.dtype()), fn, ": the gradient of parameter ", i, " (shape ",
-                 shape_str(g.shape()), ") is ", dtype_name(g.dtype()),
-                 "; gradients must be float32, bfloat16 or float16");
-    GALLEY_CHECK(g.is_contiguous(), fn, ": the gradient of parameter ", i, " (shape ",
-                 shape_str(g.shape()), ") is not contiguous");
-    const Device d = g.device();
-    GALLEY_CHECK(d.is_cpu() || d.index() < cuda_device_count(), fn, ": the gradient of parameter ",
-                 i, " is on ", d.str(), ", which does not exist here");
-    Group* group = nullptr;
-    for (auto& gr : groups)
-      if (gr.device == d) group = &gr;
-    if (!group) {
-      groups.push_back(Group{d, {}, {}, {}});
-      group = &groups.back();
-    }
-    group->spans.push_back({g.raw_data(), g.numel(), g.dtype()});
-    group->grads.push_back(std::move(g));
-    group->param.push_back(i);
-  }
-  return groups;
-}
-
-[[noreturn]] void nonfinite_error(const Group& group, float total, double norm_type) {
+[[noreturn]] void nonfinite_error(const detail::GradGroup& group, float total, double norm_type) {
   // An error path: finding the culprit may read every gradient back.
   std::string culprit;
   for (size_t k = 0; k < group.grads.size() && culprit.empty(); ++k) {
@@ -68,31 +33,6 @@ std::vector<Group> group_by_device(const char* fn, const std::vector<Tensor>& pa
                               "default"));
 }
 
-// The norm of all the spans (on `device`) taken together, as a float32 scalar there; queued on
-// a GPU, so that several devices' reductions run side by side.
-Tensor grad_norm(Device device, const std::vector<kernels::GradSpan>& spans, double norm_type) {
-  Tensor out = Tensor::empty({}, DType::Float32, device);
-  const int count = static_cast<int>(spans.size());
-  if (device.is_cpu()) {
-    out.data_ptr<float>()[0] =
-        static_cast<float>(kernels::cpu::grad_norm(spans.data(), count, norm_type));
-    return out;
-  }
-  // One double per chunk (int64 storage: tensors have no float64 dtype), from the caching
-  // allocator, so a step allocates nothing new.
-  const int64_t parts = kernels::cuda::grad_norm_scratch(spans.data(), count);
-  Tensor scratch = Tensor::empty({std::max<int64_t>(parts, 1)}, DType::Int64, device);
-  kernels::cuda::grad_norm(spans.data(), count, norm_type,
-                           reinterpret_cast<double*>(scratch.raw_data()), out.data_ptr<float>(),
-                           detail::stream(device));
-  return out;
-}
-
-void scale_grads(Device device, const std::vector<kernels::GradSpan>& spans, float scale) {
-  if (device.is_cpu()) return kernels::cpu::scale_grads(spans.data(), int(spans.size()), scale);
-  kernels::cuda::scale_grads(spans.data(), int(spans.size()), scale, detail::stream(device));
-}
-
 void clamp_grads(Device device, const std::vector<kernels::GradSpan>& spans, float clip) {
   if (device.is_cpu()) return kernels::cpu::clamp_grads(spans.data(), int(spans.size()), clip);
   kernels::cuda::clamp_grads(spans.data(), int(spans.size()), clip, detail::stream(device));
@@ -105,13 +45,14 @@ float clip_grad_norm_(const std::vector<Tensor>& parameters, double max_norm,
   GALLEY_CHECK(max_norm >= 0, "clip_grad_norm_: max_norm ", max_norm, " must be >= 0");
   GALLEY_CHECK(options.norm_type > 0, "clip_grad_norm_: norm_type ", options.norm_type,
                " must be positive (or INFINITY)");
-  std::vector<Group> groups = group_by_device("clip_grad_norm_", parameters);
+  std::vector<detail::GradGroup> groups =
+      detail::group_grads_by_device("clip_grad_norm_", parameters);
   if (groups.empty()) return 0.f;
   NoGradGuard no_grad;
   // Every device's reduction is queued before any is read back, so GPUs work side by side.
   std::vector<Tensor> norms;
   for (auto& g : groups) {
-    norms.push_back(grad_norm(g.device, g.spans, options.norm_type));
+    norms.push_back(detail::grad_norm(g.device, g.spans, options.norm_type));
   }
   std::vector<float> totals;
   for (auto& n : norms) totals.push_back(n.item());
@@ -124,7 +65,7 @@ float clip_grad_norm_(const std::vector<Tensor>& parameters, double max_norm,
     // to at most 1 and multiplied in. A coefficient of 1 changes nothing, so it is skipped.
     const float coef = (1.f / (totals[k] + 1e-6f)) * static_cast<float>(max_norm);
     if (coef >= 1.f) continue;  // NaN scales, as in PyTorch
-    scale_grads(groups[k].device, groups[k].spans, coef);
+    detail::scale_grads(groups[k].device, groups[k].spans, coef);
   }
   return totals[0];
 }
@@ -136,7 +77,7 @@ float clip_grad_norm_(const std::vector<Tensor>& parameters, double max_norm, do
 void clip_grad_value_(const std::vector<Tensor>& parameters, double clip_value) {
   GALLEY_CHECK(clip_value >= 0, "clip_grad_value_: clip_value ", clip_value, " must be >= 0");
   NoGradGuard no_grad;
-  for (auto& g : group_by_device("clip_grad_value_", parameters)) {
+  for (auto& g : detail::group_grads_by_device("clip_grad_value_", parameters)) {
     clamp_grads(g.device, g.spans, static_cast<float>(clip_value));
   }
 }

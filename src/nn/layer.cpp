@@ -4,6 +4,7 @@
 #include <set>
 
 #include "galley/autograd.h"
+#include "src/amp/autocast.h"
 
 namespace galley::nn {
 
@@ -186,6 +187,7 @@ void Layer::load_state_dict(const std::map<std::string, Tensor>& state, bool str
                  " ", dtype_name(t.dtype()));
   }
   NoGradGuard no_grad;
+  detail::parameters_changed();  // autocast's converted copies are stale from here on
   for (auto& [n, t] : mine) {
     auto it = state.find(n);
     // Half-precision files load into float32 parameters (rounded values widen exactly).

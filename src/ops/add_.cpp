@@ -6,6 +6,7 @@
 #include "galley/autograd.h"
 #include "galley/ops.h"
 #include "galley/profiler.h"
+#include "src/amp/autocast.h"
 #include "src/ops/binary.h"
 #include "src/ops/copy.h"
 #include "src/ops/dispatch.h"
@@ -13,6 +14,10 @@
 namespace galley {
 
 Tensor add_(const Tensor& a, const Tensor& b) {
+  if (detail::autocast_on()) {
+    detail::AutocastPause pause;
+    return add_(a, pause.to(b, a.dtype()));
+  }
   profiler::OpScope prof("add_", {&a, &b});
   detail::check_floating_pair("add_", a, b);
   GALLEY_CHECK(detail::broadcast_shapes(a.shape(), b.shape(), "add_") == a.shape(),

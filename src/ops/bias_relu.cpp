@@ -2,6 +2,7 @@
 // take float32: a 16-bit op widens its inputs, rounds its output once and computes its gradients
 // in float32 (masked by the rounded output, as a 16-bit relu is).
 #include "kernels/bias_relu.h"
+#include "src/amp/autocast.h"
 
 #include "galley/autograd.h"
 #include "galley/ops.h"
@@ -14,6 +15,10 @@ namespace cpu = kernels::cpu;
 namespace gpu = kernels::cuda;
 
 Tensor bias_relu(const Tensor& x, const Tensor& bias, int64_t dim) {
+  if (detail::autocast_on()) {
+    detail::AutocastPause pause;
+    return bias_relu(x, pause.to(bias, x.dtype()), dim);
+  }
   profiler::OpScope prof("bias_relu", {&x, &bias});
   detail::check_floating_pair("bias_relu", x, bias);
   const int64_t d = dim < 0 ? dim + x.dim() : dim;

@@ -1,6 +1,7 @@
 // add, sub, mul and div of two tensors, with NumPy broadcasting: checks, the device switch and
 // the autograd record (a broadcast input's gradient is summed back to its shape).
 #include "src/ops/binary.h"
+#include "src/amp/autocast.h"
 
 #include <algorithm>
 
@@ -86,6 +87,11 @@ using detail::binary;
 using detail::sum_to;
 
 Tensor add(const Tensor& a, const Tensor& b) {
+  if (detail::autocast_on()) {
+    detail::AutocastPause pause;
+    const DType d = pause.widest({&a, &b});
+    return add(pause.to(a, d), pause.to(b, d));
+  }
   profiler::OpScope prof("add", {&a, &b});
   detail::check_floating_pair("add", a, b);
   Tensor out = binary(BinaryOp::Add, a, b);
@@ -98,6 +104,11 @@ Tensor add(const Tensor& a, const Tensor& b) {
 }
 
 Tensor sub(const Tensor& a, const Tensor& b) {
+  if (detail::autocast_on()) {
+    detail::AutocastPause pause;
+    const DType d = pause.widest({&a, &b});
+    return sub(pause.to(a, d), pause.to(b, d));
+  }
   profiler::OpScope prof("sub", {&a, &b});
   detail::check_floating_pair("sub", a, b);
   Tensor out = binary(BinaryOp::Sub, a, b);
@@ -110,6 +121,11 @@ Tensor sub(const Tensor& a, const Tensor& b) {
 }
 
 Tensor mul(const Tensor& a, const Tensor& b) {
+  if (detail::autocast_on()) {
+    detail::AutocastPause pause;
+    const DType d = pause.widest({&a, &b});
+    return mul(pause.to(a, d), pause.to(b, d));
+  }
   profiler::OpScope prof("mul", {&a, &b});
   detail::check_floating_pair("mul", a, b);
   Tensor out = binary(BinaryOp::Mul, a, b);
@@ -122,6 +138,11 @@ Tensor mul(const Tensor& a, const Tensor& b) {
 }
 
 Tensor div(const Tensor& a, const Tensor& b) {
+  if (detail::autocast_on()) {
+    detail::AutocastPause pause;
+    const DType d = pause.widest({&a, &b});
+    return div(pause.to(a, d), pause.to(b, d));
+  }
   profiler::OpScope prof("div", {&a, &b});
   detail::check_floating_pair("div", a, b);
   Tensor out = binary(BinaryOp::Div, a, b);

@@ -5,6 +5,7 @@
 #include "galley/autograd.h"
 #include "galley/ops.h"
 #include "galley/profiler.h"
+#include "src/amp/autocast.h"
 #include "src/ops/copy.h"
 #include "src/ops/dispatch.h"
 
@@ -57,6 +58,10 @@ bool any_needs_grad(const std::vector<Tensor>& ts) {
 }  // namespace
 
 Tensor cat(const std::vector<Tensor>& tensors, int64_t dim) {
+  if (detail::autocast_on()) {
+    detail::AutocastPause pause;
+    return cat(pause.widened(tensors), dim);
+  }
   profiler::OpScope prof("cat");
   check_parts("cat", tensors);
   const Tensor& first = tensors[0];
@@ -85,6 +90,10 @@ Tensor cat(const std::vector<Tensor>& tensors, int64_t dim) {
 }
 
 Tensor stack(const std::vector<Tensor>& tensors, int64_t dim) {
+  if (detail::autocast_on()) {
+    detail::AutocastPause pause;
+    return stack(pause.widened(tensors), dim);
+  }
   profiler::OpScope prof("stack");
   check_parts("stack", tensors);
   const Tensor& first = tensors[0];

@@ -2,6 +2,7 @@
 // allocator) and the autograd record. The kernels take float32: a 16-bit op widens its inputs,
 // rounds its output once and computes its gradients in float32.
 #include "src/ops/conv2d.h"
+#include "src/amp/autocast.h"
 
 #include <algorithm>
 
@@ -74,6 +75,10 @@ void conv2d_backward(Device device, const kernels::Conv2dGeometry& g, const floa
 }  // namespace detail
 
 Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias, const Conv2dOptions& o) {
+  if (detail::autocast_on()) {
+    detail::AutocastPause pause;
+    return conv2d(pause.low(x), pause.low(weight), pause.low(bias), o);
+  }
   profiler::OpScope prof("conv2d", {&x, &weight, &bias});
   detail::check_floating_pair("conv2d", x, weight);
   GALLEY_CHECK(x.dim() == 4, "conv2d: input must be [N, C, H, W], got ", shape_str(x.shape()));

@@ -3,6 +3,7 @@
 // device: the rows counted stay there and a bad label is reported at the next synchronisation.
 // The kernels take float32: the loss of 16-bit logits is computed in float32 and rounded once.
 #include "kernels/cross_entropy.h"
+#include "src/amp/autocast.h"
 
 #include <algorithm>
 
@@ -40,6 +41,10 @@ Tensor row_scales(const Tensor& g_scalar, float factor, int64_t n, const Tensor&
 }  // namespace
 
 Tensor cross_entropy(const Tensor& logits, const Tensor& labels, const CrossEntropyOptions& o) {
+  if (detail::autocast_on()) {
+    detail::AutocastPause pause;
+    return cross_entropy(pause.f32(logits), labels, o);
+  }
   profiler::OpScope prof("cross_entropy", {&logits, &labels});
   detail::check_floating("cross_entropy", logits);
   GALLEY_CHECK(labels.defined() && labels.dtype() == DType::Int64,

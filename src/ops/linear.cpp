@@ -8,6 +8,7 @@
 #include "kernels/binary.h"
 #include "kernels/gemm.h"
 #include "kernels/reduce.h"
+#include "src/amp/autocast.h"
 #include "src/ops/dispatch.h"
 
 namespace galley {
@@ -31,6 +32,10 @@ void gemm(Device device, bool trans_a, bool trans_b, int64_t m, int64_t n, int64
 }  // namespace
 
 Tensor matmul(const Tensor& a, const Tensor& b) {
+  if (detail::autocast_on()) {
+    detail::AutocastPause pause;
+    return matmul(pause.low(a), pause.low(b));
+  }
   profiler::OpScope prof("matmul", {&a, &b});
   detail::check_floating_pair("matmul", a, b);
   GALLEY_CHECK(a.dim() == 2 && b.dim() == 2 && a.size(1) == b.size(0), "matmul: cannot multiply ",
@@ -64,6 +69,10 @@ Tensor matmul(const Tensor& a, const Tensor& b) {
 }
 
 Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
+  if (detail::autocast_on()) {
+    detail::AutocastPause pause;
+    return linear(pause.low(x), pause.low(weight), pause.low(bias));
+  }
   profiler::OpScope prof("linear", {&x, &weight, &bias});
   detail::check_floating_pair("linear", x, weight);
   GALLEY_CHECK(weight.dim() == 2, "linear: weight must be [out, in], got ",

@@ -2,6 +2,7 @@
 // the autograd record. The kernels take float32: a 16-bit input is summed in float32 and the
 // result rounded once.
 #include "src/ops/reduce.h"
+#include "src/amp/autocast.h"
 
 #include "galley/autograd.h"
 #include "galley/ops.h"
@@ -97,20 +98,25 @@ Tensor scaled_sum_dim(const Tensor& x, int64_t dim, bool keepdim, bool mean, con
   });
 }
 
+// Under autocast the reductions take and return float32.
+Tensor autocast_f32(const Tensor& x) {
+  return detail::autocast_on() ? detail::AutocastPause().f32(x) : x;
+}
+
 }  // namespace
 
 Tensor sum(const Tensor& x) {
-  return scaled_sum_all(x, 1.f, "sum");
+  return scaled_sum_all(autocast_f32(x), 1.f, "sum");
 }
 Tensor mean(const Tensor& x) {
   GALLEY_CHECK(x.defined() && x.numel() > 0, "mean: the tensor is empty");
-  return scaled_sum_all(x, 1.f / float(x.numel()), "mean");
+  return scaled_sum_all(autocast_f32(x), 1.f / float(x.numel()), "mean");
 }
 Tensor sum(const Tensor& x, int64_t dim, bool keepdim) {
-  return scaled_sum_dim(x, dim, keepdim, false, "sum");
+  return scaled_sum_dim(autocast_f32(x), dim, keepdim, false, "sum");
 }
 Tensor mean(const Tensor& x, int64_t dim, bool keepdim) {
-  return scaled_sum_dim(x, dim, keepdim, true, "mean");
+  return scaled_sum_dim(autocast_f32(x), dim, keepdim, true, "mean");
 }
 
 Tensor argmax(const Tensor& x, int64_t dim, bool keepdim) {

@@ -1,6 +1,7 @@
 // softmax and log_softmax along a dimension: checks, the device switch and the autograd record.
 // The kernels take float32: a 16-bit input is computed in float32 and the result rounded once.
 #include "kernels/softmax.h"
+#include "src/amp/autocast.h"
 
 #include "galley/autograd.h"
 #include "galley/ops.h"
@@ -51,9 +52,13 @@ Tensor softmax_impl(const Tensor& x, int64_t dim, bool log, const char* name) {
 }  // namespace
 
 Tensor softmax(const Tensor& x, int64_t dim) {
+  if (detail::autocast_on())
+    return softmax_impl(detail::AutocastPause().f32(x), dim, false, "softmax");
   return softmax_impl(x, dim, false, "softmax");
 }
 Tensor log_softmax(const Tensor& x, int64_t dim) {
+  if (detail::autocast_on())
+    return softmax_impl(detail::AutocastPause().f32(x), dim, true, "log_softmax");
   return softmax_impl(x, dim, true, "log_softmax");
 }
 

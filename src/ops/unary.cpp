@@ -2,6 +2,7 @@
 // in-place form for temporaries) and the activations gelu, silu, sigmoid, tanh and leaky_relu:
 // checks, the device switch and the autograd record.
 #include "src/ops/unary.h"
+#include "src/amp/autocast.h"
 
 #include <cmath>
 #include <memory>
@@ -169,6 +170,10 @@ Tensor neg(const Tensor& a) {
 }
 
 Tensor exp(const Tensor& a) {
+  if (detail::autocast_on()) {
+    detail::AutocastPause pause;
+    return exp(pause.f32(a));
+  }
   profiler::OpScope prof("exp", {&a});
   detail::check_floating("exp", a);
   Tensor out = unary(UnaryOp::Exp, a);
@@ -180,6 +185,10 @@ Tensor exp(const Tensor& a) {
 }
 
 Tensor log(const Tensor& a) {
+  if (detail::autocast_on()) {
+    detail::AutocastPause pause;
+    return log(pause.f32(a));
+  }
   profiler::OpScope prof("log", {&a});
   detail::check_floating("log", a);
   Tensor out = unary(UnaryOp::Log, a);
@@ -191,6 +200,10 @@ Tensor log(const Tensor& a) {
 }
 
 Tensor pow(const Tensor& a, float p) {
+  if (detail::autocast_on()) {
+    detail::AutocastPause pause;
+    return pow(pause.f32(a), p);
+  }
   profiler::OpScope prof("pow", {&a});
   detail::check_floating("pow", a);
   Tensor out = unary(UnaryOp::Pow, a, p);

@@ -7,6 +7,7 @@
 #include "galley/optim/lr_scheduler.h"
 #include "galley/optim/sgd.h"
 #include "kernels/optimizer_update.h"
+#include "src/amp/autocast.h"
 #include "src/ops/dispatch.h"
 #include "src/runtime/device_memory.h"
 
@@ -47,6 +48,7 @@ void Optimizer::set_learning_rate(double lr) {
 void Optimizer::for_each_gradient(
     const std::function<void(size_t, Tensor&, const Tensor&)>& update) {
   NoGradGuard no_grad;
+  detail::parameters_changed();  // autocast's converted copies are stale from here on
   for (size_t i = 0; i < params_.size(); ++i) {
     Tensor& p = params_[i];
     Tensor g = p.grad();

@@ -12,6 +12,7 @@
 #include <mutex>
 #include <thread>
 
+#include "galley/amp/autocast.h"
 #include "galley/autograd.h"
 #include "galley/distributed.h"
 #include "galley/half.h"
@@ -601,6 +602,9 @@ Tensor DataParallelBase::forward(const Tensor& x) {
   std::vector<int64_t> starts{0};
   for (int64_t r = 0; r < n; ++r) starts.push_back(starts.back() + batch / n + (r < batch % n));
   const bool grad_mode = grad_enabled();
+  // The replicas' forwards run under the caller's autocast setting (their threads have their own).
+  const bool autocast = amp::is_autocast_enabled();
+  const DType autocast_dtype = amp::autocast_dtype();
   if (m.opt.broadcast_buffers) m.broadcast_buffers();
   Tensor cx = x.contiguous();
   const int64_t row = batch > 0 ? cx.numel() / batch : 0;
@@ -616,13 +620,15 @@ Tensor DataParallelBase::forward(const Tensor& x) {
         x_r.raw_data(), x_r.device(),
         static_cast<const char*>(cx.raw_data()) + starts[r] * row * dtype_size(cx.dtype()),
         cx.device(), x_r.numel() * dtype_size(cx.dtype()));
-    tasks[r] = m.replicas[r]->compute->post([&m, &outs, r, x_r, grad_mode] {
-      detail::ThreadBudget budget(m.threads_per_replica);
-      if (m.replicas[r]->device.is_cuda()) detail::make_current(m.replicas[r]->device);
-      std::unique_ptr<NoGradGuard> no_grad;
-      if (!grad_mode) no_grad = std::make_unique<NoGradGuard>();
-      outs[r] = m.replicas[r]->layer->forward(x_r);
-    });
+    tasks[r] =
+        m.replicas[r]->compute->post([&m, &outs, r, x_r, grad_mode, autocast, autocast_dtype] {
+          detail::ThreadBudget budget(m.threads_per_replica);
+          amp::Autocast autocast_scope(autocast_dtype, autocast);
+          if (m.replicas[r]->device.is_cuda()) detail::make_current(m.replicas[r]->device);
+          std::unique_ptr<NoGradGuard> no_grad;
+          if (!grad_mode) no_grad = std::make_unique<NoGradGuard>();
+          outs[r] = m.replicas[r]->layer->forward(x_r);
+        });
   }
   wait_all(tasks, m.devices, "forward");
   // Gather the outputs (not gradients) on the first device: the loss sees the whole batch.

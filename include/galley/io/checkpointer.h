@@ -5,6 +5,7 @@
 #include <string>
 #include <vector>
 
+#include "galley/amp/grad_scaler.h"
 #include "galley/nn/layer.h"
 #include "galley/optim/lr_scheduler.h"
 #include "galley/optim/optimizer.h"
@@ -19,8 +20,9 @@ struct TrainingState {
   DataParallelBase* parallel_model = nullptr;  ///< a data-parallel model (replica 0 is saved)
   optim::Optimizer* optimizer = nullptr;
   optim::LRScheduler* scheduler = nullptr;
-  int64_t epoch = 0;  ///< the epoch in progress (or the next one)
-  int64_t step = 0;   ///< optimizer steps taken so far; also names the file
+  amp::GradScaler* grad_scaler = nullptr;  ///< saved when enabled
+  int64_t epoch = 0;                       ///< the epoch in progress (or the next one)
+  int64_t step = 0;                        ///< optimizer steps taken so far; also names the file
   int64_t batch = 0;  ///< batches of `epoch` already consumed (the loader's position)
   std::map<std::string, std::string> extra;  ///< anything else the program wants back
 };
