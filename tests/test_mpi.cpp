@@ -275,3 +275,50 @@ TEST(MpiTimeout, APeerThatNeverArrivesIsAnErrorNotAHang) {
   }
   world->barrier();
 }
+
+// Loss scaling across processes: an Inf in the input of the last process only reaches every
+// process's gradients through the all-reduce, so every process (and every replica) skips that
+// step and lowers its scale alike; a clean step after it is taken everywhere with equal results.
+TEST(Mpi, GradScalerSkipsTheSameStepsOnEveryProcess) {
+  const auto& e = env();
+  if (e.world_size == 1) GTEST_SKIP() << "single process: run under mpirun -np 2";
+  std::vector<galley::Device> devs;
+  for (int i = 0; i < local_devices(); ++i) devs.push_back(galley::Device::cpu(i));
+  galley::DataParallel<TinyNet> model(devs);
+  galley::optim::SGD opt(model.parameters(), {.learning_rate = 0.1});
+  galley::amp::GradScaler scaler({.init_scale = 1024.0});
+  nn::CrossEntropyLoss loss_fn;
+  galley::Generator gen(7 + e.rank);
+  auto step = [&](bool poison) {
+    std::vector<float> x = galley::randn({4, 1, 6, 6}, gen).to_vector();
+    if (poison) x[4 * 36 - 1] = INFINITY;
+    Tensor labels = Tensor::from_vector(std::vector<int64_t>{0, 1, 2, 3}, {4});
+    Tensor loss;
+    {
+      galley::amp::Autocast autocast(galley::DType::BFloat16);
+      loss = loss_fn(model(Tensor::from_vector(x, {4, 1, 6, 6})), labels);
+    }
+    scaler.scale(loss).backward();
+    const bool stepped = scaler.step(opt);
+    scaler.update();
+    opt.clear_grad();
+    return stepped;
+  };
+  std::vector<std::vector<float>> before;
+  for (auto& p : model.parameters()) before.push_back(p.to_vector());
+  EXPECT_FALSE(step(e.rank == e.world_size - 1)) << "rank " << e.rank << " stepped over an Inf";
+  EXPECT_EQ(scaler.get_scale(), 512.0) << "rank " << e.rank;
+  auto params = model.parameters();
+  for (size_t k = 0; k < params.size(); ++k)
+    EXPECT_EQ(params[k].to_vector(), before[k]) << "rank " << e.rank << " parameter " << k;
+  EXPECT_TRUE(step(false)) << "rank " << e.rank;
+  // Every process ends with process 0's parameters.
+  for (auto& p : model.module(0).parameters()) {
+    Tensor g = galley::distributed::world()->all_gather(p.detach().clone());
+    const auto all = g.to_vector();
+    const size_t n = static_cast<size_t>(p.numel());
+    for (int r = 1; r < e.world_size; ++r)
+      for (size_t i = 0; i < n; ++i)
+        ASSERT_EQ(all[r * n + i], all[i]) << "process " << r << " differs at " << i;
+  }
+}

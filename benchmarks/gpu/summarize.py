@@ -73,9 +73,10 @@ def summarize(out, work, meta_path):
     short = commit.split()[0][:12] + (" (modified)" if "modified" in commit else "")
     gpu = meta.get("gpu") or torch.get("gpu") or "the GPU"
 
-    def galley_rate(model, b, graph):
+    def galley_rate(model, b, graph, amp="off"):
         for r in galley:
-            if r.get("model") == model and r.get("batch") == b and r.get("graph") == graph:
+            if (r.get("model") == model and r.get("batch") == b and r.get("graph") == graph
+                    and r.get("amp", "off") == amp):
                 return r.get("samples_per_s")
         return None
 
@@ -128,7 +129,8 @@ def summarize(out, work, meta_path):
                      f"{fmt(r['torch_compile'])} | {ratio(r['galley_graph'], r['torch_eager'])} | "
                      f"{ratio(r['galley_graph'], r['torch_compile'])} |")
     problems = [f"galley {'CUDA graph' if r.get('graph') else 'eager'} {r.get('model')} batch "
-                f"{r.get('batch')}: {r['error']}" for r in galley if r.get("error")]
+                f"{r.get('batch')}{' amp ' + r['amp'] if r.get('amp', 'off') != 'off' else ''}: "
+                f"{r['error']}" for r in galley if r.get("error")]
     if torch.get("error"):
         problems.append(f"PyTorch: {torch['error']}")
     problems += [f"PyTorch {r.get('mode')} {r.get('model')} batch {r.get('batch')}: "
@@ -136,6 +138,21 @@ def summarize(out, work, meta_path):
                  if r.get("error") or r.get("skipped")]
     if problems:
         lines += ["", "Missing cells:", ""] + [f"- {p}" for p in problems]
+
+    # Mixed precision: galley's eager step under autocast beside its float32 eager step.
+    amp_cells = sorted({(r["model"], r["batch"]) for r in galley
+                        if r.get("amp", "off") != "off" and "model" in r and "batch" in r},
+                       key=lambda c: (order.get(c[0], 9), c[0], c[1]))
+    if amp_cells:
+        lines += ["", "Mixed precision, galley eager: the forward and the loss under "
+                  "`amp::Autocast` (fp16 with `amp::GradScaler`). Goal: bf16 ≥ 1.8x float32 on "
+                  "resnet at batch 256.", "",
+                  "| model | batch | float32 | bf16 | fp16 | bf16 ÷ float32 | fp16 ÷ float32 |",
+                  "|---|---:|---:|---:|---:|---:|---:|"]
+        for model, b in amp_cells:
+            f32, bf, fp = (galley_rate(model, b, False, amp) for amp in ("off", "bf16", "fp16"))
+            lines.append(f"| {model} | {b} | {fmt(f32)} | {fmt(bf)} | {fmt(fp)} | {ratio(bf, f32)} | "
+                         f"{ratio(fp, f32)} |")
 
     # Fashion-MNIST example epochs (training time, evaluation excluded) beside PyTorch's.
     fashion = fashion_epochs(os.path.join(work, "fashion-gpu.log"))
