@@ -1,12 +1,18 @@
 #pragma once
-// 2-D convolution, NCHW, float32, forward and backward. On the host a direct kernel for stride-1
+// 2-D convolution, NCHW, forward and backward. On the host a direct kernel for stride-1
 // convolutions where it applies (cpu/conv2d_direct.h), im2col + GEMM per image otherwise, images
-// spread over threads; on a GPU through cuDNN (each call on `stream`, a cudaStream_t, with the
+// spread over threads; the activations (x, y and their gradients) may be float32, bfloat16 or
+// float16, read and written in their own dtype: widened as they are copied into the kernels'
+// float32 buffers (the bordered image, the im2col columns), computed in float32, and rounded once
+// as the result is written out, with the same bits as the float32 kernel on the widened input,
+// rounded. On a GPU float32 through cuDNN (each call on `stream`, a cudaStream_t, with the
 // thread's handle for `device`; the caller makes `device` current).
 #include <cstddef>
 #include <cstdint>
 #include <functional>
 #include <string>
+
+#include "galley/dtype.h"
 
 namespace galley::kernels {
 
@@ -28,19 +34,21 @@ struct Workspace {
 
 namespace cpu {
 
-// y[n, o, oh, ow] = sum w * x (+ b[o] when b is not null).
-void conv2d_forward(const Conv2dGeometry& g, const float* x, const float* w, const float* b,
-                    float* y);
+// y[n, o, oh, ow] = sum w * x (+ b[o] when b is not null). x and y hold `dtype` elements; w and
+// b float32.
+void conv2d_forward(const Conv2dGeometry& g, const void* x, const float* w, const float* b, void* y,
+                    DType dtype = DType::Float32);
 // Gradients for the pointers that are not null: gx (input), gw (weight), gb (bias).
-// gw and gb are overwritten, not accumulated.
-void conv2d_backward(const Conv2dGeometry& g, const float* x, const float* w, const float* gy,
-                     float* gx, float* gw, float* gb);
+// gw and gb are overwritten, not accumulated. x, gy and gx hold `dtype` elements; w, gw and gb
+// float32.
+void conv2d_backward(const Conv2dGeometry& g, const void* x, const float* w, const void* gy,
+                     void* gx, float* gw, float* gb, DType dtype = DType::Float32);
 
 // The im2col + GEMM path alone, for any geometry (the bias gradient is conv2d_backward's).
-void conv2d_forward_im2col(const Conv2dGeometry& g, const float* x, const float* w, const float* b,
-                           float* y);
-void conv2d_backward_im2col(const Conv2dGeometry& g, const float* x, const float* w,
-                            const float* gy, float* gx, float* gw);
+void conv2d_forward_im2col(const Conv2dGeometry& g, const void* x, const float* w, const float* b,
+                           void* y, DType dtype = DType::Float32);
+void conv2d_backward_im2col(const Conv2dGeometry& g, const void* x, const float* w, const void* gy,
+                            void* gx, float* gw, DType dtype = DType::Float32);
 
 }  // namespace cpu
 

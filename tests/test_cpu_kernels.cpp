@@ -9,6 +9,7 @@
 // exact in float: two paths that add in different orders must agree to the bit.
 #include <gtest/gtest.h>
 
+#include <array>
 #include <cstdint>
 #include <random>
 #include <string>
@@ -16,6 +17,7 @@
 
 #include "galley/galley.h"
 #include "kernels/conv2d.h"
+#include "kernels/convert.h"
 #include "kernels/cpu/conv2d_direct.h"
 #include "kernels/gemm.h"
 
@@ -105,6 +107,96 @@ TEST(ConvDirect, BackwardMatchesIm2colBitForBit) {
       if (pgw) EXPECT_EQ(gw, gw_want) << name(k) << " weight gradient, case " << which;
       if (!pgx) EXPECT_EQ(gx, std::vector<float>(nx, -2.f)) << name(k) << " wrote gx";
       if (!pgw) EXPECT_EQ(gw, std::vector<float>(nw, -2.f)) << name(k) << " wrote gw";
+    }
+  }
+}
+
+// The 16-bit activations: bfloat16 and float16 x and gy, read by the kernels directly, must give
+// the bits of the float32 kernels on the widened values with each output rounded once: the
+// direct path, the im2col path (strided, pointwise and grouped geometries too), forward and
+// backward, and the bias gradient.
+TEST(Conv16Bit, KernelsMatchTheFloat32KernelsOnWidenedInputsBitForBit) {
+  namespace k = galley::kernels;
+  namespace cpu = galley::kernels::cpu;
+  std::vector<Conv2dGeometry> geoms;
+  for (const Case& c : cases()) geoms.push_back(geometry(c));
+  // im2col-only geometries: stride 2 (3x3 and 1x1), pointwise, grouped.
+  for (auto [c, h, o, kk, stride, pad, groups] :
+       std::vector<std::array<int64_t, 7>>{{8, 9, 16, 3, 2, 1, 1},
+                                           {16, 8, 32, 1, 2, 0, 1},
+                                           {12, 7, 20, 1, 1, 0, 1},
+                                           {8, 6, 8, 3, 1, 1, 2}}) {
+    Conv2dGeometry g{2, c, h, h, o, kk, kk, stride, pad, 1, groups, 0, 0};
+    g.oh = (h + 2 * pad - kk) / stride + 1;
+    g.ow = g.oh;
+    geoms.push_back(g);
+  }
+  std::mt19937 rng(11);
+  std::normal_distribution<float> normal;
+  auto randoms = [&](size_t n) {
+    std::vector<float> v(n);
+    for (auto& x : v) x = normal(rng);
+    return v;
+  };
+  for (galley::DType dt : {galley::DType::BFloat16, galley::DType::Float16}) {
+    const size_t es = galley::dtype_size(dt);
+    // float32 values -> 16-bit bits and back to float32 (the widened input).
+    auto narrow = [&](const std::vector<float>& v) {
+      std::vector<uint16_t> bits(v.size());
+      k::cpu::convert(v.data(), galley::DType::Float32, bits.data(), dt, int64_t(v.size()));
+      return bits;
+    };
+    auto widen = [&](const std::vector<uint16_t>& bits) {
+      std::vector<float> v(bits.size());
+      k::cpu::convert(bits.data(), dt, v.data(), galley::DType::Float32, int64_t(v.size()));
+      return v;
+    };
+    ASSERT_EQ(es, 2u);
+    for (const Conv2dGeometry& g : geoms) {
+      const std::string what = std::string(galley::dtype_name(dt)) + " n" + std::to_string(g.n) +
+                               " c" + std::to_string(g.c) + " " + std::to_string(g.h) + "x" +
+                               std::to_string(g.w) + " o" + std::to_string(g.o) + " k" +
+                               std::to_string(g.kh) + " s" + std::to_string(g.stride) + " g" +
+                               std::to_string(g.groups);
+      const auto x16 = narrow(randoms(size_t(g.n * g.c * g.h * g.w)));
+      const auto gy16 = narrow(randoms(size_t(g.n * g.o * g.oh * g.ow)));
+      const auto xw = widen(x16), gyw = widen(gy16);
+      const auto w = randoms(size_t(g.o * (g.c / g.groups) * g.kh * g.kw));
+      const auto b = randoms(size_t(g.o));
+      const bool direct = g.stride == 1 && g.groups == 1;
+      for (int path = 0; path < (direct ? 3 : 2); ++path) {
+        // 0: the dispatcher, 1: im2col, 2: direct.
+        std::vector<float> y_ref(gyw.size()), gx_ref(xw.size()), gw_ref(w.size()), gb_ref(g.o);
+        std::vector<uint16_t> y(gyw.size()), gx(xw.size());
+        std::vector<float> gw(w.size()), gb(g.o);
+        if (path == 0) {
+          cpu::conv2d_forward(g, xw.data(), w.data(), b.data(), y_ref.data());
+          cpu::conv2d_forward(g, x16.data(), w.data(), b.data(), y.data(), dt);
+          cpu::conv2d_backward(g, xw.data(), w.data(), gyw.data(), gx_ref.data(), gw_ref.data(),
+                               gb_ref.data());
+          cpu::conv2d_backward(g, x16.data(), w.data(), gy16.data(), gx.data(), gw.data(),
+                               gb.data(), dt);
+          EXPECT_EQ(gb, gb_ref) << what << ": bias gradient";
+        } else if (path == 1) {
+          cpu::conv2d_forward_im2col(g, xw.data(), w.data(), b.data(), y_ref.data());
+          cpu::conv2d_forward_im2col(g, x16.data(), w.data(), b.data(), y.data(), dt);
+          cpu::conv2d_backward_im2col(g, xw.data(), w.data(), gyw.data(), gx_ref.data(),
+                                      gw_ref.data());
+          cpu::conv2d_backward_im2col(g, x16.data(), w.data(), gy16.data(), gx.data(), gw.data(),
+                                      dt);
+        } else {
+          cpu::conv2d_direct_forward(g, xw.data(), w.data(), b.data(), y_ref.data());
+          cpu::conv2d_direct_forward(g, x16.data(), w.data(), b.data(), y.data(), dt);
+          cpu::conv2d_direct_backward(g, xw.data(), w.data(), gyw.data(), gx_ref.data(),
+                                      gw_ref.data());
+          cpu::conv2d_direct_backward(g, x16.data(), w.data(), gy16.data(), gx.data(), gw.data(),
+                                      dt);
+        }
+        const char* names[] = {"dispatcher", "im2col", "direct"};
+        EXPECT_EQ(y, narrow(y_ref)) << what << " " << names[path] << ": output";
+        EXPECT_EQ(gx, narrow(gx_ref)) << what << " " << names[path] << ": input gradient";
+        EXPECT_EQ(gw, gw_ref) << what << " " << names[path] << ": weight gradient";
+      }
     }
   }
 }

@@ -282,11 +282,13 @@ TEST(CudaBlas, ConvolutionRunsUnderATightMemoryCap) {
             << " in use; fastest: " << kcuda::conv2d_algorithms(0, g, size_t(1) << 30)
             << "; under the cap: "
             << kcuda::conv2d_algorithms(0, g, cap - std::min(cap, before.allocated)) << "\n";
-  galley::detail::conv2d_forward(gpu, g, cs.dx.data_ptr<float>(), cs.dw.data_ptr<float>(),
-                                 cs.db.data_ptr<float>(), cs.dy.data_ptr<float>());
-  galley::detail::conv2d_backward(gpu, g, cs.dx.data_ptr<float>(), cs.dw.data_ptr<float>(),
-                                  cs.dgy.data_ptr<float>(), cs.dgx.data_ptr<float>(),
-                                  cs.dgw.data_ptr<float>(), cs.dgb.data_ptr<float>());
+  galley::detail::conv2d_forward(gpu, g, galley::DType::Float32, cs.dx.data_ptr<float>(),
+                                 cs.dw.data_ptr<float>(), cs.db.data_ptr<float>(),
+                                 cs.dy.data_ptr<float>());
+  galley::detail::conv2d_backward(gpu, g, galley::DType::Float32, cs.dx.data_ptr<float>(),
+                                  cs.dw.data_ptr<float>(), cs.dgy.data_ptr<float>(),
+                                  cs.dgx.data_ptr<float>(), cs.dgw.data_ptr<float>(),
+                                  cs.dgb.data_ptr<float>());
   galley::cuda::synchronize(gpu);
   EXPECT_LE(galley::memory_stats(gpu).reserved, cap);
   cs.expect_matches(str(g) + " under a tight cap");

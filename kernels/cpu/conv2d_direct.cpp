@@ -2,8 +2,10 @@
 
 #include <algorithm>
 #include <cstring>
+#include <type_traits>
 #include <vector>
 
+#include "kernels/convert.h"
 #include "kernels/cpu/parallel.h"
 
 #if defined(__AVX__)
@@ -76,25 +78,39 @@ struct Plan {
   }
 };
 
-// Copies `p.cin` planes into the interior of the bordered buffer; the border and the slack, zeroed
-// once per call, stay zero.
-void fill_interior(const Plan& p, const float* src, float* dst) {
+// Copies `p.cin` planes of T into the interior of the bordered float32 buffer (16-bit values
+// widened on the way); the border and the slack, zeroed once per call, stay zero.
+template <typename T>
+void fill_interior(const Plan& p, const T* src, float* dst) {
   for (int64_t c = 0; c < p.cin; ++c)
-    for (int64_t i = 0; i < p.h; ++i)
-      std::memcpy(dst + c * p.plane() + (i + p.pad_h) * p.wp() + p.pad_w, src + (c * p.h + i) * p.w,
-                  p.w * sizeof(float));
+    for (int64_t i = 0; i < p.h; ++i) {
+      float* d = dst + c * p.plane() + (i + p.pad_h) * p.wp() + p.pad_w;
+      const T* s = src + (c * p.h + i) * p.w;
+      if constexpr (std::is_same_v<T, float>)
+        std::memcpy(d, s, p.w * sizeof(float));
+      else
+        to_float(s, d, p.w);
+    }
 }
 
-// Writes the valid columns of the flat output: out[c][i][j] = flat[c][i * wp + j] (+ bias[c]).
-void write_out(const Plan& p, const float* flat, const float* bias, float* out) {
+// Writes the valid columns of the flat output: out[c][i][j] = flat[c][i * wp + j] (+ bias[c]),
+// rounded once to a 16-bit T (through the flat row, which is scratch).
+template <typename T>
+void write_out(const Plan& p, float* flat, const float* bias, T* out) {
   const int64_t oh = p.oh(), ow = p.ow(), wp = p.wp(), qs = p.qs();
   for (int64_t c = 0; c < p.cout; ++c) {
     const float b = bias ? bias[c] : 0.f;
     for (int64_t i = 0; i < oh; ++i) {
-      const float* src = flat + c * qs + i * wp;
-      float* dst = out + (c * oh + i) * ow;
+      float* src = flat + c * qs + i * wp;
+      T* dst = out + (c * oh + i) * ow;
+      if constexpr (std::is_same_v<T, float>) {
 #pragma omp simd
-      for (int64_t j = 0; j < ow; ++j) dst[j] = src[j] + b;
+        for (int64_t j = 0; j < ow; ++j) dst[j] = src[j] + b;
+      } else {
+#pragma omp simd
+        for (int64_t j = 0; j < ow; ++j) src[j] += b;
+        from_float(src, dst, ow);
+      }
     }
   }
 }
@@ -245,17 +261,18 @@ void weight_grad(const Plan& p, const WeightGradLayout& lay, const std::vector<c
     }
 }
 
-// gyT[q][o] = gy[o][oh][ow] at q = oh * wp + ow; the junk columns and padded channels stay zero.
-// In tiles of 16 columns by every channel, so the rows of gyT being written stay in L1.
-void transpose_grad(const Plan& p, int64_t op, const float* gy, float* gyT) {
+// gyT[q][o] = gy[o][oh][ow] at q = oh * wp + ow (widened); the junk columns and padded channels
+// stay zero. In tiles of 16 columns by every channel, so the rows of gyT being written stay in L1.
+template <typename T>
+void transpose_grad(const Plan& p, int64_t op, const T* gy, float* gyT) {
   const int64_t oh = p.oh(), ow = p.ow(), wp = p.wp();
   for (int64_t i = 0; i < oh; ++i)
     for (int64_t j0 = 0; j0 < ow; j0 += L) {
       const int64_t nj = std::min(L, ow - j0);
       float* dst = gyT + (i * wp + j0) * op;
       for (int64_t o = 0; o < p.cout; ++o) {
-        const float* src = gy + (o * oh + i) * ow + j0;
-        for (int64_t j = 0; j < nj; ++j) dst[j * op + o] = src[j];
+        const T* src = gy + (o * oh + i) * ow + j0;
+        for (int64_t j = 0; j < nj; ++j) dst[j * op + o] = static_cast<float>(src[j]);
       }
     }
 }
@@ -283,8 +300,10 @@ ConvDirectUse conv2d_direct_use(const Conv2dGeometry& g) {
   return use;
 }
 
-void conv2d_direct_forward(const Conv2dGeometry& g, const float* x, const float* w, const float* b,
-                           float* y) {
+namespace {
+
+template <typename T>
+void direct_forward(const Conv2dGeometry& g, const T* x, const float* w, const float* b, T* y) {
   const Plan p = forward_plan(g);
   const int64_t taps = p.taps();
   std::vector<float> wpk;
@@ -303,8 +322,9 @@ void conv2d_direct_forward(const Conv2dGeometry& g, const float* x, const float*
   });
 }
 
-void conv2d_direct_backward(const Conv2dGeometry& g, const float* x, const float* w,
-                            const float* gy, float* gx, float* gw) {
+template <typename T>
+void direct_backward(const Conv2dGeometry& g, const T* x, const float* w, const T* gy, T* gx,
+                     float* gw) {
   const Plan fwd = forward_plan(g);
   const int64_t taps = fwd.taps(), d = g.dilation;
   // The input gradient: the output gradient, bordered by (k - 1) * d - pad, correlated with the
@@ -342,7 +362,7 @@ void conv2d_direct_backward(const Conv2dGeometry& g, const float* x, const float
       std::fill_n(gyb, bwd.bordered_floats(), 0.f);
     }
     for (int64_t n = n0; n < n1; ++n) {
-      const float* gyn = gy + n * g.o * g.oh * g.ow;
+      const T* gyn = gy + n * g.o * g.oh * g.ow;
       if (gw) {
         fill_interior(fwd, x + n * g.c * g.h * g.w, xb);
         transpose_grad(fwd, lay.op, gyn, gyT);
@@ -364,6 +384,25 @@ void conv2d_direct_backward(const Conv2dGeometry& g, const float* x, const float
         gw[o * j_real + j] = s;
       }
   }
+}
+
+}  // namespace
+
+void conv2d_direct_forward(const Conv2dGeometry& g, const void* x, const float* w, const float* b,
+                           void* y, DType dtype) {
+  dispatch_floating(dtype, "conv2d", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    direct_forward(g, static_cast<const T*>(x), w, b, static_cast<T*>(y));
+  });
+}
+
+void conv2d_direct_backward(const Conv2dGeometry& g, const void* x, const float* w, const void* gy,
+                            void* gx, float* gw, DType dtype) {
+  dispatch_floating(dtype, "conv2d_backward", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    direct_backward(g, static_cast<const T*>(x), w, static_cast<const T*>(gy), static_cast<T*>(gx),
+                    gw);
+  });
 }
 
 }  // namespace galley::kernels::cpu

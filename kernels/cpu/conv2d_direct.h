@@ -32,9 +32,9 @@ ConvDirectUse conv2d_direct_use(const Conv2dGeometry& g);
 // Same contracts as conv2d_forward / conv2d_backward (without the bias gradient); callable for
 // any geometry with stride 1 and one group, whatever conv2d_direct_use says, so tests can
 // compare the two paths on every machine.
-void conv2d_direct_forward(const Conv2dGeometry& g, const float* x, const float* w, const float* b,
-                           float* y);
-void conv2d_direct_backward(const Conv2dGeometry& g, const float* x, const float* w,
-                            const float* gy, float* gx, float* gw);
+void conv2d_direct_forward(const Conv2dGeometry& g, const void* x, const float* w, const float* b,
+                           void* y, DType dtype = DType::Float32);
+void conv2d_direct_backward(const Conv2dGeometry& g, const void* x, const float* w, const void* gy,
+                            void* gx, float* gw, DType dtype = DType::Float32);
 
 }  // namespace galley::kernels::cpu

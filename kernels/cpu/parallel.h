@@ -57,7 +57,7 @@ constexpr int64_t kElementwiseGrain = 1 << 15;
 // training allocates nothing. Slots are independent buffers for a kernel that needs several at
 // once; what a buffer holds is the caller's only until its next kernel call on this thread.
 inline float* thread_scratch(int slot, size_t floats) {
-  thread_local std::vector<float> bufs[4];
+  thread_local std::vector<float> bufs[6];
   auto& b = bufs[slot];
   if (b.size() < floats) b.resize(floats);
   return b.data();

@@ -57,19 +57,25 @@ struct Scratch {
 
 namespace detail {
 
-void conv2d_forward(Device device, const kernels::Conv2dGeometry& g, const float* x, const float* w,
-                    const float* b, float* y) {
-  if (device.is_cpu()) return cpu::conv2d_forward(g, x, w, b, y);
+void conv2d_forward(Device device, const kernels::Conv2dGeometry& g, DType dtype, const void* x,
+                    const float* w, const float* b, void* y) {
+  if (device.is_cpu()) return cpu::conv2d_forward(g, x, w, b, y, dtype);
+  GALLEY_CHECK(dtype == DType::Float32, "conv2d: the GPU kernels take float32, got ",
+               dtype_name(dtype));
   Scratch scratch{device, Tensor()};
-  gpu::conv2d_forward(device.index(), g, x, w, b, y, scratch.workspace(), stream(device));
+  gpu::conv2d_forward(device.index(), g, static_cast<const float*>(x), w, b, static_cast<float*>(y),
+                      scratch.workspace(), stream(device));
 }
 
-void conv2d_backward(Device device, const kernels::Conv2dGeometry& g, const float* x,
-                     const float* w, const float* gy, float* gx, float* gw, float* gb) {
-  if (device.is_cpu()) return cpu::conv2d_backward(g, x, w, gy, gx, gw, gb);
+void conv2d_backward(Device device, const kernels::Conv2dGeometry& g, DType dtype, const void* x,
+                     const float* w, const void* gy, void* gx, float* gw, float* gb) {
+  if (device.is_cpu()) return cpu::conv2d_backward(g, x, w, gy, gx, gw, gb, dtype);
+  GALLEY_CHECK(dtype == DType::Float32, "conv2d: the GPU kernels take float32, got ",
+               dtype_name(dtype));
   Scratch scratch{device, Tensor()};
-  gpu::conv2d_backward(device.index(), g, x, w, gy, gx, gw, gb, scratch.workspace(),
-                       stream(device));
+  gpu::conv2d_backward(device.index(), g, static_cast<const float*>(x), w,
+                       static_cast<const float*>(gy), static_cast<float*>(gx), gw, gb,
+                       scratch.workspace(), stream(device));
 }
 
 }  // namespace detail
@@ -107,29 +113,43 @@ Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias, const C
   }
   const DType dtype = x.dtype();
   const Device dev = x.device();
-  Tensor cx = detail::widened(x).contiguous(), cw = detail::widened(weight).contiguous();
+  // The host kernels read and write 16-bit activations themselves (widened into their float32
+  // buffers, rounded once on the way out); on a GPU a 16-bit call widens outside the kernels.
+  // Weights and bias are widened either way (they are small).
+  const DType act = dev.is_cpu() ? dtype : DType::Float32;
+  Tensor cx = (act == dtype ? x : detail::widened(x)).contiguous();
+  Tensor cw = detail::widened(weight).contiguous();
   Tensor cb = bias.defined() ? detail::widened(bias).contiguous() : Tensor();
-  Tensor out = Tensor::empty({g.n, g.o, g.oh, g.ow}, DType::Float32, dev);
-  detail::conv2d_forward(dev, g, cx.data_ptr<float>(), cw.data_ptr<float>(),
-                         cb.defined() ? cb.data_ptr<float>() : nullptr, out.data_ptr<float>());
+  Tensor out = Tensor::empty({g.n, g.o, g.oh, g.ow}, act, dev);
+  detail::conv2d_forward(dev, g, act, cx.raw_data(), cw.data_ptr<float>(),
+                         cb.defined() ? cb.data_ptr<float>() : nullptr, out.raw_data());
   Tensor result = detail::rounded(out, dtype);
   if (!autograd::needs_grad({&x, &weight, &bias})) return result;
-  Tensor dx = detail::kept_for_backward(x, cx), dw = detail::kept_for_backward(weight, cw);
+  Tensor dx = act == dtype ? cx.detach() : detail::kept_for_backward(x, cx);
+  Tensor dw = detail::kept_for_backward(weight, cw);
   bool gx = x.requires_grad(), gw = weight.requires_grad(),
        gb = bias.defined() && bias.requires_grad();
-  return autograd::record(
-      result, "conv2d", {x, weight, bias},
-      detail::widened_backward(dtype, [=](const Tensor& gy, std::vector<Tensor>& gi) {
-        Tensor cgy = gy.contiguous();
-        Tensor wx = detail::widened(dx), ww = detail::widened(dw);
-        if (gx) gi[0] = Tensor::empty(wx.shape(), DType::Float32, dev);
-        if (gw) gi[1] = Tensor::empty(ww.shape(), DType::Float32, dev);
-        if (gb) gi[2] = Tensor::empty({g.o}, DType::Float32, dev);
-        detail::conv2d_backward(dev, g, wx.data_ptr<float>(), ww.data_ptr<float>(),
-                                cgy.data_ptr<float>(), gx ? gi[0].data_ptr<float>() : nullptr,
-                                gw ? gi[1].data_ptr<float>() : nullptr,
-                                gb ? gi[2].data_ptr<float>() : nullptr);
-      }));
+  // The gradients in float32 (gx in `act`); gw and gb are rounded to dtype below or by
+  // widened_backward, which also rounds a float32 gx.
+  auto backward = [=](const Tensor& gy, std::vector<Tensor>& gi) {
+    Tensor cgy = (gy.dtype() == act ? gy : gy.to(act)).contiguous();
+    Tensor wx = act == dtype ? dx : detail::widened(dx), ww = detail::widened(dw);
+    if (gx) gi[0] = Tensor::empty(wx.shape(), act, dev);
+    if (gw) gi[1] = Tensor::empty(ww.shape(), DType::Float32, dev);
+    if (gb) gi[2] = Tensor::empty({g.o}, DType::Float32, dev);
+    detail::conv2d_backward(dev, g, act, wx.raw_data(), ww.data_ptr<float>(), cgy.raw_data(),
+                            gx ? gi[0].raw_data() : nullptr, gw ? gi[1].data_ptr<float>() : nullptr,
+                            gb ? gi[2].data_ptr<float>() : nullptr);
+  };
+  if (act != dtype)
+    return autograd::record(result, "conv2d", {x, weight, bias},
+                            detail::widened_backward(dtype, backward));
+  return autograd::record(result, "conv2d", {x, weight, bias},
+                          [=](const Tensor& gy, std::vector<Tensor>& gi) {
+                            backward(gy, gi);
+                            for (size_t k = 1; k < gi.size(); ++k)
+                              if (gi[k].defined()) gi[k] = detail::rounded(gi[k], dtype);
+                          });
 }
 
 }  // namespace galley

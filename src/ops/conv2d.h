@@ -6,11 +6,12 @@
 
 namespace galley::detail {
 
-// y = conv(x, w) (+ b when not null), float32 pointers into tensors on `device`.
-void conv2d_forward(Device device, const kernels::Conv2dGeometry& g, const float* x, const float* w,
-                    const float* b, float* y);
-// Gradients for the non-null outputs (overwritten).
-void conv2d_backward(Device device, const kernels::Conv2dGeometry& g, const float* x,
-                     const float* w, const float* gy, float* gx, float* gw, float* gb);
+// y = conv(x, w) (+ b when not null), pointers into tensors on `device`: x and y of `dtype`
+// (float32 on a GPU; any floating dtype on the host), w and b float32.
+void conv2d_forward(Device device, const kernels::Conv2dGeometry& g, DType dtype, const void* x,
+                    const float* w, const float* b, void* y);
+// Gradients for the non-null outputs (overwritten): x, gy and gx of `dtype`, the rest float32.
+void conv2d_backward(Device device, const kernels::Conv2dGeometry& g, DType dtype, const void* x,
+                     const float* w, const void* gy, void* gx, float* gw, float* gb);
 
 }  // namespace galley::detail
