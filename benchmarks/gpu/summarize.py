@@ -140,19 +140,23 @@ def summarize(out, work, meta_path):
         lines += ["", "Missing cells:", ""] + [f"- {p}" for p in problems]
 
     # Mixed precision: galley's eager step under autocast beside its float32 eager step.
-    amp_cells = sorted({(r["model"], r["batch"]) for r in galley
-                        if r.get("amp", "off") != "off" and "model" in r and "batch" in r},
-                       key=lambda c: (order.get(c[0], 9), c[0], c[1]))
+    amp_cells = {(r["model"], r["batch"]) for r in galley
+                 if r.get("amp", "off") != "off" and "model" in r and "batch" in r}
+    amp_cells |= {(r["model"], r["batch"]) for r in torch.get("runs", [])
+                  if r.get("mode", "").startswith("eager_") and "model" in r}
+    amp_cells = sorted(amp_cells, key=lambda c: (order.get(c[0], 9), c[0], c[1]))
     if amp_cells:
-        lines += ["", "Mixed precision, galley eager: the forward and the loss under "
-                  "`amp::Autocast` (fp16 with `amp::GradScaler`). Goal: bf16 ≥ 1.8x float32 on "
-                  "resnet at batch 256.", "",
-                  "| model | batch | float32 | bf16 | fp16 | bf16 ÷ float32 | fp16 ÷ float32 |",
-                  "|---|---:|---:|---:|---:|---:|---:|"]
+        lines += ["", "Mixed precision, eager: the forward and the loss under autocast (galley's "
+                  "`amp::Autocast`, PyTorch's `torch.autocast`; fp16 with a GradScaler). Goal: "
+                  "galley bf16 ≥ 1.8x galley float32 on resnet at batch 256.", "",
+                  "| model | batch | galley float32 | galley bf16 | galley fp16 | PyTorch bf16 | "
+                  "PyTorch fp16 | galley bf16 ÷ float32 | galley bf16 ÷ PyTorch bf16 |",
+                  "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
         for model, b in amp_cells:
             f32, bf, fp = (galley_rate(model, b, False, amp) for amp in ("off", "bf16", "fp16"))
-            lines.append(f"| {model} | {b} | {fmt(f32)} | {fmt(bf)} | {fmt(fp)} | {ratio(bf, f32)} | "
-                         f"{ratio(fp, f32)} |")
+            tbf, tfp = torch_rate(model, b, "eager_bf16"), torch_rate(model, b, "eager_fp16")
+            lines.append(f"| {model} | {b} | {fmt(f32)} | {fmt(bf)} | {fmt(fp)} | {fmt(tbf)} | "
+                         f"{fmt(tfp)} | {ratio(bf, f32)} | {ratio(bf, tbf)} |")
 
     # Fashion-MNIST example epochs (training time, evaluation excluded) beside PyTorch's.
     fashion = fashion_epochs(os.path.join(work, "fashion-gpu.log"))

@@ -34,7 +34,8 @@ def synchronize(device):
         torch.cuda.synchronize(device)
 
 
-def measure(name, batch, compiled, steps, device):
+def measure(name, batch, compiled, steps, device, amp=None):
+    """amp: None (float32), "bf16" or "fp16" (autocast; fp16 with a GradScaler)."""
     torch.manual_seed(0)
     model, shape = models_torch.build(name)
     model = model.to(device)
@@ -43,10 +44,15 @@ def measure(name, batch, compiled, steps, device):
     x = torch.randn(batch, *shape, device=device)
     y = torch.randint(0, 10, (batch,), device=device)
 
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(amp)
+    scaler = torch.amp.GradScaler(device.type, enabled=amp == "fp16")
+
     def step():
-        loss = loss_fn(model(x), y)
-        loss.backward()
-        opt.step()
+        with torch.autocast(device.type, dtype=dtype or torch.bfloat16, enabled=amp is not None):
+            loss = loss_fn(model(x), y)
+        scaler.scale(loss).backward()
+        scaler.step(opt)
+        scaler.update()
         opt.zero_grad(set_to_none=True)
 
     if compiled:
@@ -76,6 +82,8 @@ def main():
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--budget-s", type=float, default=0, help="0: no limit")
     ap.add_argument("--no-cudnn-benchmark", action="store_true")
+    ap.add_argument("--amp", nargs="*", default=["resnet:256"],
+                    help="MODEL:BATCH cells also run eager under bf16 and fp16 autocast")
     args = ap.parse_args()
     start = time.perf_counter()
     device = torch.device(args.device)
@@ -93,32 +101,34 @@ def main():
                "matmul_allow_tf32": torch.backends.cuda.matmul.allow_tf32,
                "steps": args.steps, "blocks": 5, "warmup_steps": 10, "runs": []}
     slowest = {}  # mode -> seconds of the slowest run so far
-    for compiled in (False, True):
-        mode = "compile" if compiled else "eager"
-        for name in args.models:
-            for batch in args.batches:
-                run = {"model": name, "batch": batch, "mode": mode}
-                left = args.budget_s - (time.perf_counter() - start)
-                need = max(slowest.get(mode, 0), MIN_SECONDS[mode])
-                if args.budget_s and left < need:
-                    run["skipped"] = f"time budget: {max(left, 0):.0f} s left, one {mode} run takes ~{need:.0f} s"
-                    print(f"torch {mode} {name} batch {batch}: skipped ({run['skipped']})", flush=True)
-                    results["runs"].append(run)
-                    continue
-                t0 = time.perf_counter()
-                try:
-                    rate, rates, warmup_s = measure(name, batch, compiled, args.steps, device)
-                    run.update(samples_per_s=rate, samples_per_s_all=rates, warmup_s=round(warmup_s, 3))
-                    print(f"torch {mode} {name} batch {batch}: {rate:.0f} samples/s "
-                          f"(warm-up {warmup_s:.1f} s)", flush=True)
-                except Exception as e:  # torch.compile may be unavailable; record why
-                    run["error"] = str(e)[:300]
-                    print(f"torch {mode} {name} batch {batch}: failed: {run['error']}", flush=True)
-                run["seconds"] = round(time.perf_counter() - t0, 3)
-                slowest[mode] = max(slowest.get(mode, 0), run["seconds"])
-                results["runs"].append(run)
-                with open(args.out, "w") as f:  # after every run: a timeout keeps what was done
-                    json.dump(results, f, indent=2)
+    amp_cells = [(c.split(":")[0], int(c.split(":")[1])) for c in args.amp]
+    # In order of importance: float32 eager, the autocast cells, then torch.compile.
+    plan = [("eager", False, None, n, b) for n in args.models for b in args.batches]
+    plan += [(f"eager_{amp}", False, amp, n, b) for amp in ("bf16", "fp16") for n, b in amp_cells]
+    plan += [("compile", True, None, n, b) for n in args.models for b in args.batches]
+    for mode, compiled, amp, name, batch in plan:
+        run = {"model": name, "batch": batch, "mode": mode}
+        left = args.budget_s - (time.perf_counter() - start)
+        need = max(slowest.get(mode, 0), MIN_SECONDS["compile" if compiled else "eager"])
+        if args.budget_s and left < need:
+            run["skipped"] = f"time budget: {max(left, 0):.0f} s left, one {mode} run takes ~{need:.0f} s"
+            print(f"torch {mode} {name} batch {batch}: skipped ({run['skipped']})", flush=True)
+            results["runs"].append(run)
+            continue
+        t0 = time.perf_counter()
+        try:
+            rate, rates, warmup_s = measure(name, batch, compiled, args.steps, device, amp)
+            run.update(samples_per_s=rate, samples_per_s_all=rates, warmup_s=round(warmup_s, 3))
+            print(f"torch {mode} {name} batch {batch}: {rate:.0f} samples/s "
+                  f"(warm-up {warmup_s:.1f} s)", flush=True)
+        except Exception as e:  # torch.compile may be unavailable; record why
+            run["error"] = str(e)[:300]
+            print(f"torch {mode} {name} batch {batch}: failed: {run['error']}", flush=True)
+        run["seconds"] = round(time.perf_counter() - t0, 3)
+        slowest[mode] = max(slowest.get(mode, 0), run["seconds"])
+        results["runs"].append(run)
+        with open(args.out, "w") as f:  # after every run: a timeout keeps what was done
+            json.dump(results, f, indent=2)
     with open(args.out, "w") as f:
         json.dump(results, f, indent=2)
 
