@@ -10,7 +10,7 @@
 
 #include "galley/galley.h"
 #include "models.h"
-#include "src/amp/autocast.h"
+#include "src/ops/autocast.h"
 #include "test_util.h"
 
 namespace nn = galley::nn;

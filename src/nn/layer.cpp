@@ -4,7 +4,7 @@
 #include <set>
 
 #include "galley/autograd.h"
-#include "src/amp/autocast.h"
+#include "src/ops/autocast.h"
 
 namespace galley::nn {
 

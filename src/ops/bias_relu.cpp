@@ -2,11 +2,11 @@
 // take float32: a 16-bit op widens its inputs, rounds its output once and computes its gradients
 // in float32 (masked by the rounded output, as a 16-bit relu is).
 #include "kernels/bias_relu.h"
-#include "src/amp/autocast.h"
 
 #include "galley/autograd.h"
 #include "galley/ops.h"
 #include "galley/profiler.h"
+#include "src/ops/autocast.h"
 #include "src/ops/dispatch.h"
 
 namespace galley {

@@ -1,13 +1,13 @@
 // add, sub, mul and div of two tensors, with NumPy broadcasting: checks, the device switch and
 // the autograd record (a broadcast input's gradient is summed back to its shape).
 #include "src/ops/binary.h"
-#include "src/amp/autocast.h"
 
 #include <algorithm>
 
 #include "galley/autograd.h"
 #include "galley/ops.h"
 #include "galley/profiler.h"
+#include "src/ops/autocast.h"
 #include "src/ops/dispatch.h"
 #include "src/ops/unary.h"
 

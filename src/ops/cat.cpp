@@ -5,7 +5,7 @@
 #include "galley/autograd.h"
 #include "galley/ops.h"
 #include "galley/profiler.h"
-#include "src/amp/autocast.h"
+#include "src/ops/autocast.h"
 #include "src/ops/copy.h"
 #include "src/ops/dispatch.h"
 

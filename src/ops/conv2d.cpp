@@ -1,8 +1,8 @@
 // conv2d: shape checks, output geometry, the device switch (cuDNN's workspace from the caching
-// allocator) and the autograd record. The kernels take float32: a 16-bit op widens its inputs,
-// rounds its output once and computes its gradients in float32.
+// allocator) and the autograd record. The host kernels take 16-bit activations as they are (and
+// float32 weights); cuDNN takes float32, so on a GPU a 16-bit op widens its inputs, rounds its
+// output once and computes its gradients in float32.
 #include "src/ops/conv2d.h"
-#include "src/amp/autocast.h"
 
 #include <algorithm>
 
@@ -10,6 +10,7 @@
 #include "galley/ops.h"
 #include "galley/profiler.h"
 #include "galley/runtime/memory.h"
+#include "src/ops/autocast.h"
 #include "src/ops/dispatch.h"
 
 namespace galley {

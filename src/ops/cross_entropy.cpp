@@ -3,7 +3,6 @@
 // device: the rows counted stay there and a bad label is reported at the next synchronisation.
 // The kernels take float32: the loss of 16-bit logits is computed in float32 and rounded once.
 #include "kernels/cross_entropy.h"
-#include "src/amp/autocast.h"
 
 #include <algorithm>
 
@@ -11,6 +10,7 @@
 #include "galley/ops.h"
 #include "galley/profiler.h"
 #include "kernels/reduce.h"
+#include "src/ops/autocast.h"
 #include "src/ops/dispatch.h"
 #include "src/ops/reduce.h"
 #include "src/runtime/device_memory.h"

@@ -8,7 +8,7 @@
 #include "kernels/binary.h"
 #include "kernels/gemm.h"
 #include "kernels/reduce.h"
-#include "src/amp/autocast.h"
+#include "src/ops/autocast.h"
 #include "src/ops/dispatch.h"
 
 namespace galley {

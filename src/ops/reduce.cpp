@@ -2,12 +2,12 @@
 // the autograd record. The kernels take float32: a 16-bit input is summed in float32 and the
 // result rounded once.
 #include "src/ops/reduce.h"
-#include "src/amp/autocast.h"
 
 #include "galley/autograd.h"
 #include "galley/ops.h"
 #include "galley/profiler.h"
 #include "kernels/reduce.h"
+#include "src/ops/autocast.h"
 #include "src/ops/dispatch.h"
 
 namespace galley {

@@ -1,11 +1,11 @@
 // softmax and log_softmax along a dimension: checks, the device switch and the autograd record.
 // The kernels take float32: a 16-bit input is computed in float32 and the result rounded once.
 #include "kernels/softmax.h"
-#include "src/amp/autocast.h"
 
 #include "galley/autograd.h"
 #include "galley/ops.h"
 #include "galley/profiler.h"
+#include "src/ops/autocast.h"
 #include "src/ops/dispatch.h"
 
 namespace galley {

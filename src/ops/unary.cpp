@@ -2,7 +2,6 @@
 // in-place form for temporaries) and the activations gelu, silu, sigmoid, tanh and leaky_relu:
 // checks, the device switch and the autograd record.
 #include "src/ops/unary.h"
-#include "src/amp/autocast.h"
 
 #include <cmath>
 #include <memory>
@@ -11,6 +10,7 @@
 #include "galley/ops.h"
 #include "galley/profiler.h"
 #include "kernels/unary.h"
+#include "src/ops/autocast.h"
 #include "src/ops/binary.h"
 #include "src/ops/dispatch.h"
 

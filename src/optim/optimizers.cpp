@@ -7,7 +7,7 @@
 #include "galley/optim/lr_scheduler.h"
 #include "galley/optim/sgd.h"
 #include "kernels/optimizer_update.h"
-#include "src/amp/autocast.h"
+#include "src/ops/autocast.h"
 #include "src/ops/dispatch.h"
 #include "src/runtime/device_memory.h"
 

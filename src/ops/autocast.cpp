@@ -1,5 +1,5 @@
 // Autocast's per-thread setting and its cache of parameters converted to the low-precision dtype.
-#include "src/amp/autocast.h"
+#include "src/ops/autocast.h"
 
 #include <atomic>
 #include <unordered_map>
