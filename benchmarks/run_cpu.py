@@ -667,9 +667,11 @@ def amp_markdown(meta, best, variants, models, batches):
         "rounds. Goals on a CPU with AVX512-BF16: galley bf16 ≥ "
         f"{AMP_GOALS['over_float32']}x galley fp32 and ≥ {AMP_GOALS['over_pytorch']}x the faster PyTorch "
         "bf16. " + ("This CPU has AVX512-BF16." if has_flag else
-                    "This CPU has no AVX512-BF16: bfloat16 runs through the converting fallback "
-                    "(inputs rounded to bfloat16, widened, float32 kernels), so the goals do not "
-                    "apply here and the figures show that fallback's cost."),
+                    "This CPU has no AVX512-BF16, so the goals do not apply here: galley's "
+                    "bfloat16 convolutions widen their 16-bit activations inside the kernels and "
+                    "compute with float32 FMAs (matmul and linear widen a copy), so bfloat16 "
+                    "saves memory traffic but no arithmetic; the figures show what that "
+                    "fallback costs or gains."),
         "",
         "| model | batch | " + " | ".join(names[x] for x in variants)
         + " | galley bf16 / fp32 | galley bf16 / best PyTorch bf16 |",
@@ -712,10 +714,17 @@ def run_amp(a, runner, impls, threads, commit, dirty):
                         flag = "  (shared CPU)" if res["background_cores"] >= a.idle_threshold else ""
                         print(f"[{k:3d}/{n_total}] round {rnd} {m:7s} batch {b:4d} threads {t} "
                               f"{impl:11s} {amp:4s}{res['samples_per_s']:10.1f} samples/s{flag}", flush=True)
-    keyed = [dict(r, impl=f"{r['impl']}|{r['amp']}") for r in runs]
-    _, best, _ = summarise(keyed, variants, models, batches, threads, a.idle_threshold)
     meta = metadata(a, "cpu-amp", [i for i in impls if i in AMP_IMPLS], runs, commit, dirty, t_start)
     meta.update(rounds=a.rounds, repeats_per_run=a.repeats, goals=AMP_GOALS)
+    report_amp(a, meta, runs, models, batches, threads)
+
+
+def report_amp(a, meta, runs, models, batches, threads):
+    """cpu-amp.{json,md} (and the README's table) from the runs of run_amp."""
+    variants = [f"{i}|{amp}" for i in AMP_IMPLS for amp in ("off", "bf16")
+                if any(r["impl"] == i and r["amp"] == amp for r in runs)]
+    keyed = [dict(r, impl=f"{r['impl']}|{r['amp']}") for r in runs]
+    _, best, _ = summarise(keyed, variants, models, batches, threads, a.idle_threshold)
     table = amp_markdown(meta, best, variants, models, batches)
     summary = [{"variant": x, "model": m, "batch": b, **best[(x, m, b)]}
                for x in variants for m in models for b in batches if (x, m, b) in best]
@@ -783,7 +792,10 @@ def main():
             runs = d["runs"]
             a.idle_threshold = d.get("idle_threshold_cores", a.idle_threshold)
             impls = [i for i in IMPLS if any(r["impl"] == i for r in runs)]
-            if d["benchmark"] == "cpu-train-step":
+            if d["benchmark"] == "cpu-amp":
+                meta = {k: v for k, v in d.items() if k not in ("summary", "runs", "models", "batches", "threads")}
+                report_amp(a, meta, runs, d["models"], d["batches"], d["threads"])
+            elif d["benchmark"] == "cpu-train-step":
                 meta = {k: v for k, v in d.items() if k not in ("summary", "runs", "models", "batches", "threads")}
                 report_train(a, meta, runs, impls, d["models"], d["batches"], d["threads"])
             else:
