@@ -244,24 +244,36 @@ galley::Conv2dOptions layer_options(const LayerShape& l) {
   return {.stride = l.stride, .padding = (l.k - 1) / 2};
 }
 
+// Benchmark argument 1: the dtype of activations and weights, 0 float32, 1 bfloat16 (on the CPU
+// with AVX512-BF16, the dot-product kernels).
+galley::DType layer_dtype(benchmark::State& st) {
+  return st.range(1) ? galley::DType::BFloat16 : galley::DType::Float32;
+}
+
+Tensor layer_tensor(galley::Shape shape, galley::DType dtype, bool grad) {
+  return galley::randn(std::move(shape), gen()).to(dtype).set_requires_grad(grad);
+}
+
 void BM_conv2d_layer_forward(benchmark::State& st) {
   const LayerShape& l = layer_shape(st);
-  Tensor x = galley::randn({kLayerBatch, l.in, l.hw, l.hw}, gen());
-  Tensor w = galley::randn({l.out, l.in, l.k, l.k}, gen());
-  Tensor b = l.bias() ? galley::randn({l.out}, gen()) : Tensor();
+  const galley::DType dt = layer_dtype(st);
+  Tensor x = layer_tensor({kLayerBatch, l.in, l.hw, l.hw}, dt, false);
+  Tensor w = layer_tensor({l.out, l.in, l.k, l.k}, dt, false);
+  Tensor b = l.bias() ? layer_tensor({l.out}, dt, false) : Tensor();
   const double secs = time_forward(st, [&] { return galley::conv2d(x, w, b, layer_options(l)); });
   set_rate(st, layer_flops(l), 0, secs, /*samples=*/false);
 }
 
 void BM_conv2d_layer_backward(benchmark::State& st) {
   const LayerShape& l = layer_shape(st);
-  Tensor x = galley::randn({kLayerBatch, l.in, l.hw, l.hw}, gen()).set_requires_grad(true);
-  Tensor w = galley::randn({l.out, l.in, l.k, l.k}, gen()).set_requires_grad(true);
-  Tensor b = l.bias() ? galley::randn({l.out}, gen()).set_requires_grad(true) : Tensor();
+  const galley::DType dt = layer_dtype(st);
+  Tensor x = layer_tensor({kLayerBatch, l.in, l.hw, l.hw}, dt, true);
+  Tensor w = layer_tensor({l.out, l.in, l.k, l.k}, dt, true);
+  Tensor b = l.bias() ? layer_tensor({l.out}, dt, true) : Tensor();
   Tensor gy;
   {
     galley::NoGradGuard ng;
-    gy = galley::randn(galley::conv2d(x, w, b, layer_options(l)).shape(), gen());
+    gy = galley::randn(galley::conv2d(x, w, b, layer_options(l)).shape(), gen()).to(dt);
   }
   const double secs = time_backward(
       st, [&] { return galley::conv2d(x, w, b, layer_options(l)); }, gy,
@@ -424,13 +436,13 @@ BENCHMARK(BM_conv2d_backward)
     ->UseManualTime()
     ->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_conv2d_layer_forward)
-    ->DenseRange(0, kLayerShapeCount - 1)
-    ->ArgName("shape")
+    ->ArgsProduct({benchmark::CreateDenseRange(0, kLayerShapeCount - 1, 1), {0, 1}})
+    ->ArgNames({"shape", "bf16"})
     ->UseRealTime()
     ->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_conv2d_layer_backward)
-    ->DenseRange(0, kLayerShapeCount - 1)
-    ->ArgName("shape")
+    ->ArgsProduct({benchmark::CreateDenseRange(0, kLayerShapeCount - 1, 1), {0, 1}})
+    ->ArgNames({"shape", "bf16"})
     ->UseManualTime()
     ->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_relu)->Apply(batches)->UseRealTime();

@@ -10,6 +10,7 @@
 #include <gtest/gtest.h>
 
 #include <array>
+#include <cmath>
 #include <cstdint>
 #include <random>
 #include <string>
@@ -161,7 +162,8 @@ TEST(Conv16Bit, KernelsMatchTheFloat32KernelsOnWidenedInputsBitForBit) {
       const auto x16 = narrow(randoms(size_t(g.n * g.c * g.h * g.w)));
       const auto gy16 = narrow(randoms(size_t(g.n * g.o * g.oh * g.ow)));
       const auto xw = widen(x16), gyw = widen(gy16);
-      const auto w = randoms(size_t(g.o * (g.c / g.groups) * g.kh * g.kw));
+      // A bfloat16 convolution's weights are bfloat16 values (the op widens them).
+      const auto w = widen(narrow(randoms(size_t(g.o * (g.c / g.groups) * g.kh * g.kw))));
       const auto b = randoms(size_t(g.o));
       const bool direct = g.stride == 1 && g.groups == 1;
       for (int path = 0; path < (direct ? 3 : 2); ++path) {
@@ -193,12 +195,90 @@ TEST(Conv16Bit, KernelsMatchTheFloat32KernelsOnWidenedInputsBitForBit) {
                                       dt);
         }
         const char* names[] = {"dispatcher", "im2col", "direct"};
-        EXPECT_EQ(y, narrow(y_ref)) << what << " " << names[path] << ": output";
-        EXPECT_EQ(gx, narrow(gx_ref)) << what << " " << names[path] << ": input gradient";
-        EXPECT_EQ(gw, gw_ref) << what << " " << names[path] << ": weight gradient";
+        // bfloat16 on the tile or dot-product kernels sums in another order: within a float32
+        // sum's error (relative to the sum of magnitudes, at most K terms) and then one rounding.
+        const bool reordered = dt == galley::DType::BFloat16 && path != 1 &&
+                               cpu::bf16_kernels() != cpu::Bf16Kernels::Widened;
+        if (!reordered) {
+          EXPECT_EQ(y, narrow(y_ref)) << what << " " << names[path] << ": output";
+          EXPECT_EQ(gx, narrow(gx_ref)) << what << " " << names[path] << ": input gradient";
+          EXPECT_EQ(gw, gw_ref) << what << " " << names[path] << ": weight gradient";
+        } else {
+          auto near = [&](const std::vector<float>& got, const std::vector<float>& want, float rel,
+                          const char* part) {
+            for (size_t i = 0; i < want.size(); ++i)
+              ASSERT_NEAR(got[i], want[i],
+                          rel * std::abs(want[i]) + 2e-4f * (1.f + std::abs(want[i])))
+                  << what << " " << names[path] << ": " << part << " [" << i << "]";
+          };
+          const float ulp = 1.f / 128;  // bfloat16's spacing relative to a value
+          near(widen(y), y_ref, ulp, "output");
+          near(widen(gx), gx_ref, ulp, "input gradient");
+          near(gw, gw_ref, 1e-5f, "weight gradient");
+        }
       }
     }
   }
+}
+
+// The bfloat16 kernels of the direct path (AMX tiles, vdpbf16ps, widening), each where this
+// build and host have it, on the exact values: their float32 sums are then the im2col path's to
+// the bit, and so are the rounded outputs. Every tail of their blocks (channels off 32, odd
+// channel and flat-output counts, rows wider than a tile) is in cases().
+TEST(ConvDirect, Bf16KernelsMatchIm2colBitForBitOnExactValues) {
+  namespace cpu = galley::kernels::cpu;
+  using cpu::Bf16Kernels;
+  const galley::DType bf = galley::DType::BFloat16;
+  auto narrow = [&](const std::vector<float>& v) {
+    std::vector<uint16_t> bits(v.size());
+    cpu::convert(v.data(), galley::DType::Float32, bits.data(), bf, int64_t(v.size()));
+    return bits;
+  };
+  int ran = 0;
+  for (Bf16Kernels kernels : {Bf16Kernels::Tiles, Bf16Kernels::DotProducts, Bf16Kernels::Widened}) {
+    const char* kname = kernels == Bf16Kernels::Tiles         ? "tiles"
+                        : kernels == Bf16Kernels::DotProducts ? "dot products"
+                                                              : "widened";
+    if (!cpu::bf16_kernels_available(kernels)) {
+      EXPECT_THROW(cpu::conv2d_direct_forward(geometry(cases()[0]), nullptr, nullptr, nullptr,
+                                              nullptr, bf, kernels),
+                   galley::Error)
+          << kname;
+      continue;
+    }
+    ++ran;
+    for (const Case& k : cases()) {
+      const Conv2dGeometry g = geometry(k);
+      const auto x = exact_values(size_t(g.n * g.c * g.h * g.w), 21, 1.f);
+      const auto w = exact_values(size_t(g.o * g.c * g.kh * g.kw), 22, 0.25f);
+      const auto b = exact_values(size_t(g.o), 23, 0.5f);
+      const auto gy = exact_values(size_t(g.n * g.o * g.oh * g.ow), 24, 0.5f);
+      std::vector<float> y_ref(gy.size()), gx_ref(x.size()), gw_ref(w.size());
+      cpu::conv2d_forward_im2col(g, x.data(), w.data(), b.data(), y_ref.data());
+      cpu::conv2d_backward_im2col(g, x.data(), w.data(), gy.data(), gx_ref.data(), gw_ref.data());
+      const auto x16 = narrow(x), gy16 = narrow(gy);
+      std::vector<uint16_t> y(gy.size()), gx(x.size());
+      std::vector<float> gw(w.size());
+      cpu::conv2d_direct_forward(g, x16.data(), w.data(), b.data(), y.data(), bf, kernels);
+      EXPECT_EQ(y, narrow(y_ref)) << kname << " " << name(k) << ": output";
+      // Both gradients, then each alone.
+      for (int which = 0; which < 3; ++which) {
+        std::fill(gx.begin(), gx.end(), uint16_t(1));
+        std::fill(gw.begin(), gw.end(), -2.f);
+        uint16_t* pgx = which != 2 ? gx.data() : nullptr;
+        float* pgw = which != 1 ? gw.data() : nullptr;
+        cpu::conv2d_direct_backward(g, x16.data(), w.data(), gy16.data(), pgx, pgw, bf, kernels);
+        if (pgx) EXPECT_EQ(gx, narrow(gx_ref)) << kname << " " << name(k) << ": input gradient";
+        if (pgw) EXPECT_EQ(gw, gw_ref) << kname << " " << name(k) << ": weight gradient";
+        if (!pgx)
+          EXPECT_EQ(gx, std::vector<uint16_t>(gx.size(), 1))
+              << kname << " " << name(k) << " wrote gx";
+        if (!pgw) EXPECT_EQ(gw, std::vector<float>(gw.size(), -2.f)) << kname << " wrote gw";
+      }
+    }
+  }
+  EXPECT_GE(ran, 1);
+  EXPECT_TRUE(cpu::bf16_kernels_available(cpu::bf16_kernels()));
 }
 
 TEST(ConvDirect, SameResultOnOneAndTwoThreads) {

@@ -5,8 +5,15 @@
 #include <type_traits>
 #include <vector>
 
+#include "galley/error.h"
 #include "kernels/convert.h"
 #include "kernels/cpu/parallel.h"
+
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__AVX512BF16__)
+#include <sys/syscall.h>
+#include <unistd.h>
+#define GALLEY_AMX 1
+#endif
 
 #if defined(__AVX__)
 #include <immintrin.h>
@@ -78,26 +85,27 @@ struct Plan {
   }
 };
 
-// Copies `p.cin` planes of T into the interior of the bordered float32 buffer (16-bit values
-// widened on the way); the border and the slack, zeroed once per call, stay zero.
-template <typename T>
-void fill_interior(const Plan& p, const T* src, float* dst) {
+// Copies `p.cin` planes of T into the interior of the bordered buffer of D, float32 (16-bit
+// values widened on the way) or T itself; the border and the slack, zeroed once per call, stay
+// zero.
+template <typename T, typename D>
+void fill_interior(const Plan& p, const T* src, D* dst) {
   for (int64_t c = 0; c < p.cin; ++c)
     for (int64_t i = 0; i < p.h; ++i) {
-      float* d = dst + c * p.plane() + (i + p.pad_h) * p.wp() + p.pad_w;
+      D* d = dst + c * p.plane() + (i + p.pad_h) * p.wp() + p.pad_w;
       const T* s = src + (c * p.h + i) * p.w;
-      if constexpr (std::is_same_v<T, float>)
-        std::memcpy(d, s, p.w * sizeof(float));
+      if constexpr (std::is_same_v<T, D>)
+        std::memcpy(d, s, p.w * sizeof(T));
       else
         to_float(s, d, p.w);
     }
 }
 
-// Writes the valid columns of the flat output: out[c][i][j] = flat[c][i * wp + j] (+ bias[c]),
-// rounded once to a 16-bit T (through the flat row, which is scratch).
+// Writes the valid columns of the flat output: out[c][i][j] = flat[c * qs + i * wp + j] (+
+// bias[c]), rounded once to a 16-bit T (through the flat row, which is scratch).
 template <typename T>
-void write_out(const Plan& p, float* flat, const float* bias, T* out) {
-  const int64_t oh = p.oh(), ow = p.ow(), wp = p.wp(), qs = p.qs();
+void write_out(const Plan& p, float* flat, const float* bias, T* out, int64_t qs) {
+  const int64_t oh = p.oh(), ow = p.ow(), wp = p.wp();
   for (int64_t c = 0; c < p.cout; ++c) {
     const float b = bias ? bias[c] : 0.f;
     for (int64_t i = 0; i < oh; ++i) {
@@ -225,10 +233,10 @@ struct WeightGradLayout {
 
 // Where each column j of the weight gradient reads its input in the bordered buffer xb: channel
 // j / taps shifted by tap j % taps. Padding columns read any valid input; their sums are unused.
-std::vector<const float*> column_inputs(const Plan& p, const WeightGradLayout& lay,
-                                        const float* xb) {
+template <typename E>
+std::vector<const E*> column_inputs(const Plan& p, const WeightGradLayout& lay, const E* xb) {
   const int64_t taps = p.taps(), j_real = p.cin * taps;
-  std::vector<const float*> xs(static_cast<size_t>(lay.jp));
+  std::vector<const E*> xs(static_cast<size_t>(lay.jp));
   for (int64_t j = 0; j < lay.jp; ++j)
     xs[size_t(j)] = j < j_real ? xb + (j / taps) * p.plane() + p.shift(j % taps) : xb;
   return xs;
@@ -281,6 +289,337 @@ Plan forward_plan(const Conv2dGeometry& g) {
   return {g.c, g.h, g.w, g.pad, g.pad, g.o, g.kh, g.kw, g.dilation};
 }
 
+#if defined(__AVX512BF16__)
+// bfloat16 on AVX512-BF16. vdpbf16ps multiplies 16 pairs of bfloat16 values and adds both products
+// of each pair to one float32 lane (exact products, float32 sums), so one instruction does the
+// work of two FMAs on half the bytes. The pairs run along each sum: in the correlations, two input
+// channels at one position (the bordered input holds channel pairs interleaved, 32 bits a
+// position, and each weight broadcast is the pair of the two channels' taps); in the weight
+// gradient, two consecutive flat outputs (the transposed output gradient holds them interleaved
+// per output channel, and the input's two consecutive positions are adjacent already). An odd
+// channel count, or flat output count, is padded with a zero partner. Same register blocks as the
+// float32 kernels.
+using Pair = uint32_t;  // two bfloat16 bits, the even-indexed value in the low half
+
+inline __m512 dot(__m512 acc, __m512i a, __m512i b) {
+  return _mm512_dpbf16_ps(acc, (__m512bh)a, (__m512bh)b);
+}
+inline Pair pair_at(const uint16_t* p) {
+  Pair v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
+inline uint16_t bf16_bits(float f) {
+  return galley::detail::float_to_bf16_bits(f);
+}
+
+int64_t channel_pairs(const Plan& p) {
+  return (p.cin + 1) / 2;
+}
+// The bordered buffer of channel pairs, with the slack of bordered_floats().
+int64_t bordered_pairs(const Plan& p) {
+  return channel_pairs(p) * p.plane() + (p.qs() - p.q()) + (p.kw - 1) * p.d + L;
+}
+
+// Channels 2k and 2k + 1 of `src` interleaved into pair plane k's interior (a zero partner for
+// an odd last channel); the border and the slack, zeroed once per call, stay zero.
+void fill_pairs(const Plan& p, const uint16_t* src, Pair* dst) {
+  const int64_t hw = p.h * p.w;
+  for (int64_t k = 0; k < channel_pairs(p); ++k) {
+    const uint16_t* lo = src + 2 * k * hw;
+    const uint16_t* hi = 2 * k + 1 < p.cin ? lo + hw : nullptr;
+    for (int64_t i = 0; i < p.h; ++i) {
+      Pair* d = dst + k * p.plane() + (i + p.pad_h) * p.wp() + p.pad_w;
+      const uint16_t* a = lo + i * p.w;
+      if (hi) {
+        const uint16_t* b = hi + i * p.w;
+#pragma omp simd
+        for (int64_t j = 0; j < p.w; ++j) d[j] = Pair(a[j]) | Pair(b[j]) << 16;
+      } else {
+#pragma omp simd
+        for (int64_t j = 0; j < p.w; ++j) d[j] = a[j];
+      }
+    }
+  }
+}
+
+// pack_weights for pairs: [cout block][channel pair][tap][OB], zero past cout and past cin.
+template <typename At>
+void pack_weight_pairs(const Plan& p, At at, std::vector<Pair>& out) {
+  const int64_t blocks = round_up(p.cout, OB) / OB, taps = p.taps(), kp = channel_pairs(p);
+  out.assign(size_t(blocks * kp * taps * OB), 0u);
+  for (int64_t cb = 0; cb < blocks; ++cb)
+    for (int64_t k = 0; k < kp; ++k)
+      for (int64_t t = 0; t < taps; ++t)
+        for (int64_t o = 0; o < OB && cb * OB + o < p.cout; ++o) {
+          const int64_t co = cb * OB + o;
+          const Pair lo = bf16_bits(at(co, 2 * k, t));
+          const Pair hi = 2 * k + 1 < p.cin ? bf16_bits(at(co, 2 * k + 1, t)) : 0u;
+          out[size_t(((cb * kp + k) * taps + t) * OB + o)] = lo | hi << 16;
+        }
+}
+
+template <int NV>
+void correlate_pairs_block(const Pair* x, int64_t plane, int64_t kp, const int64_t* shift,
+                           int64_t taps, const Pair* wb, float* y, int64_t ldy) {
+  __m512 acc[OB][NV];
+#pragma GCC unroll 8
+  for (int o = 0; o < OB; ++o)
+#pragma GCC unroll 4
+    for (int v = 0; v < NV; ++v) acc[o][v] = _mm512_setzero_ps();
+  for (int64_t k = 0; k < kp; ++k, x += plane) {
+    for (int64_t t = 0; t < taps; ++t, wb += OB) {
+      const Pair* xs = x + shift[t];
+      __m512i xv[NV];
+#pragma GCC unroll 4
+      for (int v = 0; v < NV; ++v) xv[v] = _mm512_loadu_si512(xs + v * L);
+#pragma GCC unroll 8
+      for (int o = 0; o < OB; ++o) {
+        const __m512i wv = _mm512_set1_epi32(int(wb[o]));
+#pragma GCC unroll 4
+        for (int v = 0; v < NV; ++v) acc[o][v] = dot(acc[o][v], xv[v], wv);
+      }
+    }
+  }
+#pragma GCC unroll 8
+  for (int o = 0; o < OB; ++o)
+#pragma GCC unroll 4
+    for (int v = 0; v < NV; ++v) _mm512_storeu_ps(y + o * ldy + v * L, acc[o][v]);
+}
+
+// correlate() on channel pairs.
+void correlate_pairs(const Plan& p, const std::vector<int64_t>& shift, const Pair* xb,
+                     const Pair* wpk, float* flat) {
+  const int64_t taps = p.taps(), qs = p.qs(), nvec = qs / L, kp = channel_pairs(p);
+  for (int64_t cb = 0; cb * OB < p.cout; ++cb) {
+    const Pair* wb = wpk + cb * kp * taps * OB;
+    float* yb = flat + cb * OB * qs;
+    int64_t v = 0;
+    for (; v + 3 <= nvec; v += 3)
+      correlate_pairs_block<3>(xb + v * L, p.plane(), kp, shift.data(), taps, wb, yb + v * L, qs);
+    if (nvec - v == 2)
+      correlate_pairs_block<2>(xb + v * L, p.plane(), kp, shift.data(), taps, wb, yb + v * L, qs);
+    else if (nvec - v == 1)
+      correlate_pairs_block<1>(xb + v * L, p.plane(), kp, shift.data(), taps, wb, yb + v * L, qs);
+  }
+}
+
+// weight_grad_block on pairs of flat outputs: gyT holds [q / 2][channel] pairs, xs[j] the bfloat16
+// input of column j (shifted by its tap), read two positions at a time.
+template <int OV, int NJ>
+void weight_grad_pairs_block(const Pair* gyT, int64_t ldg, int64_t qp, const uint16_t* const* xs,
+                             float* out, int64_t ldo) {
+  __m512 acc[NJ][OV];
+  const uint16_t* x[NJ];
+#pragma GCC unroll 24
+  for (int j = 0; j < NJ; ++j) {
+    x[j] = xs[j];
+#pragma GCC unroll 4
+    for (int v = 0; v < OV; ++v) acc[j][v] = _mm512_setzero_ps();
+  }
+  for (int64_t i = 0; i < qp; ++i, gyT += ldg) {
+    __m512i g[OV];
+#pragma GCC unroll 4
+    for (int v = 0; v < OV; ++v) g[v] = _mm512_loadu_si512(gyT + v * L);
+#pragma GCC unroll 24
+    for (int j = 0; j < NJ; ++j) {
+      const __m512i xv = _mm512_set1_epi32(int(pair_at(x[j] + 2 * i)));
+#pragma GCC unroll 4
+      for (int v = 0; v < OV; ++v) acc[j][v] = dot(acc[j][v], g[v], xv);
+    }
+  }
+#pragma GCC unroll 24
+  for (int j = 0; j < NJ; ++j)
+#pragma GCC unroll 4
+    for (int v = 0; v < OV; ++v) {
+      float* o = out + j * ldo + v * L;
+      _mm512_storeu_ps(o, _mm512_add_ps(_mm512_loadu_ps(o), acc[j][v]));
+    }
+}
+
+// weight_grad() on pairs: part[j][o] += sum over q of gy[o][q] * xs[j][q].
+void weight_grad_pairs(const Plan& p, const WeightGradLayout& lay,
+                       const std::vector<const uint16_t*>& xs, const Pair* gyT, float* part) {
+  const int64_t qp = (p.q() + 1) / 2;
+  for (int64_t o0 = 0; o0 < lay.op; o0 += lay.ov * L)
+    for (int64_t j0 = 0; j0 < lay.jp; j0 += lay.nj) {
+      const uint16_t* const* x = xs.data() + j0;
+      float* out = part + j0 * lay.op + o0;
+      switch (lay.ov) {
+        case 1:
+          weight_grad_pairs_block<1, kWeightGradAcc>(gyT + o0, lay.op, qp, x, out, lay.op);
+          break;
+        case 2:
+          weight_grad_pairs_block<2, kWeightGradAcc / 2>(gyT + o0, lay.op, qp, x, out, lay.op);
+          break;
+        case 3:
+          weight_grad_pairs_block<3, kWeightGradAcc / 3>(gyT + o0, lay.op, qp, x, out, lay.op);
+          break;
+        default:
+          weight_grad_pairs_block<4, kWeightGradAcc / 4>(gyT + o0, lay.op, qp, x, out, lay.op);
+          break;
+      }
+    }
+}
+
+// gyT[q / 2][o] = the pair (gy[o] at q even, at q + 1), q = oh * wp + ow, as bfloat16 bits; the
+// junk columns, the partner past the last q and the padded channels stay zero.
+void transpose_grad_pairs(const Plan& p, int64_t op, const uint16_t* gy, uint16_t* gyT) {
+  const int64_t oh = p.oh(), ow = p.ow(), wp = p.wp();
+  for (int64_t i = 0; i < oh; ++i)
+    for (int64_t j0 = 0; j0 < ow; j0 += L) {
+      const int64_t nj = std::min(L, ow - j0);
+      for (int64_t o = 0; o < p.cout; ++o) {
+        const uint16_t* src = gy + (o * oh + i) * ow + j0;
+        for (int64_t j = 0; j < nj; ++j) {
+          const int64_t q = i * wp + j0 + j;
+          gyT[((q >> 1) * op + o) * 2 + (q & 1)] = src[j];
+        }
+      }
+    }
+}
+#endif  // __AVX512BF16__
+
+#if defined(GALLEY_AMX)
+// bfloat16 on AMX: tdpbf16ps multiplies a 16 x 32 tile of bfloat16 by a 32 x 16 one (in pairs, as
+// vdpbf16ps) into a 16 x 16 float32 tile, 8192 multiply-adds an instruction. Every tile here is 16
+// rows of 64 bytes: four accumulators (two blocks of 16 by two), two of each operand.
+//
+// The correlations: C[output channel][flat output q] += A[output channel][32 input channels at one
+// tap] x B[16 channel pairs][16 q]. B's rows are the bordered pair buffer's planes (fill_pairs) at
+// the tap's shift, one plane apart; A the weights, packed per (block of 16 outputs, tap, block of
+// 32 inputs). Input channels are padded to 32 with zero planes, outputs to 32, q to 32.
+//
+// The weight gradient: C[input channel][output channel] += A[input channel][32 consecutive q] x
+// B[16 pairs of q][16 output channels]: A straight from the bordered bfloat16 input at the tap's
+// shift (rows one plane apart), B the output gradient transposed into pairs of q
+// (transpose_grad_pairs), summed over q and the images into a float32 [tap][input][output] part.
+constexpr int64_t kTile = 16;
+
+// Asks the kernel once for the AMX tile state (Linux grants it per process on request).
+bool amx_granted() {
+  static const bool granted = [] {
+    constexpr long kReqXcompPerm = 0x1023, kXfeatureXtiledata = 18;
+    return syscall(SYS_arch_prctl, kReqXcompPerm, kXfeatureXtiledata) == 0;
+  }();
+  return granted;
+}
+
+// Configures this thread's eight tiles as 16 rows of 64 bytes, and releases them when done.
+struct TileScope {
+  TileScope() {
+    alignas(64) unsigned char cfg[64] = {};
+    cfg[0] = 1;  // palette 1
+    for (int t = 0; t < 8; ++t) {
+      cfg[16 + 2 * t] = 64;  // bytes per row
+      cfg[48 + t] = kTile;   // rows
+    }
+    _tile_loadconfig(cfg);
+  }
+  ~TileScope() { _tile_release(); }
+  TileScope(const TileScope&) = delete;
+  TileScope& operator=(const TileScope&) = delete;
+};
+
+struct TilePlan {
+  int64_t kp;  // channel pairs, padded to 16
+  int64_t cb;  // blocks of 32 input channels
+  int64_t op;  // output channels padded to 32
+  int64_t qq;  // flat outputs padded to 32
+  explicit TilePlan(const Plan& p)
+      : kp(round_up(p.cin, 32) / 2),
+        cb(kp / kTile),
+        op(round_up(p.cout, 32)),
+        qq(round_up(p.q(), 32)) {}
+  // The bordered pair buffer, with the reach of the last block past the last plane.
+  int64_t bordered(const Plan& p) const {
+    return kp * p.plane() + (qq - p.q()) + (p.kw - 1) * p.d + 2 * kTile;
+  }
+};
+
+// Weights as A tiles: [block of 16 outputs][tap][block of 32 inputs][16][32] bfloat16, the inputs
+// of each row in pairs as the B rows hold them; zero past cout and cin.
+template <typename At>
+void pack_weight_tiles(const Plan& p, const TilePlan& tp, At at, std::vector<uint16_t>& out) {
+  const int64_t taps = p.taps();
+  out.assign(size_t(tp.op * taps * tp.cb * 32), 0);
+  for (int64_t co = 0; co < p.cout; ++co)
+    for (int64_t t = 0; t < taps; ++t)
+      for (int64_t ci = 0; ci < p.cin; ++ci) {
+        const int64_t tile = ((co / kTile) * taps + t) * tp.cb + ci / 32;
+        out[size_t(tile * kTile * 32 + (co % kTile) * 32 + ci % 32)] = bf16_bits(at(co, ci, t));
+      }
+}
+
+// flat[tp.op][tp.qq] = the correlation of the pair buffer xb with the packed weight tiles.
+void correlate_tiles(const Plan& p, const TilePlan& tp, const std::vector<int64_t>& shift,
+                     const Pair* xb, const uint16_t* wpk, float* flat) {
+  const int64_t taps = p.taps(), plane_bytes = p.plane() * int64_t(sizeof(Pair));
+  const int64_t a_block = taps * tp.cb * kTile * 32;  // one block of 16 outputs' tiles
+  for (int64_t o0 = 0; o0 < tp.op; o0 += 32)
+    for (int64_t q0 = 0; q0 < tp.qq; q0 += 32) {
+      _tile_zero(0);
+      _tile_zero(1);
+      _tile_zero(2);
+      _tile_zero(3);
+      const uint16_t* a = wpk + (o0 / kTile) * a_block;
+      for (int64_t t = 0; t < taps; ++t)
+        for (int64_t c = 0; c < tp.cb; ++c, a += kTile * 32) {
+          const Pair* b = xb + c * kTile * p.plane() + q0 + shift[size_t(t)];
+          _tile_loadd(4, a, 64);
+          _tile_loadd(5, a + a_block, 64);
+          _tile_loadd(6, b, plane_bytes);
+          _tile_loadd(7, b + kTile, plane_bytes);
+          _tile_dpbf16ps(0, 4, 6);
+          _tile_dpbf16ps(1, 4, 7);
+          _tile_dpbf16ps(2, 5, 6);
+          _tile_dpbf16ps(3, 5, 7);
+        }
+      float* y = flat + o0 * tp.qq + q0;
+      const int64_t ld = tp.qq * int64_t(sizeof(float));
+      _tile_stored(0, y, ld);
+      _tile_stored(1, y + kTile, ld);
+      _tile_stored(2, y + kTile * tp.qq, ld);
+      _tile_stored(3, y + kTile * tp.qq + kTile, ld);
+    }
+}
+
+// part[t][input channel][output channel] += the weight gradient of one image: xb the bordered
+// bfloat16 input (channels padded to 32 with zero planes), gyT the output gradient's q pairs
+// ([tp.qq / 2][tp.op]).
+void weight_grad_tiles(const Plan& p, const TilePlan& tp, const std::vector<int64_t>& shift,
+                       const uint16_t* xb, const Pair* gyT, float* part) {
+  const int64_t taps = p.taps(), cpad = tp.kp * 2;
+  const int64_t a_ld = p.plane() * int64_t(sizeof(uint16_t)), b_ld = tp.op * int64_t(sizeof(Pair));
+  const int64_t c_ld = tp.op * int64_t(sizeof(float));
+  for (int64_t t = 0; t < taps; ++t)
+    for (int64_t c0 = 0; c0 < cpad; c0 += 32)
+      for (int64_t o0 = 0; o0 < tp.op; o0 += 32) {
+        float* c = part + (t * cpad + c0) * tp.op + o0;
+        _tile_loadd(0, c, c_ld);
+        _tile_loadd(1, c + kTile, c_ld);
+        _tile_loadd(2, c + kTile * tp.op, c_ld);
+        _tile_loadd(3, c + kTile * tp.op + kTile, c_ld);
+        const uint16_t* a = xb + c0 * p.plane() + shift[size_t(t)];
+        const Pair* b = gyT + o0;
+        for (int64_t q0 = 0; q0 < tp.qq; q0 += 32, a += 32, b += 16 * tp.op) {
+          _tile_loadd(4, a, a_ld);
+          _tile_loadd(5, a + kTile * p.plane(), a_ld);
+          _tile_loadd(6, b, b_ld);
+          _tile_loadd(7, b + kTile, b_ld);
+          _tile_dpbf16ps(0, 4, 6);
+          _tile_dpbf16ps(1, 4, 7);
+          _tile_dpbf16ps(2, 5, 6);
+          _tile_dpbf16ps(3, 5, 7);
+        }
+        _tile_stored(0, c, c_ld);
+        _tile_stored(1, c + kTile, c_ld);
+        _tile_stored(2, c + kTile * tp.op, c_ld);
+        _tile_stored(3, c + kTile * tp.op + kTile, c_ld);
+      }
+}
+#endif  // GALLEY_AMX
+
 }  // namespace
 
 ConvDirectUse conv2d_direct_use(const Conv2dGeometry& g) {
@@ -317,9 +656,21 @@ void direct_forward(const Conv2dGeometry& g, const T* x, const float* w, const f
     for (int64_t n = n0; n < n1; ++n) {
       fill_interior(p, x + n * g.c * g.h * g.w, xb);
       correlate(p, shift, xb, wpk.data(), flat);
-      write_out(p, flat, b, y + n * g.o * g.oh * g.ow);
+      write_out(p, flat, b, y + n * g.o * g.oh * g.ow, p.qs());
     }
   });
+}
+
+// gw[o][j] = the sum of the threads' partial weight gradients.
+void sum_parts(const Conv2dGeometry& g, const WeightGradLayout& lay,
+               const std::vector<float>& parts, int threads, float* gw) {
+  const int64_t j_real = g.c * g.kh * g.kw;
+  for (int64_t o = 0; o < g.o; ++o)
+    for (int64_t j = 0; j < j_real; ++j) {
+      float s = 0.f;
+      for (int t = 0; t < threads; ++t) s += parts[size_t((t * lay.jp + j) * lay.op + o)];
+      gw[o * j_real + j] = s;
+    }
 }
 
 template <typename T>
@@ -371,25 +722,226 @@ void direct_backward(const Conv2dGeometry& g, const T* x, const float* w, const 
       if (gx) {
         fill_interior(bwd, gyn, gyb);
         correlate(bwd, bwd_shift, gyb, wpk.data(), flat);
-        write_out(bwd, flat, nullptr, gx + n * g.c * g.h * g.w);
+        write_out(bwd, flat, nullptr, gx + n * g.c * g.h * g.w, bwd.qs());
       }
     }
   });
-  if (gw) {
-    const int64_t j_real = g.c * taps;
-    for (int64_t o = 0; o < g.o; ++o)
-      for (int64_t j = 0; j < j_real; ++j) {
-        float s = 0.f;
-        for (int t = 0; t < threads; ++t) s += parts[size_t((t * lay.jp + j) * lay.op + o)];
-        gw[o * j_real + j] = s;
+  if (gw) sum_parts(g, lay, parts, threads, gw);
+}
+
+#if defined(__AVX512BF16__)
+void pairs_forward(const Conv2dGeometry& g, const uint16_t* x, const float* w, const float* b,
+                   bfloat16* y) {
+  const Plan p = forward_plan(g);
+  const int64_t taps = p.taps();
+  std::vector<Pair> wpk;
+  pack_weight_pairs(
+      p, [&](int64_t co, int64_t ci, int64_t t) { return w[(co * g.c + ci) * taps + t]; }, wpk);
+  const std::vector<int64_t> shift = p.shifts();
+  parallel_for(g.n, 1, [&](int64_t n0, int64_t n1) {
+    Pair* xb = reinterpret_cast<Pair*>(thread_scratch(0, size_t(bordered_pairs(p))));
+    float* flat = thread_scratch(1, size_t(round_up(p.cout, OB) * p.qs()));
+    std::fill_n(xb, bordered_pairs(p), 0u);
+    for (int64_t n = n0; n < n1; ++n) {
+      fill_pairs(p, x + n * g.c * g.h * g.w, xb);
+      correlate_pairs(p, shift, xb, wpk.data(), flat);
+      write_out(p, flat, b, y + n * g.o * g.oh * g.ow, p.qs());
+    }
+  });
+}
+
+void pairs_backward(const Conv2dGeometry& g, const uint16_t* x, const float* w, const uint16_t* gy,
+                    bfloat16* gx, float* gw) {
+  const Plan fwd = forward_plan(g);
+  const int64_t taps = fwd.taps(), d = g.dilation;
+  const Plan bwd{g.o,  g.oh, g.ow, (g.kh - 1) * d - g.pad, (g.kw - 1) * d - g.pad, g.c,
+                 g.kh, g.kw, d};
+  std::vector<Pair> wpk;
+  if (gx)
+    pack_weight_pairs(
+        bwd,
+        [&](int64_t ci, int64_t o, int64_t t) { return w[(o * g.c + ci) * taps + (taps - 1 - t)]; },
+        wpk);
+  const std::vector<int64_t> bwd_shift = bwd.shifts();
+  const WeightGradLayout lay(fwd);
+  const int64_t qp = (fwd.q() + 1) / 2;
+  const int threads = static_cast<int>(std::min<int64_t>(num_threads(), g.n));
+  std::vector<float> parts(gw ? size_t(threads * lay.jp * lay.op) : 0, 0.f);
+  const bool nested = in_region();  // then parallel_for runs serially on this thread
+  parallel_for(g.n, 1, [&](int64_t n0, int64_t n1) {
+    const int t = nested ? 0 : region_thread();
+    uint16_t* xb = nullptr;
+    Pair* gyT = nullptr;
+    std::vector<const uint16_t*> xs;
+    if (gw) {
+      // bordered_floats() 16-bit elements; the scratch is counted in floats.
+      xb = reinterpret_cast<uint16_t*>(thread_scratch(0, size_t(fwd.bordered_floats() + 1) / 2));
+      gyT = reinterpret_cast<Pair*>(thread_scratch(1, size_t(qp * lay.op)));
+      std::fill_n(xb, fwd.bordered_floats(), uint16_t(0));
+      std::fill_n(gyT, qp * lay.op, 0u);
+      xs = column_inputs(fwd, lay, static_cast<const uint16_t*>(xb));
+    }
+    Pair* gyb = nullptr;
+    float* flat = nullptr;
+    if (gx) {
+      gyb = reinterpret_cast<Pair*>(thread_scratch(2, size_t(bordered_pairs(bwd))));
+      flat = thread_scratch(3, size_t(round_up(bwd.cout, OB) * bwd.qs()));
+      std::fill_n(gyb, bordered_pairs(bwd), 0u);
+    }
+    for (int64_t n = n0; n < n1; ++n) {
+      const uint16_t* gyn = gy + n * g.o * g.oh * g.ow;
+      if (gw) {
+        fill_interior(fwd, x + n * g.c * g.h * g.w, xb);
+        transpose_grad_pairs(fwd, lay.op, gyn, reinterpret_cast<uint16_t*>(gyT));
+        weight_grad_pairs(fwd, lay, xs, gyT, parts.data() + size_t(t) * lay.jp * lay.op);
       }
-  }
+      if (gx) {
+        fill_pairs(bwd, gyn, gyb);
+        correlate_pairs(bwd, bwd_shift, gyb, wpk.data(), flat);
+        write_out(bwd, flat, nullptr, gx + n * g.c * g.h * g.w, bwd.qs());
+      }
+    }
+  });
+  if (gw) sum_parts(g, lay, parts, threads, gw);
+}
+#endif  // __AVX512BF16__
+
+#if defined(GALLEY_AMX)
+void tiles_forward(const Conv2dGeometry& g, const uint16_t* x, const float* w, const float* b,
+                   bfloat16* y) {
+  const Plan p = forward_plan(g);
+  const TilePlan tp(p);
+  const int64_t taps = p.taps();
+  std::vector<uint16_t> wpk;
+  pack_weight_tiles(
+      p, tp, [&](int64_t co, int64_t ci, int64_t t) { return w[(co * g.c + ci) * taps + t]; }, wpk);
+  const std::vector<int64_t> shift = p.shifts();
+  parallel_for(g.n, 1, [&](int64_t n0, int64_t n1) {
+    TileScope tiles;
+    Pair* xb = reinterpret_cast<Pair*>(thread_scratch(0, size_t(tp.bordered(p))));
+    float* flat = thread_scratch(1, size_t(tp.op * tp.qq));
+    std::fill_n(xb, tp.bordered(p), 0u);
+    for (int64_t n = n0; n < n1; ++n) {
+      fill_pairs(p, x + n * g.c * g.h * g.w, xb);
+      correlate_tiles(p, tp, shift, xb, wpk.data(), flat);
+      write_out(p, flat, b, y + n * g.o * g.oh * g.ow, tp.qq);
+    }
+  });
+}
+
+void tiles_backward(const Conv2dGeometry& g, const uint16_t* x, const float* w, const uint16_t* gy,
+                    bfloat16* gx, float* gw) {
+  const Plan fwd = forward_plan(g);
+  const int64_t taps = fwd.taps(), d = g.dilation;
+  const Plan bwd{g.o,  g.oh, g.ow, (g.kh - 1) * d - g.pad, (g.kw - 1) * d - g.pad, g.c,
+                 g.kh, g.kw, d};
+  const TilePlan fwd_tp(fwd), bwd_tp(bwd);
+  std::vector<uint16_t> wpk;
+  if (gx)
+    pack_weight_tiles(
+        bwd, bwd_tp,
+        [&](int64_t ci, int64_t o, int64_t t) { return w[(o * g.c + ci) * taps + (taps - 1 - t)]; },
+        wpk);
+  const std::vector<int64_t> fwd_shift = fwd.shifts(), bwd_shift = bwd.shifts();
+  // The weight gradient's input buffer: every channel plane padded to 32, plus the reach of the
+  // last block.
+  const int64_t cpad = fwd_tp.kp * 2;
+  const int64_t x_elems = cpad * fwd.plane() + (fwd_tp.qq - fwd.q()) + (g.kw - 1) * d + 32;
+  const int64_t part_elems = taps * cpad * fwd_tp.op;
+  const int threads = static_cast<int>(std::min<int64_t>(num_threads(), g.n));
+  std::vector<float> parts(gw ? size_t(threads * part_elems) : 0, 0.f);
+  const bool nested = in_region();  // then parallel_for runs serially on this thread
+  parallel_for(g.n, 1, [&](int64_t n0, int64_t n1) {
+    TileScope tiles;
+    const int t = nested ? 0 : region_thread();
+    uint16_t* xb = nullptr;
+    Pair* gyT = nullptr;
+    if (gw) {
+      xb = reinterpret_cast<uint16_t*>(thread_scratch(0, size_t(x_elems + 1) / 2));
+      gyT = reinterpret_cast<Pair*>(thread_scratch(1, size_t(fwd_tp.qq / 2 * fwd_tp.op)));
+      std::fill_n(xb, x_elems, uint16_t(0));
+      std::fill_n(gyT, fwd_tp.qq / 2 * fwd_tp.op, 0u);
+    }
+    Pair* gyb = nullptr;
+    float* flat = nullptr;
+    if (gx) {
+      gyb = reinterpret_cast<Pair*>(thread_scratch(2, size_t(bwd_tp.bordered(bwd))));
+      flat = thread_scratch(3, size_t(bwd_tp.op * bwd_tp.qq));
+      std::fill_n(gyb, bwd_tp.bordered(bwd), 0u);
+    }
+    for (int64_t n = n0; n < n1; ++n) {
+      const uint16_t* gyn = gy + n * g.o * g.oh * g.ow;
+      if (gw) {
+        fill_interior(fwd, x + n * g.c * g.h * g.w, xb);
+        transpose_grad_pairs(fwd, fwd_tp.op, gyn, reinterpret_cast<uint16_t*>(gyT));
+        weight_grad_tiles(fwd, fwd_tp, fwd_shift, xb, gyT, parts.data() + size_t(t) * part_elems);
+      }
+      if (gx) {
+        fill_pairs(bwd, gyn, gyb);
+        correlate_tiles(bwd, bwd_tp, bwd_shift, gyb, wpk.data(), flat);
+        write_out(bwd, flat, nullptr, gx + n * g.c * g.h * g.w, bwd_tp.qq);
+      }
+    }
+  });
+  if (gw)
+    for (int64_t o = 0; o < g.o; ++o)
+      for (int64_t ci = 0; ci < g.c; ++ci)
+        for (int64_t tap = 0; tap < taps; ++tap) {
+          float sum = 0.f;
+          for (int th = 0; th < threads; ++th)
+            sum += parts[size_t(th * part_elems + (tap * cpad + ci) * fwd_tp.op + o)];
+          gw[(o * g.c + ci) * taps + tap] = sum;
+        }
+}
+#endif  // GALLEY_AMX
+
+void check_available(Bf16Kernels k) {
+  GALLEY_CHECK(bf16_kernels_available(k), "conv2d: the ",
+               k == Bf16Kernels::Tiles ? "AMX" : "AVX512-BF16",
+               " bfloat16 kernels are not available on this host or in this build");
 }
 
 }  // namespace
 
+bool bf16_kernels_available(Bf16Kernels k) {
+  switch (k) {
+    case Bf16Kernels::Tiles:
+#if defined(GALLEY_AMX)
+      return amx_granted();
+#else
+      return false;
+#endif
+    case Bf16Kernels::DotProducts:
+#if defined(__AVX512BF16__)
+      return true;
+#else
+      return false;
+#endif
+    case Bf16Kernels::Widened:
+      return true;
+  }
+  return false;
+}
+
+Bf16Kernels bf16_kernels() {
+  static const Bf16Kernels best =
+      bf16_kernels_available(Bf16Kernels::Tiles) ? Bf16Kernels::Tiles : Bf16Kernels::Widened;
+  return best;
+}
+
 void conv2d_direct_forward(const Conv2dGeometry& g, const void* x, const float* w, const float* b,
-                           void* y, DType dtype) {
+                           void* y, DType dtype, Bf16Kernels bf16) {
+  if (dtype == DType::BFloat16 && bf16 != Bf16Kernels::Widened) {
+    check_available(bf16);
+    const auto* xs = static_cast<const uint16_t*>(x);
+    auto* ys = static_cast<bfloat16*>(y);
+#if defined(GALLEY_AMX)
+    if (bf16 == Bf16Kernels::Tiles) return tiles_forward(g, xs, w, b, ys);
+#endif
+#if defined(__AVX512BF16__)
+    return pairs_forward(g, xs, w, b, ys);
+#endif
+  }
   dispatch_floating(dtype, "conv2d", [&](auto tag) {
     using T = typename decltype(tag)::type;
     direct_forward(g, static_cast<const T*>(x), w, b, static_cast<T*>(y));
@@ -397,7 +949,19 @@ void conv2d_direct_forward(const Conv2dGeometry& g, const void* x, const float* 
 }
 
 void conv2d_direct_backward(const Conv2dGeometry& g, const void* x, const float* w, const void* gy,
-                            void* gx, float* gw, DType dtype) {
+                            void* gx, float* gw, DType dtype, Bf16Kernels bf16) {
+  if (dtype == DType::BFloat16 && bf16 != Bf16Kernels::Widened) {
+    check_available(bf16);
+    const auto* xs = static_cast<const uint16_t*>(x);
+    const auto* gys = static_cast<const uint16_t*>(gy);
+    auto* gxs = static_cast<bfloat16*>(gx);
+#if defined(GALLEY_AMX)
+    if (bf16 == Bf16Kernels::Tiles) return tiles_backward(g, xs, w, gys, gxs, gw);
+#endif
+#if defined(__AVX512BF16__)
+    return pairs_backward(g, xs, w, gys, gxs, gw);
+#endif
+  }
   dispatch_floating(dtype, "conv2d_backward", [&](auto tag) {
     using T = typename decltype(tag)::type;
     direct_backward(g, static_cast<const T*>(x), w, static_cast<const T*>(gy), static_cast<T*>(gx),

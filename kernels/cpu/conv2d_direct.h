@@ -29,12 +29,30 @@ struct ConvDirectUse {
 };
 ConvDirectUse conv2d_direct_use(const Conv2dGeometry& g);
 
+// The kernels that run a bfloat16 convolution on the direct path:
+//   Tiles        AMX (tdpbf16ps), in builds for hosts with AMX-BF16 whose kernel grants the tile
+//                state; float32 sums;
+//   DotProducts  vdpbf16ps, in builds for hosts with AVX512-BF16; float32 sums;
+//   Widened      the float32 kernels on the widened values (every host), with the float32
+//                kernels' bits.
+// The weights are rounded to bfloat16 by the first two (exact for the weights of a bfloat16
+// convolution, which the op widens from bfloat16). bf16_kernels() is the one the direct path
+// uses: Tiles where available, else Widened. DotProducts issues half the instructions of the
+// float32 kernels but runs slower than them where AMX exists (vdpbf16ps at one every two cycles
+// against two FMAs a cycle); it is chosen only by a caller that asks for it.
+enum class Bf16Kernels { Tiles, DotProducts, Widened };
+bool bf16_kernels_available(Bf16Kernels k);
+Bf16Kernels bf16_kernels();
+
 // Same contracts as conv2d_forward / conv2d_backward (without the bias gradient); callable for
 // any geometry with stride 1 and one group, whatever conv2d_direct_use says, so tests can
-// compare the two paths on every machine.
+// compare the two paths on every machine. `bf16` picks the bfloat16 kernels (an unavailable one
+// is an error).
 void conv2d_direct_forward(const Conv2dGeometry& g, const void* x, const float* w, const float* b,
-                           void* y, DType dtype = DType::Float32);
+                           void* y, DType dtype = DType::Float32,
+                           Bf16Kernels bf16 = bf16_kernels());
 void conv2d_direct_backward(const Conv2dGeometry& g, const void* x, const float* w, const void* gy,
-                            void* gx, float* gw, DType dtype = DType::Float32);
+                            void* gx, float* gw, DType dtype = DType::Float32,
+                            Bf16Kernels bf16 = bf16_kernels());
 
 }  // namespace galley::kernels::cpu
