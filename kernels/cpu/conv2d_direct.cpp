@@ -524,12 +524,12 @@ struct TileScope {
 struct TilePlan {
   int64_t kp;  // channel pairs, padded to 16
   int64_t cb;  // blocks of 32 input channels
-  int64_t op;  // output channels padded to 32
+  int64_t op;  // output channels padded to 16
   int64_t qq;  // flat outputs padded to 32
   explicit TilePlan(const Plan& p)
       : kp(round_up(p.cin, 32) / 2),
         cb(kp / kTile),
-        op(round_up(p.cout, 32)),
+        op(round_up(p.cout, kTile)),
         qq(round_up(p.q(), 32)) {}
   // The bordered pair buffer, with the reach of the last block past the last plane.
   int64_t bordered(const Plan& p) const {
@@ -551,71 +551,109 @@ void pack_weight_tiles(const Plan& p, const TilePlan& tp, At at, std::vector<uin
       }
 }
 
+// MO blocks of 16 outputs (1 or 2) x 32 flat outputs from q0, summed over taps and input blocks.
+// Tiles 0-3 accumulate, 4-5 hold weights, 6-7 inputs.
+template <int MO>
+void correlate_tiles_block(const Plan& p, const TilePlan& tp, const std::vector<int64_t>& shift,
+                           const Pair* xb, const uint16_t* a, int64_t a_block, float* y) {
+  const int64_t taps = p.taps(), plane_bytes = p.plane() * int64_t(sizeof(Pair));
+  _tile_zero(0);
+  _tile_zero(1);
+  if (MO == 2) {
+    _tile_zero(2);
+    _tile_zero(3);
+  }
+  for (int64_t t = 0; t < taps; ++t)
+    for (int64_t c = 0; c < tp.cb; ++c, a += kTile * 32) {
+      const Pair* b = xb + c * kTile * p.plane() + shift[size_t(t)];
+      _tile_loadd(4, a, 64);
+      _tile_loadd(6, b, plane_bytes);
+      _tile_loadd(7, b + kTile, plane_bytes);
+      _tile_dpbf16ps(0, 4, 6);
+      _tile_dpbf16ps(1, 4, 7);
+      if (MO == 2) {
+        _tile_loadd(5, a + a_block, 64);
+        _tile_dpbf16ps(2, 5, 6);
+        _tile_dpbf16ps(3, 5, 7);
+      }
+    }
+  const int64_t ld = tp.qq * int64_t(sizeof(float));
+  _tile_stored(0, y, ld);
+  _tile_stored(1, y + kTile, ld);
+  if (MO == 2) {
+    _tile_stored(2, y + kTile * tp.qq, ld);
+    _tile_stored(3, y + kTile * tp.qq + kTile, ld);
+  }
+}
+
 // flat[tp.op][tp.qq] = the correlation of the pair buffer xb with the packed weight tiles.
 void correlate_tiles(const Plan& p, const TilePlan& tp, const std::vector<int64_t>& shift,
                      const Pair* xb, const uint16_t* wpk, float* flat) {
-  const int64_t taps = p.taps(), plane_bytes = p.plane() * int64_t(sizeof(Pair));
-  const int64_t a_block = taps * tp.cb * kTile * 32;  // one block of 16 outputs' tiles
-  for (int64_t o0 = 0; o0 < tp.op; o0 += 32)
+  const int64_t a_block = p.taps() * tp.cb * kTile * 32;  // one block of 16 outputs' tiles
+  for (int64_t o0 = 0; o0 < tp.op; o0 += 32) {
+    const uint16_t* a = wpk + (o0 / kTile) * a_block;
     for (int64_t q0 = 0; q0 < tp.qq; q0 += 32) {
-      _tile_zero(0);
-      _tile_zero(1);
-      _tile_zero(2);
-      _tile_zero(3);
-      const uint16_t* a = wpk + (o0 / kTile) * a_block;
-      for (int64_t t = 0; t < taps; ++t)
-        for (int64_t c = 0; c < tp.cb; ++c, a += kTile * 32) {
-          const Pair* b = xb + c * kTile * p.plane() + q0 + shift[size_t(t)];
-          _tile_loadd(4, a, 64);
-          _tile_loadd(5, a + a_block, 64);
-          _tile_loadd(6, b, plane_bytes);
-          _tile_loadd(7, b + kTile, plane_bytes);
-          _tile_dpbf16ps(0, 4, 6);
-          _tile_dpbf16ps(1, 4, 7);
-          _tile_dpbf16ps(2, 5, 6);
-          _tile_dpbf16ps(3, 5, 7);
-        }
       float* y = flat + o0 * tp.qq + q0;
-      const int64_t ld = tp.qq * int64_t(sizeof(float));
-      _tile_stored(0, y, ld);
-      _tile_stored(1, y + kTile, ld);
-      _tile_stored(2, y + kTile * tp.qq, ld);
-      _tile_stored(3, y + kTile * tp.qq + kTile, ld);
+      if (tp.op - o0 >= 32)
+        correlate_tiles_block<2>(p, tp, shift, xb + q0, a, a_block, y);
+      else
+        correlate_tiles_block<1>(p, tp, shift, xb + q0, a, a_block, y);
     }
+  }
+}
+
+// MC blocks of 16 input channels x NO blocks of 16 outputs (each 1 or 2) of one tap's weight
+// gradient, summed over q onto c. Tiles 0-3 accumulate, 4-5 hold inputs, 6-7 gradients.
+template <int MC, int NO>
+void weight_grad_tiles_block(const Plan& p, const TilePlan& tp, const uint16_t* a, const Pair* b,
+                             float* c, int64_t c_ld_floats) {
+  const int64_t a_ld = p.plane() * int64_t(sizeof(uint16_t)), b_ld = tp.op * int64_t(sizeof(Pair));
+  const int64_t c_ld = c_ld_floats * int64_t(sizeof(float));
+  _tile_loadd(0, c, c_ld);
+  if (NO == 2) _tile_loadd(1, c + kTile, c_ld);
+  if (MC == 2) _tile_loadd(2, c + kTile * c_ld_floats, c_ld);
+  if (MC == 2 && NO == 2) _tile_loadd(3, c + kTile * c_ld_floats + kTile, c_ld);
+  for (int64_t q0 = 0; q0 < tp.qq; q0 += 32, a += 32, b += 16 * tp.op) {
+    _tile_loadd(4, a, a_ld);
+    _tile_loadd(6, b, b_ld);
+    _tile_dpbf16ps(0, 4, 6);
+    if (NO == 2) {
+      _tile_loadd(7, b + kTile, b_ld);
+      _tile_dpbf16ps(1, 4, 7);
+    }
+    if (MC == 2) {
+      _tile_loadd(5, a + kTile * p.plane(), a_ld);
+      _tile_dpbf16ps(2, 5, 6);
+      if (NO == 2) _tile_dpbf16ps(3, 5, 7);
+    }
+  }
+  _tile_stored(0, c, c_ld);
+  if (NO == 2) _tile_stored(1, c + kTile, c_ld);
+  if (MC == 2) _tile_stored(2, c + kTile * c_ld_floats, c_ld);
+  if (MC == 2 && NO == 2) _tile_stored(3, c + kTile * c_ld_floats + kTile, c_ld);
 }
 
 // part[t][input channel][output channel] += the weight gradient of one image: xb the bordered
 // bfloat16 input (channels padded to 32 with zero planes), gyT the output gradient's q pairs
-// ([tp.qq / 2][tp.op]).
+// ([tp.qq / 2][tp.op]). Inputs and outputs in blocks of 16, so 16 channels waste nothing.
 void weight_grad_tiles(const Plan& p, const TilePlan& tp, const std::vector<int64_t>& shift,
                        const uint16_t* xb, const Pair* gyT, float* part) {
-  const int64_t taps = p.taps(), cpad = tp.kp * 2;
-  const int64_t a_ld = p.plane() * int64_t(sizeof(uint16_t)), b_ld = tp.op * int64_t(sizeof(Pair));
-  const int64_t c_ld = tp.op * int64_t(sizeof(float));
+  const int64_t taps = p.taps(), cpad = tp.kp * 2, cin16 = round_up(p.cin, kTile);
   for (int64_t t = 0; t < taps; ++t)
-    for (int64_t c0 = 0; c0 < cpad; c0 += 32)
+    for (int64_t c0 = 0; c0 < cin16; c0 += 32)
       for (int64_t o0 = 0; o0 < tp.op; o0 += 32) {
         float* c = part + (t * cpad + c0) * tp.op + o0;
-        _tile_loadd(0, c, c_ld);
-        _tile_loadd(1, c + kTile, c_ld);
-        _tile_loadd(2, c + kTile * tp.op, c_ld);
-        _tile_loadd(3, c + kTile * tp.op + kTile, c_ld);
         const uint16_t* a = xb + c0 * p.plane() + shift[size_t(t)];
         const Pair* b = gyT + o0;
-        for (int64_t q0 = 0; q0 < tp.qq; q0 += 32, a += 32, b += 16 * tp.op) {
-          _tile_loadd(4, a, a_ld);
-          _tile_loadd(5, a + kTile * p.plane(), a_ld);
-          _tile_loadd(6, b, b_ld);
-          _tile_loadd(7, b + kTile, b_ld);
-          _tile_dpbf16ps(0, 4, 6);
-          _tile_dpbf16ps(1, 4, 7);
-          _tile_dpbf16ps(2, 5, 6);
-          _tile_dpbf16ps(3, 5, 7);
-        }
-        _tile_stored(0, c, c_ld);
-        _tile_stored(1, c + kTile, c_ld);
-        _tile_stored(2, c + kTile * tp.op, c_ld);
-        _tile_stored(3, c + kTile * tp.op + kTile, c_ld);
+        const bool two_c = cin16 - c0 >= 32, two_o = tp.op - o0 >= 32;
+        if (two_c && two_o)
+          weight_grad_tiles_block<2, 2>(p, tp, a, b, c, tp.op);
+        else if (two_c)
+          weight_grad_tiles_block<2, 1>(p, tp, a, b, c, tp.op);
+        else if (two_o)
+          weight_grad_tiles_block<1, 2>(p, tp, a, b, c, tp.op);
+        else
+          weight_grad_tiles_block<1, 1>(p, tp, a, b, c, tp.op);
       }
 }
 #endif  // GALLEY_AMX
