@@ -5,7 +5,9 @@
 // float16, read and written in their own dtype: widened as they are copied into the kernels'
 // float32 buffers (the bordered image, the im2col columns), computed in float32, and rounded once
 // as the result is written out, with the same bits as the float32 kernel on the widened input,
-// rounded. On a GPU float32 through cuDNN (each call on `stream`, a cudaStream_t, with the
+// rounded; except bfloat16 on the direct path of a host with AMX (cpu/conv2d_direct.h), which
+// multiplies bfloat16 values on the tiles, sums in float32 in its own order and rounds once. On
+// a GPU float32 through cuDNN (each call on `stream`, a cudaStream_t, with the
 // thread's handle for `device`; the caller makes `device` current).
 #include <cstddef>
 #include <cstdint>

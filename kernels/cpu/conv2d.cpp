@@ -236,8 +236,9 @@ void backward_im2col(const Conv2dGeometry& g, const T* x, const float* w, const 
 
 void conv2d_forward(const Conv2dGeometry& g, const void* x, const float* w, const float* b, void* y,
                     DType dtype) {
-  if (conv2d_direct_use(g).forward)
-    conv2d_direct_forward(g, x, w, b, y, dtype);
+  const ConvDirectUse use = conv2d_direct_use(g, dtype);
+  if (use.forward)
+    conv2d_direct_forward(g, x, w, b, y, dtype, use.bf16);
   else
     conv2d_forward_im2col(g, x, w, b, y, dtype);
 }
@@ -252,10 +253,11 @@ void conv2d_forward_im2col(const Conv2dGeometry& g, const void* x, const float* 
 
 void conv2d_backward(const Conv2dGeometry& g, const void* x, const float* w, const void* gy,
                      void* gx, float* gw, float* gb, DType dtype) {
-  const ConvDirectUse use = conv2d_direct_use(g);
+  const ConvDirectUse use = conv2d_direct_use(g, dtype);
   void* direct_gx = use.input_grad ? gx : nullptr;
   float* direct_gw = use.weight_grad ? gw : nullptr;
-  if (direct_gx || direct_gw) conv2d_direct_backward(g, x, w, gy, direct_gx, direct_gw, dtype);
+  if (direct_gx || direct_gw)
+    conv2d_direct_backward(g, x, w, gy, direct_gx, direct_gw, dtype, use.bf16);
   if (gx != direct_gx || gw != direct_gw)
     conv2d_backward_im2col(g, x, w, gy, direct_gx ? nullptr : gx, direct_gw ? nullptr : gw, dtype);
   if (gb)

@@ -463,20 +463,20 @@ void weight_grad_pairs(const Plan& p, const WeightGradLayout& lay,
 }
 
 // gyT[q / 2][o] = the pair (gy[o] at q even, at q + 1), q = oh * wp + ow, as bfloat16 bits; the
-// junk columns, the partner past the last q and the padded channels stay zero.
-void transpose_grad_pairs(const Plan& p, int64_t op, const uint16_t* gy, uint16_t* gyT) {
-  const int64_t oh = p.oh(), ow = p.ow(), wp = p.wp();
-  for (int64_t i = 0; i < oh; ++i)
-    for (int64_t j0 = 0; j0 < ow; j0 += L) {
-      const int64_t nj = std::min(L, ow - j0);
-      for (int64_t o = 0; o < p.cout; ++o) {
-        const uint16_t* src = gy + (o * oh + i) * ow + j0;
-        for (int64_t j = 0; j < nj; ++j) {
-          const int64_t q = i * wp + j0 + j;
-          gyT[((q >> 1) * op + o) * 2 + (q & 1)] = src[j];
-        }
-      }
-    }
+// junk columns, the partner past the last q and the padded channels stay zero. Each channel's
+// rows are laid out flat in `row` (whose junk columns stay zero), whose pairs are then 32-bit
+// elements to transpose.
+void transpose_grad_pairs(const Plan& p, int64_t op, const uint16_t* gy, uint16_t* gyT,
+                          uint16_t* row) {
+  const int64_t oh = p.oh(), ow = p.ow(), wp = p.wp(), qp = (p.q() + 1) / 2;
+  Pair* dst = reinterpret_cast<Pair*>(gyT);
+  const Pair* flat = reinterpret_cast<const Pair*>(row);
+  for (int64_t o = 0; o < p.cout; ++o) {
+    for (int64_t i = 0; i < oh; ++i)
+      std::memcpy(row + i * wp, gy + (o * oh + i) * ow, size_t(ow) * sizeof(uint16_t));
+#pragma omp simd
+    for (int64_t k = 0; k < qp; ++k) dst[k * op + o] = flat[k];
+  }
 }
 #endif  // __AVX512BF16__
 
@@ -660,19 +660,26 @@ void weight_grad_tiles(const Plan& p, const TilePlan& tp, const std::vector<int6
 
 }  // namespace
 
-ConvDirectUse conv2d_direct_use(const Conv2dGeometry& g) {
+ConvDirectUse conv2d_direct_use(const Conv2dGeometry& g, DType dtype) {
   ConvDirectUse use;
 #if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
   const bool fits = g.stride == 1 && g.groups == 1 && g.kh * g.kw > 1 &&
                     g.pad <= (g.kh - 1) * g.dilation && g.pad <= (g.kw - 1) * g.dilation &&
                     g.n >= num_threads();
   if (!fits) return use;
+  if (dtype == DType::BFloat16 && bf16_kernels() == Bf16Kernels::Tiles && g.c >= 16) {
+    // From 16 input channels (half of a tile's 32) the tiles outrun the float32 kernels in every
+    // part; with fewer, padding and the passes around the tiles cost more than they save.
+    use.forward = use.input_grad = use.weight_grad = true;
+    use.bf16 = Bf16Kernels::Tiles;
+    return use;
+  }
   const int64_t columns = g.c * g.kh * g.kw;  // (input channel, tap) pairs
   use.forward = columns >= 16;
   use.weight_grad = columns >= 64;
   use.input_grad = g.c >= 16;
 #else
-  (void)g;
+  (void)g, (void)dtype;
 #endif
   return use;
 }
@@ -810,6 +817,7 @@ void pairs_backward(const Conv2dGeometry& g, const uint16_t* x, const float* w, 
     const int t = nested ? 0 : region_thread();
     uint16_t* xb = nullptr;
     Pair* gyT = nullptr;
+    uint16_t* row = nullptr;
     std::vector<const uint16_t*> xs;
     if (gw) {
       // bordered_floats() 16-bit elements; the scratch is counted in floats.
@@ -818,6 +826,8 @@ void pairs_backward(const Conv2dGeometry& g, const uint16_t* x, const float* w, 
       std::fill_n(xb, fwd.bordered_floats(), uint16_t(0));
       std::fill_n(gyT, qp * lay.op, 0u);
       xs = column_inputs(fwd, lay, static_cast<const uint16_t*>(xb));
+      row = reinterpret_cast<uint16_t*>(thread_scratch(4, size_t(qp)));
+      std::fill_n(row, 2 * qp, uint16_t(0));
     }
     Pair* gyb = nullptr;
     float* flat = nullptr;
@@ -830,7 +840,7 @@ void pairs_backward(const Conv2dGeometry& g, const uint16_t* x, const float* w, 
       const uint16_t* gyn = gy + n * g.o * g.oh * g.ow;
       if (gw) {
         fill_interior(fwd, x + n * g.c * g.h * g.w, xb);
-        transpose_grad_pairs(fwd, lay.op, gyn, reinterpret_cast<uint16_t*>(gyT));
+        transpose_grad_pairs(fwd, lay.op, gyn, reinterpret_cast<uint16_t*>(gyT), row);
         weight_grad_pairs(fwd, lay, xs, gyT, parts.data() + size_t(t) * lay.jp * lay.op);
       }
       if (gx) {
@@ -894,11 +904,14 @@ void tiles_backward(const Conv2dGeometry& g, const uint16_t* x, const float* w, 
     const int t = nested ? 0 : region_thread();
     uint16_t* xb = nullptr;
     Pair* gyT = nullptr;
+    uint16_t* row = nullptr;
     if (gw) {
       xb = reinterpret_cast<uint16_t*>(thread_scratch(0, size_t(x_elems + 1) / 2));
       gyT = reinterpret_cast<Pair*>(thread_scratch(1, size_t(fwd_tp.qq / 2 * fwd_tp.op)));
       std::fill_n(xb, x_elems, uint16_t(0));
       std::fill_n(gyT, fwd_tp.qq / 2 * fwd_tp.op, 0u);
+      row = reinterpret_cast<uint16_t*>(thread_scratch(4, size_t(fwd_tp.qq / 2)));
+      std::fill_n(row, fwd_tp.qq, uint16_t(0));
     }
     Pair* gyb = nullptr;
     float* flat = nullptr;
@@ -911,7 +924,7 @@ void tiles_backward(const Conv2dGeometry& g, const uint16_t* x, const float* w, 
       const uint16_t* gyn = gy + n * g.o * g.oh * g.ow;
       if (gw) {
         fill_interior(fwd, x + n * g.c * g.h * g.w, xb);
-        transpose_grad_pairs(fwd, fwd_tp.op, gyn, reinterpret_cast<uint16_t*>(gyT));
+        transpose_grad_pairs(fwd, fwd_tp.op, gyn, reinterpret_cast<uint16_t*>(gyT), row);
         weight_grad_tiles(fwd, fwd_tp, fwd_shift, xb, gyT, parts.data() + size_t(t) * part_elems);
       }
       if (gx) {

@@ -15,20 +15,6 @@
 
 namespace galley::kernels::cpu {
 
-// Which parts of a convolution conv2d_forward / conv2d_backward run on the direct path. None
-// unless: stride 1, one group, a kernel of more than one tap, padding at most
-// (kernel - 1) * dilation, at least one image per thread, and a host with AVX-512, or AVX2 with
-// FMA (elsewhere the registers would not hold a block). Then each part where it is faster than
-// im2col + GEMM (measured on the layers of the benchmark models, with AVX-512 and with AVX2; the
-// same thresholds hold for both): the forward pass and the weight gradient
-// need enough (input channel, tap) pairs to amortise writing each output block, and the weight
-// gradient's transpose of the output gradient; the input gradient needs enough input channels
-// to fill its blocks of output channels.
-struct ConvDirectUse {
-  bool forward = false, input_grad = false, weight_grad = false;
-};
-ConvDirectUse conv2d_direct_use(const Conv2dGeometry& g);
-
 // The kernels that run a bfloat16 convolution on the direct path:
 //   Tiles        AMX (tdpbf16ps), in builds for hosts with AMX-BF16 whose kernel grants the tile
 //                state; float32 sums;
@@ -43,6 +29,24 @@ ConvDirectUse conv2d_direct_use(const Conv2dGeometry& g);
 enum class Bf16Kernels { Tiles, DotProducts, Widened };
 bool bf16_kernels_available(Bf16Kernels k);
 Bf16Kernels bf16_kernels();
+
+// Which parts of a convolution conv2d_forward / conv2d_backward run on the direct path. None
+// unless: stride 1, one group, a kernel of more than one tap, padding at most
+// (kernel - 1) * dilation, at least one image per thread, and a host with AVX-512, or AVX2 with
+// FMA (elsewhere the registers would not hold a block). Then each part where it is faster than
+// im2col + GEMM (measured on the layers of the benchmark models, with AVX-512 and with AVX2; the
+// same thresholds hold for both): the forward pass and the weight gradient
+// need enough (input channel, tap) pairs to amortise writing each output block, and the weight
+// gradient's transpose of the output gradient; the input gradient needs enough input channels
+// to fill its blocks of output channels. A bfloat16 convolution of 16 or more input channels on
+// a host with AMX tiles takes the direct path for every part, on the tiles; any other runs the
+// widened kernels.
+struct ConvDirectUse {
+  bool forward = false, input_grad = false, weight_grad = false;
+  Bf16Kernels bf16 =
+      Bf16Kernels::Widened;  // the kernels a bfloat16 convolution runs on the direct path
+};
+ConvDirectUse conv2d_direct_use(const Conv2dGeometry& g, DType dtype = DType::Float32);
 
 // Same contracts as conv2d_forward / conv2d_backward (without the bias gradient); callable for
 // any geometry with stride 1 and one group, whatever conv2d_direct_use says, so tests can
