@@ -281,6 +281,61 @@ TEST(ConvDirect, Bf16KernelsMatchIm2colBitForBitOnExactValues) {
   EXPECT_TRUE(cpu::bf16_kernels_available(cpu::bf16_kernels()));
 }
 
+// Strided bfloat16 convolutions, which on AMX tiles run as stride-1 ones over their phases
+// (elsewhere on im2col), on the exact values: the im2col path's float32 result to the bit.
+// Strides 2 and 3, kernels 1, 2, 3 and 5, paddings up to 2, odd sizes, phases the kernel leaves
+// unread (a 1x1 kernel reads one phase of four).
+TEST(ConvStrided, Bf16MatchesIm2colBitForBitOnExactValues) {
+  namespace cpu = galley::kernels::cpu;
+  const galley::DType bf = galley::DType::BFloat16;
+  auto narrow = [&](const std::vector<float>& v) {
+    std::vector<uint16_t> bits(v.size());
+    cpu::convert(v.data(), galley::DType::Float32, bits.data(), bf, int64_t(v.size()));
+    return bits;
+  };
+  for (auto [n, c, h, w, o, k, stride, pad] : std::vector<std::array<int64_t, 8>>{
+           {2, 16, 28, 28, 32, 3, 2, 1},
+           {2, 16, 28, 28, 32, 1, 2, 0},
+           {3, 8, 9, 11, 20, 3, 2, 1},
+           {2, 5, 13, 10, 17, 5, 3, 2},
+           {2, 9, 8, 8, 16, 2, 2, 0},
+           {2, 7, 7, 9, 33, 3, 3, 0},
+       }) {
+    Conv2dGeometry g{n, c, h, w, o, k, k, stride, pad, 1, 1, 0, 0};
+    g.oh = (h + 2 * pad - k) / stride + 1;
+    g.ow = (w + 2 * pad - k) / stride + 1;
+    const std::string what = "c" + std::to_string(c) + " " + std::to_string(h) + "x" +
+                             std::to_string(w) + " o" + std::to_string(o) + " k" +
+                             std::to_string(k) + " s" + std::to_string(stride) + " pad" +
+                             std::to_string(pad);
+    const auto x = exact_values(size_t(g.n * g.c * g.h * g.w), 31, 1.f);
+    const auto wt = exact_values(size_t(g.o * g.c * g.kh * g.kw), 32, 0.25f);
+    const auto b = exact_values(size_t(g.o), 33, 0.5f);
+    const auto gy = exact_values(size_t(g.n * g.o * g.oh * g.ow), 34, 0.5f);
+    std::vector<float> y_ref(gy.size()), gx_ref(x.size()), gw_ref(wt.size()), gb_ref(g.o);
+    cpu::conv2d_forward_im2col(g, x.data(), wt.data(), b.data(), y_ref.data());
+    cpu::conv2d_backward_im2col(g, x.data(), wt.data(), gy.data(), gx_ref.data(), gw_ref.data());
+    const auto x16 = narrow(x), gy16 = narrow(gy);
+    std::vector<uint16_t> y(gy.size()), gx(x.size(), 1);
+    std::vector<float> gw(wt.size(), -2.f), gb(g.o);
+    cpu::conv2d_forward(g, x16.data(), wt.data(), b.data(), y.data(), bf);
+    cpu::conv2d_backward(g, x16.data(), wt.data(), gy16.data(), gx.data(), gw.data(), gb.data(),
+                         bf);
+    EXPECT_EQ(y, narrow(y_ref)) << what << ": output";
+    EXPECT_EQ(gx, narrow(gx_ref)) << what << ": input gradient";
+    EXPECT_EQ(gw, gw_ref) << what << ": weight gradient";
+    // Each gradient alone.
+    std::vector<uint16_t> gx_only(x.size(), 1);
+    cpu::conv2d_backward(g, x16.data(), wt.data(), gy16.data(), gx_only.data(), nullptr, nullptr,
+                         bf);
+    EXPECT_EQ(gx_only, gx) << what << ": input gradient alone";
+    std::vector<float> gw_only(wt.size(), -2.f);
+    cpu::conv2d_backward(g, x16.data(), wt.data(), gy16.data(), nullptr, gw_only.data(), nullptr,
+                         bf);
+    EXPECT_EQ(gw_only, gw) << what << ": weight gradient alone";
+  }
+}
+
 TEST(ConvDirect, SameResultOnOneAndTwoThreads) {
   const int saved = galley::num_threads();
   const Case k{5, 7, 10, 12, 20, 3, 3, 1, 1};

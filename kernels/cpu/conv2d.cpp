@@ -232,10 +232,152 @@ void backward_im2col(const Conv2dGeometry& g, const T* x, const float* w, const 
   }
 }
 
+// A strided convolution as a stride-1 one over its phases (polyphase). With stride s, row r of
+// the padded input is row r / s of phase r % s, and kernel row a reads phase a % s at offset a / s
+// (columns alike). So the convolution is a stride-1, unpadded one over the phase images, channels
+// ordered [row phase][column phase][channel], with kernels of ceil(k / s) taps a side whose taps
+// past the kernel are zero; only the phases the kernel reaches (a % s for a < k) are kept. Every
+// input position lies in one phase and every tap in one phase tap, so the gradients map back
+// without sums. Taken for bfloat16 on AMX tiles, where the stride-1 kernels are the fast ones,
+// for kernels wider than the stride.
+struct Phases {
+  int64_t ph, pw;  // phases kept per axis
+  Conv2dGeometry g2;
+  explicit Phases(const Conv2dGeometry& g) {
+    const int64_t s = g.stride;
+    ph = std::min(s, g.kh), pw = std::min(s, g.kw);
+    const int64_t kh2 = (g.kh + s - 1) / s, kw2 = (g.kw + s - 1) / s;
+    g2 = {g.n,  g.c * ph * pw, g.oh + kh2 - 1, g.ow + kw2 - 1, g.o, kh2, kw2, 1, 0, 1, 1,
+          g.oh, g.ow};
+  }
+  // Phase channel of (row phase, column phase, input channel).
+  int64_t channel(const Conv2dGeometry& g, int64_t pa, int64_t pb, int64_t c) const {
+    return (pa * pw + pb) * g.c + c;
+  }
+};
+
+bool by_phases(const Conv2dGeometry& g, DType dtype) {
+  if (dtype != DType::BFloat16 || bf16_kernels() != Bf16Kernels::Tiles) return false;
+  if (g.stride < 2 || g.groups != 1 || g.dilation != 1 || g.n < num_threads()) return false;
+  // A kernel of one tap per phase (a strided 1x1) gains nothing on the tiles over im2col.
+  const Conv2dGeometry g2 = Phases(g).g2;
+  return g2.c >= 16 && g2.kh * g2.kw > 1;
+}
+
+// A buffer of the calling thread kept between calls (fresh pages for every call would cost more
+// than the copies into them); slot 0 the phase images, 1 their gradient.
+uint16_t* phase_buffer(int slot, size_t n) {
+  thread_local std::vector<uint16_t> bufs[2];
+  if (bufs[slot].size() < n) bufs[slot].resize(n);
+  return bufs[slot].data();
+}
+
+// Phase images of x into xp (zero where a phase position falls in the padding or past the input).
+void phase_images(const Conv2dGeometry& g, const Phases& P, const uint16_t* x, uint16_t* xp) {
+  const Conv2dGeometry& g2 = P.g2;
+  const int64_t s = g.stride;
+  parallel_for(g.n, 1, [&](int64_t n0, int64_t n1) {
+    for (int64_t n = n0; n < n1; ++n)
+      for (int64_t pa = 0; pa < P.ph; ++pa)
+        for (int64_t pb = 0; pb < P.pw; ++pb) {
+          // Phase columns [q0, q1) fall inside the input: 0 <= q * s + pb - pad < w.
+          const int64_t off = pb - g.pad;
+          const int64_t q0 = std::min(g2.w, off >= 0 ? 0 : (-off + s - 1) / s);
+          const int64_t q1 = std::max(q0, std::min(g2.w, (g.w - off + s - 1) / s));
+          for (int64_t c = 0; c < g.c; ++c) {
+            uint16_t* dst = xp + ((n * g2.c + P.channel(g, pa, pb, c)) * g2.h) * g2.w;
+            const uint16_t* src = x + (n * g.c + c) * g.h * g.w;
+            for (int64_t r = 0; r < g2.h; ++r, dst += g2.w) {
+              const int64_t ih = r * s + pa - g.pad;
+              if (ih < 0 || ih >= g.h) {
+                std::fill_n(dst, g2.w, uint16_t(0));
+                continue;
+              }
+              const uint16_t* row = src + ih * g.w + off;
+              std::fill_n(dst, q0, uint16_t(0));
+              for (int64_t q = q0; q < q1; ++q) dst[q] = row[q * s];
+              std::fill(dst + q1, dst + g2.w, uint16_t(0));
+            }
+          }
+        }
+  });
+}
+
+// The phase kernels of w (zero past the kernel).
+std::vector<float> phase_weights(const Conv2dGeometry& g, const Phases& P, const float* w) {
+  const Conv2dGeometry& g2 = P.g2;
+  std::vector<float> wp(size_t(g.o * g2.c * g2.kh * g2.kw), 0.f);
+  for (int64_t o = 0; o < g.o; ++o)
+    for (int64_t c = 0; c < g.c; ++c)
+      for (int64_t a = 0; a < g.kh; ++a)
+        for (int64_t b = 0; b < g.kw; ++b) {
+          const int64_t c2 = P.channel(g, a % g.stride, b % g.stride, c);
+          wp[size_t(((o * g2.c + c2) * g2.kh + a / g.stride) * g2.kw + b / g.stride)] =
+              w[((o * g.c + c) * g.kh + a) * g.kw + b];
+        }
+  return wp;
+}
+
+void phases_forward(const Conv2dGeometry& g, const void* x, const float* w, const float* b,
+                    void* y) {
+  const Phases P(g);
+  const Conv2dGeometry& g2 = P.g2;
+  uint16_t* xp = phase_buffer(0, size_t(g2.n * g2.c * g2.h * g2.w));
+  phase_images(g, P, static_cast<const uint16_t*>(x), xp);
+  const std::vector<float> wp = phase_weights(g, P, w);
+  conv2d_direct_forward(g2, xp, wp.data(), b, y, DType::BFloat16, Bf16Kernels::Tiles);
+}
+
+void phases_backward(const Conv2dGeometry& g, const void* x, const float* w, const void* gy,
+                     void* gx, float* gw) {
+  const Phases P(g);
+  const Conv2dGeometry& g2 = P.g2;
+  const size_t elems = size_t(g2.n * g2.c * g2.h * g2.w);
+  uint16_t* xp = phase_buffer(0, elems);
+  phase_images(g, P, static_cast<const uint16_t*>(x), xp);
+  const std::vector<float> wp = phase_weights(g, P, w);
+  uint16_t* gxp = gx ? phase_buffer(1, elems) : nullptr;
+  std::vector<float> gwp(gw ? wp.size() : 0);
+  conv2d_direct_backward(g2, xp, wp.data(), gy, gxp, gw ? gwp.data() : nullptr, DType::BFloat16,
+                         Bf16Kernels::Tiles);
+  if (gx) {
+    auto* out = static_cast<uint16_t*>(gx);
+    const int64_t s = g.stride;
+    parallel_for(g.n, 1, [&](int64_t n0, int64_t n1) {
+      for (int64_t n = n0; n < n1; ++n)
+        for (int64_t c = 0; c < g.c; ++c)
+          for (int64_t ih = 0; ih < g.h; ++ih) {
+            uint16_t* dst = out + ((n * g.c + c) * g.h + ih) * g.w;
+            const int64_t pa = (ih + g.pad) % s, r = (ih + g.pad) / s;
+            std::fill_n(dst, g.w, uint16_t(0));  // positions no output reaches
+            if (pa >= P.ph || r >= g2.h) continue;
+            for (int64_t pb = 0; pb < P.pw; ++pb) {
+              const uint16_t* src = gxp + ((n * g2.c + P.channel(g, pa, pb, c)) * g2.h + r) * g2.w;
+              // Input columns iw = q * s + pb - pad for the phase's columns q.
+              const int64_t off = pb - g.pad;
+              const int64_t q0 = off >= 0 ? 0 : (-off + s - 1) / s;
+              const int64_t q1 = std::min(g2.w, (g.w - off + s - 1) / s);
+              for (int64_t q = q0; q < q1; ++q) dst[q * s + off] = src[q];
+            }
+          }
+    });
+  }
+  if (gw)
+    for (int64_t o = 0; o < g.o; ++o)
+      for (int64_t c = 0; c < g.c; ++c)
+        for (int64_t a = 0; a < g.kh; ++a)
+          for (int64_t b = 0; b < g.kw; ++b) {
+            const int64_t c2 = P.channel(g, a % g.stride, b % g.stride, c);
+            gw[((o * g.c + c) * g.kh + a) * g.kw + b] =
+                gwp[size_t(((o * g2.c + c2) * g2.kh + a / g.stride) * g2.kw + b / g.stride)];
+          }
+}
+
 }  // namespace
 
 void conv2d_forward(const Conv2dGeometry& g, const void* x, const float* w, const float* b, void* y,
                     DType dtype) {
+  if (by_phases(g, dtype)) return phases_forward(g, x, w, b, y);
   const ConvDirectUse use = conv2d_direct_use(g, dtype);
   if (use.forward)
     conv2d_direct_forward(g, x, w, b, y, dtype, use.bf16);
@@ -254,12 +396,17 @@ void conv2d_forward_im2col(const Conv2dGeometry& g, const void* x, const float* 
 void conv2d_backward(const Conv2dGeometry& g, const void* x, const float* w, const void* gy,
                      void* gx, float* gw, float* gb, DType dtype) {
   const ConvDirectUse use = conv2d_direct_use(g, dtype);
-  void* direct_gx = use.input_grad ? gx : nullptr;
-  float* direct_gw = use.weight_grad ? gw : nullptr;
-  if (direct_gx || direct_gw)
-    conv2d_direct_backward(g, x, w, gy, direct_gx, direct_gw, dtype, use.bf16);
-  if (gx != direct_gx || gw != direct_gw)
-    conv2d_backward_im2col(g, x, w, gy, direct_gx ? nullptr : gx, direct_gw ? nullptr : gw, dtype);
+  if ((gx || gw) && by_phases(g, dtype)) {
+    phases_backward(g, x, w, gy, gx, gw);
+  } else {
+    void* direct_gx = use.input_grad ? gx : nullptr;
+    float* direct_gw = use.weight_grad ? gw : nullptr;
+    if (direct_gx || direct_gw)
+      conv2d_direct_backward(g, x, w, gy, direct_gx, direct_gw, dtype, use.bf16);
+    if (gx != direct_gx || gw != direct_gw)
+      conv2d_backward_im2col(g, x, w, gy, direct_gx ? nullptr : gx, direct_gw ? nullptr : gw,
+                             dtype);
+  }
   if (gb)
     dispatch_floating(dtype, "conv2d_backward", [&](auto tag) {
       using T = typename decltype(tag)::type;

@@ -114,6 +114,11 @@ void write_out(const Plan& p, float* flat, const float* bias, T* out, int64_t qs
       if constexpr (std::is_same_v<T, float>) {
 #pragma omp simd
         for (int64_t j = 0; j < ow; ++j) dst[j] = src[j] + b;
+      } else if constexpr (std::is_same_v<T, bfloat16>) {
+        // Rounded inline: a call per row of a small image costs more than the rounding.
+        auto* bits = reinterpret_cast<uint16_t*>(dst);
+#pragma omp simd
+        for (int64_t j = 0; j < ow; ++j) bits[j] = galley::detail::float_to_bf16_bits(src[j] + b);
       } else {
 #pragma omp simd
         for (int64_t j = 0; j < ow; ++j) src[j] += b;
