@@ -21,6 +21,7 @@
 #include "kernels/convert.h"
 #include "kernels/cpu/conv2d_direct.h"
 #include "kernels/gemm.h"
+#include "kernels/max_pool2d.h"
 
 using galley::kernels::Conv2dGeometry;
 
@@ -425,4 +426,43 @@ TEST(Gemm, ThreadedMatchesOneThreadAndANaiveProduct) {
         }
   }
   galley::set_num_threads(saved);
+}
+
+// 16-bit max pooling reads and writes its planes directly: the float32 kernel's winners, outputs
+// and gradients (summed in float32 where windows overlap, rounded once), bit for bit.
+TEST(MaxPool16Bit, MatchesTheFloat32KernelOnWidenedInputsBitForBit) {
+  namespace cpu = galley::kernels::cpu;
+  std::mt19937 rng(5);
+  std::normal_distribution<float> normal;
+  for (galley::DType dt : {galley::DType::BFloat16, galley::DType::Float16})
+    for (auto [h, w, k, stride, pad] : std::vector<std::array<int64_t, 5>>{
+             {8, 8, 2, 2, 0}, {7, 9, 2, 2, 0}, {9, 9, 3, 2, 1}, {6, 7, 3, 1, 1}}) {
+      galley::kernels::Pool2dGeometry g{6, h, w, k, stride, pad, 0, 0};
+      g.oh = (h + 2 * pad - k) / stride + 1;
+      g.ow = (w + 2 * pad - k) / stride + 1;
+      const size_t nx = size_t(g.planes * h * w), ny = size_t(g.planes * g.oh * g.ow);
+      std::vector<float> xf(nx), gyf(ny);
+      for (auto& v : xf) v = normal(rng);
+      for (auto& v : gyf) v = normal(rng);
+      std::vector<uint16_t> x16(nx), gy16(ny);
+      cpu::convert(xf.data(), galley::DType::Float32, x16.data(), dt, int64_t(nx));
+      cpu::convert(gyf.data(), galley::DType::Float32, gy16.data(), dt, int64_t(ny));
+      cpu::convert(x16.data(), dt, xf.data(), galley::DType::Float32, int64_t(nx));
+      cpu::convert(gy16.data(), dt, gyf.data(), galley::DType::Float32, int64_t(ny));
+      std::vector<float> y_ref(ny), gx_ref(nx);
+      std::vector<int32_t> idx_ref(ny), idx(ny);
+      cpu::max_pool2d_forward(g, xf.data(), y_ref.data(), idx_ref.data());
+      cpu::max_pool2d_backward(g, gyf.data(), idx_ref.data(), gx_ref.data());
+      std::vector<uint16_t> y(ny), gx(nx), y_want(ny), gx_want(nx);
+      cpu::max_pool2d_forward(g, x16.data(), y.data(), idx.data(), dt);
+      cpu::max_pool2d_backward(g, gy16.data(), idx.data(), gx.data(), dt);
+      cpu::convert(y_ref.data(), galley::DType::Float32, y_want.data(), dt, int64_t(ny));
+      cpu::convert(gx_ref.data(), galley::DType::Float32, gx_want.data(), dt, int64_t(nx));
+      const std::string what = std::string(galley::dtype_name(dt)) + " " + std::to_string(h) + "x" +
+                               std::to_string(w) + " k" + std::to_string(k) + " s" +
+                               std::to_string(stride);
+      EXPECT_EQ(idx, idx_ref) << what;
+      EXPECT_EQ(y, y_want) << what;
+      EXPECT_EQ(gx, gx_want) << what;
+    }
 }

@@ -3,7 +3,9 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <type_traits>
 
+#include "kernels/convert.h"
 #include "kernels/cpu/parallel.h"
 
 #ifdef __AVX512F__
@@ -187,40 +189,91 @@ int64_t plane_grain(const Pool2dGeometry& g) {
   return std::max<int64_t>(1, kElementwiseGrain / std::max<int64_t>(g.h * g.w, 1));
 }
 
-}  // namespace
+// One plane of T as float32: the plane itself, or widened into `buf`.
+template <typename T>
+const float* plane_as_float(const T* p, int64_t n, float* buf) {
+  if constexpr (std::is_same_v<T, float>) {
+    (void)n, (void)buf;
+    return p;
+  } else {
+    to_float(p, buf, n);
+    return buf;
+  }
+}
 
-void max_pool2d_forward(const Pool2dGeometry& g, const float* x, float* y, int32_t* idx) {
+template <typename T>
+void forward(const Pool2dGeometry& g, const T* x, T* y, int32_t* idx) {
+  constexpr bool wide = std::is_same_v<T, float>;
   const int64_t in_plane = g.h * g.w, out_plane = g.oh * g.ow;
   const bool fast = g.k == 2 && g.stride == 2 && g.pad == 0;
   parallel_for(g.planes, plane_grain(g), [&](int64_t p0, int64_t p1) {
+    // A 16-bit plane is widened and its result rounded (exactly: the maxima are inputs) in
+    // per-thread buffers, which stay in cache.
+    float* xin = wide ? nullptr : thread_scratch(0, size_t(in_plane));
+    float* yout = wide ? nullptr : thread_scratch(1, size_t(out_plane));
     for (int64_t p = p0; p < p1; ++p) {
-      if (fast)
-        pool_2x2(g, x + p * in_plane, y + p * out_plane, idx + p * out_plane);
+      const float* xp = plane_as_float(x + p * in_plane, in_plane, xin);
+      float* yp;
+      if constexpr (wide)
+        yp = y + p * out_plane;
       else
-        pool_generic(g, x + p * in_plane, y + p * out_plane, idx + p * out_plane);
+        yp = yout;
+      if (fast)
+        pool_2x2(g, xp, yp, idx + p * out_plane);
+      else
+        pool_generic(g, xp, yp, idx + p * out_plane);
+      if constexpr (!wide) from_float(yp, y + p * out_plane, out_plane);
     }
   });
 }
 
-void max_pool2d_backward(const Pool2dGeometry& g, const float* gy, const int32_t* idx, float* gx) {
+template <typename T>
+void backward(const Pool2dGeometry& g, const T* gy, const int32_t* idx, T* gx) {
+  constexpr bool wide = std::is_same_v<T, float>;
   const int64_t in_plane = g.h * g.w, out_plane = g.oh * g.ow;
   // 2x2/2 windows tile the plane: every input element is written exactly once (the gradient at
   // the winner, zero elsewhere), so no separate zeroing pass over gx is needed.
   const bool tiled = g.k == 2 && g.stride == 2 && g.pad == 0;
   parallel_for(g.planes, plane_grain(g), [&](int64_t p0, int64_t p1) {
+    // A 16-bit plane: overlapping windows sum in float32, and the plane is rounded once.
+    float* gyin = wide ? nullptr : thread_scratch(0, size_t(out_plane));
+    float* gxout = wide ? nullptr : thread_scratch(1, size_t(in_plane));
     for (int64_t p = p0; p < p1; ++p) {
-      float* gp = gx + p * in_plane;
-      const float* gyp = gy + p * out_plane;
+      float* gp;
+      if constexpr (wide)
+        gp = gx + p * in_plane;
+      else
+        gp = gxout;
+      const float* gyp = plane_as_float(gy + p * out_plane, out_plane, gyin);
       const int32_t* ip = idx + p * out_plane;
       if (!tiled) {
         std::fill_n(gp, in_plane, 0.f);
         for (int64_t i = 0; i < out_plane; ++i) gp[ip[i]] += gyp[i];
-        continue;
+      } else {
+        unpool_2x2(g, gyp, ip, gp);
+        // An odd height leaves a last row outside every window.
+        if (g.h > 2 * g.oh) std::fill_n(gp + (g.h - 1) * g.w, g.w, 0.f);
       }
-      unpool_2x2(g, gyp, ip, gp);
-      // An odd height leaves a last row outside every window.
-      if (g.h > 2 * g.oh) std::fill_n(gp + (g.h - 1) * g.w, g.w, 0.f);
+      if constexpr (!wide) from_float(gp, gx + p * in_plane, in_plane);
     }
+  });
+}
+
+}  // namespace
+
+void max_pool2d_forward(const Pool2dGeometry& g, const void* x, void* y, int32_t* idx,
+                        DType dtype) {
+  dispatch_floating(dtype, "max_pool2d", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    forward(g, static_cast<const T*>(x), static_cast<T*>(y), idx);
+  });
+}
+
+void max_pool2d_backward(const Pool2dGeometry& g, const void* gy, const int32_t* idx, void* gx,
+                         DType dtype) {
+  dispatch_floating(dtype, "max_pool2d_backward", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    backward(g, static_cast<const T*>(gy), idx, static_cast<T*>(gx));
   });
 }
 

@@ -1,6 +1,5 @@
 // max_pool2d: checks, output geometry, the device switch and the autograd record (the winners'
-// indices kept for backward). The kernels take float32: a 16-bit op widens its input, rounds its
-// output once and computes its gradient in float32.
+// indices kept for backward). The host kernels take every floating dtype; the GPU's take float32.
 #include "kernels/max_pool2d.h"
 
 #include <memory>
@@ -33,16 +32,31 @@ Tensor max_pool2d(const Tensor& x, const MaxPool2dOptions& o) {
                " window");
   const DType dtype = x.dtype();
   const Device dev = x.device();
+  // The host kernels take 16-bit planes as they are; the GPU's take float32, so there a 16-bit
+  // op widens its input, rounds its output once and computes its gradient in float32.
+  if (dev.is_cpu()) {
+    Tensor cx = x.contiguous();
+    Tensor result = Tensor::empty({x.size(0), x.size(1), g.oh, g.ow}, dtype, dev);
+    auto idx = std::make_shared<Storage>(result.numel() * sizeof(int32_t), dev);
+    cpu::max_pool2d_forward(g, cx.raw_data(), result.raw_data(), static_cast<int32_t*>(idx->data()),
+                            dtype);
+    if (!autograd::needs_grad({&x})) return result;
+    Shape in_shape = x.shape();
+    return autograd::record(
+        result, "max_pool2d", {x}, [=](const Tensor& gy, std::vector<Tensor>& gi) {
+          Tensor cgy = (gy.dtype() == dtype ? gy : gy.to(dtype)).contiguous();
+          gi[0] = Tensor::empty(in_shape, dtype, dev);
+          cpu::max_pool2d_backward(g, cgy.raw_data(), static_cast<const int32_t*>(idx->data()),
+                                   gi[0].raw_data(), dtype);
+        });
+  }
   Tensor cx = detail::widened(x).contiguous();
   Tensor out = Tensor::empty({x.size(0), x.size(1), g.oh, g.ow}, DType::Float32, dev);
   // The winners' indices are kept for backward; the block comes from the host cache.
   auto idx = std::make_shared<Storage>(out.numel() * sizeof(int32_t), dev);
   int32_t* pidx = static_cast<int32_t*>(idx->data());
-  if (dev.is_cuda())
-    gpu::max_pool2d_forward(g, cx.data_ptr<float>(), out.data_ptr<float>(), pidx,
-                            detail::stream(dev));
-  else
-    cpu::max_pool2d_forward(g, cx.data_ptr<float>(), out.data_ptr<float>(), pidx);
+  gpu::max_pool2d_forward(g, cx.data_ptr<float>(), out.data_ptr<float>(), pidx,
+                          detail::stream(dev));
   Tensor result = detail::rounded(out, dtype);
   if (!autograd::needs_grad({&x})) return result;
   Shape in_shape = x.shape();
@@ -51,12 +65,8 @@ Tensor max_pool2d(const Tensor& x, const MaxPool2dOptions& o) {
       detail::widened_backward(dtype, [=](const Tensor& gy, std::vector<Tensor>& gi) {
         Tensor cgy = gy.contiguous();
         gi[0] = Tensor::empty(in_shape, DType::Float32, dev);
-        const int32_t* winners = static_cast<const int32_t*>(idx->data());
-        if (dev.is_cuda())
-          gpu::max_pool2d_backward(g, cgy.data_ptr<float>(), winners, gi[0].data_ptr<float>(),
-                                   detail::stream(dev));
-        else
-          cpu::max_pool2d_backward(g, cgy.data_ptr<float>(), winners, gi[0].data_ptr<float>());
+        gpu::max_pool2d_backward(g, cgy.data_ptr<float>(), static_cast<const int32_t*>(idx->data()),
+                                 gi[0].data_ptr<float>(), detail::stream(dev));
       }));
 }
 
