@@ -4,6 +4,8 @@
 // forward and backward, over geometries that exercise every tail: channel counts that are not
 // multiples of the register blocks, rectangular and dilated kernels, every padding the direct
 // path accepts, outputs of a single pixel and rows wider than a vector.
+// The bfloat16 kernels (AMX tiles, vdpbf16ps, widened), strided bfloat16 convolutions over their
+// phases, and 16-bit max pooling, each against the float32 kernels.
 //
 // Inputs are small integers and weights multiples of 1/4, so every product and partial sum is
 // exact in float: two paths that add in different orders must agree to the bit.

@@ -10,6 +10,7 @@
 #include "kernels/convert.h"
 #include "kernels/cpu/conv2d_direct.h"
 #include "kernels/cpu/parallel.h"
+#include "kernels/cpu/staged.h"
 #include "kernels/gemm.h"
 
 namespace galley::kernels::cpu {
@@ -95,18 +96,6 @@ void col2im(const Conv2dGeometry& g, const float* col, int64_t cg, float* gx) {
         }
       }
     }
-  }
-}
-
-// `n` elements of T as float32: `src` itself for float, else widened into `buf`.
-template <typename T>
-const float* as_float(const T* src, int64_t n, float* buf) {
-  if constexpr (std::is_same_v<T, float>) {
-    (void)n, (void)buf;
-    return src;
-  } else {
-    to_float(src, buf, n);
-    return buf;
   }
 }
 

@@ -247,31 +247,39 @@ std::vector<const E*> column_inputs(const Plan& p, const WeightGradLayout& lay, 
   return xs;
 }
 
-// part[j][o] += sum over q of gyT[q][o] * xs[j][q] (xs from column_inputs).
-void weight_grad(const Plan& p, const WeightGradLayout& lay, const std::vector<const float*>& xs,
-                 const float* gyT, float* part) {
-  const int64_t q = p.q();
+// Runs block(std::integral_constant<int, OV>, o0, j0) over the weight gradient's register blocks:
+// OV vectors of output channels from o0, lay.nj columns from j0.
+template <typename Block>
+void for_weight_grad_blocks(const WeightGradLayout& lay, Block block) {
   for (int64_t o0 = 0; o0 < lay.op; o0 += lay.ov * L)
     for (int64_t j0 = 0; j0 < lay.jp; j0 += lay.nj) {
-      const float* const* x = xs.data() + j0;
-      float* out = part + j0 * lay.op + o0;
       switch (lay.ov) {
         case 1:
-          weight_grad_block<1, kWeightGradAcc>(gyT + o0, lay.op, q, x, out, lay.op);
+          block(std::integral_constant<int, 1>{}, o0, j0);
           break;
         case 2:
-          weight_grad_block<2, kWeightGradAcc / 2>(gyT + o0, lay.op, q, x, out, lay.op);
+          block(std::integral_constant<int, 2>{}, o0, j0);
           break;
 #if defined(__AVX512F__)
         case 3:
-          weight_grad_block<3, kWeightGradAcc / 3>(gyT + o0, lay.op, q, x, out, lay.op);
+          block(std::integral_constant<int, 3>{}, o0, j0);
           break;
         default:
-          weight_grad_block<4, kWeightGradAcc / 4>(gyT + o0, lay.op, q, x, out, lay.op);
+          block(std::integral_constant<int, 4>{}, o0, j0);
           break;
 #endif
       }
     }
+}
+
+// part[j][o] += sum over q of gyT[q][o] * xs[j][q] (xs from column_inputs).
+void weight_grad(const Plan& p, const WeightGradLayout& lay, const std::vector<const float*>& xs,
+                 const float* gyT, float* part) {
+  for_weight_grad_blocks(lay, [&](auto ov, int64_t o0, int64_t j0) {
+    constexpr int OV = decltype(ov)::value;
+    weight_grad_block<OV, kWeightGradAcc / OV>(gyT + o0, lay.op, p.q(), xs.data() + j0,
+                                               part + j0 * lay.op + o0, lay.op);
+  });
 }
 
 // gyT[q][o] = gy[o][oh][ow] at q = oh * wp + ow (widened); the junk columns and padded channels
@@ -292,6 +300,20 @@ void transpose_grad(const Plan& p, int64_t op, const T* gy, float* gyT) {
 
 Plan forward_plan(const Conv2dGeometry& g) {
   return {g.c, g.h, g.w, g.pad, g.pad, g.o, g.kh, g.kw, g.dilation};
+}
+
+// The input gradient's correlation: the output gradient, bordered by (k - 1) * d - pad,
+// correlated with the kernel flipped in both axes and with input and output channels swapped
+// (flipped_weight gives its taps).
+Plan input_grad_plan(const Conv2dGeometry& g) {
+  const int64_t d = g.dilation;
+  return {g.o, g.oh, g.ow, (g.kh - 1) * d - g.pad, (g.kw - 1) * d - g.pad, g.c, g.kh, g.kw, d};
+}
+// Tap t of input_grad_plan's weight for its output ci (an input channel) and input o.
+inline float flipped_weight(const Conv2dGeometry& g, const float* w, int64_t ci, int64_t o,
+                            int64_t t) {
+  const int64_t taps = g.kh * g.kw;
+  return w[(o * g.c + ci) * taps + (taps - 1 - t)];
 }
 
 #if defined(__AVX512BF16__)
@@ -446,25 +468,11 @@ void weight_grad_pairs_block(const Pair* gyT, int64_t ldg, int64_t qp, const uin
 void weight_grad_pairs(const Plan& p, const WeightGradLayout& lay,
                        const std::vector<const uint16_t*>& xs, const Pair* gyT, float* part) {
   const int64_t qp = (p.q() + 1) / 2;
-  for (int64_t o0 = 0; o0 < lay.op; o0 += lay.ov * L)
-    for (int64_t j0 = 0; j0 < lay.jp; j0 += lay.nj) {
-      const uint16_t* const* x = xs.data() + j0;
-      float* out = part + j0 * lay.op + o0;
-      switch (lay.ov) {
-        case 1:
-          weight_grad_pairs_block<1, kWeightGradAcc>(gyT + o0, lay.op, qp, x, out, lay.op);
-          break;
-        case 2:
-          weight_grad_pairs_block<2, kWeightGradAcc / 2>(gyT + o0, lay.op, qp, x, out, lay.op);
-          break;
-        case 3:
-          weight_grad_pairs_block<3, kWeightGradAcc / 3>(gyT + o0, lay.op, qp, x, out, lay.op);
-          break;
-        default:
-          weight_grad_pairs_block<4, kWeightGradAcc / 4>(gyT + o0, lay.op, qp, x, out, lay.op);
-          break;
-      }
-    }
+  for_weight_grad_blocks(lay, [&](auto ov, int64_t o0, int64_t j0) {
+    constexpr int OV = decltype(ov)::value;
+    weight_grad_pairs_block<OV, kWeightGradAcc / OV>(gyT + o0, lay.op, qp, xs.data() + j0,
+                                                     part + j0 * lay.op + o0, lay.op);
+  });
 }
 
 // gyT[q / 2][o] = the pair (gy[o] at q even, at q + 1), q = oh * wp + ow, as bfloat16 bits; the
@@ -727,17 +735,11 @@ template <typename T>
 void direct_backward(const Conv2dGeometry& g, const T* x, const float* w, const T* gy, T* gx,
                      float* gw) {
   const Plan fwd = forward_plan(g);
-  const int64_t taps = fwd.taps(), d = g.dilation;
-  // The input gradient: the output gradient, bordered by (k - 1) * d - pad, correlated with the
-  // kernel flipped in both axes and with input and output channels swapped.
-  const Plan bwd{g.o,  g.oh, g.ow, (g.kh - 1) * d - g.pad, (g.kw - 1) * d - g.pad, g.c,
-                 g.kh, g.kw, d};
+  const Plan bwd = input_grad_plan(g);
   std::vector<float> wpk;
   if (gx)
     pack_weights(
-        bwd,
-        [&](int64_t ci, int64_t o, int64_t t) { return w[(o * g.c + ci) * taps + (taps - 1 - t)]; },
-        wpk);
+        bwd, [&](int64_t ci, int64_t o, int64_t t) { return flipped_weight(g, w, ci, o, t); }, wpk);
   const std::vector<int64_t> bwd_shift = bwd.shifts();
   const WeightGradLayout lay(fwd);
   const int threads = static_cast<int>(std::min<int64_t>(num_threads(), g.n));
@@ -803,15 +805,11 @@ void pairs_forward(const Conv2dGeometry& g, const uint16_t* x, const float* w, c
 void pairs_backward(const Conv2dGeometry& g, const uint16_t* x, const float* w, const uint16_t* gy,
                     bfloat16* gx, float* gw) {
   const Plan fwd = forward_plan(g);
-  const int64_t taps = fwd.taps(), d = g.dilation;
-  const Plan bwd{g.o,  g.oh, g.ow, (g.kh - 1) * d - g.pad, (g.kw - 1) * d - g.pad, g.c,
-                 g.kh, g.kw, d};
+  const Plan bwd = input_grad_plan(g);
   std::vector<Pair> wpk;
   if (gx)
     pack_weight_pairs(
-        bwd,
-        [&](int64_t ci, int64_t o, int64_t t) { return w[(o * g.c + ci) * taps + (taps - 1 - t)]; },
-        wpk);
+        bwd, [&](int64_t ci, int64_t o, int64_t t) { return flipped_weight(g, w, ci, o, t); }, wpk);
   const std::vector<int64_t> bwd_shift = bwd.shifts();
   const WeightGradLayout lay(fwd);
   const int64_t qp = (fwd.q() + 1) / 2;
@@ -886,15 +884,13 @@ void tiles_backward(const Conv2dGeometry& g, const uint16_t* x, const float* w, 
                     bfloat16* gx, float* gw) {
   const Plan fwd = forward_plan(g);
   const int64_t taps = fwd.taps(), d = g.dilation;
-  const Plan bwd{g.o,  g.oh, g.ow, (g.kh - 1) * d - g.pad, (g.kw - 1) * d - g.pad, g.c,
-                 g.kh, g.kw, d};
+  const Plan bwd = input_grad_plan(g);
   const TilePlan fwd_tp(fwd), bwd_tp(bwd);
   std::vector<uint16_t> wpk;
   if (gx)
     pack_weight_tiles(
         bwd, bwd_tp,
-        [&](int64_t ci, int64_t o, int64_t t) { return w[(o * g.c + ci) * taps + (taps - 1 - t)]; },
-        wpk);
+        [&](int64_t ci, int64_t o, int64_t t) { return flipped_weight(g, w, ci, o, t); }, wpk);
   const std::vector<int64_t> fwd_shift = fwd.shifts(), bwd_shift = bwd.shifts();
   // The weight gradient's input buffer: every channel plane padded to 32, plus the reach of the
   // last block.

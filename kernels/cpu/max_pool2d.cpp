@@ -7,6 +7,7 @@
 
 #include "kernels/convert.h"
 #include "kernels/cpu/parallel.h"
+#include "kernels/cpu/staged.h"
 
 #ifdef __AVX512F__
 #include <immintrin.h>
@@ -189,18 +190,6 @@ int64_t plane_grain(const Pool2dGeometry& g) {
   return std::max<int64_t>(1, kElementwiseGrain / std::max<int64_t>(g.h * g.w, 1));
 }
 
-// One plane of T as float32: the plane itself, or widened into `buf`.
-template <typename T>
-const float* plane_as_float(const T* p, int64_t n, float* buf) {
-  if constexpr (std::is_same_v<T, float>) {
-    (void)n, (void)buf;
-    return p;
-  } else {
-    to_float(p, buf, n);
-    return buf;
-  }
-}
-
 template <typename T>
 void forward(const Pool2dGeometry& g, const T* x, T* y, int32_t* idx) {
   constexpr bool wide = std::is_same_v<T, float>;
@@ -212,7 +201,7 @@ void forward(const Pool2dGeometry& g, const T* x, T* y, int32_t* idx) {
     float* xin = wide ? nullptr : thread_scratch(0, size_t(in_plane));
     float* yout = wide ? nullptr : thread_scratch(1, size_t(out_plane));
     for (int64_t p = p0; p < p1; ++p) {
-      const float* xp = plane_as_float(x + p * in_plane, in_plane, xin);
+      const float* xp = as_float(x + p * in_plane, in_plane, xin);
       float* yp;
       if constexpr (wide)
         yp = y + p * out_plane;
@@ -244,7 +233,7 @@ void backward(const Pool2dGeometry& g, const T* gy, const int32_t* idx, T* gx) {
         gp = gx + p * in_plane;
       else
         gp = gxout;
-      const float* gyp = plane_as_float(gy + p * out_plane, out_plane, gyin);
+      const float* gyp = as_float(gy + p * out_plane, out_plane, gyin);
       const int32_t* ip = idx + p * out_plane;
       if (!tiled) {
         std::fill_n(gp, in_plane, 0.f);

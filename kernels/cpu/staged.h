@@ -14,6 +14,18 @@ namespace galley::kernels::cpu {
 // Elements of the 16-bit types are computed in float32 a block at a time, staged on the stack.
 constexpr int64_t kStageBlock = 256;
 
+// `n` elements of T as float32: `src` itself for float, else widened into `buf`.
+template <typename T>
+inline const float* as_float(const T* src, int64_t n, float* buf) {
+  if constexpr (std::is_same_v<T, float>) {
+    (void)n, (void)buf;
+    return src;
+  } else {
+    to_float(src, buf, n);
+    return buf;
+  }
+}
+
 // o[i] = f(a[i]) for n elements of T, computed in float32.
 template <typename T, typename F>
 inline void map_n(const T* a, T* o, int64_t n, F f) {
