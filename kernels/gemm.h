@@ -1,16 +1,26 @@
 #pragma once
-// Row-major float32 GEMM: C = alpha * op(A) * op(B) + beta * C, with op(A) M x K, op(B) K x N,
-// C M x N, and lda/ldb/ldc the row strides of the stored matrices. On the host through Eigen,
-// spread over galley's threads unless called from inside a parallel region; on a GPU through
-// cuBLAS on `stream` (a cudaStream_t), with the thread's handle for `device` (the caller makes
-// `device` current).
+// Row-major GEMM (float32, and bfloat16 inputs on AMX): C = alpha * op(A) * op(B) + beta * C, with
+// op(A) M x K, op(B) K x N, C M x N, and lda/ldb/ldc the row strides of the stored matrices. On the
+// host through Eigen, spread over galley's threads unless called from inside a parallel region; on
+// a GPU through cuBLAS on `stream` (a cudaStream_t), with the thread's handle for `device` (the
+// caller makes `device` current).
 #include <cstdint>
+
+#include "galley/half.h"
 
 namespace galley::kernels {
 namespace cpu {
 
 void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
           int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc);
+
+// Whether gemm_bf16 runs here: builds for hosts with AMX-BF16 whose kernel grants the tile state.
+bool gemm_bf16_available();
+// C = op(A) * op(B) (+ C when accumulate) for bfloat16 A and B and float32 C, on AMX tiles:
+// bfloat16 products summed in float32. Spread over galley's threads unless called from inside a
+// parallel region; an error where gemm_bf16_available() is false.
+void gemm_bf16(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const bfloat16* a,
+               int64_t lda, const bfloat16* b, int64_t ldb, bool accumulate, float* c, int64_t ldc);
 
 }  // namespace cpu
 

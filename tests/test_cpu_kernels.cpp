@@ -468,3 +468,40 @@ TEST(MaxPool16Bit, MatchesTheFloat32KernelOnWidenedInputsBitForBit) {
       EXPECT_EQ(gx, gx_want) << what;
     }
 }
+
+// The bfloat16 GEMM on AMX tiles against the float32 GEMM on exact values (small integers times
+// quarters, so every order of summing gives the same bits): every transpose, sizes off every
+// block (16 rows and columns, 32 along k), leading dimensions wider than the matrices, and
+// accumulation onto C.
+TEST(Gemm, Bf16MatchesFloat32BitForBitOnExactValues) {
+  namespace cpu = galley::kernels::cpu;
+  if (!cpu::gemm_bf16_available()) {
+    std::vector<float> c(1);
+    EXPECT_THROW(cpu::gemm_bf16(false, false, 1, 1, 1, nullptr, 1, nullptr, 1, false, c.data(), 1),
+                 galley::Error);
+    GTEST_SKIP() << "no AMX tiles in this build or on this host: the bfloat16 GEMM is not built";
+  }
+  for (auto [m, n, k] : std::vector<std::array<int64_t, 3>>{
+           {1, 1, 1}, {16, 16, 32}, {37, 19, 70}, {64, 10, 2048}, {5, 100, 33}, {130, 48, 7}})
+    for (int ta = 0; ta < 2; ++ta)
+      for (int tb = 0; tb < 2; ++tb)
+        for (int acc = 0; acc < 2; ++acc) {
+          const int64_t lda = (ta ? m : k) + 3, ldb = (tb ? k : n) + 1, ldc = n + 2;
+          const auto af = exact_values(size_t((ta ? k : m) * lda), 41, 1.f);
+          const auto bf = exact_values(size_t((tb ? n : k) * ldb), 42, 0.25f);
+          const auto c0 = exact_values(size_t(m * ldc), 43, 0.5f);
+          std::vector<uint16_t> a16(af.size()), b16(bf.size());
+          cpu::convert(af.data(), galley::DType::Float32, a16.data(), galley::DType::BFloat16,
+                       int64_t(af.size()));
+          cpu::convert(bf.data(), galley::DType::Float32, b16.data(), galley::DType::BFloat16,
+                       int64_t(bf.size()));
+          std::vector<float> want = c0, got = c0;
+          cpu::gemm(ta, tb, m, n, k, 1.f, af.data(), lda, bf.data(), ldb, acc ? 1.f : 0.f,
+                    want.data(), ldc);
+          cpu::gemm_bf16(ta, tb, m, n, k, reinterpret_cast<const galley::bfloat16*>(a16.data()),
+                         lda, reinterpret_cast<const galley::bfloat16*>(b16.data()), ldb, acc,
+                         got.data(), ldc);
+          ASSERT_EQ(got, want) << m << "x" << n << "x" << k << " trans " << ta << tb
+                               << (acc ? " accumulating" : "");
+        }
+}

@@ -7,13 +7,9 @@
 
 #include "galley/error.h"
 #include "kernels/convert.h"
+#include "kernels/cpu/amx.h"
 #include "kernels/cpu/parallel.h"
 
-#if defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__AVX512BF16__)
-#include <sys/syscall.h>
-#include <unistd.h>
-#define GALLEY_AMX 1
-#endif
 
 #if defined(__AVX__)
 #include <immintrin.h>
@@ -507,33 +503,6 @@ void transpose_grad_pairs(const Plan& p, int64_t op, const uint16_t* gy, uint16_
 // B[16 pairs of q][16 output channels]: A straight from the bordered bfloat16 input at the tap's
 // shift (rows one plane apart), B the output gradient transposed into pairs of q
 // (transpose_grad_pairs), summed over q and the images into a float32 [tap][input][output] part.
-constexpr int64_t kTile = 16;
-
-// Asks the kernel once for the AMX tile state (Linux grants it per process on request).
-bool amx_granted() {
-  static const bool granted = [] {
-    constexpr long kReqXcompPerm = 0x1023, kXfeatureXtiledata = 18;
-    return syscall(SYS_arch_prctl, kReqXcompPerm, kXfeatureXtiledata) == 0;
-  }();
-  return granted;
-}
-
-// Configures this thread's eight tiles as 16 rows of 64 bytes, and releases them when done.
-struct TileScope {
-  TileScope() {
-    alignas(64) unsigned char cfg[64] = {};
-    cfg[0] = 1;  // palette 1
-    for (int t = 0; t < 8; ++t) {
-      cfg[16 + 2 * t] = 64;  // bytes per row
-      cfg[48 + t] = kTile;   // rows
-    }
-    _tile_loadconfig(cfg);
-  }
-  ~TileScope() { _tile_release(); }
-  TileScope(const TileScope&) = delete;
-  TileScope& operator=(const TileScope&) = delete;
-};
-
 struct TilePlan {
   int64_t kp;  // channel pairs, padded to 16
   int64_t cb;  // blocks of 32 input channels

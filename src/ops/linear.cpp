@@ -1,7 +1,8 @@
 // matmul and linear (fully connected) on the GEMM kernel (kernels/gemm.h), with the bias seeded
-// into the output and its gradient summed by columns (kernels/binary.h, kernels/reduce.h). The
-// GEMM takes float32: a 16-bit op widens its inputs, rounds its output once and computes its
-// gradients in float32.
+// into the output and its gradient summed by columns (kernels/binary.h, kernels/reduce.h). On a
+// host with AMX a bfloat16 op multiplies its inputs as they are on the tiles (float32 sums,
+// rounded once); otherwise the GEMM takes float32: a 16-bit op widens its inputs, rounds its
+// output once and computes its gradients in float32.
 #include "galley/autograd.h"
 #include "galley/ops.h"
 #include "galley/profiler.h"
@@ -29,6 +30,18 @@ void gemm(Device device, bool trans_a, bool trans_b, int64_t m, int64_t n, int64
     cpu::gemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
 }
 
+// Whether a product of `dtype` on `device` runs on the host's bfloat16 tiles.
+bool on_tiles(Device device, DType dtype) {
+  return device.is_cpu() && dtype == DType::BFloat16 && cpu::gemm_bf16_available();
+}
+
+// Row-major float32 C = op(A) * op(B) (+ C when accumulate) of bfloat16 tensors' data.
+void gemm_tiles(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const Tensor& a,
+                int64_t lda, const Tensor& b, int64_t ldb, bool accumulate, float* c, int64_t ldc) {
+  cpu::gemm_bf16(trans_a, trans_b, m, n, k, a.data_ptr<bfloat16>(), lda, b.data_ptr<bfloat16>(),
+                 ldb, accumulate, c, ldc);
+}
+
 }  // namespace
 
 Tensor matmul(const Tensor& a, const Tensor& b) {
@@ -42,8 +55,31 @@ Tensor matmul(const Tensor& a, const Tensor& b) {
                shape_str(a.shape()), " by ", shape_str(b.shape()), " (need [m, k] x [k, n])");
   const DType dtype = a.dtype();
   const Device dev = a.device();
-  Tensor ca = detail::widened(a).contiguous(), cb = detail::widened(b).contiguous();
   int64_t m = a.size(0), k = a.size(1), n = b.size(1);
+  if (on_tiles(dev, dtype)) {
+    Tensor ca = a.contiguous(), cb = b.contiguous();
+    Tensor out = Tensor::empty({m, n}, DType::Float32, dev);
+    gemm_tiles(false, false, m, n, k, ca, k, cb, n, false, out.data_ptr<float>(), n);
+    Tensor result = detail::rounded(out, dtype);
+    if (!autograd::needs_grad({&a, &b})) return result;
+    Tensor da = ca.detach(), db = cb.detach();
+    bool ga = a.requires_grad(), gb = b.requires_grad();
+    return autograd::record(
+        result, "matmul", {a, b}, [=](const Tensor& g, std::vector<Tensor>& gi) {
+          Tensor cg = g.to(dtype).contiguous();
+          if (ga) {  // dA = G B^T
+            Tensor w = Tensor::empty({m, k}, DType::Float32, dev);
+            gemm_tiles(false, true, m, k, n, cg, n, db, n, false, w.data_ptr<float>(), k);
+            gi[0] = detail::rounded(w, dtype);
+          }
+          if (gb) {  // dB = A^T G
+            Tensor w = Tensor::empty({k, n}, DType::Float32, dev);
+            gemm_tiles(true, false, k, n, m, da, k, cg, n, false, w.data_ptr<float>(), n);
+            gi[1] = detail::rounded(w, dtype);
+          }
+        });
+  }
+  Tensor ca = detail::widened(a).contiguous(), cb = detail::widened(b).contiguous();
   Tensor out = Tensor::empty({m, n}, DType::Float32, dev);
   gemm(dev, false, false, m, n, k, 1.f, ca.data_ptr<float>(), k, cb.data_ptr<float>(), n, 0.f,
        out.data_ptr<float>(), n);
@@ -68,6 +104,53 @@ Tensor matmul(const Tensor& a, const Tensor& b) {
       }));
 }
 
+namespace {
+
+// linear for bfloat16 on the host's tiles: x and the weight as they are, the bias seeded into
+// the float32 output, gradients summed in float32 and rounded once.
+Tensor linear_on_tiles(const Tensor& x, const Tensor& weight, const Tensor& bias, int64_t rows,
+                       const Shape& out_shape) {
+  const DType dtype = x.dtype();
+  const Device dev = x.device();
+  const int64_t out_f = weight.size(0), in_f = weight.size(1);
+  Tensor cx = x.contiguous(), cw = weight.contiguous();
+  Tensor out = Tensor::empty(out_shape, DType::Float32, dev);
+  float* po = out.data_ptr<float>();
+  if (bias.defined())
+    cpu::broadcast_rows(detail::widened(bias).contiguous().data_ptr<float>(), rows, out_f, po);
+  gemm_tiles(false, true, rows, out_f, in_f, cx, in_f, cw, in_f, bias.defined(), po, out_f);
+  Tensor result = detail::rounded(out, dtype);
+  if (!autograd::needs_grad({&x, &weight, &bias})) return result;
+  Tensor dx = cx.detach(), dw = cw.detach();
+  bool gx = x.requires_grad(), gw = weight.requires_grad(),
+       gb = bias.defined() && bias.requires_grad();
+  Shape x_shape = x.shape();
+  return autograd::record(result, "linear", {x, weight, bias},
+                          [=](const Tensor& g, std::vector<Tensor>& gi) {
+                            Tensor cg = g.to(dtype).contiguous();
+                            if (gx) {  // dX = G W
+                              Tensor w = Tensor::empty(x_shape, DType::Float32, dev);
+                              gemm_tiles(false, false, rows, in_f, out_f, cg, out_f, dw, in_f,
+                                         false, w.data_ptr<float>(), in_f);
+                              gi[0] = detail::rounded(w, dtype);
+                            }
+                            if (gw) {  // dW = G^T X
+                              Tensor w = Tensor::empty({out_f, in_f}, DType::Float32, dev);
+                              gemm_tiles(true, false, out_f, in_f, rows, cg, out_f, dx, in_f, false,
+                                         w.data_ptr<float>(), in_f);
+                              gi[1] = detail::rounded(w, dtype);
+                            }
+                            if (gb) {  // db = the column sums of G, in float32
+                              Tensor w = Tensor::empty({out_f}, DType::Float32, dev);
+                              cpu::column_sums(detail::widened(cg).data_ptr<float>(), rows, out_f,
+                                               w.data_ptr<float>(), false);
+                              gi[2] = detail::rounded(w, dtype);
+                            }
+                          });
+}
+
+}  // namespace
+
 Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
   if (detail::autocast_on()) {
     detail::AutocastPause pause;
@@ -88,10 +171,11 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
   }
   const DType dtype = x.dtype();
   const Device dev = x.device();
-  Tensor cx = detail::widened(x).contiguous(), cw = detail::widened(weight).contiguous();
   const int64_t rows = x.numel() / in_f;
   Shape out_shape = x.shape();
   out_shape.back() = out_f;
+  if (on_tiles(dev, dtype)) return linear_on_tiles(x, weight, bias, rows, out_shape);
+  Tensor cx = detail::widened(x).contiguous(), cw = detail::widened(weight).contiguous();
   Tensor out = Tensor::empty(out_shape, DType::Float32, dev);
   float* po = out.data_ptr<float>();
   if (bias.defined()) {  // seed C with the bias so the GEMM adds into it: one pass fewer
