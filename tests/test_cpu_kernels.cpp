@@ -390,6 +390,17 @@ TEST(ConvDirect, TakenOnlyWhereItIsCorrectAndPays) {
   // Three channels: the forward pass only.
   const auto rgb = conv2d_direct_use(geometry({8, 3, 32, 32, 32, 3, 3, 1, 1}));
   EXPECT_TRUE(rgb.forward && !rgb.input_grad && !rgb.weight_grad);
+  // bfloat16: every part on the tiles from 16 input channels where the host has them; fewer
+  // channels as float32 decides, on the widened kernels.
+  namespace cpu = galley::kernels::cpu;
+  const galley::DType bf = galley::DType::BFloat16;
+  const bool tiles = cpu::bf16_kernels() == cpu::Bf16Kernels::Tiles;
+  const auto wide16 = conv2d_direct_use(geometry({8, 16, 14, 14, 32, 3, 3, 1, 1}), bf);
+  EXPECT_EQ(wide16.bf16, tiles ? cpu::Bf16Kernels::Tiles : cpu::Bf16Kernels::Widened);
+  if (tiles) EXPECT_TRUE(wide16.forward && wide16.input_grad && wide16.weight_grad);
+  const auto rgb16 = conv2d_direct_use(geometry({8, 3, 32, 32, 32, 3, 3, 1, 1}), bf);
+  EXPECT_EQ(rgb16.bf16, cpu::Bf16Kernels::Widened);
+  EXPECT_TRUE(rgb16.forward && !rgb16.input_grad && !rgb16.weight_grad);
 }
 
 // Products large enough to be split into bands of C across threads, along rows (m > n) and along
