@@ -12,9 +12,17 @@
 namespace galley::kernels {
 namespace cpu {
 
-void to_float(const bfloat16* src, float* dst, int64_t n);
+// bfloat16 inline: integer arithmetic the compiler vectorises in place, so the short blocks of
+// the staged kernels (kernels/cpu/staged.h) pay no call.
+inline void to_float(const bfloat16* src, float* dst, int64_t n) {
+  const uint16_t* s = reinterpret_cast<const uint16_t*>(src);
+  for (int64_t i = 0; i < n; ++i) dst[i] = detail::bf16_bits_to_float(s[i]);
+}
+inline void from_float(const float* src, bfloat16* dst, int64_t n) {
+  uint16_t* d = reinterpret_cast<uint16_t*>(dst);
+  for (int64_t i = 0; i < n; ++i) d[i] = detail::float_to_bf16_bits(src[i]);
+}
 void to_float(const float16* src, float* dst, int64_t n);
-void from_float(const float* src, bfloat16* dst, int64_t n);
 void from_float(const float* src, float16* dst, int64_t n);
 
 // n elements of `src` (dtype `from`) into `dst` (dtype `to`); the pair must satisfy

@@ -13,18 +13,6 @@
 
 namespace galley::kernels::cpu {
 
-void to_float(const bfloat16* src, float* dst, int64_t n) {
-  const uint16_t* s = reinterpret_cast<const uint16_t*>(src);
-#pragma omp simd
-  for (int64_t i = 0; i < n; ++i) dst[i] = detail::bf16_bits_to_float(s[i]);
-}
-
-void from_float(const float* src, bfloat16* dst, int64_t n) {
-  uint16_t* d = reinterpret_cast<uint16_t*>(dst);
-#pragma omp simd
-  for (int64_t i = 0; i < n; ++i) d[i] = detail::float_to_bf16_bits(src[i]);
-}
-
 void to_float(const float16* src, float* dst, int64_t n) {
   const uint16_t* s = reinterpret_cast<const uint16_t*>(src);
   int64_t i = 0;
