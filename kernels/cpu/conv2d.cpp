@@ -384,10 +384,10 @@ void conv2d_forward_im2col(const Conv2dGeometry& g, const void* x, const float* 
 
 void conv2d_backward(const Conv2dGeometry& g, const void* x, const float* w, const void* gy,
                      void* gx, float* gw, float* gb, DType dtype) {
-  const ConvDirectUse use = conv2d_direct_use(g, dtype);
   if ((gx || gw) && by_phases(g, dtype)) {
     phases_backward(g, x, w, gy, gx, gw);
   } else {
+    const ConvDirectUse use = conv2d_direct_use(g, dtype);
     void* direct_gx = use.input_grad ? gx : nullptr;
     float* direct_gw = use.weight_grad ? gw : nullptr;
     if (direct_gx || direct_gw)

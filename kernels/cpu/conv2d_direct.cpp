@@ -10,7 +10,6 @@
 #include "kernels/cpu/amx.h"
 #include "kernels/cpu/parallel.h"
 
-
 #if defined(__AVX__)
 #include <immintrin.h>
 #endif
@@ -71,8 +70,10 @@ struct Plan {
   int64_t taps() const { return kh * kw; }
   int64_t q() const { return oh() * wp(); }        // flat outputs, junk columns included
   int64_t qs() const { return round_up(q(), L); }  // ... in whole vectors
-  // The bordered input, plus room for the reach of the last vector past the last plane.
-  int64_t bordered_floats() const { return cin * plane() + (qs() - q()) + (kw - 1) * d + L; }
+  // Room past the last plane for the reach of the last vector.
+  int64_t slack() const { return (qs() - q()) + (kw - 1) * d + L; }
+  // The bordered input, with the slack.
+  int64_t bordered_floats() const { return cin * plane() + slack(); }
   int64_t shift(int64_t t) const { return ((t / kw) * wp() + t % kw) * d; }
   std::vector<int64_t> shifts() const {
     std::vector<int64_t> s(static_cast<size_t>(taps()));
@@ -305,6 +306,11 @@ Plan input_grad_plan(const Conv2dGeometry& g) {
   const int64_t d = g.dilation;
   return {g.o, g.oh, g.ow, (g.kh - 1) * d - g.pad, (g.kw - 1) * d - g.pad, g.c, g.kh, g.kw, d};
 }
+// Tap t of forward_plan's weight for its output co and input ci.
+inline float forward_weight(const Conv2dGeometry& g, const float* w, int64_t co, int64_t ci,
+                            int64_t t) {
+  return w[(co * g.c + ci) * g.kh * g.kw + t];
+}
 // Tap t of input_grad_plan's weight for its output ci (an input channel) and input o.
 inline float flipped_weight(const Conv2dGeometry& g, const float* w, int64_t ci, int64_t o,
                             int64_t t) {
@@ -339,9 +345,9 @@ inline uint16_t bf16_bits(float f) {
 int64_t channel_pairs(const Plan& p) {
   return (p.cin + 1) / 2;
 }
-// The bordered buffer of channel pairs, with the slack of bordered_floats().
+// The bordered buffer of channel pairs, with the slack.
 int64_t bordered_pairs(const Plan& p) {
-  return channel_pairs(p) * p.plane() + (p.qs() - p.q()) + (p.kw - 1) * p.d + L;
+  return channel_pairs(p) * p.plane() + p.slack();
 }
 
 // Channels 2k and 2k + 1 of `src` interleaved into pair plane k's interior (a zero partner for
@@ -497,7 +503,7 @@ void transpose_grad_pairs(const Plan& p, int64_t op, const uint16_t* gy, uint16_
 // The correlations: C[output channel][flat output q] += A[output channel][32 input channels at one
 // tap] x B[16 channel pairs][16 q]. B's rows are the bordered pair buffer's planes (fill_pairs) at
 // the tap's shift, one plane apart; A the weights, packed per (block of 16 outputs, tap, block of
-// 32 inputs). Input channels are padded to 32 with zero planes, outputs to 32, q to 32.
+// 32 inputs). Input channels are padded to 32 with zero planes, outputs to 16, q to 32.
 //
 // The weight gradient: C[input channel][output channel] += A[input channel][32 consecutive q] x
 // B[16 pairs of q][16 output channels]: A straight from the bordered bfloat16 input at the tap's
@@ -671,10 +677,9 @@ namespace {
 template <typename T>
 void direct_forward(const Conv2dGeometry& g, const T* x, const float* w, const float* b, T* y) {
   const Plan p = forward_plan(g);
-  const int64_t taps = p.taps();
   std::vector<float> wpk;
   pack_weights(
-      p, [&](int64_t co, int64_t ci, int64_t t) { return w[(co * g.c + ci) * taps + t]; }, wpk);
+      p, [&](int64_t co, int64_t ci, int64_t t) { return forward_weight(g, w, co, ci, t); }, wpk);
   const std::vector<int64_t> shift = p.shifts();
   parallel_for(g.n, 1, [&](int64_t n0, int64_t n1) {
     float* xb = thread_scratch(0, size_t(p.bordered_floats()));
@@ -754,10 +759,9 @@ void direct_backward(const Conv2dGeometry& g, const T* x, const float* w, const 
 void pairs_forward(const Conv2dGeometry& g, const uint16_t* x, const float* w, const float* b,
                    bfloat16* y) {
   const Plan p = forward_plan(g);
-  const int64_t taps = p.taps();
   std::vector<Pair> wpk;
   pack_weight_pairs(
-      p, [&](int64_t co, int64_t ci, int64_t t) { return w[(co * g.c + ci) * taps + t]; }, wpk);
+      p, [&](int64_t co, int64_t ci, int64_t t) { return forward_weight(g, w, co, ci, t); }, wpk);
   const std::vector<int64_t> shift = p.shifts();
   parallel_for(g.n, 1, [&](int64_t n0, int64_t n1) {
     Pair* xb = reinterpret_cast<Pair*>(thread_scratch(0, size_t(bordered_pairs(p))));
@@ -831,10 +835,10 @@ void tiles_forward(const Conv2dGeometry& g, const uint16_t* x, const float* w, c
                    bfloat16* y) {
   const Plan p = forward_plan(g);
   const TilePlan tp(p);
-  const int64_t taps = p.taps();
   std::vector<uint16_t> wpk;
   pack_weight_tiles(
-      p, tp, [&](int64_t co, int64_t ci, int64_t t) { return w[(co * g.c + ci) * taps + t]; }, wpk);
+      p, tp, [&](int64_t co, int64_t ci, int64_t t) { return forward_weight(g, w, co, ci, t); },
+      wpk);
   const std::vector<int64_t> shift = p.shifts();
   parallel_for(g.n, 1, [&](int64_t n0, int64_t n1) {
     TileScope tiles;

@@ -35,11 +35,18 @@ bool on_tiles(Device device, DType dtype) {
   return device.is_cpu() && dtype == DType::BFloat16 && cpu::gemm_bf16_available();
 }
 
-// Row-major float32 C = op(A) * op(B) (+ C when accumulate) of bfloat16 tensors' data.
-void gemm_tiles(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const Tensor& a,
-                int64_t lda, const Tensor& b, int64_t ldb, bool accumulate, float* c, int64_t ldc) {
+// op(A) * op(B) (m x n) of contiguous bfloat16 tensors on the host's tiles, as a bfloat16 tensor
+// of `shape` rounded once from the float32 sums; `bias`, when given, seeds every row.
+Tensor product_on_tiles(const Shape& shape, bool trans_a, bool trans_b, int64_t m, int64_t n,
+                        int64_t k, const Tensor& a, int64_t lda, const Tensor& b, int64_t ldb,
+                        const Tensor& bias = Tensor()) {
+  Tensor out = Tensor::empty(shape, DType::Float32, a.device());
+  float* po = out.data_ptr<float>();
+  if (bias.defined())
+    cpu::broadcast_rows(detail::widened(bias).contiguous().data_ptr<float>(), m, n, po);
   cpu::gemm_bf16(trans_a, trans_b, m, n, k, a.data_ptr<bfloat16>(), lda, b.data_ptr<bfloat16>(),
-                 ldb, accumulate, c, ldc);
+                 ldb, bias.defined(), po, n);
+  return detail::rounded(out, DType::BFloat16);
 }
 
 }  // namespace
@@ -58,25 +65,17 @@ Tensor matmul(const Tensor& a, const Tensor& b) {
   int64_t m = a.size(0), k = a.size(1), n = b.size(1);
   if (on_tiles(dev, dtype)) {
     Tensor ca = a.contiguous(), cb = b.contiguous();
-    Tensor out = Tensor::empty({m, n}, DType::Float32, dev);
-    gemm_tiles(false, false, m, n, k, ca, k, cb, n, false, out.data_ptr<float>(), n);
-    Tensor result = detail::rounded(out, dtype);
+    Tensor result = product_on_tiles({m, n}, false, false, m, n, k, ca, k, cb, n);
     if (!autograd::needs_grad({&a, &b})) return result;
     Tensor da = ca.detach(), db = cb.detach();
     bool ga = a.requires_grad(), gb = b.requires_grad();
     return autograd::record(
         result, "matmul", {a, b}, [=](const Tensor& g, std::vector<Tensor>& gi) {
           Tensor cg = g.to(dtype).contiguous();
-          if (ga) {  // dA = G B^T
-            Tensor w = Tensor::empty({m, k}, DType::Float32, dev);
-            gemm_tiles(false, true, m, k, n, cg, n, db, n, false, w.data_ptr<float>(), k);
-            gi[0] = detail::rounded(w, dtype);
-          }
-          if (gb) {  // dB = A^T G
-            Tensor w = Tensor::empty({k, n}, DType::Float32, dev);
-            gemm_tiles(true, false, k, n, m, da, k, cg, n, false, w.data_ptr<float>(), n);
-            gi[1] = detail::rounded(w, dtype);
-          }
+          if (ga)  // dA = G B^T
+            gi[0] = product_on_tiles({m, k}, false, true, m, k, n, cg, n, db, n);
+          if (gb)  // dB = A^T G
+            gi[1] = product_on_tiles({k, n}, true, false, k, n, m, da, k, cg, n);
         });
   }
   Tensor ca = detail::widened(a).contiguous(), cb = detail::widened(b).contiguous();
@@ -111,42 +110,31 @@ namespace {
 Tensor linear_on_tiles(const Tensor& x, const Tensor& weight, const Tensor& bias, int64_t rows,
                        const Shape& out_shape) {
   const DType dtype = x.dtype();
-  const Device dev = x.device();
   const int64_t out_f = weight.size(0), in_f = weight.size(1);
   Tensor cx = x.contiguous(), cw = weight.contiguous();
-  Tensor out = Tensor::empty(out_shape, DType::Float32, dev);
-  float* po = out.data_ptr<float>();
-  if (bias.defined())
-    cpu::broadcast_rows(detail::widened(bias).contiguous().data_ptr<float>(), rows, out_f, po);
-  gemm_tiles(false, true, rows, out_f, in_f, cx, in_f, cw, in_f, bias.defined(), po, out_f);
-  Tensor result = detail::rounded(out, dtype);
+  Tensor result =
+      product_on_tiles(out_shape, false, true, rows, out_f, in_f, cx, in_f, cw, in_f, bias);
   if (!autograd::needs_grad({&x, &weight, &bias})) return result;
   Tensor dx = cx.detach(), dw = cw.detach();
   bool gx = x.requires_grad(), gw = weight.requires_grad(),
        gb = bias.defined() && bias.requires_grad();
   Shape x_shape = x.shape();
-  return autograd::record(result, "linear", {x, weight, bias},
-                          [=](const Tensor& g, std::vector<Tensor>& gi) {
-                            Tensor cg = g.to(dtype).contiguous();
-                            if (gx) {  // dX = G W
-                              Tensor w = Tensor::empty(x_shape, DType::Float32, dev);
-                              gemm_tiles(false, false, rows, in_f, out_f, cg, out_f, dw, in_f,
-                                         false, w.data_ptr<float>(), in_f);
-                              gi[0] = detail::rounded(w, dtype);
-                            }
-                            if (gw) {  // dW = G^T X
-                              Tensor w = Tensor::empty({out_f, in_f}, DType::Float32, dev);
-                              gemm_tiles(true, false, out_f, in_f, rows, cg, out_f, dx, in_f, false,
-                                         w.data_ptr<float>(), in_f);
-                              gi[1] = detail::rounded(w, dtype);
-                            }
-                            if (gb) {  // db = the column sums of G, in float32
-                              Tensor w = Tensor::empty({out_f}, DType::Float32, dev);
-                              cpu::column_sums(detail::widened(cg).data_ptr<float>(), rows, out_f,
-                                               w.data_ptr<float>(), false);
-                              gi[2] = detail::rounded(w, dtype);
-                            }
-                          });
+  const Device dev = x.device();
+  return autograd::record(
+      result, "linear", {x, weight, bias}, [=](const Tensor& g, std::vector<Tensor>& gi) {
+        Tensor cg = g.to(dtype).contiguous();
+        if (gx)  // dX = G W
+          gi[0] = product_on_tiles(x_shape, false, false, rows, in_f, out_f, cg, out_f, dw, in_f);
+        if (gw)  // dW = G^T X
+          gi[1] =
+              product_on_tiles({out_f, in_f}, true, false, out_f, in_f, rows, cg, out_f, dx, in_f);
+        if (gb) {  // db = the column sums of G, in float32
+          Tensor w = Tensor::empty({out_f}, DType::Float32, dev);
+          cpu::column_sums(detail::widened(cg).data_ptr<float>(), rows, out_f, w.data_ptr<float>(),
+                           false);
+          gi[2] = detail::rounded(w, dtype);
+        }
+      });
 }
 
 }  // namespace

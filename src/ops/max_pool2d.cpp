@@ -44,7 +44,7 @@ Tensor max_pool2d(const Tensor& x, const MaxPool2dOptions& o) {
     Shape in_shape = x.shape();
     return autograd::record(
         result, "max_pool2d", {x}, [=](const Tensor& gy, std::vector<Tensor>& gi) {
-          Tensor cgy = (gy.dtype() == dtype ? gy : gy.to(dtype)).contiguous();
+          Tensor cgy = gy.to(dtype).contiguous();
           gi[0] = Tensor::empty(in_shape, dtype, dev);
           cpu::max_pool2d_backward(g, cgy.raw_data(), static_cast<const int32_t*>(idx->data()),
                                    gi[0].raw_data(), dtype);
