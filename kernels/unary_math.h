@@ -87,17 +87,23 @@ GALLEY_HOST_DEVICE inline float gelu_tanh(float x) {
   return 0.5f * x * (1.f + M::tanh(inner));
 }
 // grad * (0.5 (1 + t) + 0.5 x (1 - t^2) sqrt(2/pi) (1 + 3 * 0.044715 x^2)), t the tanh above.
-// One departure from PyTorch: the inner derivative is capped at FLT_MAX. For |x| > 1.8e19 it
-// is inf, tanh has long saturated (1 - t^2 == 0), and PyTorch's 0 * inf gives NaN; here the
-// term is 0. Below that the cap changes nothing.
+// Two departures from PyTorch. 1 + t and 1 - t^2 come from e = exp(-2 |inner|), as 2 / (1 + e)
+// (2 e / (1 + e) for inner < 0) and 4 e / (1 + e)^2, not from t: near saturation both are
+// differences of nearly equal numbers, where the tanh's last-bit error (libm's vector tanh, or
+// PyTorch's, is off by an ulp at some inputs, differently on different CPUs) becomes the whole
+// result, amplified by x^3 (at x = -5.35, 8x the true gradient). And the inner derivative is
+// capped at FLT_MAX: for |x| > 1.8e19 it is inf, the tanh has long saturated (1 - t^2 == 0), and
+// PyTorch's 0 * inf gives NaN; here the term is 0. Below that the cap changes nothing.
 template <typename M>
 GALLEY_HOST_DEVICE inline float gelu_tanh_backward(float g, float x) {
   const float x_sq = x * x;
   const float inner = kSqrt2OverPi * (x + kKappa * (x_sq * x));
-  const float t = M::tanh(inner);
+  const float e = M::exp(-2.f * detail::bits_float(detail::float_bits(inner) & 0x7fffffffu));
+  const float d = 1.f / (1.f + e);
+  const float one_plus_t = select_bits(inner >= 0.f, 2.f * d, 2.f * e * d);
   const float left = 0.5f * x;
-  const float left_derivative = 0.5f * (1.f + t);
-  const float tanh_derivative = 1.f - t * t;
+  const float left_derivative = 0.5f * one_plus_t;
+  const float tanh_derivative = 4.f * e * d * d;
   const float inner_derivative = capped(kSqrt2OverPi * (1.f + 3.f * kKappa * x_sq));
   const float right_derivative = left * tanh_derivative * inner_derivative;
   return g * (left_derivative + right_derivative);
