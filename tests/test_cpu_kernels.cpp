@@ -284,10 +284,10 @@ TEST(ConvDirect, Bf16KernelsMatchIm2colBitForBitOnExactValues) {
   EXPECT_TRUE(cpu::bf16_kernels_available(cpu::bf16_kernels()));
 }
 
-// Strided bfloat16 convolutions, which on AMX tiles run as stride-1 ones over their phases
-// (elsewhere on im2col), on the exact values: the im2col path's float32 result to the bit.
-// Strides 2 and 3, kernels 1, 2, 3 and 5, paddings up to 2, odd sizes, phases the kernel leaves
-// unread (a 1x1 kernel reads one phase of four).
+// Strided bfloat16 convolutions, which on the tiles or the dot products run as stride-1 ones over
+// their phases (elsewhere on im2col), on the exact values: the im2col path's float32 result to the
+// bit. Strides 2 and 3, kernels 1, 2, 3 and 5, paddings up to 2, odd sizes, phases the kernel
+// leaves unread (a 1x1 kernel reads one phase of four).
 TEST(ConvStrided, Bf16MatchesIm2colBitForBitOnExactValues) {
   namespace cpu = galley::kernels::cpu;
   const galley::DType bf = galley::DType::BFloat16;
@@ -390,14 +390,14 @@ TEST(ConvDirect, TakenOnlyWhereItIsCorrectAndPays) {
   // Three channels: the forward pass only.
   const auto rgb = conv2d_direct_use(geometry({8, 3, 32, 32, 32, 3, 3, 1, 1}));
   EXPECT_TRUE(rgb.forward && !rgb.input_grad && !rgb.weight_grad);
-  // bfloat16: every part on the tiles from 16 input channels where the host has them; fewer
-  // channels as float32 decides, on the widened kernels.
+  // bfloat16: every part on the tiles or the dot products from 16 input channels where the host
+  // has them; fewer channels as float32 decides, on the widened kernels.
   namespace cpu = galley::kernels::cpu;
   const galley::DType bf = galley::DType::BFloat16;
-  const bool tiles = cpu::bf16_kernels() == cpu::Bf16Kernels::Tiles;
+  const bool fast = cpu::bf16_kernels() != cpu::Bf16Kernels::Widened;
   const auto wide16 = conv2d_direct_use(geometry({8, 16, 14, 14, 32, 3, 3, 1, 1}), bf);
-  EXPECT_EQ(wide16.bf16, tiles ? cpu::Bf16Kernels::Tiles : cpu::Bf16Kernels::Widened);
-  if (tiles) EXPECT_TRUE(wide16.forward && wide16.input_grad && wide16.weight_grad);
+  EXPECT_EQ(wide16.bf16, cpu::bf16_kernels());
+  if (fast) EXPECT_TRUE(wide16.forward && wide16.input_grad && wide16.weight_grad);
   const auto rgb16 = conv2d_direct_use(geometry({8, 3, 32, 32, 32, 3, 3, 1, 1}), bf);
   EXPECT_EQ(rgb16.bf16, cpu::Bf16Kernels::Widened);
   EXPECT_TRUE(rgb16.forward && !rgb16.input_grad && !rgb16.weight_grad);

@@ -227,8 +227,8 @@ void backward_im2col(const Conv2dGeometry& g, const T* x, const float* w, const 
 // ordered [row phase][column phase][channel], with kernels of ceil(k / s) taps a side whose taps
 // past the kernel are zero; only the phases the kernel reaches (a % s for a < k) are kept. Every
 // input position lies in one phase and every tap in one phase tap, so the gradients map back
-// without sums. Taken for bfloat16 on AMX tiles, where the stride-1 kernels are the fast ones,
-// for kernels wider than the stride.
+// without sums. Taken for bfloat16 on the tiles or the dot products (bf16_kernels()), where the
+// stride-1 kernels are the fast ones, for kernels wider than the stride.
 struct Phases {
   int64_t ph, pw;  // phases kept per axis
   Conv2dGeometry g2;
@@ -246,9 +246,9 @@ struct Phases {
 };
 
 bool by_phases(const Conv2dGeometry& g, DType dtype) {
-  if (dtype != DType::BFloat16 || bf16_kernels() != Bf16Kernels::Tiles) return false;
+  if (dtype != DType::BFloat16 || bf16_kernels() == Bf16Kernels::Widened) return false;
   if (g.stride < 2 || g.groups != 1 || g.dilation != 1 || g.n < num_threads()) return false;
-  // A kernel of one tap per phase (a strided 1x1) gains nothing on the tiles over im2col.
+  // A kernel of one tap per phase (a strided 1x1) gains nothing on those kernels over im2col.
   const Conv2dGeometry g2 = Phases(g).g2;
   return g2.c >= 16 && g2.kh * g2.kw > 1;
 }
@@ -314,7 +314,7 @@ void phases_forward(const Conv2dGeometry& g, const void* x, const float* w, cons
   uint16_t* xp = phase_buffer(0, size_t(g2.n * g2.c * g2.h * g2.w));
   phase_images(g, P, static_cast<const uint16_t*>(x), xp);
   const std::vector<float> wp = phase_weights(g, P, w);
-  conv2d_direct_forward(g2, xp, wp.data(), b, y, DType::BFloat16, Bf16Kernels::Tiles);
+  conv2d_direct_forward(g2, xp, wp.data(), b, y, DType::BFloat16, bf16_kernels());
 }
 
 void phases_backward(const Conv2dGeometry& g, const void* x, const float* w, const void* gy,
@@ -328,7 +328,7 @@ void phases_backward(const Conv2dGeometry& g, const void* x, const float* w, con
   uint16_t* gxp = gx ? phase_buffer(1, elems) : nullptr;
   std::vector<float> gwp(gw ? wp.size() : 0);
   conv2d_direct_backward(g2, xp, wp.data(), gy, gxp, gw ? gwp.data() : nullptr, DType::BFloat16,
-                         Bf16Kernels::Tiles);
+                         bf16_kernels());
   if (gx) {
     auto* out = static_cast<uint16_t*>(gx);
     const int64_t s = g.stride;

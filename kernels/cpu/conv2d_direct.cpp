@@ -655,11 +655,13 @@ ConvDirectUse conv2d_direct_use(const Conv2dGeometry& g, DType dtype) {
                     g.pad <= (g.kh - 1) * g.dilation && g.pad <= (g.kw - 1) * g.dilation &&
                     g.n >= num_threads();
   if (!fits) return use;
-  if (dtype == DType::BFloat16 && bf16_kernels() == Bf16Kernels::Tiles && g.c >= 16) {
-    // From 16 input channels (half of a tile's 32) the tiles outrun the float32 kernels in every
-    // part; with fewer, padding and the passes around the tiles cost more than they save.
+  if (dtype == DType::BFloat16 && bf16_kernels() != Bf16Kernels::Widened && g.c >= 16) {
+    // From 16 input channels (half of a tile's 32) the tiles, and the dot products, outrun the
+    // float32 kernels in every part; with fewer, padding (to whole tiles, or to the pairs' and
+    // the register blocks' 16 channels) and the passes around the kernels cost more than they
+    // save.
     use.forward = use.input_grad = use.weight_grad = true;
-    use.bf16 = Bf16Kernels::Tiles;
+    use.bf16 = bf16_kernels();
     return use;
   }
   const int64_t columns = g.c * g.kh * g.kw;  // (input channel, tap) pairs
@@ -949,8 +951,16 @@ bool bf16_kernels_available(Bf16Kernels k) {
 }
 
 Bf16Kernels bf16_kernels() {
-  static const Bf16Kernels best =
-      bf16_kernels_available(Bf16Kernels::Tiles) ? Bf16Kernels::Tiles : Bf16Kernels::Widened;
+  static const Bf16Kernels best = [] {
+    if (bf16_kernels_available(Bf16Kernels::Tiles)) return Bf16Kernels::Tiles;
+#if defined(GALLEY_AMX)
+    // A host with AMX runs vdpbf16ps at half its float32 FMA rate: widening is faster there.
+    return Bf16Kernels::Widened;
+#else
+    return bf16_kernels_available(Bf16Kernels::DotProducts) ? Bf16Kernels::DotProducts
+                                                            : Bf16Kernels::Widened;
+#endif
+  }();
   return best;
 }
 

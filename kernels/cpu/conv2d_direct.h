@@ -23,9 +23,10 @@ namespace galley::kernels::cpu {
 //                kernels' bits.
 // The weights are rounded to bfloat16 by the first two (exact for the weights of a bfloat16
 // convolution, which the op widens from bfloat16). bf16_kernels() is the one the direct path
-// uses: Tiles where available, else Widened. DotProducts issues half the instructions of the
-// float32 kernels but runs slower than them where AMX exists (vdpbf16ps at one every two cycles
-// against two FMAs a cycle); it is chosen only by a caller that asks for it.
+// uses: Tiles where available; else DotProducts in a build with AVX512-BF16 that does not target
+// AMX (AMD Zen 4 and 5 issue vdpbf16ps at their float32 FMA rate, so it does twice the
+// multiply-adds an instruction); else Widened. Where AMX exists but the kernel refuses its tiles,
+// Widened, since those cores run vdpbf16ps at one every two cycles against two FMAs a cycle.
 enum class Bf16Kernels { Tiles, DotProducts, Widened };
 bool bf16_kernels_available(Bf16Kernels k);
 Bf16Kernels bf16_kernels();
@@ -38,9 +39,9 @@ Bf16Kernels bf16_kernels();
 // same thresholds hold for both): the forward pass and the weight gradient
 // need enough (input channel, tap) pairs to amortise writing each output block, and the weight
 // gradient's transpose of the output gradient; the input gradient needs enough input channels
-// to fill its blocks of output channels. A bfloat16 convolution of 16 or more input channels on
-// a host with AMX tiles takes the direct path for every part, on the tiles; any other runs the
-// widened kernels.
+// to fill its blocks of output channels. A bfloat16 convolution of 16 or more input channels,
+// where bf16_kernels() is Tiles or DotProducts, takes the direct path for every part on those
+// kernels; any other runs the widened kernels.
 struct ConvDirectUse {
   bool forward = false, input_grad = false, weight_grad = false;
   Bf16Kernels bf16 =
