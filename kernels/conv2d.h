@@ -5,10 +5,11 @@
 // float16, read and written in their own dtype: widened as they are copied into the kernels'
 // float32 buffers (the bordered image, the im2col columns), computed in float32, and rounded once
 // as the result is written out, with the same bits as the float32 kernel on the widened input,
-// rounded; except bfloat16 on the direct path of a host with AMX (cpu/conv2d_direct.h), which
-// multiplies bfloat16 values on the tiles, sums in float32 in its own order and rounds once. On
-// a GPU float32 through cuDNN (each call on `stream`, a cudaStream_t, with the
-// thread's handle for `device`; the caller makes `device` current).
+// rounded; except bfloat16 on the direct path of a host with AMX or AVX512-BF16
+// (cpu/conv2d_direct.h), which multiplies bfloat16 values, sums in float32 in its own order and
+// rounds once. On a GPU through cuDNN, every operand in one dtype (float32, on TF32 tensor cores
+// where allowed; bfloat16 or float16 on tensor cores, summed in float32), each call on `stream`
+// (a cudaStream_t) with the thread's handle for `device` (the caller makes `device` current).
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -56,18 +57,19 @@ void conv2d_backward_im2col(const Conv2dGeometry& g, const void* x, const float*
 
 namespace cuda {
 
-// cuDNN ranks the algorithms once per shape; each call runs the fastest whose workspace fits
-// ws.limit and can be allocated, falling back to smaller workspaces (none, at the end) when
-// memory is short.
-void conv2d_forward(int device, const Conv2dGeometry& g, const float* x, const float* w,
-                    const float* bias, float* y, const Workspace& ws, void* stream);
+// cuDNN ranks the algorithms once per shape and dtype; each call runs the fastest whose workspace
+// fits ws.limit and can be allocated, falling back to smaller workspaces (none, at the end) when
+// memory is short. x, w, y and the gradients are `dtype` elements; a bias (b, gb) is float32
+// only: a 16-bit convolution's bias is the op layer's own add.
+void conv2d_forward(int device, const Conv2dGeometry& g, DType dtype, const void* x, const void* w,
+                    const float* bias, void* y, const Workspace& ws, void* stream);
 // Gradients for the non-null outputs (overwritten).
-void conv2d_backward(int device, const Conv2dGeometry& g, const float* x, const float* w,
-                     const float* gy, float* gx, float* gw, float* gb, const Workspace& ws,
+void conv2d_backward(int device, const Conv2dGeometry& g, DType dtype, const void* x, const void* w,
+                     const void* gy, void* gx, void* gw, float* gb, const Workspace& ws,
                      void* stream);
 // For messages and tests: the algorithm each direction would run with `limit` bytes of workspace
 // available, with its workspace and math type.
-std::string conv2d_algorithms(int device, const Conv2dGeometry& g, size_t limit);
+std::string conv2d_algorithms(int device, const Conv2dGeometry& g, DType dtype, size_t limit);
 
 }  // namespace cuda
 }  // namespace galley::kernels

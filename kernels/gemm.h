@@ -1,11 +1,13 @@
 #pragma once
-// Row-major GEMM (float32, and bfloat16 inputs on AMX): C = alpha * op(A) * op(B) + beta * C, with
-// op(A) M x K, op(B) K x N, C M x N, and lda/ldb/ldc the row strides of the stored matrices. On the
-// host through Eigen, spread over galley's threads unless called from inside a parallel region; on
-// a GPU through cuBLAS on `stream` (a cudaStream_t), with the thread's handle for `device` (the
-// caller makes `device` current).
+// Row-major GEMM: C = alpha * op(A) * op(B) + beta * C, with op(A) M x K, op(B) K x N, C M x N,
+// and lda/ldb/ldc the row strides of the stored matrices. float32 everywhere; 16-bit A and B with
+// float32 C where the hardware multiplies 16-bit values (AMX tiles on the host, tensor cores on a
+// GPU). On the host through Eigen, spread over galley's threads unless called from inside a
+// parallel region; on a GPU through cuBLAS on `stream` (a cudaStream_t), with the thread's handle
+// for `device` (the caller makes `device` current).
 #include <cstdint>
 
+#include "galley/dtype.h"
 #include "galley/half.h"
 
 namespace galley::kernels {
@@ -29,6 +31,12 @@ namespace cuda {
 void gemm(int device, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
           const float* a, int64_t lda, const float* b, int64_t ldb, float beta, float* c,
           int64_t ldc, void* stream);
+// C = op(A) * op(B) (+ C when accumulate) for A and B of `dtype` (bfloat16 or float16) and float32
+// C, on tensor cores: 16-bit products summed in float32 (cublasGemmEx, CUBLAS_COMPUTE_32F), the
+// sums written to C unrounded, as cpu::gemm_bf16 does.
+void gemm_16bit(int device, DType dtype, bool trans_a, bool trans_b, int64_t m, int64_t n,
+                int64_t k, const void* a, int64_t lda, const void* b, int64_t ldb, bool accumulate,
+                float* c, int64_t ldc, void* stream);
 // Creates this thread's cuBLAS and cuDNN handles for `device` if it has none yet (before a CUDA
 // graph capture, which forbids creating them).
 void prepare(int device);

@@ -118,11 +118,12 @@ struct ConvCase {
   }
 
   void run(const galley::kernels::Workspace& ws, void* stream) {
-    kcuda::conv2d_forward(0, g, dx.data_ptr<float>(), dw.data_ptr<float>(), db.data_ptr<float>(),
-                          dy.data_ptr<float>(), ws, stream);
-    kcuda::conv2d_backward(0, g, dx.data_ptr<float>(), dw.data_ptr<float>(), dgy.data_ptr<float>(),
-                           dgx.data_ptr<float>(), dgw.data_ptr<float>(), dgb.data_ptr<float>(), ws,
-                           stream);
+    const galley::DType f32 = galley::DType::Float32;
+    kcuda::conv2d_forward(0, g, f32, dx.data_ptr<float>(), dw.data_ptr<float>(),
+                          db.data_ptr<float>(), dy.data_ptr<float>(), ws, stream);
+    kcuda::conv2d_backward(0, g, f32, dx.data_ptr<float>(), dw.data_ptr<float>(),
+                           dgy.data_ptr<float>(), dgx.data_ptr<float>(), dgw.data_ptr<float>(),
+                           dgb.data_ptr<float>(), ws, stream);
   }
 
   // After the device has finished.
@@ -199,6 +200,108 @@ TEST(CudaBlas, GemmMatchesTheCpuForEveryTransposition) {
 #endif
 }
 
+// bfloat16 and float16 operands on tensor cores, float32 sums: on small integers every product
+// and sum is exact in both, so the result must equal the float32 GEMM's bit for bit, for every
+// transposition, with and without accumulating into C.
+TEST(CudaBlas, Gemm16BitMatchesTheFloat32GemmOnExactValues) {
+  REQUIRE_GPU();
+#ifdef GALLEY_HAVE_CUDA
+  Tf32Setting exact(false);
+  auto small_integers = [](galley::Shape shape, int seed) {  // -4 .. 4
+    std::vector<float> v(size_t(shape[0] * shape[1]));
+    for (size_t i = 0; i < v.size(); ++i) v[i] = float(int((i * 7 + size_t(seed) * 13) % 9) - 4);
+    return Tensor::from_vector(v, shape);
+  };
+  for (galley::DType dtype : {galley::DType::BFloat16, galley::DType::Float16})
+    for (bool accumulate : {false, true})
+      for (bool ta : {false, true})
+        for (bool tb : {false, true}) {
+          const int64_t m = 37, n = 53, k = 70;
+          Tensor a = small_integers({ta ? k : m, ta ? m : k}, 1),
+                 b = small_integers({tb ? n : k, tb ? k : n}, 2), c = small_integers({m, n}, 3);
+          Tensor expected = c.clone();
+          galley::kernels::cpu::gemm(ta, tb, m, n, k, 1.f, a.data_ptr<float>(), a.size(1),
+                                     b.data_ptr<float>(), b.size(1), accumulate ? 1.f : 0.f,
+                                     expected.data_ptr<float>(), n);
+          Tensor da = a.to(dtype).to(gpu), db = b.to(dtype).to(gpu), dc = c.to(gpu);
+          kcuda::gemm_16bit(0, dtype, ta, tb, m, n, k, da.raw_data(), a.size(1), db.raw_data(),
+                            b.size(1), accumulate, dc.data_ptr<float>(), n, compute_stream());
+          galley::cuda::synchronize(gpu);
+          const std::string what =
+              galley::detail::str_cat(galley::dtype_name(dtype), " gemm ", ta ? "T" : "N",
+                                      tb ? "T" : "N", accumulate ? " accumulating" : "");
+          EXPECT_EQ(dc.to(Device::cpu()).to_vector(), expected.to_vector()) << what;
+        }
+#endif
+}
+
+// 16-bit convolutions, every operand in the dtype, against the CPU's float32 kernels on the same
+// (rounded) values: the GPU's result is rounded once from float32 sums, so it is within half an
+// ulp of the dtype of the float32 result, plus the sums' own differences.
+TEST(CudaBlas, Convolution16BitMatchesTheCpu) {
+  REQUIRE_GPU();
+#ifdef GALLEY_HAVE_CUDA
+  const std::vector<galley::kernels::Conv2dGeometry> shapes = {
+      geometry(2, 3, 32, 32, 64, 3, 1, 0, 1, 1), geometry(8, 32, 28, 28, 32, 3, 1, 1, 1, 1),
+      geometry(4, 64, 14, 14, 128, 1, 1, 0, 1, 1), geometry(2, 16, 15, 15, 16, 3, 1, 1, 1, 16),
+      geometry(2, 4, 9, 11, 6, 3, 2, 1, 1, 2)};
+  for (galley::DType dtype : {galley::DType::BFloat16, galley::DType::Float16}) {
+    const float tolerance = dtype == galley::DType::BFloat16 ? 1.6e-2f : 2e-3f;
+    for (const galley::kernels::Conv2dGeometry& g : shapes) {
+      auto rounded = [dtype](Tensor t) { return t.to(dtype).to(galley::DType::Float32); };
+      Tensor x = rounded(galley::randn({g.n, g.c, g.h, g.w})),
+             w = rounded(galley::randn({g.o, g.c / g.groups, g.kh, g.kw})),
+             gy = rounded(galley::randn({g.n, g.o, g.oh, g.ow}));
+      Tensor y = Tensor::empty(gy.shape()), gx = Tensor::empty(x.shape()),
+             gw = Tensor::empty(w.shape());
+      galley::kernels::cpu::conv2d_forward(g, x.data_ptr<float>(), w.data_ptr<float>(), nullptr,
+                                           y.data_ptr<float>());
+      galley::kernels::cpu::conv2d_backward(g, x.data_ptr<float>(), w.data_ptr<float>(),
+                                            gy.data_ptr<float>(), gx.data_ptr<float>(),
+                                            gw.data_ptr<float>(), nullptr);
+      Tensor dx = x.to(dtype).to(gpu), dw = w.to(dtype).to(gpu), dgy = gy.to(dtype).to(gpu);
+      Tensor dy = Tensor::empty(y.shape(), dtype, gpu), dgx = Tensor::empty(x.shape(), dtype, gpu),
+             dgw = Tensor::empty(w.shape(), dtype, gpu);
+      TestScratch scratch;
+      kcuda::conv2d_forward(0, g, dtype, dx.raw_data(), dw.raw_data(), nullptr, dy.raw_data(),
+                            scratch.workspace(), compute_stream());
+      kcuda::conv2d_backward(0, g, dtype, dx.raw_data(), dw.raw_data(), dgy.raw_data(),
+                             dgx.raw_data(), dgw.raw_data(), nullptr, scratch.workspace(),
+                             compute_stream());
+      galley::cuda::synchronize(gpu);
+      const std::string what = galley::dtype_name(dtype) + " " + str(g) + ", " +
+                               kcuda::conv2d_algorithms(0, g, dtype, size_t(1) << 30);
+      std::cout << what << "\n";
+      auto wide = [](const Tensor& t) { return t.to(Device::cpu()).to(galley::DType::Float32); };
+      expect_close(wide(dy), y, tolerance, what + ": forward");
+      expect_close(wide(dgx), gx, tolerance, what + ": backward data");
+      expect_close(wide(dgw), gw, tolerance, what + ": backward filter");
+    }
+  }
+#endif
+}
+
+// A bias is cuDNN's to add in float32 only; a 16-bit one is the op layer's, and asking the
+// launcher for one is an error that says so, not a silent misread of the bias's bytes.
+TEST(CudaBlas, Convolution16BitRefusesABias) {
+  REQUIRE_GPU();
+#ifdef GALLEY_HAVE_CUDA
+  const galley::kernels::Conv2dGeometry g = geometry(1, 2, 5, 5, 3, 3, 1, 1, 1, 1);
+  Tensor x = Tensor::empty({1, 2, 5, 5}, galley::DType::BFloat16, gpu),
+         w = Tensor::empty({3, 2, 3, 3}, galley::DType::BFloat16, gpu),
+         b = Tensor::empty({3}, galley::DType::Float32, gpu),
+         y = Tensor::empty({1, 3, 5, 5}, galley::DType::BFloat16, gpu);
+  TestScratch scratch;
+  try {
+    kcuda::conv2d_forward(0, g, galley::DType::BFloat16, x.raw_data(), w.raw_data(),
+                          b.data_ptr<float>(), y.raw_data(), scratch.workspace(), compute_stream());
+    FAIL() << "a bfloat16 convolution took a bias";
+  } catch (const galley::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("bias"), std::string::npos) << e.what();
+  }
+#endif
+}
+
 // The shapes cover what makes cuDNN choose differently: 3x3 stride 1 with many channels
 // (Winograd), 5x5 and 7x7 (FFT), 1x1 (a plain GEMM), strides, dilation, groups, depthwise, even
 // and non-square kernels and images.
@@ -219,8 +322,9 @@ TEST(CudaBlas, ConvolutionForwardAndBackwardMatchTheCpu) {
       TestScratch scratch;
       cs.run(scratch.workspace(), compute_stream());
       galley::cuda::synchronize(gpu);
-      const std::string what = str(g) + (det ? " (deterministic), " : ", ") +
-                               kcuda::conv2d_algorithms(0, g, size_t(1) << 30);
+      const std::string what =
+          str(g) + (det ? " (deterministic), " : ", ") +
+          kcuda::conv2d_algorithms(0, g, galley::DType::Float32, size_t(1) << 30);
       std::cout << what << "\n";
       cs.expect_matches(what);
     }
@@ -235,8 +339,10 @@ TEST(CudaBlas, ConvolutionFallsBackWhenWorkspaceIsShort) {
 #ifdef GALLEY_HAVE_CUDA
   Tf32Setting exact(false);
   const galley::kernels::Conv2dGeometry g = geometry(8, 32, 32, 32, 32, 5, 1, 2, 1, 1);
-  std::cout << "fastest: " << kcuda::conv2d_algorithms(0, g, size_t(1) << 30) << "\n"
-            << "without workspace: " << kcuda::conv2d_algorithms(0, g, 0) << "\n";
+  std::cout << "fastest: "
+            << kcuda::conv2d_algorithms(0, g, galley::DType::Float32, size_t(1) << 30) << "\n"
+            << "without workspace: " << kcuda::conv2d_algorithms(0, g, galley::DType::Float32, 0)
+            << "\n";
   {
     ConvCase cs(g);
     galley::kernels::Workspace none;  // limit 0, nothing to allocate with
@@ -278,10 +384,12 @@ TEST(CudaBlas, ConvolutionRunsUnderATightMemoryCap) {
   } guard{before.limit};
   const size_t cap = before.reserved;
   galley::set_memory_limit(gpu, cap);
-  std::cout << "cap " << cap << " bytes, " << before.allocated
-            << " in use; fastest: " << kcuda::conv2d_algorithms(0, g, size_t(1) << 30)
+  std::cout << "cap " << cap << " bytes, " << before.allocated << " in use; fastest: "
+            << kcuda::conv2d_algorithms(0, g, galley::DType::Float32, size_t(1) << 30)
             << "; under the cap: "
-            << kcuda::conv2d_algorithms(0, g, cap - std::min(cap, before.allocated)) << "\n";
+            << kcuda::conv2d_algorithms(0, g, galley::DType::Float32,
+                                        cap - std::min(cap, before.allocated))
+            << "\n";
   galley::detail::conv2d_forward(gpu, g, galley::DType::Float32, cs.dx.data_ptr<float>(),
                                  cs.dw.data_ptr<float>(), cs.db.data_ptr<float>(),
                                  cs.dy.data_ptr<float>());
@@ -377,7 +485,7 @@ TEST(CudaBlas, DeterministicConvolutionsRepeatTheirBits) {
   cs.run(scratch.workspace(), compute_stream());
   galley::cuda::synchronize(gpu);
   const auto gx2 = cs.dgx.to(Device::cpu()).to_vector(), gw2 = cs.dgw.to(Device::cpu()).to_vector();
-  const std::string algos = kcuda::conv2d_algorithms(0, g, size_t(1) << 30);
+  const std::string algos = kcuda::conv2d_algorithms(0, g, galley::DType::Float32, size_t(1) << 30);
   EXPECT_EQ(0, std::memcmp(gx.data(), gx2.data(), gx.size() * sizeof(float))) << algos;
   EXPECT_EQ(0, std::memcmp(gw.data(), gw2.data(), gw.size() * sizeof(float))) << algos;
   cs.expect_matches(str(g) + " (deterministic), " + algos);

@@ -12,6 +12,11 @@
 // device synchronisations, which a CUDA graph capture forbids (a shape's first call may be
 // captured) and which other jobs on a shared GPU would make noisy. The ranking is cached per
 // shape; the choice within it is made per call, as what the memory cap leaves changes.
+//
+// 16-bit operands. bfloat16 and float16 products run on tensor cores with float32 sums: GEMMs
+// through cublasGemmEx into a float32 C (the op layer rounds once, as on the host's tiles), and
+// convolutions with every tensor in the 16-bit dtype and a float32 compute type (cuDNN's
+// "pseudo" configurations, PyTorch's choice too). TF32 concerns float32 alone.
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 #include <cudnn.h>
@@ -120,17 +125,48 @@ class DeviceGuard {
 // 32 MiB is what NVIDIA recommends for Hopper. It comes from cudaMalloc, outside galley's cap.
 constexpr size_t kBlasWorkspace = size_t(32) << 20;
 
-// n, c, h, w, o, kh, kw, stride, pad, dilation, groups: what a convolution's shape is.
-using ConvShape = std::array<int64_t, 11>;
+// n, c, h, w, o, kh, kw, stride, pad, dilation, groups and the dtype: what a convolution's shape
+// is.
+using ConvShape = std::array<int64_t, 12>;
 
-ConvShape shape_of(const Conv2dGeometry& g) {
-  return {g.n, g.c, g.h, g.w, g.o, g.kh, g.kw, g.stride, g.pad, g.dilation, g.groups};
+ConvShape shape_of(const Conv2dGeometry& g, DType dtype) {
+  return {g.n,  g.c,      g.h,   g.w,        g.o,      g.kh,
+          g.kw, g.stride, g.pad, g.dilation, g.groups, int64_t(dtype)};
+}
+
+bool is_16bit(DType d) {
+  return d == DType::BFloat16 || d == DType::Float16;
+}
+
+cudnnDataType_t cudnn_type(DType d) {
+  switch (d) {
+    case DType::Float32:
+      return CUDNN_DATA_FLOAT;
+    case DType::BFloat16:
+      return CUDNN_DATA_BFLOAT16;
+    case DType::Float16:
+      return CUDNN_DATA_HALF;
+    default:
+      break;
+  }
+  GALLEY_CHECK(false, "conv2d: cuDNN takes float32, bfloat16 or float16, got ", dtype_name(d));
+  return CUDNN_DATA_FLOAT;
+}
+
+cudaDataType_t cuda_type(DType d) {
+  GALLEY_CHECK(is_16bit(d), "gemm_16bit: expected bfloat16 or float16 operands, got ",
+               dtype_name(d));
+  return d == DType::BFloat16 ? CUDA_R_16BF : CUDA_R_16F;
 }
 
 std::string describe(const Conv2dGeometry& g) {
   return str_cat(g.n, "x", g.c, "x", g.h, "x", g.w, " by ", g.o, "x", g.c / g.groups, "x", g.kh,
                  "x", g.kw, " (stride ", g.stride, ", padding ", g.pad, ", dilation ", g.dilation,
                  ", groups ", g.groups, ")");
+}
+
+std::string describe(const Conv2dGeometry& g, DType dtype) {
+  return str_cat(describe(g), " in ", dtype_name(dtype));
 }
 
 // The descriptors of one convolution shape. The math type is set before every call (it belongs
@@ -152,20 +188,23 @@ struct ConvDescs {
     if (conv) (void)cudnnDestroyConvolutionDescriptor(conv);
   }
 
-  void init(const Conv2dGeometry& g) {
+  // x, w and y in `dtype`, the bias in float32 (only float32 convolutions add one), sums in
+  // float32.
+  void init(const Conv2dGeometry& g, DType dtype) {
+    const cudnnDataType_t t = cudnn_type(dtype);
     CUDNN_CHECK(cudnnCreateTensorDescriptor(&x));
     CUDNN_CHECK(cudnnCreateTensorDescriptor(&y));
     CUDNN_CHECK(cudnnCreateTensorDescriptor(&b));
     CUDNN_CHECK(cudnnCreateFilterDescriptor(&w));
     CUDNN_CHECK(cudnnCreateConvolutionDescriptor(&conv));
-    CUDNN_CHECK(cudnnSetTensor4dDescriptor(x, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, int(g.n),
-                                           int(g.c), int(g.h), int(g.w)));
-    CUDNN_CHECK(cudnnSetTensor4dDescriptor(y, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, int(g.n),
-                                           int(g.o), int(g.oh), int(g.ow)));
+    CUDNN_CHECK(cudnnSetTensor4dDescriptor(x, CUDNN_TENSOR_NCHW, t, int(g.n), int(g.c), int(g.h),
+                                           int(g.w)));
+    CUDNN_CHECK(cudnnSetTensor4dDescriptor(y, CUDNN_TENSOR_NCHW, t, int(g.n), int(g.o), int(g.oh),
+                                           int(g.ow)));
     CUDNN_CHECK(
         cudnnSetTensor4dDescriptor(b, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, 1, int(g.o), 1, 1));
-    CUDNN_CHECK(cudnnSetFilter4dDescriptor(w, CUDNN_DATA_FLOAT, CUDNN_TENSOR_NCHW, int(g.o),
-                                           int(g.c / g.groups), int(g.kh), int(g.kw)));
+    CUDNN_CHECK(cudnnSetFilter4dDescriptor(w, t, CUDNN_TENSOR_NCHW, int(g.o), int(g.c / g.groups),
+                                           int(g.kh), int(g.kw)));
     CUDNN_CHECK(cudnnSetConvolution2dDescriptor(conv, int(g.pad), int(g.pad), int(g.stride),
                                                 int(g.stride), int(g.dilation), int(g.dilation),
                                                 CUDNN_CROSS_CORRELATION, CUDNN_DATA_FLOAT));
@@ -314,29 +353,33 @@ struct Candidate {
   size_t workspace;
 };
 
-// The rankings of one shape under one setting of TF32 and determinism, fastest first.
+// The rankings of one shape and dtype under one setting of TF32 and determinism, fastest first.
 struct Plan {
   bool deterministic = false;
   std::array<std::vector<Candidate>, 3> ranked;
 };
 
 // The math type to run a ranked entry with, or false where it would break the TF32 setting.
+// `tensor_ops`: tensor cores are allowed (16-bit operands always; float32 with TF32 allowed).
 // CUDNN_DEFAULT_MATH lets cuDNN use TF32 on Ampere and later, so without TF32 it becomes FMA.
-// ALLOW_CONVERSION may round float32 down to half precision, which even TF32 does not permit.
-bool usable_math(cudnnMathType_t m, bool allow_tf32, cudnnMathType_t* out) {
+// ALLOW_CONVERSION may round float32 down to half precision, which even TF32 does not permit;
+// 16-bit operands have nothing left to round.
+bool usable_math(cudnnMathType_t m, bool tensor_ops, bool low_precision, cudnnMathType_t* out) {
   switch (m) {
     case CUDNN_FMA_MATH:
       *out = m;
       return true;
     case CUDNN_DEFAULT_MATH:
-      *out = allow_tf32 ? m : CUDNN_FMA_MATH;
+      *out = tensor_ops ? m : CUDNN_FMA_MATH;
       return true;
     case CUDNN_TENSOR_OP_MATH:
       *out = m;
-      return allow_tf32;
-    default:
-      return false;
+      return tensor_ops;
+    case CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION:
+      *out = m;
+      return low_precision;
   }
+  return false;
 }
 
 // Algorithms that run every shape, appended after the heuristics' entries in case those all
@@ -350,8 +393,8 @@ struct Fallback {
 // workspace its math type needs (asked again: perf.memory is not reliably filled by Get_v7).
 template <typename Perf, typename SizeOf>
 std::vector<Candidate> rank(const std::vector<Perf>& perf, int found,
-                            cudnnConvolutionDescriptor_t conv, bool allow_tf32, bool det,
-                            std::initializer_list<Fallback> fallbacks, SizeOf size_of) {
+                            cudnnConvolutionDescriptor_t conv, bool tensor_ops, bool low_precision,
+                            bool det, std::initializer_list<Fallback> fallbacks, SizeOf size_of) {
   std::vector<Candidate> out;
   auto add = [&](int algo, cudnnMathType_t math) {
     for (const Candidate& c : out)
@@ -366,20 +409,23 @@ std::vector<Candidate> rank(const std::vector<Perf>& perf, int found,
     cudnnMathType_t math = CUDNN_FMA_MATH;
     if (p.status != CUDNN_STATUS_SUCCESS) continue;
     if (det && p.determinism != CUDNN_DETERMINISTIC) continue;
-    if (!usable_math(p.mathType, allow_tf32, &math)) continue;
+    if (!usable_math(p.mathType, tensor_ops, low_precision, &math)) continue;
     add(int(p.algo), math);
   }
+  // 16-bit fallbacks keep cuDNN's default math: not every algorithm runs them on FMA units.
+  const cudnnMathType_t fallback_math = low_precision ? CUDNN_DEFAULT_MATH : CUDNN_FMA_MATH;
   for (const Fallback& f : fallbacks)
-    if (!det || f.deterministic) add(f.algo, CUDNN_FMA_MATH);
+    if (!det || f.deterministic) add(f.algo, fallback_math);
   forget_cudnn_message();  // the refusals above were expected
   return out;
 }
 
-Plan make_plan(cudnnHandle_t h, const ConvDescs& d, bool allow_tf32, bool det) {
+Plan make_plan(cudnnHandle_t h, const ConvDescs& d, bool allow_tf32, bool low_precision, bool det) {
   Plan plan;
   plan.deterministic = det;
-  // The heuristics answer for the descriptor's math type: FMA keeps TF32 kernels out.
-  const cudnnMathType_t query = allow_tf32 ? CUDNN_TENSOR_OP_MATH : CUDNN_FMA_MATH;
+  // The heuristics answer for the descriptor's math type: FMA keeps TF32 kernels out of float32.
+  const bool tensor_ops = allow_tf32 || low_precision;
+  const cudnnMathType_t query = tensor_ops ? CUDNN_TENSOR_OP_MATH : CUDNN_FMA_MATH;
   int max = 0, found = 0;
 
   CUDNN_CHECK(cudnnSetConvolutionMathType(d.conv, query));
@@ -388,7 +434,7 @@ Plan make_plan(cudnnHandle_t h, const ConvDescs& d, bool allow_tf32, bool det) {
   CUDNN_CHECK(cudnnGetConvolutionForwardAlgorithm_v7(h, d.x, d.w, d.conv, d.y, int(fwd.size()),
                                                      &found, fwd.data()));
   plan.ranked[kForward] =
-      rank(fwd, found, d.conv, allow_tf32, det,
+      rank(fwd, found, d.conv, tensor_ops, low_precision, det,
            {{CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_GEMM, true},
             {CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_PRECOMP_GEMM, true}},
            [&](int algo, size_t* bytes) {
@@ -402,7 +448,7 @@ Plan make_plan(cudnnHandle_t h, const ConvDescs& d, bool allow_tf32, bool det) {
   CUDNN_CHECK(cudnnGetConvolutionBackwardDataAlgorithm_v7(h, d.w, d.y, d.conv, d.x,
                                                           int(data.size()), &found, data.data()));
   plan.ranked[kBackwardData] =
-      rank(data, found, d.conv, allow_tf32, det,
+      rank(data, found, d.conv, tensor_ops, low_precision, det,
            {{CUDNN_CONVOLUTION_BWD_DATA_ALGO_1, true}, {CUDNN_CONVOLUTION_BWD_DATA_ALGO_0, false}},
            [&](int algo, size_t* bytes) {
              return cudnnGetConvolutionBackwardDataWorkspaceSize(
@@ -415,7 +461,7 @@ Plan make_plan(cudnnHandle_t h, const ConvDescs& d, bool allow_tf32, bool det) {
   CUDNN_CHECK(cudnnGetConvolutionBackwardFilterAlgorithm_v7(
       h, d.x, d.y, d.conv, d.w, int(filter.size()), &found, filter.data()));
   plan.ranked[kBackwardFilter] = rank(
-      filter, found, d.conv, allow_tf32, det,
+      filter, found, d.conv, tensor_ops, low_precision, det,
       {{CUDNN_CONVOLUTION_BWD_FILTER_ALGO_1, true}, {CUDNN_CONVOLUTION_BWD_FILTER_ALGO_0, false}},
       [&](int algo, size_t* bytes) {
         return cudnnGetConvolutionBackwardFilterWorkspaceSize(
@@ -424,8 +470,8 @@ Plan make_plan(cudnnHandle_t h, const ConvDescs& d, bool allow_tf32, bool det) {
   return plan;
 }
 
-// Everything that changes the ranking: the device (its architecture), the shape, TF32 and
-// determinism.
+// Everything that changes the ranking: the device (its architecture), the shape and dtype, TF32
+// and determinism.
 using PlanKey = std::tuple<int, ConvShape, bool, bool>;
 
 struct PlanCache {
@@ -433,7 +479,7 @@ struct PlanCache {
   std::map<PlanKey, Plan> plans;  // never erased: references to entries stay valid
 };
 
-const Plan& plan_for(Handles& hs, const ConvDescs& d, const ConvShape& shape) {
+const Plan& plan_for(Handles& hs, const ConvDescs& d, const ConvShape& shape, DType dtype) {
   static auto* cache = new PlanCache();  // lives to exit, like the handles that fill it
   const bool allow = kernels::allow_tf32(), det = kernels::deterministic();
   const PlanKey key{hs.device, shape, allow, det};
@@ -444,7 +490,7 @@ const Plan& plan_for(Handles& hs, const ConvDescs& d, const ConvShape& shape) {
   }
   // Ranked outside the lock, so that other threads' convolutions do not wait for it; a thread
   // ranking the same shape meanwhile gets the same answer, and the first one stored stays.
-  Plan plan = make_plan(hs.dnn, d, allow, det);
+  Plan plan = make_plan(hs.dnn, d, allow, is_16bit(dtype), det);
   std::lock_guard<std::mutex> lock(cache->mu);
   return cache->plans.emplace(key, std::move(plan)).first->second;
 }
@@ -455,16 +501,16 @@ struct Conv {
   const Plan& plan;
 };
 
-Conv conv_for(int device, const Conv2dGeometry& g) {
+Conv conv_for(int device, const Conv2dGeometry& g, DType dtype) {
   Handles& h = handles(device);
-  const ConvShape shape = shape_of(g);
+  const ConvShape shape = shape_of(g, dtype);
   auto it = h.convs.find(shape);
   if (it == h.convs.end()) {
     auto d = std::make_unique<ConvDescs>();
-    d->init(g);
+    d->init(g, dtype);
     it = h.convs.emplace(shape, std::move(d)).first;
   }
-  return {h, *it->second, plan_for(h, *it->second, shape)};
+  return {h, *it->second, plan_for(h, *it->second, shape, dtype)};
 }
 
 // Statuses that belong to the algorithm rather than to the call: another may run. (A view into
@@ -483,7 +529,7 @@ bool worth_another_algorithm(cudnnStatus_t s) {
 // for this shape moves on to the next.
 template <typename Launch>
 void run_fastest(const Conv& c, Direction dir, const Workspace& ws, int device,
-                 const Conv2dGeometry& g, Launch&& launch) {
+                 const Conv2dGeometry& g, DType dtype, Launch&& launch) {
   size_t limit = ws.limit;
   size_t refused = SIZE_MAX;  // the smallest workspace that did not fit
   std::string oom, failure;
@@ -520,7 +566,7 @@ void run_fastest(const Conv& c, Direction dir, const Workspace& ws, int device,
     failure = why;
   }
   const std::string what =
-      str_cat("conv2d ", direction_name(dir), " on cuda:", device, " of ", describe(g));
+      str_cat("conv2d ", direction_name(dir), " on cuda:", device, " of ", describe(g, dtype));
   if (refused != SIZE_MAX)
     throw OutOfMemoryError(str_cat(
         what, ": every cuDNN algorithm", c.plan.deterministic ? " (deterministic ones only)" : "",
@@ -546,54 +592,100 @@ void prepare(int device) {
   (void)handles(device);
 }
 
+namespace {
+
+// This thread's cuBLAS handle for `device`, bound to `stream` with its workspace there and the
+// math mode of the TF32 setting (which 16-bit products ignore: they take tensor cores anyway).
+cublasHandle_t blas_on(int device, cudaStream_t stream) {
+  Handles& hs = handles(device);
+  cublasHandle_t h = hs.blas;
+  CUBLAS_CHECK(cublasSetStream(h, stream));
+  // cublasSetStream has just put the handle back on cuBLAS's default workspace.
+  if (void* ws = blas_workspace(hs, stream))
+    CUBLAS_CHECK(cublasSetWorkspace(h, ws, kBlasWorkspace));
+  CUBLAS_CHECK(cublasSetMathMode(
+      h, kernels::allow_tf32() ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH));
+  return h;
+}
+
+// cuBLAS wants leading dimensions of at least 1 even where an operand is empty (k == 0).
+int ld(int64_t v) {
+  return int(std::max<int64_t>(v, 1));
+}
+
+cublasOperation_t cublas_op(bool trans) {
+  return trans ? CUBLAS_OP_T : CUBLAS_OP_N;
+}
+
+}  // namespace
+
 void gemm(int device, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
           const float* a, int64_t lda, const float* b, int64_t ldb, float beta, float* c,
           int64_t ldc, void* stream) {
   if (m == 0 || n == 0) return;
-  Handles& hs = handles(device);
-  cublasHandle_t h = hs.blas;
-  const cudaStream_t s = as_stream(stream);
-  CUBLAS_CHECK(cublasSetStream(h, s));
-  // cublasSetStream has just put the handle back on cuBLAS's default workspace.
-  if (void* ws = blas_workspace(hs, s)) CUBLAS_CHECK(cublasSetWorkspace(h, ws, kBlasWorkspace));
-  CUBLAS_CHECK(cublasSetMathMode(
-      h, kernels::allow_tf32() ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH));
+  cublasHandle_t h = blas_on(device, as_stream(stream));
   // Row-major C = op(A) op(B) is column-major C^T = op(B)^T op(A)^T: swap the operands.
-  // cuBLAS wants leading dimensions of at least 1 even where an operand is empty (k == 0).
-  auto ld = [](int64_t v) { return int(std::max<int64_t>(v, 1)); };
-  CUBLAS_CHECK(cublasSgemm(h, trans_b ? CUBLAS_OP_T : CUBLAS_OP_N,
-                           trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, int(n), int(m), int(k), &alpha, b,
-                           ld(ldb), a, ld(lda), &beta, c, ld(ldc)));
+  CUBLAS_CHECK(cublasSgemm(h, cublas_op(trans_b), cublas_op(trans_a), int(n), int(m), int(k),
+                           &alpha, b, ld(ldb), a, ld(lda), &beta, c, ld(ldc)));
 }
 
-void conv2d_forward(int device, const Conv2dGeometry& g, const float* x, const float* w,
-                    const float* bias, float* y, const Workspace& ws, void* stream) {
-  const Conv c = conv_for(device, g);
+void gemm_16bit(int device, DType dtype, bool trans_a, bool trans_b, int64_t m, int64_t n,
+                int64_t k, const void* a, int64_t lda, const void* b, int64_t ldb, bool accumulate,
+                float* c, int64_t ldc, void* stream) {
+  const cudaDataType_t t = cuda_type(dtype);
+  if (m == 0 || n == 0) return;
+  cublasHandle_t h = blas_on(device, as_stream(stream));
+  const float one = 1.f, beta = accumulate ? 1.f : 0.f;
+  // As gemm: the operands swapped for column-major. 16-bit A and B with a float32 C under
+  // CUBLAS_COMPUTE_32F is one of GemmEx's listed combinations; cuBLAS picks tensor-core kernels
+  // for it by itself (and plain ones where an operand is misaligned for them).
+  CUBLAS_CHECK(cublasGemmEx(h, cublas_op(trans_b), cublas_op(trans_a), int(n), int(m), int(k), &one,
+                            b, t, ld(ldb), a, t, ld(lda), &beta, c, CUDA_R_32F, ld(ldc),
+                            CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+}
+
+namespace {
+
+// A bias is added by cuDNN in float32 only; 16-bit convolutions leave theirs to the op layer.
+void check_bias(DType dtype, const void* bias, const char* what) {
+  GALLEY_CHECK(!bias || dtype == DType::Float32, "conv2d ", what, ": cuDNN adds a float32 bias to ",
+               "float32 convolutions only; a ", dtype_name(dtype), " convolution's bias is added ",
+               "by the op layer");
+}
+
+}  // namespace
+
+void conv2d_forward(int device, const Conv2dGeometry& g, DType dtype, const void* x, const void* w,
+                    const float* bias, void* y, const Workspace& ws, void* stream) {
+  check_bias(dtype, bias, "forward");
+  const Conv c = conv_for(device, g, dtype);
   cudnnHandle_t h = c.h.dnn;
   CUDNN_CHECK(cudnnSetStream(h, as_stream(stream)));
+  // alpha and beta are float for every dtype here: the compute type is float32.
   const float one = 1.f, zero = 0.f;
-  run_fastest(c, kForward, ws, device, g, [&](int algo, void* work, size_t bytes) {
+  run_fastest(c, kForward, ws, device, g, dtype, [&](int algo, void* work, size_t bytes) {
     return cudnnConvolutionForward(h, &one, c.d.x, x, c.d.w, w, c.d.conv,
                                    cudnnConvolutionFwdAlgo_t(algo), work, bytes, &zero, c.d.y, y);
   });
   if (bias) CUDNN_CHECK(cudnnAddTensor(h, &one, c.d.b, bias, &one, c.d.y, y));
 }
 
-void conv2d_backward(int device, const Conv2dGeometry& g, const float* x, const float* w,
-                     const float* gy, float* gx, float* gw, float* gb, const Workspace& ws,
+void conv2d_backward(int device, const Conv2dGeometry& g, DType dtype, const void* x, const void* w,
+                     const void* gy, void* gx, void* gw, float* gb, const Workspace& ws,
                      void* stream) {
-  const Conv c = conv_for(device, g);
+  check_bias(dtype, gb, "backward");
+  const Conv c = conv_for(device, g, dtype);
   cudnnHandle_t h = c.h.dnn;
   CUDNN_CHECK(cudnnSetStream(h, as_stream(stream)));
   const float one = 1.f, zero = 0.f;
   if (gx)
-    run_fastest(c, kBackwardData, ws, device, g, [&](int algo, void* work, size_t bytes) {
+    run_fastest(c, kBackwardData, ws, device, g, dtype, [&](int algo, void* work, size_t bytes) {
       return cudnnConvolutionBackwardData(h, &one, c.d.w, w, c.d.y, gy, c.d.conv,
                                           cudnnConvolutionBwdDataAlgo_t(algo), work, bytes, &zero,
                                           c.d.x, gx);
     });
   if (gw)
-    run_fastest(c, kBackwardFilter, ws, device, g, [&](int algo, void* work, size_t bytes) {
+    run_fastest(c, kBackwardFilter, ws, device, g, dtype, [&](int algo, void* work, size_t bytes) {
       return cudnnConvolutionBackwardFilter(h, &one, c.d.x, x, c.d.y, gy, c.d.conv,
                                             cudnnConvolutionBwdFilterAlgo_t(algo), work, bytes,
                                             &zero, c.d.w, gw);
@@ -601,8 +693,8 @@ void conv2d_backward(int device, const Conv2dGeometry& g, const float* x, const 
   if (gb) CUDNN_CHECK(cudnnConvolutionBackwardBias(h, &one, c.d.y, gy, &zero, c.d.b, gb));
 }
 
-std::string conv2d_algorithms(int device, const Conv2dGeometry& g, size_t limit) {
-  const Conv c = conv_for(device, g);
+std::string conv2d_algorithms(int device, const Conv2dGeometry& g, DType dtype, size_t limit) {
+  const Conv c = conv_for(device, g, dtype);
   std::string out;
   for (Direction dir : {kForward, kBackwardData, kBackwardFilter}) {
     if (!out.empty()) out += "; ";

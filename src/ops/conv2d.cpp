@@ -1,7 +1,8 @@
 // conv2d: shape checks, output geometry, the device switch (cuDNN's workspace from the caching
-// allocator) and the autograd record. The host kernels take 16-bit activations as they are (and
-// float32 weights); cuDNN takes float32, so on a GPU a 16-bit op widens its inputs, rounds its
-// output once and computes its gradients in float32.
+// allocator) and the autograd record. Activations reach the kernels in their own dtype on every
+// device: the host kernels take 16-bit activations with float32 weights, cuDNN every operand in
+// one dtype (16-bit ones on tensor cores), and a 16-bit convolution on a GPU adds its bias as a
+// separate op, as cuDNN adds biases in float32 only.
 #include "src/ops/conv2d.h"
 
 #include <algorithm>
@@ -58,24 +59,27 @@ struct Scratch {
 
 namespace detail {
 
+DType conv2d_weight_dtype(Device device, DType dtype) {
+  return device.is_cpu() ? DType::Float32 : dtype;
+}
+
 void conv2d_forward(Device device, const kernels::Conv2dGeometry& g, DType dtype, const void* x,
-                    const float* w, const float* b, void* y) {
-  if (device.is_cpu()) return cpu::conv2d_forward(g, x, w, b, y, dtype);
-  GALLEY_CHECK(dtype == DType::Float32, "conv2d: the GPU kernels take float32, got ",
-               dtype_name(dtype));
+                    const void* w, const void* b, void* y) {
+  if (device.is_cpu())
+    return cpu::conv2d_forward(g, x, static_cast<const float*>(w), static_cast<const float*>(b), y,
+                               dtype);
   Scratch scratch{device, Tensor()};
-  gpu::conv2d_forward(device.index(), g, static_cast<const float*>(x), w, b, static_cast<float*>(y),
+  gpu::conv2d_forward(device.index(), g, dtype, x, w, static_cast<const float*>(b), y,
                       scratch.workspace(), stream(device));
 }
 
 void conv2d_backward(Device device, const kernels::Conv2dGeometry& g, DType dtype, const void* x,
-                     const float* w, const void* gy, void* gx, float* gw, float* gb) {
-  if (device.is_cpu()) return cpu::conv2d_backward(g, x, w, gy, gx, gw, gb, dtype);
-  GALLEY_CHECK(dtype == DType::Float32, "conv2d: the GPU kernels take float32, got ",
-               dtype_name(dtype));
+                     const void* w, const void* gy, void* gx, void* gw, void* gb) {
+  if (device.is_cpu())
+    return cpu::conv2d_backward(g, x, static_cast<const float*>(w), gy, gx, static_cast<float*>(gw),
+                                static_cast<float*>(gb), dtype);
   Scratch scratch{device, Tensor()};
-  gpu::conv2d_backward(device.index(), g, static_cast<const float*>(x), w,
-                       static_cast<const float*>(gy), static_cast<float*>(gx), gw, gb,
+  gpu::conv2d_backward(device.index(), g, dtype, x, w, gy, gx, gw, static_cast<float*>(gb),
                        scratch.workspace(), stream(device));
 }
 
@@ -114,43 +118,37 @@ Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias, const C
   }
   const DType dtype = x.dtype();
   const Device dev = x.device();
-  // The host kernels read and write 16-bit activations themselves (widened into their float32
-  // buffers, rounded once on the way out); on a GPU a 16-bit call widens outside the kernels.
-  // Weights and bias are widened either way (they are small).
-  const DType act = dev.is_cpu() ? dtype : DType::Float32;
-  Tensor cx = (act == dtype ? x : detail::widened(x)).contiguous();
-  Tensor cw = detail::widened(weight).contiguous();
-  Tensor cb = bias.defined() ? detail::widened(bias).contiguous() : Tensor();
-  Tensor out = Tensor::empty({g.n, g.o, g.oh, g.ow}, act, dev);
-  detail::conv2d_forward(dev, g, act, cx.raw_data(), cw.data_ptr<float>(),
-                         cb.defined() ? cb.data_ptr<float>() : nullptr, out.raw_data());
-  Tensor result = detail::rounded(out, dtype);
-  if (!autograd::needs_grad({&x, &weight, &bias})) return result;
-  Tensor dx = act == dtype ? cx.detach() : detail::kept_for_backward(x, cx);
-  Tensor dw = detail::kept_for_backward(weight, cw);
+  const DType wtype = detail::conv2d_weight_dtype(dev, dtype);
+  if (bias.defined() && wtype != DType::Float32)  // cuDNN adds float32 biases only
+    return add(conv2d(x, weight, Tensor(), o), bias.reshape({1, g.o, 1, 1}));
+  // Weights and bias in the kernels' dtype: widened for the host kernels (they are small).
+  auto as_wtype = [wtype](const Tensor& t) {
+    return (wtype == t.dtype() ? t : detail::widened(t)).contiguous();
+  };
+  Tensor cx = x.contiguous(), cw = as_wtype(weight);
+  Tensor cb = bias.defined() ? as_wtype(bias) : Tensor();
+  Tensor out = Tensor::empty({g.n, g.o, g.oh, g.ow}, dtype, dev);
+  detail::conv2d_forward(dev, g, dtype, cx.raw_data(), cw.raw_data(),
+                         cb.defined() ? cb.raw_data() : nullptr, out.raw_data());
+  if (!autograd::needs_grad({&x, &weight, &bias})) return out;
+  // The backward reads x as it is and a 16-bit weight in its own bytes, widened again there.
+  Tensor dx = cx.detach(), dw = (wtype == weight.dtype() ? cw : weight).detach();
   bool gx = x.requires_grad(), gw = weight.requires_grad(),
        gb = bias.defined() && bias.requires_grad();
-  // The gradients in float32 (gx in `act`); gw and gb are rounded to dtype below or by
-  // widened_backward, which also rounds a float32 gx.
-  auto backward = [=](const Tensor& gy, std::vector<Tensor>& gi) {
-    Tensor cgy = (gy.dtype() == act ? gy : gy.to(act)).contiguous();
-    Tensor wx = act == dtype ? dx : detail::widened(dx), ww = detail::widened(dw);
-    if (gx) gi[0] = Tensor::empty(wx.shape(), act, dev);
-    if (gw) gi[1] = Tensor::empty(ww.shape(), DType::Float32, dev);
-    if (gb) gi[2] = Tensor::empty({g.o}, DType::Float32, dev);
-    detail::conv2d_backward(dev, g, act, wx.raw_data(), ww.data_ptr<float>(), cgy.raw_data(),
-                            gx ? gi[0].raw_data() : nullptr, gw ? gi[1].data_ptr<float>() : nullptr,
-                            gb ? gi[2].data_ptr<float>() : nullptr);
-  };
-  if (act != dtype)
-    return autograd::record(result, "conv2d", {x, weight, bias},
-                            detail::widened_backward(dtype, backward));
-  return autograd::record(result, "conv2d", {x, weight, bias},
-                          [=](const Tensor& gy, std::vector<Tensor>& gi) {
-                            backward(gy, gi);
-                            for (size_t k = 1; k < gi.size(); ++k)
-                              if (gi[k].defined()) gi[k] = detail::rounded(gi[k], dtype);
-                          });
+  // gx in dtype; gw and gb in wtype, rounded to dtype once where that differs.
+  return autograd::record(
+      out, "conv2d", {x, weight, bias}, [=](const Tensor& gy, std::vector<Tensor>& gi) {
+        Tensor cgy = (gy.dtype() == dtype ? gy : gy.to(dtype)).contiguous();
+        Tensor ww = as_wtype(dw);
+        if (gx) gi[0] = Tensor::empty(dx.shape(), dtype, dev);
+        if (gw) gi[1] = Tensor::empty(ww.shape(), wtype, dev);
+        if (gb) gi[2] = Tensor::empty({g.o}, wtype, dev);
+        detail::conv2d_backward(dev, g, dtype, dx.raw_data(), ww.raw_data(), cgy.raw_data(),
+                                gx ? gi[0].raw_data() : nullptr, gw ? gi[1].raw_data() : nullptr,
+                                gb ? gi[2].raw_data() : nullptr);
+        for (size_t k = 1; k < gi.size(); ++k)
+          if (gi[k].defined() && gi[k].dtype() != dtype) gi[k] = detail::rounded(gi[k], dtype);
+      });
 }
 
 }  // namespace galley

@@ -1,8 +1,9 @@
 // matmul and linear (fully connected) on the GEMM kernel (kernels/gemm.h), with the bias seeded
-// into the output and its gradient summed by columns (kernels/binary.h, kernels/reduce.h). On a
-// host with AMX a bfloat16 op multiplies its inputs as they are on the tiles (float32 sums,
-// rounded once); otherwise the GEMM takes float32: a 16-bit op widens its inputs, rounds its
-// output once and computes its gradients in float32.
+// into the output and its gradient summed by columns (kernels/binary.h, kernels/reduce.h). Where
+// the hardware multiplies 16-bit values (a GPU's tensor cores in bfloat16 and float16, a host's
+// AMX tiles in bfloat16) a 16-bit op multiplies its inputs as they are, sums in float32 and
+// rounds once; otherwise the GEMM takes float32: a 16-bit op widens its inputs, rounds its output
+// once and computes its gradients in float32.
 #include "galley/autograd.h"
 #include "galley/ops.h"
 #include "galley/profiler.h"
@@ -30,23 +31,47 @@ void gemm(Device device, bool trans_a, bool trans_b, int64_t m, int64_t n, int64
     cpu::gemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
 }
 
-// Whether a product of `dtype` on `device` runs on the host's bfloat16 tiles.
-bool on_tiles(Device device, DType dtype) {
-  return device.is_cpu() && dtype == DType::BFloat16 && cpu::gemm_bf16_available();
+// out[j] = the sum of column j of the float32 rows x n matrix g, on `device`.
+void column_sums(Device device, const float* g, int64_t rows, int64_t n, float* out) {
+  if (device.is_cuda())
+    gpu::column_sums(g, rows, n, out, /*accumulate=*/false, detail::stream(device));
+  else
+    cpu::column_sums(g, rows, n, out, /*accumulate=*/false);
 }
 
-// op(A) * op(B) (m x n) of contiguous bfloat16 tensors on the host's tiles, as a bfloat16 tensor
-// of `shape` rounded once from the float32 sums; `bias`, when given, seeds every row.
-Tensor product_on_tiles(const Shape& shape, bool trans_a, bool trans_b, int64_t m, int64_t n,
-                        int64_t k, const Tensor& a, int64_t lda, const Tensor& b, int64_t ldb,
-                        const Tensor& bias = Tensor()) {
-  Tensor out = Tensor::empty(shape, DType::Float32, a.device());
+// Whether a product of `dtype` on `device` multiplies 16-bit values as they are: tensor cores on
+// a GPU, the bfloat16 GEMM on a host that has one.
+bool in_16_bits(Device device, DType dtype) {
+  if (dtype != DType::BFloat16 && dtype != DType::Float16) return false;
+  return device.is_cuda() || (dtype == DType::BFloat16 && cpu::gemm_bf16_available());
+}
+
+// Every row of the float32 m x n matrix `out` set to the float32 vector `bias`.
+void seed_rows(Device device, const Tensor& bias, int64_t m, int64_t n, float* out) {
+  Tensor cb = detail::widened(bias).contiguous();
+  if (device.is_cuda())
+    gpu::broadcast_rows(cb.data_ptr<float>(), m, n, out, detail::stream(device));
+  else
+    cpu::broadcast_rows(cb.data_ptr<float>(), m, n, out);
+}
+
+// op(A) * op(B) (m x n) of contiguous 16-bit tensors multiplied as they are (in_16_bits), as a
+// tensor of their dtype and `shape` rounded once from the float32 sums; `bias`, when given, seeds
+// every row.
+Tensor product_16bit(const Shape& shape, bool trans_a, bool trans_b, int64_t m, int64_t n,
+                     int64_t k, const Tensor& a, int64_t lda, const Tensor& b, int64_t ldb,
+                     const Tensor& bias = Tensor()) {
+  const Device dev = a.device();
+  Tensor out = Tensor::empty(shape, DType::Float32, dev);
   float* po = out.data_ptr<float>();
-  if (bias.defined())
-    cpu::broadcast_rows(detail::widened(bias).contiguous().data_ptr<float>(), m, n, po);
-  cpu::gemm_bf16(trans_a, trans_b, m, n, k, a.data_ptr<bfloat16>(), lda, b.data_ptr<bfloat16>(),
-                 ldb, bias.defined(), po, n);
-  return detail::rounded(out, DType::BFloat16);
+  if (bias.defined()) seed_rows(dev, bias, m, n, po);
+  if (dev.is_cuda())
+    gpu::gemm_16bit(dev.index(), a.dtype(), trans_a, trans_b, m, n, k, a.raw_data(), lda,
+                    b.raw_data(), ldb, bias.defined(), po, n, detail::stream(dev));
+  else
+    cpu::gemm_bf16(trans_a, trans_b, m, n, k, a.data_ptr<bfloat16>(), lda, b.data_ptr<bfloat16>(),
+                   ldb, bias.defined(), po, n);
+  return detail::rounded(out, a.dtype());
 }
 
 }  // namespace
@@ -63,20 +88,20 @@ Tensor matmul(const Tensor& a, const Tensor& b) {
   const DType dtype = a.dtype();
   const Device dev = a.device();
   int64_t m = a.size(0), k = a.size(1), n = b.size(1);
-  if (on_tiles(dev, dtype)) {
+  if (in_16_bits(dev, dtype)) {
     Tensor ca = a.contiguous(), cb = b.contiguous();
-    Tensor result = product_on_tiles({m, n}, false, false, m, n, k, ca, k, cb, n);
+    Tensor result = product_16bit({m, n}, false, false, m, n, k, ca, k, cb, n);
     if (!autograd::needs_grad({&a, &b})) return result;
     Tensor da = ca.detach(), db = cb.detach();
     bool ga = a.requires_grad(), gb = b.requires_grad();
-    return autograd::record(
-        result, "matmul", {a, b}, [=](const Tensor& g, std::vector<Tensor>& gi) {
-          Tensor cg = g.to(dtype).contiguous();
-          if (ga)  // dA = G B^T
-            gi[0] = product_on_tiles({m, k}, false, true, m, k, n, cg, n, db, n);
-          if (gb)  // dB = A^T G
-            gi[1] = product_on_tiles({k, n}, true, false, k, n, m, da, k, cg, n);
-        });
+    return autograd::record(result, "matmul", {a, b},
+                            [=](const Tensor& g, std::vector<Tensor>& gi) {
+                              Tensor cg = g.to(dtype).contiguous();
+                              if (ga)  // dA = G B^T
+                                gi[0] = product_16bit({m, k}, false, true, m, k, n, cg, n, db, n);
+                              if (gb)  // dB = A^T G
+                                gi[1] = product_16bit({k, n}, true, false, k, n, m, da, k, cg, n);
+                            });
   }
   Tensor ca = detail::widened(a).contiguous(), cb = detail::widened(b).contiguous();
   Tensor out = Tensor::empty({m, n}, DType::Float32, dev);
@@ -105,15 +130,15 @@ Tensor matmul(const Tensor& a, const Tensor& b) {
 
 namespace {
 
-// linear for bfloat16 on the host's tiles: x and the weight as they are, the bias seeded into
-// the float32 output, gradients summed in float32 and rounded once.
-Tensor linear_on_tiles(const Tensor& x, const Tensor& weight, const Tensor& bias, int64_t rows,
-                       const Shape& out_shape) {
+// linear in 16 bits (in_16_bits): x and the weight as they are, the bias seeded into the float32
+// output, gradients summed in float32 and rounded once.
+Tensor linear_16bit(const Tensor& x, const Tensor& weight, const Tensor& bias, int64_t rows,
+                    const Shape& out_shape) {
   const DType dtype = x.dtype();
   const int64_t out_f = weight.size(0), in_f = weight.size(1);
   Tensor cx = x.contiguous(), cw = weight.contiguous();
   Tensor result =
-      product_on_tiles(out_shape, false, true, rows, out_f, in_f, cx, in_f, cw, in_f, bias);
+      product_16bit(out_shape, false, true, rows, out_f, in_f, cx, in_f, cw, in_f, bias);
   if (!autograd::needs_grad({&x, &weight, &bias})) return result;
   Tensor dx = cx.detach(), dw = cw.detach();
   bool gx = x.requires_grad(), gw = weight.requires_grad(),
@@ -124,14 +149,12 @@ Tensor linear_on_tiles(const Tensor& x, const Tensor& weight, const Tensor& bias
       result, "linear", {x, weight, bias}, [=](const Tensor& g, std::vector<Tensor>& gi) {
         Tensor cg = g.to(dtype).contiguous();
         if (gx)  // dX = G W
-          gi[0] = product_on_tiles(x_shape, false, false, rows, in_f, out_f, cg, out_f, dw, in_f);
+          gi[0] = product_16bit(x_shape, false, false, rows, in_f, out_f, cg, out_f, dw, in_f);
         if (gw)  // dW = G^T X
-          gi[1] =
-              product_on_tiles({out_f, in_f}, true, false, out_f, in_f, rows, cg, out_f, dx, in_f);
+          gi[1] = product_16bit({out_f, in_f}, true, false, out_f, in_f, rows, cg, out_f, dx, in_f);
         if (gb) {  // db = the column sums of G, in float32
           Tensor w = Tensor::empty({out_f}, DType::Float32, dev);
-          cpu::column_sums(detail::widened(cg).data_ptr<float>(), rows, out_f, w.data_ptr<float>(),
-                           false);
+          column_sums(dev, detail::widened(cg).data_ptr<float>(), rows, out_f, w.data_ptr<float>());
           gi[2] = detail::rounded(w, dtype);
         }
       });
@@ -162,17 +185,12 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
   const int64_t rows = x.numel() / in_f;
   Shape out_shape = x.shape();
   out_shape.back() = out_f;
-  if (on_tiles(dev, dtype)) return linear_on_tiles(x, weight, bias, rows, out_shape);
+  if (in_16_bits(dev, dtype)) return linear_16bit(x, weight, bias, rows, out_shape);
   Tensor cx = detail::widened(x).contiguous(), cw = detail::widened(weight).contiguous();
   Tensor out = Tensor::empty(out_shape, DType::Float32, dev);
   float* po = out.data_ptr<float>();
-  if (bias.defined()) {  // seed C with the bias so the GEMM adds into it: one pass fewer
-    Tensor cb = detail::widened(bias).contiguous();
-    if (dev.is_cuda())
-      gpu::broadcast_rows(cb.data_ptr<float>(), rows, out_f, po, detail::stream(dev));
-    else
-      cpu::broadcast_rows(cb.data_ptr<float>(), rows, out_f, po);
-  }
+  // C seeded with the bias so the GEMM adds into it: one pass fewer.
+  if (bias.defined()) seed_rows(dev, bias, rows, out_f, po);
   gemm(dev, false, true, rows, out_f, in_f, 1.f, cx.data_ptr<float>(), in_f, cw.data_ptr<float>(),
        in_f, bias.defined() ? 1.f : 0.f, po, out_f);
   Tensor result = detail::rounded(out, dtype);
@@ -198,10 +216,7 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
         }
         if (gb) {  // db = the column sums of G
           gi[2] = Tensor::empty({out_f}, DType::Float32, dev);
-          if (dev.is_cuda())
-            gpu::column_sums(pg, rows, out_f, gi[2].data_ptr<float>(), false, detail::stream(dev));
-          else
-            cpu::column_sums(pg, rows, out_f, gi[2].data_ptr<float>(), false);
+          column_sums(dev, pg, rows, out_f, gi[2].data_ptr<float>());
         }
       }));
 }
