@@ -376,10 +376,11 @@ void BM_linear_backward(benchmark::State& st) {
   set_rate(st, 4.0 * n * kFeat * kClasses, 4.0 * (2 * n + 2 * kClasses) * kFeat, secs);
 }
 
-// Square GEMM [s, s] x [s, s] (range(0) = s).
+// Square GEMM [s, s] x [s, s] (range(0) = s), in float32 or bfloat16 (range(1)).
 void BM_matmul(benchmark::State& st) {
   int64_t s = st.range(0);
-  Tensor a = galley::randn({s, s}, gen()), b = galley::randn({s, s}, gen());
+  const galley::DType dt = layer_dtype(st);
+  Tensor a = layer_tensor({s, s}, dt, false), b = layer_tensor({s, s}, dt, false);
   galley::NoGradGuard ng;
   auto t0 = Clock::now();
   for (auto _ : st) {
@@ -387,6 +388,38 @@ void BM_matmul(benchmark::State& st) {
     benchmark::DoNotOptimize(c.raw_data());
   }
   set_rate(st, 2.0 * s * s * s, 0, seconds_since(t0), /*samples=*/false);
+}
+
+// The fully connected layers of the benchmark models and of an MLP, forward and backward
+// (input, weight and bias gradients), at batch 256, in float32 or bfloat16 (range(1)).
+struct LinearShape {
+  const char* label;
+  int64_t in, out;
+};
+constexpr LinearShape kLinearShapes[] = {
+    {"simple fc 14400->10", 14400, 10},
+    {"fashion fc 3136->128", 3136, 128},
+    {"mlp 1024->1024", 1024, 1024},
+};
+constexpr int64_t kLinearBatch = 256;
+
+void BM_linear_layer(benchmark::State& st) {
+  const LinearShape& l = kLinearShapes[st.range(0)];
+  const galley::DType dt = layer_dtype(st);
+  Tensor x = layer_tensor({kLinearBatch, l.in}, dt, true);
+  Tensor w = layer_tensor({l.out, l.in}, dt, true), b = layer_tensor({l.out}, dt, true);
+  Tensor gy = layer_tensor({kLinearBatch, l.out}, dt, false);
+  double secs = 0;
+  for (auto _ : st) {  // forward and backward together
+    auto t0 = Clock::now();
+    galley::linear(x, w, b).backward(gy);
+    const double dt = seconds_since(t0);
+    st.SetIterationTime(dt);
+    secs += dt;
+    for (Tensor leaf : {x, w, b}) leaf.set_grad(Tensor());
+  }
+  st.SetLabel(std::string(l.label) + (st.range(1) ? " bf16" : ""));
+  set_rate(st, 3 * 2.0 * kLinearBatch * l.in * l.out, 0, secs, /*samples=*/false);
 }
 
 // Fused softmax cross-entropy, forward + backward, on [N, 10] logits.
@@ -461,7 +494,16 @@ BENCHMARK(BM_max_pool2d_forward)->Apply(batches)->UseRealTime();
 BENCHMARK(BM_max_pool2d_backward)->Apply(batches)->UseManualTime();
 BENCHMARK(BM_linear_forward)->Apply(batches)->UseRealTime();
 BENCHMARK(BM_linear_backward)->Apply(batches)->UseManualTime();
-BENCHMARK(BM_matmul)->Arg(256)->Arg(1024)->UseRealTime()->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_matmul)
+    ->ArgsProduct({{256, 1024}, {0, 1}})
+    ->ArgNames({"size", "bf16"})
+    ->UseRealTime()
+    ->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_linear_layer)
+    ->ArgsProduct({{0, 1, 2}, {0, 1}})
+    ->ArgNames({"shape", "bf16"})
+    ->UseManualTime()
+    ->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_cross_entropy)->Arg(64)->Arg(256)->UseRealTime()->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_adam_step)->UseRealTime()->Unit(benchmark::kMicrosecond);
 

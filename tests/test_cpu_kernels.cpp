@@ -480,7 +480,8 @@ TEST(MaxPool16Bit, MatchesTheFloat32KernelOnWidenedInputsBitForBit) {
     }
 }
 
-// The bfloat16 GEMM on AMX tiles against the float32 GEMM on exact values (small integers times
+// The bfloat16 GEMM (AMX tiles or vdpbf16ps, whichever the host runs) against the float32 GEMM on
+// exact values (small integers times
 // quarters, so every order of summing gives the same bits): every transpose, sizes off every
 // block (16 rows and columns, 32 along k), leading dimensions wider than the matrices, and
 // accumulation onto C.
@@ -490,7 +491,8 @@ TEST(Gemm, Bf16MatchesFloat32BitForBitOnExactValues) {
     std::vector<float> c(1);
     EXPECT_THROW(cpu::gemm_bf16(false, false, 1, 1, 1, nullptr, 1, nullptr, 1, false, c.data(), 1),
                  galley::Error);
-    GTEST_SKIP() << "no AMX tiles in this build or on this host: the bfloat16 GEMM is not built";
+    GTEST_SKIP() << "neither AMX tiles nor AVX512-BF16 at the float32 FMA rate in this build or "
+                    "on this host: the bfloat16 GEMM is not built";
   }
   for (auto [m, n, k] : std::vector<std::array<int64_t, 3>>{
            {1, 1, 1}, {16, 16, 32}, {37, 19, 70}, {64, 10, 2048}, {5, 100, 33}, {130, 48, 7}})

@@ -8,7 +8,12 @@
 
 #include "galley/error.h"
 #include "kernels/cpu/amx.h"
+#include "kernels/cpu/conv2d_direct.h"
 #include "kernels/cpu/parallel.h"
+
+#if defined(__AVX512BF16__)
+#include <immintrin.h>
+#endif
 
 namespace galley::kernels::cpu {
 namespace {
@@ -148,23 +153,187 @@ void bf16_block(const Bf16Packed& p, int64_t bi, int64_t bj, float* buf) {
   if (MT == 2 && NT == 2) _tile_stored(3, buf + kTile * 2 * kTile + kTile, ld);
 }
 #endif  // GALLEY_AMX
+
+#if defined(__AVX512BF16__)
+// The bfloat16 GEMM on vdpbf16ps: each instruction multiplies 16 pairs of bfloat16 values and adds
+// both products of a pair into one float32 lane, so pairs run along k. op(B) is packed into panels
+// of 16 columns, [panel][k pair][16 columns x 2] (64 bytes a pair row, zero-padded in n and k);
+// op(A)'s rows are read as k pairs, each broadcast to every lane, straight from A when it is
+// row-major with an even k, else from a packed copy [row][k pair]. Blocks of up to 8 rows x 2
+// panels keep 16 float32 accumulators in registers; a block's sums go to C once, at the end.
+constexpr int64_t kPanel = 16;  // columns of a B panel: one vector of float32 sums
+constexpr int64_t kRows = 8;    // rows of A in a register block
+
+uint32_t pair_at(const uint16_t* p) {
+  uint32_t v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
+
+// Two bfloat16 rows interleaved into pair words (r1 null: zero partners): word j, r0[j] in its
+// low half, goes to out[(j / kPanel) * chunk + j % kPanel].
+void interleave_rows(const uint16_t* r0, const uint16_t* r1, int64_t count, uint32_t* out,
+                     int64_t chunk) {
+  int64_t j = 0;
+  for (; j + kPanel <= count; j += kPanel) {
+    __m512i v = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(r0 + j)));
+    if (r1)
+      v = _mm512_or_si512(v, _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256(
+                                                   reinterpret_cast<const __m256i*>(r1 + j))),
+                                               16));
+    _mm512_storeu_si512(out + (j / kPanel) * chunk, v);
+  }
+  for (; j < count; ++j)
+    out[(j / kPanel) * chunk + j % kPanel] = r0[j] | (r1 ? uint32_t(r1[j]) << 16 : 0u);
+}
+
+// op(B) as panels of k pairs (kp of them).
+std::vector<uint32_t> pack_b_pairs(bool trans_b, int64_t n, int64_t k, int64_t kp,
+                                   const uint16_t* b, int64_t ldb) {
+  std::vector<uint32_t> out(size_t(((n + kPanel - 1) / kPanel) * kp * kPanel), 0);
+  if (!trans_b) {  // rows 2l and 2l + 1 of B make pair row l of every panel
+    for (int64_t l = 0; l < kp; ++l)
+      interleave_rows(b + 2 * l * ldb, 2 * l + 1 < k ? b + (2 * l + 1) * ldb : nullptr, n,
+                      out.data() + l * kPanel, kp * kPanel);
+    return out;
+  }
+  // A column of op(B) is a row of B: its pairs are consecutive words already.
+  for (int64_t j = 0; j < n; ++j) {
+    const uint16_t* row = b + j * ldb;
+    uint32_t* dst = out.data() + (j / kPanel) * kp * kPanel + j % kPanel;
+    for (int64_t l = 0; l < k / 2; ++l) dst[l * kPanel] = pair_at(row + 2 * l);
+    if (k % 2) dst[(kp - 1) * kPanel] = row[k - 1];
+  }
+  return out;
+}
+
+// op(A) for a transposed A, pair-major: pair l of row i at word l * m + i (rows 2l and 2l + 1 of
+// A interleaved).
+std::vector<uint32_t> pack_a_pairs(int64_t m, int64_t k, int64_t kp, const uint16_t* a,
+                                   int64_t lda) {
+  std::vector<uint32_t> out(size_t(m * kp));
+  for (int64_t l = 0; l < kp; ++l)
+    interleave_rows(a + 2 * l * lda, 2 * l + 1 < k ? a + (2 * l + 1) * lda : nullptr, m,
+                    out.data() + l * m, kPanel);
+  return out;
+}
+
+// Where op(A)'s pairs are: pair l of row r at a + r * row + l * pair (in bfloat16 elements).
+struct PairRows {
+  const uint16_t* a;
+  int64_t row, pair;
+};
+
+// Rows [0, R) of op(A) times NP panels of B (bp, panels kp * kPanel apart) into C's rows and the
+// `cols` columns from its origin.
+template <int R, int NP>
+void dot_block(PairRows a, const uint32_t* bp, int64_t kp, float* c, int64_t ldc, int64_t cols,
+               bool accumulate) {
+  __m512 acc[R][NP];
+  for (int r = 0; r < R; ++r)
+    for (int p = 0; p < NP; ++p) acc[r][p] = _mm512_setzero_ps();
+  const uint32_t* b1 = bp + kp * kPanel;
+  for (int64_t l = 0; l < kp; ++l) {
+    __m512bh b[NP];
+    b[0] = (__m512bh)_mm512_loadu_si512(bp + l * kPanel);
+    if (NP == 2) b[NP - 1] = (__m512bh)_mm512_loadu_si512(b1 + l * kPanel);
+    for (int r = 0; r < R; ++r) {
+      const __m512bh av = (__m512bh)_mm512_set1_epi32(int(pair_at(a.a + r * a.row + l * a.pair)));
+      for (int p = 0; p < NP; ++p) acc[r][p] = _mm512_dpbf16_ps(acc[r][p], av, b[p]);
+    }
+  }
+  for (int p = 0; p < NP; ++p) {
+    const int64_t left = cols - p * kPanel;
+    const __mmask16 mask = left >= kPanel ? __mmask16(0xffff) : __mmask16((1u << left) - 1);
+    for (int r = 0; r < R; ++r) {
+      float* row = c + r * ldc + p * kPanel;
+      __m512 v = acc[r][p];
+      if (accumulate) v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(mask, row));
+      _mm512_mask_storeu_ps(row, mask, v);
+    }
+  }
+}
+
+template <int NP>
+void dot_rows(int64_t rows, PairRows a, const uint32_t* bp, int64_t kp, float* c, int64_t ldc,
+              int64_t cols, bool accumulate) {
+  switch (rows) {
+#define GALLEY_DOT_ROWS(R) \
+  case R:                  \
+    return dot_block<R, NP>(a, bp, kp, c, ldc, cols, accumulate);
+    GALLEY_DOT_ROWS(1)
+    GALLEY_DOT_ROWS(2)
+    GALLEY_DOT_ROWS(3)
+    GALLEY_DOT_ROWS(4)
+    GALLEY_DOT_ROWS(5)
+    GALLEY_DOT_ROWS(6)
+    GALLEY_DOT_ROWS(7)
+    GALLEY_DOT_ROWS(8)
+#undef GALLEY_DOT_ROWS
+  }
+}
+
+void gemm_bf16_dot(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const uint16_t* a,
+                   int64_t lda, const uint16_t* b, int64_t ldb, bool accumulate, float* c,
+                   int64_t ldc) {
+  const int64_t kp = (k + 1) / 2;
+  const std::vector<uint32_t> bp = pack_b_pairs(trans_b, n, k, kp, b, ldb);
+  std::vector<uint32_t> ap;
+  std::vector<uint16_t> even;
+  PairRows pairs{a, lda, 2};  // row-major A: its own pairs
+  if (trans_a) {
+    ap = pack_a_pairs(m, k, kp, a, lda);
+    pairs = {reinterpret_cast<const uint16_t*>(ap.data()), 2, 2 * m};
+  } else if (k % 2) {  // the last pair would read past a row: a copy with a zero column
+    even.assign(size_t(m * (k + 1)), 0);
+    for (int64_t i = 0; i < m; ++i)
+      std::memcpy(even.data() + i * (k + 1), a + i * lda, size_t(k) * sizeof(uint16_t));
+    pairs = {even.data(), k + 1, 2};
+  }
+  const int64_t panels = (n + kPanel - 1) / kPanel;
+  const int64_t col_blocks = (panels + 1) / 2, row_blocks = (m + kRows - 1) / kRows;
+  // Column blocks outer, so that consecutive blocks of a thread reuse one strip of B from cache.
+  auto run = [&](int64_t b0, int64_t b1) {
+    for (int64_t blk = b0; blk < b1; ++blk) {
+      const int64_t cb = blk / row_blocks, rb = blk % row_blocks;
+      const int64_t j0 = cb * 2 * kPanel, i0 = rb * kRows;
+      const int64_t cols = std::min(2 * kPanel, n - j0), rows = std::min(kRows, m - i0);
+      const PairRows a0{pairs.a + i0 * pairs.row, pairs.row, pairs.pair};
+      const uint32_t* p0 = bp.data() + (j0 / kPanel) * kp * kPanel;
+      float* c0 = c + i0 * ldc + j0;
+      if (cols > kPanel)
+        dot_rows<2>(rows, a0, p0, kp, c0, ldc, cols, accumulate);
+      else
+        dot_rows<1>(rows, a0, p0, kp, c0, ldc, cols, accumulate);
+    }
+  };
+  const double flops = 2.0 * double(m) * double(n) * double(k);
+  if (in_region() || flops < 2 * kGemmFlopsPerThread)
+    run(0, col_blocks * row_blocks);
+  else
+    parallel_for(col_blocks * row_blocks, 1, run);
+}
+#endif  // __AVX512BF16__
 }  // namespace
 
 bool gemm_bf16_available() {
-#if defined(GALLEY_AMX)
-  return amx_granted();
-#else
-  return false;
-#endif
+  const Bf16Kernels k = bf16_kernels();
+  return k == Bf16Kernels::Tiles || k == Bf16Kernels::DotProducts;
 }
 
 void gemm_bf16(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const bfloat16* a,
                int64_t lda, const bfloat16* b, int64_t ldb, bool accumulate, float* c,
                int64_t ldc) {
   GALLEY_CHECK(gemm_bf16_available(),
-               "gemm: the bfloat16 GEMM needs AMX tiles, which this host or build does not have");
-#if defined(GALLEY_AMX)
+               "gemm: the bfloat16 GEMM needs AMX tiles or AVX512-BF16 that runs at the float32 ",
+               "FMA rate, which this host or build does not have");
   if (m == 0 || n == 0) return;
+#if defined(__AVX512BF16__)
+  if (bf16_kernels() == Bf16Kernels::DotProducts)
+    return gemm_bf16_dot(trans_a, trans_b, m, n, k, reinterpret_cast<const uint16_t*>(a), lda,
+                         reinterpret_cast<const uint16_t*>(b), ldb, accumulate, c, ldc);
+#endif
+#if defined(GALLEY_AMX)
   const Bf16Packed p = pack_bf16(trans_a, trans_b, m, n, k, reinterpret_cast<const uint16_t*>(a),
                                  lda, reinterpret_cast<const uint16_t*>(b), ldb);
   const int64_t rows = (p.mb + 1) / 2, cols = (p.nb + 1) / 2;  // blocks of 2 x 2 tiles

@@ -1,9 +1,9 @@
 // matmul and linear (fully connected) on the GEMM kernel (kernels/gemm.h), with the bias seeded
 // into the output and its gradient summed by columns (kernels/binary.h, kernels/reduce.h). Where
 // the hardware multiplies 16-bit values (a GPU's tensor cores in bfloat16 and float16, a host's
-// AMX tiles in bfloat16) a 16-bit op multiplies its inputs as they are, sums in float32 and
-// rounds once; otherwise the GEMM takes float32: a 16-bit op widens its inputs, rounds its output
-// once and computes its gradients in float32.
+// AMX tiles or AVX512-BF16 in bfloat16) a 16-bit op multiplies its inputs as they are, sums in
+// float32 and rounds once; otherwise the GEMM takes float32: a 16-bit op widens its inputs, rounds
+// its output once and computes its gradients in float32.
 #include "galley/autograd.h"
 #include "galley/ops.h"
 #include "galley/profiler.h"
