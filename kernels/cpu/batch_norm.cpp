@@ -19,6 +19,10 @@
 #include "kernels/cpu/parallel.h"
 #include "kernels/cpu/staged.h"
 
+#if defined(__AVX512BW__)
+#include <immintrin.h>
+#endif
+
 namespace galley::kernels::cpu {
 namespace {
 
@@ -68,6 +72,57 @@ inline void add_sums(int64_t m, const float* a, float sa, const float* b, float 
   s += fs;
   q += fq;
 }
+
+#if defined(__AVX512BW__)
+// bfloat16 planes (inner > 1) widened and rounded in registers, 16 elements a vector and the tail
+// masked, instead of staged through float32 buffers: a bfloat16 BatchNorm then moves half the
+// bytes of a float32 one without paying for it in conversions. Rounding is float_to_bf16_bits's
+// (round to nearest even, NaN kept quiet); the sums keep add_sums's blocks.
+inline __mmask16 lanes(int64_t n) {
+  return n >= 16 ? __mmask16(0xffff) : __mmask16((1u << n) - 1);
+}
+inline __m512 load_bf16(const bfloat16* p, __mmask16 m) {
+  const __m256i h = _mm256_maskz_loadu_epi16(m, p);
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+inline void store_bf16(bfloat16* p, __m512 v, __mmask16 m) {
+  const __m512i x = _mm512_castps_si512(v);
+  const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(x, 16), _mm512_set1_epi32(1));
+  __m512i r =
+      _mm512_srli_epi32(_mm512_add_epi32(_mm512_add_epi32(x, _mm512_set1_epi32(0x7fff)), lsb), 16);
+  const __mmask16 nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(x, _mm512_set1_epi32(0x7fffffff)),
+                                                _mm512_set1_epi32(0x7f800000));
+  r = _mm512_mask_mov_epi32(r, nan,
+                            _mm512_or_si512(_mm512_srli_epi32(x, 16), _mm512_set1_epi32(0x40)));
+  _mm256_mask_storeu_epi16(p, m, _mm512_cvtepi32_epi16(r));
+}
+// The incoming gradient, zero where the forward's ReLU output y is not positive (when y is given).
+inline __m512 masked_grad(const bfloat16* g, const bfloat16* y, __mmask16 m) {
+  const __m512 fg = load_bf16(g, m);
+  if (!y) return fg;
+  return _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(load_bf16(y, m), _mm512_setzero_ps(), _CMP_GT_OQ),
+                             fg);
+}
+
+// add_sums over n bfloat16 elements: s += sum of u and q += sum of u (b - sb), u = a - sa (a
+// masked by y > 0 when y is given), in float32 lanes per block of kStageBlock, then in double.
+void add_sums_bf16(const bfloat16* a, float sa, const bfloat16* y, const bfloat16* b, float sb,
+                   int64_t n, double& s, double& q) {
+  const __m512 vsa = _mm512_set1_ps(sa), vsb = _mm512_set1_ps(sb);
+  for (int64_t i = 0; i < n; i += kStageBlock) {
+    const int64_t end = std::min(n, i + kStageBlock);
+    __m512 fs = _mm512_setzero_ps(), fq = _mm512_setzero_ps();
+    for (int64_t j = i; j < end; j += 16) {
+      const __mmask16 m = lanes(end - j);
+      const __m512 u = _mm512_maskz_sub_ps(m, masked_grad(a + j, y ? y + j : nullptr, m), vsa);
+      fs = _mm512_add_ps(fs, u);
+      fq = _mm512_fmadd_ps(u, _mm512_sub_ps(load_bf16(b + j, m), vsb), fq);
+    }
+    s += _mm512_reduce_add_ps(fs);
+    q += _mm512_reduce_add_ps(fq);
+  }
+}
+#endif
 
 // The partial sums of the blocks, kept between calls on the calling thread.
 std::vector<double>& partials() {
@@ -135,6 +190,12 @@ void stats(const T* x, BatchNormGeometry g, BatchNormRunning running, float* mea
         const float sh = shift[c];
         for (int64_t o = o0; o < o1; ++o) {
           const T* p = x + (o * C + c) * inner;
+#if defined(__AVX512BW__)
+          if constexpr (std::is_same_v<T, bfloat16>) {
+            add_sums_bf16(p, sh, nullptr, p, sh, inner, s, q);
+            continue;
+          }
+#endif
           for (int64_t i = 0; i < inner; i += kStageBlock) {
             const int64_t m = std::min(kStageBlock, inner - i);
             const float* f = sx.load(p + i, m);
@@ -187,6 +248,22 @@ inline float affine(float v, float a, float b) {
   return t;
 }
 
+#if defined(__AVX512BW__)
+// affine<kRelu> over n bfloat16 elements.
+template <bool kRelu>
+void affine_bf16(const bfloat16* x, int64_t n, float a, float b, bfloat16* y) {
+  const __m512 va = _mm512_set1_ps(a), vb = _mm512_set1_ps(b);
+  for (int64_t j = 0; j < n; j += 16) {
+    const __mmask16 m = lanes(n - j);
+    __m512 t = _mm512_fmadd_ps(load_bf16(x + j, m), va, vb);
+    if constexpr (kRelu)  // as relu: NaN stays NaN
+      t = _mm512_mask_mov_ps(t, _mm512_cmp_ps_mask(t, _mm512_setzero_ps(), _CMP_LE_OQ),
+                             _mm512_setzero_ps());
+    store_bf16(y + j, t, m);
+  }
+}
+#endif
+
 template <typename T, bool kRelu>
 void forward(const T* x, BatchNormGeometry g, BatchNormParams p, T* y) {
   const int64_t C = g.channels, inner = g.inner;
@@ -198,6 +275,12 @@ void forward(const T* x, BatchNormGeometry g, BatchNormParams p, T* y) {
                  [&](int64_t r0, int64_t r1) {
                    for (int64_t r = r0; r < r1; ++r) {
                      const float a = scale[r % C], b = shift[r % C];
+#if defined(__AVX512BW__)
+                     if constexpr (std::is_same_v<T, bfloat16>) {
+                       affine_bf16<kRelu>(x + r * inner, inner, a, b, y + r * inner);
+                       continue;
+                     }
+#endif
                      map_n(x + r * inner, y + r * inner, inner,
                            [a, b](float v) { return affine<kRelu>(v, a, b); });
                    }
@@ -258,6 +341,12 @@ void backward(const T* gy, const T* x, const T* y, BatchNormGeometry g, BatchNor
           const float mc = mean[c];
           for (int64_t o = o0; o < o1; ++o) {
             const int64_t base = (o * C + c) * inner;
+#if defined(__AVX512BW__)
+            if constexpr (std::is_same_v<T, bfloat16>) {
+              add_sums_bf16(gy + base, 0.f, y ? y + base : nullptr, x + base, mc, inner, s, q);
+              continue;
+            }
+#endif
             for (int64_t i = 0; i < inner; i += kStageBlock) {
               const int64_t m = std::min(kStageBlock, inner - i);
               const float* fg = sg.load(gy + base + i, y ? y + base + i : nullptr, m, masked);
@@ -299,20 +388,38 @@ void backward(const T* gy, const T* x, const T* y, BatchNormGeometry g, BatchNor
     }
   };
   if (inner > 1) {
-    parallel_for(g.outer * C, std::max<int64_t>(1, kElementwiseGrain / inner),
-                 [&](int64_t r0, int64_t r1) {
-                   MaskedGrad<T> sg;
-                   Staged<T> sx;
-                   Output<T> out;
-                   float masked[kStageBlock];
-                   for (int64_t r = r0; r < r1; ++r)
-                     for (int64_t i = 0; i < inner; i += kStageBlock) {
-                       const int64_t m = std::min(kStageBlock, inner - i), base = r * inner + i;
-                       const float* fg = sg.load(gy + base, y ? y + base : nullptr, m, masked);
-                       dx(fg, sx.load(x + base, m), m, r % C, 0, out.at(gx + base));
-                       out.store(gx + base, m);
-                     }
-                 });
+    parallel_for(
+        g.outer * C, std::max<int64_t>(1, kElementwiseGrain / inner), [&](int64_t r0, int64_t r1) {
+          MaskedGrad<T> sg;
+          Staged<T> sx;
+          Output<T> out;
+          float masked[kStageBlock];
+          for (int64_t r = r0; r < r1; ++r) {
+#if defined(__AVX512BW__)
+            if constexpr (std::is_same_v<T, bfloat16>) {
+              const int64_t c = r % C, base = r * inner;
+              const __m512 vmg = _mm512_set1_ps(mg[c]), vmean = _mm512_set1_ps(mean[c]),
+                           vk = _mm512_set1_ps(k[c]), va = _mm512_set1_ps(a[c]);
+              for (int64_t j = 0; j < inner; j += 16) {
+                const __mmask16 m = lanes(inner - j);
+                const __m512 fg = masked_grad(gy + base + j, y ? y + base + j : nullptr, m);
+                const __m512 fx = load_bf16(x + base + j, m);
+                // (g - mg - (x - mean) k) a, in the float path's order
+                const __m512 d = _mm512_sub_ps(_mm512_sub_ps(fg, vmg),
+                                               _mm512_mul_ps(_mm512_sub_ps(fx, vmean), vk));
+                store_bf16(gx + base + j, _mm512_mul_ps(d, va), m);
+              }
+              continue;
+            }
+#endif
+            for (int64_t i = 0; i < inner; i += kStageBlock) {
+              const int64_t m = std::min(kStageBlock, inner - i), base = r * inner + i;
+              const float* fg = sg.load(gy + base, y ? y + base : nullptr, m, masked);
+              dx(fg, sx.load(x + base, m), m, r % C, 0, out.at(gx + base));
+              out.store(gx + base, m);
+            }
+          }
+        });
     return;
   }
   parallel_for(g.outer, std::max<int64_t>(1, kElementwiseGrain / C), [&](int64_t o0, int64_t o1) {
