@@ -19,9 +19,7 @@
 #include "kernels/cpu/parallel.h"
 #include "kernels/cpu/staged.h"
 
-#if defined(__AVX512BW__)
-#include <immintrin.h>
-#endif
+#include "kernels/cpu/bf16_avx512.h"
 
 namespace galley::kernels::cpu {
 namespace {
@@ -76,26 +74,9 @@ inline void add_sums(int64_t m, const float* a, float sa, const float* b, float 
 #if defined(__AVX512BW__)
 // bfloat16 planes (inner > 1) widened and rounded in registers, 16 elements a vector and the tail
 // masked, instead of staged through float32 buffers: a bfloat16 BatchNorm then moves half the
-// bytes of a float32 one without paying for it in conversions. Rounding is float_to_bf16_bits's
-// (round to nearest even, NaN kept quiet); the sums keep add_sums's blocks.
-inline __mmask16 lanes(int64_t n) {
-  return n >= 16 ? __mmask16(0xffff) : __mmask16((1u << n) - 1);
-}
-inline __m512 load_bf16(const bfloat16* p, __mmask16 m) {
-  const __m256i h = _mm256_maskz_loadu_epi16(m, p);
-  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
-}
-inline void store_bf16(bfloat16* p, __m512 v, __mmask16 m) {
-  const __m512i x = _mm512_castps_si512(v);
-  const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(x, 16), _mm512_set1_epi32(1));
-  __m512i r =
-      _mm512_srli_epi32(_mm512_add_epi32(_mm512_add_epi32(x, _mm512_set1_epi32(0x7fff)), lsb), 16);
-  const __mmask16 nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(x, _mm512_set1_epi32(0x7fffffff)),
-                                                _mm512_set1_epi32(0x7f800000));
-  r = _mm512_mask_mov_epi32(r, nan,
-                            _mm512_or_si512(_mm512_srli_epi32(x, 16), _mm512_set1_epi32(0x40)));
-  _mm256_mask_storeu_epi16(p, m, _mm512_cvtepi32_epi16(r));
-}
+// bytes of a float32 one without paying for it in conversions (kernels/cpu/bf16_avx512.h); the
+// sums keep add_sums's blocks.
+
 // The incoming gradient, zero where the forward's ReLU output y is not positive (when y is given).
 inline __m512 masked_grad(const bfloat16* g, const bfloat16* y, __mmask16 m) {
   const __m512 fg = load_bf16(g, m);

@@ -8,6 +8,7 @@
 #include "galley/error.h"
 #include "kernels/convert.h"
 #include "kernels/cpu/amx.h"
+#include "kernels/cpu/bf16_avx512.h"
 #include "kernels/cpu/parallel.h"
 
 #if defined(__AVX__)
@@ -112,10 +113,19 @@ void write_out(const Plan& p, float* flat, const float* bias, T* out, int64_t qs
 #pragma omp simd
         for (int64_t j = 0; j < ow; ++j) dst[j] = src[j] + b;
       } else if constexpr (std::is_same_v<T, bfloat16>) {
-        // Rounded inline: a call per row of a small image costs more than the rounding.
+        // Rounded inline: a call per row of a small image costs more than the rounding, and so
+        // does a scalar loop over the tail of a short row.
+#if defined(__AVX512BW__)
+        const __m512 vb = _mm512_set1_ps(b);
+        for (int64_t j = 0; j < ow; j += 16) {
+          const __mmask16 m = lanes(ow - j);
+          store_bf16(dst + j, _mm512_add_ps(_mm512_maskz_loadu_ps(m, src + j), vb), m);
+        }
+#else
         auto* bits = reinterpret_cast<uint16_t*>(dst);
 #pragma omp simd
         for (int64_t j = 0; j < ow; ++j) bits[j] = galley::detail::float_to_bf16_bits(src[j] + b);
+#endif
       } else {
 #pragma omp simd
         for (int64_t j = 0; j < ow; ++j) src[j] += b;
@@ -360,13 +370,15 @@ void fill_pairs(const Plan& p, const uint16_t* src, Pair* dst) {
     for (int64_t i = 0; i < p.h; ++i) {
       Pair* d = dst + k * p.plane() + (i + p.pad_h) * p.wp() + p.pad_w;
       const uint16_t* a = lo + i * p.w;
-      if (hi) {
-        const uint16_t* b = hi + i * p.w;
-#pragma omp simd
-        for (int64_t j = 0; j < p.w; ++j) d[j] = Pair(a[j]) | Pair(b[j]) << 16;
-      } else {
-#pragma omp simd
-        for (int64_t j = 0; j < p.w; ++j) d[j] = a[j];
+      const uint16_t* b = hi ? hi + i * p.w : nullptr;
+      // 16 pairs a vector, the tail masked: rows are short (28 positions in resnet).
+      for (int64_t j = 0; j < p.w; j += 16) {
+        const __mmask16 m = lanes(p.w - j);
+        __m512i v = _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, a + j));
+        if (b)
+          v = _mm512_or_si512(
+              v, _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, b + j)), 16));
+        _mm512_mask_storeu_epi32(d + j, m, v);
       }
     }
   }

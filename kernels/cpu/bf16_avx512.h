@@ -1,0 +1,44 @@
+#pragma once
+// bfloat16 vectors in AVX-512 registers (internal to the CPU kernels): 16 elements widened to
+// float32 or rounded from it, the tail of a row masked rather than left to a scalar loop. The
+// rounding is galley/half.h's float_to_bf16_bits, bit for bit: round to nearest even, a NaN kept
+// quiet with its sign.
+#if defined(__AVX512BW__)
+#include <immintrin.h>
+
+#include <cstdint>
+
+#include "galley/half.h"
+
+namespace galley::kernels::cpu {
+
+// The first n lanes of 16 (all of them for n >= 16).
+inline __mmask16 lanes(int64_t n) {
+  return n >= 16 ? __mmask16(0xffff) : __mmask16((1u << n) - 1);
+}
+
+// The lanes of m from p widened to float32; the others zero.
+inline __m512 load_bf16(const bfloat16* p, __mmask16 m) {
+  const __m256i h = _mm256_maskz_loadu_epi16(m, p);
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+
+// v rounded to bfloat16 bits, as 16 32-bit lanes.
+inline __m512i bf16_bits(__m512 v) {
+  const __m512i x = _mm512_castps_si512(v);
+  const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(x, 16), _mm512_set1_epi32(1));
+  const __m512i r =
+      _mm512_srli_epi32(_mm512_add_epi32(_mm512_add_epi32(x, _mm512_set1_epi32(0x7fff)), lsb), 16);
+  const __mmask16 nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(x, _mm512_set1_epi32(0x7fffffff)),
+                                                _mm512_set1_epi32(0x7f800000));
+  return _mm512_mask_mov_epi32(r, nan,
+                               _mm512_or_si512(_mm512_srli_epi32(x, 16), _mm512_set1_epi32(0x40)));
+}
+
+// The lanes of m of v rounded to bfloat16 into p.
+inline void store_bf16(bfloat16* p, __m512 v, __mmask16 m) {
+  _mm256_mask_storeu_epi16(p, m, _mm512_cvtepi32_epi16(bf16_bits(v)));
+}
+
+}  // namespace galley::kernels::cpu
+#endif
