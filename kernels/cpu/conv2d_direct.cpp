@@ -92,6 +92,16 @@ void fill_interior(const Plan& p, const T* src, D* dst) {
     for (int64_t i = 0; i < p.h; ++i) {
       D* d = dst + c * p.plane() + (i + p.pad_h) * p.wp() + p.pad_w;
       const T* s = src + (c * p.h + i) * p.w;
+#if defined(__AVX512F__)
+      if constexpr (std::is_same_v<T, float> && std::is_same_v<D, float>) {
+        // Rows are short (28 floats in resnet): masked vectors rather than a call to memcpy.
+        for (int64_t j = 0; j < p.w; j += L) {
+          const __mmask16 m = j + L <= p.w ? __mmask16(0xffff) : __mmask16((1u << (p.w - j)) - 1);
+          _mm512_mask_storeu_ps(d + j, m, _mm512_maskz_loadu_ps(m, s + j));
+        }
+        continue;
+      }
+#endif
       if constexpr (std::is_same_v<T, D>)
         std::memcpy(d, s, p.w * sizeof(T));
       else
@@ -110,8 +120,16 @@ void write_out(const Plan& p, float* flat, const float* bias, T* out, int64_t qs
       float* src = flat + c * qs + i * wp;
       T* dst = out + (c * oh + i) * ow;
       if constexpr (std::is_same_v<T, float>) {
+#if defined(__AVX512F__)
+        const __m512 vb = _mm512_set1_ps(b);
+        for (int64_t j = 0; j < ow; j += L) {
+          const __mmask16 m = j + L <= ow ? __mmask16(0xffff) : __mmask16((1u << (ow - j)) - 1);
+          _mm512_mask_storeu_ps(dst + j, m, _mm512_add_ps(_mm512_maskz_loadu_ps(m, src + j), vb));
+        }
+#else
 #pragma omp simd
         for (int64_t j = 0; j < ow; ++j) dst[j] = src[j] + b;
+#endif
       } else if constexpr (std::is_same_v<T, bfloat16>) {
         // Rounded inline: a call per row of a small image costs more than the rounding, and so
         // does a scalar loop over the tail of a short row.
