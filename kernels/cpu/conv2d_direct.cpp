@@ -309,9 +309,62 @@ void weight_grad(const Plan& p, const WeightGradLayout& lay, const std::vector<c
 
 // gyT[q][o] = gy[o][oh][ow] at q = oh * wp + ow (widened); the junk columns and padded channels
 // stay zero. In tiles of 16 columns by every channel, so the rows of gyT being written stay in L1.
+#if defined(__AVX512F__)
+// r[j] = column j of the 16 x 16 matrix whose row k is r[k]. Three rounds of shuffles: pairs of
+// rows, then quads (after which register 4g + c holds, in 128-bit lane l, column 4l + c of rows
+// 4g..4g+3), then the lanes regathered so that column 4l + c takes lane l of registers c, 4 + c,
+// 8 + c and 12 + c.
+inline void transpose16(__m512 r[16]) {
+  __m512 t[16];
+  for (int i = 0; i < 16; i += 2) {
+    t[i] = _mm512_unpacklo_ps(r[i], r[i + 1]);
+    t[i + 1] = _mm512_unpackhi_ps(r[i], r[i + 1]);
+  }
+  auto pd = [](__m512 v) { return _mm512_castps_pd(v); };
+  for (int i = 0; i < 16; i += 4) {
+    r[i] = _mm512_castpd_ps(_mm512_unpacklo_pd(pd(t[i]), pd(t[i + 2])));
+    r[i + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(pd(t[i]), pd(t[i + 2])));
+    r[i + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(pd(t[i + 1]), pd(t[i + 3])));
+    r[i + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(pd(t[i + 1]), pd(t[i + 3])));
+  }
+  for (int c = 0; c < 4; ++c) {
+    // u: columns c and 8 + c (rows 0-7), u8: the same of rows 8-15; v, v8: 4 + c and 12 + c.
+    const __m512 u = _mm512_shuffle_f32x4(r[c], r[4 + c], 0x88);
+    const __m512 v = _mm512_shuffle_f32x4(r[c], r[4 + c], 0xdd);
+    const __m512 u8 = _mm512_shuffle_f32x4(r[8 + c], r[12 + c], 0x88);
+    const __m512 v8 = _mm512_shuffle_f32x4(r[8 + c], r[12 + c], 0xdd);
+    t[c] = _mm512_shuffle_f32x4(u, u8, 0x88);
+    t[8 + c] = _mm512_shuffle_f32x4(u, u8, 0xdd);
+    t[4 + c] = _mm512_shuffle_f32x4(v, v8, 0x88);
+    t[12 + c] = _mm512_shuffle_f32x4(v, v8, 0xdd);
+  }
+  for (int k = 0; k < 16; ++k) r[k] = t[k];
+}
+#endif
+
 template <typename T>
 void transpose_grad(const Plan& p, int64_t op, const T* gy, float* gyT) {
   const int64_t oh = p.oh(), ow = p.ow(), wp = p.wp();
+#if defined(__AVX512F__)
+  if constexpr (std::is_same_v<T, float>) {
+    // 16 x 16 blocks transposed in registers (op is a whole number of 16-channel vectors).
+    for (int64_t i = 0; i < oh; ++i)
+      for (int64_t j0 = 0; j0 < ow; j0 += L) {
+        const int64_t nj = std::min(L, ow - j0);
+        const __mmask16 m = nj == L ? __mmask16(0xffff) : __mmask16((1u << nj) - 1);
+        float* dst = gyT + (i * wp + j0) * op;
+        for (int64_t o0 = 0; o0 < p.cout; o0 += L) {
+          __m512 r[16];
+          for (int64_t k = 0; k < L; ++k)
+            r[k] = o0 + k < p.cout ? _mm512_maskz_loadu_ps(m, gy + ((o0 + k) * oh + i) * ow + j0)
+                                   : _mm512_setzero_ps();
+          transpose16(r);
+          for (int64_t j = 0; j < nj; ++j) _mm512_storeu_ps(dst + j * op + o0, r[j]);
+        }
+      }
+    return;
+  }
+#endif
   for (int64_t i = 0; i < oh; ++i)
     for (int64_t j0 = 0; j0 < ow; j0 += L) {
       const int64_t nj = std::min(L, ow - j0);
