@@ -560,20 +560,33 @@ void weight_grad_pairs(const Plan& p, const WeightGradLayout& lay,
   });
 }
 
+// Rows of the pair transpose's scratch (transpose_grad_pairs): one per channel of a block.
+constexpr int64_t kPairRows = 16;
+
 // gyT[q / 2][o] = the pair (gy[o] at q even, at q + 1), q = oh * wp + ow, as bfloat16 bits; the
-// junk columns, the partner past the last q and the padded channels stay zero. Each channel's
-// rows are laid out flat in `row` (whose junk columns stay zero), whose pairs are then 32-bit
-// elements to transpose.
+// junk columns, the partner past the last q and the padded channels stay zero (op is a multiple
+// of 16). Per block of 16 channels, each channel's rows are laid out flat in its row of `rows`
+// (kPairRows rows of row_len elements, zero where nothing is written: the junk columns and past
+// q), whose pairs are then 32-bit elements transposed 16 x 16 in registers.
 void transpose_grad_pairs(const Plan& p, int64_t op, const uint16_t* gy, uint16_t* gyT,
-                          uint16_t* row) {
+                          uint16_t* rows, int64_t row_len) {
   const int64_t oh = p.oh(), ow = p.ow(), wp = p.wp(), qp = (p.q() + 1) / 2;
   Pair* dst = reinterpret_cast<Pair*>(gyT);
-  const Pair* flat = reinterpret_cast<const Pair*>(row);
-  for (int64_t o = 0; o < p.cout; ++o) {
-    for (int64_t i = 0; i < oh; ++i)
-      std::memcpy(row + i * wp, gy + (o * oh + i) * ow, size_t(ow) * sizeof(uint16_t));
-#pragma omp simd
-    for (int64_t k = 0; k < qp; ++k) dst[k * op + o] = flat[k];
+  for (int64_t o0 = 0; o0 < p.cout; o0 += kPairRows) {
+    const int64_t no = std::min(kPairRows, p.cout - o0);
+    for (int64_t c = 0; c < no; ++c)
+      for (int64_t i = 0; i < oh; ++i)
+        std::memcpy(rows + c * row_len + i * wp, gy + ((o0 + c) * oh + i) * ow,
+                    size_t(ow) * sizeof(uint16_t));
+    for (int64_t k0 = 0; k0 < qp; k0 += 16) {
+      const int64_t nk = std::min<int64_t>(16, qp - k0);
+      const __mmask16 m = lanes(nk);
+      __m512 r[16];  // pairs as 32-bit lanes: the shuffles move their bits unchanged
+      for (int64_t c = 0; c < 16; ++c)
+        r[c] = c < no ? _mm512_maskz_loadu_ps(m, rows + c * row_len + 2 * k0) : _mm512_setzero_ps();
+      transpose16(r);
+      for (int64_t k = 0; k < nk; ++k) _mm512_storeu_ps(dst + (k0 + k) * op + o0, r[k]);
+    }
   }
 }
 #endif  // __AVX512BF16__
@@ -887,8 +900,8 @@ void pairs_backward(const Conv2dGeometry& g, const uint16_t* x, const float* w, 
       std::fill_n(xb, fwd.bordered_floats(), uint16_t(0));
       std::fill_n(gyT, qp * lay.op, 0u);
       xs = column_inputs(fwd, lay, static_cast<const uint16_t*>(xb));
-      row = reinterpret_cast<uint16_t*>(thread_scratch(4, size_t(qp)));
-      std::fill_n(row, 2 * qp, uint16_t(0));
+      row = reinterpret_cast<uint16_t*>(thread_scratch(4, size_t(kPairRows * qp)));
+      std::fill_n(row, kPairRows * 2 * qp, uint16_t(0));
     }
     Pair* gyb = nullptr;
     float* flat = nullptr;
@@ -901,7 +914,7 @@ void pairs_backward(const Conv2dGeometry& g, const uint16_t* x, const float* w, 
       const uint16_t* gyn = gy + n * g.o * g.oh * g.ow;
       if (gw) {
         fill_interior(fwd, x + n * g.c * g.h * g.w, xb);
-        transpose_grad_pairs(fwd, lay.op, gyn, reinterpret_cast<uint16_t*>(gyT), row);
+        transpose_grad_pairs(fwd, lay.op, gyn, reinterpret_cast<uint16_t*>(gyT), row, 2 * qp);
         weight_grad_pairs(fwd, lay, xs, gyT, parts.data() + size_t(t) * lay.jp * lay.op);
       }
       if (gx) {
@@ -969,8 +982,8 @@ void tiles_backward(const Conv2dGeometry& g, const uint16_t* x, const float* w, 
       gyT = reinterpret_cast<Pair*>(thread_scratch(1, size_t(fwd_tp.qq / 2 * fwd_tp.op)));
       std::fill_n(xb, x_elems, uint16_t(0));
       std::fill_n(gyT, fwd_tp.qq / 2 * fwd_tp.op, 0u);
-      row = reinterpret_cast<uint16_t*>(thread_scratch(4, size_t(fwd_tp.qq / 2)));
-      std::fill_n(row, fwd_tp.qq, uint16_t(0));
+      row = reinterpret_cast<uint16_t*>(thread_scratch(4, size_t(kPairRows * fwd_tp.qq / 2)));
+      std::fill_n(row, kPairRows * fwd_tp.qq, uint16_t(0));
     }
     Pair* gyb = nullptr;
     float* flat = nullptr;
@@ -983,7 +996,7 @@ void tiles_backward(const Conv2dGeometry& g, const uint16_t* x, const float* w, 
       const uint16_t* gyn = gy + n * g.o * g.oh * g.ow;
       if (gw) {
         fill_interior(fwd, x + n * g.c * g.h * g.w, xb);
-        transpose_grad_pairs(fwd, fwd_tp.op, gyn, reinterpret_cast<uint16_t*>(gyT), row);
+        transpose_grad_pairs(fwd, fwd_tp.op, gyn, reinterpret_cast<uint16_t*>(gyT), row, fwd_tp.qq);
         weight_grad_tiles(fwd, fwd_tp, fwd_shift, xb, gyT, parts.data() + size_t(t) * part_elems);
       }
       if (gx) {
