@@ -2,7 +2,8 @@
 // BatchNorm, ReLU, 3x3 conv, BatchNorm, plus the shortcut), 16, 32 and 64 channels at 28x28,
 // 14x14 and 7x7, identity shortcuts inside a stage and 1x1 projections (conv + BatchNorm) where
 // the shape changes, global average pooling and one linear layer. SGD with Nesterov momentum and
-// weight decay under a one-cycle schedule; the loader pads and crops at random and flips.
+// weight decay under a one-cycle schedule, label smoothing 0.1; the loader pads and crops at random
+// and flips.
 //
 // Usage: resnet [options]   (resnet --help lists them)
 // The model runs under DataParallel over every device (--device picks one) and as it is under
@@ -47,7 +48,7 @@ struct Args {
   int64_t batch_size = 128;
   double lr = 0.1;
   double weight_decay = 5e-4;
-  float label_smoothing = 0;
+  float label_smoothing = 0.1f;
   std::string data = galley::data::default_fashion_mnist_dir();
   int threads = 0;
   int64_t limit = 0;
@@ -69,7 +70,7 @@ void usage(std::FILE* out, const char* prog) {
                "  --batch-size N      images per step and process (default 128)\n"
                "  --lr X              peak rate of the one-cycle schedule (default 0.1)\n"
                "  --weight-decay X    SGD's weight decay (default 5e-4)\n"
-               "  --label-smoothing X the loss's label smoothing (default 0)\n"
+               "  --label-smoothing X the loss's label smoothing (default 0.1)\n"
                "  --data DIR          the Fashion-MNIST IDX files (default %s)\n"
                "  --threads N         galley's threads (default: the cores available)\n"
                "  --limit N           train on the first N training images only\n"
