@@ -10,6 +10,7 @@
 
 namespace nn = galley::nn;
 using galley::Device;
+using galley::DType;
 using galley::Tensor;
 
 namespace {
@@ -226,6 +227,57 @@ TEST(DataParallel, RejectsBadOptions) {
                               galley::DataParallel<SmallCNN> m({Device::cpu(0), Device::cpu(0)});
                             }),
                             {"listed twice"});
+}
+
+// Gradient compression (reduce_dtype): every replica rounds its float32 gradients into a 16-bit
+// bucket, the replicas sum those, and the sum comes back as float32 gradients that are 16-bit
+// values, equal on every replica and within the roundings of the exact float32 reduction.
+TEST(DataParallel, GradientsCompressedTo16BitsStayWithinTheirRoundingOnEveryReplica) {
+  galley::manual_seed(7);
+  SmallCNN reference;
+  const auto init = reference.state_dict();
+  const auto data = batches(1, 8, 13);
+  nn::CrossEntropyLoss loss_fn;
+  auto gradients = [&](DType wire) {
+    galley::DataParallel<SmallCNN> model(cpus(2), {.reduce_dtype = wire});
+    model.load_state_dict(init);
+    loss_fn(model(data[0].x), data[0].y).backward();
+    std::vector<std::vector<std::vector<float>>> out(2);
+    for (size_t r = 0; r < 2; ++r)
+      for (auto& p : model.module(r).parameters()) {
+        EXPECT_EQ(p.grad().dtype(), DType::Float32) << "gradients stay float32";
+        out[r].push_back(p.grad().to_vector());
+      }
+    return out;
+  };
+  const auto exact = gradients(DType::Float32);
+  for (DType wire : {DType::BFloat16, DType::Float16}) {
+    const std::string what = galley::dtype_name(wire);
+    const auto got = gradients(wire);
+    const float rtol = wire == DType::BFloat16 ? 1.6e-2f : 2e-3f;
+    bool any_rounded = false;
+    for (size_t k = 0; k < exact[0].size(); ++k) {
+      EXPECT_EQ(got[0][k], got[1][k])
+          << what << ": the replicas' gradients differ, parameter " << k;
+      const auto& want = exact[0][k];
+      const std::vector<float>& g = got[0][k];
+      const Tensor as_wire = Tensor::from_vector(g, {int64_t(g.size())}).to(wire);
+      EXPECT_EQ(as_wire.to(DType::Float32).to_vector(), g)
+          << what << ": parameter " << k << "'s gradient is not a " << what << " value";
+      float max_abs = 0;
+      for (float v : want) max_abs = std::max(max_abs, std::abs(v));
+      for (size_t i = 0; i < g.size(); ++i) {
+        ASSERT_NEAR(g[i], want[i], rtol * (std::abs(want[i]) + max_abs))
+            << what << ": parameter " << k << " element " << i;
+        any_rounded = any_rounded || g[i] != want[i];
+      }
+    }
+    EXPECT_TRUE(any_rounded) << what << ": no gradient was rounded, so nothing was compressed";
+  }
+  testutil::expect_contains(
+      testutil::error_of(
+          [] { galley::DataParallel<SmallCNN> m(cpus(2), {.reduce_dtype = DType::Int64}); }),
+      {"reduce_dtype", "int64"});
 }
 
 TEST(DataParallel, ReportsHowMuchAllReduceWasHidden) {

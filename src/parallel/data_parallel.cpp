@@ -18,6 +18,7 @@
 #include "galley/half.h"
 #include "galley/ops.h"
 #include "galley/profiler.h"
+#include "kernels/convert.h"
 #include "src/runtime/device_memory.h"
 #include "src/thread_budget.h"
 
@@ -166,17 +167,27 @@ void set_elements(const Tensor& buf, int64_t offset, int64_t count, float value)
   });
 }
 
-// A group of parameters of one dtype reduced together. Its flat buffer, of that dtype, holds
-// their gradients back to back, then one flag per parameter (1 where this replica produced a
-// gradient), so that after the reduction every replica knows whether any replica had a
-// gradient for it.
+// `count` elements from src (dtype `from`) into dst (dtype `to`), both on `device` (on a GPU
+// queued on its compute stream, as copy_bytes is); a plain copy when the dtypes agree.
+void convert_on(Device device, const void* src, DType from, void* dst, DType to, int64_t count) {
+  if (from == to)
+    return detail::copy_bytes(dst, device, src, device, size_t(count) * dtype_size(from));
+  if (device.is_cpu()) return kernels::cpu::convert(src, from, dst, to, count);
+  detail::convert_elements(device, src, from, dst, to, size_t(count));
+}
+
+// A group of parameters of one dtype reduced together. Its flat buffer, of the wire dtype (the
+// gradients' own, or DataParallelOptions::reduce_dtype for float32 ones), holds their gradients
+// back to back, then one flag per parameter (1 where this replica produced a gradient), so that
+// after the reduction every replica knows whether any replica had a gradient for it.
 struct Bucket {
-  DType dtype = DType::Float32;
+  DType dtype = DType::Float32;  // the gradients'
+  DType wire = DType::Float32;   // the flat buffer's and the collectives'
   std::vector<size_t> params;    // indices into a replica's parameter list
   std::vector<int64_t> offsets;  // element offset of each in the flat buffer
   int64_t numel = 0;             // gradient elements; the flags follow them
   int64_t total() const { return numel + static_cast<int64_t>(params.size()); }
-  int64_t bytes(int64_t elements) const { return elements * int64_t(dtype_size(dtype)); }
+  int64_t bytes(int64_t elements) const { return elements * int64_t(dtype_size(wire)); }
 };
 
 }  // namespace
@@ -261,6 +272,7 @@ struct DataParallelBase::Impl {
       if (it == open.end()) {
         buckets.push_back(Bucket{});
         buckets.back().dtype = dtype;
+        buckets.back().wire = dtype == DType::Float32 ? opt.reduce_dtype : dtype;
         open.emplace_back(dtype, buckets.size() - 1);
         it = open.end() - 1;
       }
@@ -273,7 +285,7 @@ struct DataParallelBase::Impl {
     for (auto& r : replicas) {
       if (r->device.is_cuda()) detail::make_current(r->device);
       for (auto& b : buckets) {
-        r->flat.push_back(zeros({b.total()}, b.dtype, r->device));
+        r->flat.push_back(zeros({b.total()}, b.wire, r->device));
         if (r->device.is_cuda()) r->bucket_filled.emplace_back(r->device);
       }
     }
@@ -323,8 +335,14 @@ struct DataParallelBase::Impl {
                  dtype_name(g.dtype()), " but the parameter is ", dtype_name(bucket.dtype));
     // On a GPU both are queued on the compute stream; the communicator orders its collective
     // after that stream's work.
-    detail::copy_bytes(element_at(rep.flat[b], bucket.offsets[slot]), rep.device, g.raw_data(),
-                       g.device(), size_t(bucket.bytes(g.numel())));
+    char* dst = element_at(rep.flat[b], bucket.offsets[slot]);
+    if (bucket.wire == bucket.dtype) {
+      detail::copy_bytes(dst, rep.device, g.raw_data(), g.device(),
+                         size_t(bucket.bytes(g.numel())));
+    } else {  // rounded into the 16-bit wire dtype on the replica's device
+      if (g.device() != rep.device) g = g.to(rep.device);
+      convert_on(rep.device, g.raw_data(), g.dtype(), dst, bucket.wire, g.numel());
+    }
     set_elements(rep.flat[b], bucket.numel + slot, 1, 1.f);
     std::lock_guard<std::mutex> lock(rep.mu);
     if (rep.param_ready[k]) return;
@@ -370,7 +388,7 @@ struct DataParallelBase::Impl {
       }
       const auto t0 = Clock::now();
       const Bucket& bucket = buckets[b];
-      const DType dtype = bucket.dtype;
+      const DType dtype = bucket.dtype, wire = bucket.wire;
       void* data = rep.flat[b].raw_data();
       const int64_t count = bucket.total();
       profiler::RecordScope prof("all_reduce_bucket", {}, profiler::EventKind::AllReduce, nullptr,
@@ -381,10 +399,10 @@ struct DataParallelBase::Impl {
       // process: the process-level one).
       if (dev.is_cuda())
         (n() > 1 ? rep.comm : procs)->wait_for_event(rep.bucket_filled[b].handle());
-      rep.comm->all_reduce(data, count, dtype, parallel::ReduceOp::Sum);
+      rep.comm->all_reduce(data, count, wire, parallel::ReduceOp::Sum);
       if (procs) {
-        if (r == 0) procs->all_reduce(data, count, dtype, parallel::ReduceOp::Avg);
-        rep.comm->broadcast(data, count, dtype, 0);
+        if (r == 0) procs->all_reduce(data, count, wire, parallel::ReduceOp::Avg);
+        rep.comm->broadcast(data, count, wire, 0);
       }
       // The presence flags, on the host, as floats.
       const size_t nflags = bucket.params.size();
@@ -403,7 +421,7 @@ struct DataParallelBase::Impl {
         rep.side_done.synchronize();
       }
       flags.resize(nflags);
-      dispatch_floating(dtype, "DataParallel bucket", [&](auto tag) {
+      dispatch_floating(wire, "DataParallel bucket", [&](auto tag) {
         using T = typename decltype(tag)::type;
         for (size_t s = 0; s < nflags; ++s) {
           T v;
@@ -421,8 +439,8 @@ struct DataParallelBase::Impl {
           g = Tensor::empty(p.shape(), dtype, dev);
           p.set_grad(g);
         }
-        detail::copy_bytes(g.raw_data(), dev, element_at(rep.flat[b], bucket.offsets[s]), dev,
-                           size_t(bucket.bytes(g.numel())));
+        convert_on(dev, element_at(rep.flat[b], bucket.offsets[s]), wire, g.raw_data(), dtype,
+                   g.numel());
       }
       rep.allreduce_ms += ms_between(t0, t1);
       std::lock_guard<std::mutex> lock(rep.mu);
@@ -513,6 +531,10 @@ DataParallelBase::DataParallelBase(std::vector<std::unique_ptr<nn::Layer>> layer
   GALLEY_CHECK(!devices.empty(), "DataParallel: the device list is empty");
   GALLEY_CHECK(options.bucket_bytes > 0, "DataParallel: bucket_bytes ", options.bucket_bytes,
                " must be positive");
+  GALLEY_CHECK(options.reduce_dtype == DType::Float32 || options.reduce_dtype == DType::BFloat16 ||
+                   options.reduce_dtype == DType::Float16,
+               "DataParallel: reduce_dtype ", dtype_name(options.reduce_dtype),
+               " must be float32, bfloat16 or float16");
   const bool gpus = devices[0].is_cuda();
   for (const Device& d : devices)
     GALLEY_CHECK(d.is_cuda() == gpus, "DataParallel: ", d.str(), " and ", devices[0].str(),

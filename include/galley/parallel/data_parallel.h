@@ -22,6 +22,12 @@ struct DataParallelOptions {
   /// gets buckets of each, and 16-bit buckets are reduced in their own dtype (summed in float32
   /// on the CPU and over MPI, natively by NCCL; see Communicator::all_reduce).
   int64_t bucket_bytes = 25 << 20;
+  /// The dtype float32 gradients travel and are summed in: Float32 (exact), or BFloat16 or
+  /// Float16 to halve the bytes on the wire (PyTorch DDP's bf16 / fp16 compression hooks). Each
+  /// replica rounds its gradients once into the 16-bit bucket, the collective sums those (in
+  /// float32 on the CPU and over MPI, natively by NCCL) and the result is widened back into the
+  /// float32 gradients. 16-bit gradients always travel in their own dtype.
+  DType reduce_dtype = DType::Float32;
   /// A collective that waits longer than this for a replica raises galley::Error.
   double timeout_seconds = 300.0;
   /// Communicator between processes (one DataParallel per process). Null means the world of
