@@ -16,10 +16,9 @@
 #include <vector>
 
 #include "galley/half.h"
+#include "kernels/cpu/bf16_avx512.h"
 #include "kernels/cpu/parallel.h"
 #include "kernels/cpu/staged.h"
-
-#include "kernels/cpu/bf16_avx512.h"
 
 namespace galley::kernels::cpu {
 namespace {

@@ -1,22 +1,37 @@
 #pragma once
-// bfloat16 vectors in AVX-512 registers (internal to the CPU kernels): 16 elements widened to
-// float32 or rounded from it, the tail of a row masked rather than left to a scalar loop. The
-// rounding is galley/half.h's float_to_bf16_bits, bit for bit: round to nearest even, a NaN kept
-// quiet with its sign.
-#if defined(__AVX512BW__)
-#include <immintrin.h>
-
+// bfloat16 pairs and AVX-512 vectors (internal to the CPU kernels): the 32-bit pair words that
+// vdpbf16ps and the tiles multiply, 16 elements widened to float32 or rounded from it, and the
+// tail of a short row masked rather than left to a scalar loop. The rounding is galley/half.h's
+// float_to_bf16_bits, bit for bit: round to nearest even, a NaN kept quiet with its sign.
 #include <cstdint>
+#include <cstring>
 
 #include "galley/half.h"
 
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
+
 namespace galley::kernels::cpu {
 
+// Two bfloat16 bits, the even-indexed value in the low half.
+using Pair = uint32_t;
+
+// The pair of bfloat16 values at p and p + 1 (p need not be 4-byte aligned).
+inline Pair pair_at(const uint16_t* p) {
+  Pair v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
+
+#if defined(__AVX512F__)
 // The first n lanes of 16 (all of them for n >= 16).
 inline __mmask16 lanes(int64_t n) {
   return n >= 16 ? __mmask16(0xffff) : __mmask16((1u << n) - 1);
 }
+#endif
 
+#if defined(__AVX512BW__)
 // The lanes of m from p widened to float32; the others zero.
 inline __m512 load_bf16(const bfloat16* p, __mmask16 m) {
   const __m256i h = _mm256_maskz_loadu_epi16(m, p);
@@ -40,5 +55,13 @@ inline void store_bf16(bfloat16* p, __m512 v, __mmask16 m) {
   _mm256_mask_storeu_epi16(p, m, _mm512_cvtepi32_epi16(bf16_bits(v)));
 }
 
-}  // namespace galley::kernels::cpu
+// The pairs (lo[j], hi[j]) for the lanes of m, zero elsewhere (hi null: zero partners).
+inline __m512i pairs_of(const uint16_t* lo, const uint16_t* hi, __mmask16 m) {
+  const __m512i v = _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, lo));
+  if (!hi) return v;
+  return _mm512_or_si512(
+      v, _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, hi)), 16));
+}
 #endif
+
+}  // namespace galley::kernels::cpu

@@ -96,7 +96,7 @@ void fill_interior(const Plan& p, const T* src, D* dst) {
       if constexpr (std::is_same_v<T, float> && std::is_same_v<D, float>) {
         // Rows are short (28 floats in resnet): masked vectors rather than a call to memcpy.
         for (int64_t j = 0; j < p.w; j += L) {
-          const __mmask16 m = j + L <= p.w ? __mmask16(0xffff) : __mmask16((1u << (p.w - j)) - 1);
+          const __mmask16 m = lanes(p.w - j);
           _mm512_mask_storeu_ps(d + j, m, _mm512_maskz_loadu_ps(m, s + j));
         }
         continue;
@@ -123,7 +123,7 @@ void write_out(const Plan& p, float* flat, const float* bias, T* out, int64_t qs
 #if defined(__AVX512F__)
         const __m512 vb = _mm512_set1_ps(b);
         for (int64_t j = 0; j < ow; j += L) {
-          const __mmask16 m = j + L <= ow ? __mmask16(0xffff) : __mmask16((1u << (ow - j)) - 1);
+          const __mmask16 m = lanes(ow - j);
           _mm512_mask_storeu_ps(dst + j, m, _mm512_add_ps(_mm512_maskz_loadu_ps(m, src + j), vb));
         }
 #else
@@ -351,7 +351,7 @@ void transpose_grad(const Plan& p, int64_t op, const T* gy, float* gyT) {
     for (int64_t i = 0; i < oh; ++i)
       for (int64_t j0 = 0; j0 < ow; j0 += L) {
         const int64_t nj = std::min(L, ow - j0);
-        const __mmask16 m = nj == L ? __mmask16(0xffff) : __mmask16((1u << nj) - 1);
+        const __mmask16 m = lanes(nj);
         float* dst = gyT + (i * wp + j0) * op;
         for (int64_t o0 = 0; o0 < p.cout; o0 += L) {
           __m512 r[16];
@@ -408,16 +408,9 @@ inline float flipped_weight(const Conv2dGeometry& g, const float* w, int64_t ci,
 // gradient, two consecutive flat outputs (the transposed output gradient holds them interleaved
 // per output channel, and the input's two consecutive positions are adjacent already). An odd
 // channel count, or flat output count, is padded with a zero partner. Same register blocks as the
-// float32 kernels.
-using Pair = uint32_t;  // two bfloat16 bits, the even-indexed value in the low half
-
+// float32 kernels. The pairs are kernels/cpu/bf16_avx512.h's Pair words.
 inline __m512 dot(__m512 acc, __m512i a, __m512i b) {
   return _mm512_dpbf16_ps(acc, (__m512bh)a, (__m512bh)b);
-}
-inline Pair pair_at(const uint16_t* p) {
-  Pair v;
-  std::memcpy(&v, p, sizeof v);
-  return v;
 }
 inline uint16_t bf16_bits(float f) {
   return galley::detail::float_to_bf16_bits(f);
@@ -445,11 +438,7 @@ void fill_pairs(const Plan& p, const uint16_t* src, Pair* dst) {
       // 16 pairs a vector, the tail masked: rows are short (28 positions in resnet).
       for (int64_t j = 0; j < p.w; j += 16) {
         const __mmask16 m = lanes(p.w - j);
-        __m512i v = _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, a + j));
-        if (b)
-          v = _mm512_or_si512(
-              v, _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, b + j)), 16));
-        _mm512_mask_storeu_epi32(d + j, m, v);
+        _mm512_mask_storeu_epi32(d + j, m, pairs_of(a + j, b ? b + j : nullptr, m));
       }
     }
   }

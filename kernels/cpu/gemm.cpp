@@ -8,12 +8,9 @@
 
 #include "galley/error.h"
 #include "kernels/cpu/amx.h"
+#include "kernels/cpu/bf16_avx512.h"
 #include "kernels/cpu/conv2d_direct.h"
 #include "kernels/cpu/parallel.h"
-
-#if defined(__AVX512BF16__)
-#include <immintrin.h>
-#endif
 
 namespace galley::kernels::cpu {
 namespace {
@@ -164,27 +161,15 @@ void bf16_block(const Bf16Packed& p, int64_t bi, int64_t bj, float* buf) {
 constexpr int64_t kPanel = 16;  // columns of a B panel: one vector of float32 sums
 constexpr int64_t kRows = 8;    // rows of A in a register block
 
-uint32_t pair_at(const uint16_t* p) {
-  uint32_t v;
-  std::memcpy(&v, p, sizeof v);
-  return v;
-}
-
 // Two bfloat16 rows interleaved into pair words (r1 null: zero partners): word j, r0[j] in its
 // low half, goes to out[(j / kPanel) * chunk + j % kPanel].
 void interleave_rows(const uint16_t* r0, const uint16_t* r1, int64_t count, uint32_t* out,
                      int64_t chunk) {
-  int64_t j = 0;
-  for (; j + kPanel <= count; j += kPanel) {
-    __m512i v = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(r0 + j)));
-    if (r1)
-      v = _mm512_or_si512(v, _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256(
-                                                   reinterpret_cast<const __m256i*>(r1 + j))),
-                                               16));
-    _mm512_storeu_si512(out + (j / kPanel) * chunk, v);
+  for (int64_t j = 0; j < count; j += kPanel) {
+    const __mmask16 m = lanes(count - j);
+    _mm512_mask_storeu_epi32(out + (j / kPanel) * chunk, m,
+                             pairs_of(r0 + j, r1 ? r1 + j : nullptr, m));
   }
-  for (; j < count; ++j)
-    out[(j / kPanel) * chunk + j % kPanel] = r0[j] | (r1 ? uint32_t(r1[j]) << 16 : 0u);
 }
 
 // op(B) as panels of k pairs (kp of them).
@@ -243,8 +228,7 @@ void dot_block(PairRows a, const uint32_t* bp, int64_t kp, float* c, int64_t ldc
     }
   }
   for (int p = 0; p < NP; ++p) {
-    const int64_t left = cols - p * kPanel;
-    const __mmask16 mask = left >= kPanel ? __mmask16(0xffff) : __mmask16((1u << left) - 1);
+    const __mmask16 mask = lanes(cols - p * kPanel);
     for (int r = 0; r < R; ++r) {
       float* row = c + r * ldc + p * kPanel;
       __m512 v = acc[r][p];

@@ -531,10 +531,8 @@ DataParallelBase::DataParallelBase(std::vector<std::unique_ptr<nn::Layer>> layer
   GALLEY_CHECK(!devices.empty(), "DataParallel: the device list is empty");
   GALLEY_CHECK(options.bucket_bytes > 0, "DataParallel: bucket_bytes ", options.bucket_bytes,
                " must be positive");
-  GALLEY_CHECK(options.reduce_dtype == DType::Float32 || options.reduce_dtype == DType::BFloat16 ||
-                   options.reduce_dtype == DType::Float16,
-               "DataParallel: reduce_dtype ", dtype_name(options.reduce_dtype),
-               " must be float32, bfloat16 or float16");
+  GALLEY_CHECK(is_floating_point(options.reduce_dtype), "DataParallel: reduce_dtype ",
+               dtype_name(options.reduce_dtype), " must be float32, bfloat16 or float16");
   const bool gpus = devices[0].is_cuda();
   for (const Device& d : devices)
     GALLEY_CHECK(d.is_cuda() == gpus, "DataParallel: ", d.str(), " and ", devices[0].str(),
