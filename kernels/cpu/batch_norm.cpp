@@ -71,23 +71,27 @@ inline void add_sums(int64_t m, const float* a, float sa, const float* b, float 
 }
 
 #if defined(__AVX512BW__)
-// bfloat16 planes (inner > 1) widened and rounded in registers, 16 elements a vector and the tail
-// masked, instead of staged through float32 buffers: a bfloat16 BatchNorm then moves half the
-// bytes of a float32 one without paying for it in conversions (kernels/cpu/bf16_avx512.h); the
-// sums keep add_sums's blocks.
+// float32 and bfloat16 planes (inner > 1) in AVX-512 registers, 16 elements a vector and the tail
+// masked, the incoming gradient masked by the ReLU on the fly, instead of staged through float32
+// buffers: a bfloat16 BatchNorm then moves half the bytes of a float32 one without paying for it
+// in conversions (kernels/cpu/bf16_avx512.h); the sums keep add_sums's blocks.
+template <typename T>
+constexpr bool kInRegisters = std::is_same_v<T, float> || std::is_same_v<T, bfloat16>;
 
 // The incoming gradient, zero where the forward's ReLU output y is not positive (when y is given).
-inline __m512 masked_grad(const bfloat16* g, const bfloat16* y, __mmask16 m) {
-  const __m512 fg = load_bf16(g, m);
+template <typename T>
+inline __m512 masked_grad(const T* g, const T* y, __mmask16 m) {
+  const __m512 fg = load_as_f32(g, m);
   if (!y) return fg;
-  return _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(load_bf16(y, m), _mm512_setzero_ps(), _CMP_GT_OQ),
-                             fg);
+  return _mm512_maskz_mov_ps(
+      _mm512_cmp_ps_mask(load_as_f32(y, m), _mm512_setzero_ps(), _CMP_GT_OQ), fg);
 }
 
-// add_sums over n bfloat16 elements: s += sum of u and q += sum of u (b - sb), u = a - sa (a
-// masked by y > 0 when y is given), in float32 lanes per block of kStageBlock, then in double.
-void add_sums_bf16(const bfloat16* a, float sa, const bfloat16* y, const bfloat16* b, float sb,
-                   int64_t n, double& s, double& q) {
+// add_sums over n elements: s += sum of u and q += sum of u (b - sb), u = a - sa (a masked by
+// y > 0 when y is given), in float32 lanes per block of kStageBlock, then in double.
+template <typename T>
+void add_sums_avx512(const T* a, float sa, const T* y, const T* b, float sb, int64_t n, double& s,
+                     double& q) {
   const __m512 vsa = _mm512_set1_ps(sa), vsb = _mm512_set1_ps(sb);
   for (int64_t i = 0; i < n; i += kStageBlock) {
     const int64_t end = std::min(n, i + kStageBlock);
@@ -96,7 +100,7 @@ void add_sums_bf16(const bfloat16* a, float sa, const bfloat16* y, const bfloat1
       const __mmask16 m = lanes(end - j);
       const __m512 u = _mm512_maskz_sub_ps(m, masked_grad(a + j, y ? y + j : nullptr, m), vsa);
       fs = _mm512_add_ps(fs, u);
-      fq = _mm512_fmadd_ps(u, _mm512_sub_ps(load_bf16(b + j, m), vsb), fq);
+      fq = _mm512_fmadd_ps(u, _mm512_sub_ps(load_as_f32(b + j, m), vsb), fq);
     }
     s += _mm512_reduce_add_ps(fs);
     q += _mm512_reduce_add_ps(fq);
@@ -171,8 +175,8 @@ void stats(const T* x, BatchNormGeometry g, BatchNormRunning running, float* mea
         for (int64_t o = o0; o < o1; ++o) {
           const T* p = x + (o * C + c) * inner;
 #if defined(__AVX512BW__)
-          if constexpr (std::is_same_v<T, bfloat16>) {
-            add_sums_bf16(p, sh, nullptr, p, sh, inner, s, q);
+          if constexpr (kInRegisters<T>) {
+            add_sums_avx512<T>(p, sh, nullptr, p, sh, inner, s, q);
             continue;
           }
 #endif
@@ -229,17 +233,17 @@ inline float affine(float v, float a, float b) {
 }
 
 #if defined(__AVX512BW__)
-// affine<kRelu> over n bfloat16 elements.
-template <bool kRelu>
-void affine_bf16(const bfloat16* x, int64_t n, float a, float b, bfloat16* y) {
+// affine<kRelu> over n elements.
+template <bool kRelu, typename T>
+void affine_avx512(const T* x, int64_t n, float a, float b, T* y) {
   const __m512 va = _mm512_set1_ps(a), vb = _mm512_set1_ps(b);
   for (int64_t j = 0; j < n; j += 16) {
     const __mmask16 m = lanes(n - j);
-    __m512 t = _mm512_fmadd_ps(load_bf16(x + j, m), va, vb);
+    __m512 t = _mm512_fmadd_ps(load_as_f32(x + j, m), va, vb);
     if constexpr (kRelu)  // as relu: NaN stays NaN
       t = _mm512_mask_mov_ps(t, _mm512_cmp_ps_mask(t, _mm512_setzero_ps(), _CMP_LE_OQ),
                              _mm512_setzero_ps());
-    store_bf16(y + j, t, m);
+    store_from_f32(y + j, t, m);
   }
 }
 #endif
@@ -256,8 +260,8 @@ void forward(const T* x, BatchNormGeometry g, BatchNormParams p, T* y) {
                    for (int64_t r = r0; r < r1; ++r) {
                      const float a = scale[r % C], b = shift[r % C];
 #if defined(__AVX512BW__)
-                     if constexpr (std::is_same_v<T, bfloat16>) {
-                       affine_bf16<kRelu>(x + r * inner, inner, a, b, y + r * inner);
+                     if constexpr (kInRegisters<T>) {
+                       affine_avx512<kRelu>(x + r * inner, inner, a, b, y + r * inner);
                        continue;
                      }
 #endif
@@ -322,8 +326,8 @@ void backward(const T* gy, const T* x, const T* y, BatchNormGeometry g, BatchNor
           for (int64_t o = o0; o < o1; ++o) {
             const int64_t base = (o * C + c) * inner;
 #if defined(__AVX512BW__)
-            if constexpr (std::is_same_v<T, bfloat16>) {
-              add_sums_bf16(gy + base, 0.f, y ? y + base : nullptr, x + base, mc, inner, s, q);
+            if constexpr (kInRegisters<T>) {
+              add_sums_avx512<T>(gy + base, 0.f, y ? y + base : nullptr, x + base, mc, inner, s, q);
               continue;
             }
 #endif
@@ -376,18 +380,18 @@ void backward(const T* gy, const T* x, const T* y, BatchNormGeometry g, BatchNor
           float masked[kStageBlock];
           for (int64_t r = r0; r < r1; ++r) {
 #if defined(__AVX512BW__)
-            if constexpr (std::is_same_v<T, bfloat16>) {
+            if constexpr (kInRegisters<T>) {
               const int64_t c = r % C, base = r * inner;
               const __m512 vmg = _mm512_set1_ps(mg[c]), vmean = _mm512_set1_ps(mean[c]),
                            vk = _mm512_set1_ps(k[c]), va = _mm512_set1_ps(a[c]);
               for (int64_t j = 0; j < inner; j += 16) {
                 const __mmask16 m = lanes(inner - j);
                 const __m512 fg = masked_grad(gy + base + j, y ? y + base + j : nullptr, m);
-                const __m512 fx = load_bf16(x + base + j, m);
+                const __m512 fx = load_as_f32(x + base + j, m);
                 // (g - mg - (x - mean) k) a, in the float path's order
                 const __m512 d = _mm512_sub_ps(_mm512_sub_ps(fg, vmg),
                                                _mm512_mul_ps(_mm512_sub_ps(fx, vmean), vk));
-                store_bf16(gx + base + j, _mm512_mul_ps(d, va), m);
+                store_from_f32(gx + base + j, _mm512_mul_ps(d, va), m);
               }
               continue;
             }

@@ -55,6 +55,21 @@ inline void store_bf16(bfloat16* p, __m512 v, __mmask16 m) {
   _mm256_mask_storeu_epi16(p, m, _mm512_cvtepi32_epi16(bf16_bits(v)));
 }
 
+// The lanes of m from p as float32 (bfloat16 widened), the others zero; and the lanes of m of v
+// into p (rounded to bfloat16): one vector loop for float32 and bfloat16 data.
+inline __m512 load_as_f32(const float* p, __mmask16 m) {
+  return _mm512_maskz_loadu_ps(m, p);
+}
+inline __m512 load_as_f32(const bfloat16* p, __mmask16 m) {
+  return load_bf16(p, m);
+}
+inline void store_from_f32(float* p, __m512 v, __mmask16 m) {
+  _mm512_mask_storeu_ps(p, m, v);
+}
+inline void store_from_f32(bfloat16* p, __m512 v, __mmask16 m) {
+  store_bf16(p, v, m);
+}
+
 // The pairs (lo[j], hi[j]) for the lanes of m, zero elsewhere (hi null: zero partners).
 inline __m512i pairs_of(const uint16_t* lo, const uint16_t* hi, __mmask16 m) {
   const __m512i v = _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, lo));
