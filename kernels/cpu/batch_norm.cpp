@@ -314,31 +314,101 @@ void backward(const T* gy, const T* x, const T* y, BatchNormGeometry g, BatchNor
     a[c] = float(inv[c] * (p.weight ? p.weight[c] : 1.f));
     k[c] = mg[c] = 0.f;
   }
-  if ((training && gx) || gweight || gbias) {
+  const bool need_sums = (training && gx) || gweight || gbias;
+  // Channel c's sums (of the gradient, and of gradient x centred input) -> the weight and bias
+  // gradients and the coefficients of its input gradient.
+  auto finish_channel = [&](int64_t c, double sg, double sgx) {
+    if (gweight) gweight[c] = float(sgx * inv[c]);
+    if (gbias) gbias[c] = float(sg);
+    if (training) {
+      k[c] = float(sgx * inv[c] * inv[c] / n);
+      mg[c] = float(sg / n);
+    }
+  };
+  // Adds channel c's planes of images [o0, o1) to the sums.
+  auto plane_sums = [&](int64_t c, int64_t o0, int64_t o1, double& s, double& q) {
+    MaskedGrad<T> sg;
+    Staged<T> sx;
+    float masked[kStageBlock];
+    const float mc = mean[c];
+    for (int64_t o = o0; o < o1; ++o) {
+      const int64_t base = (o * C + c) * inner;
+#if defined(__AVX512BW__)
+      if constexpr (kInRegisters<T>) {
+        add_sums_avx512<T>(gy + base, 0.f, y ? y + base : nullptr, x + base, mc, inner, s, q);
+        continue;
+      }
+#endif
+      for (int64_t i = 0; i < inner; i += kStageBlock) {
+        const int64_t m = std::min(kStageBlock, inner - i);
+        const float* fg = sg.load(gy + base + i, y ? y + base + i : nullptr, m, masked);
+        const float* fx = sx.load(x + base + i, m);
+        add_sums(m, fg, 0.f, fx, mc, s, q);
+      }
+    }
+  };
+  auto dx = [&](const float* fg, const float* fx, int64_t m, int64_t c0, int64_t step, float* r) {
+    for (int64_t j = 0; j < m; ++j) {
+      const int64_t c = c0 + j * step;
+      r[j] = (fg[j] - mg[c] - (fx[j] - mean[c]) * k[c]) * a[c];
+    }
+  };
+  // The input gradient of plane r (image r / C, channel r % C).
+  auto plane_dx = [&](int64_t r) {
+    const int64_t c = r % C;
+#if defined(__AVX512BW__)
+    if constexpr (kInRegisters<T>) {
+      const int64_t base = r * inner;
+      const __m512 vmg = _mm512_set1_ps(mg[c]), vmean = _mm512_set1_ps(mean[c]),
+                   vk = _mm512_set1_ps(k[c]), va = _mm512_set1_ps(a[c]);
+      for (int64_t j = 0; j < inner; j += 16) {
+        const __mmask16 m = lanes(inner - j);
+        const __m512 fg = masked_grad(gy + base + j, y ? y + base + j : nullptr, m);
+        const __m512 fx = load_as_f32(x + base + j, m);
+        // (g - mg - (x - mean) k) a, in the staged path's order
+        const __m512 d = _mm512_sub_ps(_mm512_sub_ps(fg, vmg),
+                                       _mm512_mul_ps(_mm512_sub_ps(fx, vmean), vk));
+        store_from_f32(gx + base + j, _mm512_mul_ps(d, va), m);
+      }
+      return;
+    }
+#endif
+    MaskedGrad<T> sg;
+    Staged<T> sx;
+    Output<T> out;
+    float masked[kStageBlock];
+    for (int64_t i = 0; i < inner; i += kStageBlock) {
+      const int64_t m = std::min(kStageBlock, inner - i), base = r * inner + i;
+      const float* fg = sg.load(gy + base, y ? y + base : nullptr, m, masked);
+      dx(fg, sx.load(x + base, m), m, c, 0, out.at(gx + base));
+      out.store(gx + base, m);
+    }
+  };
+  if (inner > 1 && gx && C >= num_threads()) {
+    // One channel at a time: its sums, then its input gradient while its planes are still in
+    // the cache (the two-pass form reads every tensor from memory twice). The sums run over the
+    // blocks of channel_sums in its order, so the bits are the same.
+    const int64_t per_block = std::clamp<int64_t>(kBlockElems / inner, 1, g.outer);
+    parallel_for(C, 1, [&](int64_t c0, int64_t c1) {
+      for (int64_t c = c0; c < c1; ++c) {
+        if (need_sums) {
+          double s = 0, q = 0;
+          for (int64_t o0 = 0; o0 < g.outer; o0 += per_block) {
+            double bs = 0, bq = 0;
+            plane_sums(c, o0, std::min(g.outer, o0 + per_block), bs, bq);
+            s += bs, q += bq;
+          }
+          finish_channel(c, s, q);
+        }
+        for (int64_t o = 0; o < g.outer; ++o) plane_dx(o * C + c);
+      }
+    });
+    return;
+  }
+  if (need_sums) {
     std::vector<double> sums(size_t(2 * C));
     channel_sums(
-        g,
-        [&](int64_t c, int64_t o0, int64_t o1, double& s, double& q) {
-          MaskedGrad<T> sg;
-          Staged<T> sx;
-          float masked[kStageBlock];
-          const float mc = mean[c];
-          for (int64_t o = o0; o < o1; ++o) {
-            const int64_t base = (o * C + c) * inner;
-#if defined(__AVX512BW__)
-            if constexpr (kInRegisters<T>) {
-              add_sums_avx512<T>(gy + base, 0.f, y ? y + base : nullptr, x + base, mc, inner, s, q);
-              continue;
-            }
-#endif
-            for (int64_t i = 0; i < inner; i += kStageBlock) {
-              const int64_t m = std::min(kStageBlock, inner - i);
-              const float* fg = sg.load(gy + base + i, y ? y + base + i : nullptr, m, masked);
-              const float* fx = sx.load(x + base + i, m);
-              add_sums(m, fg, 0.f, fx, mc, s, q);
-            }
-          }
-        },
+        g, plane_sums,
         [&](int64_t o0, int64_t o1, double* s, double* q) {
           MaskedGrad<T> sg;
           Staged<T> sx;
@@ -355,55 +425,14 @@ void backward(const T* gy, const T* x, const T* y, BatchNormGeometry g, BatchNor
             }
         },
         sums.data());
-    for (int64_t c = 0; c < C; ++c) {
-      if (gweight) gweight[c] = float(sums[C + c] * inv[c]);
-      if (gbias) gbias[c] = float(sums[c]);
-      if (training) {
-        k[c] = float(sums[C + c] * inv[c] * inv[c] / n);
-        mg[c] = float(sums[c] / n);
-      }
-    }
+    for (int64_t c = 0; c < C; ++c) finish_channel(c, sums[c], sums[C + c]);
   }
   if (!gx) return;
-  auto dx = [&](const float* fg, const float* fx, int64_t m, int64_t c0, int64_t step, float* r) {
-    for (int64_t j = 0; j < m; ++j) {
-      const int64_t c = c0 + j * step;
-      r[j] = (fg[j] - mg[c] - (fx[j] - mean[c]) * k[c]) * a[c];
-    }
-  };
   if (inner > 1) {
-    parallel_for(
-        g.outer * C, std::max<int64_t>(1, kElementwiseGrain / inner), [&](int64_t r0, int64_t r1) {
-          MaskedGrad<T> sg;
-          Staged<T> sx;
-          Output<T> out;
-          float masked[kStageBlock];
-          for (int64_t r = r0; r < r1; ++r) {
-#if defined(__AVX512BW__)
-            if constexpr (kInRegisters<T>) {
-              const int64_t c = r % C, base = r * inner;
-              const __m512 vmg = _mm512_set1_ps(mg[c]), vmean = _mm512_set1_ps(mean[c]),
-                           vk = _mm512_set1_ps(k[c]), va = _mm512_set1_ps(a[c]);
-              for (int64_t j = 0; j < inner; j += 16) {
-                const __mmask16 m = lanes(inner - j);
-                const __m512 fg = masked_grad(gy + base + j, y ? y + base + j : nullptr, m);
-                const __m512 fx = load_as_f32(x + base + j, m);
-                // (g - mg - (x - mean) k) a, in the float path's order
-                const __m512 d = _mm512_sub_ps(_mm512_sub_ps(fg, vmg),
-                                               _mm512_mul_ps(_mm512_sub_ps(fx, vmean), vk));
-                store_from_f32(gx + base + j, _mm512_mul_ps(d, va), m);
-              }
-              continue;
-            }
-#endif
-            for (int64_t i = 0; i < inner; i += kStageBlock) {
-              const int64_t m = std::min(kStageBlock, inner - i), base = r * inner + i;
-              const float* fg = sg.load(gy + base, y ? y + base : nullptr, m, masked);
-              dx(fg, sx.load(x + base, m), m, r % C, 0, out.at(gx + base));
-              out.store(gx + base, m);
-            }
-          }
-        });
+    parallel_for(g.outer * C, std::max<int64_t>(1, kElementwiseGrain / inner),
+                 [&](int64_t r0, int64_t r1) {
+                   for (int64_t r = r0; r < r1; ++r) plane_dx(r);
+                 });
     return;
   }
   parallel_for(g.outer, std::max<int64_t>(1, kElementwiseGrain / C), [&](int64_t o0, int64_t o1) {
