@@ -1,6 +1,8 @@
 // Batch normalisation on the host: the per-channel statistics in one pass, the normalisation
 // (with the affine transform and ReLU) in one more, and the backward in two (the per-channel
-// sums of the gradient and of gradient x centred input, then the input gradient).
+// sums of the gradient and of gradient x centred input, then the input gradient; with spatial
+// positions and a channel for every thread, both passes of one channel before the next, so that
+// the second finds the channel's planes in cache).
 //
 // Two layouts: with spatial positions (inner > 1) a block is a run of images of one channel,
 // whose planes are contiguous; without them ([N, C], inner == 1) a block is a run of rows, each
