@@ -303,12 +303,14 @@ void BM_relu_backward(benchmark::State& st) {
 // and backward. GB/s of the tensors each pass must move: forward reads x twice and writes y;
 // backward reads gy, x and y for the sums and again for the input gradient, and writes gx.
 Tensor bn_input(benchmark::State& st) {
-  return st.range(0) == 0 ? galley::randn({64, 16, 28, 28}, gen()) : galley::randn({64, 64, 7, 7}, gen());
+  return st.range(0) == 0 ? galley::randn({64, 16, 28, 28}, gen())
+                          : galley::randn({64, 64, 7, 7}, gen());
 }
 void BM_batch_norm(benchmark::State& st) {
   Tensor x = bn_input(st);
   const int64_t c = x.shape()[1];
-  Tensor mean = galley::zeros({c}), var = galley::ones({c}), w = galley::ones({c}), b = galley::zeros({c});
+  Tensor mean = galley::zeros({c}), var = galley::ones({c}), w = galley::ones({c}),
+         b = galley::zeros({c});
   galley::BatchNormOptions o;
   o.training = true, o.relu = true;
   const double secs = time_forward(st, [&] { return galley::batch_norm(x, mean, var, w, b, o); });
@@ -318,12 +320,13 @@ void BM_batch_norm_backward(benchmark::State& st) {
   Tensor x = bn_input(st).set_requires_grad(true);
   const int64_t c = x.shape()[1];
   Tensor mean = galley::zeros({c}), var = galley::ones({c});
-  Tensor w = galley::ones({c}).set_requires_grad(true), b = galley::zeros({c}).set_requires_grad(true);
+  Tensor w = galley::ones({c}).set_requires_grad(true),
+         b = galley::zeros({c}).set_requires_grad(true);
   Tensor gy = galley::randn(x.shape(), gen());
   galley::BatchNormOptions o;
   o.training = true, o.relu = true;
-  const double secs = time_backward(
-      st, [&] { return galley::batch_norm(x, mean, var, w, b, o); }, gy, {x, w, b});
+  const double secs =
+      time_backward(st, [&] { return galley::batch_norm(x, mean, var, w, b, o); }, gy, {x, w, b});
   set_rate(st, 0, 7.0 * 4 * x.numel(), secs);
 }
 

@@ -85,8 +85,8 @@ template <typename T>
 inline __m512 masked_grad(const T* g, const T* y, __mmask16 m) {
   const __m512 fg = load_as_f32(g, m);
   if (!y) return fg;
-  return _mm512_maskz_mov_ps(
-      _mm512_cmp_ps_mask(load_as_f32(y, m), _mm512_setzero_ps(), _CMP_GT_OQ), fg);
+  return _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(load_as_f32(y, m), _mm512_setzero_ps(), _CMP_GT_OQ),
+                             fg);
 }
 
 // add_sums over n elements: s += sum of u and q += sum of u (b - sb), u = a - sa (a masked by
@@ -368,8 +368,8 @@ void backward(const T* gy, const T* x, const T* y, BatchNormGeometry g, BatchNor
         const __m512 fg = masked_grad(gy + base + j, y ? y + base + j : nullptr, m);
         const __m512 fx = load_as_f32(x + base + j, m);
         // (g - mg - (x - mean) k) a, in the staged path's order
-        const __m512 d = _mm512_sub_ps(_mm512_sub_ps(fg, vmg),
-                                       _mm512_mul_ps(_mm512_sub_ps(fx, vmean), vk));
+        const __m512 d =
+            _mm512_sub_ps(_mm512_sub_ps(fg, vmg), _mm512_mul_ps(_mm512_sub_ps(fx, vmean), vk));
         store_from_f32(gx + base + j, _mm512_mul_ps(d, va), m);
       }
       return;

@@ -35,42 +35,52 @@ std::pair<int64_t, int64_t> inside_columns(const Conv2dGeometry& g, int64_t dj) 
   return {lo, std::max(lo, std::min(hi, g.ow))};
 }
 
-// dst[j] = src[j * 2] for j < n: a stride-2 row of im2col, 16 outputs a vector (the even lanes of
-// two masked loads, so nothing past src[2 * (n - 1)] is read).
-void gather_stride2(const float* src, float* dst, int64_t n) {
+// dst[j] = src[j * stride] for j < n: a strided row of im2col. A float32 row of stride 2 goes 16
+// outputs a vector (the even lanes of two masked loads, so nothing past src[2 * (n - 1)] is
+// read); the rest one element at a time.
+template <typename T, typename D>
+void gather_strided(const T* src, D* dst, int64_t n, int64_t stride) {
   int64_t j = 0;
 #if defined(__AVX512F__)
-  const __m512i even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
-  for (; j < n; j += 16) {
-    const int64_t reach = 2 * (n - j) - 1;  // source elements up to the last one needed
-    const __m512 a = _mm512_maskz_loadu_ps(lanes(reach), src + 2 * j);
-    const __m512 b = _mm512_maskz_loadu_ps(lanes(reach - 16 > 0 ? reach - 16 : 0), src + 2 * j + 16);
-    _mm512_mask_storeu_ps(dst + j, lanes(n - j), _mm512_permutex2var_ps(a, even, b));
+  if constexpr (std::is_same_v<T, float> && std::is_same_v<D, float>) {
+    if (stride == 2) {
+      const __m512i even =
+          _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+      for (; j < n; j += 16) {
+        const int64_t reach = 2 * (n - j) - 1;  // source elements up to the last one needed
+        const __m512 a = _mm512_maskz_loadu_ps(lanes(reach), src + 2 * j);
+        const __m512 b =
+            _mm512_maskz_loadu_ps(lanes(std::max<int64_t>(0, reach - 16)), src + 2 * j + 16);
+        _mm512_mask_storeu_ps(dst + j, lanes(n - j), _mm512_permutex2var_ps(a, even, b));
+      }
+    }
   }
 #endif
-  for (; j < n; ++j) dst[j] = src[j * 2];
+  for (; j < n; ++j) dst[j] = static_cast<D>(src[j * stride]);
 }
 
-// dst[j * 2] += src[j] for j < n: col2im's stride-2 row; the odd positions between are left as
-// they are (not even an added zero).
-void scatter_add_stride2(const float* src, float* dst, int64_t n) {
+// dst[j * stride] += src[j] for j < n: col2im's strided row. Stride 2 goes 16 elements a vector,
+// the odd positions between left as they are (not even an added zero); the rest one at a time.
+void scatter_add_strided(const float* src, float* dst, int64_t n, int64_t stride) {
   int64_t j = 0;
 #if defined(__AVX512F__)
-  // Lane 2i of the low (high) spread takes src lane i (8 + i).
-  const __m512i lo = _mm512_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7);
-  const __m512i hi = _mm512_add_epi32(lo, _mm512_set1_epi32(8));
-  const __mmask16 even = 0x5555;
-  for (; j < n; j += 16) {
-    const __m512 v = _mm512_maskz_loadu_ps(lanes(n - j), src + j);
-    const int64_t reach = 2 * (n - j) - 1;
-    const __mmask16 m0 = lanes(reach) & even, m1 = lanes(reach - 16 > 0 ? reach - 16 : 0) & even;
-    float* d = dst + 2 * j;
-    const __m512 d0 = _mm512_maskz_loadu_ps(m0, d), d1 = _mm512_maskz_loadu_ps(m1, d + 16);
-    _mm512_mask_storeu_ps(d, m0, _mm512_add_ps(d0, _mm512_permutexvar_ps(lo, v)));
-    _mm512_mask_storeu_ps(d + 16, m1, _mm512_add_ps(d1, _mm512_permutexvar_ps(hi, v)));
+  if (stride == 2) {
+    // Lane 2i of the low (high) spread takes src lane i (8 + i).
+    const __m512i lo = _mm512_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7);
+    const __m512i hi = _mm512_add_epi32(lo, _mm512_set1_epi32(8));
+    const __mmask16 even = 0x5555;
+    for (; j < n; j += 16) {
+      const __m512 v = _mm512_maskz_loadu_ps(lanes(n - j), src + j);
+      const int64_t reach = 2 * (n - j) - 1;
+      const __mmask16 m0 = lanes(reach) & even, m1 = lanes(std::max<int64_t>(0, reach - 16)) & even;
+      float* d = dst + 2 * j;
+      const __m512 d0 = _mm512_maskz_loadu_ps(m0, d), d1 = _mm512_maskz_loadu_ps(m1, d + 16);
+      _mm512_mask_storeu_ps(d, m0, _mm512_add_ps(d0, _mm512_permutexvar_ps(lo, v)));
+      _mm512_mask_storeu_ps(d + 16, m1, _mm512_add_ps(d1, _mm512_permutexvar_ps(hi, v)));
+    }
   }
 #endif
-  for (; j < n; ++j) dst[j * 2] += src[j];
+  for (; j < n; ++j) dst[j * stride] += src[j];
 }
 
 // Unfolds channels [c0, c0 + cg) of one image into col[(c * kh + i) * kw + j][oh * ow] of D:
@@ -97,15 +107,8 @@ void im2col(const Conv2dGeometry& g, const T* x, int64_t cg, D* col) {
           }
           const T* xr = xc + ih * g.w + dj;
           std::fill_n(r, ow_lo, zero);
-          if constexpr (std::is_same_v<T, float> && std::is_same_v<D, float>) {
-            if (g.stride == 2) {
-              gather_stride2(xr + ow_lo * 2, r + ow_lo, ow_hi - ow_lo);
-              std::fill(r + ow_hi, r + g.ow, zero);
-              continue;
-            }
-          }
           if (g.stride != 1) {
-            for (int64_t ow = ow_lo; ow < ow_hi; ++ow) r[ow] = static_cast<D>(xr[ow * g.stride]);
+            gather_strided(xr + ow_lo * g.stride, r + ow_lo, ow_hi - ow_lo, g.stride);
           } else if constexpr (std::is_same_v<T, D>) {
             std::memcpy(r + ow_lo, xr + ow_lo, (ow_hi - ow_lo) * sizeof(T));
           } else {
@@ -137,10 +140,8 @@ void col2im(const Conv2dGeometry& g, const float* col, int64_t cg, float* gx) {
           if (g.stride == 1) {
 #pragma omp simd
             for (int64_t ow = ow_lo; ow < ow_hi; ++ow) gr[ow] += r[ow];
-          } else if (g.stride == 2) {
-            scatter_add_stride2(r + ow_lo, gr + ow_lo * 2, ow_hi - ow_lo);
           } else {
-            for (int64_t ow = ow_lo; ow < ow_hi; ++ow) gr[ow * g.stride] += r[ow];
+            scatter_add_strided(r + ow_lo, gr + ow_lo * g.stride, ow_hi - ow_lo, g.stride);
           }
         }
       }
