@@ -12,10 +12,12 @@
 #include <gtest/gtest.h>
 
 #include <array>
+#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "galley/galley.h"
@@ -360,6 +362,48 @@ TEST(ConvDirect, SameResultOnOneAndTwoThreads) {
   }
   galley::set_num_threads(saved);
   EXPECT_EQ(results[0], results[1]);
+}
+
+// The threads take the images in chunks as each comes free, so which thread sums which images
+// changes from run to run; the weight gradient (summed per chunk, chunks added in order) must
+// not. Values whose sums round, and a thread competing for the cores on some runs, on the direct
+// path and the im2col one.
+TEST(ConvBackward, RepeatsItsBitsWhicheverThreadTakesWhichImages) {
+  const int saved = galley::num_threads();
+  galley::set_num_threads(2);
+  // A 3x3 "same" convolution (direct) and a 3x3/2 one (im2col).
+  const Conv2dGeometry strided{16, 8, 12, 12, 16, 3, 3, 2, 1, 1, 1, 6, 6};
+  for (const Conv2dGeometry& g : {geometry(Case{16, 16, 12, 12, 16, 3, 3, 1, 1}), strided}) {
+    auto values = [](size_t n, float shift) {
+      std::vector<float> v(n);
+      for (size_t i = 0; i < n; ++i) v[i] = 1.f / float(3 + (i * 7919) % 101) - shift;
+      return v;
+    };
+    const auto x = values(size_t(g.n * g.c * g.h * g.w), 0.1f);
+    const auto w = values(size_t(g.o * g.c * g.kh * g.kw), 0.2f);
+    const auto gy = values(size_t(g.n * g.o * g.oh * g.ow), 0.15f);
+    std::vector<float> first;
+    for (int run = 0; run < 6; ++run) {
+      std::atomic<bool> stop{false};
+      std::thread rival;
+      if (run % 2 == 1)
+        rival = std::thread([&] {
+          while (!stop.load()) {
+          }
+        });
+      std::vector<float> gx(x.size()), gw(w.size());
+      galley::kernels::cpu::conv2d_backward(g, x.data(), w.data(), gy.data(), gx.data(), gw.data(),
+                                            nullptr);
+      stop = true;
+      if (rival.joinable()) rival.join();
+      gw.insert(gw.end(), gx.begin(), gx.end());
+      if (run == 0)
+        first = gw;
+      else
+        ASSERT_EQ(gw, first) << "stride " << g.stride << " run " << run;
+    }
+  }
+  galley::set_num_threads(saved);
 }
 
 TEST(ConvDirect, TakenOnlyWhereItIsCorrectAndPays) {

@@ -4,7 +4,9 @@
 #include <sched.h>
 
 #include <atomic>
+#include <chrono>
 #include <cstdlib>
+#include <mutex>
 #include <numeric>
 #include <set>
 #include <stdexcept>
@@ -17,7 +19,9 @@
 #include "src/thread_budget.h"
 #include "test_util.h"
 
+using galley::kernels::cpu::ChunkSums;
 using galley::kernels::cpu::in_region;
+using galley::kernels::cpu::parallel_chunks;
 using galley::kernels::cpu::parallel_for;
 using galley::kernels::cpu::region_thread;
 
@@ -106,6 +110,95 @@ TEST(ParallelFor, ConcurrentCallersAndManyShortRegions) {
   for (auto& t : callers) t.join();
   const int64_t want = 999 * 1000 / 2 + 1999 * 1000;
   for (int64_t t : totals) EXPECT_EQ(t, want);
+}
+
+TEST(ParallelChunks, EveryChunkOnceAtItsBoundariesAndOneFirstCallAThread) {
+  for (int threads : {1, 2, 3, 7}) {
+    galley::detail::ThreadBudget budget(threads);
+    for (int64_t n : {1, 5, 64, 1000}) {
+      for (int64_t chunk : {1, 3, 64}) {
+        std::vector<int> hits(static_cast<size_t>(n), 0);
+        std::mutex mu;
+        std::vector<int> firsts(size_t(threads), 0), ran(size_t(threads), 0);
+        parallel_chunks(n, chunk, [&](int64_t b, int64_t e, bool first) {
+          ASSERT_EQ(b % chunk, 0) << "n " << n << " chunk " << chunk;
+          ASSERT_EQ(e, std::min(n, b + chunk));
+          for (int64_t i = b; i < e; ++i) ++hits[size_t(i)];
+          std::lock_guard<std::mutex> lock(mu);
+          const int t = region_thread();
+          EXPECT_EQ(first, ran[size_t(t)] == 0) << "thread " << t << " n " << n;
+          firsts[size_t(t)] += first;
+          ++ran[size_t(t)];
+        });
+        for (int64_t i = 0; i < n; ++i) ASSERT_EQ(hits[size_t(i)], 1) << "n " << n << " i " << i;
+        for (int t = 0; t < threads; ++t) EXPECT_LE(firsts[size_t(t)], 1);
+      }
+    }
+  }
+}
+
+// The point of handing chunks out as threads come free: a thread held up (here by sleeping, as a
+// preempted one would be) does fewer chunks, and the others take up its share.
+TEST(ParallelChunks, AThreadHeldUpDoesFewerChunks) {
+  galley::detail::ThreadBudget budget(2);
+  std::atomic<int> on_caller{0}, total{0};
+  parallel_chunks(40, 1, [&](int64_t, int64_t, bool) {
+    ++total;
+    if (region_thread() == 0) {
+      ++on_caller;
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+  });
+  EXPECT_EQ(total.load(), 40);
+  EXPECT_LT(on_caller.load(), 20) << "the held-up caller did its whole static share";
+}
+
+TEST(ParallelChunks, InsideARegionRunsEveryChunkInOrderOnTheCallingThread) {
+  galley::detail::ThreadBudget budget(2);
+  parallel_for(2, 1, [&](int64_t, int64_t) {
+    std::vector<int64_t> starts;
+    std::vector<bool> firsts;
+    parallel_chunks(10, 4, [&](int64_t b, int64_t, bool first) {
+      EXPECT_TRUE(in_region());
+      starts.push_back(b);
+      firsts.push_back(first);
+    });
+    EXPECT_EQ(starts, (std::vector<int64_t>{0, 4, 8}));
+    EXPECT_EQ(firsts, (std::vector<bool>{true, false, false}));
+  });
+}
+
+// Per-chunk partial sums added in chunk order: the same bits however the chunks fall to threads,
+// here with the caller made slow on every other run so that the split changes.
+TEST(ParallelChunks, ChunkSumsGiveTheSameBitsWhicheverThreadRunsAChunk) {
+  galley::detail::ThreadBudget budget(2);
+  const int64_t n = 64, chunk = 4, elems = 300;
+  std::vector<float> values(size_t(n * elems));
+  for (size_t i = 0; i < values.size(); ++i)
+    values[i] = 1.f / float(3 + i % 97) - 0.01f * float(i % 13);
+  // The sums as the chunks define them, on one thread.
+  std::vector<float> want(size_t(elems), 0.f);
+  for (int64_t c = 0; c < n / chunk; ++c) {
+    std::vector<float> part(size_t(elems), 0.f);
+    for (int64_t i = c * chunk; i < (c + 1) * chunk; ++i)
+      for (int64_t j = 0; j < elems; ++j) part[size_t(j)] += values[size_t(i * elems + j)];
+    for (int64_t j = 0; j < elems; ++j) want[size_t(j)] += part[size_t(j)];
+  }
+  for (int run = 0; run < 6; ++run) {
+    const ChunkSums sums(n, chunk, elems);
+    std::atomic<int> on_caller{0};
+    parallel_chunks(n, chunk, [&](int64_t b, int64_t e, bool) {
+      if (run % 2 == 1 && region_thread() == 0) {
+        ++on_caller;
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      }
+      float* part = sums.start(b);
+      for (int64_t i = b; i < e; ++i)
+        for (int64_t j = 0; j < elems; ++j) part[j] += values[size_t(i * elems + j)];
+    });
+    const float* got = sums.total();
+    ASSERT_EQ(std::vector<float>(got, got + elems), want) << "run " << run;
+  }
 }
 
 // Without GALLEY_NUM_THREADS, galley uses the cores its affinity mask allows (a job pinned by a

@@ -156,7 +156,7 @@ int64_t plane_grain(const AvgPool2dGeometry& g) {
 template <typename T, typename F>
 void per_plane(const AvgPool2dGeometry& g, const T* src, int64_t in_size, T* dst, int64_t out_size,
                F f) {
-  parallel_for(g.planes, plane_grain(g), [&](int64_t p0, int64_t p1) {
+  parallel_balanced(g.planes, plane_grain(g), [&](int64_t p0, int64_t p1) {
     for (int64_t p = p0; p < p1; ++p) {
       if constexpr (std::is_same_v<T, float>) {
         f(src + p * in_size, dst + p * out_size);
@@ -180,8 +180,8 @@ void avg_pool2d_forward(const AvgPool2dGeometry& g, DType dtype, const void* x, 
     T* py = static_cast<T*>(y);
     const int64_t in = g.h * g.w;
     if (is_global(g)) {
-      parallel_for(g.planes, plane_grain(g),
-                   [&](int64_t p0, int64_t p1) { plane_means(px, in, py, p0, p1); });
+      parallel_balanced(g.planes, plane_grain(g),
+                        [&](int64_t p0, int64_t p1) { plane_means(px, in, py, p0, p1); });
       return;
     }
     per_plane(g, px, in, py, g.oh * g.ow, [&](const float* a, float* b) { pool_plane(g, a, b); });
@@ -195,7 +195,7 @@ void avg_pool2d_backward(const AvgPool2dGeometry& g, DType dtype, const void* gy
     T* pgx = static_cast<T*>(gx);
     const int64_t in = g.h * g.w;
     if (is_global(g)) {
-      parallel_for(g.planes, plane_grain(g), [&](int64_t p0, int64_t p1) {
+      parallel_balanced(g.planes, plane_grain(g), [&](int64_t p0, int64_t p1) {
         for (int64_t p = p0; p < p1; ++p)
           std::fill_n(pgx + p * in, in, T(float(pgy[p]) / float(in)));
       });

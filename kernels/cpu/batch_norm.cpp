@@ -127,7 +127,7 @@ void channel_sums(BatchNormGeometry g, Plane plane, Rows rows, double* out) {
     const int64_t per_block = std::clamp<int64_t>(kBlockElems / g.inner, 1, g.outer);
     const int64_t blocks = (g.outer + per_block - 1) / per_block;  // per channel
     part.assign(size_t(2 * C * blocks), 0.0);
-    parallel_for(C * blocks, 1, [&](int64_t b0, int64_t b1) {
+    parallel_balanced(C * blocks, 1, [&](int64_t b0, int64_t b1) {
       for (int64_t b = b0; b < b1; ++b) {
         const int64_t c = b / blocks, o0 = (b % blocks) * per_block;
         plane(c, o0, std::min(g.outer, o0 + per_block), part[2 * b], part[2 * b + 1]);
@@ -145,7 +145,7 @@ void channel_sums(BatchNormGeometry g, Plane plane, Rows rows, double* out) {
   const int64_t per_block = std::clamp<int64_t>(kBlockElems / C, 1, g.outer);
   const int64_t blocks = (g.outer + per_block - 1) / per_block;
   part.assign(size_t(2 * C * blocks), 0.0);
-  parallel_for(blocks, 1, [&](int64_t b0, int64_t b1) {
+  parallel_balanced(blocks, 1, [&](int64_t b0, int64_t b1) {
     for (int64_t b = b0; b < b1; ++b) {
       const int64_t o0 = b * per_block;
       rows(o0, std::min(g.outer, o0 + per_block), &part[2 * C * b], &part[2 * C * b + C]);
@@ -257,34 +257,36 @@ void forward(const T* x, BatchNormGeometry g, BatchNormParams p, T* y) {
   float* shift = scale + C;
   affine_of(p, C, scale, shift);
   if (inner > 1) {
-    parallel_for(g.outer * C, std::max<int64_t>(1, kElementwiseGrain / inner),
-                 [&](int64_t r0, int64_t r1) {
-                   for (int64_t r = r0; r < r1; ++r) {
-                     const float a = scale[r % C], b = shift[r % C];
+    parallel_balanced(g.outer * C, std::max<int64_t>(1, kElementwiseGrain / inner),
+                      [&](int64_t r0, int64_t r1) {
+                        for (int64_t r = r0; r < r1; ++r) {
+                          const float a = scale[r % C], b = shift[r % C];
 #if defined(__AVX512BW__)
-                     if constexpr (kInRegisters<T>) {
-                       affine_avx512<kRelu>(x + r * inner, inner, a, b, y + r * inner);
-                       continue;
-                     }
+                          if constexpr (kInRegisters<T>) {
+                            affine_avx512<kRelu>(x + r * inner, inner, a, b, y + r * inner);
+                            continue;
+                          }
 #endif
-                     map_n(x + r * inner, y + r * inner, inner,
-                           [a, b](float v) { return affine<kRelu>(v, a, b); });
-                   }
-                 });
+                          map_n(x + r * inner, y + r * inner, inner,
+                                [a, b](float v) { return affine<kRelu>(v, a, b); });
+                        }
+                      });
     return;
   }
-  parallel_for(g.outer, std::max<int64_t>(1, kElementwiseGrain / C), [&](int64_t o0, int64_t o1) {
-    Staged<T> sx;
-    Output<T> out;
-    for (int64_t o = o0; o < o1; ++o)
-      for (int64_t c0 = 0; c0 < C; c0 += kStageBlock) {
-        const int64_t m = std::min(kStageBlock, C - c0);
-        const float* f = sx.load(x + o * C + c0, m);
-        float* r = out.at(y + o * C + c0);
-        for (int64_t j = 0; j < m; ++j) r[j] = affine<kRelu>(f[j], scale[c0 + j], shift[c0 + j]);
-        out.store(y + o * C + c0, m);
-      }
-  });
+  parallel_balanced(g.outer, std::max<int64_t>(1, kElementwiseGrain / C),
+                    [&](int64_t o0, int64_t o1) {
+                      Staged<T> sx;
+                      Output<T> out;
+                      for (int64_t o = o0; o < o1; ++o)
+                        for (int64_t c0 = 0; c0 < C; c0 += kStageBlock) {
+                          const int64_t m = std::min(kStageBlock, C - c0);
+                          const float* f = sx.load(x + o * C + c0, m);
+                          float* r = out.at(y + o * C + c0);
+                          for (int64_t j = 0; j < m; ++j)
+                            r[j] = affine<kRelu>(f[j], scale[c0 + j], shift[c0 + j]);
+                          out.store(y + o * C + c0, m);
+                        }
+                    });
 }
 
 // The incoming gradient masked by the forward's ReLU (y > 0) when y is given.
@@ -391,7 +393,7 @@ void backward(const T* gy, const T* x, const T* y, BatchNormGeometry g, BatchNor
     // the cache (the two-pass form reads every tensor from memory twice). The sums run over the
     // blocks of channel_sums in its order, so the bits are the same.
     const int64_t per_block = std::clamp<int64_t>(kBlockElems / inner, 1, g.outer);
-    parallel_for(C, 1, [&](int64_t c0, int64_t c1) {
+    parallel_balanced(C, 1, [&](int64_t c0, int64_t c1) {
       for (int64_t c = c0; c < c1; ++c) {
         if (need_sums) {
           double s = 0, q = 0;
@@ -431,25 +433,26 @@ void backward(const T* gy, const T* x, const T* y, BatchNormGeometry g, BatchNor
   }
   if (!gx) return;
   if (inner > 1) {
-    parallel_for(g.outer * C, std::max<int64_t>(1, kElementwiseGrain / inner),
-                 [&](int64_t r0, int64_t r1) {
-                   for (int64_t r = r0; r < r1; ++r) plane_dx(r);
-                 });
+    parallel_balanced(g.outer * C, std::max<int64_t>(1, kElementwiseGrain / inner),
+                      [&](int64_t r0, int64_t r1) {
+                        for (int64_t r = r0; r < r1; ++r) plane_dx(r);
+                      });
     return;
   }
-  parallel_for(g.outer, std::max<int64_t>(1, kElementwiseGrain / C), [&](int64_t o0, int64_t o1) {
-    MaskedGrad<T> sg;
-    Staged<T> sx;
-    Output<T> out;
-    float masked[kStageBlock];
-    for (int64_t o = o0; o < o1; ++o)
-      for (int64_t c0 = 0; c0 < C; c0 += kStageBlock) {
-        const int64_t m = std::min(kStageBlock, C - c0), base = o * C + c0;
-        const float* fg = sg.load(gy + base, y ? y + base : nullptr, m, masked);
-        dx(fg, sx.load(x + base, m), m, c0, 1, out.at(gx + base));
-        out.store(gx + base, m);
-      }
-  });
+  parallel_balanced(g.outer, std::max<int64_t>(1, kElementwiseGrain / C),
+                    [&](int64_t o0, int64_t o1) {
+                      MaskedGrad<T> sg;
+                      Staged<T> sx;
+                      Output<T> out;
+                      float masked[kStageBlock];
+                      for (int64_t o = o0; o < o1; ++o)
+                        for (int64_t c0 = 0; c0 < C; c0 += kStageBlock) {
+                          const int64_t m = std::min(kStageBlock, C - c0), base = o * C + c0;
+                          const float* fg = sg.load(gy + base, y ? y + base : nullptr, m, masked);
+                          dx(fg, sx.load(x + base, m), m, c0, 1, out.at(gx + base));
+                          out.store(gx + base, m);
+                        }
+                    });
 }
 
 }  // namespace

@@ -9,42 +9,42 @@ namespace galley::kernels::cpu {
 void bias_relu_forward(const float* x, const float* b, int64_t outer, int64_t channels,
                        int64_t inner, float* y) {
   const int64_t rows = outer * channels;
-  parallel_for(rows, std::max<int64_t>(1, kElementwiseGrain / std::max<int64_t>(inner, 1)),
-               [&](int64_t r0, int64_t r1) {
-                 for (int64_t r = r0; r < r1; ++r) {
-                   const float bc = b[r % channels];
-                   const float* xr = x + r * inner;
-                   float* yr = y + r * inner;
-                   // As relu: `!(v <= 0)` keeps a NaN and turns -0 into 0.
-                   for (int64_t i = 0; i < inner; ++i) {
-                     const float v = xr[i] + bc;
-                     yr[i] = !(v <= 0.f) ? v : 0.f;
-                   }
-                 }
-               });
+  parallel_balanced(rows, std::max<int64_t>(1, kElementwiseGrain / std::max<int64_t>(inner, 1)),
+                    [&](int64_t r0, int64_t r1) {
+                      for (int64_t r = r0; r < r1; ++r) {
+                        const float bc = b[r % channels];
+                        const float* xr = x + r * inner;
+                        float* yr = y + r * inner;
+                        // As relu: `!(v <= 0)` keeps a NaN and turns -0 into 0.
+                        for (int64_t i = 0; i < inner; ++i) {
+                          const float v = xr[i] + bc;
+                          yr[i] = !(v <= 0.f) ? v : 0.f;
+                        }
+                      }
+                    });
 }
 
 void bias_relu_backward(const float* gy, const float* y, int64_t outer, int64_t channels,
                         int64_t inner, float* gx, float* gb) {
   // By channel, so that each bias gradient is summed by one thread in a fixed order.
-  parallel_for(channels,
-               std::max<int64_t>(1, kElementwiseGrain / std::max<int64_t>(outer * inner, 1)),
-               [&](int64_t c0, int64_t c1) {
-                 for (int64_t c = c0; c < c1; ++c) {
-                   double sum = 0;
-                   for (int64_t o = 0; o < outer; ++o) {
-                     const int64_t base = (o * channels + c) * inner;
-                     float part = 0.f;
-                     for (int64_t i = 0; i < inner; ++i) {
-                       const float g = y[base + i] > 0.f ? gy[base + i] : 0.f;
-                       gx[base + i] = g;
-                       part += g;
-                     }
-                     sum += part;
-                   }
-                   if (gb) gb[c] = static_cast<float>(sum);
-                 }
-               });
+  parallel_balanced(channels,
+                    std::max<int64_t>(1, kElementwiseGrain / std::max<int64_t>(outer * inner, 1)),
+                    [&](int64_t c0, int64_t c1) {
+                      for (int64_t c = c0; c < c1; ++c) {
+                        double sum = 0;
+                        for (int64_t o = 0; o < outer; ++o) {
+                          const int64_t base = (o * channels + c) * inner;
+                          float part = 0.f;
+                          for (int64_t i = 0; i < inner; ++i) {
+                            const float g = y[base + i] > 0.f ? gy[base + i] : 0.f;
+                            gx[base + i] = g;
+                            part += g;
+                          }
+                          sum += part;
+                        }
+                        if (gb) gb[c] = static_cast<float>(sum);
+                      }
+                    });
 }
 
 }  // namespace galley::kernels::cpu

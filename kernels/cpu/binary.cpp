@@ -34,32 +34,32 @@ void run(const T* a, const int64_t* as, const T* b, const int64_t* bs, T* o, con
          int d, F f) {
   const int64_t n = count(os, d), na = count(as, d), nb = count(bs, d);
   if (std::equal(as, as + d, bs)) {
-    parallel_for(n, kElementwiseGrain,
-                 [&](int64_t s, int64_t e) { zip_n(a + s, 1, b + s, 1, o + s, e - s, f); });
+    parallel_balanced(n, kElementwiseGrain,
+                      [&](int64_t s, int64_t e) { zip_n(a + s, 1, b + s, 1, o + s, e - s, f); });
     return;
   }
   if (nb == 1 && na == n) {
-    parallel_for(n, kElementwiseGrain,
-                 [&](int64_t s, int64_t e) { zip_n(a + s, 1, b, 0, o + s, e - s, f); });
+    parallel_balanced(n, kElementwiseGrain,
+                      [&](int64_t s, int64_t e) { zip_n(a + s, 1, b, 0, o + s, e - s, f); });
     return;
   }
   // General case: walk rows of the innermost dimension, each side with stride 0 or 1 in it.
   const std::vector<int64_t> sa = broadcast_strides(as, d), sb = broadcast_strides(bs, d);
   const int64_t inner = d ? os[d - 1] : 1, rows = inner ? n / inner : 0;
   const int64_t ia = d ? sa[d - 1] : 0, ib = d ? sb[d - 1] : 0;
-  parallel_for(rows, std::max<int64_t>(1, kElementwiseGrain / std::max<int64_t>(inner, 1)),
-               [&](int64_t r0, int64_t r1) {
-                 for (int64_t r = r0; r < r1; ++r) {
-                   int64_t oa = 0, ob = 0, rem = r;
-                   for (int k = d - 2; k >= 0; --k) {
-                     const int64_t idx = rem % os[k];
-                     rem /= os[k];
-                     oa += idx * sa[k];
-                     ob += idx * sb[k];
-                   }
-                   zip_n(a + oa, ia, b + ob, ib, o + r * inner, inner, f);
-                 }
-               });
+  parallel_balanced(rows, std::max<int64_t>(1, kElementwiseGrain / std::max<int64_t>(inner, 1)),
+                    [&](int64_t r0, int64_t r1) {
+                      for (int64_t r = r0; r < r1; ++r) {
+                        int64_t oa = 0, ob = 0, rem = r;
+                        for (int k = d - 2; k >= 0; --k) {
+                          const int64_t idx = rem % os[k];
+                          rem /= os[k];
+                          oa += idx * sa[k];
+                          ob += idx * sb[k];
+                        }
+                        zip_n(a + oa, ia, b + ob, ib, o + r * inner, inner, f);
+                      }
+                    });
 }
 
 void sum_to_float32(const float* g, const int64_t* gs, float* out, const int64_t* shape, int d) {
@@ -135,7 +135,7 @@ void add_inplace(DType dtype, void* acc, const void* g, int64_t n) {
     using T = typename decltype(tag)::type;
     T* o = static_cast<T*>(acc);
     const T* p = static_cast<const T*>(g);
-    parallel_for(n, kElementwiseGrain, [&](int64_t s, int64_t e) {
+    parallel_balanced(n, kElementwiseGrain, [&](int64_t s, int64_t e) {
       zip_n(o + s, 1, p + s, 1, o + s, e - s, [](float x, float y) { return x + y; });
     });
   });

@@ -166,23 +166,13 @@ void bias_grad(const Conv2dGeometry& g, const T* gy, float* gb) {
     }
 }
 
-// out = the sum of the `threads` partial sums of n elements in parts, in thread order.
-void add_parts(const std::vector<float>& parts, int threads, int64_t n, float* out) {
-  std::copy_n(parts.data(), n, out);
-  for (int t = 1; t < threads; ++t) {
-    const float* part = parts.data() + size_t(t) * n;
-#pragma omp simd
-    for (int64_t i = 0; i < n; ++i) out[i] += part[i];
-  }
-}
-
 template <typename T>
 void forward_im2col(const Conv2dGeometry& g, const T* x, const float* w, const float* b, T* y) {
   constexpr bool wide = std::is_same_v<T, float>;
   const int64_t cg = g.c / g.groups, og = g.o / g.groups;
   const int64_t K = cg * g.kh * g.kw, P = g.oh * g.ow;
   const bool pointwise = is_pointwise(g);
-  parallel_for(g.n, image_grain(g), [&](int64_t n0, int64_t n1) {
+  parallel_chunks(g.n, image_grain(g), [&](int64_t n0, int64_t n1, bool) {
     // The columns, or a pointwise convolution's widened input; a 16-bit output is computed in
     // float32 here and rounded once.
     float* col = pointwise && wide ? nullptr : thread_scratch(0, size_t(K * P));
@@ -221,20 +211,17 @@ void backward_im2col(const Conv2dGeometry& g, const T* x, const float* w, const 
   const int64_t cg = g.c / g.groups, og = g.o / g.groups;
   const int64_t K = cg * g.kh * g.kw, P = g.oh * g.ow, HW = g.h * g.w;
   const bool pointwise = is_pointwise(g);
-  const int64_t grain = image_grain(g);
-  const int threads = static_cast<int>(std::min<int64_t>(num_threads(), (g.n + grain - 1) / grain));
-  // Each thread sums its images' weight gradients privately; the partial sums are added after.
-  std::vector<float> gw_parts(gw ? size_t(std::max(threads, 1)) * g.o * K : 0, 0.f);
+  // Each chunk of images sums its weight gradients privately; the partial sums are added after.
+  const int64_t chunk = balanced_chunk(g.n, image_grain(g));
+  const ChunkSums sums(gw ? g.n : 0, chunk, g.o * K);
   // A float32 gx accumulates in place; a 16-bit one is summed in float32 per group and rounded.
   if (gx && wide) std::fill_n(gx, g.n * g.c * HW, T(0.f));
-  const bool nested = in_region();  // then parallel_for runs serially on this thread
-  parallel_for(g.n, grain, [&](int64_t n0, int64_t n1) {
-    const int t = nested ? 0 : region_thread();
+  parallel_chunks(g.n, chunk, [&](int64_t n0, int64_t n1, bool) {
     float* col = pointwise && wide ? nullptr : thread_scratch(0, size_t(K * P));
     float* gcol = pointwise ? nullptr : thread_scratch(2, size_t(K * P));
     float* gy_wide = wide ? nullptr : thread_scratch(3, size_t(og * P));
     float* gx_wide = wide || !gx ? nullptr : thread_scratch(4, size_t(cg * HW));
-    float* gw_t = gw ? gw_parts.data() + size_t(t) * g.o * K : nullptr;
+    float* gw_t = gw ? sums.start(n0) : nullptr;
     for (int64_t n = n0; n < n1; ++n) {
       const T* xn = x + n * g.c * HW;
       const T* gyn = gy + n * g.o * P;
@@ -271,7 +258,7 @@ void backward_im2col(const Conv2dGeometry& g, const T* x, const float* w, const 
       }
     }
   });
-  if (gw) add_parts(gw_parts, threads, g.o * K, gw);
+  if (gw) std::copy_n(sums.total(), g.o * K, gw);
 }
 
 // The im2col path of a bfloat16 convolution where the host has the bfloat16 GEMM
@@ -295,7 +282,7 @@ void forward_im2col_bf16(const Conv2dGeometry& g, const bfloat16* x, const float
   const int64_t K = cg * g.kh * g.kw, P = g.oh * g.ow;
   const bool pointwise = is_pointwise(g);
   const std::vector<bfloat16> w16 = bf16_weights(g, w);
-  parallel_for(g.n, image_grain(g), [&](int64_t n0, int64_t n1) {
+  parallel_chunks(g.n, image_grain(g), [&](int64_t n0, int64_t n1, bool) {
     bfloat16* col = pointwise ? nullptr : bf16_scratch(0, K * P);
     float* out = thread_scratch(1, size_t(og * P));
     for (int64_t n = n0; n < n1; ++n)
@@ -321,17 +308,14 @@ void backward_im2col_bf16(const Conv2dGeometry& g, const bfloat16* x, const floa
   const int64_t K = cg * g.kh * g.kw, P = g.oh * g.ow, HW = g.h * g.w;
   const bool pointwise = is_pointwise(g);
   const std::vector<bfloat16> w16 = bf16_weights(g, w);
-  const int64_t grain = image_grain(g);
-  const int threads = static_cast<int>(std::min<int64_t>(num_threads(), (g.n + grain - 1) / grain));
-  // Each thread sums its images' weight gradients privately; the partial sums are added after.
-  std::vector<float> gw_parts(gw ? size_t(std::max(threads, 1)) * g.o * K : 0, 0.f);
-  const bool nested = in_region();  // then parallel_for runs serially on this thread
-  parallel_for(g.n, grain, [&](int64_t n0, int64_t n1) {
-    const int t = nested ? 0 : region_thread();
+  // Each chunk of images sums its weight gradients privately; the partial sums are added after.
+  const int64_t chunk = balanced_chunk(g.n, image_grain(g));
+  const ChunkSums sums(gw ? g.n : 0, chunk, g.o * K);
+  parallel_chunks(g.n, chunk, [&](int64_t n0, int64_t n1, bool) {
     bfloat16* col = pointwise || !gw ? nullptr : bf16_scratch(0, K * P);
     float* gcol = pointwise || !gx ? nullptr : thread_scratch(2, size_t(K * P));
     float* acc = gx ? thread_scratch(4, size_t(cg * HW)) : nullptr;
-    float* gw_t = gw ? gw_parts.data() + size_t(t) * g.o * K : nullptr;
+    float* gw_t = gw ? sums.start(n0) : nullptr;
     for (int64_t n = n0; n < n1; ++n)
       for (int64_t grp = 0; grp < g.groups; ++grp) {
         const bfloat16* xg = x + (n * g.c + grp * cg) * HW;
@@ -357,7 +341,7 @@ void backward_im2col_bf16(const Conv2dGeometry& g, const bfloat16* x, const floa
         }
       }
   });
-  if (gw) add_parts(gw_parts, threads, g.o * K, gw);
+  if (gw) std::copy_n(sums.total(), g.o * K, gw);
 }
 
 // A strided convolution as a stride-1 one over its phases (polyphase). With stride s, row r of
@@ -406,7 +390,7 @@ uint16_t* phase_buffer(int slot, size_t n) {
 void phase_images(const Conv2dGeometry& g, const Phases& P, const uint16_t* x, uint16_t* xp) {
   const Conv2dGeometry& g2 = P.g2;
   const int64_t s = g.stride;
-  parallel_for(g.n, 1, [&](int64_t n0, int64_t n1) {
+  parallel_chunks(g.n, 1, [&](int64_t n0, int64_t n1, bool) {
     for (int64_t n = n0; n < n1; ++n)
       for (int64_t pa = 0; pa < P.ph; ++pa)
         for (int64_t pb = 0; pb < P.pw; ++pb) {
@@ -473,7 +457,7 @@ void phases_backward(const Conv2dGeometry& g, const void* x, const float* w, con
   if (gx) {
     auto* out = static_cast<uint16_t*>(gx);
     const int64_t s = g.stride;
-    parallel_for(g.n, 1, [&](int64_t n0, int64_t n1) {
+    parallel_chunks(g.n, 1, [&](int64_t n0, int64_t n1, bool) {
       for (int64_t n = n0; n < n1; ++n)
         for (int64_t c = 0; c < g.c; ++c)
           for (int64_t ih = 0; ih < g.h; ++ih) {

@@ -768,10 +768,10 @@ void direct_forward(const Conv2dGeometry& g, const T* x, const float* w, const f
   pack_weights(
       p, [&](int64_t co, int64_t ci, int64_t t) { return forward_weight(g, w, co, ci, t); }, wpk);
   const std::vector<int64_t> shift = p.shifts();
-  parallel_for(g.n, 1, [&](int64_t n0, int64_t n1) {
+  parallel_chunks(g.n, 1, [&](int64_t n0, int64_t n1, bool first) {
     float* xb = thread_scratch(0, size_t(p.bordered_floats()));
     float* flat = thread_scratch(1, size_t(round_up(p.cout, OB) * p.qs()));
-    std::fill_n(xb, p.bordered_floats(), 0.f);
+    if (first) std::fill_n(xb, p.bordered_floats(), 0.f);
     for (int64_t n = n0; n < n1; ++n) {
       fill_interior(p, x + n * g.c * g.h * g.w, xb);
       correlate(p, shift, xb, wpk.data(), flat);
@@ -780,16 +780,12 @@ void direct_forward(const Conv2dGeometry& g, const T* x, const float* w, const f
   });
 }
 
-// gw[o][j] = the sum of the threads' partial weight gradients.
-void sum_parts(const Conv2dGeometry& g, const WeightGradLayout& lay,
-               const std::vector<float>& parts, int threads, float* gw) {
+// gw[o][j] from the summed partial weight gradients, laid out [jp][op].
+void write_weight_grad(const Conv2dGeometry& g, const WeightGradLayout& lay, const float* sum,
+                       float* gw) {
   const int64_t j_real = g.c * g.kh * g.kw;
   for (int64_t o = 0; o < g.o; ++o)
-    for (int64_t j = 0; j < j_real; ++j) {
-      float s = 0.f;
-      for (int t = 0; t < threads; ++t) s += parts[size_t((t * lay.jp + j) * lay.op + o)];
-      gw[o * j_real + j] = s;
-    }
+    for (int64_t j = 0; j < j_real; ++j) gw[o * j_real + j] = sum[j * lay.op + o];
 }
 
 template <typename T>
@@ -803,34 +799,36 @@ void direct_backward(const Conv2dGeometry& g, const T* x, const float* w, const 
         bwd, [&](int64_t ci, int64_t o, int64_t t) { return flipped_weight(g, w, ci, o, t); }, wpk);
   const std::vector<int64_t> bwd_shift = bwd.shifts();
   const WeightGradLayout lay(fwd);
-  const int threads = static_cast<int>(std::min<int64_t>(num_threads(), g.n));
-  std::vector<float> parts(gw ? size_t(threads * lay.jp * lay.op) : 0, 0.f);
-  const bool nested = in_region();  // then parallel_for runs serially on this thread
-  parallel_for(g.n, 1, [&](int64_t n0, int64_t n1) {
-    const int t = nested ? 0 : region_thread();
+  const int64_t chunk = balanced_chunk(g.n, 1);
+  const ChunkSums sums(gw ? g.n : 0, chunk, lay.jp * lay.op);
+  parallel_chunks(g.n, chunk, [&](int64_t n0, int64_t n1, bool first) {
     float* xb = nullptr;
     float* gyT = nullptr;
+    float* part = nullptr;
     std::vector<const float*> xs;
     if (gw) {
       xb = thread_scratch(0, size_t(fwd.bordered_floats()));
       gyT = thread_scratch(1, size_t(fwd.q() * lay.op));
-      std::fill_n(xb, fwd.bordered_floats(), 0.f);
-      std::fill_n(gyT, fwd.q() * lay.op, 0.f);
+      if (first) {
+        std::fill_n(xb, fwd.bordered_floats(), 0.f);
+        std::fill_n(gyT, fwd.q() * lay.op, 0.f);
+      }
       xs = column_inputs(fwd, lay, xb);
+      part = sums.start(n0);
     }
     float* gyb = nullptr;
     float* flat = nullptr;
     if (gx) {
       gyb = thread_scratch(2, size_t(bwd.bordered_floats()));
       flat = thread_scratch(3, size_t(round_up(bwd.cout, OB) * bwd.qs()));
-      std::fill_n(gyb, bwd.bordered_floats(), 0.f);
+      if (first) std::fill_n(gyb, bwd.bordered_floats(), 0.f);
     }
     for (int64_t n = n0; n < n1; ++n) {
       const T* gyn = gy + n * g.o * g.oh * g.ow;
       if (gw) {
         fill_interior(fwd, x + n * g.c * g.h * g.w, xb);
         transpose_grad(fwd, lay.op, gyn, gyT);
-        weight_grad(fwd, lay, xs, gyT, parts.data() + size_t(t) * lay.jp * lay.op);
+        weight_grad(fwd, lay, xs, gyT, part);
       }
       if (gx) {
         fill_interior(bwd, gyn, gyb);
@@ -839,7 +837,7 @@ void direct_backward(const Conv2dGeometry& g, const T* x, const float* w, const 
       }
     }
   });
-  if (gw) sum_parts(g, lay, parts, threads, gw);
+  if (gw) write_weight_grad(g, lay, sums.total(), gw);
 }
 
 #if defined(__AVX512BF16__)
@@ -850,10 +848,10 @@ void pairs_forward(const Conv2dGeometry& g, const uint16_t* x, const float* w, c
   pack_weight_pairs(
       p, [&](int64_t co, int64_t ci, int64_t t) { return forward_weight(g, w, co, ci, t); }, wpk);
   const std::vector<int64_t> shift = p.shifts();
-  parallel_for(g.n, 1, [&](int64_t n0, int64_t n1) {
+  parallel_chunks(g.n, 1, [&](int64_t n0, int64_t n1, bool first) {
     Pair* xb = reinterpret_cast<Pair*>(thread_scratch(0, size_t(bordered_pairs(p))));
     float* flat = thread_scratch(1, size_t(round_up(p.cout, OB) * p.qs()));
-    std::fill_n(xb, bordered_pairs(p), 0u);
+    if (first) std::fill_n(xb, bordered_pairs(p), 0u);
     for (int64_t n = n0; n < n1; ++n) {
       fill_pairs(p, x + n * g.c * g.h * g.w, xb);
       correlate_pairs(p, shift, xb, wpk.data(), flat);
@@ -873,38 +871,40 @@ void pairs_backward(const Conv2dGeometry& g, const uint16_t* x, const float* w, 
   const std::vector<int64_t> bwd_shift = bwd.shifts();
   const WeightGradLayout lay(fwd);
   const int64_t qp = (fwd.q() + 1) / 2;
-  const int threads = static_cast<int>(std::min<int64_t>(num_threads(), g.n));
-  std::vector<float> parts(gw ? size_t(threads * lay.jp * lay.op) : 0, 0.f);
-  const bool nested = in_region();  // then parallel_for runs serially on this thread
-  parallel_for(g.n, 1, [&](int64_t n0, int64_t n1) {
-    const int t = nested ? 0 : region_thread();
+  const int64_t chunk = balanced_chunk(g.n, 1);
+  const ChunkSums sums(gw ? g.n : 0, chunk, lay.jp * lay.op);
+  parallel_chunks(g.n, chunk, [&](int64_t n0, int64_t n1, bool first) {
     uint16_t* xb = nullptr;
     Pair* gyT = nullptr;
     uint16_t* row = nullptr;
+    float* part = nullptr;
     std::vector<const uint16_t*> xs;
     if (gw) {
       // bordered_floats() 16-bit elements; the scratch is counted in floats.
       xb = reinterpret_cast<uint16_t*>(thread_scratch(0, size_t(fwd.bordered_floats() + 1) / 2));
       gyT = reinterpret_cast<Pair*>(thread_scratch(1, size_t(qp * lay.op)));
-      std::fill_n(xb, fwd.bordered_floats(), uint16_t(0));
-      std::fill_n(gyT, qp * lay.op, 0u);
-      xs = column_inputs(fwd, lay, static_cast<const uint16_t*>(xb));
       row = reinterpret_cast<uint16_t*>(thread_scratch(4, size_t(kPairRows * qp)));
-      std::fill_n(row, kPairRows * 2 * qp, uint16_t(0));
+      if (first) {
+        std::fill_n(xb, fwd.bordered_floats(), uint16_t(0));
+        std::fill_n(gyT, qp * lay.op, 0u);
+        std::fill_n(row, kPairRows * 2 * qp, uint16_t(0));
+      }
+      xs = column_inputs(fwd, lay, static_cast<const uint16_t*>(xb));
+      part = sums.start(n0);
     }
     Pair* gyb = nullptr;
     float* flat = nullptr;
     if (gx) {
       gyb = reinterpret_cast<Pair*>(thread_scratch(2, size_t(bordered_pairs(bwd))));
       flat = thread_scratch(3, size_t(round_up(bwd.cout, OB) * bwd.qs()));
-      std::fill_n(gyb, bordered_pairs(bwd), 0u);
+      if (first) std::fill_n(gyb, bordered_pairs(bwd), 0u);
     }
     for (int64_t n = n0; n < n1; ++n) {
       const uint16_t* gyn = gy + n * g.o * g.oh * g.ow;
       if (gw) {
         fill_interior(fwd, x + n * g.c * g.h * g.w, xb);
         transpose_grad_pairs(fwd, lay.op, gyn, reinterpret_cast<uint16_t*>(gyT), row, 2 * qp);
-        weight_grad_pairs(fwd, lay, xs, gyT, parts.data() + size_t(t) * lay.jp * lay.op);
+        weight_grad_pairs(fwd, lay, xs, gyT, part);
       }
       if (gx) {
         fill_pairs(bwd, gyn, gyb);
@@ -913,7 +913,7 @@ void pairs_backward(const Conv2dGeometry& g, const uint16_t* x, const float* w, 
       }
     }
   });
-  if (gw) sum_parts(g, lay, parts, threads, gw);
+  if (gw) write_weight_grad(g, lay, sums.total(), gw);
 }
 #endif  // __AVX512BF16__
 
@@ -927,11 +927,11 @@ void tiles_forward(const Conv2dGeometry& g, const uint16_t* x, const float* w, c
       p, tp, [&](int64_t co, int64_t ci, int64_t t) { return forward_weight(g, w, co, ci, t); },
       wpk);
   const std::vector<int64_t> shift = p.shifts();
-  parallel_for(g.n, 1, [&](int64_t n0, int64_t n1) {
+  parallel_chunks(g.n, 1, [&](int64_t n0, int64_t n1, bool first) {
     TileScope tiles;
     Pair* xb = reinterpret_cast<Pair*>(thread_scratch(0, size_t(tp.bordered(p))));
     float* flat = thread_scratch(1, size_t(tp.op * tp.qq));
-    std::fill_n(xb, tp.bordered(p), 0u);
+    if (first) std::fill_n(xb, tp.bordered(p), 0u);
     for (int64_t n = n0; n < n1; ++n) {
       fill_pairs(p, x + n * g.c * g.h * g.w, xb);
       correlate_tiles(p, tp, shift, xb, wpk.data(), flat);
@@ -957,36 +957,38 @@ void tiles_backward(const Conv2dGeometry& g, const uint16_t* x, const float* w, 
   const int64_t cpad = fwd_tp.kp * 2;
   const int64_t x_elems = cpad * fwd.plane() + (fwd_tp.qq - fwd.q()) + (g.kw - 1) * d + 32;
   const int64_t part_elems = taps * cpad * fwd_tp.op;
-  const int threads = static_cast<int>(std::min<int64_t>(num_threads(), g.n));
-  std::vector<float> parts(gw ? size_t(threads * part_elems) : 0, 0.f);
-  const bool nested = in_region();  // then parallel_for runs serially on this thread
-  parallel_for(g.n, 1, [&](int64_t n0, int64_t n1) {
+  const int64_t chunk = balanced_chunk(g.n, 1);
+  const ChunkSums sums(gw ? g.n : 0, chunk, part_elems);
+  parallel_chunks(g.n, chunk, [&](int64_t n0, int64_t n1, bool first) {
     TileScope tiles;
-    const int t = nested ? 0 : region_thread();
     uint16_t* xb = nullptr;
     Pair* gyT = nullptr;
     uint16_t* row = nullptr;
+    float* part = nullptr;
     if (gw) {
       xb = reinterpret_cast<uint16_t*>(thread_scratch(0, size_t(x_elems + 1) / 2));
       gyT = reinterpret_cast<Pair*>(thread_scratch(1, size_t(fwd_tp.qq / 2 * fwd_tp.op)));
-      std::fill_n(xb, x_elems, uint16_t(0));
-      std::fill_n(gyT, fwd_tp.qq / 2 * fwd_tp.op, 0u);
       row = reinterpret_cast<uint16_t*>(thread_scratch(4, size_t(kPairRows * fwd_tp.qq / 2)));
-      std::fill_n(row, kPairRows * fwd_tp.qq, uint16_t(0));
+      if (first) {
+        std::fill_n(xb, x_elems, uint16_t(0));
+        std::fill_n(gyT, fwd_tp.qq / 2 * fwd_tp.op, 0u);
+        std::fill_n(row, kPairRows * fwd_tp.qq, uint16_t(0));
+      }
+      part = sums.start(n0);
     }
     Pair* gyb = nullptr;
     float* flat = nullptr;
     if (gx) {
       gyb = reinterpret_cast<Pair*>(thread_scratch(2, size_t(bwd_tp.bordered(bwd))));
       flat = thread_scratch(3, size_t(bwd_tp.op * bwd_tp.qq));
-      std::fill_n(gyb, bwd_tp.bordered(bwd), 0u);
+      if (first) std::fill_n(gyb, bwd_tp.bordered(bwd), 0u);
     }
     for (int64_t n = n0; n < n1; ++n) {
       const uint16_t* gyn = gy + n * g.o * g.oh * g.ow;
       if (gw) {
         fill_interior(fwd, x + n * g.c * g.h * g.w, xb);
         transpose_grad_pairs(fwd, fwd_tp.op, gyn, reinterpret_cast<uint16_t*>(gyT), row, fwd_tp.qq);
-        weight_grad_tiles(fwd, fwd_tp, fwd_shift, xb, gyT, parts.data() + size_t(t) * part_elems);
+        weight_grad_tiles(fwd, fwd_tp, fwd_shift, xb, gyT, part);
       }
       if (gx) {
         fill_pairs(bwd, gyn, gyb);
@@ -995,15 +997,13 @@ void tiles_backward(const Conv2dGeometry& g, const uint16_t* x, const float* w, 
       }
     }
   });
-  if (gw)
+  if (gw) {
+    const float* sum = sums.total();
     for (int64_t o = 0; o < g.o; ++o)
       for (int64_t ci = 0; ci < g.c; ++ci)
-        for (int64_t tap = 0; tap < taps; ++tap) {
-          float sum = 0.f;
-          for (int th = 0; th < threads; ++th)
-            sum += parts[size_t(th * part_elems + (tap * cpad + ci) * fwd_tp.op + o)];
-          gw[(o * g.c + ci) * taps + tap] = sum;
-        }
+        for (int64_t tap = 0; tap < taps; ++tap)
+          gw[(o * g.c + ci) * taps + tap] = sum[(tap * cpad + ci) * fwd_tp.op + o];
+  }
 }
 #endif  // GALLEY_AMX
 

@@ -195,7 +195,7 @@ void forward(const Pool2dGeometry& g, const T* x, T* y, int32_t* idx) {
   constexpr bool wide = std::is_same_v<T, float>;
   const int64_t in_plane = g.h * g.w, out_plane = g.oh * g.ow;
   const bool fast = g.k == 2 && g.stride == 2 && g.pad == 0;
-  parallel_for(g.planes, plane_grain(g), [&](int64_t p0, int64_t p1) {
+  parallel_balanced(g.planes, plane_grain(g), [&](int64_t p0, int64_t p1) {
     // A 16-bit plane is widened and its result rounded (exactly: the maxima are inputs) in
     // per-thread buffers, which stay in cache.
     float* xin = wide ? nullptr : thread_scratch(0, size_t(in_plane));
@@ -223,7 +223,7 @@ void backward(const Pool2dGeometry& g, const T* gy, const int32_t* idx, T* gx) {
   // 2x2/2 windows tile the plane: every input element is written exactly once (the gradient at
   // the winner, zero elsewhere), so no separate zeroing pass over gx is needed.
   const bool tiled = g.k == 2 && g.stride == 2 && g.pad == 0;
-  parallel_for(g.planes, plane_grain(g), [&](int64_t p0, int64_t p1) {
+  parallel_balanced(g.planes, plane_grain(g), [&](int64_t p0, int64_t p1) {
     // A 16-bit plane: overlapping windows sum in float32, and the plane is rounded once.
     float* gyin = wide ? nullptr : thread_scratch(0, size_t(out_plane));
     float* gxout = wide ? nullptr : thread_scratch(1, size_t(in_plane));

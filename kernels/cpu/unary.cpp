@@ -76,7 +76,7 @@ void map(const char* op, DType dtype, const void* a, void* out, int64_t n, F f) 
     using T = typename decltype(tag)::type;
     const T* p = static_cast<const T*>(a);
     T* o = static_cast<T*>(out);
-    parallel_for(n, kElementwiseGrain, [&](int64_t s, int64_t e) {
+    parallel_balanced(n, kElementwiseGrain, [&](int64_t s, int64_t e) {
       if constexpr (kLoop == Loop::Blocks)
         map_blocks(p + s, o + s, e - s, f);
       else
@@ -93,7 +93,7 @@ void zip(const char* op, DType dtype, const void* a, const void* b, void* out, i
     const T* pa = static_cast<const T*>(a);
     const T* pb = static_cast<const T*>(b);
     T* o = static_cast<T*>(out);
-    parallel_for(n, kElementwiseGrain, [&](int64_t s, int64_t e) {
+    parallel_balanced(n, kElementwiseGrain, [&](int64_t s, int64_t e) {
       if constexpr (kLoop == Loop::Blocks)
         zip_blocks(pa + s, pb + s, o + s, e - s, f);
       else
