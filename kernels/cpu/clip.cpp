@@ -29,16 +29,16 @@ template <typename F>
 void for_chunks(const GradSpan* spans, int count, F f) {
   const std::vector<int64_t>& first = chunk_starts(spans, count);
   const int64_t chunks = first.back();
-  parallel_for(chunks, std::max<int64_t>(1, kElementwiseGrain / kClipChunk),
-               [&](int64_t c0, int64_t c1) {
-                 // The span holding chunk c0: the last k with first[k] <= c0.
-                 int k = int(std::upper_bound(first.begin(), first.end(), c0) - first.begin()) - 1;
-                 for (int64_t c = c0; c < c1; ++c) {
-                   while (first[k + 1] <= c) ++k;
-                   const int64_t begin = (c - first[k]) * kClipChunk;
-                   f(c, spans[k], begin, std::min(kClipChunk, spans[k].n - begin));
-                 }
-               });
+  parallel_balanced(
+      chunks, std::max<int64_t>(1, kElementwiseGrain / kClipChunk), [&](int64_t c0, int64_t c1) {
+        // The span holding chunk c0: the last k with first[k] <= c0.
+        int k = int(std::upper_bound(first.begin(), first.end(), c0) - first.begin()) - 1;
+        for (int64_t c = c0; c < c1; ++c) {
+          while (first[k + 1] <= c) ++k;
+          const int64_t begin = (c - first[k]) * kClipChunk;
+          f(c, spans[k], begin, std::min(kClipChunk, spans[k].n - begin));
+        }
+      });
 }
 
 // Calls f(x, len) with x the `len` elements of `span` from `begin`, as T*.

@@ -92,7 +92,7 @@ void convert(const void* src, DType from, void* dst, DType to, int64_t n) {
   // Checked before any thread starts, so an unsupported pair is one error on the caller.
   GALLEY_CHECK(is_convertible(from, to), "convert: cannot convert ", dtype_name(from), " to ",
                dtype_name(to), " directly (go through float32)");
-  parallel_for(n, kElementwiseGrain, [&](int64_t s, int64_t e) {
+  parallel_balanced(n, kElementwiseGrain, [&](int64_t s, int64_t e) {
     convert_n(at(src, from, s), from, at(dst, to, s), to, e - s);
   });
 }

@@ -39,7 +39,7 @@ void copy_typed(const StridedCopy& g, const void* src, void* dst) {
   int64_t rows = 1;
   for (int d = 0; d + 1 < g.rank; ++d) rows *= g.sizes[d];
   const int64_t grain = std::max<int64_t>(1, kElementwiseGrain / std::max<int64_t>(n, 1));
-  parallel_for(rows, grain, [&](int64_t b, int64_t e) {
+  parallel_balanced(rows, grain, [&](int64_t b, int64_t e) {
     copy_rows(g, static_cast<const T*>(src), static_cast<T*>(dst), b, e);
   });
 }

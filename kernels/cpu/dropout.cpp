@@ -36,7 +36,7 @@ void dropout_forward(const DropoutParams& d, DType dtype, const void* x, void* y
     const T* px = static_cast<const T*>(x);
     T* py = static_cast<T*>(y);
     const int64_t blocks = (n + kStageBlock - 1) / kStageBlock;
-    parallel_for(blocks, kElementwiseGrain / kStageBlock, [&](int64_t b0, int64_t b1) {
+    parallel_balanced(blocks, kElementwiseGrain / kStageBlock, [&](int64_t b0, int64_t b1) {
       for (int64_t b = b0; b < b1; ++b) {
         const int64_t s = b * kStageBlock, m = std::min(kStageBlock, n - s);
         uint8_t* mk = mask + s;
@@ -63,7 +63,7 @@ void dropout_backward(DType dtype, const void* gy, const uint8_t* mask, float sc
     using T = typename decltype(tag)::type;
     const T* pg = static_cast<const T*>(gy);
     T* po = static_cast<T*>(gx);
-    parallel_for(n, kElementwiseGrain, [&](int64_t s, int64_t e) {
+    parallel_balanced(n, kElementwiseGrain, [&](int64_t s, int64_t e) {
       if constexpr (std::is_same_v<T, float>) {
 #pragma omp simd
         for (int64_t i = s; i < e; ++i) po[i] = pg[i] * (float(mask[i]) * scale);

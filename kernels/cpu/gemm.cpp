@@ -295,7 +295,7 @@ void gemm_bf16_dot(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, 
   if (in_region() || flops < 2 * kGemmFlopsPerThread)
     run(0, col_blocks * row_blocks);
   else
-    parallel_for(col_blocks * row_blocks, 1, run);
+    parallel_balanced(col_blocks * row_blocks, 1, run);
 }
 #endif  // __AVX512BF16__
 }  // namespace
@@ -354,7 +354,7 @@ void gemm_bf16(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, cons
   if (in_region() || flops < 2 * kGemmFlopsPerThread)
     run(0, rows * cols);
   else
-    parallel_for(rows * cols, 1, run);
+    parallel_balanced(rows * cols, 1, run);
 #else
   (void)trans_a, (void)trans_b, (void)k, (void)a, (void)lda, (void)b, (void)ldb, (void)accumulate,
       (void)c, (void)ldc;

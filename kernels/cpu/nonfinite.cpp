@@ -58,7 +58,7 @@ int64_t first_nonfinite_typed(const T* x, int64_t n) {
   // holds the answer.
   const int64_t pieces = (n + kElementwiseGrain - 1) / kElementwiseGrain;
   std::vector<int64_t> hits(size_t(pieces), -1);
-  parallel_for(pieces, 1, [&](int64_t p0, int64_t p1) {
+  parallel_balanced(pieces, 1, [&](int64_t p0, int64_t p1) {
     for (int64_t p = p0; p < p1; ++p)
       hits[size_t(p)] =
           first_in(x, p * kElementwiseGrain, std::min(n, (p + 1) * kElementwiseGrain));

@@ -59,7 +59,7 @@ void adam_range(const AdamStep& s, int64_t b, int64_t e, float* p, const float* 
 
 template <typename T>
 void adam_typed(const AdamStep& s, int64_t n, T* p, const T* g, float* m, float* v, float* vmax) {
-  parallel_for(n, kElementwiseGrain, [&](int64_t b, int64_t e) {
+  parallel_balanced(n, kElementwiseGrain, [&](int64_t b, int64_t e) {
     if constexpr (std::is_same_v<T, float>) {
       if (s.amsgrad)
         adam_range<true>(s, b, e, p, g, m, v, vmax);
@@ -96,7 +96,7 @@ void sgd_range(const SGDStep& s, int64_t b, int64_t e, float* p, const float* g,
 
 template <typename T>
 void sgd_typed(const SGDStep& s, int64_t n, T* p, const T* g, float* buf) {
-  parallel_for(n, kElementwiseGrain, [&](int64_t b, int64_t e) {
+  parallel_balanced(n, kElementwiseGrain, [&](int64_t b, int64_t e) {
     if constexpr (std::is_same_v<T, float>) {
       if (s.momentum != 0.f)
         sgd_range<true>(s, b, e, p, g, buf);

@@ -8,18 +8,19 @@
 namespace galley::kernels::cpu {
 
 void sum_dim(const float* x, int64_t outer, int64_t len, int64_t inner, float* out) {
-  parallel_for(outer, std::max<int64_t>(1, kElementwiseGrain / std::max<int64_t>(len * inner, 1)),
-               [&](int64_t o0, int64_t o1) {
-                 for (int64_t o = o0; o < o1; ++o) {
-                   float* r = out + o * inner;
-                   std::fill_n(r, inner, 0.f);
-                   for (int64_t l = 0; l < len; ++l) {
-                     const float* xr = x + (o * len + l) * inner;
+  parallel_balanced(outer,
+                    std::max<int64_t>(1, kElementwiseGrain / std::max<int64_t>(len * inner, 1)),
+                    [&](int64_t o0, int64_t o1) {
+                      for (int64_t o = o0; o < o1; ++o) {
+                        float* r = out + o * inner;
+                        std::fill_n(r, inner, 0.f);
+                        for (int64_t l = 0; l < len; ++l) {
+                          const float* xr = x + (o * len + l) * inner;
 #pragma omp simd
-                     for (int64_t i = 0; i < inner; ++i) r[i] += xr[i];
-                   }
-                 }
-               });
+                          for (int64_t i = 0; i < inner; ++i) r[i] += xr[i];
+                        }
+                      }
+                    });
 }
 
 double sum_all(const float* x, int64_t n) {
