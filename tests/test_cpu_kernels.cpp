@@ -24,6 +24,7 @@
 #include "kernels/conv2d.h"
 #include "kernels/convert.h"
 #include "kernels/cpu/conv2d_direct.h"
+#include "kernels/cpu/conv2d_winograd.h"
 #include "kernels/gemm.h"
 #include "kernels/max_pool2d.h"
 
@@ -404,6 +405,99 @@ TEST(ConvBackward, RepeatsItsBitsWhicheverThreadTakesWhichImages) {
     }
   }
   galley::set_num_threads(saved);
+}
+
+// The Winograd path on the exact values: the transforms' coefficients are 0, +-1 and +-1/2, so
+// its sums are exact too and match im2col's to the bit. Odd and even sizes (tiles that hang over
+// the edge), a single pixel, rows wider than a vector of tiles, chunks of images that do not
+// divide the batch, channel counts off the register blocks.
+const std::vector<Case>& winograd_cases() {
+  static const std::vector<Case> all = {
+      {3, 16, 28, 28, 16, 3, 3, 1, 1},  // resnet's first stage
+      {7, 32, 7, 7, 64, 3, 3, 1, 1},    // 16 tiles an image: six images a chunk, then one
+      {5, 17, 9, 13, 19, 3, 3, 1, 1},   // odd everything
+      {2, 16, 1, 1, 16, 3, 3, 1, 1},    // a single pixel
+      {3, 20, 2, 67, 24, 3, 3, 1, 1},   // 34 tiles a row: three vectors, the last of two
+      {4, 64, 14, 14, 32, 3, 3, 1, 1},  // resnet's second stage, fewer outputs than inputs
+      {2, 3, 5, 6, 2, 3, 3, 1, 1},      // fewer channels than the path is taken for
+  };
+  return all;
+}
+
+TEST(ConvWinograd, MatchesIm2colBitForBitOnExactValues) {
+  namespace cpu = galley::kernels::cpu;
+  if (!cpu::conv2d_winograd_applies(geometry(winograd_cases()[0])))
+    GTEST_SKIP() << "this build has no Winograd path (it needs AVX-512 at compile time)";
+  for (const Case& k : winograd_cases()) {
+    const Conv2dGeometry g = geometry(k);
+    const auto x = exact_values(size_t(g.n * g.c * g.h * g.w), 51, 1.f);
+    const auto w = exact_values(size_t(g.o * g.c * 9), 52, 0.25f);
+    const auto b = exact_values(size_t(g.o), 53, 0.5f);
+    const auto gy = exact_values(size_t(g.n * g.o * g.oh * g.ow), 54, 0.5f);
+    const size_t ny = gy.size(), nx = x.size();
+    for (const float* bias : {b.data(), static_cast<const float*>(nullptr)}) {
+      std::vector<float> want(ny, -1.f), got(ny, -2.f);
+      cpu::conv2d_forward_im2col(g, x.data(), w.data(), bias, want.data());
+      cpu::conv2d_winograd_forward(g, x.data(), w.data(), bias, got.data());
+      ASSERT_EQ(got, want) << name(k) << (bias ? " with bias" : " without bias");
+    }
+    std::vector<float> gx_want(nx, -1.f), gx(nx, -2.f);
+    cpu::conv2d_backward_im2col(g, x.data(), w.data(), gy.data(), gx_want.data(), nullptr);
+    cpu::conv2d_winograd_input_grad(g, w.data(), gy.data(), gx.data());
+    ASSERT_EQ(gx, gx_want) << name(k) << " input gradient";
+  }
+}
+
+// On values whose sums round, the transforms add rounding of their own: within a few units in
+// the last place of the largest terms of the im2col path's sums.
+TEST(ConvWinograd, CloseToIm2colOnRandomValues) {
+  namespace cpu = galley::kernels::cpu;
+  if (!cpu::conv2d_winograd_applies(geometry(winograd_cases()[0])))
+    GTEST_SKIP() << "this build has no Winograd path (it needs AVX-512 at compile time)";
+  std::mt19937 rng(55);
+  std::normal_distribution<float> normal(0.f, 1.f);
+  for (const Case& k : winograd_cases()) {
+    const Conv2dGeometry g = geometry(k);
+    std::vector<float> x(size_t(g.n * g.c * g.h * g.w)), w(size_t(g.o * g.c * 9)),
+        gy(size_t(g.n * g.o * g.oh * g.ow));
+    for (auto* v : {&x, &w, &gy})
+      for (float& e : *v) e = normal(rng);
+    std::vector<float> want(gy.size()), got(gy.size()), gx_want(x.size()), gx(x.size());
+    cpu::conv2d_forward_im2col(g, x.data(), w.data(), nullptr, want.data());
+    cpu::conv2d_winograd_forward(g, x.data(), w.data(), nullptr, got.data());
+    cpu::conv2d_backward_im2col(g, x.data(), w.data(), gy.data(), gx_want.data(), nullptr);
+    cpu::conv2d_winograd_input_grad(g, w.data(), gy.data(), gx.data());
+    // The sums run over 9 * channels terms of unit variance: their largest terms are about 3.
+    const float tol_y = 3.f * 9 * float(g.c) * 1e-6f, tol_x = 3.f * 9 * float(g.o) * 1e-6f;
+    for (size_t i = 0; i < got.size(); ++i)
+      ASSERT_NEAR(got[i], want[i], tol_y) << name(k) << " output " << i;
+    for (size_t i = 0; i < gx.size(); ++i)
+      ASSERT_NEAR(gx[i], gx_want[i], tol_x) << name(k) << " input gradient " << i;
+  }
+}
+
+TEST(ConvWinograd, TakenForFloat32SameConvolutionsOfSixteenChannelsAndWidePlanes) {
+  namespace cpu = galley::kernels::cpu;
+  const Conv2dGeometry g = geometry({8, 16, 28, 28, 16, 3, 3, 1, 1});
+  if (!cpu::conv2d_winograd_applies(g))
+    GTEST_SKIP() << "this build has no Winograd path (it needs AVX-512 at compile time)";
+  Conv2dGeometry strided = g;
+  strided.stride = 2;
+  Conv2dGeometry grouped = g;
+  grouped.groups = 2;
+  for (const Conv2dGeometry& other :
+       {strided, grouped, geometry({8, 16, 28, 28, 16, 3, 3, 0, 1}),
+        geometry({8, 16, 28, 28, 16, 3, 3, 2, 2}), geometry({8, 16, 28, 28, 16, 5, 5, 2, 1}),
+        geometry({8, 15, 28, 28, 16, 3, 3, 1, 1}), geometry({8, 16, 28, 28, 15, 3, 3, 1, 1}),
+        geometry({8, 64, 7, 7, 64, 3, 3, 1, 1})})
+    EXPECT_FALSE(cpu::conv2d_winograd_applies(other));
+  // 16-bit data computes in float32 here, as float32 does; bfloat16 on the host's bfloat16
+  // kernels (AMX tiles, vdpbf16ps) keeps to the direct path.
+  EXPECT_TRUE(cpu::conv2d_winograd_applies(g, galley::DType::Float16));
+  EXPECT_EQ(cpu::conv2d_winograd_applies(g, galley::DType::BFloat16),
+            cpu::bf16_kernels() == cpu::Bf16Kernels::Widened);
+  EXPECT_THROW(cpu::conv2d_winograd_forward(strided, nullptr, nullptr, nullptr, nullptr),
+               galley::Error);
 }
 
 TEST(ConvDirect, TakenOnlyWhereItIsCorrectAndPays) {

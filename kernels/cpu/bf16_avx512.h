@@ -55,8 +55,8 @@ inline void store_bf16(bfloat16* p, __m512 v, __mmask16 m) {
   _mm256_mask_storeu_epi16(p, m, _mm512_cvtepi32_epi16(bf16_bits(v)));
 }
 
-// The lanes of m from p as float32 (bfloat16 widened), the others zero; and the lanes of m of v
-// into p (rounded to bfloat16): one vector loop for float32 and bfloat16 data.
+// The lanes of m from p as float32 (bfloat16 and float16 widened), the others zero; and the lanes
+// of m of v into p (rounded to nearest even): one vector loop for float32 and 16-bit data.
 inline __m512 load_as_f32(const float* p, __mmask16 m) {
   return _mm512_maskz_loadu_ps(m, p);
 }
@@ -68,6 +68,12 @@ inline void store_from_f32(float* p, __m512 v, __mmask16 m) {
 }
 inline void store_from_f32(bfloat16* p, __m512 v, __mmask16 m) {
   store_bf16(p, v, m);
+}
+inline __m512 load_as_f32(const float16* p, __mmask16 m) {
+  return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, p));
+}
+inline void store_from_f32(float16* p, __m512 v, __mmask16 m) {
+  _mm256_mask_storeu_epi16(p, m, _mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT));
 }
 
 // The pairs (lo[j], hi[j]) for the lanes of m, zero elsewhere (hi null: zero partners).

@@ -10,6 +10,7 @@
 #include "kernels/convert.h"
 #include "kernels/cpu/bf16_avx512.h"
 #include "kernels/cpu/conv2d_direct.h"
+#include "kernels/cpu/conv2d_winograd.h"
 #include "kernels/cpu/parallel.h"
 #include "kernels/cpu/staged.h"
 #include "kernels/gemm.h"
@@ -492,6 +493,7 @@ void phases_backward(const Conv2dGeometry& g, const void* x, const float* w, con
 void conv2d_forward(const Conv2dGeometry& g, const void* x, const float* w, const float* b, void* y,
                     DType dtype) {
   if (by_phases(g, dtype)) return phases_forward(g, x, w, b, y);
+  if (conv2d_winograd_applies(g, dtype)) return conv2d_winograd_forward(g, x, w, b, y, dtype);
   const ConvDirectUse use = conv2d_direct_use(g, dtype);
   if (use.forward)
     conv2d_direct_forward(g, x, w, b, y, dtype, use.bf16);
@@ -514,6 +516,10 @@ void conv2d_backward(const Conv2dGeometry& g, const void* x, const float* w, con
   if ((gx || gw) && by_phases(g, dtype)) {
     phases_backward(g, x, w, gy, gx, gw);
   } else {
+    if (gx && conv2d_winograd_applies(g, dtype)) {
+      conv2d_winograd_input_grad(g, w, gy, gx, dtype);
+      gx = nullptr;
+    }
     const ConvDirectUse use = conv2d_direct_use(g, dtype);
     void* direct_gx = use.input_grad ? gx : nullptr;
     float* direct_gw = use.weight_grad ? gw : nullptr;

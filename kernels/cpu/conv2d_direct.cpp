@@ -9,6 +9,7 @@
 #include "kernels/convert.h"
 #include "kernels/cpu/amx.h"
 #include "kernels/cpu/bf16_avx512.h"
+#include "kernels/cpu/conv2d_block.h"
 #include "kernels/cpu/parallel.h"
 
 #if defined(__AVX__)
@@ -18,46 +19,17 @@
 namespace galley::kernels::cpu {
 namespace {
 
-// The register blocking per instruction set. L floats: one vector register (the compiler splits
-// it on hosts with neither). OB output channels x up to 3 vectors of outputs in the
-// correlation's accumulators, and kWeightGradAcc accumulators of at most kMaxWeightGradVectors
-// vectors of output channels each in the weight gradient's: with AVX-512's 32 registers 8 x 3
-// and 24 (of 4 vectors); with AVX2's 16, 4 x 3 and 12 (of 2), which leaves room for the loads
-// and the broadcast.
+// The weight gradient's register block: kWeightGradAcc accumulators of at most
+// kMaxWeightGradVectors vectors of output channels each: with AVX-512's 32 registers 24 (of 4
+// vectors); with AVX2's 16, 12 (of 2). The correlations' block is conv_block's (OB x 3 vectors).
+using namespace conv_block;
 #if defined(__AVX512F__)
-constexpr int64_t L = 16;
-constexpr int64_t OB = 8;
 constexpr int kWeightGradAcc = 24;
 constexpr int64_t kMaxWeightGradVectors = 4;
 #else
-constexpr int64_t L = 8;
-constexpr int64_t OB = 4;
 constexpr int kWeightGradAcc = 12;
 constexpr int64_t kMaxWeightGradVectors = 2;
 #endif
-using V = float __attribute__((vector_size(L * sizeof(float))));
-
-inline V load(const float* p) {
-  V v;
-  std::memcpy(&v, p, sizeof v);
-  return v;
-}
-inline void store(float* p, V v) {
-  std::memcpy(p, &v, sizeof v);
-}
-inline V splat(float s) {
-  return V{} + s;
-}
-// splat(*p), as one broadcast load (no scalar register on the way).
-inline V broadcast(const float* p) {
-#if defined(__AVX512F__)
-  return reinterpret_cast<V>(_mm512_set1_ps(*p));
-#elif defined(__AVX__)
-  return reinterpret_cast<V>(_mm256_broadcast_ss(p));
-#else
-  return splat(*p);
-#endif
-}
 
 // One stride-1 correlation: `cin` planes of h x w, zero-bordered by pad_h / pad_w, against
 // kh x kw taps spaced `d` apart, giving `cout` planes of oh() x ow().
@@ -164,35 +136,6 @@ void pack_weights(const Plan& p, At at, std::vector<float>& out) {
       for (int64_t t = 0; t < taps; ++t)
         for (int64_t o = 0; o < OB && cb * OB + o < p.cout; ++o)
           out[size_t(((cb * p.cin + ci) * taps + t) * OB + o)] = at(cb * OB + o, ci, t);
-}
-
-// OB output channels x NV vectors of flat outputs, summed over every (input channel, tap).
-template <int NV>
-void correlate_block(const float* x, int64_t plane, int64_t cin, const int64_t* shift, int64_t taps,
-                     const float* wb, float* y, int64_t ldy) {
-  V acc[OB][NV];
-#pragma GCC unroll 8
-  for (int o = 0; o < OB; ++o)
-#pragma GCC unroll 4
-    for (int v = 0; v < NV; ++v) acc[o][v] = V{};
-  for (int64_t c = 0; c < cin; ++c, x += plane) {
-    for (int64_t t = 0; t < taps; ++t, wb += OB) {
-      const float* xs = x + shift[t];
-      V xv[NV];
-#pragma GCC unroll 4
-      for (int v = 0; v < NV; ++v) xv[v] = load(xs + v * L);
-#pragma GCC unroll 8
-      for (int o = 0; o < OB; ++o) {
-        const V wv = broadcast(wb + o);
-#pragma GCC unroll 4
-        for (int v = 0; v < NV; ++v) acc[o][v] += wv * xv[v];
-      }
-    }
-  }
-#pragma GCC unroll 8
-  for (int o = 0; o < OB; ++o)
-#pragma GCC unroll 4
-    for (int v = 0; v < NV; ++v) store(y + o * ldy + v * L, acc[o][v]);
 }
 
 // flat[cout rounded up to OB][qs] = the correlation of the bordered input xb with packed weights;

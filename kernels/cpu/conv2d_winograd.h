@@ -1,0 +1,40 @@
+#pragma once
+// Winograd convolution F(2x2, 3x3) for float32 3x3 convolutions with stride 1 and padding 1 (the
+// "same" convolutions of ResNets and VGGs): each 2x2 block of outputs comes from a 4x4 block of
+// inputs in 16 products instead of 36.
+//
+// The input's 4x4 tiles (overlapping by two) are transformed, B^T d B, into 16 values each; the
+// kernel's 3x3 taps, G g G^T, into 16 each. Position k of every tile's transform then multiplies
+// with position k of every kernel's: 16 independent products [out channels x in channels] x
+// [in channels x tiles], run on the direct path's register block (cpu/conv2d_block.h) with tiles
+// across the vector lanes. The output transform, A^T m A, turns each tile's 16 sums into its 2x2
+// outputs. The transforms' coefficients are 0, +-1 and +-1/2, so on inputs whose products and sums
+// are exact in float (small integers, weights in quarters) the result has the im2col path's
+// bits; on others it differs from a direct sum by a few units in the last place of the largest
+// terms. The input gradient of such a convolution is another one (the output gradient against
+// the flipped, transposed kernel) and runs here too; the weight gradient stays on the direct path.
+#include "kernels/conv2d.h"
+
+namespace galley::kernels::cpu {
+
+// Whether conv2d_forward / conv2d_backward take this path for `g` (the input gradient only): a
+// 3x3 convolution computed in float32 (float32 or float16 data, or bfloat16 where
+// cpu/conv2d_direct.h's bf16_kernels() is Widened) with stride 1, padding 1, no dilation and one
+// group, in a build for AVX-512 hosts, with at least 16 input and output channels and planes at
+// least 13 wide. Fewer
+// channels leave the transforms' cost unpaid; narrower planes have too few tiles a row for the
+// transforms' vectors (4 of 16 lanes on 7x7), and there the direct path was as fast or faster on
+// the benchmark models' layers.
+bool conv2d_winograd_applies(const Conv2dGeometry& g, DType dtype = DType::Float32);
+
+// y = conv(x, w) (+ b) and gx = the input gradient from gy, for any geometry of a 3x3
+// convolution with stride 1, padding 1, no dilation and one group (whatever
+// conv2d_winograd_applies says, so tests can compare it with the other paths); an error in builds
+// without AVX-512. x, y, gy and gx hold `dtype` elements, widened to float32 as they are read and
+// rounded once as the result is written; w and b are float32.
+void conv2d_winograd_forward(const Conv2dGeometry& g, const void* x, const float* w, const float* b,
+                             void* y, DType dtype = DType::Float32);
+void conv2d_winograd_input_grad(const Conv2dGeometry& g, const float* w, const void* gy, void* gx,
+                                DType dtype = DType::Float32);
+
+}  // namespace galley::kernels::cpu
