@@ -420,6 +420,7 @@ const std::vector<Case>& winograd_cases() {
       {3, 20, 2, 67, 24, 3, 3, 1, 1},   // 34 tiles a row: three vectors, the last of two
       {4, 64, 14, 14, 32, 3, 3, 1, 1},  // resnet's second stage, fewer outputs than inputs
       {2, 3, 5, 6, 2, 3, 3, 1, 1},      // fewer channels than the path is taken for
+      {2, 16, 0, 14, 16, 3, 3, 1, 1},   // empty planes
   };
   return all;
 }

@@ -226,6 +226,7 @@ void transform_output(const Plan& p, const float* m, int64_t tp, int64_t t0, con
 // chunks of images transformed, multiplied and transformed back on each thread.
 template <typename T, typename At>
 void winograd(const Plan& p, int64_t n, const T* x, At at, const float* bias, T* y) {
+  if (n == 0 || p.tiles() == 0) return;  // an empty output
   std::vector<float> u;
   transform_weights(p, at, u);
   const int64_t plane = p.h * p.w, tiles = p.tiles();
