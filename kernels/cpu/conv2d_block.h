@@ -77,4 +77,17 @@ void correlate_block(const float* x, int64_t plane, int64_t cin, const int64_t* 
     for (int v = 0; v < NV; ++v) store(y + o * ldy + v * L, acc[o][v]);
 }
 
+// correlate_block over `nvec` consecutive vectors of outputs (OB channels, rows ldy apart), in
+// blocks of three vectors and the rest in one block of two or one.
+inline void correlate_vectors(const float* x, int64_t plane, int64_t cin, const int64_t* shift,
+                              int64_t taps, const float* wb, float* y, int64_t ldy, int64_t nvec) {
+  int64_t v = 0;
+  for (; v + 3 <= nvec; v += 3)
+    correlate_block<3>(x + v * L, plane, cin, shift, taps, wb, y + v * L, ldy);
+  if (nvec - v == 2)
+    correlate_block<2>(x + v * L, plane, cin, shift, taps, wb, y + v * L, ldy);
+  else if (nvec - v == 1)
+    correlate_block<1>(x + v * L, plane, cin, shift, taps, wb, y + v * L, ldy);
+}
+
 }  // namespace galley::kernels::cpu::conv_block

@@ -145,14 +145,7 @@ void correlate(const Plan& p, const std::vector<int64_t>& shift, const float* xb
   const int64_t taps = p.taps(), qs = p.qs(), nvec = qs / L;
   for (int64_t cb = 0; cb * OB < p.cout; ++cb) {
     const float* wb = wpk + cb * p.cin * taps * OB;
-    float* yb = flat + cb * OB * qs;
-    int64_t v = 0;
-    for (; v + 3 <= nvec; v += 3)
-      correlate_block<3>(xb + v * L, p.plane(), p.cin, shift.data(), taps, wb, yb + v * L, qs);
-    if (nvec - v == 2)
-      correlate_block<2>(xb + v * L, p.plane(), p.cin, shift.data(), taps, wb, yb + v * L, qs);
-    else if (nvec - v == 1)
-      correlate_block<1>(xb + v * L, p.plane(), p.cin, shift.data(), taps, wb, yb + v * L, qs);
+    correlate_vectors(xb, p.plane(), p.cin, shift.data(), taps, wb, flat + cb * OB * qs, qs, nvec);
   }
 }
 

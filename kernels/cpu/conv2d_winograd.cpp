@@ -58,8 +58,8 @@ struct Plan {
   int64_t tw() const { return (w + 1) / 2; }  // tiles a row
   int64_t tiles() const { return th() * tw(); }
   int64_t coutp() const { return round_up(cout, OB); }
-  // Images a chunk transforms and multiplies together: enough tiles for whole register blocks
-  // (three vectors) with little padding past the last tile.
+  // Images a chunk transforms and multiplies together: at least 96 tiles (two register blocks
+  // of three vectors), so that few are padding past the last tile.
   int64_t images(int64_t n) const {
     return std::min(n, std::max<int64_t>(1, (96 + tiles() - 1) / tiles()));
   }
@@ -172,14 +172,8 @@ void multiply(const Plan& p, const float* u, const float* v, int64_t tp, float* 
     const float* vk = v + k * p.cin * tp;
     for (int64_t cb = 0; cb < blocks; ++cb) {
       const float* ub = u + (k * blocks + cb) * p.cin * OB;
-      float* mb = m + (k * p.coutp() + cb * OB) * tp;
-      int64_t j = 0;
-      for (; j + 3 <= nvec; j += 3)
-        correlate_block<3>(vk + j * L, tp, p.cin, &no_shift, 1, ub, mb + j * L, tp);
-      if (nvec - j == 2)
-        correlate_block<2>(vk + j * L, tp, p.cin, &no_shift, 1, ub, mb + j * L, tp);
-      else if (nvec - j == 1)
-        correlate_block<1>(vk + j * L, tp, p.cin, &no_shift, 1, ub, mb + j * L, tp);
+      correlate_vectors(vk, tp, p.cin, &no_shift, 1, ub, m + (k * p.coutp() + cb * OB) * tp, tp,
+                        nvec);
     }
   }
 }
