@@ -33,13 +33,13 @@ using galley::kernels::Conv2dGeometry;
 namespace {
 
 struct Case {
-  int64_t n, c, h, w, o, kh, kw, pad, dilation;
+  int64_t n, c, h, w, o, kh, kw, pad, dilation, stride = 1;
 };
 
 Conv2dGeometry geometry(const Case& k) {
-  Conv2dGeometry g{k.n, k.c, k.h, k.w, k.o, k.kh, k.kw, 1, k.pad, k.dilation, 1, 0, 0};
-  g.oh = k.h + 2 * k.pad - (k.kh - 1) * k.dilation;
-  g.ow = k.w + 2 * k.pad - (k.kw - 1) * k.dilation;
+  Conv2dGeometry g{k.n, k.c, k.h, k.w, k.o, k.kh, k.kw, k.stride, k.pad, k.dilation, 1, 0, 0};
+  g.oh = (k.h + 2 * k.pad - (k.kh - 1) * k.dilation - 1) / k.stride + 1;
+  g.ow = (k.w + 2 * k.pad - (k.kw - 1) * k.dilation - 1) / k.stride + 1;
   return g;
 }
 
@@ -51,10 +51,22 @@ std::vector<float> exact_values(size_t n, uint32_t seed, float scale) {
   return v;
 }
 
+// x, w, b and gy of a geometry (ungrouped), exact values from seeds seed to seed + 3.
+struct Operands {
+  std::vector<float> x, w, b, gy;
+};
+Operands exact_operands(const Conv2dGeometry& g, uint32_t seed) {
+  return {exact_values(size_t(g.n * g.c * g.h * g.w), seed, 1.f),
+          exact_values(size_t(g.o * g.c * g.kh * g.kw), seed + 1, 0.25f),
+          exact_values(size_t(g.o), seed + 2, 0.5f),
+          exact_values(size_t(g.n * g.o * g.oh * g.ow), seed + 3, 0.5f)};
+}
+
 std::string name(const Case& k) {
   return "n" + std::to_string(k.n) + " c" + std::to_string(k.c) + " " + std::to_string(k.h) + "x" +
          std::to_string(k.w) + " o" + std::to_string(k.o) + " k" + std::to_string(k.kh) + "x" +
-         std::to_string(k.kw) + " pad" + std::to_string(k.pad) + " d" + std::to_string(k.dilation);
+         std::to_string(k.kw) + " pad" + std::to_string(k.pad) + " d" + std::to_string(k.dilation) +
+         " s" + std::to_string(k.stride);
 }
 
 const std::vector<Case>& cases() {
@@ -72,6 +84,26 @@ const std::vector<Case>& cases() {
       {2, 3, 7, 8, 4, 3, 1, 0, 1},      // a column kernel
       {1, 6, 3, 3, 9, 3, 3, 0, 1},      // a single output pixel
       {4, 33, 5, 6, 16, 3, 3, 1, 1},    // 33 input channels
+  };
+  return all;
+}
+
+// Strided geometries for the direct path's forward pass and weight gradient (its input gradient
+// takes stride 1): every phase count (a kernel wider than, as wide as and narrower than the
+// stride), both paddings' parities, odd sizes, and the tails of cases().
+const std::vector<Case>& strided_cases() {
+  static const std::vector<Case> all = {
+      {2, 16, 28, 28, 32, 3, 3, 1, 1, 2},  // resnet's 3x3/2 layers
+      {3, 32, 14, 14, 64, 3, 3, 1, 1, 2},  // ... at 7x7 out
+      {2, 5, 9, 7, 17, 3, 3, 1, 1, 2},     // odd sizes, channels off every block
+      {2, 3, 9, 8, 6, 3, 3, 0, 1, 2},      // unpadded
+      {1, 2, 6, 70, 3, 3, 3, 1, 1, 2},     // rows of more than two vectors out
+      {2, 4, 11, 10, 70, 3, 3, 1, 1, 3},   // stride 3: three phases a side
+      {2, 3, 10, 9, 5, 2, 2, 0, 1, 2},     // a 2x2 kernel: as wide as the stride
+      {2, 2, 12, 11, 6, 5, 5, 2, 1, 2},    // 5x5
+      {2, 3, 9, 8, 4, 3, 1, 1, 1, 2},      // a column kernel: one column phase
+      {2, 16, 8, 8, 24, 1, 1, 0, 1, 2},    // a strided 1x1: one phase
+      {1, 6, 3, 3, 9, 3, 3, 0, 1, 2},      // a single output pixel
   };
   return all;
 }
@@ -116,6 +148,50 @@ TEST(ConvDirect, BackwardMatchesIm2colBitForBit) {
       if (!pgw) EXPECT_EQ(gw, std::vector<float>(nw, -2.f)) << name(k) << " wrote gw";
     }
   }
+}
+
+TEST(ConvDirect, StridedForwardAndWeightGradientMatchIm2colBitForBit) {
+  namespace cpu = galley::kernels::cpu;
+  for (const Case& k : strided_cases()) {
+    const Conv2dGeometry g = geometry(k);
+    const auto [x, w, b, gy] = exact_operands(g, 7);
+    const size_t ny = gy.size();
+    for (const float* bias : {b.data(), static_cast<const float*>(nullptr)}) {
+      std::vector<float> want(ny, -1.f), got(ny, -2.f);
+      cpu::conv2d_forward_im2col(g, x.data(), w.data(), bias, want.data());
+      cpu::conv2d_direct_forward(g, x.data(), w.data(), bias, got.data());
+      ASSERT_EQ(got, want) << name(k) << (bias ? " with bias" : " without bias");
+    }
+    std::vector<float> gw_want(w.size(), -1.f), gw(w.size(), -2.f);
+    cpu::conv2d_backward_im2col(g, x.data(), w.data(), gy.data(), nullptr, gw_want.data());
+    cpu::conv2d_direct_backward(g, x.data(), w.data(), gy.data(), nullptr, gw.data());
+    EXPECT_EQ(gw, gw_want) << name(k) << " weight gradient";
+    // The 16-bit types on the widened kernels: the float32 bits, the output rounded once.
+    const galley::DType f16 = galley::DType::Float16;
+    std::vector<uint16_t> x16(x.size()), y16(ny), want16(ny);
+    cpu::convert(x.data(), galley::DType::Float32, x16.data(), f16, int64_t(x.size()));
+    std::vector<float> y(ny);
+    cpu::conv2d_direct_forward(g, x.data(), w.data(), b.data(), y.data());
+    cpu::convert(y.data(), galley::DType::Float32, want16.data(), f16, int64_t(ny));
+    cpu::conv2d_direct_forward(g, x16.data(), w.data(), b.data(), y16.data(), f16);
+    EXPECT_EQ(y16, want16) << name(k) << " float16 output";
+  }
+  // What the strided direct path does not take: an input gradient, a dilation, the bfloat16
+  // kernels.
+  const Conv2dGeometry g = geometry(strided_cases()[0]);
+  std::vector<float> x(size_t(g.n * g.c * g.h * g.w)), w(size_t(g.o * g.c * 9)),
+      gy(size_t(g.n * g.o * g.oh * g.ow)), gx(x.size());
+  EXPECT_THROW(cpu::conv2d_direct_backward(g, x.data(), w.data(), gy.data(), gx.data(), nullptr),
+               galley::Error);
+  Conv2dGeometry dilated = g;
+  dilated.dilation = 2;
+  EXPECT_THROW(cpu::conv2d_direct_forward(dilated, x.data(), w.data(), nullptr, gy.data()),
+               galley::Error);
+  for (cpu::Bf16Kernels kernels : {cpu::Bf16Kernels::Tiles, cpu::Bf16Kernels::DotProducts})
+    if (cpu::bf16_kernels_available(kernels))
+      EXPECT_THROW(cpu::conv2d_direct_forward(g, x.data(), w.data(), nullptr, gy.data(),
+                                              galley::DType::BFloat16, kernels),
+                   galley::Error);
 }
 
 // The 16-bit activations: bfloat16 and float16 x and gy, read by the kernels directly, must give
@@ -256,10 +332,7 @@ TEST(ConvDirect, Bf16KernelsMatchIm2colBitForBitOnExactValues) {
     ++ran;
     for (const Case& k : cases()) {
       const Conv2dGeometry g = geometry(k);
-      const auto x = exact_values(size_t(g.n * g.c * g.h * g.w), 21, 1.f);
-      const auto w = exact_values(size_t(g.o * g.c * g.kh * g.kw), 22, 0.25f);
-      const auto b = exact_values(size_t(g.o), 23, 0.5f);
-      const auto gy = exact_values(size_t(g.n * g.o * g.oh * g.ow), 24, 0.5f);
+      const auto [x, w, b, gy] = exact_operands(g, 21);
       std::vector<float> y_ref(gy.size()), gx_ref(x.size()), gw_ref(w.size());
       cpu::conv2d_forward_im2col(g, x.data(), w.data(), b.data(), y_ref.data());
       cpu::conv2d_backward_im2col(g, x.data(), w.data(), gy.data(), gx_ref.data(), gw_ref.data());
@@ -315,10 +388,7 @@ TEST(ConvStrided, Bf16MatchesIm2colBitForBitOnExactValues) {
                              std::to_string(w) + " o" + std::to_string(o) + " k" +
                              std::to_string(k) + " s" + std::to_string(stride) + " pad" +
                              std::to_string(pad);
-    const auto x = exact_values(size_t(g.n * g.c * g.h * g.w), 31, 1.f);
-    const auto wt = exact_values(size_t(g.o * g.c * g.kh * g.kw), 32, 0.25f);
-    const auto b = exact_values(size_t(g.o), 33, 0.5f);
-    const auto gy = exact_values(size_t(g.n * g.o * g.oh * g.ow), 34, 0.5f);
+    const auto [x, wt, b, gy] = exact_operands(g, 31);
     std::vector<float> y_ref(gy.size()), gx_ref(x.size()), gw_ref(wt.size()), gb_ref(g.o);
     cpu::conv2d_forward_im2col(g, x.data(), wt.data(), b.data(), y_ref.data());
     cpu::conv2d_backward_im2col(g, x.data(), wt.data(), gy.data(), gx_ref.data(), gw_ref.data());
@@ -431,10 +501,7 @@ TEST(ConvWinograd, MatchesIm2colBitForBitOnExactValues) {
     GTEST_SKIP() << "this build has no Winograd path (it needs AVX-512 at compile time)";
   for (const Case& k : winograd_cases()) {
     const Conv2dGeometry g = geometry(k);
-    const auto x = exact_values(size_t(g.n * g.c * g.h * g.w), 51, 1.f);
-    const auto w = exact_values(size_t(g.o * g.c * 9), 52, 0.25f);
-    const auto b = exact_values(size_t(g.o), 53, 0.5f);
-    const auto gy = exact_values(size_t(g.n * g.o * g.oh * g.ow), 54, 0.5f);
+    const auto [x, w, b, gy] = exact_operands(g, 51);
     const size_t ny = gy.size(), nx = x.size();
     for (const float* bias : {b.data(), static_cast<const float*>(nullptr)}) {
       std::vector<float> want(ny, -1.f), got(ny, -2.f);
@@ -511,20 +578,25 @@ TEST(ConvDirect, TakenOnlyWhereItIsCorrectAndPays) {
   Conv2dGeometry few_images = g;
   few_images.n = 1;
   if (galley::num_threads() > 1) EXPECT_TRUE(none(few_images)) << "an image per thread is needed";
-  Conv2dGeometry strided = g;
-  strided.stride = 2;
+  const Conv2dGeometry strided = geometry({8, 32, 14, 14, 64, 3, 3, 1, 1, 2});
+  const Conv2dGeometry strided_dilated = geometry({8, 32, 14, 14, 64, 3, 3, 2, 2, 2});
   Conv2dGeometry grouped = g;
   grouped.groups = 2;
   const Conv2dGeometry pointwise = geometry({8, 32, 14, 14, 64, 1, 1, 0, 1});
   const Conv2dGeometry overpadded = geometry({8, 32, 14, 14, 64, 3, 3, 3, 1});
   for (const Conv2dGeometry* other :
-       std::vector<const Conv2dGeometry*>{&strided, &grouped, &pointwise, &overpadded})
+       std::vector<const Conv2dGeometry*>{&strided_dilated, &grouped, &pointwise, &overpadded})
     EXPECT_TRUE(none(*other));
   if (none(g))
     GTEST_SKIP() << "this build has no direct path (it needs AVX-512, or AVX2 with FMA, at "
                     "compile time)";
   const auto u = conv2d_direct_use(g);
   EXPECT_TRUE(u.forward && u.input_grad && u.weight_grad);
+  // Strided: the forward pass and the weight gradient in AVX-512 builds (AVX2 ones keep it on
+  // im2col), never the input gradient.
+  const auto s = conv2d_direct_use(strided);
+  EXPECT_FALSE(s.input_grad);
+  EXPECT_EQ(s.forward, s.weight_grad);
   // A one-channel input (the first layer of a grey-scale model): im2col + GEMM throughout.
   EXPECT_TRUE(none(geometry({8, 1, 28, 28, 32, 3, 3, 1, 1})));
   // Three channels: the forward pass only.

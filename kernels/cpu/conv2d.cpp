@@ -13,6 +13,7 @@
 #include "kernels/cpu/conv2d_winograd.h"
 #include "kernels/cpu/parallel.h"
 #include "kernels/cpu/staged.h"
+#include "kernels/cpu/strided_rows.h"
 #include "kernels/gemm.h"
 
 namespace galley::kernels::cpu {
@@ -34,54 +35,6 @@ std::pair<int64_t, int64_t> inside_columns(const Conv2dGeometry& g, int64_t dj) 
   int64_t hi = (g.w - dj + g.stride - 1) / g.stride;
   lo = std::min(lo, g.ow);
   return {lo, std::max(lo, std::min(hi, g.ow))};
-}
-
-// dst[j] = src[j * stride] for j < n: a strided row of im2col. A float32 row of stride 2 goes 16
-// outputs a vector (the even lanes of two masked loads, so nothing past src[2 * (n - 1)] is
-// read); the rest one element at a time.
-template <typename T, typename D>
-void gather_strided(const T* src, D* dst, int64_t n, int64_t stride) {
-  int64_t j = 0;
-#if defined(__AVX512F__)
-  if constexpr (std::is_same_v<T, float> && std::is_same_v<D, float>) {
-    if (stride == 2) {
-      const __m512i even =
-          _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
-      for (; j < n; j += 16) {
-        const int64_t reach = 2 * (n - j) - 1;  // source elements up to the last one needed
-        const __m512 a = _mm512_maskz_loadu_ps(lanes(reach), src + 2 * j);
-        const __m512 b =
-            _mm512_maskz_loadu_ps(lanes(std::max<int64_t>(0, reach - 16)), src + 2 * j + 16);
-        _mm512_mask_storeu_ps(dst + j, lanes(n - j), _mm512_permutex2var_ps(a, even, b));
-      }
-    }
-  }
-#endif
-  for (; j < n; ++j) dst[j] = static_cast<D>(src[j * stride]);
-}
-
-// dst[j * stride] += src[j] for j < n: col2im's strided row. Stride 2 goes 16 elements a vector,
-// the odd positions between left as they are (not even an added zero); the rest one at a time.
-void scatter_add_strided(const float* src, float* dst, int64_t n, int64_t stride) {
-  int64_t j = 0;
-#if defined(__AVX512F__)
-  if (stride == 2) {
-    // Lane 2i of the low (high) spread takes src lane i (8 + i).
-    const __m512i lo = _mm512_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7);
-    const __m512i hi = _mm512_add_epi32(lo, _mm512_set1_epi32(8));
-    const __mmask16 even = 0x5555;
-    for (; j < n; j += 16) {
-      const __m512 v = _mm512_maskz_loadu_ps(lanes(n - j), src + j);
-      const int64_t reach = 2 * (n - j) - 1;
-      const __mmask16 m0 = lanes(reach) & even, m1 = lanes(std::max<int64_t>(0, reach - 16)) & even;
-      float* d = dst + 2 * j;
-      const __m512 d0 = _mm512_maskz_loadu_ps(m0, d), d1 = _mm512_maskz_loadu_ps(m1, d + 16);
-      _mm512_mask_storeu_ps(d, m0, _mm512_add_ps(d0, _mm512_permutexvar_ps(lo, v)));
-      _mm512_mask_storeu_ps(d + 16, m1, _mm512_add_ps(d1, _mm512_permutexvar_ps(hi, v)));
-    }
-  }
-#endif
-  for (; j < n; ++j) dst[j * stride] += src[j];
 }
 
 // Unfolds channels [c0, c0 + cg) of one image into col[(c * kh + i) * kw + j][oh * ow] of D:

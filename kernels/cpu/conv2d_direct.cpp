@@ -11,6 +11,7 @@
 #include "kernels/cpu/bf16_avx512.h"
 #include "kernels/cpu/conv2d_block.h"
 #include "kernels/cpu/parallel.h"
+#include "kernels/cpu/strided_rows.h"
 
 #if defined(__AVX__)
 #include <immintrin.h>
@@ -31,35 +32,80 @@ constexpr int kWeightGradAcc = 12;
 constexpr int64_t kMaxWeightGradVectors = 2;
 #endif
 
-// One stride-1 correlation: `cin` planes of h x w, zero-bordered by pad_h / pad_w, against
-// kh x kw taps spaced `d` apart, giving `cout` planes of oh() x ow().
+// The largest stride the direct path takes (conv2d_direct_use): the phases of a plane per axis.
+constexpr int64_t kMaxStride = 4;
+
+// One correlation: `cin` planes of h x w, zero-bordered by pad_h / pad_w, against kh x kw taps
+// spaced `d` apart at stride `s`, giving `cout` planes of oh() x ow().
+//
+// Each bordered plane is held as its phases: with stride s, padded row r is row r / s of row phase
+// r % s (columns alike), and tap (a, b) of output (i, j) reads phase (a d % s, b d % s) at row
+// i + a d / s, column j + b d / s. So a run of consecutive outputs reads a run of consecutive
+// inputs of one phase whatever the stride, every tap is a fixed shift from the flat output
+// q = i * pw() + j, and no zero taps are added. Only the phases some tap reads are kept: stride 1
+// has one, the plane itself. Strides above 1 take d = 1 (conv2d_direct_use), so the phases kept
+// are the first min(s, k) of each axis.
 struct Plan {
-  int64_t cin, h, w, pad_h, pad_w, cout, kh, kw, d;
+  int64_t cin, h, w, pad_h, pad_w, cout, kh, kw, d, s = 1;
   int64_t hp() const { return h + 2 * pad_h; }
   int64_t wp() const { return w + 2 * pad_w; }
-  int64_t oh() const { return hp() - (kh - 1) * d; }
-  int64_t ow() const { return wp() - (kw - 1) * d; }
-  int64_t plane() const { return hp() * wp(); }
+  int64_t phase_rows() const { return std::min(s, (kh - 1) * d + 1); }  // row phases kept
+  int64_t phase_cols() const { return std::min(s, (kw - 1) * d + 1); }
+  int64_t ph() const { return (hp() + s - 1) / s; }  // rows of a phase
+  int64_t pw() const { return (wp() + s - 1) / s; }  // columns of a phase: the flat output's pitch
+  int64_t phase_size() const { return ph() * pw(); }
+  int64_t oh() const { return (hp() - (kh - 1) * d - 1) / s + 1; }
+  int64_t ow() const { return (wp() - (kw - 1) * d - 1) / s + 1; }
+  int64_t plane() const { return phase_rows() * phase_cols() * phase_size(); }
   int64_t taps() const { return kh * kw; }
-  int64_t q() const { return oh() * wp(); }        // flat outputs, junk columns included
+  int64_t q() const { return oh() * pw(); }        // flat outputs, junk columns included
   int64_t qs() const { return round_up(q(), L); }  // ... in whole vectors
-  // Room past the last plane for the reach of the last vector.
-  int64_t slack() const { return (qs() - q()) + (kw - 1) * d + L; }
+  int64_t shift(int64_t t) const {
+    const int64_t a = (t / kw) * d, b = (t % kw) * d;
+    return ((a % s) * phase_cols() + b % s) * phase_size() + (a / s) * pw() + b / s;
+  }
+  std::vector<int64_t> shifts() const {
+    std::vector<int64_t> v(static_cast<size_t>(taps()));
+    for (int64_t t = 0; t < taps(); ++t) v[size_t(t)] = shift(t);
+    return v;
+  }
+  // Room past the last plane for the reach of the last vector: (qs() - q()) + (kw - 1) * d + L
+  // at stride 1.
+  int64_t slack() const {
+    int64_t reach = 0;
+    for (int64_t t = 0; t < taps(); ++t) reach = std::max(reach, shift(t));
+    return std::max<int64_t>(0, reach + qs() - plane()) + L;
+  }
   // The bordered input, with the slack.
   int64_t bordered_floats() const { return cin * plane() + slack(); }
-  int64_t shift(int64_t t) const { return ((t / kw) * wp() + t % kw) * d; }
-  std::vector<int64_t> shifts() const {
-    std::vector<int64_t> s(static_cast<size_t>(taps()));
-    for (int64_t t = 0; t < taps(); ++t) s[size_t(t)] = shift(t);
-    return s;
-  }
 };
 
 // Copies `p.cin` planes of T into the interior of the bordered buffer of D, float32 (16-bit
-// values widened on the way) or T itself; the border and the slack, zeroed once per call, stay
-// zero.
+// values widened on the way) or T itself, each row split into its column phases at a stride; the
+// border and the slack, zeroed once per call, stay zero.
 template <typename T, typename D>
 void fill_interior(const Plan& p, const T* src, D* dst) {
+  if (p.s > 1) {
+    // Per column phase b: the first input column it takes (j0, then every s-th), where that
+    // lands in the phase's row, and how many it takes; b = -1 where the phase takes none.
+    const int64_t s = p.s, cols = p.phase_cols(), size = p.phase_size(), pw = p.pw();
+    const int64_t plane = p.plane(), row_phases = p.phase_rows();
+    int64_t j0[kMaxStride], at[kMaxStride], count[kMaxStride];
+    for (int64_t b = 0; b < cols; ++b) {
+      j0[b] = ((b - p.pad_w) % s + s) % s;
+      at[b] = b * size + (j0[b] + p.pad_w) / s;
+      count[b] = j0[b] < p.w ? (p.w - j0[b] + s - 1) / s : 0;
+    }
+    for (int64_t i = 0; i < p.h; ++i) {
+      const int64_t r = i + p.pad_h, a = r % s;
+      if (a >= row_phases) continue;  // a row no tap reads
+      D* row = dst + a * cols * size + (r / s) * pw;
+      const T* from = src + i * p.w;
+      for (int64_t c = 0; c < p.cin; ++c, row += plane, from += p.h * p.w)
+        for (int64_t b = 0; b < cols; ++b) gather_strided(from + j0[b], row + at[b], count[b], s);
+    }
+    return;
+  }
   for (int64_t c = 0; c < p.cin; ++c)
     for (int64_t i = 0; i < p.h; ++i) {
       D* d = dst + c * p.plane() + (i + p.pad_h) * p.wp() + p.pad_w;
@@ -81,15 +127,15 @@ void fill_interior(const Plan& p, const T* src, D* dst) {
     }
 }
 
-// Writes the valid columns of the flat output: out[c][i][j] = flat[c * qs + i * wp + j] (+
+// Writes the valid columns of the flat output: out[c][i][j] = flat[c * qs + i * pw + j] (+
 // bias[c]), rounded once to a 16-bit T (through the flat row, which is scratch).
 template <typename T>
 void write_out(const Plan& p, float* flat, const float* bias, T* out, int64_t qs) {
-  const int64_t oh = p.oh(), ow = p.ow(), wp = p.wp();
+  const int64_t oh = p.oh(), ow = p.ow(), pw = p.pw();
   for (int64_t c = 0; c < p.cout; ++c) {
     const float b = bias ? bias[c] : 0.f;
     for (int64_t i = 0; i < oh; ++i) {
-      float* src = flat + c * qs + i * wp;
+      float* src = flat + c * qs + i * pw;
       T* dst = out + (c * oh + i) * ow;
       if constexpr (std::is_same_v<T, float>) {
 #if defined(__AVX512F__)
@@ -243,7 +289,7 @@ void weight_grad(const Plan& p, const WeightGradLayout& lay, const std::vector<c
   });
 }
 
-// gyT[q][o] = gy[o][oh][ow] at q = oh * wp + ow (widened); the junk columns and padded channels
+// gyT[q][o] = gy[o][oh][ow] at q = oh * pw + ow (widened); the junk columns and padded channels
 // stay zero. In tiles of 16 columns by every channel, so the rows of gyT being written stay in L1.
 #if defined(__AVX512F__)
 // r[j] = column j of the 16 x 16 matrix whose row k is r[k]. Three rounds of shuffles: pairs of
@@ -280,7 +326,7 @@ inline void transpose16(__m512 r[16]) {
 
 template <typename T>
 void transpose_grad(const Plan& p, int64_t op, const T* gy, float* gyT) {
-  const int64_t oh = p.oh(), ow = p.ow(), wp = p.wp();
+  const int64_t oh = p.oh(), ow = p.ow(), pw = p.pw();
 #if defined(__AVX512F__)
   if constexpr (std::is_same_v<T, float>) {
     // 16 x 16 blocks transposed in registers (op is a whole number of 16-channel vectors).
@@ -288,7 +334,7 @@ void transpose_grad(const Plan& p, int64_t op, const T* gy, float* gyT) {
       for (int64_t j0 = 0; j0 < ow; j0 += L) {
         const int64_t nj = std::min(L, ow - j0);
         const __mmask16 m = lanes(nj);
-        float* dst = gyT + (i * wp + j0) * op;
+        float* dst = gyT + (i * pw + j0) * op;
         for (int64_t o0 = 0; o0 < p.cout; o0 += L) {
           __m512 r[16];
           for (int64_t k = 0; k < L; ++k)
@@ -304,7 +350,7 @@ void transpose_grad(const Plan& p, int64_t op, const T* gy, float* gyT) {
   for (int64_t i = 0; i < oh; ++i)
     for (int64_t j0 = 0; j0 < ow; j0 += L) {
       const int64_t nj = std::min(L, ow - j0);
-      float* dst = gyT + (i * wp + j0) * op;
+      float* dst = gyT + (i * pw + j0) * op;
       for (int64_t o = 0; o < p.cout; ++o) {
         const T* src = gy + (o * oh + i) * ow + j0;
         for (int64_t j = 0; j < nj; ++j) dst[j * op + o] = static_cast<float>(src[j]);
@@ -313,7 +359,7 @@ void transpose_grad(const Plan& p, int64_t op, const T* gy, float* gyT) {
 }
 
 Plan forward_plan(const Conv2dGeometry& g) {
-  return {g.c, g.h, g.w, g.pad, g.pad, g.o, g.kh, g.kw, g.dilation};
+  return {g.c, g.h, g.w, g.pad, g.pad, g.o, g.kh, g.kw, g.dilation, g.stride};
 }
 
 // The input gradient's correlation: the output gradient, bordered by (k - 1) * d - pad,
@@ -672,15 +718,23 @@ void weight_grad_tiles(const Plan& p, const TilePlan& tp, const std::vector<int6
 ConvDirectUse conv2d_direct_use(const Conv2dGeometry& g, DType dtype) {
   ConvDirectUse use;
 #if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
-  const bool fits = g.stride == 1 && g.groups == 1 && g.kh * g.kw > 1 &&
+#if defined(__AVX512F__)
+  const bool strided = g.dilation == 1 && g.stride <= kMaxStride;
+#else
+  const bool strided = false;  // the phases are split one element at a time: not measured to pay
+#endif
+  const bool fits = (g.stride == 1 || strided) && g.groups == 1 && g.kh * g.kw > 1 &&
                     g.pad <= (g.kh - 1) * g.dilation && g.pad <= (g.kw - 1) * g.dilation &&
                     g.n >= num_threads();
   if (!fits) return use;
-  if (dtype == DType::BFloat16 && bf16_kernels() != Bf16Kernels::Widened && g.c >= 16) {
+  const bool bf16_fast = dtype == DType::BFloat16 && bf16_kernels() != Bf16Kernels::Widened;
+  if (bf16_fast && g.c >= 16) {
     // From 16 input channels (half of a tile's 32) the tiles, and the dot products, outrun the
     // float32 kernels in every part; with fewer, padding (to whole tiles, or to the pairs' and
     // the register blocks' 16 channels) and the passes around the kernels cost more than they
-    // save.
+    // save. Strided ones stay on im2col and the bfloat16 GEMM (or the tiles' phases,
+    // cpu/conv2d.cpp).
+    if (g.stride != 1) return use;
     use.forward = use.input_grad = use.weight_grad = true;
     use.bf16 = bf16_kernels();
     return use;
@@ -688,7 +742,7 @@ ConvDirectUse conv2d_direct_use(const Conv2dGeometry& g, DType dtype) {
   const int64_t columns = g.c * g.kh * g.kw;  // (input channel, tap) pairs
   use.forward = columns >= 16;
   use.weight_grad = columns >= 64;
-  use.input_grad = g.c >= 16;
+  use.input_grad = g.c >= 16 && g.stride == 1;
 #else
   (void)g, (void)dtype;
 #endif
@@ -943,10 +997,23 @@ void tiles_backward(const Conv2dGeometry& g, const uint16_t* x, const float* w, 
 }
 #endif  // GALLEY_AMX
 
-void check_available(Bf16Kernels k) {
+void check_available(Bf16Kernels k, const Conv2dGeometry& g) {
   GALLEY_CHECK(bf16_kernels_available(k), "conv2d: the ",
                k == Bf16Kernels::Tiles ? "AMX" : "AVX512-BF16",
                " bfloat16 kernels are not available on this host or in this build");
+  GALLEY_CHECK(g.stride == 1, "conv2d: the ", k == Bf16Kernels::Tiles ? "AMX" : "AVX512-BF16",
+               " bfloat16 kernels of the direct path take stride 1, not ", g.stride);
+}
+
+// What the direct path runs: one group; a stride above 1 with dilation 1, and then no input
+// gradient (that stays on im2col).
+void check_geometry(const Conv2dGeometry& g, bool input_grad) {
+  GALLEY_CHECK(g.groups == 1, "conv2d: the direct path takes one group, not ", g.groups);
+  GALLEY_CHECK(g.stride >= 1 && (g.stride == 1 || (g.dilation == 1 && g.stride <= kMaxStride)),
+               "conv2d: the direct path takes stride 1, or a stride up to ", kMaxStride,
+               " with dilation 1, not stride ", g.stride, " with dilation ", g.dilation);
+  GALLEY_CHECK(!input_grad || g.stride == 1,
+               "conv2d: the direct path's input gradient takes stride 1, not ", g.stride);
 }
 
 }  // namespace
@@ -987,8 +1054,9 @@ Bf16Kernels bf16_kernels() {
 
 void conv2d_direct_forward(const Conv2dGeometry& g, const void* x, const float* w, const float* b,
                            void* y, DType dtype, Bf16Kernels bf16) {
+  check_geometry(g, false);
   if (dtype == DType::BFloat16 && bf16 != Bf16Kernels::Widened) {
-    check_available(bf16);
+    check_available(bf16, g);
     const auto* xs = static_cast<const uint16_t*>(x);
     auto* ys = static_cast<bfloat16*>(y);
 #if defined(GALLEY_AMX)
@@ -1006,8 +1074,9 @@ void conv2d_direct_forward(const Conv2dGeometry& g, const void* x, const float* 
 
 void conv2d_direct_backward(const Conv2dGeometry& g, const void* x, const float* w, const void* gy,
                             void* gx, float* gw, DType dtype, Bf16Kernels bf16) {
+  check_geometry(g, gx != nullptr);
   if (dtype == DType::BFloat16 && bf16 != Bf16Kernels::Widened) {
-    check_available(bf16);
+    check_available(bf16, g);
     const auto* xs = static_cast<const uint16_t*>(x);
     const auto* gys = static_cast<const uint16_t*>(gy);
     auto* gxs = static_cast<bfloat16*>(gx);

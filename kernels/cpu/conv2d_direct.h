@@ -1,6 +1,6 @@
 #pragma once
-// Direct convolution for stride-1, ungrouped convolutions with a kernel larger than 1x1 (the
-// 3x3 "same" convolutions of most CNNs): no im2col copy and no GEMM packing per image.
+// Direct convolution for ungrouped convolutions with a kernel larger than 1x1 (the 3x3
+// convolutions of most CNNs): no im2col copy and no GEMM packing per image.
 //
 // Each image is copied into a zero-bordered buffer. With rows of the bordered width Wp, the input
 // under kernel tap (i, j) for output (oh, ow) sits at flat offset q + (i * Wp + j) * dilation,
@@ -11,6 +11,12 @@
 // carries Wp - OW junk columns per row, dropped when the result is written out. The input
 // gradient is the same correlation of the bordered output gradient with the flipped, transposed
 // kernel; the weight gradient runs over q with output channels across the vector lanes.
+//
+// A strided convolution (stride s up to 4, dilation 1) holds each bordered plane as its phases:
+// padded row r is row r / s of row phase r % s, columns alike, so tap (i, j) of output
+// (oh, ow) reads phase (i % s, j % s) at row oh + i / s, column ow + j / s, again a constant
+// shift of q = oh * Wq + ow (Wq the phase width) with no zero taps. That covers the forward pass
+// and the weight gradient; the input gradient of a strided convolution stays on im2col.
 #include "kernels/conv2d.h"
 
 namespace galley::kernels::cpu {
@@ -32,9 +38,11 @@ bool bf16_kernels_available(Bf16Kernels k);
 Bf16Kernels bf16_kernels();
 
 // Which parts of a convolution conv2d_forward / conv2d_backward run on the direct path. None
-// unless: stride 1, one group, a kernel of more than one tap, padding at most
-// (kernel - 1) * dilation, at least one image per thread, and a host with AVX-512, or AVX2 with
-// FMA (elsewhere the registers would not hold a block). Then each part where it is faster than
+// unless: stride 1 (or, with AVX-512, up to 4 with dilation 1), one group, a kernel of more than
+// one tap, padding at most (kernel - 1) * dilation, at least one image per thread, and a host with
+// AVX-512, or AVX2 with FMA (elsewhere the registers would not hold a block). A strided one never
+// takes the input gradient, nor the bfloat16 kernels (those of 16 channels or more stay on
+// im2col, or the tiles' phases). Then each part where it is faster than
 // im2col + GEMM (measured on the layers of the benchmark models, with AVX-512 and with AVX2; the
 // same thresholds hold for both): the forward pass and the weight gradient
 // need enough (input channel, tap) pairs to amortise writing each output block, and the weight
@@ -50,9 +58,10 @@ struct ConvDirectUse {
 ConvDirectUse conv2d_direct_use(const Conv2dGeometry& g, DType dtype = DType::Float32);
 
 // Same contracts as conv2d_forward / conv2d_backward (without the bias gradient); callable for
-// any geometry with stride 1 and one group, whatever conv2d_direct_use says, so tests can
-// compare the two paths on every machine. `bf16` picks the bfloat16 kernels (an unavailable one
-// is an error).
+// any geometry of one group with stride 1, or a stride up to 4 with dilation 1 (the bfloat16
+// kernels and the input gradient at stride 1 only), whatever conv2d_direct_use says, so tests can
+// compare the two paths on every machine; other geometries are an error. `bf16` picks the
+// bfloat16 kernels (an unavailable one is an error).
 void conv2d_direct_forward(const Conv2dGeometry& g, const void* x, const float* w, const float* b,
                            void* y, DType dtype = DType::Float32,
                            Bf16Kernels bf16 = bf16_kernels());

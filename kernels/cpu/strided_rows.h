@@ -1,0 +1,62 @@
+#pragma once
+// Rows read or added at a stride (internal to the CPU kernels): the strided rows of im2col and
+// col2im (cpu/conv2d.cpp) and the column phases of a strided direct convolution's bordered input
+// (cpu/conv2d_direct.cpp).
+#include <algorithm>
+#include <cstdint>
+#include <type_traits>
+
+#include "kernels/cpu/bf16_avx512.h"
+
+namespace galley::kernels::cpu {
+
+// dst[j] = src[j * stride] for j < n: a strided row (of im2col, or a column phase of the direct
+// path's bordered input). A float32 row of stride 2 goes 16 outputs a vector (the even lanes of two
+// masked loads, so nothing past src[2 * (n - 1)] is read); the rest one element at a time.
+template <typename T, typename D>
+inline __attribute__((always_inline)) void gather_strided(const T* src, D* dst, int64_t n,
+                                                          int64_t stride) {
+  int64_t j = 0;
+#if defined(__AVX512F__)
+  if constexpr (std::is_same_v<T, float> && std::is_same_v<D, float>) {
+    if (stride == 2) {
+      const __m512i even =
+          _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+      for (; j < n; j += 16) {
+        const int64_t reach = 2 * (n - j) - 1;  // source elements up to the last one needed
+        const __m512 a = _mm512_maskz_loadu_ps(lanes(reach), src + 2 * j);
+        const __m512 b =
+            _mm512_maskz_loadu_ps(lanes(std::max<int64_t>(0, reach - 16)), src + 2 * j + 16);
+        _mm512_mask_storeu_ps(dst + j, lanes(n - j), _mm512_permutex2var_ps(a, even, b));
+      }
+    }
+  }
+#endif
+  for (; j < n; ++j) dst[j] = static_cast<D>(src[j * stride]);
+}
+
+// dst[j * stride] += src[j] for j < n: col2im's strided row. Stride 2 goes 16 elements a vector,
+// the odd positions between left as they are (not even an added zero); the rest one at a time.
+inline void scatter_add_strided(const float* src, float* dst, int64_t n, int64_t stride) {
+  int64_t j = 0;
+#if defined(__AVX512F__)
+  if (stride == 2) {
+    // Lane 2i of the low (high) spread takes src lane i (8 + i).
+    const __m512i lo = _mm512_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7);
+    const __m512i hi = _mm512_add_epi32(lo, _mm512_set1_epi32(8));
+    const __mmask16 even = 0x5555;
+    for (; j < n; j += 16) {
+      const __m512 v = _mm512_maskz_loadu_ps(lanes(n - j), src + j);
+      const int64_t reach = 2 * (n - j) - 1;
+      const __mmask16 m0 = lanes(reach) & even, m1 = lanes(std::max<int64_t>(0, reach - 16)) & even;
+      float* d = dst + 2 * j;
+      const __m512 d0 = _mm512_maskz_loadu_ps(m0, d), d1 = _mm512_maskz_loadu_ps(m1, d + 16);
+      _mm512_mask_storeu_ps(d, m0, _mm512_add_ps(d0, _mm512_permutexvar_ps(lo, v)));
+      _mm512_mask_storeu_ps(d + 16, m1, _mm512_add_ps(d1, _mm512_permutexvar_ps(hi, v)));
+    }
+  }
+#endif
+  for (; j < n; ++j) dst[j * stride] += src[j];
+}
+
+}  // namespace galley::kernels::cpu
