@@ -195,33 +195,50 @@ void correlate(const Plan& p, const std::vector<int64_t>& shift, const float* xb
   }
 }
 
-// The weight gradient's register block: NJ (input channel, tap) columns x OV vectors of output
-// channels, summed over every flat output q. gyT is the output gradient as [q][channel] with
-// zeros in the junk columns; xs[j] points at column j's input, already shifted by its tap.
-template <int OV, int NJ>
-void weight_grad_block(const float* gyT, int64_t ldg, int64_t q, const float* const* xs, float* out,
-                       int64_t ldo) {
-  V acc[NJ][OV];
-  const float* x[NJ];
+// GCC would carry the loads of weight_grad_block's rows over to the next step (the input at i + 1
+// is the next step's at i) through scalar registers and the stack, which costs more than the
+// broadcasts it saves.
+#if defined(__GNUC__) && !defined(__clang__)
+#define GALLEY_NO_PREDICTIVE_COMMONING __attribute__((optimize("no-predictive-commoning")))
+#else
+#define GALLEY_NO_PREDICTIVE_COMMONING
+#endif
+
+// The weight gradient's register block: NR x KW (input channel, tap) columns x OV vectors of
+// output channels, summed over every flat output q. gyT is the output gradient as [q][channel]
+// with zeros in the junk columns; xs[j] points at column j's input, already shifted by its tap.
+// The columns come in NR rows of KW whose inputs are consecutive (KW taps of one kernel row at
+// stride 1 and dilation 1), so that row r reads xs[r * KW] + b for its tap b; KW = 1 for any
+// columns. One pointer a row: the 24 columns of the 16-channel block would otherwise want more
+// pointers than there are registers, and reloading them from the stack every step costs a third
+// of the block's time.
+template <int OV, int NR, int KW>
+GALLEY_NO_PREDICTIVE_COMMONING void weight_grad_block(const float* gyT, int64_t ldg, int64_t q,
+                                                      const float* const* xs, float* out,
+                                                      int64_t ldo) {
+  V acc[NR * KW][OV];
+  const float* x[NR];
 #pragma GCC unroll 24
-  for (int j = 0; j < NJ; ++j) {
-    x[j] = xs[j];
+  for (int r = 0; r < NR; ++r) x[r] = xs[r * KW];
+#pragma GCC unroll 24
+  for (int j = 0; j < NR * KW; ++j)
 #pragma GCC unroll 4
     for (int v = 0; v < OV; ++v) acc[j][v] = V{};
-  }
   for (int64_t i = 0; i < q; ++i, gyT += ldg) {
     V g[OV];
 #pragma GCC unroll 4
     for (int v = 0; v < OV; ++v) g[v] = load(gyT + v * L);
 #pragma GCC unroll 24
-    for (int j = 0; j < NJ; ++j) {
-      const V xv = broadcast(x[j] + i);
+    for (int r = 0; r < NR; ++r)
+#pragma GCC unroll 3
+      for (int b = 0; b < KW; ++b) {
+        const V xv = broadcast(x[r] + i + b);
 #pragma GCC unroll 4
-      for (int v = 0; v < OV; ++v) acc[j][v] += xv * g[v];
-    }
+        for (int v = 0; v < OV; ++v) acc[r * KW + b][v] += xv * g[v];
+      }
   }
 #pragma GCC unroll 24
-  for (int j = 0; j < NJ; ++j)
+  for (int j = 0; j < NR * KW; ++j)
 #pragma GCC unroll 4
     for (int v = 0; v < OV; ++v) {
       float* o = out + j * ldo + v * L;
@@ -282,10 +299,19 @@ void for_weight_grad_blocks(const WeightGradLayout& lay, Block block) {
 // part[j][o] += sum over q of gyT[q][o] * xs[j][q] (xs from column_inputs).
 void weight_grad(const Plan& p, const WeightGradLayout& lay, const std::vector<const float*>& xs,
                  const float* gyT, float* part) {
+  // 3-tap kernel rows at consecutive inputs, blocks of whole rows (nj a multiple of 3), and more
+  // columns than the registers hold pointers for: one pointer a row.
+  const bool rows_of_three = p.s == 1 && p.d == 1 && p.kw == 3 && lay.nj % 3 == 0 && lay.nj > 8;
   for_weight_grad_blocks(lay, [&](auto ov, int64_t o0, int64_t j0) {
     constexpr int OV = decltype(ov)::value;
-    weight_grad_block<OV, kWeightGradAcc / OV>(gyT + o0, lay.op, p.q(), xs.data() + j0,
-                                               part + j0 * lay.op + o0, lay.op);
+    constexpr int NJ = kWeightGradAcc / OV;
+    if constexpr (NJ % 3 == 0 && NJ > 8) {
+      if (rows_of_three)
+        return weight_grad_block<OV, NJ / 3, 3>(gyT + o0, lay.op, p.q(), xs.data() + j0,
+                                                part + j0 * lay.op + o0, lay.op);
+    }
+    weight_grad_block<OV, NJ, 1>(gyT + o0, lay.op, p.q(), xs.data() + j0, part + j0 * lay.op + o0,
+                                 lay.op);
   });
 }
 
