@@ -96,19 +96,23 @@ void fill_interior(const Plan& p, const T* src, D* dst) {
       at[b] = b * size + (j0[b] + p.pad_w) / s;
       count[b] = j0[b] < p.w ? (p.w - j0[b] + s - 1) / s : 0;
     }
-    for (int64_t i = 0; i < p.h; ++i) {
-      const int64_t r = i + p.pad_h, a = r % s;
-      if (a >= row_phases) continue;  // a row no tap reads
-      D* row = dst + a * cols * size + (r / s) * pw;
-      const T* from = src + i * p.w;
-      for (int64_t c = 0; c < p.cin; ++c, row += plane, from += p.h * p.w)
-        for (int64_t b = 0; b < cols; ++b) gather_strided(from + j0[b], row + at[b], count[b], s);
+    for (int64_t c = 0; c < p.cin; ++c, dst += plane) {
+      int64_t a = p.pad_h % s, rs = p.pad_h / s;  // padded row i + pad_h is row rs of phase a
+      for (int64_t i = 0; i < p.h; ++i) {
+        if (a < row_phases) {  // else a row no tap reads
+          D* row = dst + a * cols * size + rs * pw;
+          const T* from = src + (c * p.h + i) * p.w;
+          for (int64_t b = 0; b < cols; ++b) gather_strided(from + j0[b], row + at[b], count[b], s);
+        }
+        if (++a == s) a = 0, ++rs;
+      }
     }
     return;
   }
+  const int64_t plane = p.plane(), wp = p.wp();
   for (int64_t c = 0; c < p.cin; ++c)
     for (int64_t i = 0; i < p.h; ++i) {
-      D* d = dst + c * p.plane() + (i + p.pad_h) * p.wp() + p.pad_w;
+      D* d = dst + c * plane + (i + p.pad_h) * wp + p.pad_w;
       const T* s = src + (c * p.h + i) * p.w;
 #if defined(__AVX512F__)
       if constexpr (std::is_same_v<T, float> && std::is_same_v<D, float>) {
