@@ -148,10 +148,13 @@ void transform_input(const Plan& p, const T* x, float* v, int64_t ldk, int64_t t
       _mm512_mask_storeu_ps(dst + (8 + c) * ldk, m, as_m(r2 - r1));
       _mm512_mask_storeu_ps(dst + (12 + c) * ldk, m, as_m(r1 - r3));
     };
+    // Tile rows i and i + 1 share two input rows (2i + 1 and 2i + 2): each is transformed once.
+    V a0, a1, a2, a3, b0, b1, b2, b3, c0, c1, c2, c3, e0, e1, e2, e3;
+    row(-1, c0, c1, c2, c3);
+    row(0, e0, e1, e2, e3);
     for (int64_t i = 0; i < p.th(); ++i) {
-      V a0, a1, a2, a3, b0, b1, b2, b3, c0, c1, c2, c3, e0, e1, e2, e3;
-      row(2 * i - 1, a0, a1, a2, a3);
-      row(2 * i, b0, b1, b2, b3);
+      a0 = c0, a1 = c1, a2 = c2, a3 = c3;
+      b0 = e0, b1 = e1, b2 = e2, b3 = e3;
       row(2 * i + 1, c0, c1, c2, c3);
       row(2 * i + 2, e0, e1, e2, e3);
       float* dst = v + t0 + i * tw + j0;
