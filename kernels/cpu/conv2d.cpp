@@ -64,7 +64,7 @@ void im2col(const Conv2dGeometry& g, const T* x, int64_t cg, D* col) {
           if (g.stride != 1) {
             gather_strided(xr + ow_lo * g.stride, r + ow_lo, ow_hi - ow_lo, g.stride);
           } else if constexpr (std::is_same_v<T, D>) {
-            std::memcpy(r + ow_lo, xr + ow_lo, (ow_hi - ow_lo) * sizeof(T));
+            copy_row(xr + ow_lo, r + ow_lo, ow_hi - ow_lo);
           } else {
             to_float(xr + ow_lo, r + ow_lo, ow_hi - ow_lo);
           }

@@ -114,18 +114,8 @@ void fill_interior(const Plan& p, const T* src, D* dst) {
     for (int64_t i = 0; i < p.h; ++i) {
       D* d = dst + c * plane + (i + p.pad_h) * wp + p.pad_w;
       const T* s = src + (c * p.h + i) * p.w;
-#if defined(__AVX512F__)
-      if constexpr (std::is_same_v<T, float> && std::is_same_v<D, float>) {
-        // Rows are short (28 floats in resnet): masked vectors rather than a call to memcpy.
-        for (int64_t j = 0; j < p.w; j += L) {
-          const __mmask16 m = lanes(p.w - j);
-          _mm512_mask_storeu_ps(d + j, m, _mm512_maskz_loadu_ps(m, s + j));
-        }
-        continue;
-      }
-#endif
       if constexpr (std::is_same_v<T, D>)
-        std::memcpy(d, s, p.w * sizeof(T));
+        copy_row(s, d, p.w);
       else
         to_float(s, d, p.w);
     }
@@ -577,8 +567,7 @@ void transpose_grad_pairs(const Plan& p, int64_t op, const uint16_t* gy, uint16_
     const int64_t no = std::min(kPairRows, p.cout - o0);
     for (int64_t c = 0; c < no; ++c)
       for (int64_t i = 0; i < oh; ++i)
-        std::memcpy(rows + c * row_len + i * wp, gy + ((o0 + c) * oh + i) * ow,
-                    size_t(ow) * sizeof(uint16_t));
+        copy_row(gy + ((o0 + c) * oh + i) * ow, rows + c * row_len + i * wp, ow);
     for (int64_t k0 = 0; k0 < qp; k0 += 16) {
       const int64_t nk = std::min<int64_t>(16, qp - k0);
       const __mmask16 m = lanes(nk);

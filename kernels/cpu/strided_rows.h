@@ -1,14 +1,37 @@
 #pragma once
-// Rows read or added at a stride (internal to the CPU kernels): the strided rows of im2col and
-// col2im (cpu/conv2d.cpp) and the column phases of a strided direct convolution's bordered input
-// (cpu/conv2d_direct.cpp).
+// Rows copied, read or added at a stride (internal to the CPU kernels): the short rows the
+// convolutions copy into their buffers, the strided rows of im2col and col2im (cpu/conv2d.cpp)
+// and the column phases of a strided direct convolution's bordered input (cpu/conv2d_direct.cpp).
 #include <algorithm>
 #include <cstdint>
+#include <cstring>
 #include <type_traits>
 
 #include "kernels/cpu/bf16_avx512.h"
 
 namespace galley::kernels::cpu {
+
+// dst[j] = src[j] for j < n, elements of 4 or 2 bytes. Rows are short (28 elements in resnet):
+// masked vectors (16 or 32 elements) rather than a call to memcpy.
+template <typename T>
+inline void copy_row(const T* src, T* dst, int64_t n) {
+#if defined(__AVX512BW__)
+  if constexpr (sizeof(T) == 4) {
+    for (int64_t j = 0; j < n; j += 16) {
+      const __mmask16 m = lanes(n - j);
+      _mm512_mask_storeu_epi32(dst + j, m, _mm512_maskz_loadu_epi32(m, src + j));
+    }
+    return;
+  } else if constexpr (sizeof(T) == 2) {
+    for (int64_t j = 0; j < n; j += 32) {
+      const __mmask32 m = n - j >= 32 ? ~__mmask32(0) : (__mmask32(1) << (n - j)) - 1;
+      _mm512_mask_storeu_epi16(dst + j, m, _mm512_maskz_loadu_epi16(m, src + j));
+    }
+    return;
+  }
+#endif
+  std::memcpy(dst, src, size_t(n) * sizeof(T));
+}
 
 // dst[j] = src[j * stride] for j < n: a strided row (of im2col, or a column phase of the direct
 // path's bordered input). A float32 row of stride 2 goes 16 outputs a vector (the even lanes of two
