@@ -544,7 +544,7 @@ TEST(ConvWinograd, CloseToIm2colOnRandomValues) {
   }
 }
 
-TEST(ConvWinograd, TakenForFloat32SameConvolutionsOfSixteenChannelsAndWidePlanes) {
+TEST(ConvWinograd, TakenForFloat32SameConvolutionsWhereTheyPay) {
   namespace cpu = galley::kernels::cpu;
   const Conv2dGeometry g = geometry({8, 16, 28, 28, 16, 3, 3, 1, 1});
   if (!cpu::conv2d_winograd_applies(g))
@@ -561,6 +561,9 @@ TEST(ConvWinograd, TakenForFloat32SameConvolutionsOfSixteenChannelsAndWidePlanes
     EXPECT_FALSE(cpu::conv2d_winograd_applies(other));
   // 16-bit data computes in float32 here, as float32 does; bfloat16 on the host's bfloat16
   // kernels (AMX tiles, vdpbf16ps) keeps to the direct path.
+  // Narrow planes with many channels: vgg's 64->128 on 8x8 takes it, resnet's 64->64 on 7x7
+  // (above) does not.
+  EXPECT_TRUE(cpu::conv2d_winograd_applies(geometry({8, 64, 8, 8, 128, 3, 3, 1, 1})));
   EXPECT_TRUE(cpu::conv2d_winograd_applies(g, galley::DType::Float16));
   EXPECT_EQ(cpu::conv2d_winograd_applies(g, galley::DType::BFloat16),
             cpu::bf16_kernels() == cpu::Bf16Kernels::Widened);

@@ -21,9 +21,10 @@ namespace galley::kernels::cpu {
 // 3x3 convolution computed in float32 (float32 or float16 data, or bfloat16 where
 // cpu/conv2d_direct.h's bf16_kernels() is Widened) with stride 1, padding 1, no dilation and one
 // group, in a build for AVX-512 hosts, with at least 16 input and output channels and planes at
-// least 13 wide. Fewer channels leave the transforms' cost unpaid; narrower planes have too few
-// tiles a row for the transforms' vectors (4 of 16 lanes on 7x7), and there the direct path was
-// as fast or faster on the benchmark models' layers.
+// least 13 wide, or narrower ones with many channels (c o >= 40 (c + o), as vgg's 64->128 on
+// 8x8). Fewer channels leave the transforms' cost unpaid; narrower planes have too few tiles a
+// row for the transforms' vectors (4 of 16 lanes on 7x7), and with fewer channels there (resnet's
+// 64->64 on 7x7) the direct path was as fast or faster.
 bool conv2d_winograd_applies(const Conv2dGeometry& g, DType dtype = DType::Float32);
 
 // y = conv(x, w) (+ b) and gx = the input gradient from gy, for any geometry of a 3x3
