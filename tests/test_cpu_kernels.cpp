@@ -478,19 +478,24 @@ TEST(ConvBackward, RepeatsItsBitsWhicheverThreadTakesWhichImages) {
 }
 
 // The Winograd path on the exact values: the transforms' coefficients are 0, +-1 and +-1/2, so
-// its sums are exact too and match im2col's to the bit. Odd and even sizes (tiles that hang over
-// the edge), a single pixel, rows wider than a vector of tiles, chunks of images that do not
-// divide the batch, channel counts off the register blocks.
+// its sums are exact too and match im2col's to the bit. Wide planes (tiles across the lanes) and
+// narrow ones (channels across the lanes); odd and even sizes (tiles that hang over the edge), a
+// single pixel, rows wider than a vector of tiles, chunks of images that do not divide the
+// batch, channel counts off the register blocks and the vectors.
 const std::vector<Case>& winograd_cases() {
   static const std::vector<Case> all = {
       {3, 16, 28, 28, 16, 3, 3, 1, 1},  // resnet's first stage
-      {7, 32, 7, 7, 64, 3, 3, 1, 1},    // 16 tiles an image: six images a chunk, then one
+      {7, 32, 7, 7, 64, 3, 3, 1, 1},    // narrow: 16 tiles an image, three images a chunk
       {5, 17, 9, 13, 19, 3, 3, 1, 1},   // odd everything
       {2, 16, 1, 1, 16, 3, 3, 1, 1},    // a single pixel
       {3, 20, 2, 67, 24, 3, 3, 1, 1},   // 34 tiles a row: three vectors, the last of two
       {4, 64, 14, 14, 32, 3, 3, 1, 1},  // resnet's second stage, fewer outputs than inputs
       {2, 3, 5, 6, 2, 3, 3, 1, 1},      // fewer channels than the path is taken for
       {2, 16, 0, 14, 16, 3, 3, 1, 1},   // empty planes
+      {2, 16, 0, 7, 16, 3, 3, 1, 1},    // ... narrow ones
+      {3, 17, 9, 11, 33, 3, 3, 1, 1},   // narrow, odd, channels off the vectors
+      {2, 64, 8, 8, 128, 3, 3, 1, 1},   // vgg's narrow layer: two blocks of four output vectors
+      {3, 40, 12, 12, 70, 3, 3, 1, 1},  // the widest narrow plane; 4 + 1 output vectors
   };
   return all;
 }
@@ -544,7 +549,7 @@ TEST(ConvWinograd, CloseToIm2colOnRandomValues) {
   }
 }
 
-TEST(ConvWinograd, TakenForFloat32SameConvolutionsWhereTheyPay) {
+TEST(ConvWinograd, TakenForFloat32SameConvolutionsOfSixteenChannels) {
   namespace cpu = galley::kernels::cpu;
   const Conv2dGeometry g = geometry({8, 16, 28, 28, 16, 3, 3, 1, 1});
   if (!cpu::conv2d_winograd_applies(g))
@@ -557,13 +562,14 @@ TEST(ConvWinograd, TakenForFloat32SameConvolutionsWhereTheyPay) {
        {strided, grouped, geometry({8, 16, 28, 28, 16, 3, 3, 0, 1}),
         geometry({8, 16, 28, 28, 16, 3, 3, 2, 2}), geometry({8, 16, 28, 28, 16, 5, 5, 2, 1}),
         geometry({8, 15, 28, 28, 16, 3, 3, 1, 1}), geometry({8, 16, 28, 28, 15, 3, 3, 1, 1}),
-        geometry({8, 64, 7, 7, 64, 3, 3, 1, 1})})
+        geometry({8, 15, 7, 7, 64, 3, 3, 1, 1})})
     EXPECT_FALSE(cpu::conv2d_winograd_applies(other));
   // 16-bit data computes in float32 here, as float32 does; bfloat16 on the host's bfloat16
   // kernels (AMX tiles, vdpbf16ps) keeps to the direct path.
-  // Narrow planes with many channels: vgg's 64->128 on 8x8 takes it, resnet's 64->64 on 7x7
-  // (above) does not.
+  // Narrow planes too (channels across the lanes there): vgg's 64->128 on 8x8, resnet's 64->64
+  // on 7x7.
   EXPECT_TRUE(cpu::conv2d_winograd_applies(geometry({8, 64, 8, 8, 128, 3, 3, 1, 1})));
+  EXPECT_TRUE(cpu::conv2d_winograd_applies(geometry({8, 64, 7, 7, 64, 3, 3, 1, 1})));
   EXPECT_TRUE(cpu::conv2d_winograd_applies(g, galley::DType::Float16));
   EXPECT_EQ(cpu::conv2d_winograd_applies(g, galley::DType::BFloat16),
             cpu::bf16_kernels() == cpu::Bf16Kernels::Widened);

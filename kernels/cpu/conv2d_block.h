@@ -2,7 +2,8 @@
 // The register block shared by the convolution kernels that run on float32 vectors (the direct
 // path's correlations, cpu/conv2d_direct.cpp, and the Winograd path's transformed products,
 // cpu/conv2d_winograd.cpp): OB output channels x NV vectors, summed over a run of inputs, each
-// input one vector load and each weight one broadcast.
+// input one vector load and each weight one broadcast. And the 16 x 16 transpose in registers
+// both use to move between planes and channels across the lanes.
 #include <cstdint>
 #include <cstring>
 
@@ -77,6 +78,58 @@ void correlate_block(const float* x, int64_t plane, int64_t cin, const int64_t* 
     for (int v = 0; v < NV; ++v) store(y + o * ldy + v * L, acc[o][v]);
 }
 
+// GCC would carry the loads of broadcast_block's rows over to the next step (the input at i + 1
+// is the next step's at i) through scalar registers and the stack, which costs more than the
+// broadcasts it saves.
+#if defined(__GNUC__) && !defined(__clang__)
+#define GALLEY_NO_PREDICTIVE_COMMONING __attribute__((optimize("no-predictive-commoning")))
+#else
+#define GALLEY_NO_PREDICTIVE_COMMONING
+#endif
+
+// out[j][v * L + i] (+)= sum over s < n of x_j[s] * g[s * ldg + v * L + i]: NR x KW columns j
+// of OV vectors each, every step one broadcast a column and OV vector loads (the direct path's
+// weight gradient, columns (input channel, tap) and vectors of output channels over the flat
+// outputs; the narrow Winograd products, columns tiles and vectors of output channels over the
+// input channels). kAdd adds to out, else overwrites it. The columns come in NR rows of KW whose
+// inputs are consecutive (KW taps of one kernel row at stride 1 and dilation 1): row r reads
+// xs[r * KW] + s + b for its column b; KW = 1 for any columns. One pointer a row: 24 columns
+// would otherwise want more pointers than there are registers, and reloading them from the
+// stack every step costs a third of the block's time.
+template <int OV, int NR, int KW, bool kAdd>
+GALLEY_NO_PREDICTIVE_COMMONING void broadcast_block(const float* g, int64_t ldg, int64_t n,
+                                                    const float* const* xs, float* out,
+                                                    int64_t ldo) {
+  V acc[NR * KW][OV];
+  const float* x[NR];
+#pragma GCC unroll 24
+  for (int r = 0; r < NR; ++r) x[r] = xs[r * KW];
+#pragma GCC unroll 24
+  for (int j = 0; j < NR * KW; ++j)
+#pragma GCC unroll 4
+    for (int v = 0; v < OV; ++v) acc[j][v] = V{};
+  for (int64_t i = 0; i < n; ++i, g += ldg) {
+    V gv[OV];
+#pragma GCC unroll 4
+    for (int v = 0; v < OV; ++v) gv[v] = load(g + v * L);
+#pragma GCC unroll 24
+    for (int r = 0; r < NR; ++r)
+#pragma GCC unroll 3
+      for (int b = 0; b < KW; ++b) {
+        const V xv = broadcast(x[r] + i + b);
+#pragma GCC unroll 4
+        for (int v = 0; v < OV; ++v) acc[r * KW + b][v] += xv * gv[v];
+      }
+  }
+#pragma GCC unroll 24
+  for (int j = 0; j < NR * KW; ++j)
+#pragma GCC unroll 4
+    for (int v = 0; v < OV; ++v) {
+      float* o = out + j * ldo + v * L;
+      store(o, kAdd ? load(o) + acc[j][v] : acc[j][v]);
+    }
+}
+
 // correlate_block over `nvec` consecutive vectors of outputs (OB channels, rows ldy apart), in
 // blocks of three vectors and the rest in one block of two or one.
 inline void correlate_vectors(const float* x, int64_t plane, int64_t cin, const int64_t* shift,
@@ -89,5 +142,38 @@ inline void correlate_vectors(const float* x, int64_t plane, int64_t cin, const 
   else if (nvec - v == 1)
     correlate_block<1>(x + v * L, plane, cin, shift, taps, wb, y + v * L, ldy);
 }
+
+#if defined(__AVX512F__)
+// r[j] = column j of the 16 x 16 matrix whose row k is r[k]. Three rounds of shuffles: pairs of
+// rows, then quads (after which register 4g + c holds, in 128-bit lane l, column 4l + c of rows
+// 4g..4g+3), then the lanes regathered so that column 4l + c takes lane l of registers c, 4 + c,
+// 8 + c and 12 + c.
+inline void transpose16(__m512 r[16]) {
+  __m512 t[16];
+  for (int i = 0; i < 16; i += 2) {
+    t[i] = _mm512_unpacklo_ps(r[i], r[i + 1]);
+    t[i + 1] = _mm512_unpackhi_ps(r[i], r[i + 1]);
+  }
+  auto pd = [](__m512 v) { return _mm512_castps_pd(v); };
+  for (int i = 0; i < 16; i += 4) {
+    r[i] = _mm512_castpd_ps(_mm512_unpacklo_pd(pd(t[i]), pd(t[i + 2])));
+    r[i + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(pd(t[i]), pd(t[i + 2])));
+    r[i + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(pd(t[i + 1]), pd(t[i + 3])));
+    r[i + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(pd(t[i + 1]), pd(t[i + 3])));
+  }
+  for (int c = 0; c < 4; ++c) {
+    // u: columns c and 8 + c (rows 0-7), u8: the same of rows 8-15; v, v8: 4 + c and 12 + c.
+    const __m512 u = _mm512_shuffle_f32x4(r[c], r[4 + c], 0x88);
+    const __m512 v = _mm512_shuffle_f32x4(r[c], r[4 + c], 0xdd);
+    const __m512 u8 = _mm512_shuffle_f32x4(r[8 + c], r[12 + c], 0x88);
+    const __m512 v8 = _mm512_shuffle_f32x4(r[8 + c], r[12 + c], 0xdd);
+    t[c] = _mm512_shuffle_f32x4(u, u8, 0x88);
+    t[8 + c] = _mm512_shuffle_f32x4(u, u8, 0xdd);
+    t[4 + c] = _mm512_shuffle_f32x4(v, v8, 0x88);
+    t[12 + c] = _mm512_shuffle_f32x4(v, v8, 0xdd);
+  }
+  for (int k = 0; k < 16; ++k) r[k] = t[k];
+}
+#endif
 
 }  // namespace galley::kernels::cpu::conv_block

@@ -189,57 +189,6 @@ void correlate(const Plan& p, const std::vector<int64_t>& shift, const float* xb
   }
 }
 
-// GCC would carry the loads of weight_grad_block's rows over to the next step (the input at i + 1
-// is the next step's at i) through scalar registers and the stack, which costs more than the
-// broadcasts it saves.
-#if defined(__GNUC__) && !defined(__clang__)
-#define GALLEY_NO_PREDICTIVE_COMMONING __attribute__((optimize("no-predictive-commoning")))
-#else
-#define GALLEY_NO_PREDICTIVE_COMMONING
-#endif
-
-// The weight gradient's register block: NR x KW (input channel, tap) columns x OV vectors of
-// output channels, summed over every flat output q. gyT is the output gradient as [q][channel]
-// with zeros in the junk columns; xs[j] points at column j's input, already shifted by its tap.
-// The columns come in NR rows of KW whose inputs are consecutive (KW taps of one kernel row at
-// stride 1 and dilation 1), so that row r reads xs[r * KW] + b for its tap b; KW = 1 for any
-// columns. One pointer a row: the 24 columns of the 16-channel block would otherwise want more
-// pointers than there are registers, and reloading them from the stack every step costs a third
-// of the block's time.
-template <int OV, int NR, int KW>
-GALLEY_NO_PREDICTIVE_COMMONING void weight_grad_block(const float* gyT, int64_t ldg, int64_t q,
-                                                      const float* const* xs, float* out,
-                                                      int64_t ldo) {
-  V acc[NR * KW][OV];
-  const float* x[NR];
-#pragma GCC unroll 24
-  for (int r = 0; r < NR; ++r) x[r] = xs[r * KW];
-#pragma GCC unroll 24
-  for (int j = 0; j < NR * KW; ++j)
-#pragma GCC unroll 4
-    for (int v = 0; v < OV; ++v) acc[j][v] = V{};
-  for (int64_t i = 0; i < q; ++i, gyT += ldg) {
-    V g[OV];
-#pragma GCC unroll 4
-    for (int v = 0; v < OV; ++v) g[v] = load(gyT + v * L);
-#pragma GCC unroll 24
-    for (int r = 0; r < NR; ++r)
-#pragma GCC unroll 3
-      for (int b = 0; b < KW; ++b) {
-        const V xv = broadcast(x[r] + i + b);
-#pragma GCC unroll 4
-        for (int v = 0; v < OV; ++v) acc[r * KW + b][v] += xv * g[v];
-      }
-  }
-#pragma GCC unroll 24
-  for (int j = 0; j < NR * KW; ++j)
-#pragma GCC unroll 4
-    for (int v = 0; v < OV; ++v) {
-      float* o = out + j * ldo + v * L;
-      store(o, load(o) + acc[j][v]);
-    }
-}
-
 // Layout of the weight gradient's per-thread partial sums: [jp][op], column j = ci * taps + t,
 // output channels padded to whole register blocks (ov vectors each), columns to whole blocks of
 // nj.
@@ -301,48 +250,16 @@ void weight_grad(const Plan& p, const WeightGradLayout& lay, const std::vector<c
     constexpr int NJ = kWeightGradAcc / OV;
     if constexpr (NJ % 3 == 0 && NJ > 8) {
       if (rows_of_three)
-        return weight_grad_block<OV, NJ / 3, 3>(gyT + o0, lay.op, p.q(), xs.data() + j0,
-                                                part + j0 * lay.op + o0, lay.op);
+        return broadcast_block<OV, NJ / 3, 3, true>(gyT + o0, lay.op, p.q(), xs.data() + j0,
+                                                    part + j0 * lay.op + o0, lay.op);
     }
-    weight_grad_block<OV, NJ, 1>(gyT + o0, lay.op, p.q(), xs.data() + j0, part + j0 * lay.op + o0,
-                                 lay.op);
+    broadcast_block<OV, NJ, 1, true>(gyT + o0, lay.op, p.q(), xs.data() + j0,
+                                     part + j0 * lay.op + o0, lay.op);
   });
 }
 
 // gyT[q][o] = gy[o][oh][ow] at q = oh * pw + ow (widened); the junk columns and padded channels
 // stay zero. In tiles of 16 columns by every channel, so the rows of gyT being written stay in L1.
-#if defined(__AVX512F__)
-// r[j] = column j of the 16 x 16 matrix whose row k is r[k]. Three rounds of shuffles: pairs of
-// rows, then quads (after which register 4g + c holds, in 128-bit lane l, column 4l + c of rows
-// 4g..4g+3), then the lanes regathered so that column 4l + c takes lane l of registers c, 4 + c,
-// 8 + c and 12 + c.
-inline void transpose16(__m512 r[16]) {
-  __m512 t[16];
-  for (int i = 0; i < 16; i += 2) {
-    t[i] = _mm512_unpacklo_ps(r[i], r[i + 1]);
-    t[i + 1] = _mm512_unpackhi_ps(r[i], r[i + 1]);
-  }
-  auto pd = [](__m512 v) { return _mm512_castps_pd(v); };
-  for (int i = 0; i < 16; i += 4) {
-    r[i] = _mm512_castpd_ps(_mm512_unpacklo_pd(pd(t[i]), pd(t[i + 2])));
-    r[i + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(pd(t[i]), pd(t[i + 2])));
-    r[i + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(pd(t[i + 1]), pd(t[i + 3])));
-    r[i + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(pd(t[i + 1]), pd(t[i + 3])));
-  }
-  for (int c = 0; c < 4; ++c) {
-    // u: columns c and 8 + c (rows 0-7), u8: the same of rows 8-15; v, v8: 4 + c and 12 + c.
-    const __m512 u = _mm512_shuffle_f32x4(r[c], r[4 + c], 0x88);
-    const __m512 v = _mm512_shuffle_f32x4(r[c], r[4 + c], 0xdd);
-    const __m512 u8 = _mm512_shuffle_f32x4(r[8 + c], r[12 + c], 0x88);
-    const __m512 v8 = _mm512_shuffle_f32x4(r[8 + c], r[12 + c], 0xdd);
-    t[c] = _mm512_shuffle_f32x4(u, u8, 0x88);
-    t[8 + c] = _mm512_shuffle_f32x4(u, u8, 0xdd);
-    t[4 + c] = _mm512_shuffle_f32x4(v, v8, 0x88);
-    t[12 + c] = _mm512_shuffle_f32x4(v, v8, 0xdd);
-  }
-  for (int k = 0; k < 16; ++k) r[k] = t[k];
-}
-#endif
 
 template <typename T>
 void transpose_grad(const Plan& p, int64_t op, const T* gy, float* gyT) {

@@ -17,18 +17,6 @@
 
 namespace galley::kernels::cpu {
 
-#if defined(__AVX512F__)
-namespace {
-// A plane narrower than 13 has at most 6 tiles a row, so the transforms keep at most 6 of their 16
-// lanes busy; that pays where the products, c * o a tile against c + o for the transforms, weigh
-// enough: vgg's 64->128 layer on 8x8 (c o / (c + o) = 43) ran 1.56x forward at 1 thread and 1.33x
-// at 2 (the input gradient 1.07x and 1.0x), resnet's 64->64 on 7x7 (32) 0.93x-1.08x.
-bool narrow_plane_pays(const Conv2dGeometry& g) {
-  return g.c * g.o >= 40 * (g.c + g.o);
-}
-}  // namespace
-#endif
-
 bool conv2d_winograd_applies(const Conv2dGeometry& g, DType dtype) {
 #if defined(__AVX512F__)
   // A bfloat16 convolution on the host's bfloat16 kernels keeps to the direct path; any other
@@ -36,7 +24,7 @@ bool conv2d_winograd_applies(const Conv2dGeometry& g, DType dtype) {
   const bool float32_sums = dtype == DType::Float32 || dtype == DType::Float16 ||
                             (dtype == DType::BFloat16 && bf16_kernels() == Bf16Kernels::Widened);
   return float32_sums && g.kh == 3 && g.kw == 3 && g.stride == 1 && g.pad == 1 && g.dilation == 1 &&
-         g.groups == 1 && g.c >= 16 && g.o >= 16 && (g.w >= 13 || narrow_plane_pays(g));
+         g.groups == 1 && g.c >= 16 && g.o >= 16;
 #else
   (void)g, (void)dtype;
   return false;
@@ -77,30 +65,59 @@ struct Plan {
   }
 };
 
-// U[k][block][ci][OB], the kernels transformed, G g G^T, with G = [1 0 0; 1/2 1/2 1/2;
-// 1/2 -1/2 1/2; 0 0 1]: position k = 4 r + c for output channel block * OB + o (zero past cout)
-// and input channel ci. at(co, ci, t) gives tap t of the kernel, row-major.
+// The 16 values of G g G^T for one 3x3 kernel g (taps row-major), position k = 4 r + c, with
+// G = [1 0 0; 1/2 1/2 1/2; 1/2 -1/2 1/2; 0 0 1].
+void transform_kernel(const float g[9], float u[16]) {
+  float gg[4][3];
+  for (int c = 0; c < 3; ++c) {
+    gg[0][c] = g[c];
+    gg[1][c] = 0.5f * (g[c] + g[3 + c] + g[6 + c]);
+    gg[2][c] = 0.5f * (g[c] - g[3 + c] + g[6 + c]);
+    gg[3][c] = g[6 + c];
+  }
+  for (int r = 0; r < 4; ++r) {
+    u[4 * r] = gg[r][0];
+    u[4 * r + 1] = 0.5f * (gg[r][0] + gg[r][1] + gg[r][2]);
+    u[4 * r + 2] = 0.5f * (gg[r][0] - gg[r][1] + gg[r][2]);
+    u[4 * r + 3] = gg[r][2];
+  }
+}
+
+// The transformed kernels of `cout` x `cin` (at(co, ci, t) gives tap t, row-major), each position
+// k of output co and input ci stored at u[index(k, co, ci)] of a zeroed array of n floats.
+// Each kernel is transformed into a [cout][cin][16] array first, then each position k is copied
+// out: the 16 positions of a kernel lie a multiple of 4 KiB apart in both layouts (64 x 64
+// channels: 16 KiB), and writing them together would keep evicting one set of the L1 cache.
+template <typename At, typename Index>
+void transform_weights(int64_t cout, int64_t cin, At at, size_t n, Index index,
+                       std::vector<float>& u) {
+  std::vector<float> t(size_t(cout * cin * 16));
+  parallel_for(cout, std::max<int64_t>(1, 1024 / std::max<int64_t>(cin, 1)),
+               [&](int64_t o0, int64_t o1) {
+                 for (int64_t co = o0; co < o1; ++co)
+                   for (int64_t ci = 0; ci < cin; ++ci) {
+                     float g[9];
+                     for (int k = 0; k < 9; ++k) g[k] = at(co, ci, k);
+                     transform_kernel(g, &t[size_t((co * cin + ci) * 16)]);
+                   }
+               });
+  u.assign(n, 0.f);
+  for (int k = 0; k < 16; ++k)
+    for (int64_t ci = 0; ci < cin; ++ci)
+      for (int64_t co = 0; co < cout; ++co)
+        u[index(k, co, ci)] = t[size_t((co * cin + ci) * 16 + k)];
+}
+
+// U[k][block][ci][OB] for the tiled path: output channel block * OB + o (zero past cout).
 template <typename At>
 void transform_weights(const Plan& p, At at, std::vector<float>& u) {
   const int64_t blocks = p.coutp() / OB;
-  u.assign(size_t(16 * blocks * p.cin * OB), 0.f);
-  for (int64_t co = 0; co < p.cout; ++co)
-    for (int64_t ci = 0; ci < p.cin; ++ci) {
-      float g[3][3], gg[4][3];
-      for (int t = 0; t < 9; ++t) g[t / 3][t % 3] = at(co, ci, t);
-      for (int c = 0; c < 3; ++c) {
-        gg[0][c] = g[0][c];
-        gg[1][c] = 0.5f * (g[0][c] + g[1][c] + g[2][c]);
-        gg[2][c] = 0.5f * (g[0][c] - g[1][c] + g[2][c]);
-        gg[3][c] = g[2][c];
-      }
-      for (int r = 0; r < 4; ++r) {
-        const float row[4] = {gg[r][0], 0.5f * (gg[r][0] + gg[r][1] + gg[r][2]),
-                              0.5f * (gg[r][0] - gg[r][1] + gg[r][2]), gg[r][2]};
-        for (int c = 0; c < 4; ++c)
-          u[size_t((((r * 4 + c) * blocks + co / OB) * p.cin + ci) * OB + co % OB)] = row[c];
-      }
-    }
+  transform_weights(
+      p.cout, p.cin, at, size_t(16 * blocks * p.cin * OB),
+      [&](int k, int64_t co, int64_t ci) {
+        return size_t(((k * blocks + co / OB) * p.cin + ci) * OB + co % OB);
+      },
+      u);
 }
 
 inline V as_v(__m512 v) {
@@ -231,6 +248,204 @@ void transform_output(const Plan& p, const float* m, int64_t tp, int64_t t0, con
   }
 }
 
+// Narrow planes (under 13 wide: at most 6 tiles a row) with the lanes across channels instead of
+// tiles, which would leave most lanes of the transforms idle: each image is copied channel-last
+// into a bordered buffer (16 x 16 transposes), the input transform takes a vector of 16 channels
+// of one tile at a time, the products broadcast a tile's transformed input channel against
+// vectors of 16 output channels, and the output transform's vectors of output channels are
+// transposed back into the planes. The transforms are the tiled path's, in its order, so the
+// results have its bits.
+struct NarrowPlan {
+  int64_t cin, h, w, cout;
+  int64_t th() const { return (h + 1) / 2; }
+  int64_t tw() const { return (w + 1) / 2; }
+  int64_t tiles() const { return th() * tw(); }
+  int64_t cp() const { return round_up(cin, L); }  // channels padded to whole vectors
+  int64_t op() const { return round_up(cout, L); }
+  int64_t bw() const { return 2 * tw() + 2; }  // the bordered buffer's columns ...
+  int64_t bordered() const { return (2 * th() + 2) * bw() * cp(); }  // ... and floats
+  // Images a chunk takes: at least 48 tiles (eight blocks of six), so that few blocks are short.
+  int64_t images(int64_t n) const {
+    return std::min(n, std::max<int64_t>(1, (48 + tiles() - 1) / tiles()));
+  }
+  // The distance between the 16 positions' planes of nt tiles of `width` floats (cp or op), one
+  // vector more than they hold: a whole number of 4 KiB pages apart (48 tiles of 64 channels
+  // are three), the 16 stores of a tile's transform would all fall in one set of the L1 cache.
+  static int64_t ldk(int64_t nt, int64_t width) { return nt * width + L; }
+};
+
+// The image's planes into the interior of the channel-last bordered buffer xb[row][column][cp]
+// (bordered row r + 1 and column j + 1 for input row r and column j; padded channels zero).
+template <typename T>
+void fill_channels_last(const NarrowPlan& p, const T* x, float* xb) {
+  const int64_t bw = p.bw(), cp = p.cp();
+  const __mmask16 m = lanes(p.w);
+  for (int64_t c0 = 0; c0 < p.cin; c0 += L)
+    for (int64_t r = 0; r < p.h; ++r) {
+      __m512 v[16];
+      for (int64_t k = 0; k < L; ++k)
+        v[k] =
+            c0 + k < p.cin ? load_as_f32(x + ((c0 + k) * p.h + r) * p.w, m) : _mm512_setzero_ps();
+      transpose16(v);
+      float* dst = xb + ((r + 1) * bw + 1) * cp + c0;
+      for (int64_t j = 0; j < p.w; ++j) _mm512_storeu_ps(dst + j * cp, v[j]);
+    }
+}
+
+// v[k * ldk + (t0 + t) * cp + c] = position k of B^T d B for tile t of the image in xb, channel c
+// (ldk = NarrowPlan::ldk(nt, cp)).
+void transform_input_narrow(const NarrowPlan& p, const float* xb, float* v, int64_t nt,
+                            int64_t t0) {
+  const int64_t bw = p.bw(), cp = p.cp(), tw = p.tw(), ldk = NarrowPlan::ldk(nt, cp);
+  for (int64_t i = 0; i < p.th(); ++i)
+    for (int64_t j = 0; j < tw; ++j) {
+      const float* src = xb + (2 * i * bw + 2 * j) * cp;
+      float* dst = v + (t0 + i * tw + j) * cp;
+      for (int64_t c = 0; c < p.cin; c += L) {
+        V h[4][4];  // each row of the tile through B^T, as the tiled path's row()
+        for (int r = 0; r < 4; ++r) {
+          const float* row = src + r * bw * cp + c;
+          const V d0 = load(row), d1 = load(row + cp), d2 = load(row + 2 * cp),
+                  d3 = load(row + 3 * cp);
+          h[r][0] = d0 - d2;
+          h[r][1] = d1 + d2;
+          h[r][2] = d2 - d1;
+          h[r][3] = d1 - d3;
+        }
+        for (int b = 0; b < 4; ++b) {  // ... and the columns, as its put()
+          store(dst + (0 + b) * ldk + c, h[0][b] - h[2][b]);
+          store(dst + (4 + b) * ldk + c, h[1][b] + h[2][b]);
+          store(dst + (8 + b) * ldk + c, h[2][b] - h[1][b]);
+          store(dst + (12 + b) * ldk + c, h[1][b] - h[3][b]);
+        }
+      }
+    }
+}
+
+// m[t][o] = sum over c < cin of v[t][c] * u[c][o] for NT tiles (rows cp apart) and OV vectors of
+// output channels (u's rows op apart).
+template <int NT, int OV>
+void multiply_narrow_block(const float* v, int64_t cp, int64_t cin, const float* u, int64_t op,
+                           float* m) {
+  const float* vt[NT];
+  for (int t = 0; t < NT; ++t) vt[t] = v + t * cp;
+  broadcast_block<OV, NT, 1, false>(u, op, cin, vt, m, op);
+}
+
+template <int OV>
+void multiply_narrow_tiles(int64_t nt, const float* v, int64_t cp, int64_t cin, const float* u,
+                           int64_t op, float* m) {
+  constexpr int NT = 6;  // with 4 vectors of outputs, 24 accumulators
+  int64_t t = 0;
+  for (; t + NT <= nt; t += NT)
+    multiply_narrow_block<NT, OV>(v + t * cp, cp, cin, u, op, m + t * op);
+  switch (nt - t) {
+    case 5:
+      return multiply_narrow_block<5, OV>(v + t * cp, cp, cin, u, op, m + t * op);
+    case 4:
+      return multiply_narrow_block<4, OV>(v + t * cp, cp, cin, u, op, m + t * op);
+    case 3:
+      return multiply_narrow_block<3, OV>(v + t * cp, cp, cin, u, op, m + t * op);
+    case 2:
+      return multiply_narrow_block<2, OV>(v + t * cp, cp, cin, u, op, m + t * op);
+    case 1:
+      return multiply_narrow_block<1, OV>(v + t * cp, cp, cin, u, op, m + t * op);
+  }
+}
+
+// m[k][t][o] = sum over c of v[k][t][c] * u[k][c][o] for the 16 positions k and nt tiles.
+void multiply_narrow(const NarrowPlan& p, const float* u, const float* v, int64_t nt, float* m) {
+  const int64_t cp = p.cp(), op = p.op();
+  for (int k = 0; k < 16; ++k) {
+    const float* vk = v + k * NarrowPlan::ldk(nt, cp);
+    const float* uk = u + k * cp * op;
+    float* mk = m + k * NarrowPlan::ldk(nt, op);
+    for (int64_t o0 = 0; o0 < op; o0 += 4 * L) {
+      switch (std::min<int64_t>(4, (op - o0) / L)) {
+        case 4:
+          multiply_narrow_tiles<4>(nt, vk, cp, p.cin, uk + o0, op, mk + o0);
+          break;
+        case 3:
+          multiply_narrow_tiles<3>(nt, vk, cp, p.cin, uk + o0, op, mk + o0);
+          break;
+        case 2:
+          multiply_narrow_tiles<2>(nt, vk, cp, p.cin, uk + o0, op, mk + o0);
+          break;
+        default:
+          multiply_narrow_tiles<1>(nt, vk, cp, p.cin, uk + o0, op, mk + o0);
+          break;
+      }
+    }
+  }
+}
+
+// y[co][2i + a][2j + b] (+ bias[co]) = A^T m A for the tiles of one image (the first at t0 of
+// m's nt), through the channel-last scratch yb[2 th][2 tw][op], transposed back into the planes.
+template <typename T>
+void transform_output_narrow(const NarrowPlan& p, const float* m, int64_t nt, int64_t t0,
+                             const float* bias, float* yb, T* y) {
+  const int64_t op = p.op(), tw = p.tw(), yw = 2 * tw, ldk = NarrowPlan::ldk(nt, op);
+  for (int64_t i = 0; i < p.th(); ++i)
+    for (int64_t j = 0; j < tw; ++j) {
+      const float* src = m + (t0 + i * tw + j) * op;
+      float* dst = yb + (2 * i * yw + 2 * j) * op;
+      for (int64_t o = 0; o < p.cout; o += L) {
+        V s[4][2];
+        for (int a = 0; a < 4; ++a) {
+          const V m0 = load(src + (4 * a) * ldk + o), m1 = load(src + (4 * a + 1) * ldk + o),
+                  m2 = load(src + (4 * a + 2) * ldk + o), m3 = load(src + (4 * a + 3) * ldk + o);
+          s[a][0] = m0 + m1 + m2;
+          s[a][1] = m1 - m2 - m3;
+        }
+        store(dst + o, s[0][0] + s[1][0] + s[2][0]);
+        store(dst + op + o, s[0][1] + s[1][1] + s[2][1]);
+        store(dst + yw * op + o, s[1][0] - s[2][0] - s[3][0]);
+        store(dst + (yw + 1) * op + o, s[1][1] - s[2][1] - s[3][1]);
+      }
+    }
+  const __mmask16 mw = lanes(p.w);
+  for (int64_t o0 = 0; o0 < p.cout; o0 += L)
+    for (int64_t r = 0; r < p.h; ++r) {
+      __m512 v[16];
+      for (int64_t j = 0; j < L; ++j)
+        v[j] = j < p.w ? _mm512_loadu_ps(yb + (r * yw + j) * op + o0) : _mm512_setzero_ps();
+      transpose16(v);
+      for (int64_t c = 0; c < L && o0 + c < p.cout; ++c) {
+        const V b = splat(bias ? bias[o0 + c] : 0.f);
+        store_from_f32(y + ((o0 + c) * p.h + r) * p.w, as_m(as_v(v[c]) + b), mw);
+      }
+    }
+}
+
+// winograd() for narrow planes.
+template <typename T, typename At>
+void winograd_narrow(const NarrowPlan& p, int64_t n, const T* x, At at, const float* bias, T* y) {
+  if (n == 0 || p.tiles() == 0) return;  // an empty output
+  const int64_t cp = p.cp(), op = p.op(), tiles = p.tiles();
+  std::vector<float> u;  // U[k][ci][co], zero past cin and cout
+  transform_weights(
+      p.cout, p.cin, at, size_t(16 * cp * op),
+      [&](int k, int64_t co, int64_t ci) { return size_t((k * cp + ci) * op + co); }, u);
+  parallel_chunks(n, p.images(n), [&](int64_t n0, int64_t n1, bool first) {
+    const int64_t nt = (n1 - n0) * tiles;
+    float* xb = thread_scratch(0, size_t(p.bordered()));
+    float* v = thread_scratch(1, size_t(16 * NarrowPlan::ldk(nt, cp)));
+    float* m = thread_scratch(2, size_t(16 * NarrowPlan::ldk(nt, op)));
+    float* yb = thread_scratch(3, size_t(4 * tiles * op));
+    if (first) std::fill_n(xb, p.bordered(), 0.f);  // the border stays zero
+    for (int64_t i = n0; i < n1; ++i) {
+      fill_channels_last(p, x + i * p.cin * p.h * p.w, xb);
+      transform_input_narrow(p, xb, v, nt, (i - n0) * tiles);
+    }
+    multiply_narrow(p, u.data(), v, nt, m);
+    for (int64_t i = n0; i < n1; ++i)
+      transform_output_narrow(p, m, nt, (i - n0) * tiles, bias, yb, y + i * p.cout * p.h * p.w);
+  });
+}
+
+// Planes narrower than this take the channel-last form (a row has at most 6 tiles).
+constexpr int64_t kNarrowPlane = 13;
+
 // y[n][cout][h][w] = the correlation of x[n][cin][h][w] with the kernels `at` gives (+ bias),
 // chunks of images transformed, multiplied and transformed back on each thread.
 template <typename T, typename At>
@@ -264,10 +479,12 @@ void conv2d_winograd_forward(const Conv2dGeometry& g, const void* x, const float
 #if defined(__AVX512F__)
   dispatch_floating(dtype, "conv2d", [&](auto tag) {
     using T = typename decltype(tag)::type;
-    winograd(
-        Plan{g.c, g.h, g.w, g.o}, g.n, static_cast<const T*>(x),
-        [&](int64_t co, int64_t ci, int64_t t) { return w[(co * g.c + ci) * 9 + t]; }, b,
-        static_cast<T*>(y));
+    auto at = [&](int64_t co, int64_t ci, int64_t t) { return w[(co * g.c + ci) * 9 + t]; };
+    if (g.w < kNarrowPlane)
+      winograd_narrow(NarrowPlan{g.c, g.h, g.w, g.o}, g.n, static_cast<const T*>(x), at, b,
+                      static_cast<T*>(y));
+    else
+      winograd(Plan{g.c, g.h, g.w, g.o}, g.n, static_cast<const T*>(x), at, b, static_cast<T*>(y));
   });
 #else
   (void)x, (void)w, (void)b, (void)y, (void)dtype;
@@ -282,10 +499,13 @@ void conv2d_winograd_input_grad(const Conv2dGeometry& g, const float* w, const v
   // swapped: output channel ci (an input channel of the convolution) from input channel o.
   dispatch_floating(dtype, "conv2d_backward", [&](auto tag) {
     using T = typename decltype(tag)::type;
-    winograd(
-        Plan{g.o, g.h, g.w, g.c}, g.n, static_cast<const T*>(gy),
-        [&](int64_t ci, int64_t o, int64_t t) { return w[(o * g.c + ci) * 9 + (8 - t)]; }, nullptr,
-        static_cast<T*>(gx));
+    auto at = [&](int64_t ci, int64_t o, int64_t t) { return w[(o * g.c + ci) * 9 + (8 - t)]; };
+    if (g.w < kNarrowPlane)
+      winograd_narrow(NarrowPlan{g.o, g.h, g.w, g.c}, g.n, static_cast<const T*>(gy), at, nullptr,
+                      static_cast<T*>(gx));
+    else
+      winograd(Plan{g.o, g.h, g.w, g.c}, g.n, static_cast<const T*>(gy), at, nullptr,
+               static_cast<T*>(gx));
   });
 #else
   (void)w, (void)gy, (void)gx, (void)dtype;

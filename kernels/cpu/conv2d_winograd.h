@@ -8,11 +8,16 @@
 // with position k of every kernel's: 16 independent products [out channels x in channels] x
 // [in channels x tiles], run on the direct path's register block (cpu/conv2d_block.h) with tiles
 // across the vector lanes. The output transform, A^T m A, turns each tile's 16 sums into its 2x2
-// outputs. The transforms' coefficients are 0, +-1 and +-1/2, so on inputs whose products and sums
-// are exact in float (small integers, weights in quarters) the result has the im2col path's
-// bits; on others it differs from a direct sum by a few units in the last place of the largest
-// terms. The input gradient of such a convolution is another one (the output gradient against
-// the flipped, transposed kernel) and runs here too; the weight gradient stays on the direct path.
+// outputs. Planes narrower than 13 (at most 6 tiles a row, which would leave most lanes of the
+// transforms idle) run with channels across the lanes instead: each image copied channel-last
+// into a bordered buffer, the transforms on vectors of 16 channels of one tile, the products a
+// tile's input channel broadcast against vectors of 16 output channels, and the outputs
+// transposed back into planes; the same transforms in the same order, so the same bits. The
+// transforms' coefficients are 0, +-1 and +-1/2, so on inputs whose products and sums are exact in
+// float (small integers, weights in quarters) the result has the im2col path's bits; on others it
+// differs from a direct sum by a few units in the last place of the largest terms. The input
+// gradient of such a convolution is another one (the output gradient against the flipped,
+// transposed kernel) and runs here too; the weight gradient stays on the direct path.
 #include "kernels/conv2d.h"
 
 namespace galley::kernels::cpu {
@@ -20,11 +25,8 @@ namespace galley::kernels::cpu {
 // Whether conv2d_forward / conv2d_backward take this path for `g` (the input gradient only): a
 // 3x3 convolution computed in float32 (float32 or float16 data, or bfloat16 where
 // cpu/conv2d_direct.h's bf16_kernels() is Widened) with stride 1, padding 1, no dilation and one
-// group, in a build for AVX-512 hosts, with at least 16 input and output channels and planes at
-// least 13 wide, or narrower ones with many channels (c o >= 40 (c + o), as vgg's 64->128 on
-// 8x8). Fewer channels leave the transforms' cost unpaid; narrower planes have too few tiles a
-// row for the transforms' vectors (4 of 16 lanes on 7x7), and with fewer channels there (resnet's
-// 64->64 on 7x7) the direct path was as fast or faster.
+// group, in a build for AVX-512 hosts, with at least 16 input and output channels (fewer leave
+// the transforms' cost unpaid).
 bool conv2d_winograd_applies(const Conv2dGeometry& g, DType dtype = DType::Float32);
 
 // y = conv(x, w) (+ b) and gx = the input gradient from gy, for any geometry of a 3x3
