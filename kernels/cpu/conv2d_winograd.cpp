@@ -102,10 +102,13 @@ void transform_weights(int64_t cout, int64_t cin, At at, size_t n, Index index,
                    }
                });
   u.assign(n, 0.f);
-  for (int k = 0; k < 16; ++k)
-    for (int64_t ci = 0; ci < cin; ++ci)
-      for (int64_t co = 0; co < cout; ++co)
-        u[index(k, co, ci)] = t[size_t((co * cin + ci) * 16 + k)];
+  parallel_for(16, std::max<int64_t>(1, 16384 / std::max<int64_t>(cout * cin, 1)),
+               [&](int64_t k0, int64_t k1) {
+                 for (int64_t k = k0; k < k1; ++k)
+                   for (int64_t ci = 0; ci < cin; ++ci)
+                     for (int64_t co = 0; co < cout; ++co)
+                       u[index(int(k), co, ci)] = t[size_t((co * cin + ci) * 16 + k)];
+               });
 }
 
 // U[k][block][ci][OB] for the tiled path: output channel block * OB + o (zero past cout).
