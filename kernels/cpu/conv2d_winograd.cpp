@@ -49,6 +49,13 @@ void check_geometry(const Conv2dGeometry& g, const char* what) {
 #if defined(__AVX512F__)
 using namespace conv_block;  // 16 lanes, blocks of 8 output channels
 
+// The distance between the 16 positions' planes of transformed values (or of products) of
+// `floats` each: one vector more. A whole number of 4 KiB pages apart (vgg's 32 channels of 256
+// tiles: eight), the 16 stores of a tile's transform would all fall in one set of the L1 cache.
+inline int64_t position_stride(int64_t floats) {
+  return floats + L;
+}
+
 // One correlation: `cin` planes of h x w against 3x3 kernels at padding 1, giving `cout` planes
 // of h x w, computed on 2x2 output tiles (the last row and column of tiles hang over an odd
 // edge; what falls outside is not written).
@@ -204,11 +211,11 @@ void multiply(const Plan& p, const float* u, const float* v, int64_t tp, float* 
   static const int64_t no_shift = 0;
   const int64_t blocks = p.coutp() / OB, nvec = tp / L;
   for (int k = 0; k < 16; ++k) {
-    const float* vk = v + k * p.cin * tp;
+    const float* vk = v + k * position_stride(p.cin * tp);
+    float* mk = m + k * position_stride(p.coutp() * tp);
     for (int64_t cb = 0; cb < blocks; ++cb) {
       const float* ub = u + (k * blocks + cb) * p.cin * OB;
-      correlate_vectors(vk, tp, p.cin, &no_shift, 1, ub, m + (k * p.coutp() + cb * OB) * tp, tp,
-                        nvec);
+      correlate_vectors(vk, tp, p.cin, &no_shift, 1, ub, mk + cb * OB * tp, tp, nvec);
     }
   }
 }
@@ -222,7 +229,7 @@ void transform_output(const Plan& p, const float* m, int64_t tp, int64_t t0, con
       _mm512_setr_epi32(0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23);
   const __m512i second_half =
       _mm512_setr_epi32(8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31);
-  const int64_t tw = p.tw(), ldk = p.coutp() * tp;
+  const int64_t tw = p.tw(), ldk = position_stride(p.coutp() * tp);
   for (int64_t co = 0; co < p.cout; ++co) {
     const V vb = splat(bias ? bias[co] : 0.f);
     const float* mc = m + co * tp + t0;
@@ -271,10 +278,6 @@ struct NarrowPlan {
   int64_t images(int64_t n) const {
     return std::min(n, std::max<int64_t>(1, (48 + tiles() - 1) / tiles()));
   }
-  // The distance between the 16 positions' planes of nt tiles of `width` floats (cp or op), one
-  // vector more than they hold: a whole number of 4 KiB pages apart (48 tiles of 64 channels
-  // are three), the 16 stores of a tile's transform would all fall in one set of the L1 cache.
-  static int64_t ldk(int64_t nt, int64_t width) { return nt * width + L; }
 };
 
 // The image's planes into the interior of the channel-last bordered buffer xb[row][column][cp]
@@ -296,10 +299,10 @@ void fill_channels_last(const NarrowPlan& p, const T* x, float* xb) {
 }
 
 // v[k * ldk + (t0 + t) * cp + c] = position k of B^T d B for tile t of the image in xb, channel c
-// (ldk = NarrowPlan::ldk(nt, cp)).
+// (ldk = position_stride(nt * cp)).
 void transform_input_narrow(const NarrowPlan& p, const float* xb, float* v, int64_t nt,
                             int64_t t0) {
-  const int64_t bw = p.bw(), cp = p.cp(), tw = p.tw(), ldk = NarrowPlan::ldk(nt, cp);
+  const int64_t bw = p.bw(), cp = p.cp(), tw = p.tw(), ldk = position_stride(nt * cp);
   for (int64_t i = 0; i < p.th(); ++i)
     for (int64_t j = 0; j < tw; ++j) {
       const float* src = xb + (2 * i * bw + 2 * j) * cp;
@@ -360,9 +363,9 @@ void multiply_narrow_tiles(int64_t nt, const float* v, int64_t cp, int64_t cin, 
 void multiply_narrow(const NarrowPlan& p, const float* u, const float* v, int64_t nt, float* m) {
   const int64_t cp = p.cp(), op = p.op();
   for (int k = 0; k < 16; ++k) {
-    const float* vk = v + k * NarrowPlan::ldk(nt, cp);
+    const float* vk = v + k * position_stride(nt * cp);
     const float* uk = u + k * cp * op;
-    float* mk = m + k * NarrowPlan::ldk(nt, op);
+    float* mk = m + k * position_stride(nt * op);
     for (int64_t o0 = 0; o0 < op; o0 += 4 * L) {
       switch (std::min<int64_t>(4, (op - o0) / L)) {
         case 4:
@@ -387,7 +390,7 @@ void multiply_narrow(const NarrowPlan& p, const float* u, const float* v, int64_
 template <typename T>
 void transform_output_narrow(const NarrowPlan& p, const float* m, int64_t nt, int64_t t0,
                              const float* bias, float* yb, T* y) {
-  const int64_t op = p.op(), tw = p.tw(), yw = 2 * tw, ldk = NarrowPlan::ldk(nt, op);
+  const int64_t op = p.op(), tw = p.tw(), yw = 2 * tw, ldk = position_stride(nt * op);
   for (int64_t i = 0; i < p.th(); ++i)
     for (int64_t j = 0; j < tw; ++j) {
       const float* src = m + (t0 + i * tw + j) * op;
@@ -432,8 +435,8 @@ void winograd_narrow(const NarrowPlan& p, int64_t n, const T* x, At at, const fl
   parallel_chunks(n, p.images(n), [&](int64_t n0, int64_t n1, bool first) {
     const int64_t nt = (n1 - n0) * tiles;
     float* xb = thread_scratch(0, size_t(p.bordered()));
-    float* v = thread_scratch(1, size_t(16 * NarrowPlan::ldk(nt, cp)));
-    float* m = thread_scratch(2, size_t(16 * NarrowPlan::ldk(nt, op)));
+    float* v = thread_scratch(1, size_t(16 * position_stride(nt * cp)));
+    float* m = thread_scratch(2, size_t(16 * position_stride(nt * op)));
     float* yb = thread_scratch(3, size_t(4 * tiles * op));
     if (first) std::fill_n(xb, p.bordered(), 0.f);  // the border stays zero
     for (int64_t i = n0; i < n1; ++i) {
@@ -459,14 +462,19 @@ void winograd(const Plan& p, int64_t n, const T* x, At at, const float* bias, T*
   const int64_t plane = p.h * p.w, tiles = p.tiles();
   parallel_chunks(n, p.images(n), [&](int64_t n0, int64_t n1, bool) {
     const int64_t t = (n1 - n0) * tiles, tp = round_up(t, L);
-    float* v = thread_scratch(0, size_t(16 * p.cin * tp));
+    const int64_t ldv = position_stride(p.cin * tp);
+    float* v = thread_scratch(0, size_t(16 * ldv));
     // The output transform's last vectors read up to a vector past the last row of m.
-    float* m = thread_scratch(1, size_t(16 * p.coutp() * tp + L));
+    float* m = thread_scratch(1, size_t(16 * position_stride(p.coutp() * tp) + L));
     // The lanes past the chunk's tiles: zeros, so that their products stay finite.
-    for (int64_t r = 0; r < 16 * p.cin; ++r) std::fill(v + r * tp + t, v + (r + 1) * tp, 0.f);
+    for (int k = 0; k < 16; ++k)
+      for (int64_t c = 0; c < p.cin; ++c) {
+        float* row = v + k * ldv + c * tp;
+        std::fill(row + t, row + tp, 0.f);
+      }
     for (int64_t i = n0; i < n1; ++i)
       for (int64_t c = 0; c < p.cin; ++c)
-        transform_input(p, x + (i * p.cin + c) * plane, v + c * tp, p.cin * tp, (i - n0) * tiles);
+        transform_input(p, x + (i * p.cin + c) * plane, v + c * tp, ldv, (i - n0) * tiles);
     multiply(p, u.data(), v, tp, m);
     for (int64_t i = n0; i < n1; ++i)
       transform_output(p, m, tp, (i - n0) * tiles, bias, y + i * p.cout * plane);
