@@ -87,7 +87,7 @@ template <typename T, typename D>
 void fill_interior(const Plan& p, const T* src, D* dst) {
   if (p.s > 1) {
     // Per column phase b: the first input column it takes (j0, then every s-th), where that
-    // lands in the phase's row, and how many it takes; b = -1 where the phase takes none.
+    // lands in the phase's row, and how many it takes (none where j0 is past the row).
     const int64_t s = p.s, cols = p.phase_cols(), size = p.phase_size(), pw = p.pw();
     const int64_t plane = p.plane(), row_phases = p.phase_rows();
     int64_t j0[kMaxStride], at[kMaxStride], count[kMaxStride];
@@ -242,9 +242,9 @@ void for_weight_grad_blocks(const WeightGradLayout& lay, Block block) {
 // part[j][o] += sum over q of gyT[q][o] * xs[j][q] (xs from column_inputs).
 void weight_grad(const Plan& p, const WeightGradLayout& lay, const std::vector<const float*>& xs,
                  const float* gyT, float* part) {
-  // 3-tap kernel rows at consecutive inputs, blocks of whole rows (nj a multiple of 3), and more
-  // columns than the registers hold pointers for: one pointer a row.
-  const bool rows_of_three = p.s == 1 && p.d == 1 && p.kw == 3 && lay.nj % 3 == 0 && lay.nj > 8;
+  // 3-tap kernel rows at consecutive inputs: one pointer a row, where the blocks hold whole rows
+  // (NJ a multiple of 3) and more columns than the registers hold pointers for.
+  const bool rows_of_three = p.s == 1 && p.d == 1 && p.kw == 3;
   for_weight_grad_blocks(lay, [&](auto ov, int64_t o0, int64_t j0) {
     constexpr int OV = decltype(ov)::value;
     constexpr int NJ = kWeightGradAcc / OV;

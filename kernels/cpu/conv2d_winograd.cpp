@@ -265,16 +265,13 @@ void transform_output(const Plan& p, const float* m, int64_t tp, int64_t t0, con
 // vectors of 16 output channels, and the output transform's vectors of output channels are
 // transposed back into the planes. The transforms are the tiled path's, in its order, so the
 // results have its bits.
-struct NarrowPlan {
-  int64_t cin, h, w, cout;
-  int64_t th() const { return (h + 1) / 2; }
-  int64_t tw() const { return (w + 1) / 2; }
-  int64_t tiles() const { return th() * tw(); }
+struct NarrowPlan : Plan {
   int64_t cp() const { return round_up(cin, L); }  // channels padded to whole vectors
   int64_t op() const { return round_up(cout, L); }
   int64_t bw() const { return 2 * tw() + 2; }  // the bordered buffer's columns ...
   int64_t bordered() const { return (2 * th() + 2) * bw() * cp(); }  // ... and floats
-  // Images a chunk takes: at least 48 tiles (eight blocks of six), so that few blocks are short.
+  // Images a chunk takes (in place of Plan's): at least 48 tiles (eight blocks of six), so that
+  // few blocks are short.
   int64_t images(int64_t n) const {
     return std::min(n, std::max<int64_t>(1, (48 + tiles() - 1) / tiles()));
   }
@@ -492,7 +489,7 @@ void conv2d_winograd_forward(const Conv2dGeometry& g, const void* x, const float
     using T = typename decltype(tag)::type;
     auto at = [&](int64_t co, int64_t ci, int64_t t) { return w[(co * g.c + ci) * 9 + t]; };
     if (g.w < kNarrowPlane)
-      winograd_narrow(NarrowPlan{g.c, g.h, g.w, g.o}, g.n, static_cast<const T*>(x), at, b,
+      winograd_narrow(NarrowPlan{{g.c, g.h, g.w, g.o}}, g.n, static_cast<const T*>(x), at, b,
                       static_cast<T*>(y));
     else
       winograd(Plan{g.c, g.h, g.w, g.o}, g.n, static_cast<const T*>(x), at, b, static_cast<T*>(y));
@@ -512,7 +509,7 @@ void conv2d_winograd_input_grad(const Conv2dGeometry& g, const float* w, const v
     using T = typename decltype(tag)::type;
     auto at = [&](int64_t ci, int64_t o, int64_t t) { return w[(o * g.c + ci) * 9 + (8 - t)]; };
     if (g.w < kNarrowPlane)
-      winograd_narrow(NarrowPlan{g.o, g.h, g.w, g.c}, g.n, static_cast<const T*>(gy), at, nullptr,
+      winograd_narrow(NarrowPlan{{g.o, g.h, g.w, g.c}}, g.n, static_cast<const T*>(gy), at, nullptr,
                       static_cast<T*>(gx));
     else
       winograd(Plan{g.o, g.h, g.w, g.c}, g.n, static_cast<const T*>(gy), at, nullptr,
