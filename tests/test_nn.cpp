@@ -902,7 +902,11 @@ TEST(BatchNorm, StateDictAndSafetensorsRoundTrip) {
 
 TEST(BatchNorm, StatisticsHaveTheSameBitsForAnyThreadCount) {
   const int threads = galley::num_threads();
-  for (const Shape& shape : {Shape{8, 4, 64, 65}, Shape{5000, 6}}) {
+  // Long planes with more channels than threads (a channel at a time), long planes of 2
+  // channels (a channel at a time below 3 threads, memory order at 3), short planes (memory
+  // order), and no planes.
+  for (const Shape& shape :
+       {Shape{8, 4, 64, 65}, Shape{6, 2, 24, 24}, Shape{16, 8, 7, 7}, Shape{5000, 6}}) {
     Tensor x = testutil::rnd(shape, 3) * 2.f + 10.f;
     std::vector<std::vector<float>> results;
     for (int t : {1, 2, 3}) {

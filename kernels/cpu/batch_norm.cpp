@@ -1,14 +1,16 @@
 // Batch normalisation on the host: the per-channel statistics in one pass, the normalisation
 // (with the affine transform and ReLU) in one more, and the backward in two (the per-channel
-// sums of the gradient and of gradient x centred input, then the input gradient; with spatial
-// positions and a channel for every thread, both passes of one channel before the next, so that
-// the second finds the channel's planes in cache).
+// sums of the gradient and of gradient x centred input, then the input gradient; with planes of
+// at least kLongPlane elements and a channel for every thread, both passes of one channel before
+// the next, so that the second finds the channel's planes in cache).
 //
-// Two layouts: with spatial positions (inner > 1) a block is a run of images of one channel,
-// whose planes are contiguous; without them ([N, C], inner == 1) a block is a run of rows, each
-// vectorised over the channels. A block holds about kBlockElems elements whatever the thread
-// count; threads take whole blocks and the blocks of a channel are added in block order, so the
-// statistics and the weight and bias gradients have the same bits for any number of threads.
+// Two layouts: with spatial positions (inner > 1) a block is a run of whole images, read in
+// memory order (a channel's planes are C * inner elements apart: walking one channel through
+// the batch reads 7x7 planes as three cache lines every 12 KiB); without them ([N, C],
+// inner == 1) a block is a run of rows, each vectorised over the channels. A block holds about
+// kBlockElems elements whatever the thread count; threads take whole blocks and the blocks of a
+// channel are added in block order, so the statistics and the weight and bias gradients have the
+// same bits for any number of threads.
 #include "kernels/batch_norm.h"
 
 #include <algorithm>
@@ -26,6 +28,10 @@ namespace galley::kernels::cpu {
 namespace {
 
 constexpr int64_t kBlockElems = 1 << 14;
+// Planes of at least this many elements are long enough (2 KiB of float32) to be read a channel
+// at a time: the backward then takes both its passes over a channel while the channel is in cache.
+// Shorter planes are read in memory order, twice.
+constexpr int64_t kLongPlane = 512;
 
 // Up to kStageBlock elements of T as float32: the data itself for float, else a widened copy.
 template <typename T>
@@ -116,30 +122,34 @@ std::vector<double>& partials() {
   return p;
 }
 
+// The images of a block of planes (inner > 1): about kBlockElems elements.
+int64_t images_per_block(BatchNormGeometry g) {
+  return std::clamp<int64_t>(kBlockElems / (g.channels * g.inner), 1, g.outer);
+}
+
 // Two sums per channel into out[c] and out[C + c], split into blocks by the shape alone:
-//  - inner > 1: plane(c, o0, o1, s, q) adds channel c's images [o0, o1) to s and q;
+//  - inner > 1: plane(o, c, s, q) adds the plane of image o and channel c to s and q; a block's
+//    images go front to back, each through every channel, into a per-channel double of the
+//    block, and the blocks are added in order;
 //  - inner == 1: rows(o0, o1, s, q) adds rows [o0, o1) of every channel to s[c] and q[c].
 template <typename Plane, typename Rows>
 void channel_sums(BatchNormGeometry g, Plane plane, Rows rows, double* out) {
   const int64_t C = g.channels;
   std::vector<double>& part = partials();
   if (g.inner > 1) {
-    const int64_t per_block = std::clamp<int64_t>(kBlockElems / g.inner, 1, g.outer);
-    const int64_t blocks = (g.outer + per_block - 1) / per_block;  // per channel
+    const int64_t per_block = images_per_block(g);
+    const int64_t blocks = (g.outer + per_block - 1) / per_block;
     part.assign(size_t(2 * C * blocks), 0.0);
-    parallel_balanced(C * blocks, 1, [&](int64_t b0, int64_t b1) {
+    parallel_balanced(blocks, 1, [&](int64_t b0, int64_t b1) {
       for (int64_t b = b0; b < b1; ++b) {
-        const int64_t c = b / blocks, o0 = (b % blocks) * per_block;
-        plane(c, o0, std::min(g.outer, o0 + per_block), part[2 * b], part[2 * b + 1]);
+        double* s = &part[size_t(2 * C * b)];
+        for (int64_t o = b * per_block; o < std::min(g.outer, (b + 1) * per_block); ++o)
+          for (int64_t c = 0; c < C; ++c) plane(o, c, s[c], s[C + c]);
       }
     });
-    for (int64_t c = 0; c < C; ++c) {
-      double s = 0, q = 0;
-      for (int64_t k = 0; k < blocks; ++k)
-        s += part[2 * (c * blocks + k)], q += part[2 * (c * blocks + k) + 1];
-      out[c] = s;
-      out[C + c] = q;
-    }
+    std::fill(out, out + 2 * C, 0.0);
+    for (int64_t b = 0; b < blocks; ++b)
+      for (int64_t c = 0; c < 2 * C; ++c) out[c] += part[size_t(2 * C * b + c)];
     return;
   }
   const int64_t per_block = std::clamp<int64_t>(kBlockElems / C, 1, g.outer);
@@ -171,22 +181,20 @@ void stats(const T* x, BatchNormGeometry g, BatchNormRunning running, float* mea
   std::vector<double> sums(size_t(2 * C));
   channel_sums(
       g,
-      [&](int64_t c, int64_t o0, int64_t o1, double& s, double& q) {
-        Staged<T> sx;
+      [&](int64_t o, int64_t c, double& s, double& q) {
+        const T* p = x + (o * C + c) * inner;
         const float sh = shift[c];
-        for (int64_t o = o0; o < o1; ++o) {
-          const T* p = x + (o * C + c) * inner;
 #if defined(__AVX512BW__)
-          if constexpr (kInRegisters<T>) {
-            add_sums_avx512<T>(p, sh, nullptr, p, sh, inner, s, q);
-            continue;
-          }
+        if constexpr (kInRegisters<T>) {
+          add_sums_avx512<T>(p, sh, nullptr, p, sh, inner, s, q);
+          return;
+        }
 #endif
-          for (int64_t i = 0; i < inner; i += kStageBlock) {
-            const int64_t m = std::min(kStageBlock, inner - i);
-            const float* f = sx.load(p + i, m);
-            add_sums(m, f, sh, f, sh, s, q);
-          }
+        Staged<T> sx;
+        for (int64_t i = 0; i < inner; i += kStageBlock) {
+          const int64_t m = std::min(kStageBlock, inner - i);
+          const float* f = sx.load(p + i, m);
+          add_sums(m, f, sh, f, sh, s, q);
         }
       },
       [&](int64_t o0, int64_t o1, double* s, double* q) {
@@ -329,26 +337,24 @@ void backward(const T* gy, const T* x, const T* y, BatchNormGeometry g, BatchNor
       mg[c] = float(sg / n);
     }
   };
-  // Adds channel c's planes of images [o0, o1) to the sums.
-  auto plane_sums = [&](int64_t c, int64_t o0, int64_t o1, double& s, double& q) {
+  // Adds the plane of image o and channel c to the sums.
+  auto plane_sums = [&](int64_t o, int64_t c, double& s, double& q) {
+    const int64_t base = (o * C + c) * inner;
+    const float mc = mean[c];
+#if defined(__AVX512BW__)
+    if constexpr (kInRegisters<T>) {
+      add_sums_avx512<T>(gy + base, 0.f, y ? y + base : nullptr, x + base, mc, inner, s, q);
+      return;
+    }
+#endif
     MaskedGrad<T> sg;
     Staged<T> sx;
     float masked[kStageBlock];
-    const float mc = mean[c];
-    for (int64_t o = o0; o < o1; ++o) {
-      const int64_t base = (o * C + c) * inner;
-#if defined(__AVX512BW__)
-      if constexpr (kInRegisters<T>) {
-        add_sums_avx512<T>(gy + base, 0.f, y ? y + base : nullptr, x + base, mc, inner, s, q);
-        continue;
-      }
-#endif
-      for (int64_t i = 0; i < inner; i += kStageBlock) {
-        const int64_t m = std::min(kStageBlock, inner - i);
-        const float* fg = sg.load(gy + base + i, y ? y + base + i : nullptr, m, masked);
-        const float* fx = sx.load(x + base + i, m);
-        add_sums(m, fg, 0.f, fx, mc, s, q);
-      }
+    for (int64_t i = 0; i < inner; i += kStageBlock) {
+      const int64_t m = std::min(kStageBlock, inner - i);
+      const float* fg = sg.load(gy + base + i, y ? y + base + i : nullptr, m, masked);
+      const float* fx = sx.load(x + base + i, m);
+      add_sums(m, fg, 0.f, fx, mc, s, q);
     }
   };
   auto dx = [&](const float* fg, const float* fx, int64_t m, int64_t c0, int64_t step, float* r) {
@@ -388,18 +394,19 @@ void backward(const T* gy, const T* x, const T* y, BatchNormGeometry g, BatchNor
       out.store(gx + base, m);
     }
   };
-  if (inner > 1 && gx && C >= num_threads()) {
-    // One channel at a time: its sums, then its input gradient while its planes are still in
-    // the cache (the two-pass form reads every tensor from memory twice). The sums run over the
-    // blocks of channel_sums in its order, so the bits are the same.
-    const int64_t per_block = std::clamp<int64_t>(kBlockElems / inner, 1, g.outer);
+  if (inner >= kLongPlane && gx && C >= num_threads()) {
+    // Long planes: one channel at a time, its sums, then its input gradient while its planes
+    // are still in the cache (the two-pass form reads every tensor from memory twice). The sums
+    // run over the blocks of channel_sums in its order, so the bits are the same.
+    const int64_t per_block = images_per_block(g);
     parallel_balanced(C, 1, [&](int64_t c0, int64_t c1) {
       for (int64_t c = c0; c < c1; ++c) {
         if (need_sums) {
           double s = 0, q = 0;
           for (int64_t o0 = 0; o0 < g.outer; o0 += per_block) {
             double bs = 0, bq = 0;
-            plane_sums(c, o0, std::min(g.outer, o0 + per_block), bs, bq);
+            for (int64_t o = o0; o < std::min(g.outer, o0 + per_block); ++o)
+              plane_sums(o, c, bs, bq);
             s += bs, q += bq;
           }
           finish_channel(c, s, q);

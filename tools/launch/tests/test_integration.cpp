@@ -301,24 +301,24 @@ TEST_F(LaunchTest, TwoJobsAtPointFourShareAGpuAndPointSevenWaits) {
   write_text(dir_ / "jobs.toml", R"(
 [[job]]
 name = "a"
-command = "echo gpu=$CUDA_VISIBLE_DEVICES; sleep 0.4"
+command = "echo gpu=$CUDA_VISIBLE_DEVICES; sleep 1"
 gpus = 1
 memory_fraction = 0.4
-serial_time = 0.4
+serial_time = 1.0
 
 [[job]]
 name = "b"
-command = "sleep 0.4"
+command = "sleep 1"
 gpus = 1
 memory_fraction = 0.4
-serial_time = 0.4
+serial_time = 1.0
 
 [[job]]
 name = "c"
-command = "sleep 0.1"
+command = "sleep 0.2"
 gpus = 1
 memory_fraction = 0.7
-serial_time = 0.1
+serial_time = 0.2
 )");
   // The fake inventory through the environment: one GPU, id 0.
   EXPECT_EQ(run({"jobs.toml"}, {"GALLEY_LAUNCH_FAKE_GPUS=1"}), 0);
@@ -332,11 +332,12 @@ serial_time = 0.1
   EXPECT_GE(at("started", "c"), at("exited", "b"));
   EXPECT_EQ(events("started", "a")[0]["gpus"], Json::array({0}));
   EXPECT_NE(job_log("a").find("gpu=0"), std::string::npos);
-  // Against the jobs' measured serial times (0.9 s in all), not their packed ones.
+  // Against the jobs' measured serial times (2.2 s in all), not their packed ones. The jobs sleep
+  // long enough that a and b overlap, and packing pays, on a loaded machine too.
   const Json s = summary();
   EXPECT_EQ(s["serial_estimate_method"], "measured");
-  EXPECT_DOUBLE_EQ(s["serial_estimate_s"].get<double>(), 0.9);
-  EXPECT_NEAR(s["packing_speedup"].get<double>(), 0.9 / s["makespan_s"].get<double>(), 0.01);
+  EXPECT_DOUBLE_EQ(s["serial_estimate_s"].get<double>(), 2.2);
+  EXPECT_NEAR(s["packing_speedup"].get<double>(), 2.2 / s["makespan_s"].get<double>(), 0.01);
   EXPECT_GT(s["packing_speedup"].get<double>(), 1.0);
 }
 
