@@ -88,9 +88,9 @@ const std::vector<Case>& cases() {
   return all;
 }
 
-// Strided geometries for the direct path's forward pass and weight gradient (its input gradient
-// takes stride 1): every phase count (a kernel wider than, as wide as and narrower than the
-// stride), both paddings' parities, odd sizes, and the tails of cases().
+// Strided geometries for the direct path: every phase count (a kernel wider than, as wide as and
+// narrower than the stride, where the input gradient has positions no tap reaches), both
+// paddings' parities, padding as wide as the stride, odd sizes, and the tails of cases().
 const std::vector<Case>& strided_cases() {
   static const std::vector<Case> all = {
       {2, 16, 28, 28, 32, 3, 3, 1, 1, 2},  // resnet's 3x3/2 layers
@@ -150,7 +150,7 @@ TEST(ConvDirect, BackwardMatchesIm2colBitForBit) {
   }
 }
 
-TEST(ConvDirect, StridedForwardAndWeightGradientMatchIm2colBitForBit) {
+TEST(ConvDirect, StridedMatchesIm2colBitForBit) {
   namespace cpu = galley::kernels::cpu;
   for (const Case& k : strided_cases()) {
     const Conv2dGeometry g = geometry(k);
@@ -162,10 +162,19 @@ TEST(ConvDirect, StridedForwardAndWeightGradientMatchIm2colBitForBit) {
       cpu::conv2d_direct_forward(g, x.data(), w.data(), bias, got.data());
       ASSERT_EQ(got, want) << name(k) << (bias ? " with bias" : " without bias");
     }
-    std::vector<float> gw_want(w.size(), -1.f), gw(w.size(), -2.f);
-    cpu::conv2d_backward_im2col(g, x.data(), w.data(), gy.data(), nullptr, gw_want.data());
-    cpu::conv2d_direct_backward(g, x.data(), w.data(), gy.data(), nullptr, gw.data());
-    EXPECT_EQ(gw, gw_want) << name(k) << " weight gradient";
+    std::vector<float> gw_want(w.size(), -1.f), gx_want(x.size(), -1.f);
+    cpu::conv2d_backward_im2col(g, x.data(), w.data(), gy.data(), gx_want.data(), gw_want.data());
+    // Both gradients, then each alone (the other pointer null).
+    for (int which = 0; which < 3; ++which) {
+      std::vector<float> gx(x.size(), -2.f), gw(w.size(), -2.f);
+      float* pgx = which != 2 ? gx.data() : nullptr;
+      float* pgw = which != 1 ? gw.data() : nullptr;
+      cpu::conv2d_direct_backward(g, x.data(), w.data(), gy.data(), pgx, pgw);
+      if (pgx) EXPECT_EQ(gx, gx_want) << name(k) << " input gradient, case " << which;
+      if (pgw) EXPECT_EQ(gw, gw_want) << name(k) << " weight gradient, case " << which;
+      if (!pgx) EXPECT_EQ(gx, std::vector<float>(x.size(), -2.f)) << name(k) << " wrote gx";
+      if (!pgw) EXPECT_EQ(gw, std::vector<float>(w.size(), -2.f)) << name(k) << " wrote gw";
+    }
     // The 16-bit types on the widened kernels: the float32 bits, the output rounded once.
     const galley::DType f16 = galley::DType::Float16;
     std::vector<uint16_t> x16(x.size()), y16(ny), want16(ny);
@@ -175,14 +184,19 @@ TEST(ConvDirect, StridedForwardAndWeightGradientMatchIm2colBitForBit) {
     cpu::convert(y.data(), galley::DType::Float32, want16.data(), f16, int64_t(ny));
     cpu::conv2d_direct_forward(g, x16.data(), w.data(), b.data(), y16.data(), f16);
     EXPECT_EQ(y16, want16) << name(k) << " float16 output";
+    std::vector<uint16_t> gy16(ny), gx16(x.size()), gx_want16(x.size());
+    cpu::convert(gy.data(), galley::DType::Float32, gy16.data(), f16, int64_t(ny));
+    std::vector<float> gy_rounded(ny), gx(x.size());
+    cpu::convert(gy16.data(), f16, gy_rounded.data(), galley::DType::Float32, int64_t(ny));
+    cpu::conv2d_direct_backward(g, x.data(), w.data(), gy_rounded.data(), gx.data(), nullptr);
+    cpu::convert(gx.data(), galley::DType::Float32, gx_want16.data(), f16, int64_t(x.size()));
+    cpu::conv2d_direct_backward(g, x16.data(), w.data(), gy16.data(), gx16.data(), nullptr, f16);
+    EXPECT_EQ(gx16, gx_want16) << name(k) << " float16 input gradient";
   }
-  // What the strided direct path does not take: an input gradient, a dilation, the bfloat16
-  // kernels.
+  // What the strided direct path does not take: a dilation, the bfloat16 kernels.
   const Conv2dGeometry g = geometry(strided_cases()[0]);
   std::vector<float> x(size_t(g.n * g.c * g.h * g.w)), w(size_t(g.o * g.c * 9)),
-      gy(size_t(g.n * g.o * g.oh * g.ow)), gx(x.size());
-  EXPECT_THROW(cpu::conv2d_direct_backward(g, x.data(), w.data(), gy.data(), gx.data(), nullptr),
-               galley::Error);
+      gy(size_t(g.n * g.o * g.oh * g.ow));
   Conv2dGeometry dilated = g;
   dilated.dilation = 2;
   EXPECT_THROW(cpu::conv2d_direct_forward(dilated, x.data(), w.data(), nullptr, gy.data()),
@@ -601,10 +615,9 @@ TEST(ConvDirect, TakenOnlyWhereItIsCorrectAndPays) {
                     "compile time)";
   const auto u = conv2d_direct_use(g);
   EXPECT_TRUE(u.forward && u.input_grad && u.weight_grad);
-  // Strided: the forward pass and the weight gradient in AVX-512 builds (AVX2 ones keep it on
-  // im2col), never the input gradient.
+  // Strided: every part in AVX-512 builds (AVX2 ones keep it on im2col).
   const auto s = conv2d_direct_use(strided);
-  EXPECT_FALSE(s.input_grad);
+  EXPECT_EQ(s.forward, s.input_grad);
   EXPECT_EQ(s.forward, s.weight_grad);
   // A one-channel input (the first layer of a grey-scale model): im2col + GEMM throughout.
   EXPECT_TRUE(none(geometry({8, 1, 28, 28, 32, 3, 3, 1, 1})));

@@ -95,7 +95,7 @@ void col2im(const Conv2dGeometry& g, const float* col, int64_t cg, float* gx) {
 #pragma omp simd
             for (int64_t ow = ow_lo; ow < ow_hi; ++ow) gr[ow] += r[ow];
           } else {
-            scatter_add_strided(r + ow_lo, gr + ow_lo * g.stride, ow_hi - ow_lo, g.stride);
+            scatter_strided<true>(r + ow_lo, gr + ow_lo * g.stride, ow_hi - ow_lo, g.stride);
           }
         }
       }

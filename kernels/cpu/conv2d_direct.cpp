@@ -318,6 +318,127 @@ inline float flipped_weight(const Conv2dGeometry& g, const float* w, int64_t ci,
   return w[(o * g.c + ci) * taps + (taps - 1 - t)];
 }
 
+// The input gradient of a strided convolution (stride s, dilation 1), by its phases. Input row iy
+// with iy + pad = s m + r (row phase r) takes the forward taps a = r + s u, u < U_r =
+// ceil((kh - r) / s), each from output gradient row m - u; columns alike. So phase (r, c) of the
+// input gradient is a stride-1 correlation of the output gradient with U_r x V_c of the taps
+// (flipped, channels swapped), and the s * s phases together take the kernel's kh * kw taps: no
+// zero ones (padding every phase to the whole kernel's reach did 1.8x the work of 3x3/2 and lost to
+// im2col). The phases read one bordered copy of the output gradient, its border the widest any
+// phase needs; each computes its flat outputs from its first valid one to its last, and its rows
+// are spread into the input gradient's at stride s.
+struct GradPhase {
+  Plan plan;  // over the shared bordered output gradient
+  int64_t r, c;
+  // Its input gradient rows s m + r - pad for m in [m0, m0 + rows); columns alike.
+  int64_t m0, rows, n0, cols;
+  int64_t q0, nvec;  // the flat outputs computed: [q0, q0 + nvec L)
+  int64_t at;        // where they start in the scratch: [cout rounded up to OB][nvec L]
+  std::vector<float> wpk;
+  std::vector<int64_t> shift;
+};
+
+struct PhasedInputGrad {
+  std::vector<GradPhase> phases;
+  int64_t flat_floats = 0;  // every phase's flat outputs
+  int64_t bordered = 0;     // the bordered output gradient, with room for the last vector's reach
+  bool gaps = false;        // input positions no tap reaches (a stride above the kernel): zero
+};
+
+// The first index m >= 0 of phase r with s m + r - pad >= 0, and the count of those below `size`.
+inline void phase_range(int64_t size, int64_t pad, int64_t s, int64_t r, int64_t& first,
+                        int64_t& count) {
+  first = pad > r ? (pad - r + s - 1) / s : 0;
+  const int64_t last = size - 1 + pad - r;  // s m <= last
+  count = last < 0 ? 0 : std::max<int64_t>(0, last / s - first + 1);
+}
+
+PhasedInputGrad phased_input_grad(const Conv2dGeometry& g, const float* w) {
+  const int64_t s = g.stride;
+  auto taps_of = [&](int64_t k, int64_t r) { return r < k ? (k - r + s - 1) / s : 0; };
+  PhasedInputGrad out;
+  // The border along an axis (input size n, kernel k, output size on): a phase's first output
+  // reads U - 1 - m0 positions before the output gradient, its last m0 + count - on past it.
+  auto border = [&](int64_t n, int64_t k, int64_t on) {
+    int64_t b = 0;
+    for (int64_t r = 0; r < s; ++r) {
+      int64_t m0, count;
+      phase_range(n, g.pad, s, r, m0, count);
+      if (count == 0) continue;
+      if (taps_of(k, r) == 0)
+        out.gaps = true;
+      else
+        b = std::max({b, taps_of(k, r) - 1 - m0, m0 + count - on});
+    }
+    return b;
+  };
+  const int64_t bh = border(g.h, g.kh, g.oh), bw = border(g.w, g.kw, g.ow);
+  for (int64_t r = 0; r < s; ++r)
+    for (int64_t c = 0; c < s; ++c) {
+      GradPhase ph;
+      ph.r = r, ph.c = c;
+      phase_range(g.h, g.pad, s, r, ph.m0, ph.rows);
+      phase_range(g.w, g.pad, s, c, ph.n0, ph.cols);
+      const int64_t U = taps_of(g.kh, r), V = taps_of(g.kw, c);
+      if (ph.rows == 0 || ph.cols == 0 || U == 0 || V == 0) continue;
+      ph.plan = {g.o, g.oh, g.ow, bh, bw, g.c, U, V, 1, 1};
+      const int64_t pw = ph.plan.pw();
+      // Output (i, j) of the phase's correlation reads output gradient rows i - bh .. i - bh +
+      // U - 1, the last of them m: m = i - bh + U - 1.
+      const int64_t i0 = ph.m0 + bh - U + 1, j0 = ph.n0 + bw - V + 1;
+      ph.q0 = i0 * pw + j0;
+      ph.nvec = ((ph.rows - 1) * pw + ph.cols + L - 1) / L;
+      ph.at = out.flat_floats;
+      out.flat_floats += round_up(g.c, OB) * ph.nvec * L;
+      pack_weights(
+          ph.plan,
+          [&](int64_t ci, int64_t o, int64_t t) {
+            const int64_t a = r + s * (U - 1 - t / V), b = c + s * (V - 1 - t % V);
+            return w[((o * g.c + ci) * g.kh + a) * g.kw + b];
+          },
+          ph.wpk);
+      ph.shift = ph.plan.shifts();
+      out.bordered = std::max(out.bordered, g.o * ph.plan.plane() + 2 * L + g.kw);
+      out.phases.push_back(std::move(ph));
+    }
+  return out;
+}
+
+// The input gradient of one image: gyb the output gradient in the phases' bordered buffer, flat
+// the scratch, row (for a 16-bit T) one row of floats.
+template <typename T>
+void phased_input_grad_image(const Conv2dGeometry& g, const PhasedInputGrad& pig, const float* gyb,
+                             float* flat, float* row, T* gx) {
+  for (const GradPhase& ph : pig.phases) {
+    const int64_t taps = ph.plan.taps(), ld = ph.nvec * L;
+    for (int64_t cb = 0; cb * OB < g.c; ++cb)
+      correlate_vectors(gyb + ph.q0, ph.plan.plane(), g.o, ph.shift.data(), taps,
+                        ph.wpk.data() + cb * g.o * taps * OB, flat + ph.at + cb * OB * ld, ld,
+                        ph.nvec);
+  }
+  const int64_t s = g.stride;
+  for (int64_t ci = 0; ci < g.c; ++ci)
+    for (int64_t iy = 0; iy < g.h; ++iy) {
+      T* dst = gx + (ci * g.h + iy) * g.w;
+      float* r = std::is_same_v<T, float> ? reinterpret_cast<float*>(dst) : row;
+      const int64_t rp = (iy + g.pad) % s, m = (iy + g.pad) / s;
+      // Row m of each phase of row phase rp, in the order of their first columns.
+      const float* src[kMaxStride] = {};
+      for (const GradPhase& ph : pig.phases)
+        if (ph.r == rp)
+          src[s * ph.n0 + ph.c - g.pad] =
+              flat + ph.at + ci * ph.nvec * L + (m - ph.m0) * ph.plan.pw();
+      if (s == 2 && src[0] && src[1]) {
+        interleave_row(src[0], src[1], r, g.w);
+      } else {
+        if (pig.gaps) std::fill_n(r, g.w, 0.f);
+        for (int64_t b = 0; b < s; ++b)
+          if (src[b]) scatter_strided<false>(src[b], r + b, (g.w - b + s - 1) / s, s);
+      }
+      if constexpr (!std::is_same_v<T, float>) from_float(r, dst, g.w);
+    }
+}
+
 #if defined(__AVX512BF16__)
 // bfloat16 on AVX512-BF16. vdpbf16ps multiplies 16 pairs of bfloat16 values and adds both products
 // of each pair to one float32 lane (exact products, float32 sums), so one instruction does the
@@ -678,7 +799,7 @@ ConvDirectUse conv2d_direct_use(const Conv2dGeometry& g, DType dtype) {
   const int64_t columns = g.c * g.kh * g.kw;  // (input channel, tap) pairs
   use.forward = columns >= 16;
   use.weight_grad = columns >= 64;
-  use.input_grad = g.c >= 16 && g.stride == 1;
+  use.input_grad = g.c >= 16;
 #else
   (void)g, (void)dtype;
 #endif
@@ -719,10 +840,12 @@ void direct_backward(const Conv2dGeometry& g, const T* x, const float* w, const 
                      float* gw) {
   const Plan fwd = forward_plan(g);
   const Plan bwd = input_grad_plan(g);
+  const bool phased = gx && g.stride > 1;
   std::vector<float> wpk;
-  if (gx)
+  if (gx && !phased)
     pack_weights(
         bwd, [&](int64_t ci, int64_t o, int64_t t) { return flipped_weight(g, w, ci, o, t); }, wpk);
+  const PhasedInputGrad pig = phased ? phased_input_grad(g, w) : PhasedInputGrad{};
   const std::vector<int64_t> bwd_shift = bwd.shifts();
   const WeightGradLayout lay(fwd);
   const int64_t chunk = balanced_chunk(g.n, 1);
@@ -744,7 +867,13 @@ void direct_backward(const Conv2dGeometry& g, const T* x, const float* w, const 
     }
     float* gyb = nullptr;
     float* flat = nullptr;
-    if (gx) {
+    float* row = nullptr;
+    if (phased) {
+      gyb = thread_scratch(2, size_t(pig.bordered));
+      flat = thread_scratch(3, size_t(pig.flat_floats));
+      row = thread_scratch(4, size_t(g.w));
+      if (first) std::fill_n(gyb, pig.bordered, 0.f);
+    } else if (gx) {
       gyb = thread_scratch(2, size_t(bwd.bordered_floats()));
       flat = thread_scratch(3, size_t(round_up(bwd.cout, OB) * bwd.qs()));
       if (first) std::fill_n(gyb, bwd.bordered_floats(), 0.f);
@@ -756,7 +885,10 @@ void direct_backward(const Conv2dGeometry& g, const T* x, const float* w, const 
         transpose_grad(fwd, lay.op, gyn, gyT);
         weight_grad(fwd, lay, xs, gyT, part);
       }
-      if (gx) {
+      if (phased) {
+        fill_interior(pig.phases.front().plan, gyn, gyb);
+        phased_input_grad_image(g, pig, gyb, flat, row, gx + n * g.c * g.h * g.w);
+      } else if (gx) {
         fill_interior(bwd, gyn, gyb);
         correlate(bwd, bwd_shift, gyb, wpk.data(), flat);
         write_out(bwd, flat, nullptr, gx + n * g.c * g.h * g.w, bwd.qs());
@@ -941,15 +1073,12 @@ void check_available(Bf16Kernels k, const Conv2dGeometry& g) {
                " bfloat16 kernels of the direct path take stride 1, not ", g.stride);
 }
 
-// What the direct path runs: one group; a stride above 1 with dilation 1, and then no input
-// gradient (that stays on im2col).
-void check_geometry(const Conv2dGeometry& g, bool input_grad) {
+// What the direct path runs: one group; a stride above 1 with dilation 1.
+void check_geometry(const Conv2dGeometry& g) {
   GALLEY_CHECK(g.groups == 1, "conv2d: the direct path takes one group, not ", g.groups);
   GALLEY_CHECK(g.stride >= 1 && (g.stride == 1 || (g.dilation == 1 && g.stride <= kMaxStride)),
                "conv2d: the direct path takes stride 1, or a stride up to ", kMaxStride,
                " with dilation 1, not stride ", g.stride, " with dilation ", g.dilation);
-  GALLEY_CHECK(!input_grad || g.stride == 1,
-               "conv2d: the direct path's input gradient takes stride 1, not ", g.stride);
 }
 
 }  // namespace
@@ -990,7 +1119,7 @@ Bf16Kernels bf16_kernels() {
 
 void conv2d_direct_forward(const Conv2dGeometry& g, const void* x, const float* w, const float* b,
                            void* y, DType dtype, Bf16Kernels bf16) {
-  check_geometry(g, false);
+  check_geometry(g);
   if (dtype == DType::BFloat16 && bf16 != Bf16Kernels::Widened) {
     check_available(bf16, g);
     const auto* xs = static_cast<const uint16_t*>(x);
@@ -1010,7 +1139,7 @@ void conv2d_direct_forward(const Conv2dGeometry& g, const void* x, const float* 
 
 void conv2d_direct_backward(const Conv2dGeometry& g, const void* x, const float* w, const void* gy,
                             void* gx, float* gw, DType dtype, Bf16Kernels bf16) {
-  check_geometry(g, gx != nullptr);
+  check_geometry(g);
   if (dtype == DType::BFloat16 && bf16 != Bf16Kernels::Widened) {
     check_available(bf16, g);
     const auto* xs = static_cast<const uint16_t*>(x);

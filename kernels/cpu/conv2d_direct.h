@@ -16,7 +16,10 @@
 // padded row r is row r / s of row phase r % s, columns alike, so tap (i, j) of output
 // (oh, ow) reads phase (i % s, j % s) at row oh + i / s, column ow + j / s, again a constant
 // shift of q = oh * Wq + ow (Wq the phase width) with no zero taps. That covers the forward pass
-// and the weight gradient; the input gradient of a strided convolution stays on im2col.
+// and the weight gradient. The input gradient is split the other way: the input positions of
+// phase (r, c) take only the taps a = r + s u, b = c + s v, so each phase is a stride-1 correlation
+// of the output gradient with its share of the taps (2x2, 2x1, 1x2 and 1x1 of a 3x3/2 kernel),
+// whose rows are interleaved back into the input gradient's.
 #include "kernels/conv2d.h"
 
 namespace galley::kernels::cpu {
@@ -41,8 +44,8 @@ Bf16Kernels bf16_kernels();
 // unless: stride 1 (or, with AVX-512, up to 4 with dilation 1), one group, a kernel of more than
 // one tap, padding at most (kernel - 1) * dilation, at least one image per thread, and a host with
 // AVX-512, or AVX2 with FMA (elsewhere the registers would not hold a block). A strided one never
-// takes the input gradient, nor the bfloat16 kernels (those of 16 channels or more stay on
-// im2col, or the tiles' phases). Then each part where it is faster than
+// takes the bfloat16 kernels (those of 16 channels or more stay on im2col, or the tiles'
+// phases). Then each part where it is faster than
 // im2col + GEMM (measured on the layers of the benchmark models, with AVX-512 and with AVX2; the
 // same thresholds hold for both): the forward pass and the weight gradient
 // need enough (input channel, tap) pairs to amortise writing each output block, and the weight
@@ -59,7 +62,7 @@ ConvDirectUse conv2d_direct_use(const Conv2dGeometry& g, DType dtype = DType::Fl
 
 // Same contracts as conv2d_forward / conv2d_backward (without the bias gradient); callable for
 // any geometry of one group with stride 1, or a stride up to 4 with dilation 1 (the bfloat16
-// kernels and the input gradient at stride 1 only), whatever conv2d_direct_use says, so tests can
+// kernels at stride 1 only), whatever conv2d_direct_use says, so tests can
 // compare the two paths on every machine; other geometries are an error. `bf16` picks the
 // bfloat16 kernels (an unavailable one is an error).
 void conv2d_direct_forward(const Conv2dGeometry& g, const void* x, const float* w, const float* b,

@@ -58,9 +58,11 @@ inline __attribute__((always_inline)) void gather_strided(const T* src, D* dst, 
   for (; j < n; ++j) dst[j] = static_cast<D>(src[j * stride]);
 }
 
-// dst[j * stride] += src[j] for j < n: col2im's strided row. Stride 2 goes 16 elements a vector,
-// the odd positions between left as they are (not even an added zero); the rest one at a time.
-inline void scatter_add_strided(const float* src, float* dst, int64_t n, int64_t stride) {
+// dst[j * stride] += src[j] (kAdd: col2im's strided row) or = src[j] (the phases of a strided
+// direct convolution's input gradient) for j < n. Stride 2 goes 16 elements a vector, the odd
+// positions between left as they are (not even an added zero); the rest one at a time.
+template <bool kAdd>
+inline void scatter_strided(const float* src, float* dst, int64_t n, int64_t stride) {
   int64_t j = 0;
 #if defined(__AVX512F__)
   if (stride == 2) {
@@ -73,13 +75,41 @@ inline void scatter_add_strided(const float* src, float* dst, int64_t n, int64_t
       const int64_t reach = 2 * (n - j) - 1;
       const __mmask16 m0 = lanes(reach) & even, m1 = lanes(std::max<int64_t>(0, reach - 16)) & even;
       float* d = dst + 2 * j;
-      const __m512 d0 = _mm512_maskz_loadu_ps(m0, d), d1 = _mm512_maskz_loadu_ps(m1, d + 16);
-      _mm512_mask_storeu_ps(d, m0, _mm512_add_ps(d0, _mm512_permutexvar_ps(lo, v)));
-      _mm512_mask_storeu_ps(d + 16, m1, _mm512_add_ps(d1, _mm512_permutexvar_ps(hi, v)));
+      __m512 v0 = _mm512_permutexvar_ps(lo, v), v1 = _mm512_permutexvar_ps(hi, v);
+      if constexpr (kAdd) {
+        v0 = _mm512_add_ps(_mm512_maskz_loadu_ps(m0, d), v0);
+        v1 = _mm512_add_ps(_mm512_maskz_loadu_ps(m1, d + 16), v1);
+      }
+      _mm512_mask_storeu_ps(d, m0, v0);
+      _mm512_mask_storeu_ps(d + 16, m1, v1);
     }
   }
 #endif
-  for (; j < n; ++j) dst[j * stride] += src[j];
+  for (; j < n; ++j) {
+    if constexpr (kAdd)
+      dst[j * stride] += src[j];
+    else
+      dst[j * stride] = src[j];
+  }
+}
+
+// dst[2k] = even[k] and dst[2k + 1] = odd[k], for the n elements of dst: the two column phases of
+// a stride-2 row put back together, 32 elements from two vectors.
+inline void interleave_row(const float* even, const float* odd, float* dst, int64_t n) {
+  int64_t j = 0;
+#if defined(__AVX512F__)
+  const __m512i lo = _mm512_setr_epi32(0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23);
+  const __m512i hi = _mm512_add_epi32(lo, _mm512_set1_epi32(8));
+  for (; j < n; j += 32) {
+    const int64_t left = n - j;  // elements of dst still to write
+    const __m512 e = _mm512_maskz_loadu_ps(lanes((left + 1) / 2), even + j / 2);
+    const __m512 o = _mm512_maskz_loadu_ps(lanes(left / 2), odd + j / 2);
+    _mm512_mask_storeu_ps(dst + j, lanes(left), _mm512_permutex2var_ps(e, lo, o));
+    _mm512_mask_storeu_ps(dst + j + 16, lanes(std::max<int64_t>(0, left - 16)),
+                          _mm512_permutex2var_ps(e, hi, o));
+  }
+#endif
+  for (; j < n; ++j) dst[j] = j % 2 ? odd[j / 2] : even[j / 2];
 }
 
 }  // namespace galley::kernels::cpu
