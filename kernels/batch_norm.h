@@ -49,10 +49,11 @@ void batch_norm_stats(DType dtype, const void* x, BatchNormGeometry g, BatchNorm
 void batch_norm_forward(DType dtype, const void* x, BatchNormGeometry g, BatchNormParams p,
                         bool relu, void* y);
 // The backward of batch_norm_forward for the incoming gradient gy, masked by y > 0 when y is
-// given (the forward had relu). gweight[c] = sum(gy xhat) and gbias[c] = sum(gy) (either may be
-// null, except that both are needed for gx in training); gx (may be null) is, with batch
-// statistics (`training`), the full backward through the mean and variance, else
-// gy * weight / sqrt(var + eps).
+// given (the forward had relu; p is the forward's, bias included, and the float32 host kernel
+// recomputes the mask from x with the forward's affine, the same bits, instead of reading y).
+// gweight[c] = sum(gy xhat) and gbias[c] = sum(gy) (either may be null, except that both are needed
+// for gx in training); gx (may be null) is, with batch statistics (`training`), the full backward
+// through the mean and variance, else gy * weight / sqrt(var + eps).
 void batch_norm_backward(DType dtype, const void* gy, const void* x, const void* y,
                          BatchNormGeometry g, BatchNormParams p, bool training, void* gx,
                          float* gweight, float* gbias);

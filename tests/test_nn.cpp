@@ -927,6 +927,35 @@ TEST(BatchNorm, StatisticsHaveTheSameBitsForAnyThreadCount) {
   galley::set_num_threads(threads);
 }
 
+TEST(BatchNorm, FusedReluHasTheBitsOfAReluAfterIt) {
+  // The fused backward masks the gradient where the forward's ReLU stopped its output (a float32
+  // host kernel recomputes that from x); a separate ReLU masks it by its output. Same bits, on
+  // planes long (a channel at a time) and short (memory order).
+  for (const Shape& shape : {Shape{4, 3, 24, 24}, Shape{8, 5, 7, 7}}) {
+    const int64_t C = shape[1];
+    Tensor x = testutil::rnd(shape, 11);
+    Tensor w = testutil::rnd({C}, 12) + 1.5f, b = testutil::rnd({C}, 13);
+    Tensor gy = testutil::rnd(shape, 14);
+    std::vector<std::vector<float>> got;
+    for (bool fused : {true, false}) {
+      Tensor xg = x.clone().set_requires_grad(true);
+      Tensor wg = w.clone().set_requires_grad(true), bg = b.clone().set_requires_grad(true);
+      galley::BatchNormOptions o;
+      o.training = true, o.relu = fused;
+      Tensor y = galley::batch_norm(xg, Tensor(), Tensor(), wg, bg, o);
+      if (!fused) y = galley::relu(y);
+      galley::sum(galley::mul(y, gy)).backward();
+      std::vector<float> r = y.to_vector(), g = xg.grad().to_vector(), gw = wg.grad().to_vector(),
+                         gb = bg.grad().to_vector();
+      r.insert(r.end(), g.begin(), g.end());
+      r.insert(r.end(), gw.begin(), gw.end());
+      r.insert(r.end(), gb.begin(), gb.end());
+      got.push_back(r);
+    }
+    EXPECT_EQ(got[0], got[1]) << galley::shape_str(shape);
+  }
+}
+
 TEST(BatchNorm, StatisticsOfDataFarFromZero) {
   // Shifted sums: a mean 1e4 times the spread loses nothing of the variance.
   Tensor x = testutil::rnd({16, 2, 8, 8}, 4) + 1e4f;

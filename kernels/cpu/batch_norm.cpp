@@ -86,29 +86,45 @@ inline void add_sums(int64_t m, const float* a, float sa, const float* b, float 
 template <typename T>
 constexpr bool kInRegisters = std::is_same_v<T, float> || std::is_same_v<T, bfloat16>;
 
-// The incoming gradient, zero where the forward's ReLU output y is not positive (when y is given).
+// Where the forward's ReLU let its output through: y > 0 read from y, or, for float32 planes, the
+// forward's own t = x * scale + shift > 0 recomputed from x (the same fmadd on the same values as
+// affine_avx512, so the same bits and sign), which spares the backward a read of y.
+struct ReluMask {
+  bool from_x = false;
+  __m512 scale = _mm512_setzero_ps(), shift = _mm512_setzero_ps();
+};
+
+// The incoming gradient g, zero where the ReLU stopped the forward's output (y given, or
+// relu.from_x with x's values fx); g itself without either.
 template <typename T>
-inline __m512 masked_grad(const T* g, const T* y, __mmask16 m) {
+inline __m512 masked_grad(const T* g, const T* y, __mmask16 m, __m512 fx, const ReluMask& relu) {
   const __m512 fg = load_as_f32(g, m);
+  if (relu.from_x)
+    return _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(_mm512_fmadd_ps(fx, relu.scale, relu.shift),
+                                                  _mm512_setzero_ps(), _CMP_GT_OQ),
+                               fg);
   if (!y) return fg;
   return _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(load_as_f32(y, m), _mm512_setzero_ps(), _CMP_GT_OQ),
                              fg);
 }
 
 // add_sums over n elements: s += sum of u and q += sum of u (b - sb), u = a - sa (a masked by
-// y > 0 when y is given), in float32 lanes per block of kStageBlock, then in double.
+// the ReLU, from y when given or from b = x), in float32 lanes per block of kStageBlock, then in
+// double.
 template <typename T>
 void add_sums_avx512(const T* a, float sa, const T* y, const T* b, float sb, int64_t n, double& s,
-                     double& q) {
+                     double& q, const ReluMask& relu = {}) {
   const __m512 vsa = _mm512_set1_ps(sa), vsb = _mm512_set1_ps(sb);
   for (int64_t i = 0; i < n; i += kStageBlock) {
     const int64_t end = std::min(n, i + kStageBlock);
     __m512 fs = _mm512_setzero_ps(), fq = _mm512_setzero_ps();
     for (int64_t j = i; j < end; j += 16) {
       const __mmask16 m = lanes(end - j);
-      const __m512 u = _mm512_maskz_sub_ps(m, masked_grad(a + j, y ? y + j : nullptr, m), vsa);
+      const __m512 fb = load_as_f32(b + j, m);
+      const __m512 u =
+          _mm512_maskz_sub_ps(m, masked_grad(a + j, y ? y + j : nullptr, m, fb, relu), vsa);
       fs = _mm512_add_ps(fs, u);
-      fq = _mm512_fmadd_ps(u, _mm512_sub_ps(load_as_f32(b + j, m), vsb), fq);
+      fq = _mm512_fmadd_ps(u, _mm512_sub_ps(fb, vsb), fq);
     }
     s += _mm512_reduce_add_ps(fs);
     q += _mm512_reduce_add_ps(fq);
@@ -327,6 +343,23 @@ void backward(const T* gy, const T* x, const T* y, BatchNormGeometry g, BatchNor
     k[c] = mg[c] = 0.f;
   }
   const bool need_sums = (training && gx) || gweight || gbias;
+#if defined(__AVX512BW__)
+  // float32 planes after a ReLU: its mask from x and the forward's affine (ReluMask), not from y.
+  const bool relu_from_x = std::is_same_v<T, float> && y && inner > 1;
+  float* fwd_affine = nullptr;
+  if (relu_from_x) {
+    fwd_affine = channel_scratch(2, 2 * C);
+    affine_of(p, C, fwd_affine, fwd_affine + C);
+  }
+  auto relu_mask = [&](int64_t c) {
+    ReluMask r;
+    if (relu_from_x)
+      r.from_x = true, r.scale = _mm512_set1_ps(fwd_affine[c]),
+      r.shift = _mm512_set1_ps(fwd_affine[C + c]);
+    return r;
+  };
+  const T* y_read = relu_from_x ? nullptr : y;  // what the vector paths read of y
+#endif
   // Channel c's sums (of the gradient, and of gradient x centred input) -> the weight and bias
   // gradients and the coefficients of its input gradient.
   auto finish_channel = [&](int64_t c, double sg, double sgx) {
@@ -343,7 +376,8 @@ void backward(const T* gy, const T* x, const T* y, BatchNormGeometry g, BatchNor
     const float mc = mean[c];
 #if defined(__AVX512BW__)
     if constexpr (kInRegisters<T>) {
-      add_sums_avx512<T>(gy + base, 0.f, y ? y + base : nullptr, x + base, mc, inner, s, q);
+      add_sums_avx512<T>(gy + base, 0.f, y_read ? y_read + base : nullptr, x + base, mc, inner, s,
+                         q, relu_mask(c));
       return;
     }
 #endif
@@ -371,10 +405,12 @@ void backward(const T* gy, const T* x, const T* y, BatchNormGeometry g, BatchNor
       const int64_t base = r * inner;
       const __m512 vmg = _mm512_set1_ps(mg[c]), vmean = _mm512_set1_ps(mean[c]),
                    vk = _mm512_set1_ps(k[c]), va = _mm512_set1_ps(a[c]);
+      const ReluMask relu = relu_mask(c);
       for (int64_t j = 0; j < inner; j += 16) {
         const __mmask16 m = lanes(inner - j);
-        const __m512 fg = masked_grad(gy + base + j, y ? y + base + j : nullptr, m);
         const __m512 fx = load_as_f32(x + base + j, m);
+        const __m512 fg =
+            masked_grad(gy + base + j, y_read ? y_read + base + j : nullptr, m, fx, relu);
         // (g - mg - (x - mean) k) a, in the staged path's order
         const __m512 d =
             _mm512_sub_ps(_mm512_sub_ps(fg, vmg), _mm512_mul_ps(_mm512_sub_ps(fx, vmean), vk));

@@ -123,7 +123,7 @@ Tensor batch_norm(const Tensor& x, const Tensor& running_mean, const Tensor& run
         Tensor db = gb || sums ? Tensor::empty({C}, DType::Float32, dev) : Tensor();
         kernels::BatchNormParams q = p;
         q.mean = mean.data_ptr<float>(), q.var = var.data_ptr<float>();
-        q.weight = ptr_or_null(cw), q.bias = nullptr;
+        q.weight = ptr_or_null(cw), q.bias = ptr_or_null(cb);  // the forward's affine
         const void* py = out.defined() ? out.raw_data() : nullptr;
         void* pgx = gx ? gi[0].raw_data() : nullptr;
         if (dev.is_cuda())
