@@ -840,13 +840,16 @@ void direct_backward(const Conv2dGeometry& g, const T* x, const float* w, const 
                      float* gw) {
   const Plan fwd = forward_plan(g);
   const Plan bwd = input_grad_plan(g);
+  // The input gradient: by phases at a stride, else one correlation with the flipped kernel.
   const bool phased = gx && g.stride > 1;
   std::vector<float> wpk;
-  if (gx && !phased)
+  std::vector<int64_t> bwd_shift;
+  if (gx && !phased) {
     pack_weights(
         bwd, [&](int64_t ci, int64_t o, int64_t t) { return flipped_weight(g, w, ci, o, t); }, wpk);
+    bwd_shift = bwd.shifts();
+  }
   const PhasedInputGrad pig = phased ? phased_input_grad(g, w) : PhasedInputGrad{};
-  const std::vector<int64_t> bwd_shift = bwd.shifts();
   const WeightGradLayout lay(fwd);
   const int64_t chunk = balanced_chunk(g.n, 1);
   const ChunkSums sums(gw ? g.n : 0, chunk, lay.jp * lay.op);
