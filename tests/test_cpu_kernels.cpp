@@ -528,10 +528,20 @@ TEST(ConvWinograd, MatchesIm2colBitForBitOnExactValues) {
       cpu::conv2d_winograd_forward(g, x.data(), w.data(), bias, got.data());
       ASSERT_EQ(got, want) << name(k) << (bias ? " with bias" : " without bias");
     }
-    std::vector<float> gx_want(nx, -1.f), gx(nx, -2.f);
-    cpu::conv2d_backward_im2col(g, x.data(), w.data(), gy.data(), gx_want.data(), nullptr);
+    std::vector<float> gx_want(nx, -1.f), gx(nx, -2.f), gw_want(w.size(), -1.f), gw(w.size(), -2.f);
+    cpu::conv2d_backward_im2col(g, x.data(), w.data(), gy.data(), gx_want.data(), gw_want.data());
     cpu::conv2d_winograd_input_grad(g, w.data(), gy.data(), gx.data());
     ASSERT_EQ(gx, gx_want) << name(k) << " input gradient";
+    cpu::conv2d_winograd_weight_grad(g, x.data(), gy.data(), gw.data());
+    ASSERT_EQ(gw, gw_want) << name(k) << " weight gradient";
+    // float16 data (exact here) widened as it is read: the same weight gradient.
+    const galley::DType f16 = galley::DType::Float16;
+    std::vector<uint16_t> x16(nx), gy16(ny);
+    cpu::convert(x.data(), galley::DType::Float32, x16.data(), f16, int64_t(nx));
+    cpu::convert(gy.data(), galley::DType::Float32, gy16.data(), f16, int64_t(ny));
+    std::vector<float> gw16(w.size(), -2.f);
+    cpu::conv2d_winograd_weight_grad(g, x16.data(), gy16.data(), gw16.data(), f16);
+    ASSERT_EQ(gw16, gw_want) << name(k) << " float16 weight gradient";
   }
 }
 
@@ -549,17 +559,23 @@ TEST(ConvWinograd, CloseToIm2colOnRandomValues) {
         gy(size_t(g.n * g.o * g.oh * g.ow));
     for (auto* v : {&x, &w, &gy})
       for (float& e : *v) e = normal(rng);
-    std::vector<float> want(gy.size()), got(gy.size()), gx_want(x.size()), gx(x.size());
+    std::vector<float> want(gy.size()), got(gy.size()), gx_want(x.size()), gx(x.size()),
+        gw_want(w.size()), gw(w.size());
     cpu::conv2d_forward_im2col(g, x.data(), w.data(), nullptr, want.data());
     cpu::conv2d_winograd_forward(g, x.data(), w.data(), nullptr, got.data());
-    cpu::conv2d_backward_im2col(g, x.data(), w.data(), gy.data(), gx_want.data(), nullptr);
+    cpu::conv2d_backward_im2col(g, x.data(), w.data(), gy.data(), gx_want.data(), gw_want.data());
     cpu::conv2d_winograd_input_grad(g, w.data(), gy.data(), gx.data());
+    cpu::conv2d_winograd_weight_grad(g, x.data(), gy.data(), gw.data());
     // The sums run over 9 * channels terms of unit variance: their largest terms are about 3.
     const float tol_y = 3.f * 9 * float(g.c) * 1e-6f, tol_x = 3.f * 9 * float(g.o) * 1e-6f;
     for (size_t i = 0; i < got.size(); ++i)
       ASSERT_NEAR(got[i], want[i], tol_y) << name(k) << " output " << i;
     for (size_t i = 0; i < gx.size(); ++i)
       ASSERT_NEAR(gx[i], gx_want[i], tol_x) << name(k) << " input gradient " << i;
+    // The weight gradient's sums run over every output of the batch.
+    const float tol_w = 3.f * float(g.n * g.h * g.w) * 1e-6f;
+    for (size_t i = 0; i < gw.size(); ++i)
+      ASSERT_NEAR(gw[i], gw_want[i], tol_w) << name(k) << " weight gradient " << i;
   }
 }
 
@@ -589,6 +605,14 @@ TEST(ConvWinograd, TakenForFloat32SameConvolutionsOfSixteenChannels) {
             cpu::bf16_kernels() == cpu::Bf16Kernels::Widened);
   EXPECT_THROW(cpu::conv2d_winograd_forward(strided, nullptr, nullptr, nullptr, nullptr),
                galley::Error);
+  // The weight gradient from 32 channels each way (with 16 its transforms cost more than its
+  // products save).
+  EXPECT_FALSE(cpu::conv2d_winograd_weight_grad_applies(g));
+  EXPECT_FALSE(cpu::conv2d_winograd_weight_grad_applies(geometry({8, 64, 7, 7, 16, 3, 3, 1, 1})));
+  EXPECT_TRUE(cpu::conv2d_winograd_weight_grad_applies(geometry({8, 32, 14, 14, 32, 3, 3, 1, 1})));
+  EXPECT_TRUE(cpu::conv2d_winograd_weight_grad_applies(geometry({8, 64, 7, 7, 64, 3, 3, 1, 1})));
+  EXPECT_FALSE(cpu::conv2d_winograd_weight_grad_applies(geometry({8, 64, 7, 7, 64, 3, 3, 1, 1}),
+                                                        galley::DType::Int64));
 }
 
 TEST(ConvDirect, TakenOnlyWhereItIsCorrectAndPays) {

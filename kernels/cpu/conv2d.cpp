@@ -473,6 +473,10 @@ void conv2d_backward(const Conv2dGeometry& g, const void* x, const float* w, con
       conv2d_winograd_input_grad(g, w, gy, gx, dtype);
       gx = nullptr;
     }
+    if (gw && conv2d_winograd_weight_grad_applies(g, dtype)) {
+      conv2d_winograd_weight_grad(g, x, gy, gw, dtype);
+      gw = nullptr;
+    }
     const ConvDirectUse use = conv2d_direct_use(g, dtype);
     void* direct_gx = use.input_grad ? gx : nullptr;
     float* direct_gw = use.weight_grad ? gw : nullptr;

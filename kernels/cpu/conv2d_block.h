@@ -47,19 +47,20 @@ inline V broadcast(const float* p) {
 #endif
 }
 
-// y[o][v * L + i] = sum over c < cin, t < taps of wb[(c * taps + t) * OB + o] *
+// y[o][v * L + i] (+)= sum over c < cin, t < taps of wb[(c * taps + t) * ldw + o] *
 // x[c * plane + shift[t] + v * L + i], for OB output channels o and NV vectors v: the weights
-// packed [cin][taps][OB], consecutive outputs at consecutive inputs.
-template <int NV>
+// packed [cin][taps][OB] (or in rows of ldw, the block's OB first), consecutive outputs at
+// consecutive inputs. kAdd adds to y, else overwrites it.
+template <int NV, bool kAdd = false>
 void correlate_block(const float* x, int64_t plane, int64_t cin, const int64_t* shift, int64_t taps,
-                     const float* wb, float* y, int64_t ldy) {
+                     const float* wb, float* y, int64_t ldy, int64_t ldw = OB) {
   V acc[OB][NV];
 #pragma GCC unroll 8
   for (int o = 0; o < OB; ++o)
 #pragma GCC unroll 4
     for (int v = 0; v < NV; ++v) acc[o][v] = V{};
   for (int64_t c = 0; c < cin; ++c, x += plane) {
-    for (int64_t t = 0; t < taps; ++t, wb += OB) {
+    for (int64_t t = 0; t < taps; ++t, wb += ldw) {
       const float* xs = x + shift[t];
       V xv[NV];
 #pragma GCC unroll 4
@@ -75,7 +76,10 @@ void correlate_block(const float* x, int64_t plane, int64_t cin, const int64_t* 
 #pragma GCC unroll 8
   for (int o = 0; o < OB; ++o)
 #pragma GCC unroll 4
-    for (int v = 0; v < NV; ++v) store(y + o * ldy + v * L, acc[o][v]);
+    for (int v = 0; v < NV; ++v) {
+      float* out = y + o * ldy + v * L;
+      store(out, kAdd ? load(out) + acc[o][v] : acc[o][v]);
+    }
 }
 
 // GCC would carry the loads of broadcast_block's rows over to the next step (the input at i + 1
@@ -131,16 +135,19 @@ GALLEY_NO_PREDICTIVE_COMMONING void broadcast_block(const float* g, int64_t ldg,
 }
 
 // correlate_block over `nvec` consecutive vectors of outputs (OB channels, rows ldy apart), in
-// blocks of three vectors and the rest in one block of two or one.
-inline void correlate_vectors(const float* x, int64_t plane, int64_t cin, const int64_t* shift,
-                              int64_t taps, const float* wb, float* y, int64_t ldy, int64_t nvec) {
+// blocks of three vectors and the rest in blocks of two or one: four left go as two and two (a
+// block of one has a broadcast for each product and runs at about half the speed).
+template <bool kAdd = false>
+void correlate_vectors(const float* x, int64_t plane, int64_t cin, const int64_t* shift,
+                       int64_t taps, const float* wb, float* y, int64_t ldy, int64_t nvec,
+                       int64_t ldw = OB) {
   int64_t v = 0;
-  for (; v + 3 <= nvec; v += 3)
-    correlate_block<3>(x + v * L, plane, cin, shift, taps, wb, y + v * L, ldy);
-  if (nvec - v == 2)
-    correlate_block<2>(x + v * L, plane, cin, shift, taps, wb, y + v * L, ldy);
-  else if (nvec - v == 1)
-    correlate_block<1>(x + v * L, plane, cin, shift, taps, wb, y + v * L, ldy);
+  for (; v + 3 <= nvec && nvec - v != 4; v += 3)
+    correlate_block<3, kAdd>(x + v * L, plane, cin, shift, taps, wb, y + v * L, ldy, ldw);
+  for (; nvec - v >= 2; v += 2)
+    correlate_block<2, kAdd>(x + v * L, plane, cin, shift, taps, wb, y + v * L, ldy, ldw);
+  if (nvec - v == 1)
+    correlate_block<1, kAdd>(x + v * L, plane, cin, shift, taps, wb, y + v * L, ldy, ldw);
 }
 
 #if defined(__AVX512F__)

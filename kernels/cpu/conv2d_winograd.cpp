@@ -31,6 +31,10 @@ bool conv2d_winograd_applies(const Conv2dGeometry& g, DType dtype) {
 #endif
 }
 
+bool conv2d_winograd_weight_grad_applies(const Conv2dGeometry& g, DType dtype) {
+  return conv2d_winograd_applies(g, dtype) && g.c >= 32 && g.o >= 32;
+}
+
 namespace {
 
 void check_geometry(const Conv2dGeometry& g, const char* what) {
@@ -277,22 +281,30 @@ struct NarrowPlan : Plan {
   }
 };
 
+// dst[r * ld + j * cp + c] = src[c][r][j] for `channels` planes of h x w (cp >= channels rounded
+// up to whole vectors; the channels past `channels` zero), in 16 x 16 transposes.
+template <typename T>
+void to_channels_last(const T* src, int64_t channels, int64_t h, int64_t w, int64_t cp, float* dst,
+                      int64_t ld) {
+  for (int64_t c0 = 0; c0 < channels; c0 += L)
+    for (int64_t r = 0; r < h; ++r)
+      for (int64_t j0 = 0; j0 < w; j0 += L) {
+        const __mmask16 m = lanes(w - j0);
+        __m512 v[16];
+        for (int64_t k = 0; k < L; ++k)
+          v[k] = c0 + k < channels ? load_as_f32(src + ((c0 + k) * h + r) * w + j0, m)
+                                   : _mm512_setzero_ps();
+        transpose16(v);
+        float* d = dst + r * ld + j0 * cp + c0;
+        for (int64_t j = 0; j < L && j0 + j < w; ++j) _mm512_storeu_ps(d + j * cp, v[j]);
+      }
+}
+
 // The image's planes into the interior of the channel-last bordered buffer xb[row][column][cp]
 // (bordered row r + 1 and column j + 1 for input row r and column j; padded channels zero).
 template <typename T>
 void fill_channels_last(const NarrowPlan& p, const T* x, float* xb) {
-  const int64_t bw = p.bw(), cp = p.cp();
-  const __mmask16 m = lanes(p.w);
-  for (int64_t c0 = 0; c0 < p.cin; c0 += L)
-    for (int64_t r = 0; r < p.h; ++r) {
-      __m512 v[16];
-      for (int64_t k = 0; k < L; ++k)
-        v[k] =
-            c0 + k < p.cin ? load_as_f32(x + ((c0 + k) * p.h + r) * p.w, m) : _mm512_setzero_ps();
-      transpose16(v);
-      float* dst = xb + ((r + 1) * bw + 1) * cp + c0;
-      for (int64_t j = 0; j < p.w; ++j) _mm512_storeu_ps(dst + j * cp, v[j]);
-    }
+  to_channels_last(x, p.cin, p.h, p.w, p.cp(), xb + (p.bw() + 1) * p.cp(), p.bw() * p.cp());
 }
 
 // v[k * ldk + (t0 + t) * cp + c] = position k of B^T d B for tile t of the image in xb, channel c
@@ -477,6 +489,138 @@ void winograd(const Plan& p, int64_t n, const T* x, At at, const float* bias, T*
       transform_output(p, m, tp, (i - n0) * tiles, bias, y + i * p.cout * plane);
   });
 }
+
+// The weight gradient. The forward's bilinear form, sum of gy . y over a tile = sum over the 16
+// positions of (A gy A^T) . (G g G^T) . (B^T d B), A = [1 0; 1 1; 1 -1; 0 -1] (the output
+// transform's transpose), gives dL/dg = G^T M G with M = the sum over every tile of every image
+// of (A gy A^T) . (B^T d B), for each output channel co and input channel ci. Position k's M is
+// a product [out channels x tiles] x [tiles x in channels] whose sums run over all the batch's
+// tiles: the inputs transformed channel-last as the narrow forward's (vectors of input channels),
+// the output gradients on vectors of 16 output channels and packed [tile][OB] for the register
+// block's broadcasts. 16 products a tile pair instead of the direct path's 36.
+struct WeightGradPlan : NarrowPlan {
+  int64_t cop() const { return round_up(cout, L); }  // output channels in whole vectors
+  int64_t gcols() const { return 2 * tw(); }         // the output gradient's copy, [2 th][2 tw]
+  int64_t gfloats() const { return 2 * th() * gcols() * cop(); }
+  // Images transformed together: their transforms (16 positions of every tile, both channel
+  // counts) within 768 KiB, so that the products find them in the L2 cache; at least one.
+  int64_t batch() const {
+    const int64_t image = 16 * tiles() * (cp() + cop()) * int64_t(sizeof(float));
+    return std::max<int64_t>(1, (int64_t(768) << 10) / std::max<int64_t>(image, 1));
+  }
+};
+
+// wt[k * ldk + (t0 + t) * cop + o] = position k = 4 r + c of A g A^T for tile t of one image's
+// channel-last output gradient gb[2 th][2 tw][cop] (zero past its h x w), output channel o;
+// ldk = position_stride(nt * cop).
+void transform_grad(const WeightGradPlan& p, const float* gb, float* wt, int64_t nt, int64_t t0) {
+  const int64_t cop = p.cop(), tw = p.tw(), gc = p.gcols(), ldk = position_stride(nt * cop);
+  for (int64_t i = 0; i < p.th(); ++i)
+    for (int64_t j = 0; j < tw; ++j) {
+      const float* src = gb + (2 * i * gc + 2 * j) * cop;
+      float* dst = wt + (t0 + i * tw + j) * cop;
+      for (int64_t c = 0; c < cop; c += L) {
+        V h[2][4];  // each of the tile's two rows through A
+        for (int a = 0; a < 2; ++a) {
+          const V g0 = load(src + a * gc * cop + c), g1 = load(src + (a * gc + 1) * cop + c);
+          h[a][0] = g0;
+          h[a][1] = g0 + g1;
+          h[a][2] = g0 - g1;
+          h[a][3] = -g1;
+        }
+        for (int b = 0; b < 4; ++b) {  // ... and the columns
+          store(dst + (0 + b) * ldk + c, h[0][b]);
+          store(dst + (4 + b) * ldk + c, h[0][b] + h[1][b]);
+          store(dst + (8 + b) * ldk + c, h[0][b] - h[1][b]);
+          store(dst + (12 + b) * ldk + c, -h[1][b]);
+        }
+      }
+    }
+}
+
+// m[k][co][ci] += sum over t < nt of wt[k][t][co] * v[k][t][ci] for the 16 positions k (m's rows
+// cp apart, cop rows a position).
+void multiply_weight_grad(const WeightGradPlan& p, const float* wt, const float* v, int64_t nt,
+                          float* m) {
+  static const int64_t no_shift = 0;
+  const int64_t cp = p.cp(), cop = p.cop(), blocks = p.coutp() / OB;
+  for (int k = 0; k < 16; ++k) {
+    const float* vk = v + k * position_stride(nt * cp);
+    const float* wk = wt + k * position_stride(nt * cop);
+    float* mk = m + k * cop * cp;
+    for (int64_t cb = 0; cb < blocks; ++cb)
+      correlate_vectors<true>(vk, cp, nt, &no_shift, 1, wk + cb * OB, mk + cb * OB * cp, cp, cp / L,
+                              cop);
+  }
+}
+
+// gw[co][ci][3 u + v] = (G^T M G)[u][v] for the 16 positions' sums M[k][co][ci], G the kernel
+// transform's [1 0 0; 1/2 1/2 1/2; 1/2 -1/2 1/2; 0 0 1]; on vectors of 16 input channels.
+void write_weight_grad(const WeightGradPlan& p, const float* m, float* gw) {
+  const int64_t cp = p.cp(), cop = p.cop();
+  parallel_for(p.cout, std::max<int64_t>(1, 256 / cp), [&](int64_t o0, int64_t o1) {
+    for (int64_t co = o0; co < o1; ++co)
+      for (int64_t c0 = 0; c0 < p.cin; c0 += L) {
+        V z[4][3];  // M G
+        for (int r = 0; r < 4; ++r) {
+          const float* row = m + (4 * r * cop + co) * cp + c0;
+          const V m0 = load(row), m1 = load(row + cop * cp), m2 = load(row + 2 * cop * cp),
+                  m3 = load(row + 3 * cop * cp);
+          const V half_sum = splat(0.5f) * (m1 + m2);
+          z[r][0] = m0 + half_sum;
+          z[r][1] = splat(0.5f) * (m1 - m2);
+          z[r][2] = half_sum + m3;
+        }
+        alignas(64) float taps[9][L];
+        for (int v = 0; v < 3; ++v) {  // G^T (M G)
+          const V half_sum = splat(0.5f) * (z[1][v] + z[2][v]);
+          store(taps[v], z[0][v] + half_sum);
+          store(taps[3 + v], splat(0.5f) * (z[1][v] - z[2][v]));
+          store(taps[6 + v], half_sum + z[3][v]);
+        }
+        float* out = gw + (co * p.cin + c0) * 9;
+        for (int64_t c = 0; c < L && c0 + c < p.cin; ++c)
+          for (int t = 0; t < 9; ++t) out[c * 9 + t] = taps[t][c];
+      }
+  });
+}
+
+// gw[cout][cin][3][3] = the weight gradient of the correlation of x[n][cin][h][w] giving
+// gy[n][cout][h][w]: chunks of images (a partial M each, added in chunk order) in batches that
+// stay in the L2 cache.
+template <typename T>
+void winograd_weight_grad(const WeightGradPlan& p, int64_t n, const T* x, const T* gy, float* gw) {
+  const int64_t cp = p.cp(), cop = p.cop(), tiles = p.tiles(), batch = p.batch();
+  if (n == 0 || tiles == 0) {  // no products: a zero gradient
+    std::fill_n(gw, p.cout * p.cin * 9, 0.f);
+    return;
+  }
+  const int64_t chunk = balanced_chunk(n, 1);
+  const ChunkSums sums(n, chunk, 16 * cop * cp);
+  parallel_chunks(n, chunk, [&](int64_t n0, int64_t n1, bool first) {
+    const int64_t most = std::min(batch, n1 - n0) * tiles;
+    float* xb = thread_scratch(0, size_t(p.bordered()));
+    float* gb = thread_scratch(1, size_t(p.gfloats()));
+    float* v = thread_scratch(2, size_t(16 * position_stride(most * cp)));
+    float* wt = thread_scratch(3, size_t(16 * position_stride(most * cop)));
+    if (first) {  // the borders, and what lies past the planes, stay zero
+      std::fill_n(xb, p.bordered(), 0.f);
+      std::fill_n(gb, p.gfloats(), 0.f);
+    }
+    float* m = sums.start(n0);
+    for (int64_t b0 = n0; b0 < n1; b0 += batch) {
+      const int64_t b1 = std::min(n1, b0 + batch), nt = (b1 - b0) * tiles;
+      for (int64_t i = b0; i < b1; ++i) {
+        fill_channels_last(p, x + i * p.cin * p.h * p.w, xb);
+        transform_input_narrow(p, xb, v, nt, (i - b0) * tiles);
+        to_channels_last(gy + i * p.cout * p.h * p.w, p.cout, p.h, p.w, cop, gb, p.gcols() * cop);
+        transform_grad(p, gb, wt, nt, (i - b0) * tiles);
+      }
+      multiply_weight_grad(p, wt, v, nt, m);
+    }
+  });
+  write_weight_grad(p, sums.total(), gw);
+}
 #endif
 
 }  // namespace
@@ -517,6 +661,20 @@ void conv2d_winograd_input_grad(const Conv2dGeometry& g, const float* w, const v
   });
 #else
   (void)w, (void)gy, (void)gx, (void)dtype;
+#endif
+}
+
+void conv2d_winograd_weight_grad(const Conv2dGeometry& g, const void* x, const void* gy, float* gw,
+                                 DType dtype) {
+  check_geometry(g, "conv2d_backward");
+#if defined(__AVX512F__)
+  dispatch_floating(dtype, "conv2d_backward", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    winograd_weight_grad(WeightGradPlan{{{g.c, g.h, g.w, g.o}}}, g.n, static_cast<const T*>(x),
+                         static_cast<const T*>(gy), gw);
+  });
+#else
+  (void)x, (void)gy, (void)gw, (void)dtype;
 #endif
 }
 

@@ -17,7 +17,10 @@
 // float (small integers, weights in quarters) the result has the im2col path's bits; on others it
 // differs from a direct sum by a few units in the last place of the largest terms. The input
 // gradient of such a convolution is another one (the output gradient against the flipped,
-// transposed kernel) and runs here too; the weight gradient stays on the direct path.
+// transposed kernel) and runs here too. So does the weight gradient, as the forward transposed:
+// G^T [sum over tiles of (A gy A^T) . (B^T d B)] G, whose 16 products per pair of channels run
+// over every tile of the batch (both operands transformed channel-last, the inputs as the narrow
+// forward's); 16 products a tile and channel pair against the direct path's 36.
 #include "kernels/conv2d.h"
 
 namespace galley::kernels::cpu {
@@ -28,6 +31,11 @@ namespace galley::kernels::cpu {
 // group, in a build for AVX-512 hosts, with at least 16 input and output channels (fewer leave
 // the transforms' cost unpaid).
 bool conv2d_winograd_applies(const Conv2dGeometry& g, DType dtype = DType::Float32);
+// Whether conv2d_backward takes it for the weight gradient as well: where it applies, with at
+// least 32 input and output channels. Its transforms (both operands, about as costly a tile
+// as the direct path's sums of 16 x 16 channels) cost in proportion to the channels, its
+// products to their product.
+bool conv2d_winograd_weight_grad_applies(const Conv2dGeometry& g, DType dtype = DType::Float32);
 
 // y = conv(x, w) (+ b) and gx = the input gradient from gy, for any geometry of a 3x3
 // convolution with stride 1, padding 1, no dilation and one group (whatever
@@ -38,5 +46,8 @@ void conv2d_winograd_forward(const Conv2dGeometry& g, const void* x, const float
                              void* y, DType dtype = DType::Float32);
 void conv2d_winograd_input_grad(const Conv2dGeometry& g, const float* w, const void* gy, void* gx,
                                 DType dtype = DType::Float32);
+// gw = the weight gradient from x and gy (overwritten; float32), for the same geometries.
+void conv2d_winograd_weight_grad(const Conv2dGeometry& g, const void* x, const void* gy, float* gw,
+                                 DType dtype = DType::Float32);
 
 }  // namespace galley::kernels::cpu
