@@ -76,69 +76,80 @@ struct Plan {
   }
 };
 
-// The 16 values of G g G^T for one 3x3 kernel g (taps row-major), position k = 4 r + c, with
-// G = [1 0 0; 1/2 1/2 1/2; 1/2 -1/2 1/2; 0 0 1].
-void transform_kernel(const float g[9], float u[16]) {
-  float gg[4][3];
-  for (int c = 0; c < 3; ++c) {
-    gg[0][c] = g[c];
-    gg[1][c] = 0.5f * (g[c] + g[3 + c] + g[6 + c]);
-    gg[2][c] = 0.5f * (g[c] - g[3 + c] + g[6 + c]);
-    gg[3][c] = g[6 + c];
-  }
-  for (int r = 0; r < 4; ++r) {
-    u[4 * r] = gg[r][0];
-    u[4 * r + 1] = 0.5f * (gg[r][0] + gg[r][1] + gg[r][2]);
-    u[4 * r + 2] = 0.5f * (gg[r][0] - gg[r][1] + gg[r][2]);
-    u[4 * r + 3] = gg[r][2];
-  }
-}
-
-// The transformed kernels of `cout` x `cin` (at(co, ci, t) gives tap t, row-major), each position
-// k of output co and input ci stored at u[index(k, co, ci)] of a zeroed array of n floats.
-// Each kernel is transformed into a [cout][cin][16] array first, then each position k is copied
-// out: the 16 positions of a kernel lie a multiple of 4 KiB apart in both layouts (64 x 64
-// channels: 16 KiB), and writing them together would keep evicting one set of the L1 cache.
-template <typename At, typename Index>
-void transform_weights(int64_t cout, int64_t cin, At at, size_t n, Index index,
-                       std::vector<float>& u) {
-  std::vector<float> t(size_t(cout * cin * 16));
-  parallel_for(cout, std::max<int64_t>(1, 1024 / std::max<int64_t>(cin, 1)),
-               [&](int64_t o0, int64_t o1) {
-                 for (int64_t co = o0; co < o1; ++co)
-                   for (int64_t ci = 0; ci < cin; ++ci) {
-                     float g[9];
-                     for (int k = 0; k < 9; ++k) g[k] = at(co, ci, k);
-                     transform_kernel(g, &t[size_t((co * cin + ci) * 16)]);
-                   }
-               });
-  u.assign(n, 0.f);
-  parallel_for(16, std::max<int64_t>(1, 16384 / std::max<int64_t>(cout * cin, 1)),
-               [&](int64_t k0, int64_t k1) {
-                 for (int64_t k = k0; k < k1; ++k)
-                   for (int64_t ci = 0; ci < cin; ++ci)
-                     for (int64_t co = 0; co < cout; ++co)
-                       u[index(int(k), co, ci)] = t[size_t((co * cin + ci) * 16 + k)];
-               });
-}
-
-// U[k][block][ci][OB] for the tiled path: output channel block * OB + o (zero past cout).
-template <typename At>
-void transform_weights(const Plan& p, At at, std::vector<float>& u) {
-  const int64_t blocks = p.coutp() / OB;
-  transform_weights(
-      p.cout, p.cin, at, size_t(16 * blocks * p.cin * OB),
-      [&](int k, int64_t co, int64_t ci) {
-        return size_t(((k * blocks + co / OB) * p.cin + ci) * OB + co % OB);
-      },
-      u);
-}
-
 inline V as_v(__m512 v) {
   return reinterpret_cast<V>(v);
 }
 inline __m512 as_m(V v) {
   return reinterpret_cast<__m512>(v);
+}
+
+// Where a correlation's 3x3 kernels lie: tap t (row-major) of output co and input ci at
+// w[co * co_stride + ci * ci_stride + (flipped ? 8 - t : t)].
+struct Kernels {
+  const float* w;
+  int64_t co_stride, ci_stride;
+  bool flipped;
+};
+
+// The 16 values of G g G^T for 16 kernels g (taps row-major, a kernel a lane), position
+// k = 4 r + c, with G = [1 0 0; 1/2 1/2 1/2; 1/2 -1/2 1/2; 0 0 1].
+void transform_kernels(const V g[9], V u[16]) {
+  V gg[4][3];
+  for (int c = 0; c < 3; ++c) {
+    gg[0][c] = g[c];
+    gg[1][c] = splat(0.5f) * (g[c] + g[3 + c] + g[6 + c]);
+    gg[2][c] = splat(0.5f) * (g[c] - g[3 + c] + g[6 + c]);
+    gg[3][c] = g[6 + c];
+  }
+  for (int r = 0; r < 4; ++r) {
+    u[4 * r] = gg[r][0];
+    u[4 * r + 1] = splat(0.5f) * (gg[r][0] + gg[r][1] + gg[r][2]);
+    u[4 * r + 2] = splat(0.5f) * (gg[r][0] - gg[r][1] + gg[r][2]);
+    u[4 * r + 3] = gg[r][2];
+  }
+}
+
+// The transformed kernels of `cout` x `cin`, each position k of output co and input ci stored at
+// u[index(k, co, ci)] of a zeroed array of n floats; index must run consecutively over each
+// aligned block of OB output channels. 16 output channels at a time, one gather a tap.
+template <typename Index>
+void transform_weights(int64_t cout, int64_t cin, const Kernels& ks, size_t n, Index index,
+                       std::vector<float>& u) {
+  u.assign(n, 0.f);
+  const __m512i offsets =
+      _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                         _mm512_set1_epi32(int32_t(ks.co_stride)));
+  parallel_for(
+      cin, std::max<int64_t>(1, 256 / std::max<int64_t>(cout, 1)), [&](int64_t c0, int64_t c1) {
+        for (int64_t ci = c0; ci < c1; ++ci)
+          for (int64_t co = 0; co < cout; co += L) {
+            const __mmask16 m = lanes(cout - co);
+            const float* base = ks.w + co * ks.co_stride + ci * ks.ci_stride;
+            V g[9], t[16];
+            for (int k = 0; k < 9; ++k)
+              g[k] = as_v(_mm512_mask_i32gather_ps(_mm512_setzero_ps(), m, offsets,
+                                                   base + (ks.flipped ? 8 - k : k), 4));
+            transform_kernels(g, t);
+            for (int k = 0; k < 16; ++k) {
+              const __m512 v = as_m(t[k]);
+              _mm256_mask_storeu_ps(&u[index(k, co, ci)], __mmask8(m), _mm512_castps512_ps256(v));
+              if (cout - co > OB)
+                _mm256_mask_storeu_ps(&u[index(k, co + OB, ci)], __mmask8(m >> 8),
+                                      _mm512_extractf32x8_ps(v, 1));
+            }
+          }
+      });
+}
+
+// U[k][block][ci][OB] for the tiled path: output channel block * OB + o (zero past cout).
+void transform_weights(const Plan& p, const Kernels& ks, std::vector<float>& u) {
+  const int64_t blocks = p.coutp() / OB;
+  transform_weights(
+      p.cout, p.cin, ks, size_t(16 * blocks * p.cin * OB),
+      [&](int k, int64_t co, int64_t ci) {
+        return size_t(((k * blocks + co / OB) * p.cin + ci) * OB + co % OB);
+      },
+      u);
 }
 
 // The lanes of 16 consecutive floats from x + o that fall inside [0, n).
@@ -433,13 +444,14 @@ void transform_output_narrow(const NarrowPlan& p, const float* m, int64_t nt, in
 }
 
 // winograd() for narrow planes.
-template <typename T, typename At>
-void winograd_narrow(const NarrowPlan& p, int64_t n, const T* x, At at, const float* bias, T* y) {
+template <typename T>
+void winograd_narrow(const NarrowPlan& p, int64_t n, const T* x, const Kernels& ks,
+                     const float* bias, T* y) {
   if (n == 0 || p.tiles() == 0) return;  // an empty output
   const int64_t cp = p.cp(), op = p.op(), tiles = p.tiles();
   std::vector<float> u;  // U[k][ci][co], zero past cin and cout
   transform_weights(
-      p.cout, p.cin, at, size_t(16 * cp * op),
+      p.cout, p.cin, ks, size_t(16 * cp * op),
       [&](int k, int64_t co, int64_t ci) { return size_t((k * cp + ci) * op + co); }, u);
   parallel_chunks(n, p.images(n), [&](int64_t n0, int64_t n1, bool first) {
     const int64_t nt = (n1 - n0) * tiles;
@@ -461,13 +473,13 @@ void winograd_narrow(const NarrowPlan& p, int64_t n, const T* x, At at, const fl
 // Planes narrower than this take the channel-last form (a row has at most 6 tiles).
 constexpr int64_t kNarrowPlane = 13;
 
-// y[n][cout][h][w] = the correlation of x[n][cin][h][w] with the kernels `at` gives (+ bias),
-// chunks of images transformed, multiplied and transformed back on each thread.
-template <typename T, typename At>
-void winograd(const Plan& p, int64_t n, const T* x, At at, const float* bias, T* y) {
+// y[n][cout][h][w] = the correlation of x[n][cin][h][w] with the kernels ks (+ bias), chunks of
+// images transformed, multiplied and transformed back on each thread.
+template <typename T>
+void winograd(const Plan& p, int64_t n, const T* x, const Kernels& ks, const float* bias, T* y) {
   if (n == 0 || p.tiles() == 0) return;  // an empty output
   std::vector<float> u;
-  transform_weights(p, at, u);
+  transform_weights(p, ks, u);
   const int64_t plane = p.h * p.w, tiles = p.tiles();
   parallel_chunks(n, p.images(n), [&](int64_t n0, int64_t n1, bool) {
     const int64_t t = (n1 - n0) * tiles, tp = round_up(t, L);
@@ -631,12 +643,12 @@ void conv2d_winograd_forward(const Conv2dGeometry& g, const void* x, const float
 #if defined(__AVX512F__)
   dispatch_floating(dtype, "conv2d", [&](auto tag) {
     using T = typename decltype(tag)::type;
-    auto at = [&](int64_t co, int64_t ci, int64_t t) { return w[(co * g.c + ci) * 9 + t]; };
+    const Kernels ks{w, g.c * 9, 9, false};
     if (g.w < kNarrowPlane)
-      winograd_narrow(NarrowPlan{{g.c, g.h, g.w, g.o}}, g.n, static_cast<const T*>(x), at, b,
+      winograd_narrow(NarrowPlan{{g.c, g.h, g.w, g.o}}, g.n, static_cast<const T*>(x), ks, b,
                       static_cast<T*>(y));
     else
-      winograd(Plan{g.c, g.h, g.w, g.o}, g.n, static_cast<const T*>(x), at, b, static_cast<T*>(y));
+      winograd(Plan{g.c, g.h, g.w, g.o}, g.n, static_cast<const T*>(x), ks, b, static_cast<T*>(y));
   });
 #else
   (void)x, (void)w, (void)b, (void)y, (void)dtype;
@@ -651,12 +663,12 @@ void conv2d_winograd_input_grad(const Conv2dGeometry& g, const float* w, const v
   // swapped: output channel ci (an input channel of the convolution) from input channel o.
   dispatch_floating(dtype, "conv2d_backward", [&](auto tag) {
     using T = typename decltype(tag)::type;
-    auto at = [&](int64_t ci, int64_t o, int64_t t) { return w[(o * g.c + ci) * 9 + (8 - t)]; };
+    const Kernels ks{w, 9, g.c * 9, true};
     if (g.w < kNarrowPlane)
-      winograd_narrow(NarrowPlan{{g.o, g.h, g.w, g.c}}, g.n, static_cast<const T*>(gy), at, nullptr,
+      winograd_narrow(NarrowPlan{{g.o, g.h, g.w, g.c}}, g.n, static_cast<const T*>(gy), ks, nullptr,
                       static_cast<T*>(gx));
     else
-      winograd(Plan{g.o, g.h, g.w, g.c}, g.n, static_cast<const T*>(gy), at, nullptr,
+      winograd(Plan{g.o, g.h, g.w, g.c}, g.n, static_cast<const T*>(gy), ks, nullptr,
                static_cast<T*>(gx));
   });
 #else
