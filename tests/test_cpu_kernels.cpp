@@ -534,14 +534,15 @@ TEST(ConvWinograd, MatchesIm2colBitForBitOnExactValues) {
     ASSERT_EQ(gx, gx_want) << name(k) << " input gradient";
     cpu::conv2d_winograd_weight_grad(g, x.data(), gy.data(), gw.data());
     ASSERT_EQ(gw, gw_want) << name(k) << " weight gradient";
-    // float16 data (exact here) widened as it is read: the same weight gradient.
-    const galley::DType f16 = galley::DType::Float16;
-    std::vector<uint16_t> x16(nx), gy16(ny);
-    cpu::convert(x.data(), galley::DType::Float32, x16.data(), f16, int64_t(nx));
-    cpu::convert(gy.data(), galley::DType::Float32, gy16.data(), f16, int64_t(ny));
-    std::vector<float> gw16(w.size(), -2.f);
-    cpu::conv2d_winograd_weight_grad(g, x16.data(), gy16.data(), gw16.data(), f16);
-    ASSERT_EQ(gw16, gw_want) << name(k) << " float16 weight gradient";
+    // 16-bit data (exact here) widened as it is read: the same weight gradient.
+    for (galley::DType dt : {galley::DType::Float16, galley::DType::BFloat16}) {
+      std::vector<uint16_t> x16(nx), gy16(ny);
+      cpu::convert(x.data(), galley::DType::Float32, x16.data(), dt, int64_t(nx));
+      cpu::convert(gy.data(), galley::DType::Float32, gy16.data(), dt, int64_t(ny));
+      std::vector<float> gw16(w.size(), -2.f);
+      cpu::conv2d_winograd_weight_grad(g, x16.data(), gy16.data(), gw16.data(), dt);
+      ASSERT_EQ(gw16, gw_want) << name(k) << " " << galley::dtype_name(dt) << " weight gradient";
+    }
   }
 }
 

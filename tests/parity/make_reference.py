@@ -263,6 +263,10 @@ CONV_CASES = [
     ("k1", [2, 5, 4, 4], 3, 1, 1, 0, 1, 1, True),
     ("all", [2, 4, 11, 11], 6, 3, 2, 2, 2, 2, True),
     ("simple_cnn", [2, 3, 32, 32], 64, 3, 1, 0, 1, 1, True),  # the SimpleCNN's conv
+    # 3x3 "same" convolutions of 32 channels and more: galley's Winograd path on AVX-512 hosts,
+    # weight gradient included; on planes of 13 and wider (tiles across the lanes) and narrower.
+    ("winograd_wide", [2, 32, 14, 14], 32, 3, 1, 1, 1, 1, True),
+    ("winograd_narrow", [3, 32, 7, 7], 48, 3, 1, 1, 1, 1, False),
 ]
 
 
