@@ -220,17 +220,19 @@ void transform_input(const Plan& p, const T* x, float* v, int64_t ldk, int64_t t
   }
 }
 
+// The products of the transformed values run on the correlation block as one tap at shift 0.
+constexpr int64_t kNoShift = 0;
+
 // m[k][co][t] = sum over ci of u[k][co][ci] * v[k][ci][t] for the 16 positions k: tp tiles (whole
 // vectors), output channels padded to whole blocks.
 void multiply(const Plan& p, const float* u, const float* v, int64_t tp, float* m) {
-  static const int64_t no_shift = 0;
   const int64_t blocks = p.coutp() / OB, nvec = tp / L;
   for (int k = 0; k < 16; ++k) {
     const float* vk = v + k * position_stride(p.cin * tp);
     float* mk = m + k * position_stride(p.coutp() * tp);
     for (int64_t cb = 0; cb < blocks; ++cb) {
       const float* ub = u + (k * blocks + cb) * p.cin * OB;
-      correlate_vectors(vk, tp, p.cin, &no_shift, 1, ub, mk + cb * OB * tp, tp, nvec);
+      correlate_vectors(vk, tp, p.cin, &kNoShift, 1, ub, mk + cb * OB * tp, tp, nvec);
     }
   }
 }
@@ -508,8 +510,9 @@ void winograd(const Plan& p, int64_t n, const T* x, const Kernels& ks, const flo
 // of (A gy A^T) . (B^T d B), for each output channel co and input channel ci. Position k's M is
 // a product [out channels x tiles] x [tiles x in channels] whose sums run over all the batch's
 // tiles: the inputs transformed channel-last as the narrow forward's (vectors of input channels),
-// the output gradients on vectors of 16 output channels and packed [tile][OB] for the register
-// block's broadcasts. 16 products a tile pair instead of the direct path's 36.
+// the output gradients channel-last too ([tile][output channel], each block of OB broadcast by the
+// register block at a stride of a tile's row). 16 products a tile pair instead of the direct
+// path's 36.
 struct WeightGradPlan : NarrowPlan {
   int64_t cop() const { return round_up(cout, L); }  // output channels in whole vectors
   int64_t gcols() const { return 2 * tw(); }         // the output gradient's copy, [2 th][2 tw]
@@ -554,14 +557,13 @@ void transform_grad(const WeightGradPlan& p, const float* gb, float* wt, int64_t
 // cp apart, cop rows a position).
 void multiply_weight_grad(const WeightGradPlan& p, const float* wt, const float* v, int64_t nt,
                           float* m) {
-  static const int64_t no_shift = 0;
   const int64_t cp = p.cp(), cop = p.cop(), blocks = p.coutp() / OB;
   for (int k = 0; k < 16; ++k) {
     const float* vk = v + k * position_stride(nt * cp);
     const float* wk = wt + k * position_stride(nt * cop);
     float* mk = m + k * cop * cp;
     for (int64_t cb = 0; cb < blocks; ++cb)
-      correlate_vectors<true>(vk, cp, nt, &no_shift, 1, wk + cb * OB, mk + cb * OB * cp, cp, cp / L,
+      correlate_vectors<true>(vk, cp, nt, &kNoShift, 1, wk + cb * OB, mk + cb * OB * cp, cp, cp / L,
                               cop);
   }
 }
