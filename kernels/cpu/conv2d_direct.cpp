@@ -96,13 +96,18 @@ void fill_interior(const Plan& p, const T* src, D* dst) {
       at[b] = b * size + (j0[b] + p.pad_w) / s;
       count[b] = j0[b] < p.w ? (p.w - j0[b] + s - 1) / s : 0;
     }
+    const int64_t even = j0[0] == 0 ? 0 : 1;  // at stride 2, the phase of the even columns
     for (int64_t c = 0; c < p.cin; ++c, dst += plane) {
       int64_t a = p.pad_h % s, rs = p.pad_h / s;  // padded row i + pad_h is row rs of phase a
       for (int64_t i = 0; i < p.h; ++i) {
         if (a < row_phases) {  // else a row no tap reads
           D* row = dst + a * cols * size + rs * pw;
           const T* from = src + (c * p.h + i) * p.w;
-          for (int64_t b = 0; b < cols; ++b) gather_strided(from + j0[b], row + at[b], count[b], s);
+          if (s == 2 && cols == 2)  // both column phases in one pass
+            deinterleave_row(from, p.w, row + at[even], row + at[1 - even]);
+          else
+            for (int64_t b = 0; b < cols; ++b)
+              gather_strided(from + j0[b], row + at[b], count[b], s);
         }
         if (++a == s) a = 0, ++rs;
       }

@@ -58,6 +58,27 @@ inline __attribute__((always_inline)) void gather_strided(const T* src, D* dst, 
   for (; j < n; ++j) dst[j] = static_cast<D>(src[j * stride]);
 }
 
+// even[k] = src[2k] and odd[k] = src[2k + 1] for the n elements of src: a row split into its two
+// column phases at stride 2 in one pass, 32 elements from two loads (interleave_row's inverse).
+template <typename T, typename D>
+inline void deinterleave_row(const T* src, int64_t n, D* even, D* odd) {
+  int64_t j = 0;
+#if defined(__AVX512F__)
+  if constexpr (std::is_same_v<T, float> && std::is_same_v<D, float>) {
+    const __m512i ev = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+    const __m512i od = _mm512_add_epi32(ev, _mm512_set1_epi32(1));
+    for (; j < n; j += 32) {
+      const int64_t left = n - j;  // elements of src still to read
+      const __m512 a = _mm512_maskz_loadu_ps(lanes(left), src + j);
+      const __m512 b = _mm512_maskz_loadu_ps(lanes(std::max<int64_t>(0, left - 16)), src + j + 16);
+      _mm512_mask_storeu_ps(even + j / 2, lanes((left + 1) / 2), _mm512_permutex2var_ps(a, ev, b));
+      _mm512_mask_storeu_ps(odd + j / 2, lanes(left / 2), _mm512_permutex2var_ps(a, od, b));
+    }
+  }
+#endif
+  for (; j < n; ++j) (j % 2 ? odd : even)[j / 2] = static_cast<D>(src[j]);
+}
+
 // dst[j * stride] += src[j] (kAdd: col2im's strided row) or = src[j] (the phases of a strided
 // direct convolution's input gradient) for j < n. Stride 2 goes 16 elements a vector, the odd
 // positions between left as they are (not even an added zero); the rest one at a time.
