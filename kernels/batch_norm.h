@@ -45,18 +45,23 @@ namespace cpu {
 // accumulated in double; then the running update when `running.mean` is set.
 void batch_norm_stats(DType dtype, const void* x, BatchNormGeometry g, BatchNormRunning running,
                       float* mean, float* var);
-// y = (x - mean[c]) / sqrt(var[c] + eps) * weight[c] + bias[c], then max(y, 0) when `relu`.
+// y = (x - mean[c]) / sqrt(var[c] + eps) * weight[c] + bias[c]; plus residual (x's shape and
+// dtype) when given, added to the normalised value rounded to the dtype (the bits of
+// batch_norm then add_); then max(y, 0) when `relu`.
 void batch_norm_forward(DType dtype, const void* x, BatchNormGeometry g, BatchNormParams p,
-                        bool relu, void* y);
+                        bool relu, void* y, const void* residual = nullptr);
 // The backward of batch_norm_forward for the incoming gradient gy, masked by y > 0 when y is
-// given (the forward had relu; p is the forward's, bias included, and the float32 host kernel
-// recomputes the mask from x with the forward's affine, the same bits, instead of reading y).
-// gweight[c] = sum(gy xhat) and gbias[c] = sum(gy) (either may be null, except that both are needed
-// for gx in training); gx (may be null) is, with batch statistics (`training`), the full backward
-// through the mean and variance, else gy * weight / sqrt(var + eps).
+// given (the forward had relu; p is the forward's, bias included; without a residual, the
+// float32 host kernel recomputes the mask from x with the forward's affine, the same bits,
+// instead of reading y). gweight[c] = sum(gy xhat) and gbias[c] = sum(gy) (either may be null,
+// except that both are needed for gx in training); gx (may be null) is, with batch statistics
+// (`training`), the full backward through the mean and variance, else gy * weight /
+// sqrt(var + eps). `residual_added`: the forward added a residual, so the mask comes from y;
+// gresidual (may be null) receives the residual's gradient, gy masked.
 void batch_norm_backward(DType dtype, const void* gy, const void* x, const void* y,
                          BatchNormGeometry g, BatchNormParams p, bool training, void* gx,
-                         float* gweight, float* gbias);
+                         float* gweight, float* gbias, bool residual_added = false,
+                         void* gresidual = nullptr);
 
 }  // namespace cpu
 
@@ -65,10 +70,10 @@ namespace cuda {
 void batch_norm_stats(DType dtype, const void* x, BatchNormGeometry g, BatchNormRunning running,
                       float* mean, float* var, void* stream);
 void batch_norm_forward(DType dtype, const void* x, BatchNormGeometry g, BatchNormParams p,
-                        bool relu, void* y, void* stream);
+                        bool relu, void* y, const void* residual, void* stream);
 void batch_norm_backward(DType dtype, const void* gy, const void* x, const void* y,
                          BatchNormGeometry g, BatchNormParams p, bool training, void* gx,
-                         float* gweight, float* gbias, void* stream);
+                         float* gweight, float* gbias, void* gresidual, void* stream);
 // *counter += 1 (a layer's num_batches_tracked, kept on its device).
 void batch_norm_count(int64_t* counter, void* stream);
 

@@ -124,16 +124,18 @@ Build pool(galley::MaxPool2dOptions o) {
 Build cross_entropy(galley::CrossEntropyOptions o) {
   return [o](const std::vector<Tensor>& v) { return galley::cross_entropy(v[0], v[1], o); };
 }
-// batch_norm on v = {x[, weight, bias]}, with fresh running statistics on x's device at each
-// call (float32 [C]): zeros and ones when `training` (they are updated), fixed values otherwise.
-Build batch_norm(galley::BatchNormOptions o, bool running = true) {
-  return [o, running](const std::vector<Tensor>& v) {
+// batch_norm on v = {x[, weight, bias]} (batch_norm_add on {x, weight, bias, residual} with
+// `residual`), with fresh running statistics on x's device at each call (float32 [C]): zeros and
+// ones when `training` (they are updated), fixed values otherwise.
+Build batch_norm(galley::BatchNormOptions o, bool running = true, bool residual = false) {
+  return [o, running, residual](const std::vector<Tensor>& v) {
     const int64_t C = v[0].size(1);
     std::vector<float> mean(C), var(C);
     for (int64_t c = 0; c < C; ++c)
       mean[c] = 0.2f * float(c) - 0.3f, var[c] = 0.5f + 0.25f * float(c);
     Tensor rm = running ? Tensor::from_vector(mean, {C}).to(v[0].device()) : Tensor();
     Tensor rv = running ? Tensor::from_vector(var, {C}).to(v[0].device()) : Tensor();
+    if (residual) return galley::batch_norm_add(v[0], v[3], rm, rv, v[1], v[2], o);
     return galley::batch_norm(v[0], rm, rv, v.size() > 1 ? v[1] : Tensor(),
                               v.size() > 2 ? v[2] : Tensor(), o);
   };
@@ -259,6 +261,13 @@ const std::vector<OpCase> kOps = {
     {"batch_norm_no_running", batch_norm({}, false), {normal({5, 3, 4}), normal({3}), normal({3})}, kAllFloat},
     // a small weight and |bias| >= 0.1 keep the output clear of relu's kink
     {"batch_norm_relu",      batch_norm({.training = true, .relu = true}), {normal({4, 3, 3, 3}), normal({3}, 0.02f), kinkless({3})}, kAllFloat},
+    // batch_norm_add: the residual away from zero and a small affine keep the sum clear of the kink;
+    // planes of 529 take the host kernel's channel-at-a-time backward, [N, C] its row path
+    {"batch_norm_add_relu",      batch_norm({.training = true, .relu = true}, true, true), {normal({4, 3, 5, 5}), normal({3}, 0.01f), normal({3}, 0.01f), kinkless({4, 3, 5, 5})}, kAllFloat},
+    {"batch_norm_add_relu_long", batch_norm({.training = true, .relu = true}, true, true), {normal({2, 2, 23, 23}), normal({2}, 0.01f), normal({2}, 0.01f), kinkless({2, 2, 23, 23})}, kAllFloat},
+    {"batch_norm_add_relu_1d",   batch_norm({.training = true, .relu = true}, true, true), {normal({6, 4}), normal({4}, 0.01f), normal({4}, 0.01f), kinkless({6, 4})}, kAllFloat},
+    {"batch_norm_add_eval",      batch_norm({}, true, true), {normal({4, 3, 5, 5}), normal({3}), normal({3}), normal({4, 3, 5, 5})}, kAllFloat},
+    {"batch_norm_add_eval_relu", batch_norm({.relu = true}, true, true), {normal({4, 3, 5, 5}), normal({3}, 0.01f), normal({3}, 0.01f), kinkless({4, 3, 5, 5})}, kAllFloat},
     // avg_pool2d, adaptive_avg_pool2d, dropout
     {"avg_pool2d",               [](V v) { return galley::avg_pool2d(v[0], {.kernel_size = 2}); }, {normal({2, 3, 6, 6})}, kAllFloat},
     {"avg_pool2d_k3_s2_p1",      [](V v) { return galley::avg_pool2d(v[0], {.kernel_size = 3, .stride = 2, .padding = 1}); }, {normal({1, 2, 7, 8})}, kAllFloat},

@@ -851,6 +851,89 @@ TEST(BatchNorm, StateDictKeysArePyTorchs) {
   EXPECT_EQ(no_stats(x).to_vector(), train_out.to_vector());
 }
 
+// batch_norm_add is batch_norm, add_ and relu in one pass: the same bits forward and backward
+// (the input, weight, bias and residual gradients, and the running statistics), in every dtype,
+// training and eval, with and without the ReLU, on planes long enough for the host kernel's
+// channel-at-a-time backward (784), short ones (49) and [N, C] rows; with a frozen weight and
+// bias in eval the backward needs no per-channel sums, which is a path of its own.
+TEST(BatchNorm, AddEqualsBatchNormThenAddThenReluBitForBit) {
+  using galley::DType;
+  const std::vector<galley::Shape> shapes = {{4, 3, 28, 28}, {6, 5, 7, 7}, {9, 6}};
+  for (const DType dt : {DType::Float32, DType::BFloat16, DType::Float16})
+    for (const galley::Shape& shape : shapes)
+      for (const int mode : {0, 1, 2})  // training, eval, eval with a frozen affine
+        for (const bool relu : {true, false}) {
+          const int64_t C = shape[1];
+          const bool training = mode == 0, frozen = mode == 2;
+          const std::string what = galley::dtype_name(dt) + " " + galley::shape_str(shape) +
+                                   (training ? " training"
+                                    : frozen ? " eval frozen"
+                                             : " eval") +
+                                   (relu ? " relu" : "");
+          std::vector<Tensor> grads[2], running[2];
+          Tensor outs[2];
+          for (int fused = 0; fused < 2; ++fused) {
+            Tensor x = testutil::rnd(shape, 1).to(dt), r = testutil::rnd(shape, 2).to(dt);
+            Tensor w = testutil::rnd({C}, 3) + 1.f, b = testutil::rnd({C}, 4, 0.5f);
+            for (Tensor* t : {&x, &r, &w, &b})
+              if (!frozen || t == &x || t == &r) t->set_requires_grad();
+            Tensor rm = testutil::rnd({C}, 5, 0.2f), rv = testutil::rnd({C}, 6, 0.2f) + 1.f;
+            const galley::BatchNormOptions o{.training = training, .relu = relu};
+            Tensor y;
+            if (fused) {
+              y = galley::batch_norm_add(x, r, rm, rv, w, b, o);
+            } else {
+              galley::BatchNormOptions plain = o;
+              plain.relu = false;
+              y = galley::batch_norm(x, rm, rv, w, b, plain);
+              y.add_(r);
+              if (relu) y = galley::relu(y);
+            }
+            // A fixed incoming gradient, so that every element's differs.
+            y.backward(testutil::rnd(shape, 7).to(dt));
+            outs[fused] = y.detach();
+            grads[fused] = {x.grad(), r.grad(), w.grad(), b.grad()};
+            running[fused] = {rm, rv};
+          }
+          EXPECT_EQ(outs[1].to(DType::Float32).to_vector(), outs[0].to(DType::Float32).to_vector())
+              << what << ": output";
+          const char* names[] = {"input", "residual", "weight", "bias"};
+          for (int k = 0; k < (frozen ? 2 : 4); ++k)
+            EXPECT_EQ(grads[1][k].to(DType::Float32).to_vector(),
+                      grads[0][k].to(DType::Float32).to_vector())
+                << what << ": " << names[k] << " gradient";
+          for (int k = 0; k < 2; ++k)
+            EXPECT_EQ(running[1][k].to_vector(), running[0][k].to_vector())
+                << what << ": running statistics";
+        }
+}
+
+TEST(BatchNorm, AddChecksItsResidualAndTheLayerTakesTwoInputs) {
+  Tensor x = testutil::rnd({2, 3, 4, 4}, 1);
+  Tensor rm = galley::zeros({3}), rv = galley::ones({3});
+  expect_contains(
+      testutil::error_of([&] {
+        galley::batch_norm_add(x, testutil::rnd({2, 3, 4, 5}, 2), rm, rv, Tensor(), Tensor());
+      }),
+      {"batch_norm_add", "residual [2, 3, 4, 5]", "input [2, 3, 4, 4]"});
+  expect_contains(testutil::error_of([&] {
+                    galley::batch_norm_add(x, x.to(galley::DType::BFloat16), rm, rv, Tensor(),
+                                           Tensor());
+                  }),
+                  {"batch_norm_add", "bfloat16", "float32"});
+  expect_contains(
+      testutil::error_of([&] { galley::batch_norm_add(x, Tensor(), rm, rv, Tensor(), Tensor()); }),
+      {"batch_norm_add", "undefined"});
+  // The layer: bn(x, residual) with its ReLU after the sum; three inputs are an error.
+  nn::BatchNorm2D bn(3, {.relu = true});
+  bn.eval();
+  Tensor r = testutil::rnd({2, 3, 4, 4}, 3);
+  nn::BatchNorm2D plain(3);
+  plain.eval();
+  EXPECT_EQ(bn(x, r).to_vector(), galley::relu(plain(x) + r).to_vector());
+  expect_contains(testutil::error_of([&] { bn(x, r, r); }), {"BatchNorm2D(3", "3 inputs"});
+}
+
 TEST(BatchNorm, ToBFloat16KeepsTheRunningStatisticsFloat32) {
   nn::BatchNorm2D bn(3);
   Tensor handle = bn.running_mean();

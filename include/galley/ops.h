@@ -226,6 +226,15 @@ struct BatchNormOptions {
 /// normalisation are computed in float32 with double accumulation.
 Tensor batch_norm(const Tensor& x, const Tensor& running_mean, const Tensor& running_var,
                   const Tensor& weight, const Tensor& bias, const BatchNormOptions& options = {});
+/// batch_norm(x, ...) + residual, then max(., 0) when options.relu: a residual block's tail
+/// (normalise, add the shortcut, ReLU) in one pass over the data forward and one backward,
+/// where batch_norm, add_ and relu take three (cuDNN's batch-norm-add-activation). residual has
+/// x's shape, dtype and device; the result has the bits of the three ops in turn (the
+/// normalised value rounded to the dtype before the sum), and so have the gradients, the
+/// residual's being the incoming gradient masked by the ReLU.
+Tensor batch_norm_add(const Tensor& x, const Tensor& residual, const Tensor& running_mean,
+                      const Tensor& running_var, const Tensor& weight, const Tensor& bias,
+                      const BatchNormOptions& options = {});
 /// Geometry of a 2-D average pooling; stride 0 means "equal to the kernel". As PyTorch's
 /// avg_pool2d (no divisor_override): padding at most half the kernel; with ceil_mode the last
 /// window may hang over the edge, but starts inside the input or the left padding.

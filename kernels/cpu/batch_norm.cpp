@@ -110,10 +110,10 @@ inline __m512 masked_grad(const T* g, const T* y, __mmask16 m, __m512 fx, const 
 
 // add_sums over n elements: s += sum of u and q += sum of u (b - sb), u = a - sa (a masked by
 // the ReLU, from y when given or from b = x), in float32 lanes per block of kStageBlock, then in
-// double.
+// double. The masked a goes to `masked` when given.
 template <typename T>
 void add_sums_avx512(const T* a, float sa, const T* y, const T* b, float sb, int64_t n, double& s,
-                     double& q, const ReluMask& relu = {}) {
+                     double& q, const ReluMask& relu = {}, T* masked = nullptr) {
   const __m512 vsa = _mm512_set1_ps(sa), vsb = _mm512_set1_ps(sb);
   for (int64_t i = 0; i < n; i += kStageBlock) {
     const int64_t end = std::min(n, i + kStageBlock);
@@ -121,8 +121,9 @@ void add_sums_avx512(const T* a, float sa, const T* y, const T* b, float sb, int
     for (int64_t j = i; j < end; j += 16) {
       const __mmask16 m = lanes(end - j);
       const __m512 fb = load_as_f32(b + j, m);
-      const __m512 u =
-          _mm512_maskz_sub_ps(m, masked_grad(a + j, y ? y + j : nullptr, m, fb, relu), vsa);
+      const __m512 fa = masked_grad(a + j, y ? y + j : nullptr, m, fb, relu);
+      if (masked) store_from_f32(masked + j, fa, m);
+      const __m512 u = _mm512_maskz_sub_ps(m, fa, vsa);
       fs = _mm512_add_ps(fs, u);
       fq = _mm512_fmadd_ps(u, _mm512_sub_ps(fb, vsb), fq);
     }
@@ -258,14 +259,33 @@ inline float affine(float v, float a, float b) {
   return t;
 }
 
-#if defined(__AVX512BW__)
-// affine<kRelu> over n elements.
+// affine<kRelu> with the residual r added to the normalised value rounded to T (as batch_norm's
+// output, then add_'s sum in float32).
 template <bool kRelu, typename T>
-void affine_avx512(const T* x, int64_t n, float a, float b, T* y) {
+inline float affine_add(float v, float a, float b, float r) {
+  const float t = float(T(v * a + b)) + r;
+  if constexpr (kRelu) return !(t <= 0.f) ? t : 0.f;
+  return t;
+}
+
+#if defined(__AVX512BW__)
+// v rounded to T and widened back (v itself for float32).
+template <typename T>
+inline __m512 rounded_to(__m512 v) {
+  if constexpr (std::is_same_v<T, float>)
+    return v;
+  else
+    return _mm512_castsi512_ps(_mm512_slli_epi32(bf16_bits(v), 16));
+}
+
+// affine<kRelu> over n elements, or affine_add<kRelu> with the residual r when given.
+template <bool kRelu, typename T>
+void affine_avx512(const T* x, int64_t n, float a, float b, const T* r, T* y) {
   const __m512 va = _mm512_set1_ps(a), vb = _mm512_set1_ps(b);
   for (int64_t j = 0; j < n; j += 16) {
     const __mmask16 m = lanes(n - j);
     __m512 t = _mm512_fmadd_ps(load_as_f32(x + j, m), va, vb);
+    if (r) t = _mm512_add_ps(rounded_to<T>(t), load_as_f32(r + j, m));
     if constexpr (kRelu)  // as relu: NaN stays NaN
       t = _mm512_mask_mov_ps(t, _mm512_cmp_ps_mask(t, _mm512_setzero_ps(), _CMP_LE_OQ),
                              _mm512_setzero_ps());
@@ -275,42 +295,53 @@ void affine_avx512(const T* x, int64_t n, float a, float b, T* y) {
 #endif
 
 template <typename T, bool kRelu>
-void forward(const T* x, BatchNormGeometry g, BatchNormParams p, T* y) {
+void forward(const T* x, BatchNormGeometry g, BatchNormParams p, const T* res, T* y) {
   const int64_t C = g.channels, inner = g.inner;
   float* scale = channel_scratch(0, 2 * C);
   float* shift = scale + C;
   affine_of(p, C, scale, shift);
   if (inner > 1) {
-    parallel_balanced(g.outer * C, std::max<int64_t>(1, kElementwiseGrain / inner),
-                      [&](int64_t r0, int64_t r1) {
-                        for (int64_t r = r0; r < r1; ++r) {
-                          const float a = scale[r % C], b = shift[r % C];
+    parallel_balanced(
+        g.outer * C, std::max<int64_t>(1, kElementwiseGrain / inner), [&](int64_t r0, int64_t r1) {
+          for (int64_t r = r0; r < r1; ++r) {
+            const float a = scale[r % C], b = shift[r % C];
 #if defined(__AVX512BW__)
-                          if constexpr (kInRegisters<T>) {
-                            affine_avx512<kRelu>(x + r * inner, inner, a, b, y + r * inner);
-                            continue;
-                          }
+            if constexpr (kInRegisters<T>) {
+              affine_avx512<kRelu>(x + r * inner, inner, a, b, res ? res + r * inner : nullptr,
+                                   y + r * inner);
+              continue;
+            }
 #endif
-                          map_n(x + r * inner, y + r * inner, inner,
-                                [a, b](float v) { return affine<kRelu>(v, a, b); });
-                        }
-                      });
+            if (res)
+              zip_n(x + r * inner, 1, res + r * inner, 1, y + r * inner, inner,
+                    [a, b](float v, float rv) { return affine_add<kRelu, T>(v, a, b, rv); });
+            else
+              map_n(x + r * inner, y + r * inner, inner,
+                    [a, b](float v) { return affine<kRelu>(v, a, b); });
+          }
+        });
     return;
   }
-  parallel_balanced(g.outer, std::max<int64_t>(1, kElementwiseGrain / C),
-                    [&](int64_t o0, int64_t o1) {
-                      Staged<T> sx;
-                      Output<T> out;
-                      for (int64_t o = o0; o < o1; ++o)
-                        for (int64_t c0 = 0; c0 < C; c0 += kStageBlock) {
-                          const int64_t m = std::min(kStageBlock, C - c0);
-                          const float* f = sx.load(x + o * C + c0, m);
-                          float* r = out.at(y + o * C + c0);
-                          for (int64_t j = 0; j < m; ++j)
-                            r[j] = affine<kRelu>(f[j], scale[c0 + j], shift[c0 + j]);
-                          out.store(y + o * C + c0, m);
-                        }
-                    });
+  parallel_balanced(
+      g.outer, std::max<int64_t>(1, kElementwiseGrain / C), [&](int64_t o0, int64_t o1) {
+        Staged<T> sx, sr;
+        Output<T> out;
+        for (int64_t o = o0; o < o1; ++o)
+          for (int64_t c0 = 0; c0 < C; c0 += kStageBlock) {
+            const int64_t m = std::min(kStageBlock, C - c0);
+            const float* f = sx.load(x + o * C + c0, m);
+            float* r = out.at(y + o * C + c0);
+            if (res) {
+              const float* fr = sr.load(res + o * C + c0, m);
+              for (int64_t j = 0; j < m; ++j)
+                r[j] = affine_add<kRelu, T>(f[j], scale[c0 + j], shift[c0 + j], fr[j]);
+            } else {
+              for (int64_t j = 0; j < m; ++j)
+                r[j] = affine<kRelu>(f[j], scale[c0 + j], shift[c0 + j]);
+            }
+            out.store(y + o * C + c0, m);
+          }
+      });
 }
 
 // The incoming gradient masked by the forward's ReLU (y > 0) when y is given.
@@ -326,9 +357,15 @@ struct MaskedGrad {
   }
 };
 
+// The masked gradient fg (n float32 values of T, so exact) into o: the residual's gradient.
+template <typename T>
+void store_masked(const float* fg, int64_t n, T* o) {
+  for (int64_t j = 0; j < n; ++j) o[j] = static_cast<T>(fg[j]);
+}
+
 template <typename T>
 void backward(const T* gy, const T* x, const T* y, BatchNormGeometry g, BatchNormParams p,
-              bool training, T* gx, float* gweight, float* gbias) {
+              bool training, bool residual_added, T* gx, float* gweight, float* gbias, T* gres) {
   const int64_t C = g.channels, inner = g.inner;
   const double n = double(g.outer) * double(inner);
   // Per channel: the mean, k (the coefficient of the centred input), the mean gradient and
@@ -344,8 +381,9 @@ void backward(const T* gy, const T* x, const T* y, BatchNormGeometry g, BatchNor
   }
   const bool need_sums = (training && gx) || gweight || gbias;
 #if defined(__AVX512BW__)
-  // float32 planes after a ReLU: its mask from x and the forward's affine (ReluMask), not from y.
-  const bool relu_from_x = std::is_same_v<T, float> && y && inner > 1;
+  // float32 planes after a ReLU: its mask from x and the forward's affine (ReluMask), not from y
+  // (which a residual added in the forward makes the only source).
+  const bool relu_from_x = std::is_same_v<T, float> && y && inner > 1 && !residual_added;
   float* fwd_affine = nullptr;
   if (relu_from_x) {
     fwd_affine = channel_scratch(2, 2 * C);
@@ -359,6 +397,9 @@ void backward(const T* gy, const T* x, const T* y, BatchNormGeometry g, BatchNor
     return r;
   };
   const T* y_read = relu_from_x ? nullptr : y;  // what the vector paths read of y
+  // The residual's gradient written by the sums' pass, and read back (masked already) by the
+  // input gradient's in place of gy and y.
+  const bool gres_first = kInRegisters<T> && gres && need_sums;
 #endif
   // Channel c's sums (of the gradient, and of gradient x centred input) -> the weight and bias
   // gradients and the coefficients of its input gradient.
@@ -377,7 +418,7 @@ void backward(const T* gy, const T* x, const T* y, BatchNormGeometry g, BatchNor
 #if defined(__AVX512BW__)
     if constexpr (kInRegisters<T>) {
       add_sums_avx512<T>(gy + base, 0.f, y_read ? y_read + base : nullptr, x + base, mc, inner, s,
-                         q, relu_mask(c));
+                         q, relu_mask(c), gres_first ? gres + base : nullptr);
       return;
     }
 #endif
@@ -409,8 +450,15 @@ void backward(const T* gy, const T* x, const T* y, BatchNormGeometry g, BatchNor
       for (int64_t j = 0; j < inner; j += 16) {
         const __mmask16 m = lanes(inner - j);
         const __m512 fx = load_as_f32(x + base + j, m);
-        const __m512 fg =
-            masked_grad(gy + base + j, y_read ? y_read + base + j : nullptr, m, fx, relu);
+        if (!gx && gres_first) break;
+        __m512 fg;
+        if (gres_first) {
+          fg = load_as_f32(gres + base + j, m);
+        } else {
+          fg = masked_grad(gy + base + j, y_read ? y_read + base + j : nullptr, m, fx, relu);
+          if (gres) store_from_f32(gres + base + j, fg, m);
+          if (!gx) continue;
+        }
         // (g - mg - (x - mean) k) a, in the staged path's order
         const __m512 d =
             _mm512_sub_ps(_mm512_sub_ps(fg, vmg), _mm512_mul_ps(_mm512_sub_ps(fx, vmean), vk));
@@ -426,11 +474,13 @@ void backward(const T* gy, const T* x, const T* y, BatchNormGeometry g, BatchNor
     for (int64_t i = 0; i < inner; i += kStageBlock) {
       const int64_t m = std::min(kStageBlock, inner - i), base = r * inner + i;
       const float* fg = sg.load(gy + base, y ? y + base : nullptr, m, masked);
+      if (gres) store_masked(fg, m, gres + base);
+      if (!gx) continue;
       dx(fg, sx.load(x + base, m), m, c, 0, out.at(gx + base));
       out.store(gx + base, m);
     }
   };
-  if (inner >= kLongPlane && gx && C >= num_threads()) {
+  if (inner >= kLongPlane && (gx || gres) && C >= num_threads()) {
     // Long planes: one channel at a time, its sums, then its input gradient while its planes
     // are still in the cache (the two-pass form reads every tensor from memory twice). The sums
     // run over the blocks of channel_sums in its order, so the bits are the same.
@@ -474,7 +524,7 @@ void backward(const T* gy, const T* x, const T* y, BatchNormGeometry g, BatchNor
         sums.data());
     for (int64_t c = 0; c < C; ++c) finish_channel(c, sums[c], sums[C + c]);
   }
-  if (!gx) return;
+  if (!gx && !gres) return;
   if (inner > 1) {
     parallel_balanced(g.outer * C, std::max<int64_t>(1, kElementwiseGrain / inner),
                       [&](int64_t r0, int64_t r1) {
@@ -492,6 +542,8 @@ void backward(const T* gy, const T* x, const T* y, BatchNormGeometry g, BatchNor
                         for (int64_t c0 = 0; c0 < C; c0 += kStageBlock) {
                           const int64_t m = std::min(kStageBlock, C - c0), base = o * C + c0;
                           const float* fg = sg.load(gy + base, y ? y + base : nullptr, m, masked);
+                          if (gres) store_masked(fg, m, gres + base);
+                          if (!gx) continue;
                           dx(fg, sx.load(x + base, m), m, c0, 1, out.at(gx + base));
                           out.store(gx + base, m);
                         }
@@ -510,25 +562,27 @@ void batch_norm_stats(DType dtype, const void* x, BatchNormGeometry g, BatchNorm
 }
 
 void batch_norm_forward(DType dtype, const void* x, BatchNormGeometry g, BatchNormParams p,
-                        bool relu, void* y) {
+                        bool relu, void* y, const void* residual) {
   if (g.outer * g.channels * g.inner <= 0) return;
   dispatch_floating(dtype, "batch_norm", [&](auto tag) {
     using T = typename decltype(tag)::type;
+    const T* r = static_cast<const T*>(residual);
     if (relu)
-      forward<T, true>(static_cast<const T*>(x), g, p, static_cast<T*>(y));
+      forward<T, true>(static_cast<const T*>(x), g, p, r, static_cast<T*>(y));
     else
-      forward<T, false>(static_cast<const T*>(x), g, p, static_cast<T*>(y));
+      forward<T, false>(static_cast<const T*>(x), g, p, r, static_cast<T*>(y));
   });
 }
 
 void batch_norm_backward(DType dtype, const void* gy, const void* x, const void* y,
                          BatchNormGeometry g, BatchNormParams p, bool training, void* gx,
-                         float* gweight, float* gbias) {
+                         float* gweight, float* gbias, bool residual_added, void* gresidual) {
   if (g.outer * g.channels * g.inner <= 0) return;
   dispatch_floating(dtype, "batch_norm_backward", [&](auto tag) {
     using T = typename decltype(tag)::type;
     backward(static_cast<const T*>(gy), static_cast<const T*>(x), static_cast<const T*>(y), g, p,
-             training, static_cast<T*>(gx), gweight, gbias);
+             training, residual_added, static_cast<T*>(gx), gweight, gbias,
+             static_cast<T*>(gresidual));
   });
 }
 

@@ -148,35 +148,43 @@ __global__ void finish_kernel(Terms terms, Finish finish, const double* __restri
   finish(c, s, q, t.shift());
 }
 
+// r (may be null): the residual, added to the normalised value rounded to T (the bits of
+// batch_norm then add_).
 template <typename T, typename Index, bool kRelu>
 __global__ void forward_kernel(const T* __restrict__ x, Index inner, Index channels, Index total,
-                               BatchNormParams p, T* __restrict__ y) {
+                               BatchNormParams p, const T* __restrict__ r, T* __restrict__ y) {
   const Index step = Index(blockDim.x) * gridDim.x;
   for (Index k = Index(blockIdx.x) * blockDim.x + threadIdx.x; k < total; k += step) {
     const Index c = (k / inner) % channels;
     const float a = (p.weight ? p.weight[c] : 1.f) / sqrtf(p.var[c] + p.eps);
     const float b = (p.bias ? p.bias[c] : 0.f) - p.mean[c] * a;
     float v = to_float(x[k]) * a + b;
+    if (r) v = to_float(from_float<T>(v)) + to_float(r[k]);
     if (kRelu) v = !(v <= 0.f) ? v : 0.f;  // as relu: NaN stays NaN
     y[k] = from_float<T>(v);
   }
 }
 
 // gx = (g - mean_g - (x - mean) k) * weight / std, with k = sum(g xhat) / (n std) and mean_g =
-// sum(g) / n from gweight and gbias when `training`, else 0.
+// sum(g) / n from gweight and gbias when `training`, else 0; g is gy masked by y > 0 when y is
+// given, and goes to gr (the residual's gradient) when that is given. Either of gx and gr may
+// be null.
 template <typename T, typename Index>
 __global__ void backward_kernel(const T* __restrict__ gy, const T* __restrict__ x,
                                 const T* __restrict__ y, Index inner, Index channels, Index total,
                                 BatchNormParams p, bool training, const float* __restrict__ gw,
-                                const float* __restrict__ gb, float n, T* __restrict__ gx) {
+                                const float* __restrict__ gb, float n, T* __restrict__ gx,
+                                T* __restrict__ gr) {
   const Index step = Index(blockDim.x) * gridDim.x;
   for (Index k = Index(blockIdx.x) * blockDim.x + threadIdx.x; k < total; k += step) {
     const Index c = (k / inner) % channels;
+    const float g = (!y || to_float(y[k]) > 0.f) ? to_float(gy[k]) : 0.f;
+    if (gr) gr[k] = from_float<T>(g);
+    if (!gx) continue;
     const float invstd = 1.f / sqrtf(p.var[c] + p.eps);
     const float a = (p.weight ? p.weight[c] : 1.f) * invstd;
     const float kk = training ? gw[c] * invstd / n : 0.f;
     const float mg = training ? gb[c] / n : 0.f;
-    const float g = (!y || to_float(y[k]) > 0.f) ? to_float(gy[k]) : 0.f;
     gx[k] = from_float<T>((g - mg - (to_float(x[k]) - p.mean[c]) * kk) * a);
   }
 }
@@ -243,23 +251,24 @@ void batch_norm_stats(DType dtype, const void* x, BatchNormGeometry g, BatchNorm
 }
 
 void batch_norm_forward(DType dtype, const void* x, BatchNormGeometry g, BatchNormParams p,
-                        bool relu, void* y, void* stream) {
+                        bool relu, void* y, const void* residual, void* stream) {
   const int64_t total = g.outer * g.channels * g.inner;
   if (total <= 0) return;
   const cudaStream_t st = static_cast<cudaStream_t>(stream);
   with_floating_type(dtype, "batch_norm", [&](auto tag) {
     using T = typename decltype(tag)::type;
     const T* px = static_cast<const T*>(x);
+    const T* pr = static_cast<const T*>(residual);
     T* py = static_cast<T*>(y);
     auto launch = [&](auto index) {
       using Index = decltype(index);
       const Index inner = Index(g.inner), channels = Index(g.channels), n = Index(total);
       if (relu)
         forward_kernel<T, Index, true>
-            <<<blocks_for(total), kThreads, 0, st>>>(px, inner, channels, n, p, py);
+            <<<blocks_for(total), kThreads, 0, st>>>(px, inner, channels, n, p, pr, py);
       else
         forward_kernel<T, Index, false>
-            <<<blocks_for(total), kThreads, 0, st>>>(px, inner, channels, n, p, py);
+            <<<blocks_for(total), kThreads, 0, st>>>(px, inner, channels, n, p, pr, py);
     };
     if (total <= INT32_MAX)
       launch(uint32_t{});
@@ -270,7 +279,7 @@ void batch_norm_forward(DType dtype, const void* x, BatchNormGeometry g, BatchNo
 
 void batch_norm_backward(DType dtype, const void* gy, const void* x, const void* y,
                          BatchNormGeometry g, BatchNormParams p, bool training, void* gx,
-                         float* gweight, float* gbias, void* stream) {
+                         float* gweight, float* gbias, void* gresidual, void* stream) {
   const int64_t total = g.outer * g.channels * g.inner;
   if (total <= 0) return;
   const cudaStream_t st = static_cast<cudaStream_t>(stream);
@@ -289,13 +298,13 @@ void batch_norm_backward(DType dtype, const void* gy, const void* x, const void*
         launch_sums<GradTerms<T>, GradFinish, uint64_t>(terms, finish, g, "batch_norm_backward",
                                                         st);
     }
-    if (!gx) return;
+    if (!gx && !gresidual) return;
     const float n = float(g.outer * g.inner);
     auto launch = [&](auto index) {
       using Index = decltype(index);
       backward_kernel<T, Index><<<blocks_for(total), kThreads, 0, st>>>(
           pg, px, pyy, Index(g.inner), Index(g.channels), Index(total), p, training, gweight, gbias,
-          n, static_cast<T*>(gx));
+          n, static_cast<T*>(gx), static_cast<T*>(gresidual));
     };
     if (total <= INT32_MAX)
       launch(uint32_t{});

@@ -21,7 +21,7 @@ BasicBlock::BasicBlock(int64_t in_channels, int64_t out_channels, int64_t stride
       conv1_(in_channels, out_channels, 3, {.stride = stride, .padding = 1, .bias = false}),
       bn1_(out_channels, {.relu = true}),
       conv2_(out_channels, out_channels, 3, {.padding = 1, .bias = false}),
-      bn2_(out_channels) {
+      bn2_(out_channels, {.relu = true}) {
   register_layer("conv1", conv1_);
   register_layer("bn1", bn1_);
   register_layer("conv2", conv2_);
@@ -37,10 +37,9 @@ BasicBlock::BasicBlock(int64_t in_channels, int64_t out_channels, int64_t stride
 
 Tensor BasicBlock::forward(const Tensor& x) {
   try {
-    Tensor h = bn2_(conv2_(bn1_(conv1_(x))));
-    // The residual sum in place: h is this block's own fresh output, so no one else sees it.
-    h.add_(proj_ ? (*proj_bn_)((*proj_)(x)) : x);
-    return relu(std::move(h));
+    // bn2 adds the shortcut and applies the ReLU in its own pass.
+    const Tensor h = conv2_(bn1_(conv1_(x)));
+    return bn2_(h, proj_ ? (*proj_bn_)((*proj_)(x)) : x);
   } catch (const Error& e) {
     detail::rethrow_with_message(e, repr() + ": " + e.what());
   }

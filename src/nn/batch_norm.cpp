@@ -30,6 +30,17 @@ BatchNorm::BatchNorm(const char* kind, int64_t num_features, BatchNormLayerOptio
 }
 
 Tensor BatchNorm::forward(const Tensor& x) {
+  return normalize(x, Tensor());
+}
+
+Tensor BatchNorm::forward(const std::vector<Tensor>& inputs) {
+  GALLEY_CHECK(inputs.size() == 2, repr(), ": takes an input and a residual, got ", inputs.size(),
+               " inputs");
+  GALLEY_CHECK(inputs[1].defined(), repr(), ": the residual is undefined");
+  return normalize(inputs[0], inputs[1]);
+}
+
+Tensor BatchNorm::normalize(const Tensor& x, const Tensor& residual) {
   GALLEY_CHECK(
       x.defined() && x.dim() >= min_rank_ && x.dim() <= max_rank_ && x.size(1) == features_, repr(),
       ": expected input ",
@@ -48,11 +59,13 @@ Tensor BatchNorm::forward(const Tensor& x) {
         momentum = 1.0 / double(*n.data_ptr<int64_t>());
       }
     }
-    return batch_norm(x, running_mean_, running_var_, weight_, bias_,
-                      {.training = is_training() || !opt_.track_running_stats,
-                       .momentum = momentum,
-                       .eps = opt_.eps,
-                       .relu = opt_.relu});
+    const BatchNormOptions o{.training = is_training() || !opt_.track_running_stats,
+                             .momentum = momentum,
+                             .eps = opt_.eps,
+                             .relu = opt_.relu};
+    if (residual.defined())
+      return batch_norm_add(x, residual, running_mean_, running_var_, weight_, bias_, o);
+    return batch_norm(x, running_mean_, running_var_, weight_, bias_, o);
   } catch (const Error& e) {
     detail::rethrow_with_message(e, repr() + ": " + e.what());
   }

@@ -38,11 +38,12 @@ float* ptr_or_null(const Tensor& t) {
   return t.defined() ? t.data_ptr<float>() : nullptr;
 }
 
-}  // namespace
-
-Tensor batch_norm(const Tensor& x, const Tensor& running_mean, const Tensor& running_var,
-                  const Tensor& weight, const Tensor& bias, const BatchNormOptions& o) {
-  profiler::OpScope prof("batch_norm", {&x, &weight, &bias});
+// batch_norm, and batch_norm_add when `residual` is defined.
+Tensor normalize(const Tensor& x, const Tensor& residual, const Tensor& running_mean,
+                 const Tensor& running_var, const Tensor& weight, const Tensor& bias,
+                 const BatchNormOptions& o) {
+  profiler::OpScope prof(residual.defined() ? "batch_norm_add" : "batch_norm",
+                         {&x, &weight, &bias});
   detail::check_floating("batch_norm", x);
   GALLEY_CHECK(x.dim() >= 2, "batch_norm: input must be [N, C] or [N, C, *], got ",
                shape_str(x.shape()));
@@ -65,13 +66,21 @@ Tensor batch_norm(const Tensor& x, const Tensor& running_mean, const Tensor& run
     GALLEY_CHECK(running_mean.is_contiguous() && running_var.is_contiguous(),
                  "batch_norm: running_mean and running_var are updated in place and must be "
                  "contiguous");
+  if (residual.defined())
+    GALLEY_CHECK(residual.shape() == x.shape() && residual.dtype() == x.dtype() &&
+                     residual.device() == x.device(),
+                 "batch_norm_add: residual ", shape_str(residual.shape()), " ",
+                 dtype_name(residual.dtype()), " on ", residual.device().str(),
+                 " does not match input ", shape_str(x.shape()), " ", dtype_name(x.dtype()), " on ",
+                 x.device().str());
   const DType dtype = x.dtype();
   const Device dev = x.device();
   const int64_t C = g.channels;
   Tensor cx = x.contiguous();
+  Tensor cr = residual.defined() ? residual.contiguous() : Tensor();
   Tensor cw = weight.defined() ? detail::widened(weight).contiguous() : Tensor();
   Tensor cb = bias.defined() ? detail::widened(bias).contiguous() : Tensor();
-  const bool grad = autograd::needs_grad({&x, &weight, &bias});
+  const bool grad = autograd::needs_grad({&x, &weight, &bias, &residual});
 
   Tensor mean, var;
   if (batch_stats) {
@@ -99,14 +108,17 @@ Tensor batch_norm(const Tensor& x, const Tensor& running_mean, const Tensor& run
   p.eps = static_cast<float>(o.eps);
   p.weight = ptr_or_null(cw), p.bias = ptr_or_null(cb);
   Tensor result = Tensor::empty(x.shape(), dtype, dev);
+  const void* pr = cr.defined() ? cr.raw_data() : nullptr;
   if (dev.is_cuda())
-    gpu::batch_norm_forward(dtype, cx.raw_data(), g, p, o.relu, result.raw_data(),
+    gpu::batch_norm_forward(dtype, cx.raw_data(), g, p, o.relu, result.raw_data(), pr,
                             detail::stream(dev));
   else
-    cpu::batch_norm_forward(dtype, cx.raw_data(), g, p, o.relu, result.raw_data());
+    cpu::batch_norm_forward(dtype, cx.raw_data(), g, p, o.relu, result.raw_data(), pr);
   if (!grad) return result;
 
   Tensor out = o.relu ? result.detach() : Tensor();
+  const bool added = residual.defined();
+  const bool gr = added && residual.requires_grad();
   const bool gx = x.requires_grad();
   const bool gw = weight.defined() && weight.requires_grad();
   const bool gb = bias.defined() && bias.requires_grad();
@@ -114,9 +126,13 @@ Tensor batch_norm(const Tensor& x, const Tensor& running_mean, const Tensor& run
   const DType bdtype = bias.defined() ? bias.dtype() : dtype;
   const Shape shape = x.shape();
   return autograd::record(
-      result, "batch_norm", {x, weight, bias}, [=](const Tensor& gy, std::vector<Tensor>& gi) {
+      result, added ? "batch_norm_add" : "batch_norm", {x, weight, bias, residual},
+      [=](const Tensor& gy, std::vector<Tensor>& gi) {
         Tensor cg = (gy.dtype() == dtype ? gy : gy.detach().to(dtype)).contiguous();
         if (gx) gi[0] = Tensor::empty(shape, dtype, dev);
+        // The residual's gradient: gy itself, or gy masked by the ReLU (written by the kernel).
+        if (gr) gi[3] = o.relu ? Tensor::empty(shape, dtype, dev) : cg;
+        void* pgr = gr && o.relu ? gi[3].raw_data() : nullptr;
         // The input gradient through batch statistics needs both per-channel sums.
         const bool sums = batch_stats && gx;
         Tensor dw = gw || sums ? Tensor::empty({C}, DType::Float32, dev) : Tensor();
@@ -128,13 +144,27 @@ Tensor batch_norm(const Tensor& x, const Tensor& running_mean, const Tensor& run
         void* pgx = gx ? gi[0].raw_data() : nullptr;
         if (dev.is_cuda())
           gpu::batch_norm_backward(dtype, cg.raw_data(), cx.raw_data(), py, g, q, batch_stats, pgx,
-                                   ptr_or_null(dw), ptr_or_null(db), detail::stream(dev));
+                                   ptr_or_null(dw), ptr_or_null(db), pgr, detail::stream(dev));
         else
           cpu::batch_norm_backward(dtype, cg.raw_data(), cx.raw_data(), py, g, q, batch_stats, pgx,
-                                   ptr_or_null(dw), ptr_or_null(db));
+                                   ptr_or_null(dw), ptr_or_null(db), added, pgr);
         if (gw) gi[1] = wdtype == DType::Float32 ? dw : detail::rounded(dw, wdtype);
         if (gb) gi[2] = bdtype == DType::Float32 ? db : detail::rounded(db, bdtype);
       });
+}
+
+}  // namespace
+
+Tensor batch_norm(const Tensor& x, const Tensor& running_mean, const Tensor& running_var,
+                  const Tensor& weight, const Tensor& bias, const BatchNormOptions& options) {
+  return normalize(x, Tensor(), running_mean, running_var, weight, bias, options);
+}
+
+Tensor batch_norm_add(const Tensor& x, const Tensor& residual, const Tensor& running_mean,
+                      const Tensor& running_var, const Tensor& weight, const Tensor& bias,
+                      const BatchNormOptions& options) {
+  GALLEY_CHECK(residual.defined(), "batch_norm_add: the residual is undefined");
+  return normalize(x, residual, running_mean, running_var, weight, bias, options);
 }
 
 namespace detail {

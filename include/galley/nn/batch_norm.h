@@ -22,7 +22,8 @@ struct BatchNormLayerOptions {
   /// Keep running statistics for evaluation; without them the batch statistics are used in
   /// both modes.
   bool track_running_stats = true;
-  /// max(y, 0) after the normalisation, fused into the same pass.
+  /// max(y, 0) after the normalisation (and after the residual, given one), fused into the same
+  /// pass.
   bool relu = false;
 };
 
@@ -40,6 +41,9 @@ class BatchNorm : public Layer {
   BatchNorm(const char* kind, int64_t num_features, BatchNormLayerOptions options, int min_rank,
             int max_rank);
   Tensor forward(const Tensor& x) override;
+  /// `bn(x, residual)`: the normalisation of x plus the residual (x's shape), with the layer's
+  /// ReLU after the sum: a residual block's tail in one pass (batch_norm_add).
+  Tensor forward(const std::vector<Tensor>& inputs) override;
   std::string repr() const override;
 
   /// The weight parameter (undefined without affine).
@@ -57,6 +61,7 @@ class BatchNorm : public Layer {
   const char* kind_;
   int64_t features_;
   BatchNormLayerOptions opt_;
+  Tensor normalize(const Tensor& x, const Tensor& residual);
   int min_rank_, max_rank_;
   Tensor weight_, bias_, running_mean_, running_var_, num_batches_tracked_;
 };
