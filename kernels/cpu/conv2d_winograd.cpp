@@ -489,12 +489,12 @@ void winograd(const Plan& p, int64_t n, const T* x, const Kernels& ks, const flo
     float* v = thread_scratch(0, size_t(16 * ldv));
     // The output transform's last vectors read up to a vector past the last row of m.
     float* m = thread_scratch(1, size_t(16 * position_stride(p.coutp() * tp) + L));
-    // The lanes past the chunk's tiles: zeros, so that their products stay finite.
+    // The lanes past the chunk's tiles (fewer than a vector a row): zeros, so that their
+    // products stay finite.
+    const __mmask16 tail = lanes(tp - t);
     for (int k = 0; k < 16; ++k)
-      for (int64_t c = 0; c < p.cin; ++c) {
-        float* row = v + k * ldv + c * tp;
-        std::fill(row + t, row + tp, 0.f);
-      }
+      for (int64_t c = 0; c < p.cin; ++c)
+        _mm512_mask_storeu_ps(v + k * ldv + c * tp + t, tail, _mm512_setzero_ps());
     for (int64_t i = n0; i < n1; ++i)
       for (int64_t c = 0; c < p.cin; ++c)
         transform_input(p, x + (i * p.cin + c) * plane, v + c * tp, ldv, (i - n0) * tiles);
@@ -553,8 +553,9 @@ void transform_grad(const WeightGradPlan& p, const float* gb, float* wt, int64_t
     }
 }
 
-// m[k][co][ci] += sum over t < nt of wt[k][t][co] * v[k][t][ci] for the 16 positions k (m's rows
-// cp apart, cop rows a position).
+// m[k][co][ci] (+)= sum over t < nt of wt[k][t][co] * v[k][t][ci] for the 16 positions k (m's
+// rows cp apart, cop rows a position): kAdd adds, else overwrites (a chunk's first batch).
+template <bool kAdd>
 void multiply_weight_grad(const WeightGradPlan& p, const float* wt, const float* v, int64_t nt,
                           float* m) {
   const int64_t cp = p.cp(), cop = p.cop(), blocks = p.coutp() / OB;
@@ -563,7 +564,7 @@ void multiply_weight_grad(const WeightGradPlan& p, const float* wt, const float*
     const float* wk = wt + k * position_stride(nt * cop);
     float* mk = m + k * cop * cp;
     for (int64_t cb = 0; cb < blocks; ++cb)
-      correlate_vectors<true>(vk, cp, nt, &kNoShift, 1, wk + cb * OB, mk + cb * OB * cp, cp, cp / L,
+      correlate_vectors<kAdd>(vk, cp, nt, &kNoShift, 1, wk + cb * OB, mk + cb * OB * cp, cp, cp / L,
                               cop);
   }
 }
@@ -621,7 +622,8 @@ void winograd_weight_grad(const WeightGradPlan& p, int64_t n, const T* x, const 
       std::fill_n(xb, p.bordered(), 0.f);
       std::fill_n(gb, p.gfloats(), 0.f);
     }
-    float* m = sums.start(n0);
+    // Written by the first batch, added to by the rest (rows past cout, padding, are never read).
+    float* m = sums.at(n0);
     for (int64_t b0 = n0; b0 < n1; b0 += batch) {
       const int64_t b1 = std::min(n1, b0 + batch), nt = (b1 - b0) * tiles;
       for (int64_t i = b0; i < b1; ++i) {
@@ -630,7 +632,10 @@ void winograd_weight_grad(const WeightGradPlan& p, int64_t n, const T* x, const 
         to_channels_last(gy + i * p.cout * p.h * p.w, p.cout, p.h, p.w, cop, gb, p.gcols() * cop);
         transform_grad(p, gb, wt, nt, (i - b0) * tiles);
       }
-      multiply_weight_grad(p, wt, v, nt, m);
+      if (b0 == n0)
+        multiply_weight_grad<false>(p, wt, v, nt, m);
+      else
+        multiply_weight_grad<true>(p, wt, v, nt, m);
     }
   });
   write_weight_grad(p, sums.total(), gw);

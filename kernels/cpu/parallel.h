@@ -97,7 +97,8 @@ inline int64_t balanced_chunk(int64_t n, int64_t grain, int per_thread = 4) {
 }
 
 // Partial sums for a reduction under parallel_chunks(n, chunk, ...): each chunk adds into its own
-// `elems` floats (start(begin) zeroes them and returns them), and total() adds the chunks in chunk
+// `elems` floats (start(begin) zeroes them and returns them; at(begin) returns them as they are,
+// for a chunk whose first step overwrites them), and total() adds the chunks in chunk
 // order, so the sum has the same bits whichever thread ran which chunk. The buffer is the calling
 // thread's, kept between calls (fresh pages each call would cost more than the sums): one
 // ChunkSums a thread at a time.
@@ -110,10 +111,12 @@ class ChunkSums {
     data_ = buf.data();
   }
   float* start(int64_t begin) const {
-    float* p = data_ + (begin / chunk_) * elems_;
+    float* p = at(begin);
     std::fill_n(p, elems_, 0.f);
     return p;
   }
+  // The part of the chunk from `begin`, as it is: for a chunk that writes all of it first.
+  float* at(int64_t begin) const { return data_ + (begin / chunk_) * elems_; }
   // The sum of every chunk's part (in the first chunk's buffer); call once, after the chunks.
   const float* total() const {
     if (chunks_ > 1) {
