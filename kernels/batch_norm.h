@@ -50,6 +50,12 @@ void batch_norm_stats(DType dtype, const void* x, BatchNormGeometry g, BatchNorm
 // batch_norm then add_); then max(y, 0) when `relu`.
 void batch_norm_forward(DType dtype, const void* x, BatchNormGeometry g, BatchNormParams p,
                         bool relu, void* y, const void* residual = nullptr);
+// batch_norm_stats, then batch_norm_forward with the batch's statistics (p's mean and var are
+// ignored: mean and var receive the statistics and normalise), the same bits as the two calls;
+// long planes go a channel at a time, normalised while the channel is still in cache.
+void batch_norm_train_forward(DType dtype, const void* x, BatchNormGeometry g,
+                              BatchNormRunning running, float* mean, float* var, BatchNormParams p,
+                              bool relu, void* y, const void* residual = nullptr);
 // The backward of batch_norm_forward for the incoming gradient gy, masked by y > 0 when y is
 // given (the forward had relu; p is the forward's, bias included; without a residual, the
 // float32 host kernel recomputes the mask from x with the forward's affine, the same bits,

@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "galley/galley.h"
+#include "kernels/batch_norm.h"
 #include "kernels/conv2d.h"
 #include "kernels/convert.h"
 #include "kernels/cpu/conv2d_direct.h"
@@ -670,6 +671,63 @@ TEST(ConvDirect, TakenOnlyWhereItIsCorrectAndPays) {
   EXPECT_EQ(rgb16.bf16, cpu::Bf16Kernels::Widened);
   EXPECT_TRUE(rgb16.forward == rgb.forward && rgb16.input_grad == rgb.input_grad &&
               rgb16.weight_grad == rgb.weight_grad);
+}
+
+// batch_norm_train_forward (the statistics and the normalisation in one call, a channel at a
+// time on planes of 512 and more) has the bits of batch_norm_stats then batch_norm_forward, the
+// running statistics included, in every dtype, with and without the ReLU and a residual, at one
+// and two threads; short planes (49) and [N, C] take the two calls themselves.
+TEST(BatchNormKernels, TrainForwardEqualsStatsThenForwardBitForBit) {
+  namespace cpu = galley::kernels::cpu;
+  using galley::DType;
+  using galley::Tensor;
+  const int saved = galley::num_threads();
+  // ([24, 2, 24, 24] sums two blocks of images a channel.)
+  const std::vector<galley::Shape> shapes = {
+      {4, 3, 28, 28}, {24, 2, 24, 24}, {3, 2, 23, 23}, {5, 4, 7, 7}, {9, 6}};
+  for (const DType dt : {DType::Float32, DType::BFloat16, DType::Float16})
+    for (const galley::Shape& shape : shapes)
+      for (const int threads : {1, 2})
+        for (const bool relu : {false, true})
+          for (const bool residual : {false, true}) {
+            galley::set_num_threads(threads);
+            galley::kernels::BatchNormGeometry g;
+            g.outer = shape[0], g.channels = shape[1];
+            for (size_t k = 2; k < shape.size(); ++k) g.inner *= shape[k];
+            const int64_t C = g.channels;
+            galley::Generator gen(3);
+            const Tensor x = (galley::randn(shape, gen) * 2.f + 0.5f).to(dt);
+            const Tensor r = galley::randn(shape, gen).to(dt);
+            const Tensor w = galley::randn({C}, gen), b = galley::randn({C}, gen);
+            std::vector<float> mean[2], var[2], rm[2], rv[2], y[2];
+            for (int fused = 0; fused < 2; ++fused) {
+              mean[fused].assign(C, 0.f), var[fused].assign(C, 0.f);
+              rm[fused].assign(C, 0.25f), rv[fused].assign(C, 2.f);
+              Tensor out = Tensor::empty(shape, dt);
+              galley::kernels::BatchNormRunning run{rm[fused].data(), rv[fused].data(), 0.1f};
+              galley::kernels::BatchNormParams p;
+              p.eps = 1e-5f, p.weight = w.data_ptr<float>(), p.bias = b.data_ptr<float>();
+              const void* pr = residual ? r.raw_data() : nullptr;
+              if (fused) {
+                cpu::batch_norm_train_forward(dt, x.raw_data(), g, run, mean[1].data(),
+                                              var[1].data(), p, relu, out.raw_data(), pr);
+              } else {
+                cpu::batch_norm_stats(dt, x.raw_data(), g, run, mean[0].data(), var[0].data());
+                p.mean = mean[0].data(), p.var = var[0].data();
+                cpu::batch_norm_forward(dt, x.raw_data(), g, p, relu, out.raw_data(), pr);
+              }
+              y[fused] = out.to(DType::Float32).to_vector();
+            }
+            const std::string what = galley::dtype_name(dt) + " " + galley::shape_str(shape) +
+                                     " threads " + std::to_string(threads) + (relu ? " relu" : "") +
+                                     (residual ? " residual" : "");
+            EXPECT_EQ(y[1], y[0]) << what;
+            EXPECT_EQ(mean[1], mean[0]) << what;
+            EXPECT_EQ(var[1], var[0]) << what;
+            EXPECT_EQ(rm[1], rm[0]) << what;
+            EXPECT_EQ(rv[1], rv[0]) << what;
+          }
+  galley::set_num_threads(saved);
 }
 
 // Products large enough to be split into bands of C across threads, along rows (m > n) and along

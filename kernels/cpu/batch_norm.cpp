@@ -188,6 +188,38 @@ float* channel_scratch(int slot, int64_t n) {
   return thread_scratch(slot, size_t(n));
 }
 
+// Adds the plane of x (inner elements) shifted by sh to s and (squared) to q.
+template <typename T>
+void stats_plane(const T* p, int64_t inner, float sh, double& s, double& q) {
+#if defined(__AVX512BW__)
+  if constexpr (kInRegisters<T>) {
+    add_sums_avx512<T>(p, sh, nullptr, p, sh, inner, s, q);
+    return;
+  }
+#endif
+  Staged<T> sx;
+  for (int64_t i = 0; i < inner; i += kStageBlock) {
+    const int64_t m = std::min(kStageBlock, inner - i);
+    const float* f = sx.load(p + i, m);
+    add_sums(m, f, sh, f, sh, s, q);
+  }
+}
+
+// Channel c's mean and biased variance from its sums s and q of values shifted by sh (n of
+// them), and its running update.
+void finish_stats(int64_t c, double s, double q, float sh, double n, BatchNormRunning running,
+                  float* mean, float* var) {
+  const double ms = s / n;
+  const double v = std::max(0.0, q / n - ms * ms);
+  mean[c] = float(sh + ms);
+  var[c] = float(v);
+  if (running.mean) {
+    const double m = running.momentum;
+    running.mean[c] = float((1 - m) * running.mean[c] + m * mean[c]);
+    running.var[c] = float((1 - m) * running.var[c] + m * v * n / std::max(n - 1, 1.0));
+  }
+}
+
 template <typename T>
 void stats(const T* x, BatchNormGeometry g, BatchNormRunning running, float* mean, float* var) {
   const int64_t C = g.channels, inner = g.inner;
@@ -199,20 +231,7 @@ void stats(const T* x, BatchNormGeometry g, BatchNormRunning running, float* mea
   channel_sums(
       g,
       [&](int64_t o, int64_t c, double& s, double& q) {
-        const T* p = x + (o * C + c) * inner;
-        const float sh = shift[c];
-#if defined(__AVX512BW__)
-        if constexpr (kInRegisters<T>) {
-          add_sums_avx512<T>(p, sh, nullptr, p, sh, inner, s, q);
-          return;
-        }
-#endif
-        Staged<T> sx;
-        for (int64_t i = 0; i < inner; i += kStageBlock) {
-          const int64_t m = std::min(kStageBlock, inner - i);
-          const float* f = sx.load(p + i, m);
-          add_sums(m, f, sh, f, sh, s, q);
-        }
+        stats_plane(x + (o * C + c) * inner, inner, shift[c], s, q);
       },
       [&](int64_t o0, int64_t o1, double* s, double* q) {
         Staged<T> sx;
@@ -229,27 +248,21 @@ void stats(const T* x, BatchNormGeometry g, BatchNormRunning running, float* mea
       },
       sums.data());
   const double n = double(g.outer) * double(inner);
-  for (int64_t c = 0; c < C; ++c) {
-    const double ms = sums[c] / n;
-    const double v = std::max(0.0, sums[C + c] / n - ms * ms);
-    mean[c] = float(shift[c] + ms);
-    var[c] = float(v);
-    if (running.mean) {
-      const double m = running.momentum;
-      running.mean[c] = float((1 - m) * running.mean[c] + m * mean[c]);
-      running.var[c] = float((1 - m) * running.var[c] + m * v * n / std::max(n - 1, 1.0));
-    }
-  }
+  for (int64_t c = 0; c < C; ++c)
+    finish_stats(c, sums[c], sums[C + c], shift[c], n, running, mean, var);
 }
 
-// scale[c] = weight / sqrt(var + eps), shift[c] = bias - mean * scale.
+// scale = weight / sqrt(var + eps), shift = bias - mean * scale for channel c.
+void affine_of_channel(BatchNormParams p, int64_t c, float& scale, float& shift) {
+  const double invstd = 1.0 / std::sqrt(double(p.var[c]) + p.eps);
+  const float a = float(invstd * (p.weight ? p.weight[c] : 1.f));
+  scale = a;
+  shift = (p.bias ? p.bias[c] : 0.f) - p.mean[c] * a;
+}
+
+// scale[c], shift[c] = affine_of_channel for every channel.
 void affine_of(BatchNormParams p, int64_t C, float* scale, float* shift) {
-  for (int64_t c = 0; c < C; ++c) {
-    const double invstd = 1.0 / std::sqrt(double(p.var[c]) + p.eps);
-    const float a = float(invstd * (p.weight ? p.weight[c] : 1.f));
-    scale[c] = a;
-    shift[c] = (p.bias ? p.bias[c] : 0.f) - p.mean[c] * a;
-  }
+  for (int64_t c = 0; c < C; ++c) affine_of_channel(p, c, scale[c], shift[c]);
 }
 
 template <bool kRelu>
@@ -294,6 +307,22 @@ void affine_avx512(const T* x, int64_t n, float a, float b, const T* r, T* y) {
 }
 #endif
 
+// One plane of `inner` elements normalised with the channel's a and b (and the residual r).
+template <bool kRelu, typename T>
+void normalize_plane(const T* x, int64_t inner, float a, float b, const T* r, T* y) {
+#if defined(__AVX512BW__)
+  if constexpr (kInRegisters<T>) {
+    affine_avx512<kRelu>(x, inner, a, b, r, y);
+    return;
+  }
+#endif
+  if (r)
+    zip_n(x, 1, r, 1, y, inner,
+          [a, b](float v, float rv) { return affine_add<kRelu, T>(v, a, b, rv); });
+  else
+    map_n(x, y, inner, [a, b](float v) { return affine<kRelu>(v, a, b); });
+}
+
 template <typename T, bool kRelu>
 void forward(const T* x, BatchNormGeometry g, BatchNormParams p, const T* res, T* y) {
   const int64_t C = g.channels, inner = g.inner;
@@ -301,25 +330,12 @@ void forward(const T* x, BatchNormGeometry g, BatchNormParams p, const T* res, T
   float* shift = scale + C;
   affine_of(p, C, scale, shift);
   if (inner > 1) {
-    parallel_balanced(
-        g.outer * C, std::max<int64_t>(1, kElementwiseGrain / inner), [&](int64_t r0, int64_t r1) {
-          for (int64_t r = r0; r < r1; ++r) {
-            const float a = scale[r % C], b = shift[r % C];
-#if defined(__AVX512BW__)
-            if constexpr (kInRegisters<T>) {
-              affine_avx512<kRelu>(x + r * inner, inner, a, b, res ? res + r * inner : nullptr,
-                                   y + r * inner);
-              continue;
-            }
-#endif
-            if (res)
-              zip_n(x + r * inner, 1, res + r * inner, 1, y + r * inner, inner,
-                    [a, b](float v, float rv) { return affine_add<kRelu, T>(v, a, b, rv); });
-            else
-              map_n(x + r * inner, y + r * inner, inner,
-                    [a, b](float v) { return affine<kRelu>(v, a, b); });
-          }
-        });
+    parallel_balanced(g.outer * C, std::max<int64_t>(1, kElementwiseGrain / inner),
+                      [&](int64_t r0, int64_t r1) {
+                        for (int64_t r = r0; r < r1; ++r)
+                          normalize_plane<kRelu>(x + r * inner, inner, scale[r % C], shift[r % C],
+                                                 res ? res + r * inner : nullptr, y + r * inner);
+                      });
     return;
   }
   parallel_balanced(
@@ -342,6 +358,43 @@ void forward(const T* x, BatchNormGeometry g, BatchNormParams p, const T* res, T
             out.store(y + o * C + c0, m);
           }
       });
+}
+
+// stats, then forward with the batch's statistics (p's mean and var are replaced by mean and
+// var). Long planes with a channel for every thread go a channel at a time: its sums over the
+// blocks of channel_sums in its order (so the same bits), then its planes normalised while they
+// are still in cache, where the two passes would read x from memory twice.
+template <typename T, bool kRelu>
+void stats_forward(const T* x, BatchNormGeometry g, BatchNormRunning running, float* mean,
+                   float* var, BatchNormParams p, const T* res, T* y) {
+  const int64_t C = g.channels, inner = g.inner;
+  p.mean = mean, p.var = var;
+  if (inner < kLongPlane || C < num_threads()) {
+    stats(x, g, running, mean, var);
+    forward<T, kRelu>(x, g, p, res, y);
+    return;
+  }
+  const int64_t per_block = images_per_block(g);
+  const double n = double(g.outer) * double(inner);
+  parallel_balanced(C, 1, [&](int64_t c0, int64_t c1) {
+    for (int64_t c = c0; c < c1; ++c) {
+      const float sh = float(x[c * inner]);  // as stats' shift
+      double s = 0, q = 0;
+      for (int64_t o0 = 0; o0 < g.outer; o0 += per_block) {
+        double bs = 0, bq = 0;
+        for (int64_t o = o0; o < std::min(g.outer, o0 + per_block); ++o)
+          stats_plane(x + (o * C + c) * inner, inner, sh, bs, bq);
+        s += bs, q += bq;
+      }
+      finish_stats(c, s, q, sh, n, running, mean, var);
+      float a, b;
+      affine_of_channel(p, c, a, b);
+      for (int64_t o = 0; o < g.outer; ++o) {
+        const int64_t base = (o * C + c) * inner;
+        normalize_plane<kRelu>(x + base, inner, a, b, res ? res + base : nullptr, y + base);
+      }
+    }
+  });
 }
 
 // The incoming gradient masked by the forward's ReLU (y > 0) when y is given.
@@ -571,6 +624,21 @@ void batch_norm_forward(DType dtype, const void* x, BatchNormGeometry g, BatchNo
       forward<T, true>(static_cast<const T*>(x), g, p, r, static_cast<T*>(y));
     else
       forward<T, false>(static_cast<const T*>(x), g, p, r, static_cast<T*>(y));
+  });
+}
+
+void batch_norm_train_forward(DType dtype, const void* x, BatchNormGeometry g,
+                              BatchNormRunning running, float* mean, float* var, BatchNormParams p,
+                              bool relu, void* y, const void* residual) {
+  if (g.outer * g.channels * g.inner <= 0) return;
+  dispatch_floating(dtype, "batch_norm", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    const T* px = static_cast<const T*>(x);
+    const T* r = static_cast<const T*>(residual);
+    if (relu)
+      stats_forward<T, true>(px, g, running, mean, var, p, r, static_cast<T*>(y));
+    else
+      stats_forward<T, false>(px, g, running, mean, var, p, r, static_cast<T*>(y));
   });
 }
 

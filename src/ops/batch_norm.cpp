@@ -83,21 +83,15 @@ Tensor normalize(const Tensor& x, const Tensor& residual, const Tensor& running_
   const bool grad = autograd::needs_grad({&x, &weight, &bias, &residual});
 
   Tensor mean, var;
+  kernels::BatchNormRunning run;
   if (batch_stats) {
     mean = Tensor::empty({C}, DType::Float32, dev);
     var = Tensor::empty({C}, DType::Float32, dev);
-    kernels::BatchNormRunning run;
     if (o.training && running_mean.defined()) {
       run.mean = running_mean.data_ptr<float>();
       run.var = running_var.data_ptr<float>();
       run.momentum = static_cast<float>(o.momentum);
     }
-    if (dev.is_cuda())
-      gpu::batch_norm_stats(dtype, cx.raw_data(), g, run, mean.data_ptr<float>(),
-                            var.data_ptr<float>(), detail::stream(dev));
-    else
-      cpu::batch_norm_stats(dtype, cx.raw_data(), g, run, mean.data_ptr<float>(),
-                            var.data_ptr<float>());
   } else {
     // The backward reads the statistics of this forward, whatever updates them meanwhile.
     mean = grad ? running_mean.detach().clone() : running_mean.detach().contiguous();
@@ -109,11 +103,19 @@ Tensor normalize(const Tensor& x, const Tensor& residual, const Tensor& running_
   p.weight = ptr_or_null(cw), p.bias = ptr_or_null(cb);
   Tensor result = Tensor::empty(x.shape(), dtype, dev);
   const void* pr = cr.defined() ? cr.raw_data() : nullptr;
-  if (dev.is_cuda())
-    gpu::batch_norm_forward(dtype, cx.raw_data(), g, p, o.relu, result.raw_data(), pr,
-                            detail::stream(dev));
-  else
+  if (dev.is_cuda()) {
+    void* st = detail::stream(dev);
+    if (batch_stats)
+      gpu::batch_norm_stats(dtype, cx.raw_data(), g, run, mean.data_ptr<float>(),
+                            var.data_ptr<float>(), st);
+    gpu::batch_norm_forward(dtype, cx.raw_data(), g, p, o.relu, result.raw_data(), pr, st);
+  } else if (batch_stats) {
+    // The statistics and the normalisation in one call (a channel at a time on long planes).
+    cpu::batch_norm_train_forward(dtype, cx.raw_data(), g, run, mean.data_ptr<float>(),
+                                  var.data_ptr<float>(), p, o.relu, result.raw_data(), pr);
+  } else {
     cpu::batch_norm_forward(dtype, cx.raw_data(), g, p, o.relu, result.raw_data(), pr);
+  }
   if (!grad) return result;
 
   Tensor out = o.relu ? result.detach() : Tensor();
