@@ -129,6 +129,13 @@ TEST(Autocast, InPlaceAddAndBiasReluKeepTheFirstInputsDtype) {
   Tensor x = galley::randn({2, 4, 3, 3}).to(DType::BFloat16);
   expect_same(galley::bias_relu(x, bias, 1), galley::bias_relu(x, bias.to(DType::BFloat16), 1),
               "bias_relu");
+  // batch_norm_add: a float32 residual beside a bfloat16 input is rounded to bfloat16 first.
+  Tensor r = galley::randn({2, 4, 3, 3});
+  const galley::BatchNormOptions o{.training = true, .relu = true};
+  expect_same(
+      galley::batch_norm_add(x, r, Tensor(), Tensor(), Tensor(), Tensor(), o),
+      galley::batch_norm_add(x, r.to(DType::BFloat16), Tensor(), Tensor(), Tensor(), Tensor(), o),
+      "batch_norm_add");
 }
 
 TEST(Autocast, OtherOpsKeepTheirInputsDtype) {

@@ -433,6 +433,7 @@ void backward(const T* gy, const T* x, const T* y, BatchNormGeometry g, BatchNor
     k[c] = mg[c] = 0.f;
   }
   const bool need_sums = (training && gx) || gweight || gbias;
+  (void)residual_added;  // read by the vector paths alone
 #if defined(__AVX512BW__)
   // float32 planes after a ReLU: its mask from x and the forward's affine (ReluMask), not from y
   // (which a residual added in the forward makes the only source).

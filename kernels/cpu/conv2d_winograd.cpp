@@ -622,7 +622,9 @@ void winograd_weight_grad(const WeightGradPlan& p, int64_t n, const T* x, const 
       std::fill_n(xb, p.bordered(), 0.f);
       std::fill_n(gb, p.gfloats(), 0.f);
     }
-    // Written by the first batch, added to by the rest (rows past cout, padding, are never read).
+    // Written by the first batch, added to by the rest. Rows coutp() to cop() (output channels
+    // past cout in the last vector, past the last block of OB) are never written; total() adds
+    // whatever they hold, and write_weight_grad reads only rows below cout.
     float* m = sums.at(n0);
     for (int64_t b0 = n0; b0 < n1; b0 += batch) {
       const int64_t b1 = std::min(n1, b0 + batch), nt = (b1 - b0) * tiles;

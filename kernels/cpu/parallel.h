@@ -98,7 +98,8 @@ inline int64_t balanced_chunk(int64_t n, int64_t grain, int per_thread = 4) {
 
 // Partial sums for a reduction under parallel_chunks(n, chunk, ...): each chunk adds into its own
 // `elems` floats (start(begin) zeroes them and returns them; at(begin) returns them as they are,
-// for a chunk whose first step overwrites them), and total() adds the chunks in chunk
+// for a chunk whose first step overwrites every element the caller reads), and total() adds the
+// chunks in chunk
 // order, so the sum has the same bits whichever thread ran which chunk. The buffer is the calling
 // thread's, kept between calls (fresh pages each call would cost more than the sums): one
 // ChunkSums a thread at a time.

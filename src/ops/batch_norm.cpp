@@ -8,6 +8,7 @@
 #include "galley/autograd.h"
 #include "galley/ops.h"
 #include "galley/profiler.h"
+#include "src/ops/autocast.h"
 #include "src/ops/batch_norm.h"
 #include "src/ops/dispatch.h"
 
@@ -166,6 +167,11 @@ Tensor batch_norm_add(const Tensor& x, const Tensor& residual, const Tensor& run
                       const Tensor& running_var, const Tensor& weight, const Tensor& bias,
                       const BatchNormOptions& options) {
   GALLEY_CHECK(residual.defined(), "batch_norm_add: the residual is undefined");
+  if (detail::autocast_on()) {  // the residual follows x's dtype, as add_'s second operand
+    detail::AutocastPause pause;
+    return normalize(x, pause.to(residual, x.dtype()), running_mean, running_var, weight, bias,
+                     options);
+  }
   return normalize(x, residual, running_mean, running_var, weight, bias, options);
 }
 

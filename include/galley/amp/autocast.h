@@ -27,7 +27,8 @@ namespace galley::amp {
 ///   returns its input's dtype.
 /// - Widest dtype (a mix of dtypes is promoted, float32 over 16-bit): add, sub, mul, div, cat,
 ///   stack. Without autocast a mix of dtypes there is an error.
-/// - The written tensor's dtype: add_ and bias_relu convert their second input to the first's.
+/// - The written tensor's dtype: add_ and bias_relu convert their second input to the first's,
+///   batch_norm_add its residual to the input's.
 /// Every other op runs in its input's dtype.
 ///
 /// Parameters stay float32 (master weights) and the optimizer updates them in float32. Run
