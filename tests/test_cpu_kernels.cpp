@@ -669,8 +669,13 @@ TEST(ConvDirect, TakenOnlyWhereItIsCorrectAndPays) {
   if (fast) EXPECT_TRUE(wide16.forward && wide16.input_grad && wide16.weight_grad);
   const auto rgb16 = conv2d_direct_use(geometry({8, 3, 32, 32, 32, 3, 3, 1, 1}), bf);
   EXPECT_EQ(rgb16.bf16, cpu::Bf16Kernels::Widened);
-  EXPECT_TRUE(rgb16.forward == rgb.forward && rgb16.input_grad == rgb.input_grad &&
-              rgb16.weight_grad == rgb.weight_grad);
+  // (On the dot-product kernels, where im2col on the bfloat16 GEMM was not measured against
+  // them, three channels keep to the forward pass.)
+  if (cpu::bf16_kernels() == cpu::Bf16Kernels::DotProducts)
+    EXPECT_TRUE(rgb16.forward && !rgb16.input_grad && !rgb16.weight_grad);
+  else
+    EXPECT_TRUE(rgb16.forward == rgb.forward && rgb16.input_grad == rgb.input_grad &&
+                rgb16.weight_grad == rgb.weight_grad);
 }
 
 // batch_norm_train_forward (the statistics and the normalisation in one call, a channel at a

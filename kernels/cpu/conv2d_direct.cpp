@@ -803,9 +803,16 @@ ConvDirectUse conv2d_direct_use(const Conv2dGeometry& g, DType dtype) {
   }
   const int64_t columns = g.c * g.kh * g.kw;  // (input channel, tap) pairs
 #if defined(__AVX512F__)
-  // From one channel's 3x3 taps (resnet's 1->16 stem, vgg's 3->32): 1.2-1.5x im2col on an
-  // Intel Xeon at one and two threads, forward and weight gradient.
-  use.forward = use.weight_grad = columns >= 9;
+  // From one channel's 3x3 taps (resnet's 1->16 stem, vgg's 3->32): on an Intel Xeon, at one
+  // and two threads, 1.2-1.5x im2col in float32, and in bfloat16 (widened) 2-3.4x im2col on the
+  // tile GEMM. Against im2col on the dot-product GEMM (AMD Zen 4 and 5) not measured: those
+  // hosts keep the thresholds below.
+  if (dtype == DType::BFloat16 && bf16_kernels() == Bf16Kernels::DotProducts) {
+    use.forward = columns >= 16;
+    use.weight_grad = columns >= 64;
+  } else {
+    use.forward = use.weight_grad = columns >= 9;
+  }
 #else
   use.forward = columns >= 16;
   use.weight_grad = columns >= 64;
