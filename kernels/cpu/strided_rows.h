@@ -76,7 +76,10 @@ inline void deinterleave_row(const T* src, int64_t n, D* even, D* odd) {
     }
   }
 #endif
-  for (; j < n; ++j) (j % 2 ? odd : even)[j / 2] = static_cast<D>(src[j]);
+  for (; j < n; ++j) {
+    D* dst = j % 2 ? odd : even;  // (subscripting the conditional itself trips GCC 12's ASan)
+    dst[j / 2] = static_cast<D>(src[j]);
+  }
 }
 
 // dst[j * stride] += src[j] (kAdd: col2im's strided row) or = src[j] (the phases of a strided
