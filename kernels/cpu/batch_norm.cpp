@@ -183,6 +183,19 @@ void channel_sums(BatchNormGeometry g, Plane plane, Rows rows, double* out) {
     for (int64_t c = 0; c < 2 * C; ++c) out[c] += part[2 * C * b + c];
 }
 
+// channel_sums' two sums of channel c alone (planes of inner > 1), over its blocks of images in
+// its order, so with its bits: for the passes that take a channel at a time.
+template <typename Plane>
+void one_channel_sums(BatchNormGeometry g, int64_t c, Plane plane, double& s, double& q) {
+  const int64_t per_block = images_per_block(g);
+  s = 0, q = 0;
+  for (int64_t o0 = 0; o0 < g.outer; o0 += per_block) {
+    double bs = 0, bq = 0;
+    for (int64_t o = o0; o < std::min(g.outer, o0 + per_block); ++o) plane(o, c, bs, bq);
+    s += bs, q += bq;
+  }
+}
+
 // A per-call array of float32, kept between calls on the calling thread.
 float* channel_scratch(int slot, int64_t n) {
   return thread_scratch(slot, size_t(n));
@@ -374,18 +387,17 @@ void stats_forward(const T* x, BatchNormGeometry g, BatchNormRunning running, fl
     forward<T, kRelu>(x, g, p, res, y);
     return;
   }
-  const int64_t per_block = images_per_block(g);
   const double n = double(g.outer) * double(inner);
   parallel_balanced(C, 1, [&](int64_t c0, int64_t c1) {
     for (int64_t c = c0; c < c1; ++c) {
       const float sh = float(x[c * inner]);  // as stats' shift
-      double s = 0, q = 0;
-      for (int64_t o0 = 0; o0 < g.outer; o0 += per_block) {
-        double bs = 0, bq = 0;
-        for (int64_t o = o0; o < std::min(g.outer, o0 + per_block); ++o)
-          stats_plane(x + (o * C + c) * inner, inner, sh, bs, bq);
-        s += bs, q += bq;
-      }
+      double s, q;
+      one_channel_sums(
+          g, c,
+          [&](int64_t o, int64_t ch, double& ps, double& pq) {
+            stats_plane(x + (o * C + ch) * inner, inner, sh, ps, pq);
+          },
+          s, q);
       finish_stats(c, s, q, sh, n, running, mean, var);
       float a, b;
       affine_of_channel(p, c, a, b);
@@ -538,17 +550,11 @@ void backward(const T* gy, const T* x, const T* y, BatchNormGeometry g, BatchNor
     // Long planes: one channel at a time, its sums, then its input gradient while its planes
     // are still in the cache (the two-pass form reads every tensor from memory twice). The sums
     // run over the blocks of channel_sums in its order, so the bits are the same.
-    const int64_t per_block = images_per_block(g);
     parallel_balanced(C, 1, [&](int64_t c0, int64_t c1) {
       for (int64_t c = c0; c < c1; ++c) {
         if (need_sums) {
-          double s = 0, q = 0;
-          for (int64_t o0 = 0; o0 < g.outer; o0 += per_block) {
-            double bs = 0, bq = 0;
-            for (int64_t o = o0; o < std::min(g.outer, o0 + per_block); ++o)
-              plane_sums(o, c, bs, bq);
-            s += bs, q += bq;
-          }
+          double s, q;
+          one_channel_sums(g, c, plane_sums, s, q);
           finish_channel(c, s, q);
         }
         for (int64_t o = 0; o < g.outer; ++o) plane_dx(o * C + c);
