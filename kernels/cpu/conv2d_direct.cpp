@@ -777,6 +777,14 @@ void weight_grad_tiles(const Plan& p, const TilePlan& tp, const std::vector<int6
 
 }  // namespace
 
+int conv2d_vector_lanes() {
+#if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
+  return int(L);
+#else
+  return 0;
+#endif
+}
+
 ConvDirectUse conv2d_direct_use(const Conv2dGeometry& g, DType dtype) {
   ConvDirectUse use;
 #if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))

@@ -40,6 +40,10 @@ enum class Bf16Kernels { Tiles, DotProducts, Widened };
 bool bf16_kernels_available(Bf16Kernels k);
 Bf16Kernels bf16_kernels();
 
+// The float32 lanes of the vectors the direct and Winograd paths run on in this build: 16 with
+// AVX-512, 8 with AVX2 and FMA, 0 without either (neither path is taken then).
+int conv2d_vector_lanes();
+
 // Which parts of a convolution conv2d_forward / conv2d_backward run on the direct path. None
 // unless: stride 1 (or, with AVX-512, up to 4 with dilation 1), one group, a kernel of more than
 // one tap, padding at most (kernel - 1) * dilation, at least one image per thread, and a host with

@@ -8,17 +8,13 @@
 #include "kernels/cpu/conv2d_direct.h"
 #include "kernels/cpu/parallel.h"
 
-#if defined(__AVX512F__)
-#include <immintrin.h>
-
-#include "kernels/cpu/bf16_avx512.h"
 #include "kernels/cpu/conv2d_block.h"
-#endif
+#include "kernels/cpu/vector_lanes.h"
 
 namespace galley::kernels::cpu {
 
 bool conv2d_winograd_applies(const Conv2dGeometry& g, DType dtype) {
-#if defined(__AVX512F__)
+#if defined(GALLEY_VECTOR_LANES)
   // A bfloat16 convolution on the host's bfloat16 kernels keeps to the direct path; any other
   // 16-bit one computes in float32 here as the float32 one does, with its bits.
   const bool float32_sums = dtype == DType::Float32 || dtype == DType::Float16 ||
@@ -45,13 +41,14 @@ void check_geometry(const Conv2dGeometry& g, const char* what) {
                "and one group; got ",
                g.kh, "x", g.kw, " stride ", g.stride, " padding ", g.pad, " dilation ", g.dilation,
                " groups ", g.groups);
-#if !defined(__AVX512F__)
-  GALLEY_CHECK(false, what, ": the Winograd path needs a build for AVX-512 hosts");
+#if !defined(GALLEY_VECTOR_LANES)
+  GALLEY_CHECK(false, what,
+               ": the Winograd path needs a build for AVX-512 or AVX2 (with FMA) hosts");
 #endif
 }
 
-#if defined(__AVX512F__)
-using namespace conv_block;  // 16 lanes, blocks of 8 output channels
+#if defined(GALLEY_VECTOR_LANES)
+using namespace conv_block;  // 16 lanes and blocks of 8 output channels (AVX2: 8 and 4)
 
 // The distance between the 16 positions' planes of transformed values (or of products) of
 // `floats` each: one vector more. A whole number of 4 KiB pages apart (vgg's 32 channels of 256
@@ -75,13 +72,6 @@ struct Plan {
     return std::min(n, std::max<int64_t>(1, (96 + tiles() - 1) / tiles()));
   }
 };
-
-inline V as_v(__m512 v) {
-  return reinterpret_cast<V>(v);
-}
-inline __m512 as_m(V v) {
-  return reinterpret_cast<__m512>(v);
-}
 
 // Where a correlation's 3x3 kernels lie: tap t (row-major) of output co and input ci at
 // w[co * co_stride + ci * ci_stride + (flipped ? 8 - t : t)].
@@ -110,35 +100,31 @@ void transform_kernels(const V g[9], V u[16]) {
 }
 
 // The transformed kernels of `cout` x `cin`, each position k of output co and input ci stored at
-// u[index(k, co, ci)] of a zeroed array of n floats; index must run consecutively over each
-// aligned block of OB output channels. 16 output channels at a time, one gather a tap.
+// u[index(k, co, ci)] of a zeroed array of n floats. L output channels at a time, a kernel a lane.
 template <typename Index>
 void transform_weights(int64_t cout, int64_t cin, const Kernels& ks, size_t n, Index index,
                        std::vector<float>& u) {
   u.assign(n, 0.f);
-  const __m512i offsets =
-      _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
-                         _mm512_set1_epi32(int32_t(ks.co_stride)));
-  parallel_for(
-      cin, std::max<int64_t>(1, 256 / std::max<int64_t>(cout, 1)), [&](int64_t c0, int64_t c1) {
-        for (int64_t ci = c0; ci < c1; ++ci)
-          for (int64_t co = 0; co < cout; co += L) {
-            const __mmask16 m = lanes(cout - co);
-            const float* base = ks.w + co * ks.co_stride + ci * ks.ci_stride;
-            V g[9], t[16];
-            for (int k = 0; k < 9; ++k)
-              g[k] = as_v(_mm512_mask_i32gather_ps(_mm512_setzero_ps(), m, offsets,
-                                                   base + (ks.flipped ? 8 - k : k), 4));
-            transform_kernels(g, t);
-            for (int k = 0; k < 16; ++k) {
-              const __m512 v = as_m(t[k]);
-              _mm256_mask_storeu_ps(&u[index(k, co, ci)], __mmask8(m), _mm512_castps512_ps256(v));
-              if (cout - co > OB)
-                _mm256_mask_storeu_ps(&u[index(k, co + OB, ci)], __mmask8(m >> 8),
-                                      _mm512_extractf32x8_ps(v, 1));
-            }
-          }
-      });
+  parallel_for(cin, std::max<int64_t>(1, 256 / std::max<int64_t>(cout, 1)),
+               [&](int64_t c0, int64_t c1) {
+                 for (int64_t ci = c0; ci < c1; ++ci)
+                   for (int64_t co = 0; co < cout; co += L) {
+                     const int64_t m = std::min(L, cout - co);
+                     const float* base = ks.w + co * ks.co_stride + ci * ks.ci_stride;
+                     alignas(64) float taps[9][L] = {};
+                     for (int k = 0; k < 9; ++k)
+                       for (int64_t i = 0; i < m; ++i)
+                         taps[k][i] = base[i * ks.co_stride + (ks.flipped ? 8 - k : k)];
+                     V g[9], t[16];
+                     for (int k = 0; k < 9; ++k) g[k] = load(taps[k]);
+                     transform_kernels(g, t);
+                     for (int k = 0; k < 16; ++k) {
+                       alignas(64) float out[L];
+                       store(out, t[k]);
+                       for (int64_t i = 0; i < m; ++i) u[index(k, co + i, ci)] = out[i];
+                     }
+                   }
+               });
 }
 
 // U[k][block][ci][OB] for the tiled path: output channel block * OB + o (zero past cout).
@@ -152,55 +138,47 @@ void transform_weights(const Plan& p, const Kernels& ks, std::vector<float>& u) 
       u);
 }
 
-// The lanes of 16 consecutive floats from x + o that fall inside [0, n).
-inline __mmask16 inside(int64_t o, int64_t n) {
-  const int64_t lo = std::clamp<int64_t>(-o, 0, L), hi = std::clamp<int64_t>(n - o, 0, L);
-  return lo >= hi ? __mmask16(0) : __mmask16(lanes(hi) & ~lanes(lo));
+// The lanes of L consecutive floats from x + o that fall inside [0, n).
+inline Mask inside(int64_t o, int64_t n) {
+  return lane_range(-o, n - o);
 }
 
 // v[k * ldk + t0 + tile] = position k = 4 r + c of B^T d B, B^T = [1 0 -1 0; 0 1 1 0;
 // 0 -1 1 0; 0 1 0 -1], for every tile of one input plane (tiles numbered row-major). Tile (i, j)
-// reads rows 2i - 1 .. 2i + 2 and columns 2j - 1 .. 2j + 2, zero outside the plane; 16 tiles of a
+// reads rows 2i - 1 .. 2i + 2 and columns 2j - 1 .. 2j + 2, zero outside the plane; L tiles of a
 // row take their four columns from the odd and even lanes of three pairs of vector loads (at
 // 2j - 2, 2j and 2j + 2), so each tile's values come straight from the input, without a bordered
 // copy.
 template <typename T>
 void transform_input(const Plan& p, const T* x, float* v, int64_t ldk, int64_t t0) {
-  const __m512i even_lanes =
-      _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
-  const __m512i odd_lanes =
-      _mm512_setr_epi32(1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
   const int64_t tw = p.tw();
   for (int64_t j0 = 0; j0 < tw; j0 += L) {
     // The loads' lanes inside the row, for the pairs at columns 2j - 2, 2j and 2j + 2.
     const int64_t o = 2 * j0;
-    const __mmask16 m0 = inside(o - 2, p.w), m1 = inside(o - 2 + L, p.w), m2 = inside(o, p.w),
-                    m3 = inside(o + L, p.w), m4 = inside(o + 2, p.w), m5 = inside(o + 2 + L, p.w);
-    // Row r's columns 2j - 1 .. 2j + 2 for the 16 tiles, through B^T: t0..t3 (zero outside).
+    const Mask m0 = inside(o - 2, p.w), m1 = inside(o - 2 + L, p.w), m2 = inside(o, p.w),
+               m3 = inside(o + L, p.w), m4 = inside(o + 2, p.w), m5 = inside(o + 2 + L, p.w);
+    // Row r's columns 2j - 1 .. 2j + 2 for the L tiles, through B^T: t0..t3 (zero outside).
     auto row = [&](int64_t r, V& t0_, V& t1_, V& t2_, V& t3_) {
       if (r < 0 || r >= p.h) {
         t0_ = t1_ = t2_ = t3_ = V{};
         return;
       }
       const T* s = x + r * p.w + o;
-      const __m512 d0 =
-          _mm512_permutex2var_ps(load_as_f32(s - 2, m0), odd_lanes, load_as_f32(s - 2 + L, m1));
-      const __m512 a = load_as_f32(s, m2), b = load_as_f32(s + L, m3);
-      const __m512 d1 = _mm512_permutex2var_ps(a, even_lanes, b);
-      const __m512 d2 = _mm512_permutex2var_ps(a, odd_lanes, b);
-      const __m512 d3 =
-          _mm512_permutex2var_ps(load_as_f32(s + 2, m4), even_lanes, load_as_f32(s + 2 + L, m5));
-      t0_ = as_v(_mm512_sub_ps(d0, d2));
-      t1_ = as_v(_mm512_add_ps(d1, d2));
-      t2_ = as_v(_mm512_sub_ps(d2, d1));
-      t3_ = as_v(_mm512_sub_ps(d1, d3));
+      V d0, d1, d2, d3, unused;
+      deinterleave(load_lanes(s - 2, m0), load_lanes(s - 2 + L, m1), unused, d0);
+      deinterleave(load_lanes(s, m2), load_lanes(s + L, m3), d1, d2);
+      deinterleave(load_lanes(s + 2, m4), load_lanes(s + 2 + L, m5), d3, unused);
+      t0_ = d0 - d2;
+      t1_ = d1 + d2;
+      t2_ = d2 - d1;
+      t3_ = d1 - d3;
     };
-    const __mmask16 m = lanes(tw - j0);
+    const int64_t m = tw - j0;  // tiles in this vector
     auto put = [&](float* dst, int c, V r0, V r1, V r2, V r3) {
-      _mm512_mask_storeu_ps(dst + (0 + c) * ldk, m, as_m(r0 - r2));
-      _mm512_mask_storeu_ps(dst + (4 + c) * ldk, m, as_m(r1 + r2));
-      _mm512_mask_storeu_ps(dst + (8 + c) * ldk, m, as_m(r2 - r1));
-      _mm512_mask_storeu_ps(dst + (12 + c) * ldk, m, as_m(r1 - r3));
+      store_first(dst + (0 + c) * ldk, r0 - r2, m);
+      store_first(dst + (4 + c) * ldk, r1 + r2, m);
+      store_first(dst + (8 + c) * ldk, r2 - r1, m);
+      store_first(dst + (12 + c) * ldk, r1 - r3, m);
     };
     // Tile rows i and i + 1 share two input rows (2i + 1 and 2i + 2): each is transformed once.
     V a0, a1, a2, a3, b0, b1, b2, b3, c0, c1, c2, c3, e0, e1, e2, e3;
@@ -242,10 +220,6 @@ void multiply(const Plan& p, const float* u, const float* v, int64_t tp, float* 
 template <typename T>
 void transform_output(const Plan& p, const float* m, int64_t tp, int64_t t0, const float* bias,
                       T* y) {
-  const __m512i first_half =
-      _mm512_setr_epi32(0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23);
-  const __m512i second_half =
-      _mm512_setr_epi32(8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31);
   const int64_t tw = p.tw(), ldk = position_stride(p.coutp() * tp);
   for (int64_t co = 0; co < p.cout; ++co) {
     const V vb = splat(bias ? bias[co] : 0.f);
@@ -266,10 +240,10 @@ void transform_output(const Plan& p, const float* m, int64_t tp, int64_t t0, con
           const V y0 = (a == 0 ? s[0][0] + s[1][0] + s[2][0] : s[1][0] - s[2][0] - s[3][0]) + vb;
           const V y1 = (a == 0 ? s[0][1] + s[1][1] + s[2][1] : s[1][1] - s[2][1] - s[3][1]) + vb;
           T* dst = yc + (2 * i + a) * p.w + 2 * j0;
-          store_from_f32(dst, _mm512_permutex2var_ps(as_m(y0), first_half, as_m(y1)), lanes(left));
-          if (left > L)
-            store_from_f32(dst + L, _mm512_permutex2var_ps(as_m(y0), second_half, as_m(y1)),
-                           lanes(left - L));
+          V first, second;
+          interleave(y0, y1, first, second);
+          store_first(dst, first, left);
+          if (left > L) store_first(dst + L, second, left - L);
         }
       }
   }
@@ -277,9 +251,9 @@ void transform_output(const Plan& p, const float* m, int64_t tp, int64_t t0, con
 
 // Narrow planes (under 13 wide: at most 6 tiles a row) with the lanes across channels instead of
 // tiles, which would leave most lanes of the transforms idle: each image is copied channel-last
-// into a bordered buffer (16 x 16 transposes), the input transform takes a vector of 16 channels
+// into a bordered buffer (L x L transposes), the input transform takes a vector of L channels
 // of one tile at a time, the products broadcast a tile's transformed input channel against
-// vectors of 16 output channels, and the output transform's vectors of output channels are
+// vectors of L output channels, and the output transform's vectors of output channels are
 // transposed back into the planes. The transforms are the tiled path's, in its order, so the
 // results have its bits.
 struct NarrowPlan : Plan {
@@ -295,21 +269,20 @@ struct NarrowPlan : Plan {
 };
 
 // dst[r * ld + j * cp + c] = src[c][r][j] for `channels` planes of h x w (cp >= channels rounded
-// up to whole vectors; the channels past `channels` zero), in 16 x 16 transposes.
+// up to whole vectors; the channels past `channels` zero), in L x L transposes.
 template <typename T>
 void to_channels_last(const T* src, int64_t channels, int64_t h, int64_t w, int64_t cp, float* dst,
                       int64_t ld) {
   for (int64_t c0 = 0; c0 < channels; c0 += L)
     for (int64_t r = 0; r < h; ++r)
       for (int64_t j0 = 0; j0 < w; j0 += L) {
-        const __mmask16 m = lanes(w - j0);
-        __m512 v[16];
+        const Mask m = first_lanes(w - j0);
+        V v[L];
         for (int64_t k = 0; k < L; ++k)
-          v[k] = c0 + k < channels ? load_as_f32(src + ((c0 + k) * h + r) * w + j0, m)
-                                   : _mm512_setzero_ps();
-        transpose16(v);
+          v[k] = c0 + k < channels ? load_lanes(src + ((c0 + k) * h + r) * w + j0, m) : V{};
+        transpose(v);
         float* d = dst + r * ld + j0 * cp + c0;
-        for (int64_t j = 0; j < L && j0 + j < w; ++j) _mm512_storeu_ps(d + j * cp, v[j]);
+        for (int64_t j = 0; j < L && j0 + j < w; ++j) store(d + j * cp, v[j]);
       }
 }
 
@@ -360,18 +333,28 @@ void multiply_narrow_block(const float* v, int64_t cp, int64_t cin, const float*
   broadcast_block<OV, NT, 1, false>(u, op, cin, vt, m, op);
 }
 
+// The narrow products' register block: NT tiles by up to kNarrowVectors vectors of output
+// channels, with a register left for the loads and the broadcast. AVX-512's 32 registers hold
+// 6 x 4 accumulators, AVX2's 16 hold 4 x 3.
+constexpr int kNarrowTiles = L == 16 ? 6 : 4;
+constexpr int kNarrowVectors = L == 16 ? 4 : 3;
+
 template <int OV>
 void multiply_narrow_tiles(int64_t nt, const float* v, int64_t cp, int64_t cin, const float* u,
                            int64_t op, float* m) {
-  constexpr int NT = 6;  // with 4 vectors of outputs, 24 accumulators
+  constexpr int NT = kNarrowTiles;
   int64_t t = 0;
   for (; t + NT <= nt; t += NT)
     multiply_narrow_block<NT, OV>(v + t * cp, cp, cin, u, op, m + t * op);
   switch (nt - t) {
     case 5:
-      return multiply_narrow_block<5, OV>(v + t * cp, cp, cin, u, op, m + t * op);
+      if constexpr (NT > 5)
+        return multiply_narrow_block<5, OV>(v + t * cp, cp, cin, u, op, m + t * op);
+      break;
     case 4:
-      return multiply_narrow_block<4, OV>(v + t * cp, cp, cin, u, op, m + t * op);
+      if constexpr (NT > 4)
+        return multiply_narrow_block<4, OV>(v + t * cp, cp, cin, u, op, m + t * op);
+      break;
     case 3:
       return multiply_narrow_block<3, OV>(v + t * cp, cp, cin, u, op, m + t * op);
     case 2:
@@ -388,11 +371,14 @@ void multiply_narrow(const NarrowPlan& p, const float* u, const float* v, int64_
     const float* vk = v + k * position_stride(nt * cp);
     const float* uk = u + k * cp * op;
     float* mk = m + k * position_stride(nt * op);
-    for (int64_t o0 = 0; o0 < op; o0 += 4 * L) {
-      switch (std::min<int64_t>(4, (op - o0) / L)) {
+    for (int64_t o0 = 0; o0 < op; o0 += kNarrowVectors * L) {
+      switch (std::min<int64_t>(kNarrowVectors, (op - o0) / L)) {
         case 4:
-          multiply_narrow_tiles<4>(nt, vk, cp, p.cin, uk + o0, op, mk + o0);
-          break;
+          if constexpr (kNarrowVectors >= 4) {
+            multiply_narrow_tiles<4>(nt, vk, cp, p.cin, uk + o0, op, mk + o0);
+            break;
+          }
+          [[fallthrough]];
         case 3:
           multiply_narrow_tiles<3>(nt, vk, cp, p.cin, uk + o0, op, mk + o0);
           break;
@@ -431,18 +417,18 @@ void transform_output_narrow(const NarrowPlan& p, const float* m, int64_t nt, in
         store(dst + (yw + 1) * op + o, s[1][1] - s[2][1] - s[3][1]);
       }
     }
-  const __mmask16 mw = lanes(p.w);
   for (int64_t o0 = 0; o0 < p.cout; o0 += L)
-    for (int64_t r = 0; r < p.h; ++r) {
-      __m512 v[16];
-      for (int64_t j = 0; j < L; ++j)
-        v[j] = j < p.w ? _mm512_loadu_ps(yb + (r * yw + j) * op + o0) : _mm512_setzero_ps();
-      transpose16(v);
-      for (int64_t c = 0; c < L && o0 + c < p.cout; ++c) {
-        const V b = splat(bias ? bias[o0 + c] : 0.f);
-        store_from_f32(y + ((o0 + c) * p.h + r) * p.w, as_m(as_v(v[c]) + b), mw);
+    for (int64_t r = 0; r < p.h; ++r)
+      for (int64_t j0 = 0; j0 < p.w; j0 += L) {  // one vector of columns with AVX-512
+        V v[L];
+        for (int64_t j = 0; j < L; ++j)
+          v[j] = j0 + j < p.w ? load(yb + (r * yw + j0 + j) * op + o0) : V{};
+        transpose(v);
+        for (int64_t c = 0; c < L && o0 + c < p.cout; ++c) {
+          const V b = splat(bias ? bias[o0 + c] : 0.f);
+          store_first(y + ((o0 + c) * p.h + r) * p.w + j0, v[c] + b, p.w - j0);
+        }
       }
-    }
 }
 
 // winograd() for narrow planes.
@@ -491,10 +477,8 @@ void winograd(const Plan& p, int64_t n, const T* x, const Kernels& ks, const flo
     float* m = thread_scratch(1, size_t(16 * position_stride(p.coutp() * tp) + L));
     // The lanes past the chunk's tiles (fewer than a vector a row): zeros, so that their
     // products stay finite.
-    const __mmask16 tail = lanes(tp - t);
     for (int k = 0; k < 16; ++k)
-      for (int64_t c = 0; c < p.cin; ++c)
-        _mm512_mask_storeu_ps(v + k * ldv + c * tp + t, tail, _mm512_setzero_ps());
+      for (int64_t c = 0; c < p.cin; ++c) store_first(v + k * ldv + c * tp + t, V{}, tp - t);
     for (int64_t i = n0; i < n1; ++i)
       for (int64_t c = 0; c < p.cin; ++c)
         transform_input(p, x + (i * p.cin + c) * plane, v + c * tp, ldv, (i - n0) * tiles);
@@ -570,7 +554,7 @@ void multiply_weight_grad(const WeightGradPlan& p, const float* wt, const float*
 }
 
 // gw[co][ci][3 u + v] = (G^T M G)[u][v] for the 16 positions' sums M[k][co][ci], G the kernel
-// transform's [1 0 0; 1/2 1/2 1/2; 1/2 -1/2 1/2; 0 0 1]; on vectors of 16 input channels.
+// transform's [1 0 0; 1/2 1/2 1/2; 1/2 -1/2 1/2; 0 0 1]; on vectors of L input channels.
 void write_weight_grad(const WeightGradPlan& p, const float* m, float* gw) {
   const int64_t cp = p.cp(), cop = p.cop();
   parallel_for(p.cout, std::max<int64_t>(1, 256 / cp), [&](int64_t o0, int64_t o1) {
@@ -649,7 +633,7 @@ void winograd_weight_grad(const WeightGradPlan& p, int64_t n, const T* x, const 
 void conv2d_winograd_forward(const Conv2dGeometry& g, const void* x, const float* w, const float* b,
                              void* y, DType dtype) {
   check_geometry(g, "conv2d");
-#if defined(__AVX512F__)
+#if defined(GALLEY_VECTOR_LANES)
   dispatch_floating(dtype, "conv2d", [&](auto tag) {
     using T = typename decltype(tag)::type;
     const Kernels ks{w, g.c * 9, 9, false};
@@ -667,7 +651,7 @@ void conv2d_winograd_forward(const Conv2dGeometry& g, const void* x, const float
 void conv2d_winograd_input_grad(const Conv2dGeometry& g, const float* w, const void* gy, void* gx,
                                 DType dtype) {
   check_geometry(g, "conv2d_backward");
-#if defined(__AVX512F__)
+#if defined(GALLEY_VECTOR_LANES)
   // The output gradient against the kernel flipped in both axes, input and output channels
   // swapped: output channel ci (an input channel of the convolution) from input channel o.
   dispatch_floating(dtype, "conv2d_backward", [&](auto tag) {
@@ -688,7 +672,7 @@ void conv2d_winograd_input_grad(const Conv2dGeometry& g, const float* w, const v
 void conv2d_winograd_weight_grad(const Conv2dGeometry& g, const void* x, const void* gy, float* gw,
                                  DType dtype) {
   check_geometry(g, "conv2d_backward");
-#if defined(__AVX512F__)
+#if defined(GALLEY_VECTOR_LANES)
   dispatch_floating(dtype, "conv2d_backward", [&](auto tag) {
     using T = typename decltype(tag)::type;
     winograd_weight_grad(WeightGradPlan{{{g.c, g.h, g.w, g.o}}}, g.n, static_cast<const T*>(x),

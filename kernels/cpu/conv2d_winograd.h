@@ -7,11 +7,12 @@
 // kernel's 3x3 taps, G g G^T, into 16 each. Position k of every tile's transform then multiplies
 // with position k of every kernel's: 16 independent products [out channels x in channels] x
 // [in channels x tiles], run on the direct path's register block (cpu/conv2d_block.h) with tiles
-// across the vector lanes. The output transform, A^T m A, turns each tile's 16 sums into its 2x2
+// across the vector lanes (16 with AVX-512, 8 with AVX2: the code is written once for both, on
+// cpu/vector_lanes.h). The output transform, A^T m A, turns each tile's 16 sums into its 2x2
 // outputs. Planes narrower than 13 (at most 6 tiles a row, which would leave most lanes of the
 // transforms idle) run with channels across the lanes instead: each image copied channel-last
-// into a bordered buffer, the transforms on vectors of 16 channels of one tile, the products a
-// tile's input channel broadcast against vectors of 16 output channels, and the outputs
+// into a bordered buffer, the transforms on vectors of L channels of one tile, the products a
+// tile's input channel broadcast against vectors of L output channels, and the outputs
 // transposed back into planes; the same transforms in the same order, so the same bits. The
 // transforms' coefficients are 0, +-1 and +-1/2, so on inputs whose products and sums are exact in
 // float (small integers, weights in quarters) the result has the im2col path's bits; on others it
@@ -28,8 +29,8 @@ namespace galley::kernels::cpu {
 // Whether conv2d_forward / conv2d_backward take this path for `g` (the input gradient only): a
 // 3x3 convolution computed in float32 (float32 or float16 data, or bfloat16 where
 // cpu/conv2d_direct.h's bf16_kernels() is Widened) with stride 1, padding 1, no dilation and one
-// group, in a build for AVX-512 hosts, with at least 16 input and output channels (fewer leave
-// the transforms' cost unpaid).
+// group, in a build for AVX-512 hosts or AVX2 ones with FMA, with at least 16 input and output
+// channels (fewer leave the transforms' cost unpaid).
 bool conv2d_winograd_applies(const Conv2dGeometry& g, DType dtype = DType::Float32);
 // Whether conv2d_backward takes it for the weight gradient as well: where it applies, with at
 // least 32 input and output channels. Its transforms (both operands, about as costly a tile
@@ -40,8 +41,8 @@ bool conv2d_winograd_weight_grad_applies(const Conv2dGeometry& g, DType dtype = 
 // y = conv(x, w) (+ b) and gx = the input gradient from gy, for any geometry of a 3x3
 // convolution with stride 1, padding 1, no dilation and one group (whatever
 // conv2d_winograd_applies says, so tests can compare it with the other paths); an error in builds
-// without AVX-512. x, y, gy and gx hold `dtype` elements, widened to float32 as they are read and
-// rounded once as the result is written; w and b are float32.
+// with neither AVX-512 nor AVX2 and FMA. x, y, gy and gx hold `dtype` elements, widened to float32
+// as they are read and rounded once as the result is written; w and b are float32.
 void conv2d_winograd_forward(const Conv2dGeometry& g, const void* x, const float* w, const float* b,
                              void* y, DType dtype = DType::Float32);
 void conv2d_winograd_input_grad(const Conv2dGeometry& g, const float* w, const void* gy, void* gx,
