@@ -48,9 +48,9 @@ inline V broadcast(const float* p) {
 }
 
 // Holds v in a register from here on. With AVX2's 16 registers GCC would otherwise fold the
-// block's input loads into its FMAs, loading each input once per output channel: 16 loads for
-// 12 FMAs, more than two loads a cycle can feed (AMD Zen 3 ran the 4 x 3 block at about 70% of
-// its FMA rate). AVX-512's blocks keep to the compiler's choice.
+// blocks' vector loads into their FMAs, loading each vector once per broadcast: 16 loads for 12
+// FMAs, more than two loads a cycle can feed (AMD Zen 3 ran the 4 x 3 blocks at about 70% of its
+// FMA rate). AVX-512's blocks keep to the compiler's choice.
 inline void in_register(V& v) {
 #if defined(__AVX2__) && !defined(__AVX512F__)
   asm("" : "+x"(v));
@@ -130,7 +130,10 @@ GALLEY_NO_PREDICTIVE_COMMONING void broadcast_block(const float* g, int64_t ldg,
   for (int64_t i = 0; i < n; ++i, g += ldg) {
     V gv[OV];
 #pragma GCC unroll 4
-    for (int v = 0; v < OV; ++v) gv[v] = load(g + v * L);
+    for (int v = 0; v < OV; ++v) {
+      gv[v] = load(g + v * L);
+      in_register(gv[v]);
+    }
 #pragma GCC unroll 24
     for (int r = 0; r < NR; ++r)
 #pragma GCC unroll 3

@@ -33,9 +33,9 @@ namespace galley::kernels::cpu {
 // channels (fewer leave the transforms' cost unpaid).
 bool conv2d_winograd_applies(const Conv2dGeometry& g, DType dtype = DType::Float32);
 // Whether conv2d_backward takes it for the weight gradient as well: where it applies, with at
-// least 32 input and output channels. Its transforms (both operands, about as costly a tile
-// as the direct path's sums of 16 x 16 channels) cost in proportion to the channels, its
-// products to their product.
+// least 32 input and output channels in AVX-512 builds, 16 in AVX2 ones. Its transforms (both
+// operands, about as costly a tile as the AVX-512 direct path's sums of 16 x 16 channels) cost
+// in proportion to the channels, its products to their product.
 bool conv2d_winograd_weight_grad_applies(const Conv2dGeometry& g, DType dtype = DType::Float32);
 
 // y = conv(x, w) (+ b) and gx = the input gradient from gy, for any geometry of a 3x3
