@@ -12,6 +12,7 @@
 #include "kernels/cpu/conv2d_block.h"
 #include "kernels/cpu/parallel.h"
 #include "kernels/cpu/strided_rows.h"
+#include "kernels/cpu/vector_lanes.h"
 
 #if defined(__AVX__)
 #include <immintrin.h>
@@ -264,26 +265,25 @@ void weight_grad(const Plan& p, const WeightGradLayout& lay, const std::vector<c
 }
 
 // gyT[q][o] = gy[o][oh][ow] at q = oh * pw + ow (widened); the junk columns and padded channels
-// stay zero. In tiles of 16 columns by every channel, so the rows of gyT being written stay in L1.
+// stay zero. In tiles of L columns by every channel, so the rows of gyT being written stay in L1.
 
 template <typename T>
 void transpose_grad(const Plan& p, int64_t op, const T* gy, float* gyT) {
   const int64_t oh = p.oh(), ow = p.ow(), pw = p.pw();
-#if defined(__AVX512F__)
+#if defined(GALLEY_VECTOR_LANES)
   if constexpr (std::is_same_v<T, float>) {
-    // 16 x 16 blocks transposed in registers (op is a whole number of 16-channel vectors).
+    // L x L blocks transposed in registers (op is a whole number of L-channel vectors).
     for (int64_t i = 0; i < oh; ++i)
       for (int64_t j0 = 0; j0 < ow; j0 += L) {
         const int64_t nj = std::min(L, ow - j0);
-        const __mmask16 m = lanes(nj);
+        const Mask m = first_lanes(nj);
         float* dst = gyT + (i * pw + j0) * op;
         for (int64_t o0 = 0; o0 < p.cout; o0 += L) {
-          __m512 r[16];
+          V r[L];
           for (int64_t k = 0; k < L; ++k)
-            r[k] = o0 + k < p.cout ? _mm512_maskz_loadu_ps(m, gy + ((o0 + k) * oh + i) * ow + j0)
-                                   : _mm512_setzero_ps();
-          transpose16(r);
-          for (int64_t j = 0; j < nj; ++j) _mm512_storeu_ps(dst + j * op + o0, r[j]);
+            r[k] = o0 + k < p.cout ? load_lanes(gy + ((o0 + k) * oh + i) * ow + j0, m) : V{};
+          transpose(r);
+          for (int64_t j = 0; j < nj; ++j) store(dst + j * op + o0, r[j]);
         }
       }
     return;
@@ -788,11 +788,8 @@ int conv2d_vector_lanes() {
 ConvDirectUse conv2d_direct_use(const Conv2dGeometry& g, DType dtype) {
   ConvDirectUse use;
 #if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
-#if defined(__AVX512F__)
+  // Strided ones (resnet's 3x3/2) on AMD Zen 3 (AVX2): 1.4-1.9x im2col.
   const bool strided = g.dilation == 1 && g.stride <= kMaxStride;
-#else
-  const bool strided = false;  // the phases are split one element at a time: not measured to pay
-#endif
   const bool fits = (g.stride == 1 || strided) && g.groups == 1 && g.kh * g.kw > 1 &&
                     g.pad <= (g.kh - 1) * g.dilation && g.pad <= (g.kw - 1) * g.dilation &&
                     g.n >= num_threads();
@@ -810,21 +807,17 @@ ConvDirectUse conv2d_direct_use(const Conv2dGeometry& g, DType dtype) {
     return use;
   }
   const int64_t columns = g.c * g.kh * g.kw;  // (input channel, tap) pairs
-#if defined(__AVX512F__)
   // From one channel's 3x3 taps (resnet's 1->16 stem, vgg's 3->32): on an Intel Xeon, at one
   // and two threads, 1.2-1.5x im2col in float32, and in bfloat16 (widened) 2-3.4x im2col on the
-  // tile GEMM. Against im2col on the dot-product GEMM (AMD Zen 4 and 5) not measured: those
-  // hosts keep the thresholds below.
+  // tile GEMM; on AMD Zen 3 (AVX2) 1.3-1.6x, the weight gradient of three channels 1.4x and
+  // their forward pass level. Against im2col on the dot-product GEMM (AMD Zen 4 and 5) not
+  // measured: those hosts keep the thresholds measured before, 16 and 64 pairs.
   if (dtype == DType::BFloat16 && bf16_kernels() == Bf16Kernels::DotProducts) {
     use.forward = columns >= 16;
     use.weight_grad = columns >= 64;
   } else {
     use.forward = use.weight_grad = columns >= 9;
   }
-#else
-  use.forward = columns >= 16;
-  use.weight_grad = columns >= 64;
-#endif
   use.input_grad = g.c >= 16;
 #else
   (void)g, (void)dtype;

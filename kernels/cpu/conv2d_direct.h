@@ -45,18 +45,18 @@ Bf16Kernels bf16_kernels();
 int conv2d_vector_lanes();
 
 // Which parts of a convolution conv2d_forward / conv2d_backward run on the direct path. None
-// unless: stride 1 (or, with AVX-512, up to 4 with dilation 1), one group, a kernel of more than
+// unless: stride 1 (or up to 4 with dilation 1), one group, a kernel of more than
 // one tap, padding at most (kernel - 1) * dilation, at least one image per thread, and a host with
 // AVX-512, or AVX2 with FMA (elsewhere the registers would not hold a block). A strided one never
 // takes the bfloat16 kernels (those of 16 channels or more stay on im2col, or the tiles'
 // phases). Then each part where it is faster than
 // im2col + GEMM (measured on the layers of the benchmark models): the forward pass and the
 // weight gradient need enough (input channel, tap) pairs to amortise writing each output block,
-// and the weight gradient's transpose of the output gradient (with AVX-512, the 9 of a single
-// channel's 3x3 kernel; with AVX2, 16 and 64); the input gradient needs enough input channels
-// to fill its blocks of output channels (16). A bfloat16 convolution of 16 or more input channels,
-// where bf16_kernels() is Tiles or DotProducts, takes the direct path for every part on those
-// kernels; any other runs the widened kernels.
+// and the weight gradient's transpose of the output gradient (the 9 of a single channel's 3x3
+// kernel; 16 and 64 for bfloat16 on the dot products); the input gradient needs enough input
+// channels to fill its blocks of output channels (16). A bfloat16 convolution of 16 or more input
+// channels, where bf16_kernels() is Tiles or DotProducts, takes the direct path for every part on
+// those kernels; any other runs the widened kernels.
 struct ConvDirectUse {
   bool forward = false, input_grad = false, weight_grad = false;
   Bf16Kernels bf16 =

@@ -8,6 +8,7 @@
 #include <type_traits>
 
 #include "kernels/cpu/bf16_avx512.h"
+#include "kernels/cpu/vector_lanes.h"
 
 namespace galley::kernels::cpu {
 
@@ -59,7 +60,8 @@ inline __attribute__((always_inline)) void gather_strided(const T* src, D* dst, 
 }
 
 // even[k] = src[2k] and odd[k] = src[2k + 1] for the n elements of src: a row split into its two
-// column phases at stride 2 in one pass, 32 elements from two loads (interleave_row's inverse).
+// column phases at stride 2 in one pass, 32 elements from two loads (16 with AVX2;
+// interleave_row's inverse).
 template <typename T, typename D>
 inline void deinterleave_row(const T* src, int64_t n, D* even, D* odd) {
   int64_t j = 0;
@@ -73,6 +75,16 @@ inline void deinterleave_row(const T* src, int64_t n, D* even, D* odd) {
       const __m512 b = _mm512_maskz_loadu_ps(lanes(std::max<int64_t>(0, left - 16)), src + j + 16);
       _mm512_mask_storeu_ps(even + j / 2, lanes((left + 1) / 2), _mm512_permutex2var_ps(a, ev, b));
       _mm512_mask_storeu_ps(odd + j / 2, lanes(left / 2), _mm512_permutex2var_ps(a, od, b));
+    }
+  }
+#elif defined(GALLEY_VECTOR_LANES)
+  if constexpr (std::is_same_v<T, float> && std::is_same_v<D, float>) {
+    using namespace conv_block;  // AVX2: 16 elements from two loads, the rest one at a time
+    for (; j + 2 * L <= n; j += 2 * L) {
+      V e, o;
+      deinterleave(load(src + j), load(src + j + L), e, o);
+      store(even + j / 2, e);
+      store(odd + j / 2, o);
     }
   }
 #endif
@@ -118,7 +130,7 @@ inline void scatter_strided(const float* src, float* dst, int64_t n, int64_t str
 }
 
 // dst[2k] = even[k] and dst[2k + 1] = odd[k], for the n elements of dst: the two column phases of
-// a stride-2 row put back together, 32 elements from two vectors.
+// a stride-2 row put back together, 32 elements from two vectors (16 with AVX2).
 inline void interleave_row(const float* even, const float* odd, float* dst, int64_t n) {
   int64_t j = 0;
 #if defined(__AVX512F__)
@@ -131,6 +143,14 @@ inline void interleave_row(const float* even, const float* odd, float* dst, int6
     _mm512_mask_storeu_ps(dst + j, lanes(left), _mm512_permutex2var_ps(e, lo, o));
     _mm512_mask_storeu_ps(dst + j + 16, lanes(std::max<int64_t>(0, left - 16)),
                           _mm512_permutex2var_ps(e, hi, o));
+  }
+#elif defined(GALLEY_VECTOR_LANES)
+  using namespace conv_block;  // AVX2: 16 elements from two vectors, the rest one at a time
+  for (; j + 2 * L <= n; j += 2 * L) {
+    V first, second;
+    interleave(load(even + j / 2), load(odd + j / 2), first, second);
+    store(dst + j, first);
+    store(dst + j + L, second);
   }
 #endif
   for (; j < n; ++j) dst[j] = j % 2 ? odd[j / 2] : even[j / 2];
