@@ -1152,6 +1152,7 @@ void conv2d_direct_forward(const Conv2dGeometry& g, const void* x, const float* 
 #if defined(__AVX512BF16__)
     return pairs_forward(g, xs, w, b, ys);
 #endif
+    (void)xs, (void)ys;  // (check_available threw: no bfloat16 kernels in this build)
   }
   dispatch_floating(dtype, "conv2d", [&](auto tag) {
     using T = typename decltype(tag)::type;
@@ -1173,6 +1174,7 @@ void conv2d_direct_backward(const Conv2dGeometry& g, const void* x, const float*
 #if defined(__AVX512BF16__)
     return pairs_backward(g, xs, w, gys, gxs, gw);
 #endif
+    (void)xs, (void)gys, (void)gxs;  // (check_available threw, as above)
   }
   dispatch_floating(dtype, "conv2d_backward", [&](auto tag) {
     using T = typename decltype(tag)::type;
