@@ -1,6 +1,7 @@
 #include "kernels/cpu/conv2d_winograd.h"
 
 #include <algorithm>
+#include <cstring>
 #include <vector>
 
 #include "galley/error.h"
@@ -103,30 +104,39 @@ void transform_kernels(const V g[9], V u[16]) {
 }
 
 // The transformed kernels of `cout` x `cin`, each position k of output co and input ci stored at
-// u[index(k, co, ci)] of a zeroed array of n floats. L output channels at a time, a kernel a lane.
+// u[index(k, co, ci)] of a zeroed array of n floats; index must run consecutively over each
+// aligned block of OB output channels. L output channels at a time, a kernel a lane, each
+// position stored a block of OB channels at a time.
 template <typename Index>
 void transform_weights(int64_t cout, int64_t cin, const Kernels& ks, size_t n, Index index,
                        std::vector<float>& u) {
   u.assign(n, 0.f);
+  auto lanes_of = [&](int64_t ci, int64_t co) {  // output channels co .. co + L - 1 of input ci
+    const int64_t m = std::min(L, cout - co);
+    const float* base = ks.w + co * ks.co_stride + ci * ks.ci_stride;
+    alignas(64) float taps[9][L] = {};
+    for (int k = 0; k < 9; ++k)
+      for (int64_t i = 0; i < m; ++i)
+        taps[k][i] = base[i * ks.co_stride + (ks.flipped ? 8 - k : k)];
+    V g[9], t[16];
+    for (int k = 0; k < 9; ++k) g[k] = load(taps[k]);
+    transform_kernels(g, t);
+    for (int k = 0; k < 16; ++k) {
+      alignas(64) float out[L];
+      store(out, t[k]);
+      for (int64_t b = 0; b < m; b += OB) {
+        float* dst = &u[index(k, co + b, ci)];
+        if (m - b >= OB)
+          std::memcpy(dst, out + b, OB * sizeof(float));  // one vector move
+        else
+          std::memcpy(dst, out + b, size_t(m - b) * sizeof(float));
+      }
+    }
+  };
   parallel_for(cin, std::max<int64_t>(1, 256 / std::max<int64_t>(cout, 1)),
                [&](int64_t c0, int64_t c1) {
                  for (int64_t ci = c0; ci < c1; ++ci)
-                   for (int64_t co = 0; co < cout; co += L) {
-                     const int64_t m = std::min(L, cout - co);
-                     const float* base = ks.w + co * ks.co_stride + ci * ks.ci_stride;
-                     alignas(64) float taps[9][L] = {};
-                     for (int k = 0; k < 9; ++k)
-                       for (int64_t i = 0; i < m; ++i)
-                         taps[k][i] = base[i * ks.co_stride + (ks.flipped ? 8 - k : k)];
-                     V g[9], t[16];
-                     for (int k = 0; k < 9; ++k) g[k] = load(taps[k]);
-                     transform_kernels(g, t);
-                     for (int k = 0; k < 16; ++k) {
-                       alignas(64) float out[L];
-                       store(out, t[k]);
-                       for (int64_t i = 0; i < m; ++i) u[index(k, co + i, ci)] = out[i];
-                     }
-                   }
+                   for (int64_t co = 0; co < cout; co += L) lanes_of(ci, co);
                });
 }
 
