@@ -156,16 +156,35 @@ inline Mask inside(int64_t o, int64_t n) {
   return lane_range(-o, n - o);
 }
 
+// AVX2 builds copy each plane into a bordered float buffer first (rows of this many floats: two
+// zero columns to the left, the row, and zeros past it for the last pair of loads), so that
+// transform_input's loads need no masks, and store whole vectors of tiles except on the last
+// tile row: AMD Zen 3 spent a third of the transform on the masks' tests and partial stores.
+// AVX-512's masked loads and stores cost no more than plain ones.
+constexpr bool kBorderedRows = L == 8;
+inline int64_t bordered_row(const Plan& p) {
+  return round_up(2 * p.tw() + 2 * L + 2, L);
+}
+
 // v[k * ldk + t0 + tile] = position k = 4 r + c of B^T d B, B^T = [1 0 -1 0; 0 1 1 0;
 // 0 -1 1 0; 0 1 0 -1], for every tile of one input plane (tiles numbered row-major). Tile (i, j)
 // reads rows 2i - 1 .. 2i + 2 and columns 2j - 1 .. 2j + 2, zero outside the plane; L tiles of a
 // row take their four columns from the odd and even lanes of three pairs of vector loads (at
-// 2j - 2, 2j and 2j + 2), so each tile's values come straight from the input, without a bordered
-// copy.
+// 2j - 2, 2j and 2j + 2), so each tile's values come straight from the input (AVX-512, the edges
+// masked) or from its bordered copy in `rows` (kBorderedRows: h rows of bordered_row(p) floats,
+// zero outside the plane's columns).
 template <typename T>
-void transform_input(const Plan& p, const T* x, float* v, int64_t ldk, int64_t t0) {
-  const int64_t tw = p.tw();
-  for (int64_t j0 = 0; j0 < tw; j0 += L) {
+void transform_input(const Plan& p, const T* x, float* v, int64_t ldk, int64_t t0, float* rows) {
+  const int64_t tw = p.tw(), th = p.th(), bw = bordered_row(p);
+  if constexpr (kBorderedRows)
+    for (int64_t r = 0; r < p.h; ++r)
+      for (int64_t j = 0; j < p.w; j += L)
+        store(rows + r * bw + 2 + j, load_lanes(x + r * p.w + j, first_lanes(p.w - j)));
+  // With whole-vector stores the vectors of a tile row go last to first: the last one's lanes past
+  // the row land on the next row's first tiles (tw >= 7 here: kNarrowPlane), written after it.
+  const int64_t vectors = (tw + L - 1) / L;
+  for (int64_t jv = 0; jv < vectors; ++jv) {
+    const int64_t j0 = (kBorderedRows ? vectors - 1 - jv : jv) * L;
     // The loads' lanes inside the row, for the pairs at columns 2j - 2, 2j and 2j + 2.
     const int64_t o = 2 * j0;
     const Mask m0 = inside(o - 2, p.w), m1 = inside(o - 2 + L, p.w), m2 = inside(o, p.w),
@@ -176,37 +195,45 @@ void transform_input(const Plan& p, const T* x, float* v, int64_t ldk, int64_t t
         t0_ = t1_ = t2_ = t3_ = V{};
         return;
       }
-      const T* s = x + r * p.w + o;
       V d0, d1, d2, d3, unused;
-      deinterleave(load_lanes(s - 2, m0), load_lanes(s - 2 + L, m1), unused, d0);
-      deinterleave(load_lanes(s, m2), load_lanes(s + L, m3), d1, d2);
-      deinterleave(load_lanes(s + 2, m4), load_lanes(s + 2 + L, m5), d3, unused);
+      if constexpr (kBorderedRows) {
+        const float* s = rows + r * bw + 2 + o;
+        deinterleave(load(s - 2), load(s - 2 + L), unused, d0);
+        deinterleave(load(s), load(s + L), d1, d2);
+        deinterleave(load(s + 2), load(s + 2 + L), d3, unused);
+      } else {
+        const T* s = x + r * p.w + o;
+        deinterleave(load_lanes(s - 2, m0), load_lanes(s - 2 + L, m1), unused, d0);
+        deinterleave(load_lanes(s, m2), load_lanes(s + L, m3), d1, d2);
+        deinterleave(load_lanes(s + 2, m4), load_lanes(s + 2 + L, m5), d3, unused);
+      }
       t0_ = d0 - d2;
       t1_ = d1 + d2;
       t2_ = d2 - d1;
       t3_ = d1 - d3;
     };
     const int64_t m = tw - j0;  // tiles in this vector
-    auto put = [&](float* dst, int c, V r0, V r1, V r2, V r3) {
-      store_first(dst + (0 + c) * ldk, r0 - r2, m);
-      store_first(dst + (4 + c) * ldk, r1 + r2, m);
-      store_first(dst + (8 + c) * ldk, r2 - r1, m);
-      store_first(dst + (12 + c) * ldk, r1 - r3, m);
+    auto put = [&](float* dst, int c, int64_t n, V r0, V r1, V r2, V r3) {
+      store_first(dst + (0 + c) * ldk, r0 - r2, n);
+      store_first(dst + (4 + c) * ldk, r1 + r2, n);
+      store_first(dst + (8 + c) * ldk, r2 - r1, n);
+      store_first(dst + (12 + c) * ldk, r1 - r3, n);
     };
     // Tile rows i and i + 1 share two input rows (2i + 1 and 2i + 2): each is transformed once.
     V a0, a1, a2, a3, b0, b1, b2, b3, c0, c1, c2, c3, e0, e1, e2, e3;
     row(-1, c0, c1, c2, c3);
     row(0, e0, e1, e2, e3);
-    for (int64_t i = 0; i < p.th(); ++i) {
+    for (int64_t i = 0; i < th; ++i) {
       a0 = c0, a1 = c1, a2 = c2, a3 = c3;
       b0 = e0, b1 = e1, b2 = e2, b3 = e3;
       row(2 * i + 1, c0, c1, c2, c3);
       row(2 * i + 2, e0, e1, e2, e3);
       float* dst = v + t0 + i * tw + j0;
-      put(dst, 0, a0, b0, c0, e0);
-      put(dst, 1, a1, b1, c1, e1);
-      put(dst, 2, a2, b2, c2, e2);
-      put(dst, 3, a3, b3, c3, e3);
+      const int64_t n = kBorderedRows && i + 1 < th ? L : m;
+      put(dst, 0, n, a0, b0, c0, e0);
+      put(dst, 1, n, a1, b1, c1, e1);
+      put(dst, 2, n, a2, b2, c2, e2);
+      put(dst, 3, n, a3, b3, c3, e3);
     }
   }
 }
@@ -482,7 +509,7 @@ void winograd(const Plan& p, int64_t n, const T* x, const Kernels& ks, const flo
   std::vector<float> u;
   transform_weights(p, ks, u);
   const int64_t plane = p.h * p.w, tiles = p.tiles();
-  parallel_chunks(n, p.images(n), [&](int64_t n0, int64_t n1, bool) {
+  parallel_chunks(n, p.images(n), [&](int64_t n0, int64_t n1, bool first) {
     const int64_t t = (n1 - n0) * tiles, tp = round_up(t, L);
     const int64_t ldv = position_stride(p.cin * tp);
     float* v = thread_scratch(0, size_t(16 * ldv));
@@ -492,9 +519,15 @@ void winograd(const Plan& p, int64_t n, const T* x, const Kernels& ks, const flo
     // products stay finite.
     for (int k = 0; k < 16; ++k)
       for (int64_t c = 0; c < p.cin; ++c) store_first(v + k * ldv + c * tp + t, V{}, tp - t);
+    float* rows = nullptr;
+    if constexpr (kBorderedRows) {
+      const size_t n_rows = size_t(p.h * bordered_row(p));
+      rows = thread_scratch(2, n_rows);
+      if (first) std::fill_n(rows, n_rows, 0.f);  // the borders stay zero
+    }
     for (int64_t i = n0; i < n1; ++i)
       for (int64_t c = 0; c < p.cin; ++c)
-        transform_input(p, x + (i * p.cin + c) * plane, v + c * tp, ldv, (i - n0) * tiles);
+        transform_input(p, x + (i * p.cin + c) * plane, v + c * tp, ldv, (i - n0) * tiles, rows);
     multiply(p, u.data(), v, tp, m);
     for (int64_t i = n0; i < n1; ++i)
       transform_output(p, m, tp, (i - n0) * tiles, bias, y + i * p.cout * plane);
