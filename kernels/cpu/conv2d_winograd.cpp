@@ -540,30 +540,40 @@ void winograd(const Plan& p, int64_t n, const T* x, const Kernels& ks, const flo
 // of (A gy A^T) . (B^T d B), for each output channel co and input channel ci. Position k's M is
 // a product [out channels x tiles] x [tiles x in channels] whose sums run over all the batch's
 // tiles: the inputs transformed channel-last as the narrow forward's (vectors of input channels),
-// the output gradients channel-last too ([tile][output channel], each block of OB broadcast by the
-// register block at a stride of a tile's row). 16 products a tile pair instead of the direct
-// path's 36.
+// the output gradients in blocks of OB output channels, each block's tiles in a run
+// ([block][tile][OB], broadcast by the register block). 16 products a tile pair instead of the
+// direct path's 36.
 struct WeightGradPlan : NarrowPlan {
   int64_t cop() const { return round_up(cout, L); }  // output channels in whole vectors
   int64_t gcols() const { return 2 * tw(); }         // the output gradient's copy, [2 th][2 tw]
   int64_t gfloats() const { return 2 * th() * gcols() * cop(); }
   // Images transformed together: their transforms (16 positions of every tile, both channel
-  // counts) within 768 KiB, so that the products find them in the L2 cache; at least one.
+  // counts) within 384 KiB, so that the products find them in the L2 cache (512 KiB a core on
+  // AMD Zen 3, where 768 KiB made resnet's 32- and 64-channel weight gradients 2-13% slower); at
+  // least one.
   int64_t batch() const {
     const int64_t image = 16 * tiles() * (cp() + cop()) * int64_t(sizeof(float));
-    return std::max<int64_t>(1, (int64_t(768) << 10) / std::max<int64_t>(image, 1));
+    return std::max<int64_t>(1, (int64_t(384) << 10) / std::max<int64_t>(image, 1));
   }
 };
 
-// wt[k * ldk + (t0 + t) * cop + o] = position k = 4 r + c of A g A^T for tile t of one image's
-// channel-last output gradient gb[2 th][2 tw][cop] (zero past its h x w), output channel o;
-// ldk = position_stride(nt * cop).
+// wt[k * ldk + ((o / OB) * nt + t0 + t) * OB + o % OB] = position k = 4 r + c of A g A^T for
+// tile t of one image's channel-last output gradient gb[2 th][2 tw][cop] (zero past its h x w),
+// output channel o; ldk = position_stride(nt * cop). Blocks of OB output channels, each over all
+// nt tiles: a product's register block reads one dense run of them, not a few floats of each
+// tile's row of cop (with 64 channels those rows, and the inputs', overflowed the L1 cache).
 void transform_grad(const WeightGradPlan& p, const float* gb, float* wt, int64_t nt, int64_t t0) {
   const int64_t cop = p.cop(), tw = p.tw(), gc = p.gcols(), ldk = position_stride(nt * cop);
+  constexpr int64_t kBlocks = L / OB;  // register blocks of output channels a vector
+  // The vector of output channels c .. c + L - 1 at `at`, the start of channel c's block.
+  auto put = [nt](float* at, V v) {
+    const float* lanes = reinterpret_cast<const float*>(&v);
+    for (int64_t b = 0; b < kBlocks; ++b) std::memcpy(at + b * nt * OB, lanes + b * OB, OB * 4);
+  };
   for (int64_t i = 0; i < p.th(); ++i)
     for (int64_t j = 0; j < tw; ++j) {
       const float* src = gb + (2 * i * gc + 2 * j) * cop;
-      float* dst = wt + (t0 + i * tw + j) * cop;
+      float* dst = wt + (t0 + i * tw + j) * OB;
       for (int64_t c = 0; c < cop; c += L) {
         V h[2][4];  // each of the tile's two rows through A
         for (int a = 0; a < 2; ++a) {
@@ -573,18 +583,20 @@ void transform_grad(const WeightGradPlan& p, const float* gb, float* wt, int64_t
           h[a][2] = g0 - g1;
           h[a][3] = -g1;
         }
+        float* block = dst + c * nt;   // (c / OB) * nt * OB
         for (int b = 0; b < 4; ++b) {  // ... and the columns
-          store(dst + (0 + b) * ldk + c, h[0][b]);
-          store(dst + (4 + b) * ldk + c, h[0][b] + h[1][b]);
-          store(dst + (8 + b) * ldk + c, h[0][b] - h[1][b]);
-          store(dst + (12 + b) * ldk + c, -h[1][b]);
+          put(block + (0 + b) * ldk, h[0][b]);
+          put(block + (4 + b) * ldk, h[0][b] + h[1][b]);
+          put(block + (8 + b) * ldk, h[0][b] - h[1][b]);
+          put(block + (12 + b) * ldk, -h[1][b]);
         }
       }
     }
 }
 
-// m[k][co][ci] (+)= sum over t < nt of wt[k][t][co] * v[k][t][ci] for the 16 positions k (m's
-// rows cp apart, cop rows a position): kAdd adds, else overwrites (a chunk's first batch).
+// m[k][co][ci] (+)= sum over t < nt of wt[k][co / OB][t][co % OB] * v[k][t][ci] for the 16
+// positions k (m's rows cp apart, cop rows a position): kAdd adds, else overwrites (a chunk's
+// first batch).
 template <bool kAdd>
 void multiply_weight_grad(const WeightGradPlan& p, const float* wt, const float* v, int64_t nt,
                           float* m) {
@@ -594,8 +606,8 @@ void multiply_weight_grad(const WeightGradPlan& p, const float* wt, const float*
     const float* wk = wt + k * position_stride(nt * cop);
     float* mk = m + k * cop * cp;
     for (int64_t cb = 0; cb < blocks; ++cb)
-      correlate_vectors<kAdd>(vk, cp, nt, &kNoShift, 1, wk + cb * OB, mk + cb * OB * cp, cp, cp / L,
-                              cop);
+      correlate_vectors<kAdd>(vk, cp, nt, &kNoShift, 1, wk + cb * nt * OB, mk + cb * OB * cp, cp,
+                              cp / L);
   }
 }
 
