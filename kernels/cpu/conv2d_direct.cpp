@@ -265,39 +265,20 @@ void weight_grad(const Plan& p, const WeightGradLayout& lay, const std::vector<c
 }
 
 // gyT[q][o] = gy[o][oh][ow] at q = oh * pw + ow (widened); the junk columns and padded channels
-// stay zero. In tiles of L columns by every channel, so the rows of gyT being written stay in L1.
-
+// stay zero. In L x L transposes where the build has the vector lanes.
 template <typename T>
 void transpose_grad(const Plan& p, int64_t op, const T* gy, float* gyT) {
-  const int64_t oh = p.oh(), ow = p.ow(), pw = p.pw();
 #if defined(GALLEY_VECTOR_LANES)
-  if constexpr (std::is_same_v<T, float>) {
-    // L x L blocks transposed in registers (op is a whole number of L-channel vectors).
-    for (int64_t i = 0; i < oh; ++i)
-      for (int64_t j0 = 0; j0 < ow; j0 += L) {
-        const int64_t nj = std::min(L, ow - j0);
-        const Mask m = first_lanes(nj);
-        float* dst = gyT + (i * pw + j0) * op;
-        for (int64_t o0 = 0; o0 < p.cout; o0 += L) {
-          V r[L];
-          for (int64_t k = 0; k < L; ++k)
-            r[k] = o0 + k < p.cout ? load_lanes(gy + ((o0 + k) * oh + i) * ow + j0, m) : V{};
-          transpose(r);
-          for (int64_t j = 0; j < nj; ++j) store(dst + j * op + o0, r[j]);
-        }
-      }
-    return;
-  }
-#endif
-  for (int64_t i = 0; i < oh; ++i)
-    for (int64_t j0 = 0; j0 < ow; j0 += L) {
-      const int64_t nj = std::min(L, ow - j0);
-      float* dst = gyT + (i * pw + j0) * op;
-      for (int64_t o = 0; o < p.cout; ++o) {
-        const T* src = gy + (o * oh + i) * ow + j0;
-        for (int64_t j = 0; j < nj; ++j) dst[j * op + o] = static_cast<float>(src[j]);
-      }
+  to_channels_last(gy, p.cout, p.oh(), p.ow(), op, gyT, p.pw() * op);
+#else
+  const int64_t oh = p.oh(), ow = p.ow(), pw = p.pw();
+  for (int64_t o = 0; o < p.cout; ++o)
+    for (int64_t i = 0; i < oh; ++i) {
+      const T* src = gy + (o * oh + i) * ow;
+      float* dst = gyT + i * pw * op + o;
+      for (int64_t j = 0; j < ow; ++j) dst[j * op] = static_cast<float>(src[j]);
     }
+#endif
 }
 
 Plan forward_plan(const Conv2dGeometry& g) {
@@ -778,7 +759,7 @@ void weight_grad_tiles(const Plan& p, const TilePlan& tp, const std::vector<int6
 }  // namespace
 
 int conv2d_vector_lanes() {
-#if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
+#if defined(GALLEY_VECTOR_LANES)
   return int(L);
 #else
   return 0;
@@ -787,7 +768,7 @@ int conv2d_vector_lanes() {
 
 ConvDirectUse conv2d_direct_use(const Conv2dGeometry& g, DType dtype) {
   ConvDirectUse use;
-#if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
+#if defined(GALLEY_VECTOR_LANES)
   // Strided ones (resnet's 3x3/2) on AMD Zen 3 (AVX2): 1.4-1.9x im2col.
   const bool strided = g.dilation == 1 && g.stride <= kMaxStride;
   const bool fits = (g.stride == 1 || strided) && g.groups == 1 && g.kh * g.kw > 1 &&

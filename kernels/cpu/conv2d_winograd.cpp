@@ -308,24 +308,6 @@ struct NarrowPlan : Plan {
   }
 };
 
-// dst[r * ld + j * cp + c] = src[c][r][j] for `channels` planes of h x w (cp >= channels rounded
-// up to whole vectors; the channels past `channels` zero), in L x L transposes.
-template <typename T>
-void to_channels_last(const T* src, int64_t channels, int64_t h, int64_t w, int64_t cp, float* dst,
-                      int64_t ld) {
-  for (int64_t c0 = 0; c0 < channels; c0 += L)
-    for (int64_t r = 0; r < h; ++r)
-      for (int64_t j0 = 0; j0 < w; j0 += L) {
-        const Mask m = first_lanes(w - j0);
-        V v[L];
-        for (int64_t k = 0; k < L; ++k)
-          v[k] = c0 + k < channels ? load_lanes(src + ((c0 + k) * h + r) * w + j0, m) : V{};
-        transpose(v);
-        float* d = dst + r * ld + j0 * cp + c0;
-        for (int64_t j = 0; j < L && j0 + j < w; ++j) store(d + j * cp, v[j]);
-      }
-}
-
 // The image's planes into the interior of the channel-last bordered buffer xb[row][column][cp]
 // (bordered row r + 1 and column j + 1 for input row r and column j; padded channels zero).
 template <typename T>

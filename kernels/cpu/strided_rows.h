@@ -60,31 +60,27 @@ inline __attribute__((always_inline)) void gather_strided(const T* src, D* dst, 
 }
 
 // even[k] = src[2k] and odd[k] = src[2k + 1] for the n elements of src: a row split into its two
-// column phases at stride 2 in one pass, 32 elements from two loads (16 with AVX2;
-// interleave_row's inverse).
+// column phases at stride 2 in one pass, two vectors of src at a time (the last ones partial, so
+// nothing past src[n - 1] is read, nor past either phase's last element written; interleave_row's
+// inverse).
 template <typename T, typename D>
 inline void deinterleave_row(const T* src, int64_t n, D* even, D* odd) {
   int64_t j = 0;
-#if defined(__AVX512F__)
+#if defined(GALLEY_VECTOR_LANES)
   if constexpr (std::is_same_v<T, float> && std::is_same_v<D, float>) {
-    const __m512i ev = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
-    const __m512i od = _mm512_add_epi32(ev, _mm512_set1_epi32(1));
-    for (; j < n; j += 32) {
-      const int64_t left = n - j;  // elements of src still to read
-      const __m512 a = _mm512_maskz_loadu_ps(lanes(left), src + j);
-      const __m512 b = _mm512_maskz_loadu_ps(lanes(std::max<int64_t>(0, left - 16)), src + j + 16);
-      _mm512_mask_storeu_ps(even + j / 2, lanes((left + 1) / 2), _mm512_permutex2var_ps(a, ev, b));
-      _mm512_mask_storeu_ps(odd + j / 2, lanes(left / 2), _mm512_permutex2var_ps(a, od, b));
-    }
-  }
-#elif defined(GALLEY_VECTOR_LANES)
-  if constexpr (std::is_same_v<T, float> && std::is_same_v<D, float>) {
-    using namespace conv_block;  // AVX2: 16 elements from two loads, the rest one at a time
+    using namespace conv_block;
+    V e, o;
     for (; j + 2 * L <= n; j += 2 * L) {
-      V e, o;
       deinterleave(load(src + j), load(src + j + L), e, o);
       store(even + j / 2, e);
       store(odd + j / 2, o);
+    }
+    if (const int64_t left = n - j; left > 0) {  // a partial pair of vectors
+      deinterleave(load_lanes(src + j, lane_range(0, left)),
+                   load_lanes(src + j + L, lane_range(0, left - L)), e, o);
+      store_first(even + j / 2, e, (left + 1) / 2);
+      store_first(odd + j / 2, o, left / 2);
+      j = n;
     }
   }
 #endif
@@ -130,27 +126,23 @@ inline void scatter_strided(const float* src, float* dst, int64_t n, int64_t str
 }
 
 // dst[2k] = even[k] and dst[2k + 1] = odd[k], for the n elements of dst: the two column phases of
-// a stride-2 row put back together, 32 elements from two vectors (16 with AVX2).
+// a stride-2 row put back together, two vectors of dst at a time (the last ones partial).
 inline void interleave_row(const float* even, const float* odd, float* dst, int64_t n) {
   int64_t j = 0;
-#if defined(__AVX512F__)
-  const __m512i lo = _mm512_setr_epi32(0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23);
-  const __m512i hi = _mm512_add_epi32(lo, _mm512_set1_epi32(8));
-  for (; j < n; j += 32) {
-    const int64_t left = n - j;  // elements of dst still to write
-    const __m512 e = _mm512_maskz_loadu_ps(lanes((left + 1) / 2), even + j / 2);
-    const __m512 o = _mm512_maskz_loadu_ps(lanes(left / 2), odd + j / 2);
-    _mm512_mask_storeu_ps(dst + j, lanes(left), _mm512_permutex2var_ps(e, lo, o));
-    _mm512_mask_storeu_ps(dst + j + 16, lanes(std::max<int64_t>(0, left - 16)),
-                          _mm512_permutex2var_ps(e, hi, o));
-  }
-#elif defined(GALLEY_VECTOR_LANES)
-  using namespace conv_block;  // AVX2: 16 elements from two vectors, the rest one at a time
+#if defined(GALLEY_VECTOR_LANES)
+  using namespace conv_block;
+  V first, second;
   for (; j + 2 * L <= n; j += 2 * L) {
-    V first, second;
     interleave(load(even + j / 2), load(odd + j / 2), first, second);
     store(dst + j, first);
     store(dst + j + L, second);
+  }
+  if (const int64_t left = n - j; left > 0) {  // a partial pair of vectors
+    interleave(load_lanes(even + j / 2, lane_range(0, (left + 1) / 2)),
+               load_lanes(odd + j / 2, lane_range(0, left / 2)), first, second);
+    store_first(dst + j, first, left);
+    if (left > L) store_first(dst + j + L, second, left - L);
+    j = n;
   }
 #endif
   for (; j < n; ++j) dst[j] = j % 2 ? odd[j / 2] : even[j / 2];

@@ -3,10 +3,10 @@
 // AVX-512, 8 with AVX2) for kernels written once for both widths (the Winograd path,
 // cpu/conv2d_winograd.cpp): a mask of lanes, loads and stores of those lanes (bfloat16 and float16
 // widened as they are read, rounded to nearest even as they are written), the even and odd lanes
-// of a pair of vectors, the lanes of a pair interleaved, and an L x L transpose. AVX-512 builds
-// take the instructions' own masks and two-source permutes; AVX2 ones a vector of all-ones lanes,
-// shuffles within 128-bit halves followed by a cross-half permute, and a scalar loop for the 16-bit
-// types' partial vectors.
+// of a pair of vectors, the lanes of a pair interleaved, an L x L transpose, and planes copied
+// channel-last through it. AVX-512 builds take the instructions' own masks and two-source
+// permutes; AVX2 ones a vector of all-ones lanes, shuffles within 128-bit halves followed by a
+// cross-half permute, and a scalar loop for the 16-bit types' partial vectors.
 #include <cstdint>
 #include <type_traits>
 
@@ -174,6 +174,25 @@ inline void transpose(V r[L]) {
     r[4 + c] = as_v(_mm256_permute2f128_ps(u[c], u[4 + c], 0x31));
   }
 #endif
+}
+
+// dst[r * ld + j * cp + c] = src[c][r][j] for `channels` planes of h x w (cp >= channels rounded
+// up to whole vectors; the channels past `channels` zero), in L x L transposes: the
+// Winograd path's channel-last copies and the direct path's transposed output gradient.
+template <typename T>
+void to_channels_last(const T* src, int64_t channels, int64_t h, int64_t w, int64_t cp, float* dst,
+                      int64_t ld) {
+  for (int64_t c0 = 0; c0 < channels; c0 += L)
+    for (int64_t r = 0; r < h; ++r)
+      for (int64_t j0 = 0; j0 < w; j0 += L) {
+        const Mask m = first_lanes(w - j0);
+        V v[L];
+        for (int64_t k = 0; k < L; ++k)
+          v[k] = c0 + k < channels ? load_lanes(src + ((c0 + k) * h + r) * w + j0, m) : V{};
+        transpose(v);
+        float* d = dst + r * ld + j0 * cp + c0;
+        for (int64_t j = 0; j < L && j0 + j < w; ++j) store(d + j * cp, v[j]);
+      }
 }
 #endif
 
