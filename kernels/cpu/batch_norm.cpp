@@ -278,9 +278,19 @@ void affine_of(BatchNormParams p, int64_t C, float* scale, float* shift) {
   for (int64_t c = 0; c < C; ++c) affine_of_channel(p, c, scale[c], shift[c]);
 }
 
+// The forward's t = v a + b, with one rounding where the build has FMA (as its vector loops, and
+// affine_avx512), so that the backward can recompute the ReLU's decision with the forward's bits.
+inline float affine_t(float v, float a, float b) {
+#if defined(__FMA__)
+  return std::fma(v, a, b);
+#else
+  return v * a + b;
+#endif
+}
+
 template <bool kRelu>
 inline float affine(float v, float a, float b) {
-  const float t = v * a + b;
+  const float t = affine_t(v, a, b);
   if constexpr (kRelu) return !(t <= 0.f) ? t : 0.f;  // as relu: NaN stays NaN
   return t;
 }
@@ -409,12 +419,27 @@ void stats_forward(const T* x, BatchNormGeometry g, BatchNormRunning running, fl
   });
 }
 
-// The incoming gradient masked by the forward's ReLU (y > 0) when y is given.
+// Where the forward's ReLU let its output through, for a plane of one channel: y > 0 read from
+// y, or (from_x) the forward's t = affine_t(x, scale, shift) > 0 recomputed from x, which spares
+// the backward a read of y.
+struct ReluFromX {
+  bool from_x = false;
+  float scale = 0.f, shift = 0.f;
+};
+
+// The incoming gradient masked by the forward's ReLU: by y > 0 when y is given, by x's n values
+// fx through relu when relu.from_x.
 template <typename T>
 struct MaskedGrad {
   Staged<T> g, y;
-  const float* load(const T* gp, const T* yp, int64_t n, float* masked) {
+  const float* load(const T* gp, const T* yp, int64_t n, float* masked, const float* fx = nullptr,
+                    ReluFromX relu = {}) {
     const float* fg = g.load(gp, n);
+    if (relu.from_x) {
+      for (int64_t j = 0; j < n; ++j)
+        masked[j] = affine_t(fx[j], relu.scale, relu.shift) > 0.f ? fg[j] : 0.f;
+      return masked;
+    }
     if (!yp) return fg;
     const float* fy = y.load(yp, n);
     for (int64_t j = 0; j < n; ++j) masked[j] = fy[j] > 0.f ? fg[j] : 0.f;
@@ -445,24 +470,25 @@ void backward(const T* gy, const T* x, const T* y, BatchNormGeometry g, BatchNor
     k[c] = mg[c] = 0.f;
   }
   const bool need_sums = (training && gx) || gweight || gbias;
-  (void)residual_added;  // read by the vector paths alone
-#if defined(__AVX512BW__)
-  // float32 planes after a ReLU: its mask from x and the forward's affine (ReluMask), not from y
-  // (which a residual added in the forward makes the only source).
+  // float32 planes after a ReLU: its mask from x and the forward's affine, not from y (which a
+  // residual added in the forward makes the only source).
   const bool relu_from_x = std::is_same_v<T, float> && y && inner > 1 && !residual_added;
   float* fwd_affine = nullptr;
   if (relu_from_x) {
     fwd_affine = channel_scratch(2, 2 * C);
     affine_of(p, C, fwd_affine, fwd_affine + C);
   }
-  auto relu_mask = [&](int64_t c) {
+  const T* y_read = relu_from_x ? nullptr : y;  // what the plane paths read of y
+  auto relu_of = [&](int64_t c) {               // channel c's ReLU, from x where it is taken from x
+    return relu_from_x ? ReluFromX{true, fwd_affine[c], fwd_affine[C + c]} : ReluFromX{};
+  };
+#if defined(__AVX512BW__)
+  auto relu_mask = [&](int64_t c) {  // relu_of(c) in registers
+    const ReluFromX f = relu_of(c);
     ReluMask r;
-    if (relu_from_x)
-      r.from_x = true, r.scale = _mm512_set1_ps(fwd_affine[c]),
-      r.shift = _mm512_set1_ps(fwd_affine[C + c]);
+    r.from_x = f.from_x, r.scale = _mm512_set1_ps(f.scale), r.shift = _mm512_set1_ps(f.shift);
     return r;
   };
-  const T* y_read = relu_from_x ? nullptr : y;  // what the vector paths read of y
   // The residual's gradient written by the sums' pass, and read back (masked already) by the
   // input gradient's in place of gy and y.
   const bool gres_first = kInRegisters<T> && gres && need_sums;
@@ -491,10 +517,12 @@ void backward(const T* gy, const T* x, const T* y, BatchNormGeometry g, BatchNor
     MaskedGrad<T> sg;
     Staged<T> sx;
     float masked[kStageBlock];
+    const ReluFromX relu = relu_of(c);
     for (int64_t i = 0; i < inner; i += kStageBlock) {
       const int64_t m = std::min(kStageBlock, inner - i);
-      const float* fg = sg.load(gy + base + i, y ? y + base + i : nullptr, m, masked);
       const float* fx = sx.load(x + base + i, m);
+      const float* fg =
+          sg.load(gy + base + i, y_read ? y_read + base + i : nullptr, m, masked, fx, relu);
       add_sums(m, fg, 0.f, fx, mc, s, q);
     }
   };
@@ -537,12 +565,14 @@ void backward(const T* gy, const T* x, const T* y, BatchNormGeometry g, BatchNor
     Staged<T> sx;
     Output<T> out;
     float masked[kStageBlock];
+    const ReluFromX relu = relu_of(c);
     for (int64_t i = 0; i < inner; i += kStageBlock) {
       const int64_t m = std::min(kStageBlock, inner - i), base = r * inner + i;
-      const float* fg = sg.load(gy + base, y ? y + base : nullptr, m, masked);
+      const float* fx = sx.load(x + base, m);
+      const float* fg = sg.load(gy + base, y_read ? y_read + base : nullptr, m, masked, fx, relu);
       if (gres) store_masked(fg, m, gres + base);
       if (!gx) continue;
-      dx(fg, sx.load(x + base, m), m, c, 0, out.at(gx + base));
+      dx(fg, fx, m, c, 0, out.at(gx + base));
       out.store(gx + base, m);
     }
   };
