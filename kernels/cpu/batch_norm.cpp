@@ -299,7 +299,7 @@ inline float affine(float v, float a, float b) {
 // output, then add_'s sum in float32).
 template <bool kRelu, typename T>
 inline float affine_add(float v, float a, float b, float r) {
-  const float t = float(T(v * a + b)) + r;
+  const float t = float(T(affine_t(v, a, b))) + r;
   if constexpr (kRelu) return !(t <= 0.f) ? t : 0.f;
   return t;
 }
