@@ -279,7 +279,9 @@ void affine_of(BatchNormParams p, int64_t C, float* scale, float* shift) {
 }
 
 // The forward's t = v a + b, with one rounding where the build has FMA (as its vector loops, and
-// affine_avx512), so that the backward can recompute the ReLU's decision with the forward's bits.
+// affine_avx512), so that the backward can recompute the ReLU's decision with the forward's bits
+// and affine_add has batch_norm's. Every scalar form goes through it: left to the compiler,
+// v * a + b is contracted at -O2 and not at -O1, and the forms' bits would part in one build.
 inline float affine_t(float v, float a, float b) {
 #if defined(__FMA__)
   return std::fma(v, a, b);
