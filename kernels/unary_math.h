@@ -109,6 +109,16 @@ GALLEY_HOST_DEVICE inline float gelu_tanh_backward(float g, float x) {
   return g * (left_derivative + right_derivative);
 }
 
+// max(x, 0) as PyTorch's relu: `!(x <= 0)` keeps a NaN as NaN (fmaxf would drop it), and -0
+// becomes 0. No arithmetic under the condition, so loops over it vectorise.
+GALLEY_HOST_DEVICE inline float relu(float x) {
+  return !(x <= 0.f) ? x : 0.f;
+}
+// From the output: grad where y > 0 (where x > 0), else 0.
+GALLEY_HOST_DEVICE inline float relu_backward(float g, float y) {
+  return y > 0.f ? g : 0.f;
+}
+
 // x * (x > 0 ? 1 : slope), PyTorch's vectorised form: a NaN stays NaN (NaN * slope), -0 stays -0.
 GALLEY_HOST_DEVICE inline float leaky_relu(float x, float slope) {
   return x * select_bits(x > 0.f, 1.f, slope);

@@ -23,6 +23,7 @@
 #include "kernels/cpu/bf16_avx512.h"
 #include "kernels/cpu/parallel.h"
 #include "kernels/cpu/staged.h"
+#include "kernels/unary_math.h"
 
 namespace galley::kernels::cpu {
 namespace {
@@ -293,7 +294,7 @@ inline float affine_t(float v, float a, float b) {
 template <bool kRelu>
 inline float affine(float v, float a, float b) {
   const float t = affine_t(v, a, b);
-  if constexpr (kRelu) return !(t <= 0.f) ? t : 0.f;  // as relu: NaN stays NaN
+  if constexpr (kRelu) return unary_math::relu(t);
   return t;
 }
 
@@ -302,7 +303,7 @@ inline float affine(float v, float a, float b) {
 template <bool kRelu, typename T>
 inline float affine_add(float v, float a, float b, float r) {
   const float t = float(T(affine_t(v, a, b))) + r;
-  if constexpr (kRelu) return !(t <= 0.f) ? t : 0.f;
+  if constexpr (kRelu) return unary_math::relu(t);
   return t;
 }
 
@@ -439,12 +440,12 @@ struct MaskedGrad {
     const float* fg = g.load(gp, n);
     if (relu.from_x) {
       for (int64_t j = 0; j < n; ++j)
-        masked[j] = affine_t(fx[j], relu.scale, relu.shift) > 0.f ? fg[j] : 0.f;
+        masked[j] = unary_math::relu_backward(fg[j], affine_t(fx[j], relu.scale, relu.shift));
       return masked;
     }
     if (!yp) return fg;
     const float* fy = y.load(yp, n);
-    for (int64_t j = 0; j < n; ++j) masked[j] = fy[j] > 0.f ? fg[j] : 0.f;
+    for (int64_t j = 0; j < n; ++j) masked[j] = unary_math::relu_backward(fg[j], fy[j]);
     return masked;
   }
 };

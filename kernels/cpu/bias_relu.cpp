@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "kernels/cpu/parallel.h"
+#include "kernels/unary_math.h"
 
 namespace galley::kernels::cpu {
 
@@ -15,11 +16,7 @@ void bias_relu_forward(const float* x, const float* b, int64_t outer, int64_t ch
                         const float bc = b[r % channels];
                         const float* xr = x + r * inner;
                         float* yr = y + r * inner;
-                        // As relu: `!(v <= 0)` keeps a NaN and turns -0 into 0.
-                        for (int64_t i = 0; i < inner; ++i) {
-                          const float v = xr[i] + bc;
-                          yr[i] = !(v <= 0.f) ? v : 0.f;
-                        }
+                        for (int64_t i = 0; i < inner; ++i) yr[i] = unary_math::relu(xr[i] + bc);
                       }
                     });
 }
@@ -36,7 +33,7 @@ void bias_relu_backward(const float* gy, const float* y, int64_t outer, int64_t 
                           const int64_t base = (o * channels + c) * inner;
                           float part = 0.f;
                           for (int64_t i = 0; i < inner; ++i) {
-                            const float g = y[base + i] > 0.f ? gy[base + i] : 0.f;
+                            const float g = unary_math::relu_backward(gy[base + i], y[base + i]);
                             gx[base + i] = g;
                             part += g;
                           }

@@ -115,8 +115,7 @@ void unary(UnaryOp op, DType dtype, const void* a, void* out, int64_t n, float p
     case UnaryOp::Pow:
       return map("pow", dtype, a, out, n, [=](float x) { return std::pow(x, p0); });
     case UnaryOp::Relu:
-      // `!(x <= 0)` keeps a NaN as NaN, as PyTorch does, instead of hiding it behind a zero.
-      return map("relu", dtype, a, out, n, [](float x) { return !(x <= 0.f) ? x : 0.f; });
+      return map("relu", dtype, a, out, n, [](float x) { return um::relu(x); });
     case UnaryOp::Sigmoid:
       return map<Loop::Blocks>("sigmoid", dtype, a, out, n,
                                [](float x) { return um::sigmoid<M>(x); });
@@ -168,7 +167,7 @@ void pow_backward(DType dtype, const void* grad, const void* a, void* out, int64
 
 void relu_backward(DType dtype, const void* grad, const void* out_fwd, void* out, int64_t n) {
   zip("relu_backward", dtype, grad, out_fwd, out, n,
-      [](float g, float y) { return y > 0.f ? g : 0.f; });
+      [](float g, float y) { return um::relu_backward(g, y); });
 }
 
 }  // namespace galley::kernels::cpu

@@ -18,6 +18,7 @@
 #include "kernels/batch_norm.h"
 #include "kernels/cuda/launch.cuh"
 #include "kernels/cuda/map.cuh"
+#include "kernels/unary_math.h"
 
 namespace galley::kernels::cuda {
 
@@ -160,7 +161,7 @@ __global__ void forward_kernel(const T* __restrict__ x, Index inner, Index chann
     const float b = (p.bias ? p.bias[c] : 0.f) - p.mean[c] * a;
     float v = to_float(x[k]) * a + b;
     if (r) v = to_float(from_float<T>(v)) + to_float(r[k]);
-    if (kRelu) v = !(v <= 0.f) ? v : 0.f;  // as relu: NaN stays NaN
+    if (kRelu) v = unary_math::relu(v);
     y[k] = from_float<T>(v);
   }
 }

@@ -12,6 +12,7 @@
 #include "kernels/cuda/launch.cuh"
 #include "kernels/reduce.h"
 #include "kernels/unary.h"
+#include "kernels/unary_math.h"
 
 namespace galley::kernels::cuda {
 
@@ -20,10 +21,8 @@ namespace galley::kernels::cuda {
 
 namespace {
 
-// As relu: `!(v <= 0)` keeps a NaN (fmaxf would drop it) and turns -0 into 0.
 __device__ __forceinline__ float bias_relu(float x, float b) {
-  const float v = x + b;
-  return !(v <= 0.f) ? v : 0.f;
+  return unary_math::relu(x + b);
 }
 __device__ __forceinline__ float4 bias_relu(float4 x, float b) {
   return make_float4(bias_relu(x.x, b), bias_relu(x.y, b), bias_relu(x.z, b), bias_relu(x.w, b));
@@ -79,7 +78,7 @@ __global__ void __launch_bounds__(kThreads)
       Index i = j - o * inner;
       Index k = (o * channels + c) * inner + i;
       for (; j < j1; j += step) {
-        const float g = y[k] > 0.f ? gy[k] : 0.f;
+        const float g = unary_math::relu_backward(gy[k], y[k]);
         gx[k] = g;
         part += g;
         i += step_i;

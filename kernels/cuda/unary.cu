@@ -17,6 +17,8 @@ namespace galley::kernels::cuda {
 
 namespace {
 
+namespace um = unary_math;
+
 struct AffineOp {
   float scale, shift;
   __device__ float operator()(float x) const { return x * scale + shift; }
@@ -31,9 +33,8 @@ struct PowOp {
   float p;
   __device__ float operator()(float x) const { return powf(x, p); }
 };
-// `!(x <= 0)` keeps a NaN as NaN, as the CPU kernel and PyTorch do.
 struct ReluOp {
-  __device__ float operator()(float x) const { return !(x <= 0.f) ? x : 0.f; }
+  __device__ float operator()(float x) const { return um::relu(x); }
 };
 
 // The activations: kernels/unary_math.h's formulas, the CPU kernels' expressions, over CUDA's
@@ -43,8 +44,6 @@ struct DeviceMath {
   __host__ __device__ static float erf(float x) { return erff(x); }
   __host__ __device__ static float tanh(float x) { return tanhf(x); }
 };
-namespace um = unary_math;
-
 struct SigmoidOp {
   __device__ float operator()(float x) const { return um::sigmoid<DeviceMath>(x); }
 };
@@ -98,7 +97,7 @@ struct PowBackwardOp {
   __device__ float operator()(float g, float x) const { return g * p * powf(x, p - 1.f); }
 };
 struct ReluBackwardOp {
-  __device__ float operator()(float g, float y) const { return y > 0.f ? g : 0.f; }
+  __device__ float operator()(float g, float y) const { return um::relu_backward(g, y); }
 };
 
 }  // namespace
