@@ -391,6 +391,38 @@ TEST(ThreadCommunicator, AllReduceBroadcastAllGather) {
     }
 }
 
+// broadcast and all_gather copy bits, so they carry every dtype (DataParallel broadcasts
+// BatchNorm's int64 counter with them); all_reduce sums, so an integer tensor is an error that
+// names its dtype.
+TEST(ThreadCommunicator, BroadcastAndAllGatherCarryIntegerTensors) {
+  const int n = 2;
+  auto comms = galley::parallel::make_thread_communicators(n);
+  std::vector<std::vector<int64_t>> bcast(n), gathered(n);
+  std::vector<std::vector<uint8_t>> bytes(n);
+  std::vector<std::string> errors(n);
+  const int64_t big = int64_t(1) << 53;  // past float32's and float64's exact integers
+  on_threads(n, [&](int r) {
+    auto& c = *comms[r];
+    Tensor b = Tensor::from_vector(std::vector<int64_t>{big + 1 + r, -7 * r, r}, {3});
+    c.broadcast(b, 1);
+    bcast[r] = b.to_vector<int64_t>();
+    gathered[r] = c.all_gather(Tensor::from_vector(std::vector<int64_t>{big + r}, {1}))
+                      .to_vector<int64_t>();
+    const uint8_t mine[2] = {uint8_t(200 + r), uint8_t(r)};
+    Tensor u = Tensor::from_host(mine, {2}, galley::DType::UInt8);
+    c.broadcast(u, 0);
+    bytes[r] = u.to_vector<uint8_t>();
+    Tensor s = Tensor::from_vector(std::vector<int64_t>{1, 2}, {2});
+    errors[r] = testutil::error_of([&] { c.all_reduce(s); });
+  });
+  for (int r = 0; r < n; ++r) {
+    EXPECT_EQ(bcast[r], (std::vector<int64_t>{big + 2, -7, 1})) << "rank " << r;
+    EXPECT_EQ(gathered[r], (std::vector<int64_t>{big, big + 1})) << "rank " << r;
+    EXPECT_EQ(bytes[r], (std::vector<uint8_t>{200, 0})) << "rank " << r;
+    testutil::expect_contains(errors[r], {"threads all_reduce", "int64"});
+  }
+}
+
 TEST(ThreadCommunicator, APeerThatNeverArrivesIsAnErrorNotAHang) {
   auto comms = galley::parallel::make_thread_communicators(2, {.timeout_seconds = 0.2});
   std::vector<float> v(4, 1.f);

@@ -231,6 +231,52 @@ TEST(Mpi, BuffersFollowProcessZerosReplicaZeroAtEachForward) {
   }
 }
 
+// Every buffer crosses the processes, the int64 counter as well as the running statistics:
+// each process's replicas start with their own counts and statistics, and after three training
+// forwards on the same rows every replica of every process holds process 0's replica 0's state
+// moved three steps (momentum None weighs each step by the counter, so a count left behind
+// would part the statistics too).
+TEST(Mpi, BatchNormCounterAndStatisticsFollowProcessZero) {
+  const auto& e = env();
+  if (e.world_size == 1) GTEST_SKIP() << "single process: run under mpirun -np 2";
+  std::vector<galley::Device> devs;
+  for (int i = 0; i < local_devices(); ++i) devs.push_back(galley::Device::cpu(i));
+  // momentum None: the cumulative average, whose weights come from the counter.
+  galley::DataParallel<nn::BatchNorm2D> model(devs, {}, int64_t(3),
+                                              nn::BatchNormLayerOptions{.momentum = std::nullopt});
+  for (size_t r = 0; r < model.num_replicas(); ++r)
+    for (auto& [name, b] : model.module(r).named_buffers()) {
+      galley::NoGradGuard no_grad;
+      if (name == "num_batches_tracked")
+        b.fill_(double(100 * e.rank + 10 * int(r)));
+      else
+        b.fill_(0.5 + e.rank + 0.25 * double(r));
+    }
+  model.train();
+  // Every replica of every process is given the same rows, so that only the state each starts
+  // from could part their statistics.
+  galley::Generator gen(5);
+  for (int step = 0; step < 3; ++step) {
+    const Tensor rows = galley::randn({2, 3, 4, 4}, gen);
+    model(galley::cat(std::vector<Tensor>(devs.size(), rows), 0));
+  }
+  for (size_t r = 0; r < model.num_replicas(); ++r)
+    for (auto& [name, b] : model.module(r).named_buffers()) {
+      SCOPED_TRACE(name + ", replica " + std::to_string(r));
+      Tensor all = galley::distributed::world()->all_gather(b);
+      ASSERT_EQ(all.dtype(), b.dtype());
+      if (name == "num_batches_tracked") {
+        const std::vector<int64_t> counts = all.to_vector<int64_t>();
+        for (int q = 0; q < e.world_size; ++q) EXPECT_EQ(counts[size_t(q)], 3) << "process " << q;
+      } else {
+        const std::vector<float> v = all.to_vector();
+        const size_t n = size_t(b.numel());
+        for (int q = 1; q < e.world_size; ++q)
+          for (size_t i = 0; i < n; ++i) ASSERT_EQ(v[q * n + i], v[i]) << "process " << q;
+      }
+    }
+}
+
 TEST(Mpi, EveryProcessAndReplicaDrawsItsOwnDropoutMask) {
   const auto& e = env();
   if (e.world_size == 1) GTEST_SKIP() << "single process: run under mpirun -np 2";

@@ -176,6 +176,26 @@ TEST(NcclOneGpu, SixteenBitCollectivesOfOneRankGiveTheInputBack) {
   }
 }
 
+TEST(NcclOneGpu, BroadcastAndAllGatherCarryIntegerTensors) {
+  REQUIRE_GPUS(1);
+  auto comms = par::make_nccl_communicators({Device::cuda(0)});
+  par::Communicator& c = *comms[0];
+  const std::vector<int64_t> v{(int64_t(1) << 53) + 1, -3, 0};
+  Tensor b = Tensor::from_vector(v, {3}).to(Device::cuda(0));
+  c.broadcast(b, 0);
+  EXPECT_EQ(b.to_vector<int64_t>(), v);
+  Tensor h = Tensor::from_vector(v, {3});  // a host tensor through the GPU
+  c.broadcast(h, 0);
+  EXPECT_EQ(h.to_vector<int64_t>(), v);
+  const uint8_t bytes[2] = {7, 250};
+  Tensor g = c.all_gather(Tensor::from_host(bytes, {2}, DType::UInt8));
+  EXPECT_EQ(g.dtype(), DType::UInt8);
+  EXPECT_EQ(g.to_vector<uint8_t>(), (std::vector<uint8_t>{7, 250}));
+  Tensor s = Tensor::from_vector(v, {3}).to(Device::cuda(0));
+  testutil::expect_contains(testutil::error_of([&] { c.all_reduce(s); }),
+                            {"all_reduce", "int64"});
+}
+
 TEST(NcclOneGpu, BadArgumentsAreErrorsThatLeaveTheCommunicatorUsable) {
   REQUIRE_GPUS(1);
   auto comms = par::make_nccl_communicators({Device::cuda(0)});

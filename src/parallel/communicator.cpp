@@ -14,12 +14,15 @@ bool same_memory(Device a, Device b) {
   return (a.is_cpu() && b.is_cpu()) || a == b;
 }
 
-// Checks what every tensor call needs; a tensor on another GPU than the communicator's is a
-// misplaced tensor, not something to copy between GPUs behind the caller's back.
-void check_tensor(const Communicator& c, const Tensor& t, const char* op, bool contiguous) {
-  GALLEY_CHECK(t.defined() && is_floating_point(t.dtype()) && (!contiguous || t.is_contiguous()),
+// Checks what every tensor call needs (all_reduce a floating tensor, the copying collectives
+// any); a tensor on another GPU than the communicator's is a misplaced tensor, not something
+// to copy between GPUs behind the caller's back.
+void check_tensor(const Communicator& c, const Tensor& t, const char* op, bool contiguous,
+                  bool floating) {
+  GALLEY_CHECK(t.defined() && (!floating || is_floating_point(t.dtype())) &&
+                   (!contiguous || t.is_contiguous()),
                c.kind(), " ", op, ": needs a ", contiguous ? "contiguous " : "",
-               "float32, bfloat16 or float16 tensor",
+               floating ? "float32, bfloat16 or float16 tensor" : "tensor",
                t.defined() ? detail::str_cat(", got a ", t.is_contiguous() ? "" : "non-contiguous ",
                                              dtype_name(t.dtype()), " one")
                            : std::string());
@@ -44,21 +47,21 @@ void copy_back(Tensor& t, const Tensor& staged) {
 }  // namespace
 
 void Communicator::all_reduce(Tensor& t, ReduceOp op) {
-  check_tensor(*this, t, "all_reduce", /*contiguous=*/true);
+  check_tensor(*this, t, "all_reduce", /*contiguous=*/true, /*floating=*/true);
   Tensor s = in_memory_of(*this, t);
   all_reduce(s.raw_data(), s.numel(), s.dtype(), op);
   copy_back(t, s);
 }
 
 void Communicator::broadcast(Tensor& t, int root) {
-  check_tensor(*this, t, "broadcast", /*contiguous=*/true);
+  check_tensor(*this, t, "broadcast", /*contiguous=*/true, /*floating=*/false);
   Tensor s = in_memory_of(*this, t);
   broadcast(s.raw_data(), s.numel(), s.dtype(), root);
   copy_back(t, s);
 }
 
 Tensor Communicator::all_gather(const Tensor& t) {
-  check_tensor(*this, t, "all_gather", /*contiguous=*/false);
+  check_tensor(*this, t, "all_gather", /*contiguous=*/false, /*floating=*/false);
   Tensor c = in_memory_of(*this, t.contiguous());
   Shape shape{size()};
   shape.insert(shape.end(), t.shape().begin(), t.shape().end());

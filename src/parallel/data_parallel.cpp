@@ -240,7 +240,7 @@ struct DataParallelBase::Impl {
     if (procs)
       for (const Tensor& b : source) {
         Tensor h = b;
-        if (is_floating_point(h.dtype())) procs->broadcast(h, 0);
+        procs->broadcast(h, 0);
       }
     for (size_t r = 1; r < n(); ++r)
       for (size_t k = 0; k < source.size(); ++k) replicas[r]->buffers[k].copy_(source[k]);
@@ -578,7 +578,7 @@ DataParallelBase::DataParallelBase(std::vector<std::unique_ptr<nn::Layer>> layer
   if (m.procs)
     for (auto& [name, t] : state) {
       Tensor h = t;
-      if (is_floating_point(h.dtype())) m.procs->broadcast(h, 0);
+      m.procs->broadcast(h, 0);
     }
   for (size_t i = 1; i < m.n(); ++i) {
     auto mine = m.replicas[i]->layer->named_state();

@@ -61,7 +61,8 @@ class MpiCommunicator : public parallel::Communicator {
   // 16-bit data is widened into a float32 buffer, reduced as float32 and rounded back once.
   void all_reduce(void* data, int64_t count, DType dtype, parallel::ReduceOp op) override {
     check_count(count, "all_reduce");
-    element_type(dtype, "all_reduce");
+    GALLEY_CHECK(is_floating_point(dtype), "mpi all_reduce: expected float32, bfloat16 or float16 "
+                 "data, got ", dtype_name(dtype));
     if (dtype == DType::Float32) return all_reduce_floats(static_cast<float*>(data), count, op);
     dispatch_floating(dtype, "mpi all_reduce", [&](auto tag) {
       using T = typename decltype(tag)::type;
@@ -75,14 +76,14 @@ class MpiCommunicator : public parallel::Communicator {
     check_count(count, "broadcast");
     GALLEY_CHECK(root >= 0 && root < size_, "mpi broadcast: root ", root, " out of range for ",
                  size_, " processes");
-    const MPI_Datatype type = element_type(dtype, "broadcast");
+    const MPI_Datatype type = element_type(dtype);
     MPI_Request req;
     MPI_CHECK(MPI_Ibcast(data, static_cast<int>(count), type, root, MPI_COMM_WORLD, &req));
     wait(req, "broadcast");
   }
   void all_gather(const void* data, int64_t count, DType dtype, void* out) override {
     check_count(count, "all_gather");
-    const MPI_Datatype type = element_type(dtype, "all_gather");
+    const MPI_Datatype type = element_type(dtype);
     MPI_Request req;
     MPI_CHECK(MPI_Iallgather(data, static_cast<int>(count), type, out, static_cast<int>(count),
                              type, MPI_COMM_WORLD, &req));
@@ -95,11 +96,21 @@ class MpiCommunicator : public parallel::Communicator {
   }
 
  private:
-  // The MPI type that carries `dtype`'s elements (16-bit ones as their bits).
-  static MPI_Datatype element_type(DType dtype, const char* op) {
-    GALLEY_CHECK(is_floating_point(dtype), "mpi ", op,
-                 ": expected float32, bfloat16 or float16 data, got ", dtype_name(dtype));
-    return dtype == DType::Float32 ? MPI_FLOAT : MPI_UINT16_T;
+  // The MPI type that carries `dtype`'s elements (16-bit floats as their bits), for the
+  // collectives that copy them (broadcast, all_gather): every dtype.
+  static MPI_Datatype element_type(DType dtype) {
+    switch (dtype) {
+      case DType::Float32:
+        return MPI_FLOAT;
+      case DType::Float16:
+      case DType::BFloat16:
+        return MPI_UINT16_T;
+      case DType::Int64:
+        return MPI_INT64_T;
+      case DType::UInt8:
+        return MPI_UINT8_T;
+    }
+    return MPI_BYTE;  // not reached
   }
   void all_reduce_floats(float* data, int64_t count, parallel::ReduceOp op) {
     MPI_Request req;

@@ -313,7 +313,10 @@ class NcclCommunicator : public Communicator {
 
   // bfloat16 and float16 travel and reduce natively.
   void all_reduce(void* data, int64_t count, DType dtype, ReduceOp op) override {
-    const ncclDataType_t type = nccl_type(dtype, "all_reduce");
+    GALLEY_CHECK(is_floating_point(dtype),
+                 "nccl all_reduce: expected float32, bfloat16 or float16 data, got ",
+                 dtype_name(dtype));
+    const ncclDataType_t type = nccl_type(dtype);
     const ncclRedOp_t nccl_op = op == ReduceOp::Avg ? ncclAvg : ncclSum;
     run("all_reduce", count, [&] {
       return ncclAllReduce(data, data, size_t(count), type, nccl_op, comm_.get(), stream_);
@@ -321,7 +324,7 @@ class NcclCommunicator : public Communicator {
   }
 
   void broadcast(void* data, int64_t count, DType dtype, int root) override {
-    const ncclDataType_t type = nccl_type(dtype, "broadcast");
+    const ncclDataType_t type = nccl_type(dtype);
     GALLEY_CHECK(root >= 0 && root < size_, "nccl broadcast: root ", root, " out of range for ",
                  size_, " ranks");
     run("broadcast", count,
@@ -329,7 +332,7 @@ class NcclCommunicator : public Communicator {
   }
 
   void all_gather(const void* data, int64_t count, DType dtype, void* out) override {
-    const ncclDataType_t type = nccl_type(dtype, "all_gather");
+    const ncclDataType_t type = nccl_type(dtype);
     run("all_gather", count,
         [&] { return ncclAllGather(data, out, size_t(count), type, comm_.get(), stream_); });
   }
@@ -412,7 +415,9 @@ class NcclCommunicator : public Communicator {
     wait(op);
   }
 
-  static ncclDataType_t nccl_type(DType dtype, const char* op) {
+  // The NCCL type of `dtype`'s elements: every dtype for the collectives that copy them
+  // (broadcast, all_gather); all_reduce checks for a floating one first.
+  static ncclDataType_t nccl_type(DType dtype) {
     switch (dtype) {
       case DType::Float32:
         return ncclFloat;
@@ -420,11 +425,11 @@ class NcclCommunicator : public Communicator {
         return ncclBfloat16;
       case DType::Float16:
         return ncclFloat16;
-      default:
-        break;
+      case DType::Int64:
+        return ncclInt64;
+      case DType::UInt8:
+        return ncclUint8;
     }
-    GALLEY_CHECK(false, "nccl ", op, ": expected float32, bfloat16 or float16 data, got ",
-                 dtype_name(dtype));
     return ncclFloat;  // not reached
   }
 

@@ -40,15 +40,15 @@ class Communicator {
   void all_reduce(float* data, int64_t count, ReduceOp op) {
     all_reduce(data, count, DType::Float32, op);
   }
-  /// Copies `count` elements of `dtype` at `data` from participant `root` to every other
-  /// participant, bit for bit.
+  /// Copies `count` elements of `dtype` (any dtype) at `data` from participant `root` to every
+  /// other participant, bit for bit.
   virtual void broadcast(void* data, int64_t count, DType dtype, int root) = 0;
   /// broadcast of `count` float32 values.
   void broadcast(float* data, int64_t count, int root) {
     broadcast(data, count, DType::Float32, root);
   }
-  /// Writes every participant's `count` elements of `dtype`, in rank order, into `out`
-  /// (size() * count elements), bit for bit.
+  /// Writes every participant's `count` elements of `dtype` (any dtype), in rank order, into
+  /// `out` (size() * count elements), bit for bit.
   virtual void all_gather(const void* data, int64_t count, DType dtype, void* out) = 0;
   /// all_gather of `count` float32 values.
   void all_gather(const float* data, int64_t count, float* out) {
@@ -73,9 +73,9 @@ class Communicator {
 
   /// all_reduce of a contiguous float32, bfloat16 or float16 tensor, in place.
   void all_reduce(Tensor& t, ReduceOp op = ReduceOp::Sum);
-  /// broadcast of a contiguous float32, bfloat16 or float16 tensor, in place.
+  /// broadcast of a contiguous tensor of any dtype, in place.
   void broadcast(Tensor& t, int root = 0);
-  /// all_gather of a float32, bfloat16 or float16 tensor: the result is [size(), ...t.shape()],
+  /// all_gather of a tensor of any dtype: the result is [size(), ...t.shape()],
   /// of t's dtype, on t's device.
   Tensor all_gather(const Tensor& t);
 };

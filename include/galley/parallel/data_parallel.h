@@ -37,9 +37,9 @@ struct DataParallelOptions {
   std::shared_ptr<parallel::Communicator> process_group;
   /// At every forward, every replica (and every process) first takes replica 0's buffers
   /// (running statistics, counters), as PyTorch DDP's broadcast_buffers: the replicas then
-  /// compute with the same state whatever their own forwards changed. Across processes the
-  /// floating buffers (float32, bfloat16, float16) are broadcast from process 0. Off: each replica
-  /// keeps its own.
+  /// compute with the same state whatever their own forwards changed. Across processes every
+  /// buffer (BatchNorm's int64 num_batches_tracked too) is broadcast from process 0. Off: each
+  /// replica keeps its own.
   bool broadcast_buffers = true;
 };
 
