@@ -274,6 +274,7 @@ void run_backward(const Tensor& root, const Tensor& gradient) {
       }
     }
     // Free the graph as we go: saved tensors and closures are no longer needed.
+    if (node->reusable) continue;
     node->backward = nullptr;
     node->released = true;
     node->inputs.clear();

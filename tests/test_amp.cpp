@@ -112,8 +112,14 @@ TEST(Autocast, MixedDtypesPromoteToTheWidest) {
   expect_same(galley::sub(f, h), galley::sub(f, h.to(DType::Float32)), "sub");
   expect_same(galley::mul(h, g), galley::mul(h.to(DType::Float32), g.to(DType::Float32)),
               "mul bfloat16 x float16");
-  expect_same(galley::div(h, h), galley::div(h, h), "div of one dtype");
-  EXPECT_EQ(galley::div(h, h).dtype(), DType::BFloat16);
+  expect_same(galley::div(h, f), galley::div(h.to(DType::Float32), f), "div");
+  // One dtype stays as it is: bfloat16 / bfloat16 is bfloat16, of the operands' own bits.
+  Tensor q = galley::div(h, h);
+  EXPECT_EQ(q.dtype(), DType::BFloat16);
+  {
+    amp::Autocast off(DType::BFloat16, false);
+    expect_same(q, galley::div(h, h), "div of one dtype");
+  }
   expect_same(galley::cat({h, f}, 0), galley::cat({h.to(DType::Float32), f}, 0), "cat");
   expect_same(galley::stack({f, h}, 1), galley::stack({f, h.to(DType::Float32)}, 1), "stack");
 }
@@ -208,12 +214,26 @@ TEST(Autocast, ParametersAreConvertedOncePerScopeAndAgainAfterAStep) {
                           fc.bias().to(DType::BFloat16));
   }
   expect_same(after, want, "the forward after an optimizer step inside the scope");
-  // Forward and backward twice in one scope (gradient accumulation): the second backward needs
-  // a conversion recorded anew, as the first backward freed the first one's graph.
+  // Forward and backward twice in one scope (gradient accumulation): both run through the one
+  // cached conversion.
   galley::sum(fc(x)).backward();
   Tensor once = fc.weight().grad().clone();
   galley::sum(fc(x)).backward();
   expect_near(fc.weight().grad(), galley::mul(once, 2.f), 1e-6f, "accumulated gradient");
+  // Two forwards, then their two backwards (two losses of one step): the first backward must
+  // leave the shared conversion for the second, as PyTorch's does.
+  const Tensor x3 = galley::mul(x, 3.f);
+  std::vector<Tensor> alone;
+  for (const Tensor& in : {x, x3}) {
+    opt.clear_grad();
+    galley::sum(fc(in)).backward();
+    alone.push_back(fc.weight().grad().clone());
+  }
+  opt.clear_grad();
+  Tensor first = galley::sum(fc(x)), second = galley::sum(fc(x3));
+  first.backward();
+  second.backward();
+  expect_same(fc.weight().grad(), galley::add(alone[0], alone[1]), "two losses' gradients");
 }
 
 TEST(Autocast, ACopyMadeWithoutGradientsIsNotReusedForTraining) {
@@ -227,6 +247,26 @@ TEST(Autocast, ACopyMadeWithoutGradientsIsNotReusedForTraining) {
   galley::sum(fc(x)).backward();
   ASSERT_TRUE(fc.weight().grad().defined());
   EXPECT_EQ(fc.weight().grad().dtype(), DType::Float32);
+}
+
+// Layer::to moves the parameters in place: the copies cached before are on the old device, and
+// a forward after it converts afresh.
+TEST(Autocast, MovingALayerInsideTheScopeDropsItsCachedCopies) {
+  nn::Linear fc(3, 2);
+  Tensor x = galley::randn({2, 3});
+  amp::Autocast autocast(DType::BFloat16);
+  fc(x);
+  const galley::Device other = galley::Device::cpu(1);
+  fc.to(other);
+  Tensor y = fc(x.to(other));
+  EXPECT_EQ(y.device(), other);
+  Tensor want;
+  {
+    amp::Autocast off(DType::BFloat16, false);
+    want = galley::linear(x.to(other).to(DType::BFloat16), fc.weight().to(DType::BFloat16),
+                          fc.bias().to(DType::BFloat16));
+  }
+  expect_same(y, want, "the forward after Layer::to(Device)");
 }
 
 TEST(Autocast, ScopesNestAndAreThreadLocal) {
@@ -583,6 +623,15 @@ TEST(GradScaler, DataParallelReplicasAgreeOnASkippedStep) {
     amp::Autocast autocast(DType::BFloat16);
     Tensor loss = galley::cross_entropy(model(Tensor::from_vector(x, {4, 3})), labels);
     scaler.scale(loss).backward();
+  }
+  // Replica 0's part of the batch is finite: its gradients hold the Inf only through the
+  // all-reduce (unscale_ checks every replica's gradients, so a skip alone would not show it).
+  {
+    const auto all = model.parameters();
+    bool replica0_nonfinite = false;
+    for (size_t k = 0; k < all.size() / 2; ++k)
+      for (float v : all[k].grad().to_vector()) replica0_nonfinite |= !std::isfinite(v);
+    EXPECT_TRUE(replica0_nonfinite) << "replica 1's Inf did not reach replica 0's gradients";
   }
   EXPECT_FALSE(scaler.step(opt));
   scaler.update();

@@ -82,6 +82,10 @@ struct Node {
   std::vector<Tensor> inputs;
   BackwardFn backward;
   bool released = false;  // set once backward has consumed it
+  /// Set on a node whose closure holds nothing but what its inputs already keep alive
+  /// (autocast's cached low-precision copy of a parameter): backward leaves it in place, so that
+  /// every graph recorded through the one cached copy can run its own backward, as in PyTorch.
+  bool reusable = false;
   /// Set on the node of a scaled loss (amp::GradScaler::scale): the loss guard lets backward
   /// start from its output when it is not finite, since the scaler skips that step itself.
   bool nonfinite_loss_ok = false;

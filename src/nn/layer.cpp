@@ -141,6 +141,7 @@ void swap_data(const Tensor& t, const Tensor& replacement) {
 }  // namespace
 
 void Layer::to(Device device) {
+  detail::parameters_changed();  // autocast's converted copies are on the old device
   for (auto& [name, t] : named_state()) {
     if (t.device() == device) continue;
     swap_data(t, t.detach().to(device));
@@ -152,6 +153,7 @@ void Layer::to(Device device) {
 void Layer::to(DType dtype) {
   GALLEY_CHECK(is_floating_point(dtype), repr(), ": to(", dtype_name(dtype),
                "): layers convert to float32, bfloat16 or float16 only");
+  detail::parameters_changed();  // autocast's converted copies are of the old values
   for (auto& [name, t] : named_state()) {
     if (t.dtype() == dtype || !is_floating_point(t.dtype()) || keeps_dtype(t)) continue;
     swap_data(t, t.detach().to(dtype));

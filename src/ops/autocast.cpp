@@ -31,7 +31,7 @@ thread_local std::unordered_map<const TensorImpl*, CachedCast> cast_cache;
 bool still_valid(const CachedCast& c) {
   if (c.epoch != parameter_epoch.load(std::memory_order_acquire)) return false;
   if (c.recorded != grad_enabled()) return false;
-  // A backward that ran through the conversion has freed its node; a new one is recorded.
+  // The conversion's node outlives backward (Node::reusable); a recorded copy needs it.
   const auto& node = c.low.impl()->grad_fn;
   return !(c.recorded && (!node || node->released));
 }
@@ -60,6 +60,9 @@ Tensor AutocastPause::to(const Tensor& t, DType dtype) const {
   if (it != cast_cache.end() && it->second.low.dtype() == dtype && still_valid(it->second))
     return it->second.low;
   CachedCast c{t, t.to(dtype), parameter_epoch.load(std::memory_order_acquire), grad_enabled()};
+  // Its closure converts the gradient back and saves nothing: every forward of the step shares
+  // the node, so each of their backwards runs through it.
+  if (const auto& node = c.low.impl()->grad_fn) node->reusable = true;
   Tensor low = c.low;
   cast_cache[t.impl()] = std::move(c);
   return low;
