@@ -4,9 +4,13 @@
 // kinks.
 //
 // gradcheck builds loss = sum(fn(inputs) * R) for a fixed random R, then compares the analytic
-// gradient of every input with a central difference (default step 1e-2) evaluated in float32.
-// The tolerance is |analytic - numeric| <= tol * max(1, |numeric|), tol 2e-2 by default: the
-// scale Caffe's checker uses for single precision.
+// gradient of every input with a central difference (default step 1e-2) of that loss, summed in
+// double from the op's float32 outputs. Two tolerances, tol 2e-2 by default (the scale Caffe's
+// checker uses for single precision):
+//   each element   |analytic - numeric| <= tol * max(1, |numeric|);
+//   each input     sum |analytic - numeric| <= tol * sum |numeric| over the elements checked,
+//                  so that an input whose gradients are all small (a small weight behind it)
+//                  cannot pass with a wrong or zero gradient under the first one's floor of tol.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -36,9 +40,12 @@ inline void gradcheck(const char* name, GradFn fn, std::vector<Tensor> inputs, u
     grads.push_back(t.grad().clone());
   }
   galley::NoGradGuard no_grad;
+  const std::vector<float> rv = r.to_vector();
   auto objective = [&] {
-    Tensor o = fn(inputs);
-    return static_cast<double>(galley::sum(o * r).item());
+    const std::vector<float> o = fn(inputs).to(galley::DType::Float32).to_vector();
+    double s = 0;
+    for (size_t i = 0; i < o.size(); ++i) s += double(o[i]) * double(rv[i]);
+    return s;
   };
   for (size_t k = 0; k < inputs.size(); ++k) {
     float* p = inputs[k].data<float>();
@@ -46,6 +53,7 @@ inline void gradcheck(const char* name, GradFn fn, std::vector<Tensor> inputs, u
     const int64_t n = inputs[k].numel();
     // Every element of small inputs, a spread of 64 elements of large ones.
     const int64_t stride = std::max<int64_t>(1, n / 64);
+    double off = 0, size = 0;  // sum |analytic - numeric| and sum |numeric|
     for (int64_t i = 0; i < n; i += stride) {
       const float saved = p[i];
       p[i] = saved + step;
@@ -57,7 +65,13 @@ inline void gradcheck(const char* name, GradFn fn, std::vector<Tensor> inputs, u
       ASSERT_NEAR(g[i], numeric, tol * std::max(1.0, std::abs(numeric)))
           << name << ": input " << k << " element " << i << " of shape "
           << galley::shape_str(inputs[k].shape());
+      off += std::abs(g[i] - numeric);
+      size += std::abs(numeric);
     }
+    // (an input whose gradient is zero, as a dead relu's, passes with off ~ 0)
+    EXPECT_LE(off, tol * size + 1e-6 * double(n / stride + 1))
+        << name << ": input " << k << " of shape " << galley::shape_str(inputs[k].shape())
+        << ": the gradients are off by " << off << " in all against a size of " << size;
   }
 }
 
