@@ -2,9 +2,11 @@
 /// \file Residual networks of the CIFAR kind (He et al. 2016, section 4.2): a 3x3 stem, stages
 /// of basic blocks that double the channels and halve the resolution from the second stage on,
 /// global average pooling and one linear layer. ResNet-20 is the default: 3 stages of 3 blocks,
-/// 16, 32 and 64 channels. State names follow the layout of torchvision's resnets ("conv",
-/// "bn", "layer1_0.conv1", "layer2_0.shortcut_conv", ..., "fc"), so a PyTorch module built
-/// the same way loads with `load_state_dict`.
+/// 16, 32 and 64 channels. State names are galley's own flat layout ("conv", "bn",
+/// "layer1_0.conv1", "layer1_0.bn1", "layer2_0.shortcut_conv", "layer2_0.shortcut_bn", ...,
+/// "fc"), not torchvision's nested one ("layer1.0.conv1", "layer2.0.downsample.0"): a PyTorch
+/// module whose submodules carry these names (as the parity suite's reference model does)
+/// exchanges state dicts with it directly; a torchvision-style one needs its keys renamed.
 #include <memory>
 #include <string>
 #include <vector>
