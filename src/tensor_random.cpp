@@ -91,19 +91,43 @@ void Generator::set_state(const std::string& text) {
   std::memcpy(&spare_, &bits, 4);
 }
 
-Generator& default_generator() {
+namespace {
+Generator& process_generator() {
   static Generator gen(0);
   return gen;
+}
+thread_local Generator* scoped_generator = nullptr;  // GeneratorScope's, on this thread
+}  // namespace
+
+Generator& default_generator() {
+  return scoped_generator ? *scoped_generator : process_generator();
 }
 
 void manual_seed(uint64_t seed) {
   std::lock_guard<std::mutex> lock(generator_mutex());
-  default_generator().manual_seed(seed);
+  process_generator().manual_seed(seed);
+}
+
+GeneratorScope::GeneratorScope(Generator& gen) : previous_(scoped_generator) {
+  scoped_generator = &gen;
+}
+
+GeneratorScope::~GeneratorScope() {
+  scoped_generator = previous_;
 }
 
 uint64_t next_seed(Generator& gen) {
   std::lock_guard<std::mutex> lock(generator_mutex());
   return gen.next_u64();
+}
+
+uint64_t stream_seed(uint64_t seed, uint64_t stream) {
+  if (stream == 0) return seed;
+  // splitmix64's finaliser of the stream
+  uint64_t z = stream * 0x9e3779b97f4a7c15ULL;
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+  return seed ^ z ^ (z >> 31);
 }
 
 Tensor uniform(const Shape& shape, float low, float high, Generator& gen) {

@@ -700,6 +700,30 @@ std::vector<std::vector<int>> kept_rows(const Tensor& y) {
 }
 }  // namespace
 
+// Functional dropout draws from the default generator: inside DataParallel each replica's own
+// (GeneratorScope), so the replicas' masks differ and repeat from the same manual_seed however
+// the replica threads interleave.
+TEST(DataParallel, FunctionalDropoutDrawsEachReplicasOwnStream) {
+  struct Net : galley::nn::Layer {
+    Tensor forward(const Tensor& x) override { return galley::dropout(x, 0.5f, is_training()); }
+  };
+  const Tensor x = galley::ones({4, 512});
+  auto run = [&] {
+    galley::manual_seed(42);
+    galley::DataParallel<Net> model(cpus(2));
+    std::vector<std::vector<std::vector<int>>> steps;
+    for (int s = 0; s < 3; ++s) steps.push_back(kept_rows(model(x)));
+    return steps;
+  };
+  const auto first = run();
+  for (const auto& rows : first) {
+    EXPECT_NE(rows[0], rows[2]);
+    EXPECT_NE(rows[1], rows[3]);
+  }
+  EXPECT_NE(first[0][0], first[1][0]);
+  for (int k = 0; k < 8; ++k) EXPECT_EQ(run(), first) << "rerun " << k;
+}
+
 TEST(DataParallel, ReplicasDrawTheirOwnDropoutMasksReproducibly) {
   const Tensor x = galley::uniform({4, 8}, 1.f, 2.f);
   auto run = [&] {

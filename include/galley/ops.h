@@ -259,8 +259,9 @@ Tensor adaptive_avg_pool2d(const Tensor& x, const Shape& output_size);
 /// Inverted dropout: while `training`, each element of x is zeroed with probability p and the
 /// others are scaled by 1 / (1 - p) (p == 1: every element times 0); not training, or p == 0,
 /// returns x itself. The mask is a counter-based function (Philox-4x32-10) of one 64-bit key
-/// drawn from `gen` per call and the element's index, so the same generator state gives the
-/// same mask on the CPU and on a GPU, in every dtype. Backward keeps the mask as one byte per
+/// drawn from `gen` per call (by default default_generator(): inside a DataParallel replica's
+/// forward, that replica's own stream) and the element's index, so the same generator state
+/// gives the same mask on the CPU and on a GPU, in every dtype. Backward keeps the mask as one byte per
 /// element on x's device. As PyTorch, NaN and infinity stay so where dropped (x * 0). Training
 /// mode inside a CUDA graph capture is an error (the key is drawn on the host, so every replay
 /// would repeat the captured mask).

@@ -94,13 +94,33 @@ class Generator {
   float spare_ = 0.f;
 };
 
-/// The process-wide default generator (guarded by a mutex inside the factories).
+/// The generator that random draws take when none is given: the process-wide one (guarded by a
+/// mutex inside the factories), or, on a thread inside a GeneratorScope, that scope's.
 Generator& default_generator();
-/// Seeds the default generator.
+/// Seeds the process-wide default generator (not a GeneratorScope's).
 void manual_seed(uint64_t seed);
+
+/// While alive, default_generator() on this thread is `gen` (scopes nest). DataParallel runs
+/// each replica's forward in one over the replica's own generator, so that functional dropout
+/// and the other draws that take the default draw a stream of their own per replica and
+/// process, in the same order on every run, rather than racing for the process's.
+class GeneratorScope {
+ public:
+  explicit GeneratorScope(Generator& gen);
+  ~GeneratorScope();
+  GeneratorScope(const GeneratorScope&) = delete;
+  GeneratorScope& operator=(const GeneratorScope&) = delete;
+
+ private:
+  Generator* previous_;
+};
+
 /// The next 64 bits of `gen` under the lock the random factories take, so that ops drawing a
 /// seed (dropout) may share a generator, the default one included, across threads.
 uint64_t next_seed(Generator& gen);
+/// A seed for stream `stream` of `seed` (stream 0 gives the seed itself; nearby streams give
+/// unrelated generators): the per-replica and per-process streams of DataParallel.
+uint64_t stream_seed(uint64_t seed, uint64_t stream);
 
 /// A handle to an n-dimensional array. Copies share the same data and autograd state
 /// (like libtorch's at::Tensor); use clone() for a deep copy.

@@ -1,19 +1,7 @@
-// The dropout layer: a generator of its own, restarted per random stream.
+// The dropout layer: a generator of its own, restarted per random stream (stream_seed).
 #include "galley/nn/dropout.h"
 
 namespace galley::nn {
-
-namespace {
-// A seed for (seed, stream), stream 0 giving the seed itself (splitmix64's finaliser of the
-// stream, so that nearby streams give unrelated generators).
-uint64_t stream_seed(uint64_t seed, uint64_t stream) {
-  if (stream == 0) return seed;
-  uint64_t z = stream * 0x9e3779b97f4a7c15ULL;
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-  return seed ^ z ^ (z >> 31);
-}
-}  // namespace
 
 Dropout::Dropout(float p) : Dropout(p, next_seed(default_generator())) {}
 

@@ -201,6 +201,8 @@ struct DataParallelBase::Impl {
     std::vector<Tensor> flat;     // one buffer per bucket, on the replica's device
     std::shared_ptr<parallel::Communicator> comm;
     std::unique_ptr<Worker> compute, comms;
+    // The default generator of the replica's forwards (GeneratorScope): its own stream.
+    Generator gen;
     // GPU replicas: a stream and an event to read the reduced presence flags back without
     // waiting for the compute stream (which runs the rest of backward meanwhile).
     void* side = nullptr;
@@ -593,9 +595,15 @@ DataParallelBase::DataParallelBase(std::vector<std::unique_ptr<nn::Layer>> layer
       mine[k].second.copy_(state[k].second);
     }
   }
-  // Every replica of every process draws its own random numbers (dropout masks).
+  // Every replica of every process draws its own random numbers (dropout masks): its layers'
+  // generators, and the default generator of its forwards, which starts from one draw of the
+  // caller's (so manual_seed before the construction fixes every replica's stream).
   const uint64_t rank = m.procs ? static_cast<uint64_t>(m.procs->rank()) : 0;
-  for (size_t i = 0; i < m.n(); ++i) m.replicas[i]->layer->set_random_stream((rank << 32) + i);
+  const uint64_t base = next_seed(default_generator());
+  for (size_t i = 0; i < m.n(); ++i) {
+    m.replicas[i]->layer->set_random_stream((rank << 32) + i);
+    m.replicas[i]->gen.manual_seed(stream_seed(base, (rank << 32) + i + 1));
+  }
   m.build_buckets();
   for (size_t r = 0; r < m.n(); ++r)
     for (size_t k = 0; k < m.replicas[r]->params.size(); ++k)
@@ -644,6 +652,7 @@ Tensor DataParallelBase::forward(const Tensor& x) {
         m.replicas[r]->compute->post([&m, &outs, r, x_r, grad_mode, autocast, autocast_dtype] {
           detail::ThreadBudget budget(m.threads_per_replica);
           amp::Autocast autocast_scope(autocast_dtype, autocast);
+          GeneratorScope generator_scope(m.replicas[r]->gen);
           if (m.replicas[r]->device.is_cuda()) detail::make_current(m.replicas[r]->device);
           std::unique_ptr<NoGradGuard> no_grad;
           if (!grad_mode) no_grad = std::make_unique<NoGradGuard>();
