@@ -698,6 +698,18 @@ std::vector<std::vector<int>> kept_rows(const Tensor& y) {
     for (int64_t j = 0; j < cols; ++j) rows[i].push_back(v[i * cols + j] != 0.f);
   return rows;
 }
+
+// Masks of two steps of 4 samples over 2 replicas (samples 0-1 on replica 0, 2-3 on replica 1):
+// the same position in each replica's slice must not share a mask, nor a replica's row its mask
+// of the step before.
+void expect_own_masks(const std::vector<std::vector<std::vector<int>>>& steps) {
+  for (const auto& rows : steps) {
+    EXPECT_NE(rows[0], rows[2]);
+    EXPECT_NE(rows[1], rows[3]);
+  }
+  EXPECT_NE(steps[0][0], steps[1][0]);
+  EXPECT_NE(steps[0][2], steps[1][2]);
+}
 }  // namespace
 
 // Functional dropout draws from the default generator: inside DataParallel each replica's own
@@ -716,11 +728,7 @@ TEST(DataParallel, FunctionalDropoutDrawsEachReplicasOwnStream) {
     return steps;
   };
   const auto first = run();
-  for (const auto& rows : first) {
-    EXPECT_NE(rows[0], rows[2]);
-    EXPECT_NE(rows[1], rows[3]);
-  }
-  EXPECT_NE(first[0][0], first[1][0]);
+  expect_own_masks(first);
   for (int k = 0; k < 8; ++k) EXPECT_EQ(run(), first) << "rerun " << k;
 }
 
@@ -739,14 +747,7 @@ TEST(DataParallel, ReplicasDrawTheirOwnDropoutMasksReproducibly) {
     return steps;
   };
   const auto first = run();
-  // Samples 0-1 went to replica 0, samples 2-3 to replica 1: the same position in each
-  // replica's slice must not share a mask.
-  for (const auto& rows : first) {
-    EXPECT_NE(rows[0], rows[2]);
-    EXPECT_NE(rows[1], rows[3]);
-  }
-  EXPECT_NE(first[0][0], first[1][0]);
-  EXPECT_NE(first[0][2], first[1][2]);
+  expect_own_masks(first);
   // Replica 0 draws what the layer draws outside DataParallel.
   testmodels::DropoutNet single;
   EXPECT_EQ(kept_rows(single(x))[0], first[0][0]);
