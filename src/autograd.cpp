@@ -198,8 +198,8 @@ void accumulate_leaf(const Tensor& leaf, const Tensor& g, bool take = false) {
 
 }  // namespace
 
-void run_backward(const Tensor& root, const Tensor& gradient) {
-  if (check_loss.load(std::memory_order_relaxed)) check_loss_value(root);
+void run_backward(const Tensor& root, const Tensor& gradient, bool from_loss) {
+  if (from_loss && check_loss.load(std::memory_order_relaxed)) check_loss_value(root);
   if (!root.impl()->grad_fn) {  // a leaf: its gradient is the given one
     accumulate_leaf(root, gradient);
     return;

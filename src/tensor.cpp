@@ -475,7 +475,8 @@ void Tensor::backward(const Tensor& gradient) const {
                "backward: the tensor does not require a gradient (no input of "
                "the ops that produced it was a parameter or marked set_requires_grad)");
   Tensor g = gradient;
-  if (!g.defined()) {
+  const bool from_loss = !g.defined();
+  if (from_loss) {
     GALLEY_CHECK(numel() == 1,
                  "backward: a gradient must be given for a non-scalar output of "
                  "shape ",
@@ -484,7 +485,7 @@ void Tensor::backward(const Tensor& gradient) const {
   }
   GALLEY_CHECK(g.shape() == shape(), "backward: gradient shape ", shape_str(g.shape()),
                " does not match output shape ", shape_str(shape()));
-  autograd::run_backward(*this, g);
+  autograd::run_backward(*this, g, from_loss);
 }
 
 std::string Tensor::grad_fn_name() const {

@@ -1,7 +1,9 @@
 # A Fashion-MNIST run stopped after epoch 2 and resumed from its checkpoint must end exactly
 # like an uninterrupted run: same final accuracy and last-epoch loss to the printed digit.
+# EXTRA: more arguments for every run (--amp;fp16: the loss scaler's state goes through the
+# checkpoint too).
 file(REMOVE_RECURSE ${WORK_DIR})
-set(common --epochs 3 --limit 2000 --workers 2)
+set(common --epochs 3 --limit 2000 --workers 2 ${EXTRA})
 function(run out)
   execute_process(COMMAND ${EXAMPLE} ${common} ${ARGN} RESULT_VARIABLE rc OUTPUT_VARIABLE text
                   ERROR_VARIABLE err)

@@ -277,6 +277,11 @@ TEST(Autocast, RefusesAFullPrecisionDtype) {
   testutil::expect_contains(testutil::error_of([] { amp::Autocast a(DType::Float32); }),
                             {"amp::Autocast", "bfloat16 or float16", "float32"});
   EXPECT_FALSE(amp::is_autocast_enabled());
+  // A disabled scope takes any dtype, as PyTorch's.
+  {
+    amp::Autocast off(DType::Float32, false);
+    EXPECT_FALSE(amp::is_autocast_enabled());
+  }
 }
 
 TEST(Autocast, DataParallelReplicasRunUnderTheCallersSetting) {
@@ -571,6 +576,39 @@ TEST(GradScaler, StateRoundTripsThroughACheckpoint) {
   testutil::expect_contains(
       testutil::error_of([&] { restored.load_state_dict(galley::StateDict{}); }),
       {"empty", "disabled"});
+}
+
+// As PyTorch: a step with no gradient to check, and a float16 gradient to unscale, are errors
+// that name the optimizer (and the parameter), and change nothing.
+TEST(GradScaler, RefusesAStepWithoutGradientsAndFloat16Gradients) {
+  Tensor w = param({2, 3}, 41);
+  galley::optim::SGD opt({w}, {.learning_rate = 0.1});
+  amp::GradScaler scaler;
+  testutil::expect_contains(testutil::error_of([&] { scaler.step(opt); }),
+                            {"amp::GradScaler::step", "SGD", "no parameter", "gradient"});
+  Tensor h = param({4}, 42).to(DType::Float16).detach().set_requires_grad();
+  galley::optim::SGD half({h}, {.learning_rate = 0.1});
+  amp::GradScaler scaler16;
+  galley::sum(scaler16.scale(galley::sum(h))).backward();
+  const std::vector<float> before = h.grad().to(DType::Float32).to_vector();
+  testutil::expect_contains(testutil::error_of([&] { scaler16.unscale_(half); }),
+                            {"amp::GradScaler::unscale_", "parameter 0", "float16 gradient"});
+  EXPECT_EQ(h.grad().to(DType::Float32).to_vector(), before) << "the gradient was changed";
+}
+
+// A DataParallel replica's share of a one-sample-per-replica batch is a one-element output; its
+// backward starts from the gradient it is given, so an Inf there is the scaler's to skip, not
+// the loss guard's to raise.
+TEST(GradScaler, AnInfInAOneElementReplicaOutputIsSkipped) {
+  galley::DataParallel<nn::Linear> model({Device::cpu(0), Device::cpu(1)}, {}, 3, 1);
+  galley::optim::SGD opt(model.parameters(), {.learning_rate = 0.1});
+  amp::GradScaler scaler;
+  Tensor x = Tensor::from_vector({0.5f, 0.5f, 0.5f, 0.5f, INFINITY, 0.5f}, {2, 3});
+  std::vector<float> before = model.parameters()[0].to_vector();
+  scaler.scale(galley::sum(model(x))).backward();
+  EXPECT_FALSE(scaler.step(opt));
+  scaler.update();
+  EXPECT_EQ(model.parameters()[0].to_vector(), before);
 }
 
 TEST(GradScaler, RefusesBadOptions) {

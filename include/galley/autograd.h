@@ -18,8 +18,10 @@ namespace galley {
 
 /// Turns the loss guard of backward() on (the default) or off, for every thread.
 ///
-/// With the guard on, backward() from a one-element tensor (the loss) whose value is NaN or
-/// infinite raises a galley::Error naming the value, "backward: the loss is nan ...".
+/// With the guard on, backward() without a gradient from a one-element tensor (the loss) whose
+/// value is NaN or infinite raises a galley::Error naming the value, "backward: the loss is nan
+/// ...". A backward given its gradient is not from a loss (DataParallel's replicas run theirs so,
+/// from their share of the output) and is not checked.
 /// - On the CPU the loss is read where it lies (no copy, no wait) and the error is raised before
 ///   any gradient is computed: every parameter's gradient stays as it was.
 /// - On a GPU reading the loss would make the host wait for the device at every step, so no value
@@ -101,9 +103,10 @@ bool needs_grad(std::initializer_list<const Tensor*> inputs);
 /// anomaly detection on, first checks `output` for non-finite values (see set_detect_anomaly).
 Tensor record(Tensor output, const char* name, std::vector<Tensor> inputs, BackwardFn backward);
 
-/// Runs backward from `root` with `gradient` (same shape as root). With the loss guard on, a
-/// one-element root that is NaN or infinite is an error (see set_check_loss_finite).
-void run_backward(const Tensor& root, const Tensor& gradient);
+/// Runs backward from `root` with `gradient` (same shape as root). With the loss guard on and
+/// `from_loss` (backward() without a gradient), a one-element root that is NaN or infinite is an
+/// error (see set_check_loss_finite).
+void run_backward(const Tensor& root, const Tensor& gradient, bool from_loss = false);
 
 /// True while the layers being called are tracked (LayerScope pushes only then): while anomaly
 /// detection is on or a profiler records.

@@ -50,8 +50,18 @@ void GradScaler::unscale_(optim::Optimizer& optimizer) {
   // PyTorch: inv_scale = scale.double().reciprocal().float().
   const float inv_scale = static_cast<float>(1.0 / static_cast<double>(scale_));
   NoGradGuard no_grad;
+  const std::vector<Tensor>& params = optimizer.parameters();
   std::vector<detail::GradGroup> groups =
-      detail::group_grads_by_device("amp::GradScaler::unscale_", optimizer.parameters());
+      detail::group_grads_by_device("amp::GradScaler::unscale_", params);
+  // As PyTorch: a float16 gradient has lost what the scale kept (its parameter should be a
+  // float32 master weight, with autocast computing in float16).
+  for (auto& g : groups)
+    for (size_t i = 0; i < g.grads.size(); ++i)
+      GALLEY_CHECK(g.grads[i].dtype() != DType::Float16, "amp::GradScaler::unscale_: parameter ",
+                   g.param[i], " of ", optimizer.name(), " (shape ",
+                   shape_str(params[g.param[i]].shape()),
+                   ") has a float16 gradient; keep the parameters float32 and compute in float16 "
+                   "under amp::Autocast");
   // Every device's check is queued before any is read, so GPUs work side by side; the largest
   // magnitude is NaN or infinite exactly when an element is.
   std::vector<Tensor> largest;
@@ -60,6 +70,7 @@ void GradScaler::unscale_(optim::Optimizer& optimizer) {
   bool found = false;
   for (auto& m : largest) found = found || !std::isfinite(m.item());
   st.found_inf = found;
+  st.checked = !groups.empty();
   st.stage = Stage::Unscaled;
 }
 
@@ -73,6 +84,8 @@ bool GradScaler::step(optim::Optimizer& optimizer) {
   GALLEY_CHECK(st.stage != Stage::Stepped, "amp::GradScaler::step: already called on this ",
                "optimizer (", optimizer.name(), ") since the last update()");
   if (st.stage == Stage::Ready) unscale_(optimizer);
+  GALLEY_CHECK(st.checked, "amp::GradScaler::step: no parameter of ", optimizer.name(),
+               " has a gradient to check; run backward from scale(loss) first");
   last_skipped_ = st.found_inf;
   if (!st.found_inf) optimizer.step();
   st.stage = Stage::Stepped;

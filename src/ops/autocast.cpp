@@ -117,7 +117,8 @@ namespace amp {
 Autocast::Autocast(DType dtype, bool enabled)
     : previous_enabled_(detail::autocast_state.enabled),
       previous_dtype_(detail::autocast_state.dtype) {
-  GALLEY_CHECK(dtype == DType::BFloat16 || dtype == DType::Float16,
+  // As PyTorch, a disabled scope takes any dtype (a caller's setting passed through as it is).
+  GALLEY_CHECK(!enabled || dtype == DType::BFloat16 || dtype == DType::Float16,
                "amp::Autocast: the low-precision dtype must be bfloat16 or float16, got ",
                dtype_name(dtype));
   detail::autocast_state.enabled = enabled;

@@ -87,6 +87,7 @@ class GradScaler {
   struct PerOptimizer {
     Stage stage = Stage::Ready;
     bool found_inf = false;
+    bool checked = false;  // unscale_ found at least one gradient
   };
   PerOptimizer& state_of(const optim::Optimizer& optimizer);
 
