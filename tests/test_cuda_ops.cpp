@@ -5,6 +5,10 @@
 #include <cmath>
 #include <functional>
 #include <limits>
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
 
 #include "galley/galley.h"
 #include "galley/runtime/cuda.h"
@@ -48,6 +52,25 @@ void compare(const char* name, Fn fn, std::vector<Tensor> inputs, double tol = 1
   for (size_t i = 0; i < inputs.size(); ++i) {
     ASSERT_TRUE(on_gpu[i].grad().defined()) << name << ": no gradient for input " << i;
     EXPECT_LE(worst_error(on_gpu[i].grad(), on_cpu[i].grad()), tol) << name << ": input " << i;
+  }
+}
+
+// `steps` optimizer steps of a CPU model and its GPU copy on the same batches (batch(step): the
+// input and the labels, on the host); each step's cross-entropy losses must agree.
+template <typename Batch>
+void train_both(galley::nn::Layer& on_cpu, galley::nn::Layer& on_gpu, galley::optim::Optimizer& oc,
+                galley::optim::Optimizer& og, int steps, Batch batch) {
+  galley::nn::CrossEntropyLoss loss_fn;
+  for (int step = 0; step < steps; ++step) {
+    auto [x, y] = batch(step);
+    Tensor lc = loss_fn(on_cpu(x), y), lg = loss_fn(on_gpu(x.to(gpu)), y.to(gpu));
+    EXPECT_NEAR(lg.item(), lc.item(), 1e-4 * std::max(1.f, std::abs(lc.item()))) << "step " << step;
+    lc.backward();
+    lg.backward();
+    oc.step();
+    og.step();
+    oc.clear_grad();
+    og.clear_grad();
   }
 }
 
@@ -140,24 +163,95 @@ TEST(CudaOps, SimpleCnnTrainsLikeTheCpu) {
   on_gpu.load_state_dict(on_cpu.state_dict());
   on_gpu.to(gpu);
   galley::optim::Adam oc(on_cpu.parameters()), og(on_gpu.parameters());
-  galley::nn::CrossEntropyLoss loss_fn;
-  for (int step = 0; step < 5; ++step) {
-    Tensor x = galley::randn({16, 3, 32, 32});
+  train_both(on_cpu, on_gpu, oc, og, 5, [](int step) {
     std::vector<int64_t> l(16);
     for (int i = 0; i < 16; ++i) l[i] = (i * 7 + step) % 10;
-    Tensor y = Tensor::from_vector(l, {16});
-    Tensor lc = loss_fn(on_cpu(x), y), lg = loss_fn(on_gpu(x.to(gpu)), y.to(gpu));
-    EXPECT_NEAR(lg.item(), lc.item(), 1e-4 * std::max(1.f, std::abs(lc.item()))) << "step " << step;
-    lc.backward();
-    lg.backward();
-    oc.step();
-    og.step();
-    oc.clear_grad();
-    og.clear_grad();
-  }
+    return std::make_pair(galley::randn({16, 3, 32, 32}), Tensor::from_vector(l, {16}));
+  });
   auto pc = on_cpu.parameters(), pg = on_gpu.parameters();
   for (size_t k = 0; k < pc.size(); ++k)
     EXPECT_LE(worst_error(pg[k], pc[k]), 1e-4) << "parameter " << k;
+}
+
+// The BatchNorm layers' state on the GPU: three training steps update running_mean,
+// running_var (unbiased) and num_batches_tracked as the CPU does, with a momentum and with the
+// cumulative average (momentum None, whose weights come from the counter); then evaluation uses
+// the running statistics alike. [N, C] inputs (BatchNorm1D) and [N, C, H, W] (BatchNorm2D).
+TEST(CudaOps, BatchNormLayersKeepTheirStateLikeTheCpu) {
+  REQUIRE_GPU();
+  using galley::nn::BatchNormLayerOptions;
+  for (bool planes : {false, true})
+    for (std::optional<double> momentum : {std::optional<double>(0.1), std::optional<double>()}) {
+      const std::string name = std::string(planes ? "BatchNorm2D" : "BatchNorm1D") +
+                               (momentum ? " momentum 0.1" : " momentum None");
+      SCOPED_TRACE(name);
+      const BatchNormLayerOptions o{.momentum = momentum};
+      std::unique_ptr<galley::nn::Layer> on_cpu, on_gpu;
+      if (planes) {
+        on_cpu = std::make_unique<galley::nn::BatchNorm2D>(3, o);
+        on_gpu = std::make_unique<galley::nn::BatchNorm2D>(3, o);
+      } else {
+        on_cpu = std::make_unique<galley::nn::BatchNorm1D>(3, o);
+        on_gpu = std::make_unique<galley::nn::BatchNorm1D>(3, o);
+      }
+      on_gpu->to(gpu);
+      galley::Generator gen(17);
+      for (int step = 0; step < 3; ++step) {
+        const galley::Shape shape = planes ? galley::Shape{5, 3, 4, 6} : galley::Shape{7, 3};
+        Tensor x = galley::randn(shape, gen) * (1.f + step) + float(step);
+        Tensor yc = (*on_cpu)(x), yg = (*on_gpu)(x.to(gpu));
+        EXPECT_LE(worst_error(yg, yc), 1e-5) << "output of step " << step;
+        Tensor g = galley::randn(shape, gen);
+        yc.backward(g);
+        yg.backward(g.to(gpu));
+      }
+      auto pc = on_cpu->named_parameters(), pg = on_gpu->named_parameters();
+      for (size_t k = 0; k < pc.size(); ++k)
+        EXPECT_LE(worst_error(pg[k].second.grad(), pc[k].second.grad()), 1e-4)
+            << pc[k].first << "'s gradient";
+      auto bc = on_cpu->named_buffers(), bg = on_gpu->named_buffers();
+      ASSERT_EQ(bc.size(), 3u);
+      for (size_t k = 0; k < bc.size(); ++k) {
+        ASSERT_EQ(bg[k].first, bc[k].first);
+        ASSERT_EQ(bg[k].second.dtype(), bc[k].second.dtype()) << bc[k].first;
+        if (bc[k].second.dtype() == galley::DType::Int64)
+          EXPECT_EQ(bg[k].second.to(Device::cpu()).to_vector<int64_t>(), std::vector<int64_t>{3});
+        else
+          EXPECT_LE(worst_error(bg[k].second, bc[k].second), 1e-5) << bc[k].first;
+      }
+      on_cpu->eval();
+      on_gpu->eval();
+      Tensor x = galley::randn(planes ? galley::Shape{2, 3, 4, 6} : galley::Shape{2, 3}, gen);
+      EXPECT_LE(worst_error((*on_gpu)(x.to(gpu)), (*on_cpu)(x)), 1e-5) << "evaluation";
+    }
+}
+
+// A ResNet (BatchNorm with the fused ReLU and residual sum, projection shortcuts, global
+// average pooling) trains on the GPU as on the CPU: losses, parameters and running statistics
+// after three SGD-momentum steps.
+TEST(CudaOps, ResNetTrainsLikeTheCpu) {
+  REQUIRE_GPU();
+  galley::manual_seed(9);
+  const galley::models::ResNetOptions o{.in_channels = 1, .width = 4, .blocks_per_stage = 1};
+  galley::models::ResNet on_cpu(o), on_gpu(o);
+  on_gpu.load_state_dict(on_cpu.state_dict());
+  on_gpu.to(gpu);
+  const galley::optim::SGDOptions so{.learning_rate = 0.05, .momentum = 0.9};
+  galley::optim::SGD oc(on_cpu.parameters(), so), og(on_gpu.parameters(), so);
+  galley::Generator gen(3);
+  train_both(on_cpu, on_gpu, oc, og, 3, [&](int step) {
+    std::vector<int64_t> l(8);
+    for (int i = 0; i < 8; ++i) l[i] = (i * 3 + step) % 10;
+    return std::make_pair(galley::randn({8, 1, 12, 12}, gen), Tensor::from_vector(l, {8}));
+  });
+  auto sc = on_cpu.state_dict(), sg = on_gpu.state_dict();
+  for (auto& [name, t] : sc) {
+    ASSERT_TRUE(sg.count(name)) << name;
+    if (t.dtype() == galley::DType::Int64)
+      EXPECT_EQ(sg[name].to(Device::cpu()).to_vector<int64_t>(), t.to_vector<int64_t>()) << name;
+    else
+      EXPECT_LE(worst_error(sg[name], t), 1e-3) << name;
+  }
 }
 
 TEST(CudaOps, OptimizersUpdateManyTensorsLikeTheCpu) {
