@@ -258,7 +258,7 @@ const std::vector<OpCase> kOps = {
     {"batch_norm_eval_2d",   batch_norm({}), {normal({4, 3, 5, 5}), normal({3}), normal({3})}, kAllFloat},
     {"batch_norm_eval_1d",   batch_norm({}), {normal({6, 4}), normal({4}), normal({4})}, kAllFloat},
     {"batch_norm_no_affine", batch_norm({.training = true}), {normal({4, 3, 2, 3})}, kAllFloat},
-    {"batch_norm_no_running", batch_norm({}, false), {normal({5, 3, 4}), normal({3}), normal({3})}, kAllFloat},
+    {"batch_norm_no_running", batch_norm({.training = true}, false), {normal({5, 3, 4}), normal({3}), normal({3})}, kAllFloat},
     // a small weight and |bias| >= 0.1 keep the output clear of relu's kink
     {"batch_norm_relu",      batch_norm({.training = true, .relu = true}), {normal({4, 3, 3, 3}), normal({3}, 0.02f), kinkless({3})}, kAllFloat},
     // batch_norm_add: the residual away from zero and a small affine keep the sum clear of the kink;

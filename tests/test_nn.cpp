@@ -1084,6 +1084,8 @@ TEST(BatchNorm, ErrorsNameTheLayerOrOpAndTheShapes) {
                     galley::batch_norm(galley::zeros({3}), Tensor(), Tensor(), Tensor(), Tensor());
                   }),
                   {"batch_norm", "[N, C]", "[3]"});
+  expect_contains(error_of([&] { galley::batch_norm(x, Tensor(), Tensor(), Tensor(), Tensor()); }),
+                  {"batch_norm", "running_mean", "evaluation mode"});
 }
 
 // ----------------------------------------------------------------------------- models::ResNet

@@ -215,11 +215,11 @@ struct BatchNormOptions {
   bool relu = false;
 };
 /// Batch normalisation of x [N, C] or [N, C, *] over every dimension but the channels (dim 1):
-/// y = (x - mean) / sqrt(var + eps) * weight + bias, as PyTorch's F.batch_norm. In training, or
-/// when running_mean / running_var are undefined, mean and var are the batch's (the biased
-/// variance), and defined running statistics are updated in place:
-/// running = (1 - momentum) running + momentum batch, with the unbiased batch variance for
-/// running_var. Otherwise the running statistics normalise. The running statistics are float32
+/// y = (x - mean) / sqrt(var + eps) * weight + bias, as PyTorch's F.batch_norm. In training,
+/// mean and var are the batch's (the biased variance), and running_mean / running_var, when
+/// given, are updated in place: running = (1 - momentum) running + momentum batch, with the
+/// unbiased batch variance for running_var. In evaluation (training false) the running
+/// statistics normalise, and must be given (an error otherwise, as in PyTorch). The running statistics are float32
 /// [C] (also for a 16-bit x: they are accumulated over many steps); weight and bias [C] (either
 /// may be undefined: 1 and 0) are in x's dtype or float32 (master weights beside 16-bit
 /// activations), and get gradients in their own dtype. The result has x's dtype; statistics and

@@ -59,7 +59,11 @@ Tensor normalize(const Tensor& x, const Tensor& residual, const Tensor& running_
   kernels::BatchNormGeometry g;
   g.outer = x.size(0), g.channels = x.size(1);
   for (int64_t k = 2; k < x.dim(); ++k) g.inner *= x.size(k);
-  const bool batch_stats = o.training || !running_mean.defined();
+  GALLEY_CHECK(o.training || running_mean.defined(),
+               "batch_norm: running_mean and running_var must be given in evaluation mode "
+               "(training false), as PyTorch's; without them pass training true to normalise by "
+               "the batch's statistics");
+  const bool batch_stats = o.training;
   GALLEY_CHECK(!batch_stats || g.outer * g.inner > 1,
                "batch_norm: expected more than 1 value per channel when training, got input ",
                shape_str(x.shape()));
