@@ -367,6 +367,51 @@ TEST(Checkpoint, DataParallelSavesOnceAndLoadsOntoEveryReplica) {
   }
 }
 
+// Dropout's masks come from generators outside the state_dict (each Dropout layer's, and under
+// DataParallel each replica's default stream, which functional dropout draws from): the
+// checkpoint keeps where they stand, so a resumed run draws the masks the uninterrupted one does.
+namespace {
+class Dropouts : public nn::Layer {
+ public:
+  Dropouts() { register_layer("drop", drop_); }
+  Tensor forward(const Tensor& x) override {
+    return galley::dropout(drop_(x), 0.5f, is_training());  // the layer's, then the default's
+  }
+
+ private:
+  nn::Dropout drop_{0.3f};
+};
+}  // namespace
+
+TEST(Checkpoint, KeepsWhereTheDropoutGeneratorsStand) {
+  const std::string dir = temp_dir("rng");
+  const Tensor x = galley::ones({4, 256});
+  {
+    Dropouts model;
+    model(x);
+    const std::string path = dir + "/one.safetensors";
+    galley::io::save_checkpoint(path, {.model = &model, .step = 1});
+    EXPECT_TRUE(galley::io::read_safetensors(path).metadata.count("rng.model.drop.generator"));
+    const std::vector<float> next = model(x).to_vector();
+    model(x);  // moves on
+    galley::io::TrainingState st{.model = &model};
+    galley::io::load_checkpoint(path, st);
+    EXPECT_EQ(model(x).to_vector(), next) << "one model";
+  }
+  galley::DataParallel<Dropouts> dp({galley::Device::cpu(0), galley::Device::cpu(1)});
+  dp(x);
+  galley::io::Checkpointer ckpt(dir + "/dp");
+  const std::string saved = ckpt.save({.parallel_model = &dp, .step = 1});
+  const auto meta = galley::io::read_safetensors(saved).metadata;
+  for (const char* key : {"rng.replica0", "rng.replica1", "rng.replica1.drop.generator"})
+    EXPECT_TRUE(meta.count(key)) << key;
+  const std::vector<float> next = dp(x).to_vector();
+  dp(x);
+  galley::io::TrainingState st{.parallel_model = &dp};
+  ASSERT_TRUE(ckpt.resume(st));
+  EXPECT_EQ(dp(x).to_vector(), next) << "DataParallel";
+}
+
 // ---------------------------------------------------------------------------------------------
 // Preemption: a watched signal only sets a flag; the next boundary saves and throws Preempted.
 

@@ -1,10 +1,12 @@
 // Multi-process data parallelism over MPI. ctest runs this under `mpirun -np 2`, with one and
 // with two CPU devices per process (GALLEY_TEST_DEVICES); run alone it skips.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
+#include <filesystem>
 #include <thread>
 
 #include "galley/galley.h"
@@ -275,6 +277,34 @@ TEST(Mpi, BatchNormCounterAndStatisticsFollowProcessZero) {
           for (size_t i = 0; i < n; ++i) ASSERT_EQ(v[q * n + i], v[i]) << "process " << q;
       }
     }
+}
+
+// Checkpointer::save gathers every process's generator states into process 0's file, and each
+// process resumes its own: the masks after the resume are the ones an uninterrupted run draws.
+TEST(Mpi, ACheckpointKeepsEveryProcesssDropoutStreams) {
+  const auto& e = env();
+  if (e.world_size == 1) GTEST_SKIP() << "single process: run under mpirun -np 2";
+  std::vector<galley::Device> devs;
+  for (int i = 0; i < local_devices(); ++i) devs.push_back(galley::Device::cpu(i));
+  galley::DataParallel<testmodels::DropoutNet> model(devs);
+  const Tensor x = galley::ones({2 * int64_t(devs.size()), 8});
+  model(x);
+  auto world = galley::distributed::world();
+  // One directory for the job: the processes share mpirun as their parent.
+  const std::string dir = ::testing::TempDir() + "galley_mpi_rng_" + std::to_string(getppid());
+  galley::io::Checkpointer ckpt(dir);
+  const std::string path = ckpt.save({.parallel_model = &model, .step = 1});
+  world->barrier();  // process 0 has written the file
+  const auto meta = galley::io::read_safetensors(path).metadata;
+  EXPECT_TRUE(meta.count("rng.replica0.drop.generator"));
+  EXPECT_TRUE(meta.count("rng.rank1.replica0.drop.generator"));
+  const std::vector<float> next = model(x).to_vector();
+  model(x);
+  galley::io::TrainingState st{.parallel_model = &model};
+  ASSERT_TRUE(ckpt.resume(st));
+  EXPECT_EQ(model(x).to_vector(), next) << "process " << e.rank;
+  world->barrier();
+  if (e.rank == 0) std::filesystem::remove_all(dir);
 }
 
 TEST(Mpi, EveryProcessAndReplicaDrawsItsOwnDropoutMask) {

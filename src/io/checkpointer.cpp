@@ -79,9 +79,73 @@ std::map<std::string, V> spread(const std::map<std::string, V>& in, size_t per, 
   return out;
 }
 
+// The metadata key of generator `name` of process `rank`: "rng.<name>" for process 0,
+// "rng.rank<q>.<name>" for the others.
+std::string generator_key(int rank, const std::string& name) {
+  return rank == 0 ? "rng." + name : detail::str_cat("rng.rank", rank, ".", name);
+}
+
+// The model's generators ("model.<name>", or a data-parallel model's "replica<i>[.<name>]").
+std::vector<std::pair<std::string, Generator*>> model_generators(const TrainingState& s) {
+  std::vector<std::pair<std::string, Generator*>> out;
+  if (s.model)
+    for (auto& [name, gen] : s.model->named_generators()) out.emplace_back("model." + name, gen);
+  if (s.parallel_model) out = s.parallel_model->named_generators();
+  return out;
+}
+
+// This process's generator states under their metadata keys.
+std::map<std::string, std::string> own_generator_states(const TrainingState& s) {
+  const int rank = distributed::parallel_env().rank;
+  std::map<std::string, std::string> out;
+  for (auto& [name, gen] : model_generators(s)) out[generator_key(rank, name)] = gen->state();
+  return out;
+}
+
+// Every process's generator states, in every process: each one's lines "key\tstate\n",
+// gathered as bytes padded to the longest.
+std::map<std::string, std::string> all_generator_states(const TrainingState& s) {
+  std::map<std::string, std::string> mine = own_generator_states(s);
+  const auto world = distributed::world();
+  if (!world) return mine;
+  std::string text;
+  for (auto& [k, v] : mine) text += k + "\t" + v + "\n";
+  const std::vector<int64_t> sizes =
+      world->all_gather(Tensor::from_vector(std::vector<int64_t>{int64_t(text.size())}, {1}))
+          .to_vector<int64_t>();
+  const int64_t longest = *std::max_element(sizes.begin(), sizes.end());
+  text.resize(size_t(longest), '\0');
+  const Tensor all = world->all_gather(Tensor::from_host(text.data(), {longest}, DType::UInt8));
+  const std::vector<uint8_t> bytes = all.to_vector<uint8_t>();
+  std::map<std::string, std::string> out;
+  for (size_t q = 0; q < sizes.size(); ++q) {
+    const std::string theirs(reinterpret_cast<const char*>(bytes.data()) + q * size_t(longest),
+                             size_t(sizes[q]));
+    size_t at = 0;
+    while (at < theirs.size()) {
+      const size_t tab = theirs.find('\t', at), end = theirs.find('\n', at);
+      GALLEY_CHECK(tab < end && end != std::string::npos, "save_checkpoint: process ", q,
+                   " sent a malformed generator state");
+      out[theirs.substr(at, tab - at)] = theirs.substr(tab + 1, end - tab - 1);
+      at = end + 1;
+    }
+  }
+  return out;
+}
+
+// save_checkpoint with the generator states to keep (this process's, or every process's).
+void save_with_generators(const std::string& path, const TrainingState& s,
+                          const std::map<std::string, std::string>& generators);
+
 }  // namespace
 
 void save_checkpoint(const std::string& path, const TrainingState& s) {
+  save_with_generators(path, s, own_generator_states(s));
+}
+
+namespace {
+void save_with_generators(const std::string& path, const TrainingState& s,
+                          const std::map<std::string, std::string>& generators) {
   GALLEY_CHECK(!(s.model && s.parallel_model),
                "save_checkpoint: give model or parallel_model, not both");
   std::map<std::string, Tensor> tensors;
@@ -107,8 +171,10 @@ void save_checkpoint(const std::string& path, const TrainingState& s) {
   if (s.grad_scaler && s.grad_scaler->is_enabled())
     put("grad_scaler", s.grad_scaler->state_dict(), tensors, meta);
   for (auto& [k, v] : s.extra) meta["extra." + k] = v;
+  for (auto& [k, v] : generators) meta[k] = v;
   save_safetensors(path, tensors, meta);
 }
+}  // namespace
 
 void load_checkpoint(const std::string& path, TrainingState& s) {
   GALLEY_CHECK(!(s.model && s.parallel_model),
@@ -136,6 +202,18 @@ void load_checkpoint(const std::string& path, TrainingState& s) {
       scaler = *s.grad_scaler;
       scaler->load_state_dict(take("grad_scaler", f));
     }
+    // The generators' states, parsed into copies: this process's, where the file has them.
+    Generator default_state;
+    default_state.set_state(meta("rng.default"));
+    const int rank = distributed::parallel_env().rank;
+    std::vector<std::pair<Generator*, Generator>> generators;
+    for (auto& [name, gen] : model_generators(s)) {
+      auto it = f.metadata.find(generator_key(rank, name));
+      if (it == f.metadata.end()) continue;
+      Generator restored;
+      restored.set_state(it->second);
+      generators.emplace_back(gen, restored);
+    }
     if (s.model) s.model->load_state_dict(model);
     if (s.parallel_model) s.parallel_model->load_state_dict(model);
     if (s.optimizer) {
@@ -149,7 +227,8 @@ void load_checkpoint(const std::string& path, TrainingState& s) {
     }
     if (s.scheduler) s.scheduler->load_state_dict(take("scheduler", f));
     if (scaler) *s.grad_scaler = *scaler;
-    default_generator().set_state(meta("rng.default"));
+    default_generator() = default_state;
+    for (auto& [gen, restored] : generators) *gen = restored;
     s.epoch = epoch;
     s.step = step;
     s.batch = batch;
@@ -207,7 +286,7 @@ int Checkpointer::preempt_signal() const {
 void Checkpointer::stop_if_preempted(const TrainingState& state) {
   const int signal = preempt_signal();
   if (signal == 0) return;
-  throw Preempted(signal, save(state));
+  throw Preempted(signal, write(state, own_generator_states(state)));
 }
 
 Checkpointer::~Checkpointer() {
@@ -285,12 +364,18 @@ std::vector<std::string> Checkpointer::list() const {
 }
 
 std::string Checkpointer::save(const TrainingState& state) {
+  return write(state, all_generator_states(state));
+}
+
+std::string Checkpointer::write(const TrainingState& state,
+                                const std::map<std::string, std::string>& generators) {
   char name[64];
   std::snprintf(name, sizeof name, "-%012lld.safetensors", static_cast<long long>(state.step));
   const std::string path = (fs::path(dir_) / (opt_.prefix + name)).string();
-  // Every process holds the same state: process 0 writes it, the others would only race it.
+  // Every process holds the same model state: process 0 writes it, the others would only race
+  // it.
   if (distributed::parallel_env().rank != 0) return path;
-  save_checkpoint(path, state);
+  save_with_generators(path, state, generators);
   auto all = list();
   for (size_t i = 0; i + opt_.keep_last < all.size(); ++i) std::remove(all[i].c_str());
   return path;

@@ -7,6 +7,7 @@ Dropout::Dropout(float p) : Dropout(p, next_seed(default_generator())) {}
 
 Dropout::Dropout(float p, uint64_t seed) : p_(p), seed_(seed), gen_(seed) {
   GALLEY_CHECK(p >= 0.f && p <= 1.f, "Dropout: probability ", p, " is not in [0, 1]");
+  register_generator("generator", gen_);
 }
 
 Tensor Dropout::forward(const Tensor& x) {

@@ -115,6 +115,18 @@ std::vector<NamedTensor> Layer::named_state() const {
   return out;
 }
 
+Generator& Layer::register_generator(const std::string& name, Generator& gen) {
+  generators_.emplace_back(name, &gen);
+  return gen;
+}
+
+std::vector<std::pair<std::string, Generator*>> Layer::named_generators() const {
+  std::vector<std::pair<std::string, Generator*>> out(generators_);
+  for (auto& [n, l] : children_)
+    for (auto& [name, gen] : l->named_generators()) out.emplace_back(n + "." + name, gen);
+  return out;
+}
+
 std::vector<std::pair<std::string, Layer*>> Layer::children() const {
   return children_;
 }

@@ -613,6 +613,17 @@ DataParallelBase::DataParallelBase(std::vector<std::unique_ptr<nn::Layer>> layer
 
 DataParallelBase::~DataParallelBase() = default;
 
+std::vector<std::pair<std::string, Generator*>> DataParallelBase::named_generators() const {
+  std::vector<std::pair<std::string, Generator*>> out;
+  for (size_t i = 0; i < impl_->n(); ++i) {
+    const std::string replica = detail::str_cat("replica", i);
+    out.emplace_back(replica, &impl_->replicas[i]->gen);
+    for (auto& [name, gen] : impl_->replicas[i]->layer->named_generators())
+      out.emplace_back(replica + "." + name, gen);
+  }
+  return out;
+}
+
 nn::Layer& DataParallelBase::replica_layer(size_t i) const {
   GALLEY_CHECK(i < impl_->n(), "DataParallel: replica ", i, " out of range for ", impl_->n());
   return *impl_->replicas[i]->layer;

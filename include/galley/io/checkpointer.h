@@ -14,7 +14,10 @@
 namespace galley::io {
 
 /// What a checkpoint saves and restores. Point at the objects of the run; null members are
-/// skipped. The default random generator is always included.
+/// skipped. The random generators are always included: the process's default generator, and
+/// where the model's draws stand (its layers' named_generators, Dropout's; with a data-parallel
+/// model every replica's, and under several processes every process's, gathered into the file
+/// by Checkpointer::save), so that a resumed run draws the masks an uninterrupted one would.
 struct TrainingState {
   nn::Layer* model = nullptr;                  ///< a model on one device, or
   DataParallelBase* parallel_model = nullptr;  ///< a data-parallel model (replica 0 is saved)
@@ -31,7 +34,9 @@ struct TrainingState {
 /// so the file's model part loads into PyTorch after stripping the prefix).
 void save_checkpoint(const std::string& path, const TrainingState& state);
 /// Restores a checkpoint into the objects `state` points at and fills its counters. Everything
-/// is checked before anything is changed; errors name the file and the entry.
+/// is checked before anything is changed; errors name the file and the entry. A generator the
+/// file has no state for (a file of an earlier version, or another number of processes) keeps
+/// its own.
 void load_checkpoint(const std::string& path, TrainingState& state);
 
 /// Exit status for a program that stopped because it was preempted, after saving a checkpoint:
@@ -94,7 +99,9 @@ class Checkpointer {
   Checkpointer(const Checkpointer&) = delete;
   Checkpointer& operator=(const Checkpointer&) = delete;
   /// Saves `state` as <prefix>-<step>.safetensors; returns the path. In a multi-process job
-  /// only process 0 writes (the state is the same everywhere); every process may resume.
+  /// every process calls it at the same step: process 0 writes (the model state is the same
+  /// everywhere) with every process's generator states, gathered over the world communicator;
+  /// every process may resume.
   std::string save(const TrainingState& state);
   /// Complete checkpoints, oldest first.
   std::vector<std::string> list() const;
@@ -106,11 +113,16 @@ class Checkpointer {
   /// The watched signal that arrived last; 0 when none has.
   int preempt_signal() const;
   /// At a step boundary: when a watched signal has arrived, saves `state` and throws Preempted;
-  /// otherwise does nothing.
+  /// otherwise does nothing. It runs no collective (a signal may reach the processes at
+  /// different steps), so the file has process 0's generator states only: after a resume the
+  /// other processes of a multi-process job draw from fresh streams.
   void stop_if_preempted(const TrainingState& state);
 
  private:
   struct Watch;
+  // Writes the file (process 0) with `generators` as the generator states.
+  std::string write(const TrainingState& state,
+                    const std::map<std::string, std::string>& generators);
   std::string dir_;
   CheckpointOptions opt_;
   std::vector<Watch> watches_;  // the previous handlers of the watched signals

@@ -28,7 +28,7 @@ class Dropout : public Layer {
   void set_random_stream(uint64_t stream) override;
   /// The probability of dropping an element.
   float p() const { return p_; }
-  /// The generator the masks come from (its state() can be checkpointed).
+  /// The generator the masks come from (registered as "generator": checkpoints keep its state).
   Generator& generator() { return gen_; }
 
  private:

@@ -47,6 +47,9 @@ class Layer {
   /// Registers a tensor that is state but not a parameter (e.g. running statistics). With
   /// `keep_dtype`, to(DType) leaves it in its dtype (float32 statistics of a 16-bit layer).
   Tensor& register_buffer(const std::string& name, Tensor value, bool keep_dtype = false);
+  /// Registers a generator the layer draws from (Dropout's masks), owned by the layer, so that
+  /// checkpoints save and restore where it stands (named_generators). Returns it.
+  Generator& register_generator(const std::string& name, Generator& gen);
   /// Registers a sub-layer that the caller owns (typically a data member). Returns it.
   template <typename L>
   L& register_layer(const std::string& name, L& layer) {
@@ -70,6 +73,9 @@ class Layer {
   /// Every parameter and buffer with dotted names, each layer's parameters before its buffers
   /// (PyTorch's state_dict order): what state_dict, to() and the replicas of DataParallel carry.
   std::vector<NamedTensor> named_state() const;
+  /// Every registered generator, depth first in registration order, with dotted names
+  /// ("drop.generator"): what io::save_checkpoint keeps beside the state.
+  std::vector<std::pair<std::string, Generator*>> named_generators() const;
   /// Direct children in registration order.
   std::vector<std::pair<std::string, Layer*>> children() const;
 
@@ -117,6 +123,7 @@ class Layer {
   std::string name_;
   std::vector<std::pair<std::string, Tensor>> params_;
   std::vector<std::pair<std::string, Tensor>> buffers_;
+  std::vector<std::pair<std::string, Generator*>> generators_;
   std::vector<const void*> keep_dtype_;  // the TensorImpls of buffers registered keep_dtype
   std::vector<std::pair<std::string, Layer*>> children_;
   std::vector<std::shared_ptr<Layer>> owned_;

@@ -108,6 +108,10 @@ class DataParallelBase {
   /// Starts a no-sync region: `{ auto guard = model.no_sync(); ... backward ... }`.
   NoSync no_sync() { return NoSync(*this); }
 
+  /// Every replica's generators: "replica<i>" (the default generator of its forwards) and
+  /// "replica<i>.<name>" (its layers' named_generators): what checkpoints keep.
+  std::vector<std::pair<std::string, Generator*>> named_generators() const;
+
   /// Timings of the last step, including how much of the all-reduce was hidden behind backward.
   DataParallelStats last_stats() const;
 
