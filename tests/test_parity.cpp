@@ -424,8 +424,16 @@ TEST(parity, BatchNorm) {
     Tensor x = c.in("x");
     Tensor w = c.has("weight") ? c.in("weight") : Tensor();
     Tensor b = c.has("bias") ? c.in("bias") : Tensor();
-    return galley::batch_norm(x, rm, rv, w, b,
-                              {.training = c.i("training") != 0, .relu = c.i("relu") != 0});
+    Tensor y = galley::batch_norm(x, rm, rv, w, b,
+                                  {.training = c.i("training") != 0,
+                                   .momentum = c.f("momentum"),
+                                   .eps = c.f("eps"),
+                                   .relu = c.i("relu") != 0});
+    if (c.has("running_mean_after")) {  // the running statistics as the call left them
+      EXPECT_TRUE(close(c.what("running_mean"), rm, c.ref("running_mean_after"), kOpTol));
+      EXPECT_TRUE(close(c.what("running_var"), rv, c.ref("running_var_after"), kOpTol));
+    }
+    return y;
   });
 }
 
@@ -433,31 +441,49 @@ TEST(parity, BatchNorm) {
 // after two training steps, and the eval output.
 TEST(parity, BatchNormLayers) {
   LOAD_REFS(refs, "batch_norm_layers");
-  for (const std::string name : {"bn2d", "bn1d"}) {
+  for (const std::string name : {"bn2d", "bn1d", "bn2d_cumulative", "bn2d_eps_momentum",
+                                 "bn2d_no_affine", "bn1d_no_running"}) {
     SCOPED_TRACE(name);
     auto ref = [&](const std::string& role) { return at(refs, name + "." + role); };
+    auto has = [&](const std::string& role) { return refs.count(name + "." + role) != 0; };
     auto what = [&](const std::string& role) { return "batch_norm_layers/" + name + " " + role; };
-    const int64_t channels = ref("weight").size(0);
-    std::unique_ptr<galley::nn::BatchNorm> m;
-    if (name == "bn2d")
-      m = std::make_unique<galley::nn::BatchNorm2D>(channels);
+    auto number = [&](const std::string& role) { return ref(role).to_vector<float>()[0]; };
+    auto flag = [&](const std::string& role) { return ref(role).to_vector<int64_t>()[0] != 0; };
+    const int64_t channels = ref("x0").size(1);
+    galley::nn::BatchNormLayerOptions o{.eps = number("eps"),
+                                        .affine = flag("affine"),
+                                        .track_running_stats = flag("track_running_stats")};
+    if (number("momentum") < 0)
+      o.momentum = std::nullopt;
     else
-      m = std::make_unique<galley::nn::BatchNorm1D>(channels);
-    m->weight().copy_(ref("weight"));
-    m->bias().copy_(ref("bias"));
+      o.momentum = number("momentum");
+    std::unique_ptr<galley::nn::BatchNorm> m;
+    if (ref("x0").dim() == 4)
+      m = std::make_unique<galley::nn::BatchNorm2D>(channels, o);
+    else
+      m = std::make_unique<galley::nn::BatchNorm1D>(channels, o);
+    if (o.affine) {
+      m->weight().copy_(ref("weight"));
+      m->bias().copy_(ref("bias"));
+    }
     Tensor x = ref("x0").clone();
     x.set_requires_grad(true);
     Tensor out = (*m)(x);
     EXPECT_TRUE(close(what("out0"), out, ref("out0"), kOpTol));
     out.backward(ref("grad_out"));
     EXPECT_TRUE(close(what("grad_x"), x.grad(), ref("grad_x"), kOpTol));
-    EXPECT_TRUE(close(what("grad_weight"), m->weight().grad(), ref("grad_weight"), kOpTol));
-    EXPECT_TRUE(close(what("grad_bias"), m->bias().grad(), ref("grad_bias"), kOpTol));
+    if (o.affine) {
+      EXPECT_TRUE(close(what("grad_weight"), m->weight().grad(), ref("grad_weight"), kOpTol));
+      EXPECT_TRUE(close(what("grad_bias"), m->bias().grad(), ref("grad_bias"), kOpTol));
+    }
     EXPECT_TRUE(close(what("out1"), (*m)(ref("x1")), ref("out1"), kOpTol));
-    EXPECT_TRUE(close(what("running_mean"), m->running_mean(), ref("running_mean"), kOpTol));
-    EXPECT_TRUE(close(what("running_var"), m->running_var(), ref("running_var"), kOpTol));
-    EXPECT_TRUE(close(what("num_batches_tracked"), m->num_batches_tracked(),
-                      ref("num_batches_tracked"), kOpTol));
+    EXPECT_EQ(has("running_mean"), o.track_running_stats);
+    if (o.track_running_stats) {
+      EXPECT_TRUE(close(what("running_mean"), m->running_mean(), ref("running_mean"), kOpTol));
+      EXPECT_TRUE(close(what("running_var"), m->running_var(), ref("running_var"), kOpTol));
+      EXPECT_TRUE(close(what("num_batches_tracked"), m->num_batches_tracked(),
+                        ref("num_batches_tracked"), kOpTol));
+    }
     m->eval();
     EXPECT_TRUE(close(what("out2"), (*m)(ref("x2")), ref("out2"), kOpTol));
   }
@@ -572,6 +598,25 @@ TEST(parity, PermuteContiguous) {
         Tensor p = galley::permute(c.in("x"), c.ref("dims").to_vector<int64_t>());
         EXPECT_FALSE(p.is_contiguous()) << c.name();
         return p.contiguous();
+      },
+      kExact);
+}
+
+TEST(parity, NarrowSelectTranspose) {
+  LOAD_REFS(refs, "views");
+  check_op(
+      refs, "views",
+      [](Case& c) {
+        Tensor x = c.in("x");
+        const int64_t a = c.i("a"), b = c.i("b");
+        switch (c.i("op")) {
+          case 0:
+            return galley::narrow(x, a, b, c.i("length")).contiguous();
+          case 1:
+            return galley::select(x, a, b).contiguous();
+          default:
+            return galley::transpose(x, a, b).contiguous();
+        }
       },
       kExact);
 }

@@ -205,7 +205,7 @@ Tensor add_(const Tensor& a, const Tensor& b);
 /// Options of batch_norm; they mirror PyTorch's F.batch_norm (plus a fused ReLU).
 struct BatchNormOptions {
   /// Normalise with the batch statistics and update the running ones; else use the running
-  /// statistics (batch statistics when there are none).
+  /// statistics (which must then be given).
   bool training = false;
   /// Weight of the batch statistics in the running update.
   double momentum = 0.1;

@@ -409,53 +409,103 @@ def build_permute(c):
               {"dims": i64(dims)})
 
 
+def build_views(c):
+    """narrow, select and transpose (views, made contiguous), with negative dims and indices;
+    the gradient flows back into the viewed input."""
+    cases = [("narrow_0", [5, 3, 4], ("narrow", 0, 1, 3)),
+             ("narrow_last", [2, 3, 7], ("narrow", -1, 2, 4)),
+             ("narrow_empty", [4, 3], ("narrow", 0, 2, 0)),
+             ("select_1", [3, 4, 5], ("select", 1, 2)),
+             ("select_negative", [3, 4, 5], ("select", -1, -2)),
+             ("transpose_01", [3, 4, 5], ("transpose", 0, 1)),
+             ("transpose_negative", [2, 3, 4, 5], ("transpose", -1, 1))]
+    for case, xs, (op, a, b, *rest) in cases:
+        if op == "narrow":
+            fn = lambda x: x.narrow(a, b, rest[0]).contiguous()  # noqa: E731
+            settings = {"op": i64(0), "a": i64(a), "b": i64(b), "length": i64(rest[0])}
+        elif op == "select":
+            fn = lambda x: x.select(a, b).contiguous()  # noqa: E731
+            settings = {"op": i64(1), "a": i64(a), "b": i64(b)}
+        else:
+            fn = lambda x: x.transpose(a, b).contiguous()  # noqa: E731
+            settings = {"op": i64(2), "a": i64(a), "b": i64(b)}
+        c.run(case, fn, {"x": torch.randn(xs)}, settings)
+
+
 def build_batch_norm(c):
     """F.batch_norm: batch statistics with and without affine, fixed running statistics (eval),
-    a fused relu; the running statistics are settings (they get no gradient)."""
-    for case, xs, training, affine, relu in [("train_2d", [4, 3, 5, 5], True, True, False),
-                                            ("train_1d", [6, 4], True, True, False),
-                                            ("train_3d_no_affine", [3, 4, 7], True, False, False),
-                                            ("eval_2d", [4, 3, 5, 5], False, True, False),
-                                            ("eval_1d_relu", [6, 4], False, True, True)]:
+    a fused relu, other momenta and eps; the running statistics are settings (they get no
+    gradient), and after a training call their updated values are kept too (running_*_after)."""
+    for case, xs, training, affine, relu, momentum, eps in [
+            ("train_2d", [4, 3, 5, 5], True, True, False, 0.1, 1e-5),
+            ("train_1d", [6, 4], True, True, False, 0.1, 1e-5),
+            ("train_3d_no_affine", [3, 4, 7], True, False, False, 0.1, 1e-5),
+            ("train_2d_momentum_eps", [4, 3, 5, 5], True, True, False, 0.35, 1e-2),
+            ("train_1d_momentum_one", [6, 4], True, True, False, 1.0, 1e-3),
+            ("eval_2d", [4, 3, 5, 5], False, True, False, 0.1, 1e-5),
+            ("eval_2d_eps", [4, 3, 5, 5], False, True, False, 0.1, 0.5),
+            ("eval_1d_relu", [6, 4], False, True, True, 0.1, 1e-5)]:
         ch = xs[1]
         rm, rv = torch.randn(ch) * 0.5, torch.rand(ch) + 0.5
+        rm_after, rv_after = rm.clone(), rv.clone()
         inputs = {"x": torch.randn(xs) * 2.0 + 0.5}
         if affine:
             inputs.update(weight=torch.randn(ch), bias=torch.randn(ch))
 
         def fn(x, weight=None, bias=None):
-            y = F.batch_norm(x, rm.clone(), rv.clone(), weight, bias, training=training)
+            y = F.batch_norm(x, rm_after, rv_after, weight, bias, training=training,
+                             momentum=momentum, eps=eps)
             return torch.relu(y) if relu else y
-        c.run(case, fn, inputs, {"running_mean": rm, "running_var": rv,
-                                 "training": i64(int(training)), "relu": i64(int(relu))})
+        settings = {"running_mean": rm, "running_var": rv, "training": i64(int(training)),
+                    "relu": i64(int(relu)), "momentum": f32(momentum), "eps": f32(eps)}
+        if training:  # c.run stores the settings after fn has updated them
+            settings.update(running_mean_after=rm_after, running_var_after=rv_after)
+        c.run(case, fn, inputs, settings)
 
 
 def build_batch_norm_layers(c):
-    """BatchNorm2d on [4, 3, 5, 5] and BatchNorm1d on [6, 4] with random affine parameters: the
-    first training step's output and gradients, the running statistics after a second training
-    step, and the output in eval mode."""
-    for case, xs, make in [("bn2d", [4, 3, 5, 5], torch.nn.BatchNorm2d),
-                           ("bn1d", [6, 4], torch.nn.BatchNorm1d)]:
+    """BatchNorm2d on [4, 3, 5, 5] and BatchNorm1d on [6, 4] with random affine parameters, and
+    BatchNorm2d with the other options (momentum None: the cumulative average; eps and momentum;
+    no affine; no running statistics): the first training step's output and gradients, the
+    running statistics after a second training step, and the output in eval mode. The options
+    are the case's settings (momentum -1 for None)."""
+    for case, xs, make, options in [
+            ("bn2d", [4, 3, 5, 5], torch.nn.BatchNorm2d, {}),
+            ("bn1d", [6, 4], torch.nn.BatchNorm1d, {}),
+            ("bn2d_cumulative", [4, 3, 5, 5], torch.nn.BatchNorm2d, {"momentum": None}),
+            ("bn2d_eps_momentum", [4, 3, 5, 5], torch.nn.BatchNorm2d,
+             {"eps": 1e-2, "momentum": 0.3}),
+            ("bn2d_no_affine", [4, 3, 5, 5], torch.nn.BatchNorm2d, {"affine": False}),
+            ("bn1d_no_running", [6, 4], torch.nn.BatchNorm1d, {"track_running_stats": False})]:
         ch = xs[1]
-        m = make(ch)
-        with torch.no_grad():
-            m.weight.copy_(torch.randn(ch))
-            m.bias.copy_(torch.randn(ch))
-        c.put(case, "weight", m.weight)
-        c.put(case, "bias", m.bias)
+        m = make(ch, **options)
+        momentum = options.get("momentum", 0.1)
+        c.put(case, "momentum", f32(-1.0 if momentum is None else momentum))
+        c.put(case, "eps", f32(options.get("eps", 1e-5)))
+        c.put(case, "affine", i64(int(m.affine)))
+        c.put(case, "track_running_stats", i64(int(m.track_running_stats)))
+        if m.affine:
+            with torch.no_grad():
+                m.weight.copy_(torch.randn(ch))
+                m.bias.copy_(torch.randn(ch))
+            c.put(case, "weight", m.weight)
+            c.put(case, "bias", m.bias)
         x0, x1, x2 = torch.randn(xs) * 2.0 + 0.5, torch.randn(xs) - 1.0, torch.randn(xs)
         x = leaf(x0)
         out = m(x)
         grad_out = torch.randn(out.shape)
         out.backward(grad_out)
-        for role, t in [("x0", x0), ("out0", out), ("grad_out", grad_out), ("grad_x", x.grad),
-                        ("grad_weight", m.weight.grad), ("grad_bias", m.bias.grad)]:
+        for role, t in [("x0", x0), ("out0", out), ("grad_out", grad_out), ("grad_x", x.grad)]:
             c.put(case, role, t)
+        if m.affine:
+            c.put(case, "grad_weight", m.weight.grad)
+            c.put(case, "grad_bias", m.bias.grad)
         c.put(case, "x1", x1)
         c.put(case, "out1", m(x1))
-        c.put(case, "running_mean", m.running_mean)
-        c.put(case, "running_var", m.running_var)
-        c.put(case, "num_batches_tracked", m.num_batches_tracked)
+        if m.track_running_stats:
+            c.put(case, "running_mean", m.running_mean)
+            c.put(case, "running_var", m.running_var)
+            c.put(case, "num_batches_tracked", m.num_batches_tracked)
         m.eval()
         c.put(case, "x2", x2)
         c.put(case, "out2", m(x2))
@@ -520,6 +570,7 @@ OPS = {
     "stack": build_stack,
     "split": build_split,
     "permute": build_permute,
+    "views": build_views,
     "batch_norm": build_batch_norm,
     "avg_pool2d": build_avg_pool2d,
     "adaptive_avg_pool2d": build_adaptive_avg_pool2d,
