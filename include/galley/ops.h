@@ -219,11 +219,11 @@ struct BatchNormOptions {
 /// mean and var are the batch's (the biased variance), and running_mean / running_var, when
 /// given, are updated in place: running = (1 - momentum) running + momentum batch, with the
 /// unbiased batch variance for running_var. In evaluation (training false) the running
-/// statistics normalise, and must be given (an error otherwise, as in PyTorch). The running statistics are float32
-/// [C] (also for a 16-bit x: they are accumulated over many steps); weight and bias [C] (either
-/// may be undefined: 1 and 0) are in x's dtype or float32 (master weights beside 16-bit
-/// activations), and get gradients in their own dtype. The result has x's dtype; statistics and
-/// normalisation are computed in float32 with double accumulation.
+/// statistics normalise, and must be given (an error otherwise, as in PyTorch). The running
+/// statistics are float32 [C] (also for a 16-bit x: they are accumulated over many steps);
+/// weight and bias [C] (either may be undefined: 1 and 0) are in x's dtype or float32 (master
+/// weights beside 16-bit activations), and get gradients in their own dtype. The result has x's
+/// dtype; statistics and normalisation are computed in float32 with double accumulation.
 Tensor batch_norm(const Tensor& x, const Tensor& running_mean, const Tensor& running_var,
                   const Tensor& weight, const Tensor& bias, const BatchNormOptions& options = {});
 /// batch_norm(x, ...) + residual, then max(., 0) when options.relu: a residual block's tail
@@ -258,13 +258,13 @@ Tensor adaptive_avg_pool2d(const Tensor& x, const Shape& output_size);
 
 /// Inverted dropout: while `training`, each element of x is zeroed with probability p and the
 /// others are scaled by 1 / (1 - p) (p == 1: every element times 0); not training, or p == 0,
-/// returns x itself. The mask is a counter-based function (Philox-4x32-10) of one 64-bit key
-/// drawn from `gen` per call (by default default_generator(): inside a DataParallel replica's
-/// forward, that replica's own stream) and the element's index, so the same generator state
-/// gives the same mask on the CPU and on a GPU, in every dtype. Backward keeps the mask as one byte per
-/// element on x's device. As PyTorch, NaN and infinity stay so where dropped (x * 0). Training
-/// mode inside a CUDA graph capture is an error (the key is drawn on the host, so every replay
-/// would repeat the captured mask).
+/// returns x itself. The mask is a counter-based function (Philox-4x32-10) of one 64-bit key drawn
+/// from `gen` per call (by default default_generator(): inside a DataParallel replica's forward,
+/// that replica's own stream) and the element's index, so the same generator state gives the same
+/// mask on the CPU and on a GPU, in every dtype. Backward keeps the mask as one byte per element on
+/// x's device. As PyTorch, NaN and infinity stay so where dropped (x * 0). Training mode inside a
+/// CUDA graph capture is an error (the key is drawn on the host, so every replay would repeat the
+/// captured mask).
 Tensor dropout(const Tensor& x, float p, bool training = true,
                Generator& gen = default_generator());
 

@@ -135,16 +135,6 @@ std::map<std::string, std::string> all_generator_states(const TrainingState& s) 
 
 // save_checkpoint with the generator states to keep (this process's, or every process's).
 void save_with_generators(const std::string& path, const TrainingState& s,
-                          const std::map<std::string, std::string>& generators);
-
-}  // namespace
-
-void save_checkpoint(const std::string& path, const TrainingState& s) {
-  save_with_generators(path, s, own_generator_states(s));
-}
-
-namespace {
-void save_with_generators(const std::string& path, const TrainingState& s,
                           const std::map<std::string, std::string>& generators) {
   GALLEY_CHECK(!(s.model && s.parallel_model),
                "save_checkpoint: give model or parallel_model, not both");
@@ -174,7 +164,12 @@ void save_with_generators(const std::string& path, const TrainingState& s,
   for (auto& [k, v] : generators) meta[k] = v;
   save_safetensors(path, tensors, meta);
 }
+
 }  // namespace
+
+void save_checkpoint(const std::string& path, const TrainingState& s) {
+  save_with_generators(path, s, own_generator_states(s));
+}
 
 void load_checkpoint(const std::string& path, TrainingState& s) {
   GALLEY_CHECK(!(s.model && s.parallel_model),
