@@ -50,36 +50,54 @@ TEST(Autocast, MatmulLinearConvRunInTheLowPrecisionDtype) {
   }
 }
 
+// Under either low-precision dtype, with the inputs in it.
 TEST(Autocast, SensitiveOpsRunInFloat32) {
-  Tensor x = galley::randn({4, 6}).to(DType::BFloat16);
-  Tensor pos = galley::uniform({4, 6}, 0.5f, 2.f).to(DType::BFloat16);
-  Tensor labels = Tensor::from_vector(std::vector<int64_t>{0, 5, 2, 3}, {4});
-  amp::Autocast autocast(DType::BFloat16);
-  const Tensor xf = x.to(DType::Float32), pf = pos.to(DType::Float32);
-  struct Case {
-    const char* name;
-    Tensor got, want;
-  };
-  std::vector<Case> cases;
-  {
-    // The references run with autocast off, on float32 inputs.
-    Tensor s = galley::softmax(x, 1), ls = galley::log_softmax(x, 1),
-           ce = galley::cross_entropy(x, labels), sm = galley::sum(x), sd = galley::sum(x, 1),
-           mn = galley::mean(x), md = galley::mean(x, 0, true), e = galley::exp(x),
-           l = galley::log(pos), p = galley::pow(pos, 1.5f);
-    amp::Autocast off(DType::BFloat16, false);
-    cases = {{"softmax", s, galley::softmax(xf, 1)},
-             {"log_softmax", ls, galley::log_softmax(xf, 1)},
-             {"cross_entropy", ce, galley::cross_entropy(xf, labels)},
-             {"sum", sm, galley::sum(xf)},
-             {"sum(dim)", sd, galley::sum(xf, 1)},
-             {"mean", mn, galley::mean(xf)},
-             {"mean(dim)", md, galley::mean(xf, 0, true)},
-             {"exp", e, galley::exp(xf)},
-             {"log", l, galley::log(pf)},
-             {"pow", p, galley::pow(pf, 1.5f)}};
+  for (DType low : {DType::BFloat16, DType::Float16}) {
+    SCOPED_TRACE(galley::dtype_name(low));
+    Tensor x = galley::randn({4, 6}).to(low);
+    Tensor pos = galley::uniform({4, 6}, 0.5f, 2.f).to(low);
+    Tensor labels = Tensor::from_vector(std::vector<int64_t>{0, 5, 2, 3}, {4});
+    amp::Autocast autocast(low);
+    const Tensor xf = x.to(DType::Float32), pf = pos.to(DType::Float32);
+    struct Case {
+      const char* name;
+      Tensor got, want;
+    };
+    std::vector<Case> cases;
+    {
+      // The references run with autocast off, on float32 inputs.
+      Tensor s = galley::softmax(x, 1), ls = galley::log_softmax(x, 1),
+             ce = galley::cross_entropy(x, labels), sm = galley::sum(x), sd = galley::sum(x, 1),
+             mn = galley::mean(x), md = galley::mean(x, 0, true), e = galley::exp(x),
+             l = galley::log(pos), p = galley::pow(pos, 1.5f);
+      amp::Autocast off(DType::BFloat16, false);
+      cases = {{"softmax", s, galley::softmax(xf, 1)},
+               {"log_softmax", ls, galley::log_softmax(xf, 1)},
+               {"cross_entropy", ce, galley::cross_entropy(xf, labels)},
+               {"sum", sm, galley::sum(xf)},
+               {"sum(dim)", sd, galley::sum(xf, 1)},
+               {"mean", mn, galley::mean(xf)},
+               {"mean(dim)", md, galley::mean(xf, 0, true)},
+               {"exp", e, galley::exp(xf)},
+               {"log", l, galley::log(pf)},
+               {"pow", p, galley::pow(pf, 1.5f)}};
+    }
+    for (auto& c : cases) expect_same(c.got, c.want, c.name);
+    // BatchNorm computes its statistics in float32 and keeps its running ones float32, whatever
+    // the input's dtype; the output is the input's.
+    nn::BatchNorm1D bn(6);
+    Tensor y = bn(x);
+    EXPECT_EQ(y.dtype(), low);
+    for (auto& [name, b] : bn.named_buffers())
+      if (name != "num_batches_tracked") EXPECT_EQ(b.dtype(), DType::Float32) << name;
+    {
+      amp::Autocast off(low, false);
+      Tensor rm = galley::zeros({6}), rv = galley::ones({6});
+      galley::batch_norm(xf, rm, rv, Tensor(), Tensor(), {.training = true});
+      expect_near(bn.running_mean(), rm, 1e-6f, "running_mean");
+      expect_near(bn.running_var(), rv, 1e-6f, "running_var");
+    }
   }
-  for (auto& c : cases) expect_same(c.got, c.want, c.name);
 }
 
 TEST(Autocast, MixedDtypesPromoteToTheWidest) {
