@@ -46,6 +46,11 @@ void copy_back(Tensor& t, const Tensor& staged) {
 
 }  // namespace
 
+void Communicator::check_reducible(DType dtype) const {
+  GALLEY_CHECK(is_floating_point(dtype), kind(),
+               " all_reduce: expected float32, bfloat16 or float16 data, got ", dtype_name(dtype));
+}
+
 void Communicator::all_reduce(Tensor& t, ReduceOp op) {
   check_tensor(*this, t, "all_reduce", /*contiguous=*/true, /*floating=*/true);
   Tensor s = in_memory_of(*this, t);

@@ -61,8 +61,7 @@ class MpiCommunicator : public parallel::Communicator {
   // 16-bit data is widened into a float32 buffer, reduced as float32 and rounded back once.
   void all_reduce(void* data, int64_t count, DType dtype, parallel::ReduceOp op) override {
     check_count(count, "all_reduce");
-    GALLEY_CHECK(is_floating_point(dtype), "mpi all_reduce: expected float32, bfloat16 or float16 "
-                 "data, got ", dtype_name(dtype));
+    check_reducible(dtype);
     if (dtype == DType::Float32) return all_reduce_floats(static_cast<float*>(data), count, op);
     dispatch_floating(dtype, "mpi all_reduce", [&](auto tag) {
       using T = typename decltype(tag)::type;

@@ -313,9 +313,7 @@ class NcclCommunicator : public Communicator {
 
   // bfloat16 and float16 travel and reduce natively.
   void all_reduce(void* data, int64_t count, DType dtype, ReduceOp op) override {
-    GALLEY_CHECK(is_floating_point(dtype),
-                 "nccl all_reduce: expected float32, bfloat16 or float16 data, got ",
-                 dtype_name(dtype));
+    check_reducible(dtype);
     const ncclDataType_t type = nccl_type(dtype);
     const ncclRedOp_t nccl_op = op == ReduceOp::Avg ? ncclAvg : ncclSum;
     run("all_reduce", count, [&] {
@@ -416,7 +414,7 @@ class NcclCommunicator : public Communicator {
   }
 
   // The NCCL type of `dtype`'s elements: every dtype for the collectives that copy them
-  // (broadcast, all_gather); all_reduce checks for a floating one first.
+  // (broadcast, all_gather); all_reduce checks for a floating one first (check_reducible).
   static ncclDataType_t nccl_type(DType dtype) {
     switch (dtype) {
       case DType::Float32:

@@ -90,7 +90,7 @@ class ThreadCommunicator : public Communicator {
   using Communicator::broadcast;
 
   void all_reduce(void* data, int64_t count, DType dtype, ReduceOp op) override {
-    check_floating(dtype, "all_reduce");
+    check_reducible(dtype);
     const int n = size();
     if (n == 1) return;
     group_->publish(rank_, "all_reduce", data, count, dtype);
@@ -125,11 +125,6 @@ class ThreadCommunicator : public Communicator {
   void barrier() override { group_->wait(rank_, "barrier"); }
 
  private:
-  void check_floating(DType dtype, const char* op) const {
-    GALLEY_CHECK(is_floating_point(dtype), "threads ", op,
-                 ": expected float32, bfloat16 or float16 data, got ", dtype_name(dtype));
-  }
-
   // Sums elements [b, e) of every participant's buffer in rank order, scales the sum, and
   // writes it into every buffer. float32 adds in place in a float32 accumulator; 16-bit
   // elements are widened to float32, added and scaled there, and rounded to T once.

@@ -78,6 +78,11 @@ class Communicator {
   /// all_gather of a tensor of any dtype: the result is [size(), ...t.shape()],
   /// of t's dtype, on t's device.
   Tensor all_gather(const Tensor& t);
+
+ protected:
+  /// For the implementations of all_reduce: an error naming kind() and `dtype` unless it is
+  /// float32, bfloat16 or float16 (the sums are floating; the copying collectives take any).
+  void check_reducible(DType dtype) const;
 };
 
 /// `n` communicators over one shared-memory group, for `n` threads of this process: rank i goes
