@@ -2,9 +2,9 @@
 // whole batch. Compiled always; the GPU tests skip with the reason when the GPUs are missing.
 #include <gtest/gtest.h>
 
-#include <cmath>
 #include <vector>
 
+#include "amp_test_util.h"
 #include "galley/galley.h"
 #include "models.h"
 #include "test_util.h"
@@ -137,38 +137,6 @@ TEST(CudaDataParallel, ABFloat16ModelOnSeveralGpusKeepsItsReplicasIdentical) {
 TEST(CudaDataParallel, GradScalerSkipsTheSameStepOnEveryGpu) {
   const int n = galley::cuda_device_count();
   if (n < 2) GTEST_SKIP() << "needs 2 CUDA devices, this machine has " << n;
-  std::vector<Device> gpus{Device::cuda(0), Device::cuda(1)};
-  galley::DataParallel<galley::nn::Linear> model(gpus, {}, 3, 2);
-  galley::optim::SGD opt(model.parameters(), {.learning_rate = 0.1});
-  galley::amp::GradScaler scaler;
-  std::vector<float> x(4 * 3, 0.5f);
-  x[3 * 3 + 1] = INFINITY;  // the last sample: replica 1's share
-  const Tensor labels = Tensor::from_vector(std::vector<int64_t>{0, 1, 0, 1}, {4}).to(gpus[0]);
-  const auto params = model.parameters();
-  std::vector<std::vector<float>> before;
-  for (auto& p : params) before.push_back(p.to_vector());
-  {
-    galley::amp::Autocast autocast(galley::DType::Float16);
-    Tensor loss = galley::cross_entropy(model(Tensor::from_vector(x, {4, 3})), labels);
-    scaler.scale(loss).backward();
-  }
-  bool replica0_nonfinite = false;
-  for (size_t k = 0; k < params.size() / 2; ++k)
-    for (float v : params[k].grad().to_vector()) replica0_nonfinite |= !std::isfinite(v);
-  EXPECT_TRUE(replica0_nonfinite) << "replica 1's Inf did not reach replica 0 over NCCL";
-  EXPECT_FALSE(scaler.step(opt));
-  scaler.update();
-  EXPECT_EQ(scaler.get_scale(), 32768.0);
-  for (size_t k = 0; k < params.size(); ++k)
-    EXPECT_EQ(params[k].to_vector(), before[k]) << "parameter " << k << " changed";
-  x[3 * 3 + 1] = 0.25f;
-  opt.clear_grad();
-  {
-    galley::amp::Autocast autocast(galley::DType::Float16);
-    scaler.scale(galley::cross_entropy(model(Tensor::from_vector(x, {4, 3})), labels)).backward();
-  }
-  EXPECT_TRUE(scaler.step(opt));
-  const size_t per = params.size() / 2;
-  for (size_t k = 0; k < per; ++k)
-    EXPECT_EQ(params[k].to_vector(), params[k + per].to_vector()) << "replicas differ";
+  amp_test::expect_replicas_skip_together({Device::cuda(0), Device::cuda(1)},
+                                          galley::DType::Float16);
 }

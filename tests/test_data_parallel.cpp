@@ -406,8 +406,8 @@ TEST(ThreadCommunicator, BroadcastAndAllGatherCarryIntegerTensors) {
     Tensor b = Tensor::from_vector(std::vector<int64_t>{big + 1 + r, -7 * r, r}, {3});
     c.broadcast(b, 1);
     bcast[r] = b.to_vector<int64_t>();
-    gathered[r] = c.all_gather(Tensor::from_vector(std::vector<int64_t>{big + r}, {1}))
-                      .to_vector<int64_t>();
+    gathered[r] =
+        c.all_gather(Tensor::from_vector(std::vector<int64_t>{big + r}, {1})).to_vector<int64_t>();
     const uint8_t mine[2] = {uint8_t(200 + r), uint8_t(r)};
     Tensor u = Tensor::from_host(mine, {2}, galley::DType::UInt8);
     c.broadcast(u, 0);

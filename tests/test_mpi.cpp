@@ -57,6 +57,13 @@ int local_devices() {
   return d ? std::atoi(d) : 1;
 }
 
+// One CPU device per replica of this process.
+std::vector<galley::Device> local_cpus() {
+  std::vector<galley::Device> devs;
+  for (int i = 0; i < local_devices(); ++i) devs.push_back(galley::Device::cpu(i));
+  return devs;
+}
+
 }  // namespace
 
 TEST(Mpi, EnvironmentMatchesTheLauncher) {
@@ -91,8 +98,7 @@ TEST(Mpi, DataParallelAcrossProcessesMatchesOneModelOnTheGlobalBatch) {
     opt1.clear_grad();
   }
 
-  std::vector<galley::Device> devs;
-  for (int i = 0; i < local_devices(); ++i) devs.push_back(galley::Device::cpu(i));
+  const std::vector<galley::Device> devs = local_cpus();
   // Different seeds per process: the constructor must still make every replica process 0's.
   galley::DataParallel<TinyNet> model(devs);
   model.load_state_dict(init);
@@ -178,8 +184,7 @@ TEST(Mpi, SixteenBitAllReduceIsTheFloat32SumRoundedOnce) {
 TEST(Mpi, ABFloat16ModelStaysIdenticalAcrossProcesses) {
   const auto& e = env();
   if (e.world_size == 1) GTEST_SKIP() << "single process: run under mpirun -np 2";
-  std::vector<galley::Device> devs;
-  for (int i = 0; i < local_devices(); ++i) devs.push_back(galley::Device::cpu(i));
+  const std::vector<galley::Device> devs = local_cpus();
   galley::manual_seed(700 + e.rank);  // process 0's start wins
   galley::DataParallel<BFloat16Diagonal> model(devs);
   galley::optim::SGD opt(model.parameters(), {.learning_rate = 0.05, .momentum = 0.9});
@@ -206,8 +211,7 @@ TEST(Mpi, ABFloat16ModelStaysIdenticalAcrossProcesses) {
 TEST(Mpi, BuffersFollowProcessZerosReplicaZeroAtEachForward) {
   const auto& e = env();
   if (e.world_size == 1) GTEST_SKIP() << "single process: run under mpirun -np 2";
-  std::vector<galley::Device> devs;
-  for (int i = 0; i < local_devices(); ++i) devs.push_back(galley::Device::cpu(i));
+  const std::vector<galley::Device> devs = local_cpus();
   for (bool broadcast : {true, false}) {
     SCOPED_TRACE(broadcast ? "broadcast_buffers" : "each replica its own buffers");
     galley::DataParallel<testmodels::CountingBuffer> model(devs, {.broadcast_buffers = broadcast});
@@ -241,8 +245,7 @@ TEST(Mpi, BuffersFollowProcessZerosReplicaZeroAtEachForward) {
 TEST(Mpi, BatchNormCounterAndStatisticsFollowProcessZero) {
   const auto& e = env();
   if (e.world_size == 1) GTEST_SKIP() << "single process: run under mpirun -np 2";
-  std::vector<galley::Device> devs;
-  for (int i = 0; i < local_devices(); ++i) devs.push_back(galley::Device::cpu(i));
+  const std::vector<galley::Device> devs = local_cpus();
   // momentum None: the cumulative average, whose weights come from the counter.
   galley::DataParallel<nn::BatchNorm2D> model(devs, {}, int64_t(3),
                                               nn::BatchNormLayerOptions{.momentum = std::nullopt});
@@ -284,8 +287,7 @@ TEST(Mpi, BatchNormCounterAndStatisticsFollowProcessZero) {
 TEST(Mpi, ACheckpointKeepsEveryProcesssDropoutStreams) {
   const auto& e = env();
   if (e.world_size == 1) GTEST_SKIP() << "single process: run under mpirun -np 2";
-  std::vector<galley::Device> devs;
-  for (int i = 0; i < local_devices(); ++i) devs.push_back(galley::Device::cpu(i));
+  const std::vector<galley::Device> devs = local_cpus();
   galley::DataParallel<testmodels::DropoutNet> model(devs);
   const Tensor x = galley::ones({2 * int64_t(devs.size()), 8});
   model(x);
@@ -310,8 +312,7 @@ TEST(Mpi, ACheckpointKeepsEveryProcesssDropoutStreams) {
 TEST(Mpi, EveryProcessAndReplicaDrawsItsOwnDropoutMask) {
   const auto& e = env();
   if (e.world_size == 1) GTEST_SKIP() << "single process: run under mpirun -np 2";
-  std::vector<galley::Device> devs;
-  for (int i = 0; i < local_devices(); ++i) devs.push_back(galley::Device::cpu(i));
+  const std::vector<galley::Device> devs = local_cpus();
   galley::DataParallel<testmodels::DropoutNet> model(devs);
   const int64_t replicas = int64_t(devs.size());
   // One sample per replica; the output's zero pattern is the replica's mask.
@@ -358,8 +359,7 @@ TEST(MpiTimeout, APeerThatNeverArrivesIsAnErrorNotAHang) {
 TEST(Mpi, GradScalerSkipsTheSameStepsOnEveryProcess) {
   const auto& e = env();
   if (e.world_size == 1) GTEST_SKIP() << "single process: run under mpirun -np 2";
-  std::vector<galley::Device> devs;
-  for (int i = 0; i < local_devices(); ++i) devs.push_back(galley::Device::cpu(i));
+  const std::vector<galley::Device> devs = local_cpus();
   galley::DataParallel<TinyNet> model(devs);
   galley::optim::SGD opt(model.parameters(), {.learning_rate = 0.1});
   galley::amp::GradScaler scaler({.init_scale = 1024.0});

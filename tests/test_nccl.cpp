@@ -192,8 +192,7 @@ TEST(NcclOneGpu, BroadcastAndAllGatherCarryIntegerTensors) {
   EXPECT_EQ(g.dtype(), DType::UInt8);
   EXPECT_EQ(g.to_vector<uint8_t>(), (std::vector<uint8_t>{7, 250}));
   Tensor s = Tensor::from_vector(v, {3}).to(Device::cuda(0));
-  testutil::expect_contains(testutil::error_of([&] { c.all_reduce(s); }),
-                            {"all_reduce", "int64"});
+  testutil::expect_contains(testutil::error_of([&] { c.all_reduce(s); }), {"all_reduce", "int64"});
 }
 
 TEST(NcclOneGpu, BadArgumentsAreErrorsThatLeaveTheCommunicatorUsable) {
