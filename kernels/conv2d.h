@@ -55,6 +55,10 @@ void conv2d_forward_im2col(const Conv2dGeometry& g, const void* x, const float* 
 void conv2d_backward_im2col(const Conv2dGeometry& g, const void* x, const float* w, const void* gy,
                             void* gx, float* gw, DType dtype = DType::Float32);
 
+// Images a thread chunk of the CPU paths takes at least: small images are batched so that forking
+// pays for itself.
+int64_t conv2d_image_grain(const Conv2dGeometry& g);
+
 }  // namespace cpu
 
 namespace cuda {

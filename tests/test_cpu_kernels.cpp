@@ -25,6 +25,7 @@
 #include "kernels/conv2d.h"
 #include "kernels/convert.h"
 #include "kernels/cpu/conv2d_direct.h"
+#include "kernels/cpu/conv2d_pointwise.h"
 #include "kernels/cpu/conv2d_winograd.h"
 #include "kernels/gemm.h"
 #include "kernels/max_pool2d.h"
@@ -49,6 +50,14 @@ std::vector<float> exact_values(size_t n, uint32_t seed, float scale) {
   std::uniform_int_distribution<int> d(-3, 3);
   std::vector<float> v(n);
   for (auto& x : v) x = d(rng) * scale;
+  return v;
+}
+
+// n draws of a standard normal distribution from rng: values whose sums round.
+std::vector<float> normal_values(std::mt19937& rng, size_t n) {
+  std::normal_distribution<float> normal;
+  std::vector<float> v(n);
+  for (auto& x : v) x = normal(rng);
   return v;
 }
 
@@ -121,7 +130,8 @@ TEST(ConvDirect, ForwardMatchesIm2colBitForBit) {
     for (const float* bias : {b.data(), static_cast<const float*>(nullptr)}) {
       std::vector<float> want(ny, -1.f), got(ny, -2.f);
       galley::kernels::cpu::conv2d_forward_im2col(g, x.data(), w.data(), bias, want.data());
-      galley::kernels::cpu::conv2d_direct_forward(g, x.data(), w.data(), bias, got.data());
+      galley::kernels::cpu::conv2d_direct_forward(g, x.data(), w.data(), bias, got.data(),
+                                                  galley::DType::Float32);
       ASSERT_EQ(got, want) << name(k) << (bias ? " with bias" : " without bias");
     }
   }
@@ -151,48 +161,78 @@ TEST(ConvDirect, BackwardMatchesIm2colBitForBit) {
   }
 }
 
+// A path's forward(g, x, w, b, y) and backward(g, x, w, gy, gx, gw) against im2col's, bit for
+// bit on exact values: with the bias and without, and both gradients, then each alone (the other
+// pointer null, and its buffer left as it was).
+template <typename Forward, typename Backward>
+void expect_matches_im2col(const Case& k, uint32_t seed, Forward forward, Backward backward) {
+  namespace cpu = galley::kernels::cpu;
+  const Conv2dGeometry g = geometry(k);
+  const auto [x, w, b, gy] = exact_operands(g, seed);
+  const size_t ny = gy.size();
+  for (const float* bias : {b.data(), static_cast<const float*>(nullptr)}) {
+    std::vector<float> want(ny, -1.f), got(ny, -2.f);
+    cpu::conv2d_forward_im2col(g, x.data(), w.data(), bias, want.data());
+    forward(g, x.data(), w.data(), bias, got.data(), galley::DType::Float32);
+    ASSERT_EQ(got, want) << name(k) << (bias ? " with bias" : " without bias");
+  }
+  std::vector<float> gw_want(w.size(), -1.f), gx_want(x.size(), -1.f);
+  cpu::conv2d_backward_im2col(g, x.data(), w.data(), gy.data(), gx_want.data(), gw_want.data());
+  for (int which = 0; which < 3; ++which) {
+    std::vector<float> gx(x.size(), -2.f), gw(w.size(), -2.f);
+    float* pgx = which != 2 ? gx.data() : nullptr;
+    float* pgw = which != 1 ? gw.data() : nullptr;
+    backward(g, x.data(), w.data(), gy.data(), pgx, pgw, galley::DType::Float32);
+    if (pgx) EXPECT_EQ(gx, gx_want) << name(k) << " input gradient, case " << which;
+    if (pgw) EXPECT_EQ(gw, gw_want) << name(k) << " weight gradient, case " << which;
+    if (!pgx) EXPECT_EQ(gx, std::vector<float>(x.size(), -2.f)) << name(k) << " wrote gx";
+    if (!pgw) EXPECT_EQ(gw, std::vector<float>(w.size(), -2.f)) << name(k) << " wrote gw";
+  }
+}
+
+// The conv2d_*_forward / conv2d_*_backward of a path, as the expect_* helpers take them.
+#define GALLEY_CONV_PATH(prefix)                                                           \
+  [](const Conv2dGeometry& g, const void* x, const float* w, const float* b, void* y,      \
+     galley::DType dt) { galley::kernels::cpu::prefix##_forward(g, x, w, b, y, dt); },     \
+      [](const Conv2dGeometry& g, const void* x, const float* w, const void* gy, void* gx, \
+         float* gw,                                                                        \
+         galley::DType dt) { galley::kernels::cpu::prefix##_backward(g, x, w, gy, gx, gw, dt); }
+
+// A path on 16-bit x and gy (`dt`) against the same path in float32 on the widened values: the
+// float32 bits, each output rounded once (exact values: the sums need no rounding).
+template <typename Forward, typename Backward>
+void expect_16bit_rounds_once(const Case& k, uint32_t seed, galley::DType dt, Forward forward,
+                              Backward backward) {
+  namespace cpu = galley::kernels::cpu;
+  const galley::DType f32 = galley::DType::Float32;
+  const Conv2dGeometry g = geometry(k);
+  const auto [x, w, b, gy] = exact_operands(g, seed);
+  const size_t ny = gy.size();
+  const std::string what = name(k) + " " + galley::dtype_name(dt);
+  std::vector<uint16_t> x16(x.size()), y16(ny), want16(ny);
+  cpu::convert(x.data(), f32, x16.data(), dt, int64_t(x.size()));
+  std::vector<float> y(ny);
+  forward(g, x.data(), w.data(), b.data(), y.data(), f32);
+  cpu::convert(y.data(), f32, want16.data(), dt, int64_t(ny));
+  forward(g, x16.data(), w.data(), b.data(), y16.data(), dt);
+  EXPECT_EQ(y16, want16) << what << " output";
+  std::vector<uint16_t> gy16(ny), gx16(x.size()), gx_want16(x.size());
+  cpu::convert(gy.data(), f32, gy16.data(), dt, int64_t(ny));
+  std::vector<float> gy_rounded(ny), gx(x.size()), gw(w.size()), gw16(w.size());
+  cpu::convert(gy16.data(), dt, gy_rounded.data(), f32, int64_t(ny));
+  backward(g, x.data(), w.data(), gy_rounded.data(), gx.data(), gw.data(), f32);
+  cpu::convert(gx.data(), f32, gx_want16.data(), dt, int64_t(x.size()));
+  backward(g, x16.data(), w.data(), gy16.data(), gx16.data(), gw16.data(), dt);
+  EXPECT_EQ(gx16, gx_want16) << what << " input gradient";
+  EXPECT_EQ(gw16, gw) << what << " weight gradient";
+}
+
 TEST(ConvDirect, StridedMatchesIm2colBitForBit) {
   namespace cpu = galley::kernels::cpu;
   for (const Case& k : strided_cases()) {
-    const Conv2dGeometry g = geometry(k);
-    const auto [x, w, b, gy] = exact_operands(g, 7);
-    const size_t ny = gy.size();
-    for (const float* bias : {b.data(), static_cast<const float*>(nullptr)}) {
-      std::vector<float> want(ny, -1.f), got(ny, -2.f);
-      cpu::conv2d_forward_im2col(g, x.data(), w.data(), bias, want.data());
-      cpu::conv2d_direct_forward(g, x.data(), w.data(), bias, got.data());
-      ASSERT_EQ(got, want) << name(k) << (bias ? " with bias" : " without bias");
-    }
-    std::vector<float> gw_want(w.size(), -1.f), gx_want(x.size(), -1.f);
-    cpu::conv2d_backward_im2col(g, x.data(), w.data(), gy.data(), gx_want.data(), gw_want.data());
-    // Both gradients, then each alone (the other pointer null).
-    for (int which = 0; which < 3; ++which) {
-      std::vector<float> gx(x.size(), -2.f), gw(w.size(), -2.f);
-      float* pgx = which != 2 ? gx.data() : nullptr;
-      float* pgw = which != 1 ? gw.data() : nullptr;
-      cpu::conv2d_direct_backward(g, x.data(), w.data(), gy.data(), pgx, pgw);
-      if (pgx) EXPECT_EQ(gx, gx_want) << name(k) << " input gradient, case " << which;
-      if (pgw) EXPECT_EQ(gw, gw_want) << name(k) << " weight gradient, case " << which;
-      if (!pgx) EXPECT_EQ(gx, std::vector<float>(x.size(), -2.f)) << name(k) << " wrote gx";
-      if (!pgw) EXPECT_EQ(gw, std::vector<float>(w.size(), -2.f)) << name(k) << " wrote gw";
-    }
-    // The 16-bit types on the widened kernels: the float32 bits, the output rounded once.
-    const galley::DType f16 = galley::DType::Float16;
-    std::vector<uint16_t> x16(x.size()), y16(ny), want16(ny);
-    cpu::convert(x.data(), galley::DType::Float32, x16.data(), f16, int64_t(x.size()));
-    std::vector<float> y(ny);
-    cpu::conv2d_direct_forward(g, x.data(), w.data(), b.data(), y.data());
-    cpu::convert(y.data(), galley::DType::Float32, want16.data(), f16, int64_t(ny));
-    cpu::conv2d_direct_forward(g, x16.data(), w.data(), b.data(), y16.data(), f16);
-    EXPECT_EQ(y16, want16) << name(k) << " float16 output";
-    std::vector<uint16_t> gy16(ny), gx16(x.size()), gx_want16(x.size());
-    cpu::convert(gy.data(), galley::DType::Float32, gy16.data(), f16, int64_t(ny));
-    std::vector<float> gy_rounded(ny), gx(x.size());
-    cpu::convert(gy16.data(), f16, gy_rounded.data(), galley::DType::Float32, int64_t(ny));
-    cpu::conv2d_direct_backward(g, x.data(), w.data(), gy_rounded.data(), gx.data(), nullptr);
-    cpu::convert(gx.data(), galley::DType::Float32, gx_want16.data(), f16, int64_t(x.size()));
-    cpu::conv2d_direct_backward(g, x16.data(), w.data(), gy16.data(), gx16.data(), nullptr, f16);
-    EXPECT_EQ(gx16, gx_want16) << name(k) << " float16 input gradient";
+    expect_matches_im2col(k, 7, GALLEY_CONV_PATH(conv2d_direct));
+    // The 16-bit types on the widened kernels.
+    expect_16bit_rounds_once(k, 7, galley::DType::Float16, GALLEY_CONV_PATH(conv2d_direct));
   }
   // What the strided direct path does not take: a dilation, the bfloat16 kernels.
   const Conv2dGeometry g = geometry(strided_cases()[0]);
@@ -207,6 +247,104 @@ TEST(ConvDirect, StridedMatchesIm2colBitForBit) {
       EXPECT_THROW(cpu::conv2d_direct_forward(g, x.data(), w.data(), nullptr, gy.data(),
                                               galley::DType::BFloat16, kernels),
                    galley::Error);
+}
+
+// Unpadded 1x1 geometries for the pointwise path: resnet's projections, strides 1 to 4, sizes
+// the stride does not divide, channel counts off the register blocks on both sides (output
+// channels that the weight gradient's block rows divide, that only 4 divides, and neither), rows
+// of several vectors, outputs of fewer positions than a vector and of one.
+const std::vector<Case>& pointwise_cases() {
+  static const std::vector<Case> all = {
+      {2, 16, 28, 28, 32, 1, 1, 0, 1, 2},  // resnet's first projection
+      {3, 32, 14, 14, 64, 1, 1, 0, 1, 2},  // ... and its second, 7x7 out
+      {2, 5, 9, 7, 17, 1, 1, 0, 1, 2},     // odd sizes, channels off every block
+      {2, 3, 10, 9, 6, 1, 1, 0, 1, 3},     // stride 3
+      {2, 4, 11, 13, 70, 1, 1, 0, 1, 4},   // stride 4, many output channels
+      {1, 33, 6, 70, 9, 1, 1, 0, 1, 2},    // 33 input channels, rows of several vectors
+      {3, 17, 5, 4, 12, 1, 1, 0, 1, 2},    // 12 outputs: blocks of 6 rows
+      {2, 16, 8, 8, 20, 1, 1, 0, 1, 2},    // 20 outputs: blocks of 4 rows
+      {2, 7, 3, 3, 5, 1, 1, 0, 1, 2},      // 2x2 out
+      {1, 6, 1, 1, 9, 1, 1, 0, 1, 2},      // a single input and output pixel
+      {2, 8, 6, 5, 24, 1, 1, 0, 1, 1},     // stride 1
+  };
+  return all;
+}
+
+TEST(ConvPointwise, MatchesIm2colBitForBit) {
+  for (const Case& k : pointwise_cases()) {
+    expect_matches_im2col(k, 21, GALLEY_CONV_PATH(conv2d_pointwise));
+    for (const galley::DType dt : {galley::DType::Float16, galley::DType::BFloat16})
+      expect_16bit_rounds_once(k, 21, dt, GALLEY_CONV_PATH(conv2d_pointwise));
+  }
+}
+
+// Random values, whose sums round: the output and the input gradient have the same bits on one
+// thread and two (each image's sums run in one order), the weight gradient the same bits on every
+// run at a thread count (chunks added in order), and all are within float32's error of the im2col
+// path.
+TEST(ConvPointwise, RepeatsItsBitsAndStaysCloseToIm2col) {
+  namespace cpu = galley::kernels::cpu;
+  const int saved = galley::num_threads();
+  const Conv2dGeometry g = geometry({9, 16, 28, 28, 32, 1, 1, 0, 1, 2});
+  std::mt19937 rng(5);
+  auto randoms = [&](size_t n) { return normal_values(rng, n); };
+  const auto x = randoms(size_t(g.n * g.c * g.h * g.w)), w = randoms(size_t(g.o * g.c)),
+             b = randoms(size_t(g.o)), gy = randoms(size_t(g.n * g.o * g.oh * g.ow));
+  struct Result {
+    std::vector<float> y, gx, gw;
+  };
+  auto run = [&](int threads) {
+    galley::set_num_threads(threads);
+    Result r{std::vector<float>(gy.size()), std::vector<float>(x.size()),
+             std::vector<float>(w.size())};
+    cpu::conv2d_pointwise_forward(g, x.data(), w.data(), b.data(), r.y.data());
+    cpu::conv2d_pointwise_backward(g, x.data(), w.data(), gy.data(), r.gx.data(), r.gw.data());
+    return r;
+  };
+  const Result one = run(1), two = run(2), again = run(2);
+  galley::set_num_threads(saved);
+  EXPECT_EQ(one.y, two.y);
+  EXPECT_EQ(one.gx, two.gx);
+  EXPECT_EQ(two.gw, again.gw);
+  Result want{std::vector<float>(gy.size()), std::vector<float>(x.size()),
+              std::vector<float>(w.size())};
+  cpu::conv2d_forward_im2col(g, x.data(), w.data(), b.data(), want.y.data());
+  cpu::conv2d_backward_im2col(g, x.data(), w.data(), gy.data(), want.gx.data(), want.gw.data());
+  auto near = [](const std::vector<float>& got, const std::vector<float>& ref, const char* what) {
+    for (size_t i = 0; i < ref.size(); ++i)
+      ASSERT_NEAR(got[i], ref[i], 1e-4f * (1.f + std::abs(ref[i]))) << what << " [" << i << "]";
+  };
+  near(one.y, want.y, "output");
+  near(one.gx, want.gx, "input gradient");
+  near(one.gw, want.gw, "weight gradient (one thread)");
+  near(two.gw, want.gw, "weight gradient (two threads)");
+}
+
+// Where the dispatcher takes the pointwise path, and what the path refuses.
+TEST(ConvPointwise, TakenForStridedOneByOnesAndRefusesOtherGeometries) {
+  namespace cpu = galley::kernels::cpu;
+  const Conv2dGeometry projection = geometry({8, 16, 28, 28, 32, 1, 1, 0, 1, 2});
+  const bool lanes = cpu::conv2d_vector_lanes() > 0;
+  EXPECT_EQ(cpu::conv2d_pointwise_applies(projection), lanes);
+  EXPECT_EQ(cpu::conv2d_pointwise_applies(projection, galley::DType::Float16), lanes);
+  EXPECT_FALSE(cpu::conv2d_pointwise_applies(geometry({8, 16, 28, 28, 32, 1, 1, 0, 1, 1})))
+      << "stride 1 stays on the GEMM";
+  EXPECT_FALSE(cpu::conv2d_pointwise_applies(geometry({8, 16, 28, 28, 32, 3, 3, 1, 1, 2})));
+  EXPECT_FALSE(cpu::conv2d_pointwise_applies(geometry({8, 16, 28, 28, 32, 1, 1, 1, 1, 2})))
+      << "padded";
+  Conv2dGeometry grouped = projection;
+  grouped.groups = 2;
+  EXPECT_FALSE(cpu::conv2d_pointwise_applies(grouped));
+  if (!lanes) return;
+  std::vector<float> x(size_t(2 * 16 * 8 * 8)), w(size_t(32 * 16 * 9)), y(size_t(2 * 32 * 64));
+  const Conv2dGeometry three = geometry({2, 16, 8, 8, 32, 3, 3, 1, 1, 1});
+  EXPECT_THROW(cpu::conv2d_pointwise_forward(three, x.data(), w.data(), nullptr, y.data()),
+               galley::Error);
+  Conv2dGeometry two_groups = geometry({2, 16, 8, 8, 32, 1, 1, 0, 1, 1});
+  two_groups.groups = 2;
+  EXPECT_THROW(
+      cpu::conv2d_pointwise_backward(two_groups, x.data(), w.data(), y.data(), x.data(), nullptr),
+      galley::Error);
 }
 
 // The 16-bit activations: bfloat16 and float16 x and gy, read by the kernels directly, must give
@@ -230,12 +368,7 @@ TEST(Conv16Bit, KernelsMatchTheFloat32KernelsOnWidenedInputsBitForBit) {
     geoms.push_back(g);
   }
   std::mt19937 rng(11);
-  std::normal_distribution<float> normal;
-  auto randoms = [&](size_t n) {
-    std::vector<float> v(n);
-    for (auto& x : v) x = normal(rng);
-    return v;
-  };
+  auto randoms = [&](size_t n) { return normal_values(rng, n); };
   for (galley::DType dt : {galley::DType::BFloat16, galley::DType::Float16}) {
     const size_t es = galley::dtype_size(dt);
     // float32 values -> 16-bit bits and back to float32 (the widened input).
@@ -527,7 +660,7 @@ TEST(ConvWinograd, MatchesIm2colBitForBitOnExactValues) {
     for (const float* bias : {b.data(), static_cast<const float*>(nullptr)}) {
       std::vector<float> want(ny, -1.f), got(ny, -2.f);
       cpu::conv2d_forward_im2col(g, x.data(), w.data(), bias, want.data());
-      cpu::conv2d_winograd_forward(g, x.data(), w.data(), bias, got.data());
+      cpu::conv2d_winograd_forward(g, x.data(), w.data(), bias, got.data(), galley::DType::Float32);
       ASSERT_EQ(got, want) << name(k) << (bias ? " with bias" : " without bias");
     }
     std::vector<float> gx_want(nx, -1.f), gx(nx, -2.f), gw_want(w.size(), -1.f), gw(w.size(), -2.f);

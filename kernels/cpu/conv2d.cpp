@@ -10,6 +10,7 @@
 #include "kernels/convert.h"
 #include "kernels/cpu/bf16_avx512.h"
 #include "kernels/cpu/conv2d_direct.h"
+#include "kernels/cpu/conv2d_pointwise.h"
 #include "kernels/cpu/conv2d_winograd.h"
 #include "kernels/cpu/parallel.h"
 #include "kernels/cpu/staged.h"
@@ -18,12 +19,6 @@
 
 namespace galley::kernels::cpu {
 namespace {
-
-// Images per thread chunk: small images are batched so that forking pays for itself.
-int64_t image_grain(const Conv2dGeometry& g) {
-  const int64_t flops = 2 * g.o * (g.c / g.groups) * g.kh * g.kw * g.oh * g.ow;
-  return std::max<int64_t>(1, (int64_t(1) << 20) / std::max<int64_t>(flops, 1));
-}
 
 bool is_pointwise(const Conv2dGeometry& g) {
   return g.kh == 1 && g.kw == 1 && g.stride == 1 && g.pad == 0;
@@ -126,7 +121,7 @@ void forward_im2col(const Conv2dGeometry& g, const T* x, const float* w, const f
   const int64_t cg = g.c / g.groups, og = g.o / g.groups;
   const int64_t K = cg * g.kh * g.kw, P = g.oh * g.ow;
   const bool pointwise = is_pointwise(g);
-  parallel_chunks(g.n, image_grain(g), [&](int64_t n0, int64_t n1, bool) {
+  parallel_chunks(g.n, conv2d_image_grain(g), [&](int64_t n0, int64_t n1, bool) {
     // The columns, or a pointwise convolution's widened input; a 16-bit output is computed in
     // float32 here and rounded once.
     float* col = pointwise && wide ? nullptr : thread_scratch(0, size_t(K * P));
@@ -166,7 +161,7 @@ void backward_im2col(const Conv2dGeometry& g, const T* x, const float* w, const 
   const int64_t K = cg * g.kh * g.kw, P = g.oh * g.ow, HW = g.h * g.w;
   const bool pointwise = is_pointwise(g);
   // Each chunk of images sums its weight gradients privately; the partial sums are added after.
-  const int64_t chunk = balanced_chunk(g.n, image_grain(g));
+  const int64_t chunk = balanced_chunk(g.n, conv2d_image_grain(g));
   const ChunkSums sums(gw ? g.n : 0, chunk, g.o * K);
   // A float32 gx accumulates in place; a 16-bit one is summed in float32 per group and rounded.
   if (gx && wide) std::fill_n(gx, g.n * g.c * HW, T(0.f));
@@ -236,7 +231,7 @@ void forward_im2col_bf16(const Conv2dGeometry& g, const bfloat16* x, const float
   const int64_t K = cg * g.kh * g.kw, P = g.oh * g.ow;
   const bool pointwise = is_pointwise(g);
   const std::vector<bfloat16> w16 = bf16_weights(g, w);
-  parallel_chunks(g.n, image_grain(g), [&](int64_t n0, int64_t n1, bool) {
+  parallel_chunks(g.n, conv2d_image_grain(g), [&](int64_t n0, int64_t n1, bool) {
     bfloat16* col = pointwise ? nullptr : bf16_scratch(0, K * P);
     float* out = thread_scratch(1, size_t(og * P));
     for (int64_t n = n0; n < n1; ++n)
@@ -263,7 +258,7 @@ void backward_im2col_bf16(const Conv2dGeometry& g, const bfloat16* x, const floa
   const bool pointwise = is_pointwise(g);
   const std::vector<bfloat16> w16 = bf16_weights(g, w);
   // Each chunk of images sums its weight gradients privately; the partial sums are added after.
-  const int64_t chunk = balanced_chunk(g.n, image_grain(g));
+  const int64_t chunk = balanced_chunk(g.n, conv2d_image_grain(g));
   const ChunkSums sums(gw ? g.n : 0, chunk, g.o * K);
   parallel_chunks(g.n, chunk, [&](int64_t n0, int64_t n1, bool) {
     bfloat16* col = pointwise || !gw ? nullptr : bf16_scratch(0, K * P);
@@ -443,10 +438,16 @@ void phases_backward(const Conv2dGeometry& g, const void* x, const float* w, con
 
 }  // namespace
 
+int64_t conv2d_image_grain(const Conv2dGeometry& g) {
+  const int64_t flops = 2 * g.o * (g.c / g.groups) * g.kh * g.kw * g.oh * g.ow;
+  return std::max<int64_t>(1, (int64_t(1) << 20) / std::max<int64_t>(flops, 1));
+}
+
 void conv2d_forward(const Conv2dGeometry& g, const void* x, const float* w, const float* b, void* y,
                     DType dtype) {
   if (by_phases(g, dtype)) return phases_forward(g, x, w, b, y);
   if (conv2d_winograd_applies(g, dtype)) return conv2d_winograd_forward(g, x, w, b, y, dtype);
+  if (conv2d_pointwise_applies(g, dtype)) return conv2d_pointwise_forward(g, x, w, b, y, dtype);
   const ConvDirectUse use = conv2d_direct_use(g, dtype);
   if (use.forward)
     conv2d_direct_forward(g, x, w, b, y, dtype, use.bf16);
@@ -468,6 +469,8 @@ void conv2d_backward(const Conv2dGeometry& g, const void* x, const float* w, con
                      void* gx, float* gw, float* gb, DType dtype) {
   if ((gx || gw) && by_phases(g, dtype)) {
     phases_backward(g, x, w, gy, gx, gw);
+  } else if ((gx || gw) && conv2d_pointwise_applies(g, dtype)) {
+    conv2d_pointwise_backward(g, x, w, gy, gx, gw, dtype);
   } else {
     if (gx && conv2d_winograd_applies(g, dtype)) {
       conv2d_winograd_input_grad(g, w, gy, gx, dtype);
