@@ -90,8 +90,9 @@ void sample_image(const Conv2dGeometry& g, const T* x, int64_t n, int64_t ld, fl
     }
 }
 
-// dst[j * s] = src[j] for the n values of src, zero at the row's other w positions, rounded to T.
-// Reads src up to a whole vector past n (a buffer's row with slack).
+// dst[j * s] = src[j] for the n values of src, rounded to T, in a zeroed row of w (at stride 2
+// whole vectors of values and zeros interleaved). Reads src up to a whole vector past n (a
+// buffer's row with slack).
 template <typename T>
 void spread_row(const float* src, int64_t n, int64_t s, int64_t w, T* dst) {
   if constexpr (std::is_same_v<T, float>) {
@@ -106,20 +107,17 @@ void spread_row(const float* src, int64_t n, int64_t s, int64_t w, T* dst) {
       return;
     }
   }
-  std::fill_n(dst, w, T(0.f));
   for (int64_t j = 0; j < n; ++j) dst[j * s] = T(src[j]);
 }
 
 // One input channel's gradient from its row of sums over the outputs: every stride-th row and
-// column, zero between.
+// column, zero between: the plane zeroed in one pass (one call, not one a row), then the rows
+// that take values written over.
 template <typename T>
 void spread_plane(const Conv2dGeometry& g, const float* src, T* dst) {
-  for (int64_t ih = 0; ih < g.h; ++ih, dst += g.w) {
-    if (ih % g.stride == 0 && ih / g.stride < g.oh)
-      spread_row(src + (ih / g.stride) * g.ow, g.ow, g.stride, g.w, dst);
-    else
-      std::fill_n(dst, g.w, T(0.f));
-  }
+  std::fill_n(dst, g.h * g.w, T(0.f));
+  for (int64_t i = 0; i < g.oh; ++i)
+    spread_row(src + i * g.ow, g.ow, g.stride, g.w, dst + i * g.stride * g.w);
 }
 
 // n floats of src into dst, rounded to T.
