@@ -1,17 +1,18 @@
 #pragma once
 // 2-D convolution, NCHW, forward and backward. On the host Winograd F(2x2, 3x3) for 3x3 "same"
 // convolutions of 16 channels and more (cpu/conv2d_winograd.h; forward and input gradient), a
-// direct kernel for other convolutions where it applies (cpu/conv2d_direct.h; the input gradient
-// of a strided one excepted), im2col + GEMM per image otherwise, images spread over threads; the
-// activations (x, y and their gradients) may be float32, bfloat16 or float16, read and written in
-// their own dtype: widened as they are copied into the kernels' float32 buffers (the bordered
-// image, the im2col columns), computed in float32, and rounded once as the result is written out,
-// with the same bits as the float32 kernel on the widened input, rounded; except bfloat16 on a host
-// with AMX or AVX512-BF16 (cpu/conv2d_direct.h's bf16_kernels()), whose direct path and im2col path
-// (on cpu::gemm_bf16, kernels/gemm.h) multiply bfloat16 values, sum in float32 in their own order
-// and round once. On a GPU through cuDNN, every operand in one dtype (float32, on TF32 tensor cores
-// where allowed; bfloat16 or float16 on tensor cores, summed in float32), each call on `stream` (a
-// cudaStream_t) with the thread's handle for `device` (the caller makes `device` current).
+// direct kernel for other convolutions where it applies (cpu/conv2d_direct.h), a pointwise one for
+// strided 1x1 convolutions (cpu/conv2d_pointwise.h), im2col + GEMM per image otherwise, images
+// spread over threads; the activations (x, y and their gradients) may be float32, bfloat16 or
+// float16, read and written in their own dtype: widened as they are copied into the kernels'
+// float32 buffers (the bordered image, the im2col columns), computed in float32, and rounded once
+// as the result is written out, with the same bits as the float32 kernel on the widened input,
+// rounded; except bfloat16 on a host with AMX or AVX512-BF16 (cpu/conv2d_direct.h's
+// bf16_kernels()), whose direct path and im2col path (on cpu::gemm_bf16, kernels/gemm.h) multiply
+// bfloat16 values, sum in float32 in their own order and round once. On a GPU through cuDNN, every
+// operand in one dtype (float32, on TF32 tensor cores where allowed; bfloat16 or float16 on tensor
+// cores, summed in float32), each call on `stream` (a cudaStream_t) with the thread's handle for
+// `device` (the caller makes `device` current).
 #include <cstddef>
 #include <cstdint>
 #include <functional>
