@@ -271,6 +271,8 @@ const std::vector<Case>& pointwise_cases() {
 }
 
 TEST(ConvPointwise, MatchesIm2colBitForBit) {
+  if (galley::kernels::cpu::conv2d_vector_lanes() == 0)
+    GTEST_SKIP() << "the pointwise path needs AVX2 with FMA, or AVX-512, in the build";
   for (const Case& k : pointwise_cases()) {
     expect_matches_im2col(k, 21, GALLEY_CONV_PATH(conv2d_pointwise));
     for (const galley::DType dt : {galley::DType::Float16, galley::DType::BFloat16})
@@ -283,6 +285,8 @@ TEST(ConvPointwise, MatchesIm2colBitForBit) {
 // run at a thread count (chunks added in order), and all are within float32's error of the im2col
 // path.
 TEST(ConvPointwise, RepeatsItsBitsAndStaysCloseToIm2col) {
+  if (galley::kernels::cpu::conv2d_vector_lanes() == 0)
+    GTEST_SKIP() << "the pointwise path needs AVX2 with FMA, or AVX-512, in the build";
   namespace cpu = galley::kernels::cpu;
   const int saved = galley::num_threads();
   const Conv2dGeometry g = geometry({9, 16, 28, 28, 32, 1, 1, 0, 1, 2});
