@@ -189,8 +189,9 @@ void forward(const Conv2dGeometry& g, const T* x, const float* w, const float* b
   });
 }
 
-// gw rows [o0, o0 + NR) (in `part`, rows of ldp floats), over one image: part[o][c] += sum over
-// p of gy[o][p] * samples[p][c], for kGradVectors vectors of c at most (columns [c0, c1)).
+// NR rows of the weight gradient over one image: part[o][c] += sum over p < P of gy_rows[o][p] *
+// samples[p * ld_samples + c], for the cp input channels (whole vectors; part's rows cp floats
+// apart), kGradVectors vectors at a time.
 template <int NR>
 void weight_grad_rows(const float* const* gy_rows, const float* samples, int64_t ld_samples,
                       int64_t P, int64_t cp, float* part) {
