@@ -6,6 +6,7 @@
 // both use to move between planes and channels across the lanes.
 #include <cstdint>
 #include <cstring>
+#include <vector>
 
 #if defined(__AVX__)
 #include <immintrin.h>
@@ -95,6 +96,20 @@ void correlate_block(const float* x, int64_t plane, int64_t cin, const int64_t* 
       float* out = y + o * ldy + v * L;
       store(out, kAdd ? load(out) + acc[o][v] : acc[o][v]);
     }
+}
+
+// Weights packed for correlate_block: [block of OB rows][col][OB], `at(row, col)` the weight of
+// output row `row` (an output channel) and column `col` (an (input channel, tap) pair, c * taps +
+// t), zero past the rows.
+template <typename At>
+std::vector<float> pack_block_weights(int64_t rows, int64_t cols, At at) {
+  const int64_t blocks = (rows + OB - 1) / OB;
+  std::vector<float> out(size_t(blocks * cols * OB), 0.f);
+  for (int64_t rb = 0; rb < blocks; ++rb)
+    for (int64_t j = 0; j < cols; ++j)
+      for (int64_t r = 0; r < OB && rb * OB + r < rows; ++r)
+        out[size_t((rb * cols + j) * OB + r)] = at(rb * OB + r, j);
+  return out;
 }
 
 // GCC would carry the loads of broadcast_block's rows over to the next step (the input at i + 1

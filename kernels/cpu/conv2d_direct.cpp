@@ -175,13 +175,9 @@ void write_out(const Plan& p, float* flat, const float* bias, T* out, int64_t qs
 // `at(co, ci, t)` gives the weight of output co, input ci, tap t.
 template <typename At>
 void pack_weights(const Plan& p, At at, std::vector<float>& out) {
-  const int64_t blocks = round_up(p.cout, OB) / OB, taps = p.taps();
-  out.assign(size_t(blocks * p.cin * taps * OB), 0.f);
-  for (int64_t cb = 0; cb < blocks; ++cb)
-    for (int64_t ci = 0; ci < p.cin; ++ci)
-      for (int64_t t = 0; t < taps; ++t)
-        for (int64_t o = 0; o < OB && cb * OB + o < p.cout; ++o)
-          out[size_t(((cb * p.cin + ci) * taps + t) * OB + o)] = at(cb * OB + o, ci, t);
+  const int64_t taps = p.taps();
+  out = pack_block_weights(p.cout, p.cin * taps,
+                           [&](int64_t co, int64_t j) { return at(co, j / taps, j % taps); });
 }
 
 // flat[cout rounded up to OB][qs] = the correlation of the bordered input xb with packed weights;

@@ -9,11 +9,9 @@
 #include "kernels/cpu/conv2d_block.h"
 #include "kernels/cpu/parallel.h"
 #include "kernels/cpu/staged.h"
-#include "kernels/gemm.h"
-
-#if defined(__AVX__)
+#include "kernels/cpu/strided_rows.h"
 #include "kernels/cpu/vector_lanes.h"
-#endif
+#include "kernels/gemm.h"
 
 namespace galley::kernels::cpu {
 
@@ -76,7 +74,7 @@ void sample_row(const T* src, int64_t s, int64_t n, int64_t readable, float* dst
     }
   }
   (void)readable;
-  for (int64_t j = 0; j < n; ++j) dst[j] = static_cast<float>(src[j * s]);
+  gather_strided(src, dst, n, s);
 }
 
 // The strided samples of image n's channels into rows of `ld` floats.
@@ -129,17 +127,6 @@ void put_row(const float* src, T* dst, int64_t n) {
     from_float(src, dst, n);
 }
 
-// a [rows][k] as the register block's weights: [block of OB rows][k][OB], zero past the rows.
-std::vector<float> pack_rows(int64_t rows, int64_t k, const float* a, int64_t lda,
-                             int64_t step = 1) {
-  std::vector<float> packed(size_t(round_up(rows, OB) * k), 0.f);
-  for (int64_t r = 0; r < rows; ++r) {
-    float* col = packed.data() + (r / OB) * k * OB + r % OB;
-    for (int64_t j = 0; j < k; ++j) col[j * OB] = a[r * lda + j * step];
-  }
-  return packed;
-}
-
 // out[r][p] = sum over j < k of wb[j][r] * in[j * ld_in + p], for OB rows r and the positions of
 // an image (P of them, `ld_in` apart in rows of the input, `ld_out` in out): whole vectors
 // straight into out, the last partial one through `tail` (OB x L floats), whose first lanes are
@@ -158,13 +145,9 @@ template <typename T>
 void forward(const Conv2dGeometry& g, const T* x, const float* w, const float* b, T* y) {
   const int64_t P = positions(g), ld = pitch(g);
   const int64_t k = g.c + (b ? 1 : 0);  // rows of the samples: the bias's row of ones last
-  // Weights with the bias as one more input channel.
-  std::vector<float> wb(size_t(g.o * k));
-  for (int64_t o = 0; o < g.o; ++o) {
-    std::copy_n(w + o * g.c, g.c, wb.data() + o * k);
-    if (b) wb[size_t(o * k + g.c)] = b[o];
-  }
-  const std::vector<float> packed = pack_rows(g.o, k, wb.data(), k);
+  // The weights, with the bias as one more input channel.
+  const std::vector<float> packed = pack_block_weights(
+      g.o, k, [&](int64_t o, int64_t c) { return c < g.c ? w[o * g.c + c] : b[o]; });
   parallel_chunks(g.n, conv2d_image_grain(g), [&](int64_t n0, int64_t n1, bool) {
     float* rows = thread_scratch(0, size_t(k * ld + L));
     float* out = thread_scratch(1, size_t(OB * P));
@@ -208,7 +191,9 @@ void backward(const Conv2dGeometry& g, const T* x, const float* w, const T* gy, 
   const int64_t P = positions(g), ld = pitch(g), HW = g.h * g.w;
   const int64_t cp = round_up(g.c, L);  // input channels across the lanes, whole vectors
   // The input gradient's weights: w transposed, input channels in the block's rows.
-  const std::vector<float> packed = gx ? pack_rows(g.c, g.o, w, 1, g.c) : std::vector<float>();
+  const std::vector<float> packed =
+      gx ? pack_block_weights(g.c, g.o, [&](int64_t c, int64_t o) { return w[o * g.c + c]; })
+         : std::vector<float>();
   // The weight gradient's rows of output channels: a block that divides them where one does.
   const int grad_rows = g.o % kGradRows == 0 || g.o % 4 != 0 ? kGradRows : 4;
   const int64_t op = round_up(g.o, grad_rows);
