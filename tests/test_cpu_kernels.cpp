@@ -120,47 +120,6 @@ const std::vector<Case>& strided_cases() {
 
 }  // namespace
 
-TEST(ConvDirect, ForwardMatchesIm2colBitForBit) {
-  for (const Case& k : cases()) {
-    const Conv2dGeometry g = geometry(k);
-    const auto x = exact_values(size_t(g.n * g.c * g.h * g.w), 1, 1.f);
-    const auto w = exact_values(size_t(g.o * g.c * g.kh * g.kw), 2, 0.25f);
-    const auto b = exact_values(size_t(g.o), 3, 0.5f);
-    const size_t ny = size_t(g.n * g.o * g.oh * g.ow);
-    for (const float* bias : {b.data(), static_cast<const float*>(nullptr)}) {
-      std::vector<float> want(ny, -1.f), got(ny, -2.f);
-      galley::kernels::cpu::conv2d_forward_im2col(g, x.data(), w.data(), bias, want.data());
-      galley::kernels::cpu::conv2d_direct_forward(g, x.data(), w.data(), bias, got.data(),
-                                                  galley::DType::Float32);
-      ASSERT_EQ(got, want) << name(k) << (bias ? " with bias" : " without bias");
-    }
-  }
-}
-
-TEST(ConvDirect, BackwardMatchesIm2colBitForBit) {
-  for (const Case& k : cases()) {
-    const Conv2dGeometry g = geometry(k);
-    const auto x = exact_values(size_t(g.n * g.c * g.h * g.w), 4, 1.f);
-    const auto w = exact_values(size_t(g.o * g.c * g.kh * g.kw), 5, 0.25f);
-    const auto gy = exact_values(size_t(g.n * g.o * g.oh * g.ow), 6, 0.5f);
-    const size_t nx = x.size(), nw = w.size();
-    std::vector<float> gx_want(nx, -1.f), gw_want(nw, -1.f);
-    galley::kernels::cpu::conv2d_backward_im2col(g, x.data(), w.data(), gy.data(), gx_want.data(),
-                                                 gw_want.data());
-    // Both gradients, then each alone (the other pointer null).
-    for (int which = 0; which < 3; ++which) {
-      std::vector<float> gx(nx, -2.f), gw(nw, -2.f);
-      float* pgx = which != 2 ? gx.data() : nullptr;
-      float* pgw = which != 1 ? gw.data() : nullptr;
-      galley::kernels::cpu::conv2d_direct_backward(g, x.data(), w.data(), gy.data(), pgx, pgw);
-      if (pgx) EXPECT_EQ(gx, gx_want) << name(k) << " input gradient, case " << which;
-      if (pgw) EXPECT_EQ(gw, gw_want) << name(k) << " weight gradient, case " << which;
-      if (!pgx) EXPECT_EQ(gx, std::vector<float>(nx, -2.f)) << name(k) << " wrote gx";
-      if (!pgw) EXPECT_EQ(gw, std::vector<float>(nw, -2.f)) << name(k) << " wrote gw";
-    }
-  }
-}
-
 // A path's forward(g, x, w, b, y) and backward(g, x, w, gy, gx, gw) against im2col's, bit for
 // bit on exact values: with the bias and without, and both gradients, then each alone (the other
 // pointer null, and its buffer left as it was).
@@ -225,6 +184,10 @@ void expect_16bit_rounds_once(const Case& k, uint32_t seed, galley::DType dt, Fo
   backward(g, x16.data(), w.data(), gy16.data(), gx16.data(), gw16.data(), dt);
   EXPECT_EQ(gx16, gx_want16) << what << " input gradient";
   EXPECT_EQ(gw16, gw) << what << " weight gradient";
+}
+
+TEST(ConvDirect, MatchesIm2colBitForBit) {
+  for (const Case& k : cases()) expect_matches_im2col(k, 1, GALLEY_CONV_PATH(conv2d_direct));
 }
 
 TEST(ConvDirect, StridedMatchesIm2colBitForBit) {
@@ -664,7 +627,7 @@ TEST(ConvWinograd, MatchesIm2colBitForBitOnExactValues) {
     for (const float* bias : {b.data(), static_cast<const float*>(nullptr)}) {
       std::vector<float> want(ny, -1.f), got(ny, -2.f);
       cpu::conv2d_forward_im2col(g, x.data(), w.data(), bias, want.data());
-      cpu::conv2d_winograd_forward(g, x.data(), w.data(), bias, got.data(), galley::DType::Float32);
+      cpu::conv2d_winograd_forward(g, x.data(), w.data(), bias, got.data());
       ASSERT_EQ(got, want) << name(k) << (bias ? " with bias" : " without bias");
     }
     std::vector<float> gx_want(nx, -1.f), gx(nx, -2.f), gw_want(w.size(), -1.f), gw(w.size(), -2.f);
