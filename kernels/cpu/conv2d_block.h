@@ -60,14 +60,16 @@ inline void in_register(V& v) {
 #endif
 }
 
-// y[o][v * L + i] (+)= sum over c < cin, t < taps of wb[(c * taps + t) * ldw + o] *
-// x[c * plane + shift[t] + v * L + i], for OB output channels o and NV vectors v: the weights
-// packed [cin][taps][OB] (or in rows of ldw, the block's OB first), consecutive outputs at
-// consecutive inputs. kAdd adds to y, else overwrites it.
-template <int NV, bool kAdd = false>
-void correlate_block(const float* x, int64_t plane, int64_t cin, const int64_t* shift, int64_t taps,
-                     const float* wb, float* y, int64_t ldy, int64_t ldw = OB) {
-  V acc[OB][NV];
+// acc[o][v][i] = sum over c < cin, t < taps of wb[(c * taps + t) * ldw + o] *
+// x[c * plane + shift[t] + xo[v] + i], for OB output channels o and NV vectors v: the weights
+// packed [cin][taps][OB] (or in rows of ldw, the block's OB first), each vector's outputs at
+// consecutive inputs from its offset xo[v].
+template <int NV>
+__attribute__((always_inline)) inline void correlate_sums(const float* x, int64_t plane,
+                                                          int64_t cin, const int64_t* shift,
+                                                          int64_t taps, const float* wb,
+                                                          int64_t ldw, const int64_t (&xo)[NV],
+                                                          V (&acc)[OB][NV]) {
 #pragma GCC unroll 8
   for (int o = 0; o < OB; ++o)
 #pragma GCC unroll 4
@@ -78,7 +80,7 @@ void correlate_block(const float* x, int64_t plane, int64_t cin, const int64_t* 
       V xv[NV];
 #pragma GCC unroll 4
       for (int v = 0; v < NV; ++v) {
-        xv[v] = load(xs + v * L);
+        xv[v] = load(xs + xo[v]);
         in_register(xv[v]);
       }
 #pragma GCC unroll 8
@@ -89,6 +91,18 @@ void correlate_block(const float* x, int64_t plane, int64_t cin, const int64_t* 
       }
     }
   }
+}
+
+// y[o][v * L + i] (+)= the correlate_sums of NV consecutive vectors (xo[v] = v * L), rows of y
+// ldy apart. kAdd adds to y, else overwrites it.
+template <int NV, bool kAdd = false>
+void correlate_block(const float* x, int64_t plane, int64_t cin, const int64_t* shift, int64_t taps,
+                     const float* wb, float* y, int64_t ldy, int64_t ldw = OB) {
+  int64_t xo[NV];
+#pragma GCC unroll 4
+  for (int v = 0; v < NV; ++v) xo[v] = v * L;
+  V acc[OB][NV];
+  correlate_sums<NV>(x, plane, cin, shift, taps, wb, ldw, xo, acc);
 #pragma GCC unroll 8
   for (int o = 0; o < OB; ++o)
 #pragma GCC unroll 4

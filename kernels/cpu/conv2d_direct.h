@@ -8,7 +8,9 @@
 // a sum over (channel, tap) of as many consecutive inputs times one weight: one vector load, one
 // broadcast and one FMA per output channel, with a block of output channels and vectors held in
 // registers. The flat output
-// carries Wp - OW junk columns per row, dropped when the result is written out. The input
+// carries Wp - OW junk columns per row, dropped when the result is written out (or, in float32
+// where that pays, the block takes each output row's vectors and stores them into the planes
+// directly, the last one of a row partly). The input
 // gradient is the same correlation of the bordered output gradient with the flipped, transposed
 // kernel; the weight gradient runs over q with output channels across the vector lanes.
 //
