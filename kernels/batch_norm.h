@@ -83,5 +83,21 @@ void batch_norm_backward(DType dtype, const void* gy, const void* x, const void*
 // *counter += 1 (a layer's num_batches_tracked, kept on its device).
 void batch_norm_count(int64_t* counter, void* stream);
 
+// cuDNN's batch normalisation in float32 on `device` (cudnnBatchNormalizationForwardTraining
+// and cudnnBatchNormalizationBackward, spatial mode, or CUDNN_BATCHNORM_SPATIAL_PERSISTENT when
+// `persistent`): the reference galley's kernels above are checked and timed against, on no op's
+// path. Training forward: y with the batch's statistics, the running update when running.mean
+// is set (unbiased variance, as above), and what cuDNN keeps for its backward: the batch mean
+// and 1 / sqrt(var + eps). The backward takes those and writes gx, gweight and gbias. weight
+// and bias are required.
+void batch_norm_cudnn_train_forward(int device, const float* x, BatchNormGeometry g,
+                                    BatchNormRunning running, const float* weight,
+                                    const float* bias, float eps, float* y, float* save_mean,
+                                    float* save_invstd, bool persistent, void* stream);
+void batch_norm_cudnn_backward(int device, const float* gy, const float* x, BatchNormGeometry g,
+                               const float* weight, float eps, const float* save_mean,
+                               const float* save_invstd, float* gx, float* gweight, float* gbias,
+                               bool persistent, void* stream);
+
 }  // namespace cuda
 }  // namespace galley::kernels

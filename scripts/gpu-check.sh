@@ -3,7 +3,8 @@
 # under 8 minutes on one H200 with 16 cores; docs/benchmarks/README.md says how to run them):
 #
 #   scripts/gpu-check.sh build-test OUT   check every prerequisite, configure for this machine's
-#                                         GPU alone, build only what the GPU run needs, run the
+#                                         GPU alone, build only what the GPU run needs, time
+#                                         galley's BatchNorm kernels against cuDNN's, run the
 #                                         GPU tests (ctest -L gpu --timeout 90)
 #   scripts/gpu-check.sh bench OUT        galley's train step eager and as a CUDA graph and
 #                                         PyTorch's eager and torch.compile step (SimpleCNN and
@@ -21,6 +22,7 @@
 #
 # OUT (made absolute) receives at most 8 files per phase, also when a phase fails midway:
 #   build-test: build-test.log build-test.json configure.log build.log gpu-tests.log gpu-tests.xml
+#               batch-norm-gpu.jsonl
 #   bench:      bench.log bench.json bench-steps.log galley-train-step-gpu.jsonl
 #               torch-train-step-gpu.json gpu-train-step.md gpu-train-step.json
 # PHASE.log is the story of the run and PHASE.json its figures: the machine, each step's command,
@@ -514,7 +516,7 @@ gpu_test_targets() {
   local t
   for t in tests/test_backend_ops.cpp tests/test_cuda*.cpp tests/test_nccl.cpp; do basename "$t" .cpp; done
 }
-bench_targets=(bench_train_step fashion_mnist galley-launch)
+bench_targets=(bench_train_step fashion_mnist galley-launch bench_batch_norm_gpu)
 
 configure() {
   local args=(-S "$root" -B "$build" -G "$gen" -DCMAKE_BUILD_TYPE=Release
@@ -611,7 +613,8 @@ finish_phase() {  # finish_phase STATUS
   local status=$1 n
   write_json "$status"
   n=$(find "$out" -maxdepth 1 -type f \( -name "$cur.*" -o -name 'configure.log' -o -name 'build.log' \
-    -o -name 'gpu-tests.*' -o -name 'bench-steps.log' -o -name '*train-step-gpu*' -o -name 'gpu-train-step.*' \) | wc -l)
+    -o -name 'gpu-tests.*' -o -name 'bench-steps.log' -o -name '*train-step-gpu*' -o -name 'gpu-train-step.*' \
+    -o -name 'batch-norm-gpu.jsonl' \) | wc -l)
   log "$cur: $status in $(($(date +%s) - phase_start)) s$([ ${#errors[@]} -gt 0 ] && printf '; %d error(s)' ${#errors[@]})"
   for e in "${errors[@]}"; do log "  - $e"; done
   [ "$dry" = 0 ] && [ "$n" -gt 8 ] && log "warning: $n files in $out (the limit is 8 per phase)"
@@ -629,9 +632,20 @@ trap on_exit EXIT
 trap 'exit 130' INT
 trap 'exit 143' TERM
 
+# galley's BatchNorm kernels against cuDNN's on resnet's BatchNorm shapes, before the GPU tests
+# (which take what is left of the budget): the figures that decide whether a step should run
+# cuDNN's batch norm or galley's own kernels. A few seconds.
+batch_norm_bench() {
+  step --dry-list --stdout "$out/batch-norm-gpu.jsonl" "BatchNorm kernels against cuDNN" 30 -- \
+    "$build/benchmarks/bench_batch_norm_gpu" --iters 50 --repeats 5 --json ||
+    fail "the BatchNorm comparison failed (build.log)"
+  [ "$dry" = 0 ] && [ -s "$out/batch-norm-gpu.jsonl" ] && tee -a "$mainlog" < "$out/batch-norm-gpu.jsonl"
+  return 0
+}
+
 run_build_test() {
   begin_phase build-test 360
-  rm -f "$out/configure.log" "$out/build.log" "$out/gpu-tests.log" "$out/gpu-tests.xml"
+  rm -f "$out/configure.log" "$out/build.log" "$out/gpu-tests.log" "$out/gpu-tests.xml" "$out/batch-norm-gpu.jsonl"
   steplog="$out/build.log"
   local t0 t_pre t_conf t_build n targets
   t0=$(date +%s)
@@ -682,6 +696,7 @@ PY
     else
       grep 'Test *#' "$out/gpu-tests.log" | sed 's/^ */  would run (limit 90 s): /' | tee -a "$mainlog"
     fi
+    batch_norm_bench
     log "would run: ctest -L gpu --timeout 90 -j $jobs --output-on-failure --output-junit OUT/gpu-tests.xml --stop-time (the phase's end), $n tests"
     log "would run (limit 60 s): $build/tests/test_cuda --gtest_filter=Cuda.DeviceNameAndMemory (galley must see the GPU that nvidia-smi lists)"
     [ "$n" -gt 0 ] || fail "ctest -L gpu lists no tests"
@@ -692,12 +707,13 @@ PY
     read -r sum crit cached unknown steps < <(build_estimate)
     est_build=$(awk -v s="$sum" -v c="$crit" 'BEGIN { a = s / 16000; b = c / 1000; printf "%d", (a > b ? a : b) + 0.5 }')
     t_tests=$(((n * 2 + jobs - 1) / jobs))
-    t_total=$((15 + t_conf + est_build + 10 + t_tests + 10))
+    t_total=$((15 + t_conf + est_build + 10 + 5 + t_tests + 10))
     log "estimate for build-test on a 16-core GPU machine: about ${t_total} s of its ${budget} s budget"
     log "  prerequisites ~15 s (measured here: ${t_pre} s; there also a torch import and the CUDA probe run)"
     log "  configure ~${t_conf} s (as here: compiler checks run one at a time)"
     log "  build ~${est_build} s: the $steps build steps took $((sum / 1000)) s of CPU here ($cached served by ccache, counted at their last real time$([ "$unknown" -gt 0 ] && echo ", $unknown of them with none recorded: counted as served, so low; CCACHE_DISABLE=1 measures them"))"
     log "    wall ${t_build} s on ${ncores} cores here; there max(CPU time / 16 = $((sum / 16000)) s, longest chain = $((crit / 1000)) s: slowest object + libgalley link + slowest executable link)"
+    log "  BatchNorm against cuDNN ~5 s (6 shapes x 6 ways x 300 calls of tens of us, and start-up)"
     log "  GPU tests ~${t_tests} s: $n tests x ~2 s each (process start, CUDA context, library handles; $jobs at a time), at most min($n x 90 s, what the budget leaves); galley-sees-the-GPU check ~5 s; reports ~10 s"
     estimate_json=$(printf '{"total_s": %s, "budget_s": %s, "prerequisites_s": 15, "configure_s": %s, "build_s": %s, "build_cpu_s_here": %s, "build_wall_s_here": %s, "cores_here": %s, "build_steps": %s, "ccache_steps": %s, "ccache_steps_unrecorded": %s, "build_chain_s": %s, "tests_s": %s, "tests": %s, "basis": %s}' \
       "$t_total" "$budget" "$t_conf" "$est_build" "$((sum / 1000))" "$t_build" "$ncores" "$steps" "$cached" "$unknown" "$((crit / 1000))" "$t_tests" "$n" \
@@ -720,6 +736,8 @@ PY
   elif [ $smoke -ne 0 ]; then
     fail "test_cuda --gtest_filter=Cuda.DeviceNameAndMemory failed (gpu-tests.log)"
   fi
+
+  batch_norm_bench
 
   local room stop
   room=$(($(left) - reserve))

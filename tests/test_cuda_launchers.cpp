@@ -30,6 +30,7 @@
 
 #include "galley/galley.h"
 #include "galley/runtime/cuda.h"
+#include "kernels/batch_norm.h"
 #include "kernels/bias_relu.h"
 #include "kernels/binary.h"
 #include "kernels/cross_entropy.h"
@@ -985,6 +986,69 @@ TEST(CudaLaunchers, SplitSumsOnConcurrentStreamsAndThreadsKeepTheirScratchApart)
     for (int i = 0; i < kIterations; ++i)
       expect_same_results(work[t]->results(i), want[t], who + ", run " + std::to_string(i));
   }
+#endif
+}
+
+// ----------------------------------------------------------------------------------------------
+// batch_norm.cu against cuDNN's batch normalisation (blas.cu)
+
+// galley's training forward (statistics, running update, normalisation) and backward against
+// cuDNN's on the same data: resnet's BatchNorm shapes, a BatchNorm1D one ([N, C]) and odd sizes,
+// in both of cuDNN's spatial modes. Different summation orders (galley's shifted sums in double,
+// cuDNN's own), so within float32's error: per element relative to the largest term, per channel
+// sum in proportion to the square root of the count.
+TEST(CudaLaunchers, BatchNormMatchesCudnn) {
+  REQUIRE_GPU();
+#ifdef GALLEY_HAVE_CUDA
+  using galley::kernels::BatchNormGeometry;
+  using galley::kernels::BatchNormParams;
+  using galley::kernels::BatchNormRunning;
+  const galley::DType f32 = galley::DType::Float32;
+  const float eps = 1e-5f, momentum = 0.1f;
+  for (const BatchNormGeometry g :
+       {BatchNormGeometry{8, 16, 28 * 28}, BatchNormGeometry{8, 32, 14 * 14},
+        BatchNormGeometry{8, 64, 7 * 7}, BatchNormGeometry{64, 10, 1}, BatchNormGeometry{5, 7, 33}})
+    for (bool persistent : {false, true}) {
+      const int64_t n = g.outer * g.channels * g.inner, c = g.channels;
+      const std::string what = "[" + std::to_string(g.outer) + ", " + std::to_string(c) + ", " +
+                               std::to_string(g.inner) + "]" + (persistent ? " persistent" : "");
+      std::vector<float> x = normal(n, 2.f), gy = normal(n), w = normal(c), b = normal(c);
+      for (float& v : x) v += 0.5f;
+      const std::vector<float> rv0 = uniform(c, 0.5f, 1.5f), rm0 = normal(c, 0.1f);
+      DeviceFloats dx(x), dgy(gy), dw(w), db(b);
+      // galley's kernels
+      DeviceFloats rm(rm0), rv(rv0), mean = DeviceFloats::zeros(c), var = DeviceFloats::zeros(c);
+      DeviceFloats y = DeviceFloats::zeros(n), gx = DeviceFloats::zeros(n);
+      DeviceFloats gw = DeviceFloats::zeros(c), gb = DeviceFloats::zeros(c);
+      gk::batch_norm_stats(f32, dx.get(), g, BatchNormRunning{rm.get(), rv.get(), momentum},
+                           mean.get(), var.get(), nullptr);
+      const BatchNormParams p{mean.get(), var.get(), eps, dw.get(), db.get()};
+      gk::batch_norm_forward(f32, dx.get(), g, p, false, y.get(), nullptr, nullptr);
+      gk::batch_norm_backward(f32, dgy.get(), dx.get(), nullptr, g, p, true, gx.get(), gw.get(),
+                              gb.get(), nullptr, nullptr);
+      // cuDNN's
+      DeviceFloats rm2(rm0), rv2(rv0), smean = DeviceFloats::zeros(c),
+                                       sinv = DeviceFloats::zeros(c);
+      DeviceFloats y2 = DeviceFloats::zeros(n), gx2 = DeviceFloats::zeros(n);
+      DeviceFloats gw2 = DeviceFloats::zeros(c), gb2 = DeviceFloats::zeros(c);
+      gk::batch_norm_cudnn_train_forward(
+          0, dx.get(), g, BatchNormRunning{rm2.get(), rv2.get(), momentum}, dw.get(), db.get(), eps,
+          y2.get(), smean.get(), sinv.get(), persistent, nullptr);
+      gk::batch_norm_cudnn_backward(0, dgy.get(), dx.get(), g, dw.get(), eps, smean.get(),
+                                    sinv.get(), gx2.get(), gw2.get(), gb2.get(), persistent,
+                                    nullptr);
+      const double count = double(g.outer * g.inner), sum_tol = 1e-5 * std::sqrt(count) * 8;
+      std::vector<float> invstd = var.host();
+      for (float& v : invstd) v = 1.f / std::sqrt(v + eps);
+      expect_close(mean.host(), smean.host(), 0, 1e-5, what + " mean");
+      expect_close(invstd, sinv.host(), 2e-5, 0, what + " 1 / sqrt(var + eps)");
+      expect_close(rm.host(), rm2.host(), 1e-5, 1e-6, what + " running mean");
+      expect_close(rv.host(), rv2.host(), 2e-5, 1e-6, what + " running var");
+      expect_close(y.host(), y2.host(), 1e-5, 2e-5, what + " y");
+      expect_close(gw.host(), gw2.host(), 1e-5, sum_tol, what + " gweight");
+      expect_close(gb.host(), gb2.host(), 1e-5, sum_tol, what + " gbias");
+      expect_close(gx.host(), gx2.host(), 1e-4, 1e-4, what + " gx");
+    }
 #endif
 }
 

@@ -1,4 +1,5 @@
-// cuBLAS matrix products and cuDNN convolutions.
+// cuBLAS matrix products and cuDNN convolutions; and cuDNN's batch normalisation, the reference
+// that galley's own kernels (batch_norm.cu) are checked and timed against.
 //
 // Handles. A cuBLAS or cuDNN handle holds its stream (and cuBLAS its workspace) as state, so
 // threads sharing one race between SetStream and the call. Each thread therefore leases its own
@@ -36,6 +37,7 @@
 #include <vector>
 
 #include "galley/error.h"
+#include "kernels/batch_norm.h"
 #include "kernels/conv2d.h"
 #include "kernels/gemm.h"
 #include "kernels/math_mode.h"
@@ -220,6 +222,8 @@ struct Handles {
   cudnnHandle_t dnn = nullptr;
   std::vector<std::pair<cudaStream_t, void*>> blas_workspaces;
   std::map<ConvShape, std::unique_ptr<ConvDescs>> convs;
+  // cuDNN's batch normalisation: the data and the per-channel arrays, set for each call.
+  cudnnTensorDescriptor_t bn_data = nullptr, bn_channels = nullptr;
 };
 
 std::unique_ptr<Handles> make_handles(int device) {
@@ -710,5 +714,74 @@ std::string conv2d_algorithms(int device, const Conv2dGeometry& g, DType dtype, 
   }
   return out;
 }
+
+// ----------------------------------------------------------------------------------------------
+// cuDNN's batch normalisation
+//
+// cudnnBatchNormalizationForwardTraining / Backward in spatial mode (or its persistent variant).
+// cuDNN 9 marks them deprecated in favour of its graph API, where batch normalisation is a
+// fused operation graph to build and plan per shape; these calls are what PyTorch runs too, and
+// they stay a reference here, never on galley's own path.
+
+namespace {
+
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wdeprecated-declarations"
+
+// Runs call(handle, mode) on `device`'s cuDNN handle, bound to `stream`, with its descriptors
+// set: x as N x C x inner x 1 (float32, NCHW) and the per-channel arrays as cuDNN derives them.
+template <typename Call>
+void with_bn(int device, BatchNormGeometry g, bool persistent, void* stream, Call call) {
+  GALLEY_CHECK(g.outer > 0 && g.channels > 0 && g.inner > 0 && g.outer <= INT32_MAX &&
+                   g.channels <= INT32_MAX && g.inner <= INT32_MAX,
+               "batch_norm (cuDNN): shape [", g.outer, ", ", g.channels, ", ", g.inner,
+               "] is empty or has a dimension past cuDNN's int range");
+  const cudnnBatchNormMode_t mode =
+      persistent ? CUDNN_BATCHNORM_SPATIAL_PERSISTENT : CUDNN_BATCHNORM_SPATIAL;
+  DeviceGuard on(device);
+  Handles& h = handles(device);
+  if (!h.bn_data) CUDNN_CHECK(cudnnCreateTensorDescriptor(&h.bn_data));
+  if (!h.bn_channels) CUDNN_CHECK(cudnnCreateTensorDescriptor(&h.bn_channels));
+  CUDNN_CHECK(cudnnSetTensor4dDescriptor(h.bn_data, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT,
+                                         int(g.outer), int(g.channels), int(g.inner), 1));
+  CUDNN_CHECK(cudnnDeriveBNTensorDescriptor(h.bn_channels, h.bn_data, mode));
+  CUDNN_CHECK(cudnnSetStream(h.dnn, as_stream(stream)));
+  call(h, mode);
+}
+
+// alpha and beta of cuDNN's blends: the result overwrites the destination.
+const float kOne = 1.f, kZero = 0.f;
+
+}  // namespace
+
+void batch_norm_cudnn_train_forward(int device, const float* x, BatchNormGeometry g,
+                                    BatchNormRunning running, const float* weight,
+                                    const float* bias, float eps, float* y, float* save_mean,
+                                    float* save_invstd, bool persistent, void* stream) {
+  GALLEY_CHECK(weight && bias, "batch_norm (cuDNN): cuDNN needs a weight and a bias");
+  GALLEY_CHECK((running.mean == nullptr) == (running.var == nullptr),
+               "batch_norm (cuDNN): running mean and variance are updated together");
+  with_bn(device, g, persistent, stream, [&](Handles& h, cudnnBatchNormMode_t mode) {
+    CUDNN_CHECK(cudnnBatchNormalizationForwardTraining(
+        h.dnn, mode, &kOne, &kZero, h.bn_data, x, h.bn_data, y, h.bn_channels, weight, bias,
+        double(running.momentum), running.mean, running.var, double(eps), save_mean, save_invstd));
+  });
+}
+
+void batch_norm_cudnn_backward(int device, const float* gy, const float* x, BatchNormGeometry g,
+                               const float* weight, float eps, const float* save_mean,
+                               const float* save_invstd, float* gx, float* gweight, float* gbias,
+                               bool persistent, void* stream) {
+  GALLEY_CHECK(weight && gx && gweight && gbias,
+               "batch_norm backward (cuDNN): cuDNN needs the weight and writes gx, gweight and "
+               "gbias together");
+  with_bn(device, g, persistent, stream, [&](Handles& h, cudnnBatchNormMode_t mode) {
+    CUDNN_CHECK(cudnnBatchNormalizationBackward(
+        h.dnn, mode, &kOne, &kZero, &kOne, &kZero, h.bn_data, x, h.bn_data, gy, h.bn_data, gx,
+        h.bn_channels, weight, gweight, gbias, double(eps), save_mean, save_invstd));
+  });
+}
+
+#pragma GCC diagnostic pop
 
 }  // namespace galley::kernels::cuda
