@@ -190,6 +190,31 @@ TEST(ConvDirect, MatchesIm2colBitForBit) {
   for (const Case& k : cases()) expect_matches_im2col(k, 1, GALLEY_CONV_PATH(conv2d_direct));
 }
 
+// The cases above take both ways of writing the direct path's outputs (by rows straight into
+// the planes, and through the flat output), forward and input gradient; the stems and resnet's
+// 3x3/2 layers the way each was measured faster.
+TEST(ConvDirect, CasesCoverBothWaysOfWritingTheOutputs) {
+  namespace cpu = galley::kernels::cpu;
+  if (cpu::conv2d_vector_lanes() == 0) GTEST_SKIP() << "no AVX2 or AVX-512: one way only";
+  int rows[2] = {0, 0}, flat[2] = {0, 0};
+  for (const std::vector<Case>* set : {&cases(), &strided_cases()})
+    for (const Case& k : *set) {
+      const cpu::ConvDirectRows r = cpu::conv2d_direct_rows(geometry(k));
+      ++(r.forward ? rows : flat)[0];
+      if (k.stride == 1) ++(r.input_grad ? rows : flat)[1];
+    }
+  EXPECT_GT(rows[0], 0);
+  EXPECT_GT(flat[0], 0);
+  EXPECT_GT(rows[1], 0);
+  EXPECT_GT(flat[1], 0);
+  const Conv2dGeometry stem = geometry(Case{64, 1, 28, 28, 16, 3, 3, 1, 1});
+  const Conv2dGeometry vgg_stem = geometry(Case{64, 3, 32, 32, 32, 3, 3, 1, 1});
+  const Conv2dGeometry strided = geometry(Case{64, 16, 28, 28, 32, 3, 3, 1, 1, 2});
+  EXPECT_TRUE(cpu::conv2d_direct_rows(stem).forward);
+  EXPECT_TRUE(cpu::conv2d_direct_rows(vgg_stem).forward);
+  EXPECT_FALSE(cpu::conv2d_direct_rows(strided).forward);
+}
+
 TEST(ConvDirect, StridedMatchesIm2colBitForBit) {
   namespace cpu = galley::kernels::cpu;
   for (const Case& k : strided_cases()) {

@@ -287,6 +287,8 @@ void correlate_out(const Plan& p, const std::vector<int64_t>& shift, const float
   if constexpr (std::is_same_v<T, float>) {
     if (!rows.empty()) return correlate_rows(p, shift, xb, wpk, bias, rows, out);
   }
+#else
+  (void)rows;  // none without the lanes
 #endif
   float* flat = thread_scratch(slot, size_t(round_up(p.cout, OB) * p.qs()));
   correlate(p, shift, xb, wpk, flat);
@@ -911,6 +913,13 @@ ConvDirectUse conv2d_direct_use(const Conv2dGeometry& g, DType dtype) {
   (void)g, (void)dtype;
 #endif
   return use;
+}
+
+ConvDirectRows conv2d_direct_rows(const Conv2dGeometry& g) {
+  ConvDirectRows r;
+  r.forward = !rows_for<float>(forward_plan(g)).empty();
+  r.input_grad = g.stride == 1 && !rows_for<float>(input_grad_plan(g)).empty();
+  return r;
 }
 
 namespace {

@@ -66,6 +66,14 @@ struct ConvDirectUse {
 };
 ConvDirectUse conv2d_direct_use(const Conv2dGeometry& g, DType dtype = DType::Float32);
 
+// Whether the direct path's float32 forward pass (and stride-1 input gradient) stores its
+// outputs straight into the planes by rows rather than through the flat output: so that tests
+// see both ways taken. False in builds without the vector lanes.
+struct ConvDirectRows {
+  bool forward = false, input_grad = false;
+};
+ConvDirectRows conv2d_direct_rows(const Conv2dGeometry& g);
+
 // Same contracts as conv2d_forward / conv2d_backward (without the bias gradient); callable for
 // any geometry of one group with stride 1, or a stride up to 4 with dilation 1 (the bfloat16
 // kernels at stride 1 only), whatever conv2d_direct_use says, so tests can
