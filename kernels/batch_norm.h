@@ -98,6 +98,10 @@ void batch_norm_cudnn_backward(int device, const float* gy, const float* x, Batc
                                const float* weight, float eps, const float* save_mean,
                                const float* save_invstd, float* gx, float* gweight, float* gbias,
                                bool persistent, void* stream);
+// Whether cuDNN flagged a numerical overflow in this thread's persistent-mode calls on `device`
+// since the last query (cudnnQueryRuntimeError, which waits for them): that mode sums NCHW data
+// in a way that may overflow, and says so only here.
+bool batch_norm_cudnn_overflowed(int device);
 
 }  // namespace cuda
 }  // namespace galley::kernels

@@ -713,7 +713,7 @@ PY
     log "  configure ~${t_conf} s (as here: compiler checks run one at a time)"
     log "  build ~${est_build} s: the $steps build steps took $((sum / 1000)) s of CPU here ($cached served by ccache, counted at their last real time$([ "$unknown" -gt 0 ] && echo ", $unknown of them with none recorded: counted as served, so low; CCACHE_DISABLE=1 measures them"))"
     log "    wall ${t_build} s on ${ncores} cores here; there max(CPU time / 16 = $((sum / 16000)) s, longest chain = $((crit / 1000)) s: slowest object + libgalley link + slowest executable link)"
-    log "  BatchNorm against cuDNN ~5 s (6 shapes x 6 ways x 300 calls of tens of us, and start-up)"
+    log "  BatchNorm against cuDNN ~5 s (6 shapes x 6 ways x 600 calls of a few to tens of us, eager and replayed as graphs, and start-up)"
     log "  GPU tests ~${t_tests} s: $n tests x ~2 s each (process start, CUDA context, library handles; $jobs at a time), at most min($n x 90 s, what the budget leaves); galley-sees-the-GPU check ~5 s; reports ~10 s"
     estimate_json=$(printf '{"total_s": %s, "budget_s": %s, "prerequisites_s": 15, "configure_s": %s, "build_s": %s, "build_cpu_s_here": %s, "build_wall_s_here": %s, "cores_here": %s, "build_steps": %s, "ccache_steps": %s, "ccache_steps_unrecorded": %s, "build_chain_s": %s, "tests_s": %s, "tests": %s, "basis": %s}' \
       "$t_total" "$budget" "$t_conf" "$est_build" "$((sum / 1000))" "$t_build" "$ncores" "$steps" "$cached" "$unknown" "$((crit / 1000))" "$t_tests" "$n" \

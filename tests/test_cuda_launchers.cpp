@@ -995,8 +995,9 @@ TEST(CudaLaunchers, SplitSumsOnConcurrentStreamsAndThreadsKeepTheirScratchApart)
 // galley's training forward (statistics, running update, normalisation) and backward against
 // cuDNN's on the same data: resnet's BatchNorm shapes, a BatchNorm1D one ([N, C]) and odd sizes,
 // in both of cuDNN's spatial modes. Different summation orders (galley's shifted sums in double,
-// cuDNN's own), so within float32's error: per element relative to the largest term, per channel
-// sum in proportion to the square root of the count.
+// cuDNN's own), so within float32's error: per element relative to its value above an absolute
+// floor (the values are O(1): the floor is ~100 units in the last place), per channel sum in
+// proportion to the square root of the count.
 TEST(CudaLaunchers, BatchNormMatchesCudnn) {
   REQUIRE_GPU();
 #ifdef GALLEY_HAVE_CUDA

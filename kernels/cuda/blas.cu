@@ -725,6 +725,7 @@ std::string conv2d_algorithms(int device, const Conv2dGeometry& g, DType dtype, 
 
 namespace {
 
+// (CUDNN_DEPRECATED marks these calls only where CUDNN_WARN_DEPRECATED is defined.)
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wdeprecated-declarations"
 
@@ -732,10 +733,11 @@ namespace {
 // set: x as N x C x inner x 1 (float32, NCHW) and the per-channel arrays as cuDNN derives them.
 template <typename Call>
 void with_bn(int device, BatchNormGeometry g, bool persistent, void* stream, Call call) {
+  // cuDNN's dimensions and strides are ints: the largest stride is channels * inner.
   GALLEY_CHECK(g.outer > 0 && g.channels > 0 && g.inner > 0 && g.outer <= INT32_MAX &&
-                   g.channels <= INT32_MAX && g.inner <= INT32_MAX,
+                   g.channels <= INT32_MAX / g.inner,
                "batch_norm (cuDNN): shape [", g.outer, ", ", g.channels, ", ", g.inner,
-               "] is empty or has a dimension past cuDNN's int range");
+               "] is empty or has a dimension or stride past cuDNN's int range");
   const cudnnBatchNormMode_t mode =
       persistent ? CUDNN_BATCHNORM_SPATIAL_PERSISTENT : CUDNN_BATCHNORM_SPATIAL;
   DeviceGuard on(device);
@@ -772,14 +774,22 @@ void batch_norm_cudnn_backward(int device, const float* gy, const float* x, Batc
                                const float* weight, float eps, const float* save_mean,
                                const float* save_invstd, float* gx, float* gweight, float* gbias,
                                bool persistent, void* stream) {
-  GALLEY_CHECK(weight && gx && gweight && gbias,
-               "batch_norm backward (cuDNN): cuDNN needs the weight and writes gx, gweight and "
-               "gbias together");
+  GALLEY_CHECK(weight && gx && gweight && gbias && save_mean && save_invstd,
+               "batch_norm backward (cuDNN): cuDNN needs the weight and the forward's saved mean "
+               "and 1 / sqrt(var + eps), and writes gx, gweight and gbias together");
   with_bn(device, g, persistent, stream, [&](Handles& h, cudnnBatchNormMode_t mode) {
     CUDNN_CHECK(cudnnBatchNormalizationBackward(
         h.dnn, mode, &kOne, &kZero, &kOne, &kZero, h.bn_data, x, h.bn_data, gy, h.bn_data, gx,
         h.bn_channels, weight, gweight, gbias, double(eps), save_mean, save_invstd));
   });
+}
+
+bool batch_norm_cudnn_overflowed(int device) {
+  DeviceGuard on(device);
+  Handles& h = handles(device);
+  cudnnStatus_t flag = CUDNN_STATUS_SUCCESS;
+  CUDNN_CHECK(cudnnQueryRuntimeError(h.dnn, &flag, CUDNN_ERRQUERY_BLOCKING, nullptr));
+  return flag != CUDNN_STATUS_SUCCESS;
 }
 
 #pragma GCC diagnostic pop
