@@ -21,6 +21,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <iostream>
 #include <limits>
 #include <memory>
 #include <random>
@@ -1038,6 +1039,12 @@ TEST(CudaLaunchers, BatchNormMatchesCudnn) {
       gk::batch_norm_cudnn_backward(0, dgy.get(), dx.get(), g, dw.get(), eps, smean.get(),
                                     sinv.get(), gx2.get(), gw2.get(), gb2.get(), persistent,
                                     nullptr);
+      // The persistent mode's sums may overflow (cuDNN says so only through this flag): then its
+      // results are no reference for galley's.
+      if (persistent && gk::batch_norm_cudnn_overflowed(0)) {
+        std::cout << what << ": cuDNN flagged an overflow in persistent mode; not compared\n";
+        continue;
+      }
       const double count = double(g.outer * g.inner), sum_tol = 1e-5 * std::sqrt(count) * 8;
       std::vector<float> invstd = var.host();
       for (float& v : invstd) v = 1.f / std::sqrt(v + eps);
