@@ -197,6 +197,9 @@ void correlate_vectors(const float* x, int64_t plane, int64_t cin, const int64_t
     correlate_block<1, kAdd>(x + v * L, plane, cin, shift, taps, wb, y + v * L, ldy, ldw);
 }
 
+// The shift of a single tap (a 1x1 kernel, or products that are one), for the blocks above.
+inline constexpr int64_t kNoShift = 0;
+
 #if defined(__AVX512F__)
 // r[j] = column j of the 16 x 16 matrix whose row k is r[k]. Three rounds of shuffles: pairs of
 // rows, then quads (after which register 4g + c holds, in 128-bit lane l, column 4l + c of rows

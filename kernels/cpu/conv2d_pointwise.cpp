@@ -29,8 +29,6 @@ constexpr int kGradRows = 6;
 #endif
 constexpr int kGradVectors = 2;
 
-const int64_t kNoShift = 0;  // the single tap's offset, for the register block
-
 void check_geometry(const Conv2dGeometry& g) {
   GALLEY_CHECK(g.kh == 1 && g.kw == 1 && g.pad == 0 && g.groups == 1 && g.stride >= 1,
                "conv2d: the pointwise path takes an unpadded 1x1 kernel of one group, not ", g.kh,
@@ -208,7 +206,7 @@ void backward(const Conv2dGeometry& g, const T* x, const float* w, const T* gy, 
     float* samples = gw ? thread_scratch(1, size_t(g.c * ld + L)) : nullptr;
     float* samples_t = gw ? thread_scratch(2, size_t(ld * cp)) : nullptr;
     float* sums_in = gx ? thread_scratch(3, size_t(OB * ld + L)) : nullptr;
-    float* tail = gx ? thread_scratch(4, size_t(OB * L + g.o * L)) : nullptr;
+    float* gy_tail = gx ? thread_scratch(4, size_t(g.o * L)) : nullptr;
     float* part = gw ? sums.start(n0) : nullptr;
     std::vector<const float*> gy_rows(static_cast<size_t>(op));
     for (int64_t n = n0; n < n1; ++n) {
@@ -230,7 +228,6 @@ void backward(const Conv2dGeometry& g, const T* x, const float* w, const T* gy, 
         // The last partial vector of every row of gy, zero-padded, so that no read passes gy's
         // end; the whole vectors are read in place.
         const int64_t whole = P / L, left = P - whole * L;
-        float* gy_tail = tail + OB * L;
         if (left > 0)
           for (int64_t o = 0; o < g.o; ++o) {
             float* t = gy_tail + o * L;

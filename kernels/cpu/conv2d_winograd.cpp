@@ -238,11 +238,9 @@ void transform_input(const Plan& p, const T* x, float* v, int64_t ldk, int64_t t
   }
 }
 
-// The products of the transformed values run on the correlation block as one tap at shift 0.
-constexpr int64_t kNoShift = 0;
-
 // m[k][co][t] = sum over ci of u[k][co][ci] * v[k][ci][t] for the 16 positions k: tp tiles (whole
-// vectors), output channels padded to whole blocks.
+// vectors), output channels padded to whole blocks; on the correlation block as one tap
+// (kNoShift).
 void multiply(const Plan& p, const float* u, const float* v, int64_t tp, float* m) {
   const int64_t blocks = p.coutp() / OB, nvec = tp / L;
   for (int k = 0; k < 16; ++k) {
