@@ -16,14 +16,13 @@
 // kernels are faster. One JSON object a line with --json, else a table. A way that fails is
 // reported with its error and the others still run; the exit status is then 1. On cuda:0; exit
 // status 2 where there is no GPU (or no CUDA backend in the build).
-#include <algorithm>
-#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <functional>
 #include <string>
 #include <vector>
 
+#include "bench_args.h"
 #include "galley/galley.h"
 #include "galley/runtime/cuda.h"
 #include "galley/runtime/graph.h"
@@ -85,14 +84,12 @@ Options parse(int argc, char** argv) {
 double median_us(const Options& o, const Device& gpu, const std::function<void()>& block) {
   std::vector<double> us;
   for (int r = 0; r < o.repeats; ++r) {
-    const auto t0 = std::chrono::steady_clock::now();
+    const auto t0 = bench::Clock::now();
     block();
     galley::cuda::synchronize(gpu);
-    const std::chrono::duration<double, std::micro> dt = std::chrono::steady_clock::now() - t0;
-    us.push_back(dt.count() / o.iters);
+    us.push_back(1e6 * bench::seconds_since(t0) / o.iters);
   }
-  std::sort(us.begin(), us.end());
-  return us[us.size() / 2];
+  return bench::median(us);
 }
 
 struct Timing {

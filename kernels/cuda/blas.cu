@@ -92,6 +92,10 @@ cudaStream_t as_stream(void* s) {
   return static_cast<cudaStream_t>(s);
 }
 
+// alpha and beta of cuDNN's blends (float for every dtype here: the compute type is float32):
+// the result overwrites the destination, or (beta kOne) is added to it.
+const float kOne = 1.f, kZero = 0.f;
+
 std::string mib(size_t bytes) {
   char buf[32];
   std::snprintf(buf, sizeof buf, "%.2f MiB", double(bytes) / double(1 << 20));
@@ -665,13 +669,11 @@ void conv2d_forward(int device, const Conv2dGeometry& g, DType dtype, const void
   const Conv c = conv_for(device, g, dtype);
   cudnnHandle_t h = c.h.dnn;
   CUDNN_CHECK(cudnnSetStream(h, as_stream(stream)));
-  // alpha and beta are float for every dtype here: the compute type is float32.
-  const float one = 1.f, zero = 0.f;
   run_fastest(c, kForward, ws, device, g, dtype, [&](int algo, void* work, size_t bytes) {
-    return cudnnConvolutionForward(h, &one, c.d.x, x, c.d.w, w, c.d.conv,
-                                   cudnnConvolutionFwdAlgo_t(algo), work, bytes, &zero, c.d.y, y);
+    return cudnnConvolutionForward(h, &kOne, c.d.x, x, c.d.w, w, c.d.conv,
+                                   cudnnConvolutionFwdAlgo_t(algo), work, bytes, &kZero, c.d.y, y);
   });
-  if (bias) CUDNN_CHECK(cudnnAddTensor(h, &one, c.d.b, bias, &one, c.d.y, y));
+  if (bias) CUDNN_CHECK(cudnnAddTensor(h, &kOne, c.d.b, bias, &kOne, c.d.y, y));
 }
 
 void conv2d_backward(int device, const Conv2dGeometry& g, DType dtype, const void* x, const void* w,
@@ -681,20 +683,19 @@ void conv2d_backward(int device, const Conv2dGeometry& g, DType dtype, const voi
   const Conv c = conv_for(device, g, dtype);
   cudnnHandle_t h = c.h.dnn;
   CUDNN_CHECK(cudnnSetStream(h, as_stream(stream)));
-  const float one = 1.f, zero = 0.f;
   if (gx)
     run_fastest(c, kBackwardData, ws, device, g, dtype, [&](int algo, void* work, size_t bytes) {
-      return cudnnConvolutionBackwardData(h, &one, c.d.w, w, c.d.y, gy, c.d.conv,
-                                          cudnnConvolutionBwdDataAlgo_t(algo), work, bytes, &zero,
+      return cudnnConvolutionBackwardData(h, &kOne, c.d.w, w, c.d.y, gy, c.d.conv,
+                                          cudnnConvolutionBwdDataAlgo_t(algo), work, bytes, &kZero,
                                           c.d.x, gx);
     });
   if (gw)
     run_fastest(c, kBackwardFilter, ws, device, g, dtype, [&](int algo, void* work, size_t bytes) {
-      return cudnnConvolutionBackwardFilter(h, &one, c.d.x, x, c.d.y, gy, c.d.conv,
+      return cudnnConvolutionBackwardFilter(h, &kOne, c.d.x, x, c.d.y, gy, c.d.conv,
                                             cudnnConvolutionBwdFilterAlgo_t(algo), work, bytes,
-                                            &zero, c.d.w, gw);
+                                            &kZero, c.d.w, gw);
     });
-  if (gb) CUDNN_CHECK(cudnnConvolutionBackwardBias(h, &one, c.d.y, gy, &zero, c.d.b, gb));
+  if (gb) CUDNN_CHECK(cudnnConvolutionBackwardBias(h, &kOne, c.d.y, gy, &kZero, c.d.b, gb));
 }
 
 std::string conv2d_algorithms(int device, const Conv2dGeometry& g, DType dtype, size_t limit) {
@@ -750,9 +751,6 @@ void with_bn(int device, BatchNormGeometry g, bool persistent, void* stream, Cal
   CUDNN_CHECK(cudnnSetStream(h.dnn, as_stream(stream)));
   call(h, mode);
 }
-
-// alpha and beta of cuDNN's blends: the result overwrites the destination.
-const float kOne = 1.f, kZero = 0.f;
 
 }  // namespace
 
