@@ -209,12 +209,14 @@ void BM_conv2d_backward(benchmark::State& st) {
 }
 
 // The convolutions of the vgg and resnet models of models.h at batch 64, one benchmark argument
-// per layer shape; padding (k - 1) / 2 as in those models. Forward, then backward with every
-// gradient (the stems' input gradients too, which the models do not need).
+// per layer shape; padding (k - 1) / 2 as in those models. Forward, then backward with the
+// gradients the model's step computes: a stem's input is the data, which takes no gradient, so a
+// stem's backward is its weight (and bias) gradient alone.
 struct LayerShape {
   const char* model;
   int64_t in, out, hw, k, stride;
   bool bias() const { return std::string(model) == "vgg"; }  // resnet's convs have none
+  bool stem() const { return in <= 3; }  // the model's first layer: one or three input channels
 };
 constexpr LayerShape kLayerShapes[] = {
     {"vgg", 32, 32, 32, 3, 1},    {"vgg", 64, 64, 16, 3, 1},    {"vgg", 64, 128, 8, 3, 1},
@@ -264,10 +266,12 @@ void BM_conv2d_layer_forward(benchmark::State& st) {
   set_rate(st, layer_flops(l), 0, secs, /*samples=*/false);
 }
 
+// Counter input_grad: 1 where the backward computes the input gradient, 0 for a stem's.
 void BM_conv2d_layer_backward(benchmark::State& st) {
   const LayerShape& l = layer_shape(st);
   const galley::DType dt = layer_dtype(st);
-  Tensor x = layer_tensor({kLayerBatch, l.in, l.hw, l.hw}, dt, true);
+  const bool input_grad = !l.stem();
+  Tensor x = layer_tensor({kLayerBatch, l.in, l.hw, l.hw}, dt, input_grad);
   Tensor w = layer_tensor({l.out, l.in, l.k, l.k}, dt, true);
   Tensor b = l.bias() ? layer_tensor({l.out}, dt, true) : Tensor();
   Tensor gy;
@@ -275,10 +279,13 @@ void BM_conv2d_layer_backward(benchmark::State& st) {
     galley::NoGradGuard ng;
     gy = galley::randn(galley::conv2d(x, w, b, layer_options(l)).shape(), gen()).to(dt);
   }
+  std::vector<Tensor> leaves = {w};
+  if (l.bias()) leaves.push_back(b);
+  if (input_grad) leaves.push_back(x);
   const double secs = time_backward(
-      st, [&] { return galley::conv2d(x, w, b, layer_options(l)); }, gy,
-      l.bias() ? std::vector<Tensor>{x, w, b} : std::vector<Tensor>{x, w});
-  set_rate(st, 2 * layer_flops(l), 0, secs, /*samples=*/false);
+      st, [&] { return galley::conv2d(x, w, b, layer_options(l)); }, gy, leaves);
+  set_rate(st, (input_grad ? 2 : 1) * layer_flops(l), 0, secs, /*samples=*/false);
+  st.counters["input_grad"] = input_grad ? 1 : 0;
 }
 
 // ReLU forward on the conv output.

@@ -585,7 +585,9 @@ def conv_markdown(meta, rows, threads):
     lines = [
         "galley's convolutions, float32, batch 64, every layer shape of the `vgg` and `resnet` "
         "models (`bench_kernels --benchmark_filter='conv2d_layer.*/bf16:0'`, median of "
-        f"{meta['repetitions']} repetitions, and the fastest of them). " + header(meta),
+        f"{meta['repetitions']} repetitions, and the fastest of them). Backward: the gradients the "
+        "model's step computes; a stem's input is the data, so its backward is the weight gradient "
+        "alone (`backward (weights)`). " + header(meta),
         "",
         "`of_peak`: GFLOP/s over the FMA peak that bench_kernels measures at start-up for the same "
         "thread count (" + ", ".join(f"{t} thread{'s' if t > 1 else ''}: {meta['peak_gflops'][str(t)]:.0f} GFLOP/s"
@@ -638,8 +640,12 @@ def run_conv(a, threads, commit, dirty):
                          "best_of_peak": best.get(b["run_name"])})
             key = (b["name"].split("/")[0], b["label"])
             model, layer = b["label"].split(" ", 1)
-            r = rows.setdefault(key, {"model": model, "layer": layer, "by_threads": {},
-                                      "pass": "forward" if "forward" in key[0] else "backward"})
+            # A stem's backward is its weight gradient alone (the model's input takes none).
+            if "forward" in key[0]:
+                what = "forward"
+            else:
+                what = "backward" if b.get("input_grad", 1) else "backward (weights)"
+            r = rows.setdefault(key, {"model": model, "layer": layer, "by_threads": {}, "pass": what})
             r["by_threads"][str(t)] = {"gflops": b["GFLOP/s"], "of_peak": b["of_peak"]}
             if b["run_name"] in best:
                 r["by_threads"][str(t)]["best_of_peak"] = best[b["run_name"]]
@@ -648,7 +654,7 @@ def run_conv(a, threads, commit, dirty):
     meta = metadata(a, "cpu-conv-layers", ["galley"], [{"impl": "galley", "version": a.galley_version}],
                     commit, dirty, t_start)
     meta.update(repetitions=a.conv_repetitions, peak_gflops=peaks, threads=threads, goal_of_peak=CONV_GOAL)
-    ordered = sorted(rows.values(), key=lambda r: (r["model"] != "vgg", r["pass"] != "forward"))
+    ordered = sorted(rows.values(), key=lambda r: (r["model"] != "vgg", not r["pass"].startswith("forward")))
     table = conv_markdown(meta, ordered, threads)
     (a.out / "cpu-conv-layers.json").write_text(json.dumps({**meta, "layers": ordered, "runs": runs}, indent=2) + "\n")
     (a.out / "cpu-conv-layers.md").write_text(table)

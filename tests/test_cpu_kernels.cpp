@@ -190,29 +190,84 @@ TEST(ConvDirect, MatchesIm2colBitForBit) {
   for (const Case& k : cases()) expect_matches_im2col(k, 1, GALLEY_CONV_PATH(conv2d_direct));
 }
 
-// The cases above take both ways of writing the direct path's outputs (by rows straight into
-// the planes, and through the flat output), forward and input gradient; the stems and resnet's
-// 3x3/2 layers the way each was measured faster.
-TEST(ConvDirect, CasesCoverBothWaysOfWritingTheOutputs) {
+// The cases above take every way of the direct path: both ways of writing its outputs (by rows
+// straight into the planes, and through the flat output), forward and input gradient, and both
+// weight gradients (the outputs across the lanes, and the output channels), at stride 1 and 2;
+// the stems and resnet's 3x3/2 layers each the way it was measured faster.
+TEST(ConvDirect, CasesCoverEveryWay) {
   namespace cpu = galley::kernels::cpu;
   if (cpu::conv2d_vector_lanes() == 0) GTEST_SKIP() << "no AVX2 or AVX-512: one way only";
-  int rows[2] = {0, 0}, flat[2] = {0, 0};
+  int fwd[2] = {0, 0}, ig[2] = {0, 0}, wg[2][2] = {{0, 0}, {0, 0}};
   for (const std::vector<Case>* set : {&cases(), &strided_cases()})
     for (const Case& k : *set) {
-      const cpu::ConvDirectRows r = cpu::conv2d_direct_rows(geometry(k));
-      ++(r.forward ? rows : flat)[0];
-      if (k.stride == 1) ++(r.input_grad ? rows : flat)[1];
+      const cpu::ConvDirectWays w = cpu::conv2d_direct_ways(geometry(k));
+      ++fwd[w.forward_rows];
+      if (k.stride == 1) ++ig[w.input_grad_rows];
+      ++wg[k.stride > 1][w.weight_grad_lanes];
     }
-  EXPECT_GT(rows[0], 0);
-  EXPECT_GT(flat[0], 0);
-  EXPECT_GT(rows[1], 0);
-  EXPECT_GT(flat[1], 0);
+  for (int way = 0; way < 2; ++way) {
+    EXPECT_GT(fwd[way], 0) << "forward rows " << way;
+    EXPECT_GT(ig[way], 0) << "input gradient rows " << way;
+    EXPECT_GT(wg[0][way], 0) << "stride 1, weight gradient lanes " << way;
+    EXPECT_GT(wg[1][way], 0) << "strided, weight gradient lanes " << way;
+  }
   const Conv2dGeometry stem = geometry(Case{64, 1, 28, 28, 16, 3, 3, 1, 1});
   const Conv2dGeometry vgg_stem = geometry(Case{64, 3, 32, 32, 32, 3, 3, 1, 1});
   const Conv2dGeometry strided = geometry(Case{64, 16, 28, 28, 32, 3, 3, 1, 1, 2});
-  EXPECT_TRUE(cpu::conv2d_direct_rows(stem).forward);
-  EXPECT_TRUE(cpu::conv2d_direct_rows(vgg_stem).forward);
-  EXPECT_FALSE(cpu::conv2d_direct_rows(strided).forward);
+  for (const Conv2dGeometry& g : {stem, vgg_stem}) {
+    EXPECT_TRUE(cpu::conv2d_direct_ways(g).forward_rows);
+    EXPECT_TRUE(cpu::conv2d_direct_ways(g).weight_grad_lanes);
+  }
+  EXPECT_FALSE(cpu::conv2d_direct_ways(strided).forward_rows);
+  EXPECT_FALSE(cpu::conv2d_direct_ways(strided).weight_grad_lanes);
+}
+
+// The bias gradient that the direct path sums image by image with the weight gradient: the sums
+// of the output gradient's planes (exact values, so any order gives these bits), in float32 and on
+// 16-bit output gradients; the weight gradient the same with it or without. Without the weight
+// gradient, or on the bfloat16 kernels, asking for it is an error.
+TEST(ConvDirect, SumsTheBiasGradientWithTheWeightGradient) {
+  namespace cpu = galley::kernels::cpu;
+  for (const std::vector<Case>* set : {&cases(), &strided_cases()})
+    for (const Case& k : *set) {
+      const Conv2dGeometry g = geometry(k);
+      const auto [x, w, b, gy] = exact_operands(g, 11);
+      const int64_t P = g.oh * g.ow;
+      std::vector<float> gb_want(size_t(g.o), 0.f);
+      for (int64_t n = 0; n < g.n; ++n)
+        for (int64_t o = 0; o < g.o; ++o)
+          for (int64_t p = 0; p < P; ++p) gb_want[size_t(o)] += gy[size_t((n * g.o + o) * P + p)];
+      std::vector<float> gw_alone(w.size()), gw(w.size()), gb(size_t(g.o), -2.f);
+      cpu::conv2d_direct_backward(g, x.data(), w.data(), gy.data(), nullptr, gw_alone.data());
+      cpu::conv2d_direct_backward(g, x.data(), w.data(), gy.data(), nullptr, gw.data(),
+                                  galley::DType::Float32, cpu::bf16_kernels(), gb.data());
+      EXPECT_EQ(gb, gb_want) << name(k);
+      EXPECT_EQ(gw, gw_alone) << name(k);
+      // float16 activations: the output gradient's values are exact in float16 too.
+      std::vector<uint16_t> x16(x.size()), gy16(gy.size());
+      cpu::convert(x.data(), galley::DType::Float32, x16.data(), galley::DType::Float16,
+                   int64_t(x.size()));
+      cpu::convert(gy.data(), galley::DType::Float32, gy16.data(), galley::DType::Float16,
+                   int64_t(gy.size()));
+      std::fill(gb.begin(), gb.end(), -2.f);
+      cpu::conv2d_direct_backward(g, x16.data(), w.data(), gy16.data(), nullptr, gw.data(),
+                                  galley::DType::Float16, cpu::bf16_kernels(), gb.data());
+      EXPECT_EQ(gb, gb_want) << name(k) << " float16";
+      EXPECT_THROW(
+          cpu::conv2d_direct_backward(g, x.data(), w.data(), gy.data(), nullptr, nullptr,
+                                      galley::DType::Float32, cpu::bf16_kernels(), gb.data()),
+          galley::Error)
+          << name(k);
+    }
+  const Conv2dGeometry g = geometry(cases()[0]);
+  std::vector<uint16_t> x16(size_t(g.n * g.c * g.h * g.w)), gy16(size_t(g.n * g.o * g.oh * g.ow));
+  std::vector<float> w(size_t(g.o * g.c * 9)), gw(w.size()), gb(size_t(g.o));
+  for (cpu::Bf16Kernels kernels : {cpu::Bf16Kernels::Tiles, cpu::Bf16Kernels::DotProducts})
+    if (cpu::bf16_kernels_available(kernels))
+      EXPECT_THROW(
+          cpu::conv2d_direct_backward(g, x16.data(), w.data(), gy16.data(), nullptr, gw.data(),
+                                      galley::DType::BFloat16, kernels, gb.data()),
+          galley::Error);
 }
 
 TEST(ConvDirect, StridedMatchesIm2colBitForBit) {

@@ -121,27 +121,19 @@ void unpool_plane(const AvgPool2dGeometry& g, const float* gy, float* gx) {
   }
 }
 
-// The float32 sum of n floats, vectorised.
-float plane_sum(const float* x, int64_t n) {
-  float s = 0.f;
-#pragma omp simd reduction(+ : s)
-  for (int64_t i = 0; i < n; ++i) s += x[i];
-  return s;
-}
-
 // y[p] = the mean of plane p of n elements, for p in [p0, p1). 16-bit planes are widened a run
 // of whole planes at a time (about 4096 elements), so small planes (7x7) cost no call each.
 template <typename T>
 void plane_means(const T* x, int64_t n, T* y, int64_t p0, int64_t p1) {
   if constexpr (std::is_same_v<T, float>) {
-    for (int64_t p = p0; p < p1; ++p) y[p] = plane_sum(x + p * n, n) / float(n);
+    for (int64_t p = p0; p < p1; ++p) y[p] = sum_floats(x + p * n, n) / float(n);
   } else {
     const int64_t run = std::max<int64_t>(1, 4096 / n);
     float* buf = thread_scratch(0, run * n);
     for (int64_t p = p0; p < p1; p += run) {
       const int64_t q = std::min(run, p1 - p);
       to_float(x + p * n, buf, q * n);
-      for (int64_t j = 0; j < q; ++j) y[p + j] = T(plane_sum(buf + j * n, n) / float(n));
+      for (int64_t j = 0; j < q; ++j) y[p + j] = T(sum_floats(buf + j * n, n) / float(n));
     }
   }
 }

@@ -98,21 +98,21 @@ void col2im(const Conv2dGeometry& g, const float* col, int64_t cg, float* gx) {
   }
 }
 
-// gb[o] = the sum of gy over images and positions; 16-bit rows are widened first, so that the
-// sums run in the float32 kernel's order.
+// gb[o] = the sum of gy over images and positions: output channels across the threads, each the
+// sum of its planes' sums (sum_floats) in image order; the same bits at any thread count. 16-bit
+// planes are widened first, so that the sums run in the float32 kernel's order.
 template <typename T>
 void bias_grad(const Conv2dGeometry& g, const T* gy, float* gb) {
   const int64_t P = g.oh * g.ow;
-  std::vector<float> row(std::is_same_v<T, float> ? 0 : size_t(P));
-  std::fill_n(gb, g.o, 0.f);
-  for (int64_t n = 0; n < g.n; ++n)
-    for (int64_t o = 0; o < g.o; ++o) {
-      const float* r = as_float(gy + (n * g.o + o) * P, P, row.data());
+  parallel_for(g.o, 1, [&](int64_t o0, int64_t o1) {
+    float* row = std::is_same_v<T, float> ? nullptr : thread_scratch(0, size_t(P));
+    for (int64_t o = o0; o < o1; ++o) {
       float s = 0.f;
-#pragma omp simd reduction(+ : s)
-      for (int64_t p = 0; p < P; ++p) s += r[p];
-      gb[o] += s;
+      for (int64_t n = 0; n < g.n; ++n)
+        s += sum_floats(as_float(gy + (n * g.o + o) * P, P, row), P);
+      gb[o] = s;
     }
+  });
 }
 
 template <typename T>
@@ -483,8 +483,12 @@ void conv2d_backward(const Conv2dGeometry& g, const void* x, const float* w, con
     const ConvDirectUse use = conv2d_direct_use(g, dtype);
     void* direct_gx = use.input_grad ? gx : nullptr;
     float* direct_gw = use.weight_grad ? gw : nullptr;
+    // The direct weight gradient on the float32 kernels sums the bias gradient as it goes.
+    const bool bf16_kernels = dtype == DType::BFloat16 && use.bf16 != Bf16Kernels::Widened;
+    float* direct_gb = direct_gw && !bf16_kernels ? gb : nullptr;
     if (direct_gx || direct_gw)
-      conv2d_direct_backward(g, x, w, gy, direct_gx, direct_gw, dtype, use.bf16);
+      conv2d_direct_backward(g, x, w, gy, direct_gx, direct_gw, dtype, use.bf16, direct_gb);
+    if (direct_gb) gb = nullptr;
     if (gx != direct_gx || gw != direct_gw)
       conv2d_backward_im2col(g, x, w, gy, direct_gx ? nullptr : gx, direct_gw ? nullptr : gw,
                              dtype);

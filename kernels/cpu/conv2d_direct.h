@@ -66,13 +66,15 @@ struct ConvDirectUse {
 };
 ConvDirectUse conv2d_direct_use(const Conv2dGeometry& g, DType dtype = DType::Float32);
 
-// Whether the direct path's float32 forward pass (and stride-1 input gradient) stores its
-// outputs straight into the planes by rows rather than through the flat output: so that tests
-// see both ways taken. False in builds without the vector lanes.
-struct ConvDirectRows {
-  bool forward = false, input_grad = false;
+// The ways the direct path runs g's parts, so that tests see every way taken. forward_rows and
+// input_grad_rows: the float32 forward pass (and stride-1 input gradient) stores its outputs
+// straight into the planes by rows rather than through the flat output. weight_grad_lanes: the
+// weight gradient sums over the outputs across the vector lanes (few (input channel, tap) pairs:
+// the stems) rather than over the output channels. All false in builds without the vector lanes.
+struct ConvDirectWays {
+  bool forward_rows = false, input_grad_rows = false, weight_grad_lanes = false;
 };
-ConvDirectRows conv2d_direct_rows(const Conv2dGeometry& g);
+ConvDirectWays conv2d_direct_ways(const Conv2dGeometry& g);
 
 // Same contracts as conv2d_forward / conv2d_backward (without the bias gradient); callable for
 // any geometry of one group with stride 1, or a stride up to 4 with dilation 1 (the bfloat16
@@ -82,8 +84,11 @@ ConvDirectRows conv2d_direct_rows(const Conv2dGeometry& g);
 void conv2d_direct_forward(const Conv2dGeometry& g, const void* x, const float* w, const float* b,
                            void* y, DType dtype = DType::Float32,
                            Bf16Kernels bf16 = bf16_kernels());
+// gb, where given, takes the bias gradient, summed image by image as the weight gradient reads
+// each image's output gradient (a pass of its own would read it again from memory): it needs gw
+// and the float32 kernels (not Tiles or DotProducts).
 void conv2d_direct_backward(const Conv2dGeometry& g, const void* x, const float* w, const void* gy,
                             void* gx, float* gw, DType dtype = DType::Float32,
-                            Bf16Kernels bf16 = bf16_kernels());
+                            Bf16Kernels bf16 = bf16_kernels(), float* gb = nullptr);
 
 }  // namespace galley::kernels::cpu

@@ -26,6 +26,22 @@ inline const float* as_float(const T* src, int64_t n, float* buf) {
   }
 }
 
+// The float32 sum of n floats: kSumLanes independent partial sums (not one chain of dependent
+// adds) over whole blocks of them, the rest (a small plane's all) in one vector's, added last.
+constexpr int64_t kSumLanes = 32;
+inline float sum_floats(const float* p, int64_t n) {
+  alignas(64) float acc[kSumLanes] = {};
+  const int64_t whole = n / kSumLanes * kSumLanes;
+  for (int64_t i = 0; i < whole; i += kSumLanes)
+#pragma omp simd
+    for (int64_t k = 0; k < kSumLanes; ++k) acc[k] += p[i + k];
+  float s = 0.f;
+#pragma omp simd reduction(+ : s)
+  for (int64_t i = whole; i < n; ++i) s += p[i];
+  for (int64_t k = 0; k < kSumLanes; ++k) s += acc[k];
+  return s;
+}
+
 // o[i] = f(a[i]) for n elements of T, computed in float32.
 template <typename T, typename F>
 inline void map_n(const T* a, T* o, int64_t n, F f) {
