@@ -12,7 +12,9 @@
 // where that pays, the block takes each output row's vectors and stores them into the planes
 // directly, the last one of a row partly). The input
 // gradient is the same correlation of the bordered output gradient with the flipped, transposed
-// kernel; the weight gradient runs over q with output channels across the vector lanes.
+// kernel; the weight gradient runs over q with output channels across the vector lanes, or, for
+// few (input channel, tap) pairs (the stems), over each output row's vectors with the outputs
+// across the lanes, the output gradient read in place.
 //
 // A strided convolution (stride s up to 4, dilation 1) holds each bordered plane as its phases:
 // padded row r is row r / s of row phase r % s, columns alike, so tap (i, j) of output
