@@ -200,6 +200,7 @@ struct RowVector {
   int64_t x, y, lanes;
 };
 
+#if defined(GALLEY_VECTOR_LANES)
 // Each output row of p in vectors of L, the last one partial: every row's whole vectors first,
 // then the partial ones, so that the blocks of whole vectors store without a branch a vector
 // (correlate_rows_block).
@@ -224,6 +225,7 @@ bool rows_pay(const Plan& p) {
   const int64_t row_vecs = p.oh() * ((p.ow() + L - 1) / L), flat_vecs = p.qs() / L;
   return (row_vecs - flat_vecs) * p.cin * p.taps() <= 2 * flat_vecs;
 }
+#endif
 
 // row_vectors(p) for float32 outputs where rows pay (and the build has the vector lanes), else
 // none: the correlation then goes through the flat output.
