@@ -585,7 +585,8 @@ def conv_markdown(meta, rows, threads):
     lines = [
         "galley's convolutions, float32, batch 64, every layer shape of the `vgg` and `resnet` "
         "models (`bench_kernels --benchmark_filter='conv2d_layer.*/bf16:0'`, median of "
-        f"{meta['repetitions']} repetitions, and the fastest of them). Backward: the gradients the "
+        f"{meta['repetitions']} repetitions spread in random order over the run, and the fastest of "
+        "them). Backward: the gradients the "
         "model's step computes; a stem's input is the data, so its backward is the weight gradient "
         "alone (`backward (weights)`). " + header(meta),
         "",
@@ -619,6 +620,9 @@ def run_conv(a, threads, commit, dirty):
         # float32 only: the layers' bfloat16 variants (bf16:1) have the goals of the amp suite.
         cmd = [str(a.kernels_bin), f"--threads={t}", "--benchmark_filter=conv2d_layer.*/bf16:0",
                f"--benchmark_repetitions={a.conv_repetitions}", "--benchmark_min_time=0.5",
+               # Each layer's repetitions spread over the whole run, in random order among the
+               # others', so that a slow spell of the machine does not take all of one layer's.
+               "--benchmark_enable_random_interleaving=true",
                "--benchmark_report_aggregates_only=false", f"--benchmark_out={out}",
                "--benchmark_out_format=json"]
         env = dict(os.environ, OMP_NUM_THREADS=str(t), GALLEY_NUM_THREADS=str(t))
@@ -645,7 +649,9 @@ def run_conv(a, threads, commit, dirty):
                 what = "forward"
             else:
                 what = "backward" if b.get("input_grad", 1) else "backward (weights)"
-            r = rows.setdefault(key, {"model": model, "layer": layer, "by_threads": {}, "pass": what})
+            shape = int(re.search(r"/shape:(\d+)", b["name"]).group(1))
+            r = rows.setdefault(key, {"model": model, "layer": layer, "by_threads": {}, "pass": what,
+                                      "shape": shape})
             r["by_threads"][str(t)] = {"gflops": b["GFLOP/s"], "of_peak": b["of_peak"]}
             if b["run_name"] in best:
                 r["by_threads"][str(t)]["best_of_peak"] = best[b["run_name"]]
@@ -654,7 +660,9 @@ def run_conv(a, threads, commit, dirty):
     meta = metadata(a, "cpu-conv-layers", ["galley"], [{"impl": "galley", "version": a.galley_version}],
                     commit, dirty, t_start)
     meta.update(repetitions=a.conv_repetitions, peak_gflops=peaks, threads=threads, goal_of_peak=CONV_GOAL)
-    ordered = sorted(rows.values(), key=lambda r: (r["model"] != "vgg", not r["pass"].startswith("forward")))
+    # (the repetitions come in random order: the table keeps bench_kernels' order of the shapes)
+    ordered = sorted(rows.values(),
+                     key=lambda r: (r["model"] != "vgg", not r["pass"].startswith("forward"), r["shape"]))
     table = conv_markdown(meta, ordered, threads)
     (a.out / "cpu-conv-layers.json").write_text(json.dumps({**meta, "layers": ordered, "runs": runs}, indent=2) + "\n")
     (a.out / "cpu-conv-layers.md").write_text(table)
