@@ -27,6 +27,7 @@
 #include "kernels/cpu/conv2d_direct.h"
 #include "kernels/cpu/conv2d_pointwise.h"
 #include "kernels/cpu/conv2d_winograd.h"
+#include "kernels/cpu/staged.h"
 #include "kernels/gemm.h"
 #include "kernels/max_pool2d.h"
 
@@ -93,6 +94,7 @@ const std::vector<Case>& cases() {
       {2, 3, 7, 8, 4, 2, 3, 1, 1},      // rectangular kernel, padding below one side's reach
       {2, 3, 7, 8, 4, 3, 1, 0, 1},      // a column kernel
       {1, 6, 3, 3, 9, 3, 3, 0, 1},      // a single output pixel
+      {2, 1, 9, 9, 6, 5, 5, 2, 1},      // one channel's 5x5 (lane columns across kernel rows)
       {4, 33, 5, 6, 16, 3, 3, 1, 1},    // 33 input channels
   };
   return all;
@@ -109,6 +111,7 @@ const std::vector<Case>& strided_cases() {
       {2, 3, 9, 8, 6, 3, 3, 0, 1, 2},      // unpadded
       {1, 2, 6, 70, 3, 3, 3, 1, 1, 2},     // rows of more than two vectors out
       {2, 4, 11, 10, 70, 3, 3, 1, 1, 3},   // stride 3: three phases a side
+      {2, 1, 13, 11, 5, 3, 3, 1, 1, 3},    // one channel at stride 3 (lane columns on phases)
       {2, 3, 10, 9, 5, 2, 2, 0, 1, 2},     // a 2x2 kernel: as wide as the stride
       {2, 2, 12, 11, 6, 5, 5, 2, 1, 2},    // 5x5
       {2, 3, 9, 8, 4, 3, 1, 1, 1, 2},      // a column kernel: one column phase
@@ -268,6 +271,38 @@ TEST(ConvDirect, SumsTheBiasGradientWithTheWeightGradient) {
           cpu::conv2d_direct_backward(g, x16.data(), w.data(), gy16.data(), nullptr, gw.data(),
                                       galley::DType::BFloat16, kernels, gb.data()),
           galley::Error);
+}
+
+// On values whose sums round, the direct path's bias gradient has the bits of conv2d_backward's
+// own bias pass (each image's plane sums, added in image order) at every thread count, through
+// either weight gradient (the outputs across the lanes, and the broadcast block).
+TEST(ConvDirect, BiasGradientHasOneOrderAtEveryThreadCount) {
+  namespace cpu = galley::kernels::cpu;
+  const int saved = galley::num_threads();
+  for (const Case& k : {Case{24, 3, 12, 12, 8, 3, 3, 1, 1}, Case{24, 8, 10, 10, 12, 3, 3, 1, 1}}) {
+    const Conv2dGeometry g = geometry(k);
+    std::mt19937 rng(9);
+    const auto x = normal_values(rng, size_t(g.n * g.c * g.h * g.w)),
+               w = normal_values(rng, size_t(g.o * g.c * 9)),
+               gy = normal_values(rng, size_t(g.n * g.o * g.oh * g.ow));
+    const int64_t P = g.oh * g.ow;
+    std::vector<float> want(size_t(g.o));
+    for (int64_t o = 0; o < g.o; ++o) {
+      float sum = 0.f;
+      for (int64_t n = 0; n < g.n; ++n) sum += cpu::sum_floats(gy.data() + (n * g.o + o) * P, P);
+      want[size_t(o)] = sum;
+    }
+    for (int threads : {1, 2, 3}) {
+      galley::set_num_threads(threads);
+      std::vector<float> gw(w.size()), gb(size_t(g.o), -2.f), gb_op(size_t(g.o), -2.f);
+      cpu::conv2d_direct_backward(g, x.data(), w.data(), gy.data(), nullptr, gw.data(),
+                                  galley::DType::Float32, cpu::bf16_kernels(), gb.data());
+      cpu::conv2d_backward(g, x.data(), w.data(), gy.data(), nullptr, gw.data(), gb_op.data());
+      EXPECT_EQ(gb, want) << name(k) << ", " << threads << " threads";
+      EXPECT_EQ(gb_op, want) << name(k) << ", " << threads << " threads, through conv2d_backward";
+    }
+  }
+  galley::set_num_threads(saved);
 }
 
 TEST(ConvDirect, StridedMatchesIm2colBitForBit) {

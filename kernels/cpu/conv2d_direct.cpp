@@ -406,11 +406,13 @@ void transpose_grad(const Plan& p, int64_t op, const T* gy, float* gyT) {
 
 // The weight gradient with the outputs across the lanes, for convolutions of few (input channel,
 // tap) pairs (the stems: conv2d_direct_use). A block of OB output channels x kLaneColumns columns
-// (a kernel row's taps) holds part[o][j] as vectors of partial sums; each output row's vectors
+// (consecutive (channel, tap) pairs: a kernel row's taps where the kernel is 3 wide) holds
+// part[o][j] as vectors of partial sums; each output row's vectors
 // (the last one partial, read masked) of the output gradient, in place, multiply the bordered
 // input at the column's shift. No transpose of the output gradient into channels-last rows, which
 // costs more than a few columns' products, and no columns padded to the broadcast block's 6 (a
-// 3x3 kernel's 9 took 12 there). The lanes are summed once, after the last image.
+// 3x3 kernel's 9 took 12 there with AVX2, 24 with AVX-512). The lanes are summed once, after the
+// last image.
 constexpr int64_t kLaneColumns = 3;
 
 // The partial sums' layout: [op][cp][L], output channels padded to whole blocks of OB, columns to
@@ -469,7 +471,7 @@ void lane_weight_grad_block(const float* const* gy, const float* const* xs, int6
       for (int c = 0; c < TC; ++c) acc[o][c] += gv * xv[c];
     }
   };
-  // The rows' whole vectors, then their partial ones (the mask in a register only there).
+  // The rows' whole vectors, then their partial ones (no test of the lanes in the first loop).
   for (int64_t i = 0; i < oh; ++i)
     for (int64_t j = 0; j < whole; j += L) step(i * pw + j, i * ow + j, false);
   if (left)
@@ -1035,8 +1037,10 @@ ConvDirectUse conv2d_direct_use(const Conv2dGeometry& g, DType dtype) {
   // From one channel's 3x3 taps (resnet's 1->16 stem, vgg's 3->32): on an Intel Xeon, at one
   // and two threads, 1.2-1.5x im2col in float32, and in bfloat16 (widened) 2-3.4x im2col on the
   // tile GEMM; on AMD Zen 3 (AVX2) 1.3-1.6x, the weight gradient of three channels 1.4x and
-  // their forward pass level. Against im2col on the dot-product GEMM (AMD Zen 4 and 5) not
-  // measured: those hosts keep the thresholds measured before, 16 and 64 pairs.
+  // their forward pass level (since then both stems' weight gradients run with the outputs
+  // across the lanes, 1.3-1.6x faster again, and their forward passes store by rows). Against
+  // im2col on the dot-product GEMM (AMD Zen 4 and 5) not measured: those hosts keep the thresholds
+  // measured before, 16 and 64 pairs.
   if (dtype == DType::BFloat16 && bf16_kernels() == Bf16Kernels::DotProducts) {
     use.forward = columns >= 16;
     use.weight_grad = columns >= 64;
@@ -1109,9 +1113,10 @@ void direct_backward(const Conv2dGeometry& g, const T* x, const float* w, const 
   const LaneWeightGradLayout lane_lay(fwd);
   const int64_t ohw = g.oh * g.ow;
   const int64_t chunk = balanced_chunk(g.n, 1);
-  // Each chunk's partial weight gradient, then its bias gradient's g.o sums.
-  const int64_t wg_floats = lanes ? lane_lay.floats() : lay.jp * lay.op;
-  const ChunkSums sums(gw ? g.n : 0, chunk, wg_floats + (gb ? g.o : 0));
+  const ChunkSums sums(gw ? g.n : 0, chunk, lanes ? lane_lay.floats() : lay.jp * lay.op);
+  // The bias gradient's sums of each image's planes, [n][o], added in image order after the
+  // images: bias_grad's order (cpu/conv2d.cpp), so its bits at any thread count.
+  std::vector<float> plane_sums(gb ? size_t(g.n * g.o) : 0);
   parallel_chunks(g.n, chunk, [&](int64_t n0, int64_t n1, bool first) {
     float* xb = nullptr;
     float* gyT = nullptr;
@@ -1161,7 +1166,8 @@ void direct_backward(const Conv2dGeometry& g, const T* x, const float* w, const 
           weight_grad(fwd, lay, xs, gyT, part);
         }
         if (gb)
-          for (int64_t o = 0; o < g.o; ++o) part[wg_floats + o] += sum_floats(gyf + o * ohw, ohw);
+          for (int64_t o = 0; o < g.o; ++o)
+            plane_sums[size_t(n * g.o + o)] = sum_floats(gyf + o * ohw, ohw);
       }
       if (phased) {
         fill_interior(pig.phases.front().plan, gyn, gyb);
@@ -1179,7 +1185,12 @@ void direct_backward(const Conv2dGeometry& g, const T* x, const float* w, const 
     write_lane_weight_grad(g, lane_lay, total, gw);
   else
     write_weight_grad(g, lay, total, gw);
-  if (gb) std::copy_n(total + wg_floats, g.o, gb);
+  if (!gb) return;
+  for (int64_t o = 0; o < g.o; ++o) {
+    float sum = 0.f;
+    for (int64_t n = 0; n < g.n; ++n) sum += plane_sums[size_t(n * g.o + o)];
+    gb[o] = sum;
+  }
 }
 
 #if defined(__AVX512BF16__)
@@ -1428,7 +1439,7 @@ void conv2d_direct_backward(const Conv2dGeometry& g, const void* x, const float*
   const bool bf16_kernels = dtype == DType::BFloat16 && bf16 != Bf16Kernels::Widened;
   GALLEY_CHECK(!gb || (gw && !bf16_kernels),
                "conv2d_backward: the direct path sums the bias gradient with the weight gradient "
-               "on the float32 kernels only");
+               "(so it needs the weight gradient too) on the float32 kernels only");
   if (bf16_kernels) {
     check_available(bf16, g);
     const auto* xs = static_cast<const uint16_t*>(x);

@@ -55,9 +55,9 @@ int conv2d_vector_lanes();
 // takes the bfloat16 kernels (those of 16 channels or more stay on im2col, or the tiles'
 // phases). Then each part where it is faster than
 // im2col + GEMM (measured on the layers of the benchmark models): the forward pass and the
-// weight gradient need enough (input channel, tap) pairs to amortise writing each output block,
-// and the weight gradient's transpose of the output gradient (the 9 of a single channel's 3x3
-// kernel; 16 and 64 for bfloat16 on the dot products); the input gradient needs enough input
+// weight gradient need enough (input channel, tap) pairs to amortise writing each output block
+// and summing each image's products (the 9 of a single channel's 3x3 kernel; 16 and 64 for
+// bfloat16 on the dot products); the input gradient needs enough input
 // channels to fill its blocks of output channels (16). A bfloat16 convolution of 16 or more input
 // channels, where bf16_kernels() is Tiles or DotProducts, takes the direct path for every part on
 // those kernels; any other runs the widened kernels.
@@ -78,17 +78,18 @@ struct ConvDirectWays {
 };
 ConvDirectWays conv2d_direct_ways(const Conv2dGeometry& g);
 
-// Same contracts as conv2d_forward / conv2d_backward (without the bias gradient); callable for
-// any geometry of one group with stride 1, or a stride up to 4 with dilation 1 (the bfloat16
+// Same contracts as conv2d_forward / conv2d_backward (the bias gradient only as below); callable
+// for any geometry of one group with stride 1, or a stride up to 4 with dilation 1 (the bfloat16
 // kernels at stride 1 only), whatever conv2d_direct_use says, so tests can
 // compare the two paths on every machine; other geometries are an error. `bf16` picks the
 // bfloat16 kernels (an unavailable one is an error).
 void conv2d_direct_forward(const Conv2dGeometry& g, const void* x, const float* w, const float* b,
                            void* y, DType dtype = DType::Float32,
                            Bf16Kernels bf16 = bf16_kernels());
-// gb, where given, takes the bias gradient, summed image by image as the weight gradient reads
-// each image's output gradient (a pass of its own would read it again from memory): it needs gw
-// and the float32 kernels (not Tiles or DotProducts).
+// gb, where given, takes the bias gradient, each image's plane sums taken as the weight gradient
+// reads its output gradient (a pass of its own would read it again from memory), added in image
+// order after the images, as conv2d_backward's own bias gradient does: the same bits at any thread
+// count. It needs gw and the float32 kernels (not Tiles or DotProducts).
 void conv2d_direct_backward(const Conv2dGeometry& g, const void* x, const float* w, const void* gy,
                             void* gx, float* gw, DType dtype = DType::Float32,
                             Bf16Kernels bf16 = bf16_kernels(), float* gb = nullptr);

@@ -27,7 +27,8 @@ inline const float* as_float(const T* src, int64_t n, float* buf) {
 }
 
 // The float32 sum of n floats: kSumLanes independent partial sums (not one chain of dependent
-// adds) over whole blocks of them, the rest (a small plane's all) in one vector's, added last.
+// adds), element i into sum i % kSumLanes, then the sums added pairwise (halves onto halves). The
+// order is the code's, not the compiler's vectorisation's: the same bits in every build.
 constexpr int64_t kSumLanes = 32;
 inline float sum_floats(const float* p, int64_t n) {
   alignas(64) float acc[kSumLanes] = {};
@@ -35,11 +36,11 @@ inline float sum_floats(const float* p, int64_t n) {
   for (int64_t i = 0; i < whole; i += kSumLanes)
 #pragma omp simd
     for (int64_t k = 0; k < kSumLanes; ++k) acc[k] += p[i + k];
-  float s = 0.f;
-#pragma omp simd reduction(+ : s)
-  for (int64_t i = whole; i < n; ++i) s += p[i];
-  for (int64_t k = 0; k < kSumLanes; ++k) s += acc[k];
-  return s;
+  for (int64_t k = 0; k < n - whole; ++k) acc[k] += p[whole + k];
+  for (int64_t half = kSumLanes / 2; half > 0; half /= 2)
+#pragma omp simd
+    for (int64_t k = 0; k < half; ++k) acc[k] += acc[k + half];
+  return acc[0];
 }
 
 // o[i] = f(a[i]) for n elements of T, computed in float32.
