@@ -663,8 +663,13 @@ def run_conv(a, threads, commit, dirty):
     # (the repetitions come in random order: the table keeps bench_kernels' order of the shapes)
     ordered = sorted(rows.values(),
                      key=lambda r: (r["model"] != "vgg", not r["pass"].startswith("forward"), r["shape"]))
-    table = conv_markdown(meta, ordered, threads)
     (a.out / "cpu-conv-layers.json").write_text(json.dumps({**meta, "layers": ordered, "runs": runs}, indent=2) + "\n")
+    report_conv(a, meta, ordered, threads)
+
+
+def report_conv(a, meta, layers, threads):
+    """cpu-conv-layers.md (and the README's table) from a run's layers, in their order."""
+    table = conv_markdown(meta, layers, threads)
     (a.out / "cpu-conv-layers.md").write_text(table)
     if not a.no_readme and update_readme(a.out / "README.md", "conv", table):
         print(f"updated {a.out / 'README.md'}")
@@ -816,6 +821,11 @@ def main():
             d = json.loads(path.read_text())
             runs = d["runs"]
             a.idle_threshold = d.get("idle_threshold_cores", a.idle_threshold)
+            if d["benchmark"] == "cpu-conv-layers":  # galley's kernels alone: no "impl" in its runs
+                a.out.mkdir(parents=True, exist_ok=True)
+                meta = {k: v for k, v in d.items() if k not in ("layers", "runs")}
+                report_conv(a, meta, d["layers"], d["threads"])
+                continue
             impls = [i for i in IMPLS if any(r["impl"] == i for r in runs)]
             if d["benchmark"] == "cpu-amp":
                 meta = {k: v for k, v in d.items() if k not in ("summary", "runs", "models", "batches", "threads")}
