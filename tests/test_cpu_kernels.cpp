@@ -266,11 +266,12 @@ TEST(ConvDirect, SumsTheBiasGradientWithTheWeightGradient) {
   std::vector<uint16_t> x16(size_t(g.n * g.c * g.h * g.w)), gy16(size_t(g.n * g.o * g.oh * g.ow));
   std::vector<float> w(size_t(g.o * g.c * 9)), gw(w.size()), gb(size_t(g.o));
   for (cpu::Bf16Kernels kernels : {cpu::Bf16Kernels::Tiles, cpu::Bf16Kernels::DotProducts})
-    if (cpu::bf16_kernels_available(kernels))
+    if (cpu::bf16_kernels_available(kernels)) {
       EXPECT_THROW(
           cpu::conv2d_direct_backward(g, x16.data(), w.data(), gy16.data(), nullptr, gw.data(),
                                       galley::DType::BFloat16, kernels, gb.data()),
           galley::Error);
+    }
 }
 
 // On values whose sums round, the direct path's bias gradient has the bits of conv2d_backward's
