@@ -1021,8 +1021,7 @@ ConvDirectUse conv2d_direct_use(const Conv2dGeometry& g, DType dtype) {
                     g.pad <= (g.kh - 1) * g.dilation && g.pad <= (g.kw - 1) * g.dilation &&
                     g.n >= num_threads();
   if (!fits) return use;
-  const bool bf16_fast = dtype == DType::BFloat16 && bf16_kernels() != Bf16Kernels::Widened;
-  if (bf16_fast && g.c >= 16) {
+  if (on_bf16_kernels(dtype, bf16_kernels()) && g.c >= 16) {
     // From 16 input channels (half of a tile's 32) the tiles, and the dot products, outrun the
     // float32 kernels in every part; with fewer, padding (to whole tiles, or to the pairs' and
     // the register blocks' 16 channels) and the passes around the kernels cost more than they
@@ -1415,7 +1414,7 @@ Bf16Kernels bf16_kernels() {
 void conv2d_direct_forward(const Conv2dGeometry& g, const void* x, const float* w, const float* b,
                            void* y, DType dtype, Bf16Kernels bf16) {
   check_geometry(g);
-  if (dtype == DType::BFloat16 && bf16 != Bf16Kernels::Widened) {
+  if (on_bf16_kernels(dtype, bf16)) {
     check_available(bf16, g);
     const auto* xs = static_cast<const uint16_t*>(x);
     auto* ys = static_cast<bfloat16*>(y);
@@ -1436,7 +1435,7 @@ void conv2d_direct_forward(const Conv2dGeometry& g, const void* x, const float* 
 void conv2d_direct_backward(const Conv2dGeometry& g, const void* x, const float* w, const void* gy,
                             void* gx, float* gw, DType dtype, Bf16Kernels bf16, float* gb) {
   check_geometry(g);
-  const bool bf16_kernels = dtype == DType::BFloat16 && bf16 != Bf16Kernels::Widened;
+  const bool bf16_kernels = on_bf16_kernels(dtype, bf16);
   GALLEY_CHECK(!gb || (gw && !bf16_kernels),
                "conv2d_backward: the direct path sums the bias gradient with the weight gradient "
                "(so it needs the weight gradient too) on the float32 kernels only");

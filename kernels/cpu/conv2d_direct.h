@@ -43,6 +43,11 @@ namespace galley::kernels::cpu {
 enum class Bf16Kernels { Tiles, DotProducts, Widened };
 bool bf16_kernels_available(Bf16Kernels k);
 Bf16Kernels bf16_kernels();
+// Whether a convolution of `dtype` runs on the bfloat16 kernels `bf16` (a bfloat16 one on Tiles
+// or DotProducts) rather than on the float32 kernels.
+inline bool on_bf16_kernels(DType dtype, Bf16Kernels bf16) {
+  return dtype == DType::BFloat16 && bf16 != Bf16Kernels::Widened;
+}
 
 // The float32 lanes of the vectors the direct and Winograd paths run on in this build: 16 with
 // AVX-512, 8 with AVX2 and FMA, 0 without either (neither path is taken then).
