@@ -264,9 +264,11 @@ void BM_conv2d_layer_forward(benchmark::State& st) {
   Tensor b = l.bias() ? layer_tensor({l.out}, dt, false) : Tensor();
   const double secs = time_forward(st, [&] { return galley::conv2d(x, w, b, layer_options(l)); });
   set_rate(st, layer_flops(l), 0, secs, /*samples=*/false);
+  st.counters["bias"] = l.bias() ? 1 : 0;
 }
 
-// Counter input_grad: 1 where the backward computes the input gradient, 0 for a stem's.
+// Counters: input_grad, 1 where the backward computes the input gradient (0 for a stem's); bias,
+// 1 where the layer has one (forward too).
 void BM_conv2d_layer_backward(benchmark::State& st) {
   const LayerShape& l = layer_shape(st);
   const galley::DType dt = layer_dtype(st);
@@ -286,6 +288,7 @@ void BM_conv2d_layer_backward(benchmark::State& st) {
       st, [&] { return galley::conv2d(x, w, b, layer_options(l)); }, gy, leaves);
   set_rate(st, (input_grad ? 2 : 1) * layer_flops(l), 0, secs, /*samples=*/false);
   st.counters["input_grad"] = input_grad ? 1 : 0;
+  st.counters["bias"] = l.bias() ? 1 : 0;
 }
 
 // ReLU forward on the conv output.

@@ -18,7 +18,9 @@ amp         the train step in float32 and under bfloat16 autocast (galley's amp:
             (galley bf16 over galley float32, and over the faster PyTorch bf16).
 conv        galley's convolutions, every layer shape of the vgg and resnet models at batch 64
             (bench_kernels' BM_conv2d_layer_*), forward and backward, at each thread count:
-            GFLOP/s and `of_peak`, the fraction of the FMA peak that bench_kernels measures.
+            GFLOP/s and `of_peak`, the fraction of the FMA peak that bench_kernels measures; each
+            PyTorch's on the same layers (conv_layers_torch.py) in the same rounds, and galley's
+            GFLOP/s over the faster one's.
 
   python3 benchmarks/run_cpu.py --build build                    # both suites, ~15 min on 2 cores
   python3 benchmarks/run_cpu.py --suite throughput --rounds 1 --models vgg --batches 64
@@ -579,90 +581,161 @@ def report_tta(a, meta, runs, impls):
 
 # ----------------------------------------------------------------------------- conv layers
 CONV_GOAL = 0.75  # of the measured FMA peak
+CONV_TORCHES = ("pytorch", "pytorch_alt")  # timed on the same layers by conv_layers_torch.py
+
+
+def conv_pass(bench_name, counters):
+    """The pass a BM_conv2d_layer_* figure times: a stem's backward is its weight gradient alone
+    (the model's input takes none)."""
+    if "forward" in bench_name:
+        return "forward"
+    return "backward" if counters.get("input_grad", 1) else "backward (weights)"
+
+
+def conv_layer_spec(row):
+    """conv_layers_torch.py's description of a row's layer, from bench_kernels' label."""
+    m = re.fullmatch(r"(\d+)->(\d+) (\d+)x\d+/(\d+) (\d+)x\d+", row["layer"])
+    cin, cout, k, stride, hw = (int(v) for v in m.groups())
+    return {"key": row["key"], "in": cin, "out": cout, "k": k, "stride": stride, "hw": hw,
+            "bias": row["bias"], "pass": row["pass"]}
+
+
+def conv_torch(e):
+    """The faster PyTorch's figures of a row's thread count, and its label; (None, None) without."""
+    ts = e.get("torch") or {}
+    if not ts:
+        return None, None
+    name = max(ts, key=lambda i: ts[i]["gflops"])
+    return ts[name], name
 
 
 def conv_markdown(meta, rows, threads):
+    v = meta["versions"]
+    torches = [i for i in CONV_TORCHES if v.get(i)]
     lines = [
         "galley's convolutions, float32, batch 64, every layer shape of the `vgg` and `resnet` "
-        "models (`bench_kernels --benchmark_filter='conv2d_layer.*/bf16:0'`, median of "
-        f"{meta['repetitions']} repetitions spread in random order over the run, and the fastest of "
-        "them). Backward: the gradients the "
-        "model's step computes; a stem's input is the data, so its backward is the weight gradient "
-        "alone (`backward (weights)`). " + header(meta),
+        "models (`bench_kernels --benchmark_filter='conv2d_layer.*/bf16:0'`), against PyTorch's on "
+        "the same layers (`benchmarks/conv_layers_torch.py`: `torch.nn.functional.conv2d`, NCHW, "
+        "its oneDNN kernels). Backward: the gradients the model's step computes; a stem's input is "
+        "the data, so its backward is the weight gradient alone (`backward (weights)`). "
+        f"{meta['repetitions']} rounds; each runs every layer once in galley, then in each "
+        "PyTorch (the order of the frameworks rotating, of the layers shuffled); the table gives "
+        "the median over rounds. " + header(meta),
         "",
         "`of_peak`: GFLOP/s over the FMA peak that bench_kernels measures at start-up for the same "
         "thread count (" + ", ".join(f"{t} thread{'s' if t > 1 else ''}: {meta['peak_gflops'][str(t)]:.0f} GFLOP/s"
-                                     for t in threads) + f"). Goal: ≥ {CONV_GOAL:.0%} of peak, on the median. "
-        "`best`: the fastest repetition's of_peak; where it stands well above the median, the machine's "
-        "speed moved during the run.",
+                                     for t in threads) + f"), for galley and PyTorch alike. Goal: "
+        f"≥ {CONV_GOAL:.0%} of peak, on the median. `best`: galley's fastest round; where it stands "
+        "well above the median, the machine's speed moved during the run. `PyTorch`: the faster "
+        "of " + (", ".join(label(i, v) for i in torches) if torches else "the PyTorch builds (none ran)")
+        + " at that thread count, and `vs PyTorch` galley's GFLOP/s over its.",
         "",
         "| model | layer (in->out kxk/stride, input) | pass | "
-        + " | ".join(f"{t}T GFLOP/s | {t}T of_peak | {t}T best" for t in threads) + " |",
-        "|---|---|---|" + "---:|---:|---:|" * len(threads),
+        + " | ".join(f"{t}T GFLOP/s | {t}T of_peak | {t}T best | {t}T PyTorch of_peak | {t}T vs PyTorch"
+                     for t in threads) + " |",
+        "|---|---|---|" + "---:|---:|---:|---:|---:|" * len(threads),
     ]
     for r in rows:
         cells = []
         for t in threads:
             e = r["by_threads"].get(str(t))
-            best = f"{e['best_of_peak']:.2f}" if e and "best_of_peak" in e else "n/a"
-            cells += [f"{e['gflops']:.1f}", f"{e['of_peak']:.2f}", best] if e else ["n/a"] * 3
+            if not e:
+                cells += ["n/a"] * 5
+                continue
+            best = f"{e['best_of_peak']:.2f}" if "best_of_peak" in e else "n/a"
+            tf, name = conv_torch(e)
+            theirs = f"{tf['of_peak']:.2f} ({label(name, v).split(' ')[-1]})" if tf else "n/a"
+            ratio = f"{e['gflops'] / tf['gflops']:.2f}x" if tf else "n/a"
+            cells += [f"{e['gflops']:.1f}", f"{e['of_peak']:.2f}", best, theirs, ratio]
         lines.append(f"| {r['model']} | {r['layer']} | {r['pass']} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
 
-def run_conv(a, threads, commit, dirty):
-    """bench_kernels' per-layer convolutions at each thread count; writes cpu-conv-layers.*"""
+def run_conv(a, impls, threads, commit, dirty):
+    """Per-layer convolutions at each thread count, galley's (bench_kernels) and each PyTorch's
+    (conv_layers_torch.py) in alternating rounds; writes cpu-conv-layers.*"""
     t_start = time.monotonic()
-    rows, peaks, runs = {}, {}, []
+    torches = [i for i in impls if i in CONV_TORCHES]
+    rows, peaks, runs, versions = {}, {}, [], {"galley": a.galley_version}
     a.out.mkdir(parents=True, exist_ok=True)
+    scratch = Path(a.out) / ".conv-layers.json"
     for t in threads:
-        out = Path(a.out) / f".conv-layers-{t}.json"
-        # float32 only: the layers' bfloat16 variants (bf16:1) have the goals of the amp suite.
-        cmd = [str(a.kernels_bin), f"--threads={t}", "--benchmark_filter=conv2d_layer.*/bf16:0",
-               f"--benchmark_repetitions={a.conv_repetitions}", "--benchmark_min_time=0.5",
-               # Each layer's repetitions spread over the whole run, in random order among the
-               # others', so that a slow spell of the machine does not take all of one layer's.
-               "--benchmark_enable_random_interleaving=true",
-               "--benchmark_report_aggregates_only=false", f"--benchmark_out={out}",
-               "--benchmark_out_format=json"]
-        env = dict(os.environ, OMP_NUM_THREADS=str(t), GALLEY_NUM_THREADS=str(t))
-        wait_idle(a.idle_threshold, a.max_wait)
-        p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=1800, cwd=BENCH)
-        if p.returncode != 0:
-            raise RuntimeError(f"{' '.join(cmd)} failed ({p.returncode}):\n{p.stderr[-2000:]}")
-        d = json.loads(out.read_text())
-        out.unlink()
-        peaks[str(t)] = float(d["context"]["peak_fp32_gflops"])
-        best = {}  # the fastest repetition's of_peak per benchmark
-        for b in d["benchmarks"]:
-            if b.get("run_type") == "iteration":
-                best[b["run_name"]] = max(best.get(b["run_name"], 0.0), b["of_peak"])
-        for b in d["benchmarks"]:
-            if b.get("aggregate_name") != "median":
+        env = dict(os.environ, OMP_NUM_THREADS=str(t), MKL_NUM_THREADS=str(t), GALLEY_NUM_THREADS=str(t))
+        round_peaks = []
+        for rnd in range(a.conv_repetitions):
+            order = ["galley"] + torches
+            order = order[rnd % len(order):] + order[:rnd % len(order)]
+            for impl in order:
+                wait_idle(a.idle_threshold, a.max_wait)
+                if impl == "galley":
+                    # float32 only: the layers' bfloat16 variants (bf16:1) have the goals of the amp
+                    # suite. The layers in an order of their own each round.
+                    cmd = [str(a.kernels_bin), f"--threads={t}", "--benchmark_filter=conv2d_layer.*/bf16:0",
+                           "--benchmark_min_time=0.5", "--benchmark_enable_random_interleaving=true",
+                           f"--benchmark_out={scratch}", "--benchmark_out_format=json"]
+                    p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=1800, cwd=BENCH)
+                    if p.returncode != 0:
+                        raise RuntimeError(f"{' '.join(cmd)} failed ({p.returncode}):\n{p.stderr[-2000:]}")
+                    d = json.loads(scratch.read_text())
+                    round_peaks.append(float(d["context"]["peak_fp32_gflops"]))
+                    for b in d["benchmarks"]:
+                        if b.get("run_type") != "iteration":
+                            continue
+                        name = b["name"].split("/")[0]
+                        model, layer = b["label"].split(" ", 1)
+                        what = conv_pass(name, b)
+                        key = f"{what}|{b['label']}"
+                        secs = b["real_time"] * {"ns": 1e-9, "us": 1e-6, "ms": 1e-3, "s": 1.0}[b["time_unit"]]
+                        r = rows.setdefault(key, {
+                            "key": key, "model": model, "layer": layer, "pass": what,
+                            "bias": int(b.get("bias", 0)), "flops": b["GFLOP/s"] * 1e9 * secs,
+                            "shape": int(re.search(r"/shape:(\d+)", b["name"]).group(1)), "rounds": {}})
+                        r["rounds"].setdefault(str(t), {}).setdefault("galley", []).append(
+                            {"gflops": b["GFLOP/s"], "of_peak": b["of_peak"]})
+                        runs.append({"impl": "galley", "version": a.galley_version, "threads": t,
+                                     "round": rnd, "name": b["name"], "label": b["label"],
+                                     "GFLOP/s": b["GFLOP/s"], "of_peak": b["of_peak"]})
+                    scratch.unlink()
+                    continue
+                if not rows:  # the layers come from galley's first round
+                    continue
+                scratch.write_text(json.dumps([conv_layer_spec(r) for r in rows.values()]))
+                cmd = [a.pythons[impl], str(BENCH / "conv_layers_torch.py"), "--layers", str(scratch),
+                       "--threads", str(t), "--min-time", "0.5", "--seed", str(rnd)]
+                p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=1800, cwd=BENCH)
+                scratch.unlink()
+                if p.returncode != 0:
+                    raise RuntimeError(f"{' '.join(cmd)} failed ({p.returncode}):\n{p.stderr[-2000:]}")
+                d = json.loads(p.stdout.strip().splitlines()[-1])
+                versions[impl] = d["version"]
+                for key, secs in d["seconds"].items():
+                    rows[key]["rounds"].setdefault(str(t), {}).setdefault(impl, []).append(
+                        {"gflops": rows[key]["flops"] / secs / 1e9})
+                    runs.append({"impl": impl, "version": d["version"], "threads": t, "round": rnd,
+                                 "key": key, "seconds": secs})
+            print(f"conv layers, {t} thread(s), round {rnd + 1}/{a.conv_repetitions} done", flush=True)
+        peaks[str(t)] = statistics.median(round_peaks)
+        for r in rows.values():
+            by = r["rounds"].get(str(t), {})
+            if not by.get("galley"):
                 continue
-            runs.append({"threads": t, **{k: b[k] for k in ("name", "label", "GFLOP/s", "of_peak")},
-                         "best_of_peak": best.get(b["run_name"])})
-            key = (b["name"].split("/")[0], b["label"])
-            model, layer = b["label"].split(" ", 1)
-            # A stem's backward is its weight gradient alone (the model's input takes none).
-            if "forward" in key[0]:
-                what = "forward"
-            else:
-                what = "backward" if b.get("input_grad", 1) else "backward (weights)"
-            shape = int(re.search(r"/shape:(\d+)", b["name"]).group(1))
-            r = rows.setdefault(key, {"model": model, "layer": layer, "by_threads": {}, "pass": what,
-                                      "shape": shape})
-            r["by_threads"][str(t)] = {"gflops": b["GFLOP/s"], "of_peak": b["of_peak"]}
-            if b["run_name"] in best:
-                r["by_threads"][str(t)]["best_of_peak"] = best[b["run_name"]]
-        print(f"conv layers, {t} thread(s): {len(d['benchmarks'])} figures, peak {peaks[str(t)]:.0f} GFLOP/s",
-              flush=True)
-    meta = metadata(a, "cpu-conv-layers", ["galley"], [{"impl": "galley", "version": a.galley_version}],
-                    commit, dirty, t_start)
+            g = by["galley"]
+            e = {"gflops": statistics.median(x["gflops"] for x in g),
+                 "of_peak": statistics.median(x["of_peak"] for x in g),
+                 "best_of_peak": max(x["of_peak"] for x in g), "torch": {}}
+            for impl in torches:
+                if by.get(impl):
+                    gf = statistics.median(x["gflops"] for x in by[impl])
+                    e["torch"][impl] = {"gflops": gf, "of_peak": gf / peaks[str(t)]}
+            r.setdefault("by_threads", {})[str(t)] = e
+    meta = metadata(a, "cpu-conv-layers", ["galley"] + torches,
+                    [{"impl": i, "version": v} for i, v in versions.items()], commit, dirty, t_start)
     meta.update(repetitions=a.conv_repetitions, peak_gflops=peaks, threads=threads, goal_of_peak=CONV_GOAL)
-    # (the repetitions come in random order: the table keeps bench_kernels' order of the shapes)
+    # (the layers come in random order: the table keeps bench_kernels' order of the shapes)
     ordered = sorted(rows.values(),
                      key=lambda r: (r["model"] != "vgg", not r["pass"].startswith("forward"), r["shape"]))
+    for r in ordered:
+        r.pop("rounds", None)
     (a.out / "cpu-conv-layers.json").write_text(json.dumps({**meta, "layers": ordered, "runs": runs}, indent=2) + "\n")
     report_conv(a, meta, ordered, threads)
 
@@ -776,7 +849,8 @@ def main():
                     help="throughput, tta, conv, amp, or a list")
     ap.add_argument("--amp-models", default="vgg,resnet", help="amp suite: models")
     ap.add_argument("--amp-batches", default="64", help="amp suite: batch sizes")
-    ap.add_argument("--conv-repetitions", type=int, default=5, help="conv suite: repetitions per layer")
+    ap.add_argument("--conv-repetitions", type=int, default=5,
+                    help="conv suite: rounds (every layer once per framework a round)")
     ap.add_argument("--build", action="append", default=None,
                     help="build folder(s) holding benchmarks/bench_* (default: build, build-bench)")
     ap.add_argument("--python", default="/usr/bin/python3" if Path("/usr/bin/python3").exists()
@@ -918,7 +992,7 @@ def main():
         report_train(a, meta, runs, impls, models, batches, threads)
 
     if "conv" in suites:
-        run_conv(a, threads, commit, dirty)
+        run_conv(a, impls, threads, commit, dirty)
 
     if "amp" in suites:
         run_amp(a, runner, impls, threads, commit, dirty)

@@ -24,6 +24,7 @@
 #include "kernels/batch_norm.h"
 #include "kernels/conv2d.h"
 #include "kernels/convert.h"
+#include "kernels/cpu/conv2d_channels.h"
 #include "kernels/cpu/conv2d_direct.h"
 #include "kernels/cpu/conv2d_pointwise.h"
 #include "kernels/cpu/conv2d_winograd.h"
@@ -430,6 +431,108 @@ TEST(ConvPointwise, TakenForStridedOneByOnesAndRefusesOtherGeometries) {
       galley::Error);
 }
 
+// The channels-across-lanes path (kernels/cpu/conv2d_channels.h) on every geometry of cases()
+// and strided_cases(): its forward pass, its weight gradient, and its input gradient where the
+// dilation is 1, give im2col's bits on exact values; the forward pass and the input gradient also
+// the direct path's bits on values whose sums round (they sum in the direct path's order; the
+// input gradient against the direct path's phases, at a stride); 16-bit data gives the float32
+// bits (rounded once, where the result is 16-bit).
+TEST(ConvChannels, MatchesIm2colAndTheDirectPathBitForBit) {
+  namespace cpu = galley::kernels::cpu;
+  if (cpu::conv2d_vector_lanes() == 0) GTEST_SKIP() << "a build without AVX2 or AVX-512";
+  std::vector<Case> all = cases();
+  all.insert(all.end(), strided_cases().begin(), strided_cases().end());
+  std::mt19937 rng(5);
+  for (const Case& k : all) {
+    const Conv2dGeometry g = geometry(k);
+    const auto [x, w, b, gy] = exact_operands(g, 11);
+    for (const float* bias : {b.data(), static_cast<const float*>(nullptr)}) {
+      std::vector<float> want(gy.size(), -1.f), got(gy.size(), -2.f);
+      cpu::conv2d_forward_im2col(g, x.data(), w.data(), bias, want.data());
+      cpu::conv2d_channels_forward(g, x.data(), w.data(), bias, got.data());
+      ASSERT_EQ(got, want) << name(k) << (bias ? " with bias" : " without bias");
+    }
+    {
+      std::vector<float> want(w.size(), -1.f), got(w.size(), -2.f);
+      cpu::conv2d_backward_im2col(g, x.data(), w.data(), gy.data(), nullptr, want.data());
+      cpu::conv2d_channels_weight_grad(g, x.data(), gy.data(), got.data());
+      ASSERT_EQ(got, want) << name(k) << " weight gradient";
+    }
+    if (k.dilation == 1) {
+      std::vector<float> want(x.size(), -1.f), got(x.size(), -2.f);
+      cpu::conv2d_backward_im2col(g, x.data(), w.data(), gy.data(), want.data(), nullptr);
+      cpu::conv2d_channels_input_grad(g, w.data(), gy.data(), got.data());
+      ASSERT_EQ(got, want) << name(k) << " input gradient";
+    }
+    // Sums that round: the direct path's order (its strided path takes dilation 1 only).
+    if (k.stride == 1 || k.dilation == 1) {
+      const std::vector<float> xr = normal_values(rng, x.size()), wr = normal_values(rng, w.size()),
+                               br = normal_values(rng, b.size()),
+                               gyr = normal_values(rng, gy.size());
+      std::vector<float> want(gy.size(), -1.f), got(gy.size(), -2.f);
+      cpu::conv2d_direct_forward(g, xr.data(), wr.data(), br.data(), want.data());
+      cpu::conv2d_channels_forward(g, xr.data(), wr.data(), br.data(), got.data());
+      EXPECT_EQ(got, want) << name(k) << " on rounding sums";
+      if (k.stride > 1) {
+        std::vector<float> gx_want(x.size(), -1.f), gx(x.size(), -2.f);
+        cpu::conv2d_direct_backward(g, xr.data(), wr.data(), gyr.data(), gx_want.data(), nullptr);
+        cpu::conv2d_channels_input_grad(g, wr.data(), gyr.data(), gx.data());
+        EXPECT_EQ(gx, gx_want) << name(k) << " input gradient on rounding sums";
+      }
+    }
+    for (galley::DType dt : {galley::DType::Float16, galley::DType::BFloat16}) {
+      const galley::DType f32 = galley::DType::Float32;
+      std::vector<uint16_t> x16(x.size()), y16(gy.size()), want16(gy.size());
+      std::vector<float> y(gy.size());
+      cpu::convert(x.data(), f32, x16.data(), dt, int64_t(x.size()));
+      cpu::conv2d_channels_forward(g, x.data(), w.data(), b.data(), y.data());
+      cpu::convert(y.data(), f32, want16.data(), dt, int64_t(y.size()));
+      cpu::conv2d_channels_forward(g, x16.data(), w.data(), b.data(), y16.data(), dt);
+      EXPECT_EQ(y16, want16) << name(k) << " " << galley::dtype_name(dt);
+      std::vector<uint16_t> gy16(gy.size()), gx16(x.size()), gx_want16(x.size());
+      std::vector<float> gy_rounded(gy.size()), gx(x.size()), gw(w.size()), gw16(w.size());
+      cpu::convert(gy.data(), f32, gy16.data(), dt, int64_t(gy.size()));
+      cpu::convert(gy16.data(), dt, gy_rounded.data(), f32, int64_t(gy.size()));
+      cpu::conv2d_channels_weight_grad(g, x.data(), gy_rounded.data(), gw.data());
+      cpu::conv2d_channels_weight_grad(g, x16.data(), gy16.data(), gw16.data(), dt);
+      EXPECT_EQ(gw16, gw) << name(k) << " " << galley::dtype_name(dt) << " weight gradient";
+      if (k.dilation != 1) continue;
+      cpu::conv2d_channels_input_grad(g, w.data(), gy_rounded.data(), gx.data());
+      cpu::convert(gx.data(), f32, gx_want16.data(), dt, int64_t(x.size()));
+      cpu::conv2d_channels_input_grad(g, w.data(), gy16.data(), gx16.data(), dt);
+      EXPECT_EQ(gx16, gx_want16) << name(k) << " " << galley::dtype_name(dt) << " input gradient";
+    }
+  }
+}
+
+// Where the dispatcher takes the channels-across-lanes path, and what the path refuses.
+TEST(ConvChannels, TakenForStridedConvolutionsOnAvx2AndRefusesGroups) {
+  namespace cpu = galley::kernels::cpu;
+  const Conv2dGeometry down = geometry({8, 16, 28, 28, 32, 3, 3, 1, 1, 2});
+  const bool avx2 = cpu::conv2d_vector_lanes() == 8;  // AVX-512 builds keep to the direct path
+  EXPECT_EQ(cpu::conv2d_channels_applies(down), avx2);
+  EXPECT_EQ(cpu::conv2d_channels_applies(down, galley::DType::Float16), avx2);
+  EXPECT_FALSE(cpu::conv2d_channels_applies(geometry({8, 16, 28, 28, 32, 3, 3, 1, 1, 1})))
+      << "stride 1";
+  EXPECT_FALSE(cpu::conv2d_channels_applies(geometry({8, 16, 28, 28, 32, 1, 1, 0, 1, 2})))
+      << "a 1x1 kernel";
+  EXPECT_FALSE(cpu::conv2d_channels_applies(geometry({8, 16, 28, 28, 32, 3, 3, 2, 2, 2})))
+      << "dilation 2";
+  EXPECT_FALSE(cpu::conv2d_channels_applies(geometry({8, 4, 28, 28, 32, 3, 3, 1, 1, 2})))
+      << "four input channels";
+  EXPECT_FALSE(cpu::conv2d_channels_applies(geometry({8, 16, 28, 28, 8, 3, 3, 1, 1, 2})))
+      << "eight output channels";
+  Conv2dGeometry grouped = down;
+  grouped.groups = 2;
+  EXPECT_FALSE(cpu::conv2d_channels_applies(grouped));
+  std::vector<float> x(size_t(8 * 16 * 28 * 28)), w(size_t(32 * 8 * 9)), y(size_t(8 * 32 * 196));
+  EXPECT_THROW(cpu::conv2d_channels_forward(grouped, x.data(), w.data(), nullptr, y.data()),
+               galley::Error);
+  Conv2dGeometry dilated = geometry({2, 16, 12, 12, 32, 3, 3, 2, 2, 2});
+  EXPECT_THROW(cpu::conv2d_channels_input_grad(dilated, w.data(), y.data(), x.data()),
+               galley::Error);
+}
+
 // The 16-bit activations: bfloat16 and float16 x and gy, read by the kernels directly, must give
 // the bits of the float32 kernels on the widened values with each output rounded once: the
 // direct path, the im2col path (strided, pointwise and grouped geometries too), forward and
@@ -668,14 +771,16 @@ TEST(ConvDirect, SameResultOnOneAndTwoThreads) {
 
 // The threads take the images in chunks as each comes free, so which thread sums which images
 // changes from run to run; the weight gradient (summed per chunk, chunks added in order) must
-// not. Values whose sums round, and a thread competing for the cores on some runs, on the direct
-// path and the im2col one.
+// not. Values whose sums round, and a thread competing for the cores on some runs, on the paths
+// the build takes: a 3x3 "same" convolution, a 3x3/2 one of 8 input channels (on AVX2 hosts the
+// channels-across-lanes path) and one of 4 (the direct path's phases).
 TEST(ConvBackward, RepeatsItsBitsWhicheverThreadTakesWhichImages) {
   const int saved = galley::num_threads();
   galley::set_num_threads(2);
-  // A 3x3 "same" convolution (direct) and a 3x3/2 one (im2col).
   const Conv2dGeometry strided{16, 8, 12, 12, 16, 3, 3, 2, 1, 1, 1, 6, 6};
-  for (const Conv2dGeometry& g : {geometry(Case{16, 16, 12, 12, 16, 3, 3, 1, 1}), strided}) {
+  const Conv2dGeometry narrow{16, 4, 12, 12, 16, 3, 3, 2, 1, 1, 1, 6, 6};
+  for (const Conv2dGeometry& g :
+       {geometry(Case{16, 16, 12, 12, 16, 3, 3, 1, 1}), strided, narrow}) {
     auto values = [](size_t n, float shift) {
       std::vector<float> v(n);
       for (size_t i = 0; i < n; ++i) v[i] = 1.f / float(3 + (i * 7919) % 101) - shift;

@@ -135,6 +135,24 @@ std::vector<float> pack_block_weights(int64_t rows, int64_t cols, At at) {
 #define GALLEY_NO_PREDICTIVE_COMMONING
 #endif
 
+// One step of a register block with the weights (or gradients) across the lanes: acc[j][v] +=
+// *at(j) * w[v] for NJ broadcasts and OV vectors from w, held in registers (in_register).
+template <int NJ, int OV, typename At>
+__attribute__((always_inline)) inline void broadcast_step(const float* w, At at, V (&acc)[NJ][OV]) {
+  V wv[OV];
+#pragma GCC unroll 4
+  for (int v = 0; v < OV; ++v) {
+    wv[v] = load(w + v * L);
+    in_register(wv[v]);
+  }
+#pragma GCC unroll 24
+  for (int j = 0; j < NJ; ++j) {
+    const V xv = broadcast(at(j));
+#pragma GCC unroll 4
+    for (int v = 0; v < OV; ++v) acc[j][v] += xv * wv[v];
+  }
+}
+
 // out[j][v * L + i] (+)= sum over s < n of x_j[s] * g[s * ldg + v * L + i]: NR x KW columns j
 // of OV vectors each, every step one broadcast a column and OV vector loads (the direct path's
 // weight gradient, columns (input channel, tap) and vectors of output channels over the flat
@@ -156,22 +174,9 @@ GALLEY_NO_PREDICTIVE_COMMONING void broadcast_block(const float* g, int64_t ldg,
   for (int j = 0; j < NR * KW; ++j)
 #pragma GCC unroll 4
     for (int v = 0; v < OV; ++v) acc[j][v] = V{};
-  for (int64_t i = 0; i < n; ++i, g += ldg) {
-    V gv[OV];
-#pragma GCC unroll 4
-    for (int v = 0; v < OV; ++v) {
-      gv[v] = load(g + v * L);
-      in_register(gv[v]);
-    }
-#pragma GCC unroll 24
-    for (int r = 0; r < NR; ++r)
-#pragma GCC unroll 3
-      for (int b = 0; b < KW; ++b) {
-        const V xv = broadcast(x[r] + i + b);
-#pragma GCC unroll 4
-        for (int v = 0; v < OV; ++v) acc[r * KW + b][v] += xv * gv[v];
-      }
-  }
+  for (int64_t i = 0; i < n; ++i, g += ldg)
+    broadcast_step(
+        g, [&](int j) { return x[j / KW] + i + j % KW; }, acc);
 #pragma GCC unroll 24
   for (int j = 0; j < NR * KW; ++j)
 #pragma GCC unroll 4

@@ -1,0 +1,47 @@
+#pragma once
+// Direct convolution with the output channels across the vector lanes, for strided convolutions
+// (resnet's 3x3/2 downsampling layers).
+//
+// The direct path (cpu/conv2d_direct.h) puts consecutive outputs of a plane across the lanes, so
+// a stride first splits each bordered plane into its phases, and a plane narrower than a vector
+// (7 wide at resnet's last stage: 7 of 8 lanes) leaves lanes idle. Here each image is copied
+// channel-last into a zero-bordered buffer, xb[row][column][channel], once (L x L transposes). An
+// output position p at (i, j) reads tap (a, b) of input channel c at xb[i s + a d][j s + b d][c]:
+// a scalar, whatever the stride. The register block holds NP positions x OV vectors of output
+// channels; each (channel, tap) step loads OV vectors of weights ([channel][tap][output], output
+// channels in whole vectors) and broadcasts each position's input against them. The sums run over
+// the channels, and within each over the taps, in the direct path's order, so each output has the
+// direct path's bits. The positions' sums go to a channel-last scratch, [position][output], which
+// L x L transposes (adding the bias) write into the output planes.
+#include "kernels/conv2d.h"
+
+namespace galley::kernels::cpu {
+
+// Whether conv2d_forward and conv2d_backward (the input gradient) take this path for `g`: a
+// convolution of one group with a stride of 2 or more, dilation 1 and a kernel of more than one tap
+// (a 1x1 one is cpu/conv2d_pointwise.h's), computed in float32 (float32 or float16 data, or
+// bfloat16 where cpu/conv2d_direct.h's bf16_kernels() is Widened), with at least 8 input and 16
+// output channels (fewer leave the block's lanes or its steps too few), at least one image a
+// thread, in builds for AVX2 hosts with FMA. AVX-512 builds keep to the direct path's phases: the
+// block there is unmeasured.
+bool conv2d_channels_applies(const Conv2dGeometry& g, DType dtype = DType::Float32);
+
+// y = conv(x, w) (+ b) for any geometry of one group (whatever conv2d_channels_applies says, so
+// tests can compare it with the other paths); an error in builds with neither AVX-512 nor AVX2
+// and FMA, or for more than one group. x and y hold `dtype` elements, widened to float32 as they
+// are read and rounded once as the result is written; w and b are float32.
+void conv2d_channels_forward(const Conv2dGeometry& g, const void* x, const float* w, const float* b,
+                             void* y, DType dtype = DType::Float32);
+// gx = the input gradient from gy, for any geometry of one group and dilation 1: by the phases of
+// the direct path's strided input gradient (cpu/conv2d_direct.h), each a correlation of the
+// channel-last output gradient with its share of the taps, every input position one of the
+// block's positions; its sums in the direct path's order.
+void conv2d_channels_input_grad(const Conv2dGeometry& g, const float* w, const void* gy, void* gx,
+                                DType dtype = DType::Float32);
+// gw = the weight gradient from x and gy (overwritten; float32), for any geometry of one group:
+// channel-last inputs and output gradients, a register block of input channels at one tap x
+// vectors of output channels summing over the positions of a batch of images.
+void conv2d_channels_weight_grad(const Conv2dGeometry& g, const void* x, const void* gy, float* gw,
+                                 DType dtype = DType::Float32);
+
+}  // namespace galley::kernels::cpu
