@@ -508,25 +508,32 @@ TEST(ConvChannels, MatchesIm2colAndTheDirectPathBitForBit) {
 // Where the dispatcher takes the channels-across-lanes path, and what the path refuses.
 TEST(ConvChannels, TakenForStridedConvolutionsOnAvx2AndRefusesGroups) {
   namespace cpu = galley::kernels::cpu;
-  const Conv2dGeometry down = geometry({8, 16, 28, 28, 32, 3, 3, 1, 1, 2});
   const bool avx2 = cpu::conv2d_vector_lanes() == 8;  // AVX-512 builds keep to the direct path
-  EXPECT_EQ(cpu::conv2d_channels_applies(down), avx2);
-  EXPECT_EQ(cpu::conv2d_channels_applies(down, galley::DType::Float16), avx2);
-  EXPECT_FALSE(cpu::conv2d_channels_applies(geometry({8, 16, 28, 28, 32, 3, 3, 1, 1, 1})))
-      << "stride 1";
-  EXPECT_FALSE(cpu::conv2d_channels_applies(geometry({8, 16, 28, 28, 32, 1, 1, 0, 1, 2})))
-      << "a 1x1 kernel";
-  EXPECT_FALSE(cpu::conv2d_channels_applies(geometry({8, 16, 28, 28, 32, 3, 3, 2, 2, 2})))
-      << "dilation 2";
-  EXPECT_FALSE(cpu::conv2d_channels_applies(geometry({8, 4, 28, 28, 32, 3, 3, 1, 1, 2})))
-      << "four input channels";
-  EXPECT_FALSE(cpu::conv2d_channels_applies(geometry({8, 16, 28, 28, 8, 3, 3, 1, 1, 2})))
-      << "eight output channels";
-  Conv2dGeometry grouped = down;
+  auto use = [](const Case& k, galley::DType dt = galley::DType::Float32) {
+    const cpu::ConvChannelsUse u = cpu::conv2d_channels_use(geometry(k), dt);
+    return std::array<bool, 3>{u.forward, u.input_grad, u.weight_grad};
+  };
+  using Parts = std::array<bool, 3>;
+  // resnet's 16->32 3x3/2 (14-wide outputs: the weight gradient stays direct) and 32->64 (7 wide).
+  EXPECT_EQ(use({8, 16, 28, 28, 32, 3, 3, 1, 1, 2}), (Parts{avx2, avx2, false}));
+  EXPECT_EQ(use({8, 16, 28, 28, 32, 3, 3, 1, 1, 2}, galley::DType::Float16),
+            (Parts{avx2, avx2, false}));
+  EXPECT_EQ(use({8, 32, 14, 14, 64, 3, 3, 1, 1, 2}), (Parts{avx2, avx2, avx2}));
+  EXPECT_EQ(use({8, 8, 28, 28, 16, 3, 3, 1, 1, 2}), (Parts{avx2, false, false})) << "8 channels";
+  const Parts none{false, false, false};
+  EXPECT_EQ(use({8, 16, 28, 28, 32, 3, 3, 1, 1, 1}), none) << "stride 1";
+  EXPECT_EQ(use({8, 16, 28, 28, 32, 1, 1, 0, 1, 2}), none) << "a 1x1 kernel";
+  EXPECT_EQ(use({8, 16, 28, 28, 32, 3, 3, 2, 2, 2}), none) << "dilation 2";
+  EXPECT_EQ(use({8, 4, 28, 28, 32, 3, 3, 1, 1, 2}), none) << "four input channels";
+  EXPECT_EQ(use({8, 16, 28, 28, 8, 3, 3, 1, 1, 2}), none) << "eight output channels";
+  Conv2dGeometry grouped = geometry({8, 16, 28, 28, 32, 3, 3, 1, 1, 2});
   grouped.groups = 2;
-  EXPECT_FALSE(cpu::conv2d_channels_applies(grouped));
+  const cpu::ConvChannelsUse g2 = cpu::conv2d_channels_use(grouped);
+  EXPECT_FALSE(g2.forward || g2.input_grad || g2.weight_grad);
   std::vector<float> x(size_t(8 * 16 * 28 * 28)), w(size_t(32 * 8 * 9)), y(size_t(8 * 32 * 196));
   EXPECT_THROW(cpu::conv2d_channels_forward(grouped, x.data(), w.data(), nullptr, y.data()),
+               galley::Error);
+  EXPECT_THROW(cpu::conv2d_channels_weight_grad(grouped, x.data(), y.data(), w.data()),
                galley::Error);
   Conv2dGeometry dilated = geometry({2, 16, 12, 12, 32, 3, 3, 2, 2, 2});
   EXPECT_THROW(cpu::conv2d_channels_input_grad(dilated, w.data(), y.data(), x.data()),
@@ -772,12 +779,12 @@ TEST(ConvDirect, SameResultOnOneAndTwoThreads) {
 // The threads take the images in chunks as each comes free, so which thread sums which images
 // changes from run to run; the weight gradient (summed per chunk, chunks added in order) must
 // not. Values whose sums round, and a thread competing for the cores on some runs, on the paths
-// the build takes: a 3x3 "same" convolution, a 3x3/2 one of 8 input channels (on AVX2 hosts the
+// the build takes: a 3x3 "same" convolution, a 3x3/2 one of 16 input channels (on AVX2 hosts the
 // channels-across-lanes path) and one of 4 (the direct path's phases).
 TEST(ConvBackward, RepeatsItsBitsWhicheverThreadTakesWhichImages) {
   const int saved = galley::num_threads();
   galley::set_num_threads(2);
-  const Conv2dGeometry strided{16, 8, 12, 12, 16, 3, 3, 2, 1, 1, 1, 6, 6};
+  const Conv2dGeometry strided{16, 16, 12, 12, 16, 3, 3, 2, 1, 1, 1, 6, 6};
   const Conv2dGeometry narrow{16, 4, 12, 12, 16, 3, 3, 2, 1, 1, 1, 6, 6};
   for (const Conv2dGeometry& g :
        {geometry(Case{16, 16, 12, 12, 16, 3, 3, 1, 1}), strided, narrow}) {

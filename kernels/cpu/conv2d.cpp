@@ -449,7 +449,7 @@ void conv2d_forward(const Conv2dGeometry& g, const void* x, const float* w, cons
   if (by_phases(g, dtype)) return phases_forward(g, x, w, b, y);
   if (conv2d_winograd_applies(g, dtype)) return conv2d_winograd_forward(g, x, w, b, y, dtype);
   if (conv2d_pointwise_applies(g, dtype)) return conv2d_pointwise_forward(g, x, w, b, y, dtype);
-  if (conv2d_channels_applies(g, dtype)) return conv2d_channels_forward(g, x, w, b, y, dtype);
+  if (conv2d_channels_use(g, dtype).forward) return conv2d_channels_forward(g, x, w, b, y, dtype);
   const ConvDirectUse use = conv2d_direct_use(g, dtype);
   if (use.forward)
     conv2d_direct_forward(g, x, w, b, y, dtype, use.bf16);
@@ -478,10 +478,14 @@ void conv2d_backward(const Conv2dGeometry& g, const void* x, const float* w, con
       conv2d_winograd_input_grad(g, w, gy, gx, dtype);
       gx = nullptr;
     }
-    if (conv2d_channels_applies(g, dtype)) {
-      if (gx) conv2d_channels_input_grad(g, w, gy, gx, dtype);
-      if (gw) conv2d_channels_weight_grad(g, x, gy, gw, dtype);
-      gx = nullptr, gw = nullptr;
+    const ConvChannelsUse channels = conv2d_channels_use(g, dtype);
+    if (gx && channels.input_grad) {
+      conv2d_channels_input_grad(g, w, gy, gx, dtype);
+      gx = nullptr;
+    }
+    if (gw && channels.weight_grad) {
+      conv2d_channels_weight_grad(g, x, gy, gw, dtype);
+      gw = nullptr;
     }
     if (gw && conv2d_winograd_weight_grad_applies(g, dtype)) {
       conv2d_winograd_weight_grad(g, x, gy, gw, dtype);

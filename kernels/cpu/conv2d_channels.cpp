@@ -13,16 +13,21 @@
 
 namespace galley::kernels::cpu {
 
-bool conv2d_channels_applies(const Conv2dGeometry& g, DType dtype) {
+ConvChannelsUse conv2d_channels_use(const Conv2dGeometry& g, DType dtype) {
+  ConvChannelsUse use;
 #if defined(GALLEY_VECTOR_LANES) && !defined(__AVX512F__)
   const bool float32_sums = dtype == DType::Float32 || dtype == DType::Float16 ||
                             (dtype == DType::BFloat16 && bf16_kernels() == Bf16Kernels::Widened);
-  return float32_sums && g.groups == 1 && g.stride >= 2 && g.dilation == 1 && g.kh * g.kw > 1 &&
-         g.c >= 8 && g.o >= 16 && g.n >= num_threads();
+  if (!(float32_sums && g.groups == 1 && g.stride >= 2 && g.dilation == 1 && g.kh * g.kw > 1 &&
+        g.o >= 16 && g.n >= num_threads()))
+    return use;
+  use.forward = g.c >= 8;
+  use.input_grad = g.c >= 16;
+  use.weight_grad = g.c >= 16 && g.ow <= conv_block::L;
 #else
   (void)g, (void)dtype;
-  return false;
 #endif
+  return use;
 }
 
 namespace {

@@ -17,16 +17,26 @@
 
 namespace galley::kernels::cpu {
 
-// Whether conv2d_forward and conv2d_backward (the input gradient) take this path for `g`: a
-// convolution of one group with a stride of 2 or more, dilation 1 and a kernel of more than one tap
-// (a 1x1 one is cpu/conv2d_pointwise.h's), computed in float32 (float32 or float16 data, or
-// bfloat16 where cpu/conv2d_direct.h's bf16_kernels() is Widened), with at least 8 input and 16
-// output channels (fewer leave the block's lanes or its steps too few), at least one image a
-// thread, in builds for AVX2 hosts with FMA. AVX-512 builds keep to the direct path's phases: the
-// block there is unmeasured.
-bool conv2d_channels_applies(const Conv2dGeometry& g, DType dtype = DType::Float32);
+// Which parts of a convolution conv2d_forward / conv2d_backward run on this path. None unless: one
+// group, a stride of 2 or more, dilation 1, a kernel of more than one tap (a 1x1 one is
+// cpu/conv2d_pointwise.h's), computed in float32 (float32 or float16 data, or bfloat16 where
+// cpu/conv2d_direct.h's bf16_kernels() is Widened), at least 16 output channels and one image a
+// thread, in a build for AVX2 hosts with FMA (AVX-512 builds keep to the direct path's phases: the
+// block there is unmeasured). Then each part where it beat the direct path's phases on AMD Zen 3
+// (one thread, batch 64, alternated in one process):
+//   forward      from 8 input channels: 1.2x at 8->16 28x28, 1.1x at resnet's 16->32 3x3/2,
+//                1.27x at its 32->64;
+//   input_grad   from 16 input channels: 1.19x and 1.37x on resnet's two (with 8 or 12 input
+//                channels 0.86-0.9x: too few steps for the block's sums);
+//   weight_grad  from 16 input channels where the output rows are at most a vector wide (resnet's
+//                7x7 outputs: 1.11x on 32->64, 1.06x on 16->32 at 14x14), whose rows leave the
+//                direct path's lanes idle; on 14-wide rows the direct path was 6% faster.
+struct ConvChannelsUse {
+  bool forward = false, input_grad = false, weight_grad = false;
+};
+ConvChannelsUse conv2d_channels_use(const Conv2dGeometry& g, DType dtype = DType::Float32);
 
-// y = conv(x, w) (+ b) for any geometry of one group (whatever conv2d_channels_applies says, so
+// y = conv(x, w) (+ b) for any geometry of one group (whatever conv2d_channels_use says, so
 // tests can compare it with the other paths); an error in builds with neither AVX-512 nor AVX2
 // and FMA, or for more than one group. x and y hold `dtype` elements, widened to float32 as they
 // are read and rounded once as the result is written; w and b are float32.
