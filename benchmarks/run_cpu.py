@@ -612,41 +612,49 @@ def conv_torch(e):
 def conv_markdown(meta, rows, threads):
     v = meta["versions"]
     torches = [i for i in CONV_TORCHES if v.get(i)]
+    if torches:
+        how = ("against PyTorch's on the same layers (`benchmarks/conv_layers_torch.py`: "
+               "`torch.nn.functional.conv2d`, NCHW, its oneDNN kernels). ")
+        runs = (f"{meta['repetitions']} rounds; each runs every layer once in galley, then in each "
+                "PyTorch (the order of the frameworks rotating, of the layers shuffled); the table "
+                "gives the median over rounds. ")
+        theirs = (" `PyTorch`: the faster of " + ", ".join(label(i, v) for i in torches)
+                  + " at that thread count, and `vs PyTorch` galley's GFLOP/s over its.")
+    else:  # a run of galley alone (the suite before PyTorch ran beside it)
+        how, theirs = "", ""
+        runs = f"The median of {meta['repetitions']} repetitions. "
+    per_t = ["GFLOP/s", "of_peak", "best"] + (["PyTorch of_peak", "vs PyTorch"] if torches else [])
     lines = [
         "galley's convolutions, float32, batch 64, every layer shape of the `vgg` and `resnet` "
-        "models (`bench_kernels --benchmark_filter='conv2d_layer.*/bf16:0'`), against PyTorch's on "
-        "the same layers (`benchmarks/conv_layers_torch.py`: `torch.nn.functional.conv2d`, NCHW, "
-        "its oneDNN kernels). Backward: the gradients the model's step computes; a stem's input is "
+        "models (`bench_kernels --benchmark_filter='conv2d_layer.*/bf16:0'`)" + (", " if how else ". ")
+        + how + "Backward: the gradients the model's step computes; a stem's input is "
         "the data, so its backward is the weight gradient alone (`backward (weights)`). "
-        f"{meta['repetitions']} rounds; each runs every layer once in galley, then in each "
-        "PyTorch (the order of the frameworks rotating, of the layers shuffled); the table gives "
-        "the median over rounds. " + header(meta),
+        + runs + header(meta),
         "",
         "`of_peak`: GFLOP/s over the FMA peak that bench_kernels measures at start-up for the same "
         "thread count (" + ", ".join(f"{t} thread{'s' if t > 1 else ''}: {meta['peak_gflops'][str(t)]:.0f} GFLOP/s"
-                                     for t in threads) + f"), for galley and PyTorch alike. Goal: "
-        f"≥ {CONV_GOAL:.0%} of peak, on the median. `best`: galley's fastest round; where it stands "
-        "well above the median, the machine's speed moved during the run. `PyTorch`: the faster "
-        "of " + (", ".join(label(i, v) for i in torches) if torches else "the PyTorch builds (none ran)")
-        + " at that thread count, and `vs PyTorch` galley's GFLOP/s over its.",
+                                     for t in threads) + ")" + (", for galley and PyTorch alike" if torches else "")
+        + f". Goal: ≥ {CONV_GOAL:.0%} of peak, on the median. `best`: galley's fastest "
+        + ("round" if torches else "repetition") + "; where it stands well above the median, the "
+        "machine's speed moved during the run." + theirs,
         "",
         "| model | layer (in->out kxk/stride, input) | pass | "
-        + " | ".join(f"{t}T GFLOP/s | {t}T of_peak | {t}T best | {t}T PyTorch of_peak | {t}T vs PyTorch"
-                     for t in threads) + " |",
-        "|---|---|---|" + "---:|---:|---:|---:|---:|" * len(threads),
+        + " | ".join(f"{t}T {c}" for t in threads for c in per_t) + " |",
+        "|---|---|---|" + "---:|" * (len(per_t) * len(threads)),
     ]
     for r in rows:
         cells = []
         for t in threads:
             e = r["by_threads"].get(str(t))
             if not e:
-                cells += ["n/a"] * 5
+                cells += ["n/a"] * len(per_t)
                 continue
             best = f"{e['best_of_peak']:.2f}" if "best_of_peak" in e else "n/a"
-            tf, name = conv_torch(e)
-            theirs = f"{tf['of_peak']:.2f} ({label(name, v).split(' ')[-1]})" if tf else "n/a"
-            ratio = f"{e['gflops'] / tf['gflops']:.2f}x" if tf else "n/a"
-            cells += [f"{e['gflops']:.1f}", f"{e['of_peak']:.2f}", best, theirs, ratio]
+            cells += [f"{e['gflops']:.1f}", f"{e['of_peak']:.2f}", best]
+            if torches:
+                tf, name = conv_torch(e)
+                cells += ([f"{tf['of_peak']:.2f} ({label(name, v).split(' ')[-1]})",
+                           f"{e['gflops'] / tf['gflops']:.2f}x"] if tf else ["n/a", "n/a"])
         lines.append(f"| {r['model']} | {r['layer']} | {r['pass']} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
