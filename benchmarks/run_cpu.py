@@ -623,7 +623,10 @@ def conv_markdown(meta, rows, threads):
     else:  # a run of galley alone (the suite before PyTorch ran beside it)
         how, theirs = "", ""
         runs = f"The median of {meta['repetitions']} repetitions. "
-    per_t = ["GFLOP/s", "of_peak", "best"] + (["PyTorch of_peak", "vs PyTorch"] if torches else [])
+    # (`best`: in the runs that kept each round's or repetition's figures)
+    has_best = any("best_of_peak" in e for r in rows for e in r["by_threads"].values())
+    per_t = (["GFLOP/s", "of_peak"] + (["best"] if has_best else [])
+             + (["PyTorch of_peak", "vs PyTorch"] if torches else []))
     lines = [
         "galley's convolutions, float32, batch 64, every layer shape of the `vgg` and `resnet` "
         "models (`bench_kernels --benchmark_filter='conv2d_layer.*/bf16:0'`)" + (", " if how else ". ")
@@ -634,9 +637,10 @@ def conv_markdown(meta, rows, threads):
         "`of_peak`: GFLOP/s over the FMA peak that bench_kernels measures at start-up for the same "
         "thread count (" + ", ".join(f"{t} thread{'s' if t > 1 else ''}: {meta['peak_gflops'][str(t)]:.0f} GFLOP/s"
                                      for t in threads) + ")" + (", for galley and PyTorch alike" if torches else "")
-        + f". Goal: ≥ {CONV_GOAL:.0%} of peak, on the median. `best`: galley's fastest "
-        + ("round" if torches else "repetition") + "; where it stands well above the median, the "
-        "machine's speed moved during the run." + theirs,
+        + f". Goal: ≥ {CONV_GOAL:.0%} of peak, on the median."
+        + ((" `best`: galley's fastest " + ("round" if torches else "repetition")
+            + "; where it stands well above the median, the machine's speed moved during the run.")
+           if has_best else "") + theirs,
         "",
         "| model | layer (in->out kxk/stride, input) | pass | "
         + " | ".join(f"{t}T {c}" for t in threads for c in per_t) + " |",
@@ -649,8 +653,9 @@ def conv_markdown(meta, rows, threads):
             if not e:
                 cells += ["n/a"] * len(per_t)
                 continue
-            best = f"{e['best_of_peak']:.2f}" if "best_of_peak" in e else "n/a"
-            cells += [f"{e['gflops']:.1f}", f"{e['of_peak']:.2f}", best]
+            cells += [f"{e['gflops']:.1f}", f"{e['of_peak']:.2f}"]
+            if has_best:
+                cells.append(f"{e['best_of_peak']:.2f}" if "best_of_peak" in e else "n/a")
             if torches:
                 tf, name = conv_torch(e)
                 cells += ([f"{tf['of_peak']:.2f} ({label(name, v).split(' ')[-1]})",
@@ -717,8 +722,10 @@ def run_conv(a, impls, threads, commit, dirty):
                 d = json.loads(p.stdout.strip().splitlines()[-1])
                 versions[impl] = d["version"]
                 for key, secs in d["seconds"].items():
+                    gflops = rows[key]["flops"] / secs / 1e9
+                    # over the peak bench_kernels measured in this round, as galley's of_peak
                     rows[key]["rounds"].setdefault(str(t), {}).setdefault(impl, []).append(
-                        {"gflops": rows[key]["flops"] / secs / 1e9})
+                        {"gflops": gflops, "of_peak": gflops / round_peaks[-1]})
                     runs.append({"impl": impl, "version": d["version"], "threads": t, "round": rnd,
                                  "key": key, "seconds": secs})
             print(f"conv layers, {t} thread(s), round {rnd + 1}/{a.conv_repetitions} done", flush=True)
@@ -733,8 +740,8 @@ def run_conv(a, impls, threads, commit, dirty):
                  "best_of_peak": max(x["of_peak"] for x in g), "torch": {}}
             for impl in torches:
                 if by.get(impl):
-                    gf = statistics.median(x["gflops"] for x in by[impl])
-                    e["torch"][impl] = {"gflops": gf, "of_peak": gf / peaks[str(t)]}
+                    e["torch"][impl] = {"gflops": statistics.median(x["gflops"] for x in by[impl]),
+                                        "of_peak": statistics.median(x["of_peak"] for x in by[impl])}
             r.setdefault("by_threads", {})[str(t)] = e
     meta = metadata(a, "cpu-conv-layers", ["galley"] + torches,
                     [{"impl": i, "version": v} for i, v in versions.items()], commit, dirty, t_start)

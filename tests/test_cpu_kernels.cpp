@@ -442,7 +442,13 @@ TEST(ConvChannels, MatchesIm2colAndTheDirectPathBitForBit) {
   if (cpu::conv2d_vector_lanes() == 0) GTEST_SKIP() << "a build without AVX2 or AVX-512";
   std::vector<Case> all = cases();
   all.insert(all.end(), strided_cases().begin(), strided_cases().end());
+  // And: stride 4 with a 3x3 kernel (phases no tap reaches, in both axes), padding 2 at stride
+  // 3 with output channels in three vectors (AVX2), and resnet's 32->64 3x3/2 at batch 5.
+  all.insert(all.end(), {{2, 4, 13, 11, 20, 3, 3, 1, 1, 4},
+                         {3, 16, 9, 10, 40, 3, 3, 2, 1, 3},
+                         {5, 32, 14, 14, 64, 3, 3, 1, 1, 2}});
   std::mt19937 rng(5);
+  const int saved = galley::num_threads();
   for (const Case& k : all) {
     const Conv2dGeometry g = geometry(k);
     const auto [x, w, b, gy] = exact_operands(g, 11);
@@ -453,10 +459,17 @@ TEST(ConvChannels, MatchesIm2colAndTheDirectPathBitForBit) {
       ASSERT_EQ(got, want) << name(k) << (bias ? " with bias" : " without bias");
     }
     {
-      std::vector<float> want(w.size(), -1.f), got(w.size(), -2.f);
+      // At one thread too: one chunk of every image, whose batches of several images have
+      // tiles that cross from one image into the next.
+      std::vector<float> want(w.size(), -1.f);
       cpu::conv2d_backward_im2col(g, x.data(), w.data(), gy.data(), nullptr, want.data());
-      cpu::conv2d_channels_weight_grad(g, x.data(), gy.data(), got.data());
-      ASSERT_EQ(got, want) << name(k) << " weight gradient";
+      for (int threads : {saved, 1}) {
+        galley::set_num_threads(threads);
+        std::vector<float> got(w.size(), -2.f);
+        cpu::conv2d_channels_weight_grad(g, x.data(), gy.data(), got.data());
+        galley::set_num_threads(saved);
+        ASSERT_EQ(got, want) << name(k) << " weight gradient, " << threads << " threads";
+      }
     }
     if (k.dilation == 1) {
       std::vector<float> want(x.size(), -1.f), got(x.size(), -2.f);
@@ -509,6 +522,9 @@ TEST(ConvChannels, MatchesIm2colAndTheDirectPathBitForBit) {
 TEST(ConvChannels, TakenForStridedConvolutionsOnAvx2AndRefusesGroups) {
   namespace cpu = galley::kernels::cpu;
   const bool avx2 = cpu::conv2d_vector_lanes() == 8;  // AVX-512 builds keep to the direct path
+  // (the path wants an image a thread: the cases' 8 images, on one thread whatever the host has)
+  const int saved = galley::num_threads();
+  galley::set_num_threads(1);
   auto use = [](const Case& k, galley::DType dt = galley::DType::Float32) {
     const cpu::ConvChannelsUse u = cpu::conv2d_channels_use(geometry(k), dt);
     return std::array<bool, 3>{u.forward, u.input_grad, u.weight_grad};
@@ -538,6 +554,9 @@ TEST(ConvChannels, TakenForStridedConvolutionsOnAvx2AndRefusesGroups) {
   Conv2dGeometry dilated = geometry({2, 16, 12, 12, 32, 3, 3, 2, 2, 2});
   EXPECT_THROW(cpu::conv2d_channels_input_grad(dilated, w.data(), y.data(), x.data()),
                galley::Error);
+  galley::set_num_threads(2);
+  EXPECT_EQ(use({1, 32, 14, 14, 64, 3, 3, 1, 1, 2}), none) << "fewer images than threads";
+  galley::set_num_threads(saved);
 }
 
 // The 16-bit activations: bfloat16 and float16 x and gy, read by the kernels directly, must give

@@ -399,9 +399,9 @@ void conv2d_channels_forward(const Conv2dGeometry& g, const void* x, const float
 void conv2d_channels_input_grad(const Conv2dGeometry& g, const float* w, const void* gy, void* gx,
                                 DType dtype) {
   GALLEY_CHECK(g.groups == 1 && g.dilation == 1 && g.stride >= 1,
-               "conv2d_backward: the channels-across-lanes input gradient takes one group and "
-               "dilation 1, not ",
-               g.groups, " groups and dilation ", g.dilation);
+               "conv2d_backward: the channels-across-lanes input gradient takes one group, "
+               "dilation 1 and a stride of at least 1, not ",
+               g.groups, " groups, dilation ", g.dilation, " and stride ", g.stride);
 #if defined(GALLEY_VECTOR_LANES)
   if (g.n == 0 || g.h * g.w == 0 || g.c == 0) return;
   dispatch_floating(dtype, "conv2d_backward", [&](auto tag) {

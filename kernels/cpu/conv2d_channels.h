@@ -44,8 +44,8 @@ void conv2d_channels_forward(const Conv2dGeometry& g, const void* x, const float
                              void* y, DType dtype = DType::Float32);
 // gx = the input gradient from gy, for any geometry of one group and dilation 1: by the phases of
 // the direct path's strided input gradient (cpu/conv2d_direct.h), each a correlation of the
-// channel-last output gradient with its share of the taps, every input position one of the
-// block's positions; its sums in the direct path's order.
+// channel-last output gradient with its share of the taps, every input position that some tap
+// reaches one of the block's positions (the others zero); its sums in the direct path's order.
 void conv2d_channels_input_grad(const Conv2dGeometry& g, const float* w, const void* gy, void* gx,
                                 DType dtype = DType::Float32);
 // gw = the weight gradient from x and gy (overwritten; float32), for any geometry of one group:

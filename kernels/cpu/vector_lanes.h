@@ -177,8 +177,9 @@ inline void transpose(V r[L]) {
 }
 
 // dst[r * ld + j * cp + c] = src[c][r][j] for `channels` planes of h x w (cp >= channels rounded
-// up to whole vectors; the channels past `channels` zero), in L x L transposes: the
-// Winograd path's channel-last copies and the direct path's transposed output gradient.
+// up to whole vectors; the channels past `channels` to the next whole vector zero, any floats
+// past that left as they were), in L x L transposes: the Winograd and channels-across-lanes
+// paths' channel-last copies and the direct path's transposed output gradient.
 template <typename T>
 void to_channels_last(const T* src, int64_t channels, int64_t h, int64_t w, int64_t cp, float* dst,
                       int64_t ld) {
