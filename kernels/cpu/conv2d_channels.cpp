@@ -49,6 +49,32 @@ inline int64_t spread(int64_t n) {
   return (v / L) % 2 ? v : v + L;
 }
 
+// n items in as few parts of at most `most` as can be, as even as can be: part k of parts(n, most)
+// holds part_size(n, parts, k), the first n % parts one more than the rest (resnet's 7 x 7 outputs
+// in blocks of at most 6 take 4 of 6 and 5 of 5, not 8 of 6 and one of a single position).
+inline int64_t parts(int64_t n, int64_t most) {
+  return (n + most - 1) / most;
+}
+inline int64_t part_size(int64_t n, int64_t parts, int64_t k) {
+  return n / parts + (k < n % parts ? 1 : 0);
+}
+
+// Where the forward pass reads in a zero-bordered channel-last input of rows bw positions wide, cp
+// floats a position: each tap's offset from a position's first input, and each output position's
+// first input.
+std::vector<int64_t> forward_taps(const Conv2dGeometry& g, int64_t bw, int64_t cp) {
+  std::vector<int64_t> tap;
+  for (int64_t a = 0; a < g.kh; ++a)
+    for (int64_t e = 0; e < g.kw; ++e) tap.push_back((a * g.dilation * bw + e * g.dilation) * cp);
+  return tap;
+}
+std::vector<int64_t> forward_positions(const Conv2dGeometry& g, int64_t bw, int64_t cp) {
+  std::vector<int64_t> at;
+  for (int64_t q = 0; q < g.oh * g.ow; ++q)
+    at.push_back(((q / g.ow) * g.stride * bw + (q % g.ow) * g.stride) * cp);
+  return at;
+}
+
 // out[p][v * L + i] = sum over c < cin, t < taps of w[(c * taps + t) * ldw + v * L + i] *
 // x[p][tap[t] + c], for NP positions (x[p] their input in a channel-last buffer, out[p] their row
 // of the channel-last output) and OV vectors of output channels: each output's sum in the direct
@@ -122,18 +148,17 @@ struct Correlation {
 };
 
 // Runs c over one image: every output channel of every position, OV = 2 vectors at a time and
-// then one. The positions go in ceil(n / kPositions) blocks, as even as can be (resnet's 7 x 7
-// outputs take 4 blocks of 6 and 5 of 5, not 8 of 6 and one of a single position, whose two
-// accumulators would wait on the multiply-adds' latency).
+// then one. The positions go in blocks of at most kPositions, as even as can be (parts(): a block
+// of a single position's two accumulators would wait on the multiply-adds' latency).
 void correlate(const Correlation& c, const float* src, float* dst, int64_t ld) {
   const int64_t n = int64_t(c.in.size()), taps = int64_t(c.tap.size());
   if (n == 0) return;
-  const int64_t blocks = (n + kPositions - 1) / kPositions, base = n / blocks, extra = n % blocks;
+  const int64_t blocks = parts(n, kPositions);
   auto run = [&](auto ov, int64_t o0) {
     constexpr int OV = decltype(ov)::value;
     int64_t q = 0;
     for (int64_t k = 0; k < blocks; ++k) {
-      const int np = int(base + (k < extra ? 1 : 0));
+      const int np = int(part_size(n, blocks, k));
       const float* x[kPositions];
       float* out[kPositions];
       for (int i = 0; i < np; ++i) {
@@ -184,16 +209,13 @@ void channels_forward(const Conv2dGeometry& g, const T* x, const float* w, const
                 bordered = (g.h + 2 * g.pad) * bw * cp, P = g.oh * g.ow;
   Correlation c;
   c.cin = g.c, c.op = round_up(g.o, L);
-  for (int64_t a = 0; a < g.kh; ++a)
-    for (int64_t e = 0; e < g.kw; ++e) c.tap.push_back((a * g.dilation * bw + e * g.dilation) * cp);
+  c.tap = forward_taps(g, bw, cp);
   c.size_weights();
   for (int64_t o = 0; o < g.o; ++o)
     for (int64_t ci = 0; ci < g.c; ++ci)
       for (int64_t t = 0; t < taps; ++t) c.set(ci, t, o, w[(o * g.c + ci) * taps + t]);
-  for (int64_t q = 0; q < P; ++q) {
-    c.in.push_back(((q / g.ow) * g.stride * bw + (q % g.ow) * g.stride) * cp);
-    c.out.push_back(q);
-  }
+  c.in = forward_positions(g, bw, cp);
+  for (int64_t q = 0; q < P; ++q) c.out.push_back(q);
   parallel_chunks(g.n, 1, [&](int64_t n0, int64_t n1, bool first) {
     float* xb = thread_scratch(0, size_t(bordered));
     const int64_t ld = spread(g.o);
@@ -222,8 +244,7 @@ void channels_input_grad(const Conv2dGeometry& g, const float* w, const T* gy, T
   auto taps_of = [&](int64_t k, int64_t r) { return r < k ? (k - r + s - 1) / s : 0; };
   // The border: row m - u of the output gradient for u < U, m = (iy + pad) / s, from -(U - 1) to
   // (h - 1 + pad) / s; columns alike.
-  const int64_t top = (std::max(g.kh, int64_t(1)) + s - 1) / s - 1,
-                left = (std::max(g.kw, int64_t(1)) + s - 1) / s - 1;
+  const int64_t top = taps_of(g.kh, 0) - 1, left = taps_of(g.kw, 0) - 1;
   const int64_t bottom = std::max<int64_t>(0, (g.h - 1 + g.pad) / s - (g.oh - 1)),
                 right = std::max<int64_t>(0, (g.w - 1 + g.pad) / s - (g.ow - 1));
   const int64_t bw = left + g.ow + right, bordered = (top + g.oh + bottom) * bw * op;
@@ -319,13 +340,8 @@ void channels_weight_grad(const Conv2dGeometry& g, const T* x, const T* gy, floa
   const int64_t bw = g.w + 2 * g.pad, bordered = (g.h + 2 * g.pad) * bw * cp + L, P = g.oh * g.ow;
   const int64_t image = (bordered + P * op) * int64_t(sizeof(float));
   const int64_t batch = std::max<int64_t>(1, (int64_t(256) << 10) / std::max<int64_t>(image, 1));
-  std::vector<int64_t> tap, at(static_cast<size_t>(P));
-  for (int64_t a = 0; a < g.kh; ++a)
-    for (int64_t e = 0; e < g.kw; ++e) tap.push_back((a * g.dilation * bw + e * g.dilation) * cp);
-  for (int64_t q = 0; q < P; ++q)
-    at[size_t(q)] = ((q / g.ow) * g.stride * bw + (q % g.ow) * g.stride) * cp;
-  // The input channels in ceil(c / kPositions) blocks, as even as can be.
-  const int64_t cblocks = (g.c + kPositions - 1) / kPositions;
+  const std::vector<int64_t> tap = forward_taps(g, bw, cp), at = forward_positions(g, bw, cp);
+  const int64_t cblocks = parts(g.c, kPositions);  // blocks of input channels
   const int64_t chunk = balanced_chunk(g.n, 1);
   const ChunkSums sums(g.n, chunk, taps * g.c * op);
   parallel_chunks(g.n, chunk, [&](int64_t n0, int64_t n1, bool first) {
@@ -346,14 +362,14 @@ void channels_weight_grad(const Conv2dGeometry& g, const T* x, const T* gy, floa
       // Tiles of at most kWeightGradTile positions, as even as can be: a block's sweep reads a
       // cache line of inputs and one of output gradients a position, which stay in the L1 cache
       // for the next blocks' sweeps over the tile.
-      const int64_t tiles = (n + kWeightGradTile - 1) / kWeightGradTile;
+      const int64_t tiles = parts(n, kWeightGradTile);
       for (int64_t k = 0, p0 = 0; k < tiles; ++k) {
-        const int64_t np = n / tiles + (k < n % tiles ? 1 : 0);
+        const int64_t np = part_size(n, tiles, k);
         const int64_t* tin = in + p0;
         for (int64_t o0 = 0; o0 < ov; o0 += kMaxVectors * L)
           for (int64_t t = 0; t < taps; ++t)
             for (int64_t kc = 0, c0 = 0; kc < cblocks; ++kc) {
-              const int nc = int(g.c / cblocks + (kc < g.c % cblocks ? 1 : 0));
+              const int nc = int(part_size(g.c, cblocks, kc));
               const float* xt = xb + tap[size_t(t)] + c0;
               float* pt = part + (t * g.c + c0) * op + o0;
               const float* gt = gyc + p0 * op + o0;
