@@ -15,7 +15,7 @@ namespace galley::kernels::cpu {
 
 ConvChannelsUse conv2d_channels_use(const Conv2dGeometry& g, DType dtype) {
   ConvChannelsUse use;
-#if defined(GALLEY_VECTOR_LANES) && !defined(__AVX512F__)
+#if defined(GALLEY_VECTOR_LANES)
   const bool float32_sums = dtype == DType::Float32 || dtype == DType::Float16 ||
                             (dtype == DType::BFloat16 && bf16_kernels() == Bf16Kernels::Widened);
   if (!(float32_sums && g.groups == 1 && g.stride >= 2 && g.dilation == 1 && g.kh * g.kw > 1 &&
@@ -23,7 +23,11 @@ ConvChannelsUse conv2d_channels_use(const Conv2dGeometry& g, DType dtype) {
     return use;
   use.forward = g.c >= 8;
   use.input_grad = g.c >= 16;
+#if defined(__AVX512F__)
+  use.weight_grad = g.c >= 16;
+#else
   use.weight_grad = g.c >= 16 && g.ow <= conv_block::L;
+#endif
 #else
   (void)g, (void)dtype;
 #endif

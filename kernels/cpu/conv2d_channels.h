@@ -21,16 +21,19 @@ namespace galley::kernels::cpu {
 // group, a stride of 2 or more, dilation 1, a kernel of more than one tap (a 1x1 one is
 // cpu/conv2d_pointwise.h's), computed in float32 (float32 or float16 data, or bfloat16 where
 // cpu/conv2d_direct.h's bf16_kernels() is Widened), at least 16 output channels and one image a
-// thread, in a build for AVX2 hosts with FMA (AVX-512 builds keep to the direct path's phases: the
-// block there is unmeasured). Then each part where it beat the direct path's phases on AMD Zen 3
-// (one thread, batch 64, alternated in one process):
-//   forward      from 8 input channels: 1.2x at 8->16 28x28, 1.1x at resnet's 16->32 3x3/2,
-//                1.27x at its 32->64;
-//   input_grad   from 16 input channels: 1.19x and 1.37x on resnet's two (with 8 or 12 input
-//                channels 0.86-0.9x: too few steps for the block's sums);
-//   weight_grad  from 16 input channels where the output rows are at most a vector wide (resnet's
-//                7x7 outputs: 1.11x on 32->64, 1.06x on 16->32 at 14x14), whose rows leave the
-//                direct path's lanes idle; on 14-wide rows the direct path was 6% faster.
+// thread, in a build for AVX2 hosts with FMA or for AVX-512. Then each part where it beat the
+// direct path's phases (one thread, batch 64, alternated in one process; AMD Zen 3 with AVX2,
+// AMD Zen 4 with AVX-512):
+//   forward      from 8 input channels: Zen 3 1.2x at 8->16 28x28, 1.1x at resnet's 16->32
+//                3x3/2, 1.27x at its 32->64; Zen 4 1.0x, 1.11x and 1.31x;
+//   input_grad   from 16 input channels: 1.19x and 1.37x on resnet's two on Zen 3, 1.18x and
+//                1.38x on Zen 4 (with 8 or 12 input channels 0.86-0.9x on Zen 3: too few steps
+//                for the block's sums; 0.67x and 1.13x on Zen 4);
+//   weight_grad  from 16 input channels; on AVX2 only where the output rows are at most a vector
+//                wide (resnet's 7x7 outputs: 1.11x on 32->64 on Zen 3, 1.06x on 16->32 at 14x14),
+//                which leave the direct path's lanes idle: on 14-wide rows the two tied. On
+//                AVX-512 every row width: 1.19x and 1.14x on resnet's two, 1.08x on 16->32 at
+//                56x56 (28-wide outputs).
 struct ConvChannelsUse {
   bool forward = false, input_grad = false, weight_grad = false;
 };
