@@ -539,8 +539,8 @@ TEST(ConvChannels, TakenForStridedConvolutionsWithVectorLanesAndRefusesGroups) {
   EXPECT_EQ(use({8, 16, 28, 28, 32, 3, 3, 1, 1, 2}, galley::DType::Float16),
             (Parts{vectors, vectors, avx512}));
   EXPECT_EQ(use({8, 32, 14, 14, 64, 3, 3, 1, 1, 2}), (Parts{vectors, vectors, vectors}));
-  // bfloat16 only where its convolutions sum in float32 (the widened kernels)
-  const bool widened = cpu::bf16_kernels() == cpu::Bf16Kernels::Widened;
+  // bfloat16 widened, except on AMX's tiles (which take the phases)
+  const bool widened = cpu::bf16_kernels() != cpu::Bf16Kernels::Tiles;
   EXPECT_EQ(use({8, 32, 14, 14, 64, 3, 3, 1, 1, 2}, galley::DType::BFloat16),
             (Parts{vectors && widened, vectors && widened, vectors && widened}));
   EXPECT_EQ(use({8, 16, 56, 56, 32, 3, 3, 1, 1, 2}), (Parts{vectors, vectors, avx512}));
@@ -1023,8 +1023,11 @@ TEST(ConvDirect, TakenOnlyWhereItIsCorrectAndPays) {
   if (fast) EXPECT_TRUE(wide16.forward && wide16.input_grad && wide16.weight_grad);
   const auto rgb16 = conv2d_direct_use(geometry({8, 3, 32, 32, 32, 3, 3, 1, 1}), bf);
   EXPECT_EQ(rgb16.bf16, cpu::Bf16Kernels::Widened);
-  // (On the dot-product kernels, where im2col on the bfloat16 GEMM was not measured against
-  // them, three channels keep to the forward pass.)
+  // (On the dot-product kernels, where im2col on the bfloat16 GEMM is faster for a stem's
+  // weight gradient, three channels keep to the forward pass.)
+  const auto grey16 = conv2d_direct_use(geometry({8, 1, 28, 28, 32, 3, 3, 1, 1}), bf);
+  EXPECT_TRUE(grey16.forward && !grey16.input_grad);
+  EXPECT_EQ(grey16.weight_grad, cpu::bf16_kernels() != cpu::Bf16Kernels::DotProducts);
   if (cpu::bf16_kernels() == cpu::Bf16Kernels::DotProducts)
     EXPECT_TRUE(rgb16.forward && !rgb16.input_grad && !rgb16.weight_grad);
   else

@@ -320,7 +320,8 @@ struct Phases {
 
 bool by_phases(const Conv2dGeometry& g, DType dtype) {
   // On the dot products im2col on the bfloat16 GEMM is faster (AMD Zen 4, resnet's 3x3/2 layers:
-  // 1.6x-2.1x forward, 1.4x backward): the phases' zero taps cost 1.8x the arithmetic there.
+  // 1.6x-2.1x forward, 1.4x backward): the phases' zero taps cost 1.8x the arithmetic there (and
+  // the channels path, cpu/conv2d_channels.h, on the widened values is faster again).
   if (dtype != DType::BFloat16 || bf16_kernels() != Bf16Kernels::Tiles) return false;
   if (g.stride < 2 || g.groups != 1 || g.dilation != 1 || g.n < num_threads()) return false;
   // A kernel of one tap per phase (a strided 1x1) gains nothing on those kernels over im2col.

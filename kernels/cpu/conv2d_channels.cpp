@@ -17,7 +17,7 @@ ConvChannelsUse conv2d_channels_use(const Conv2dGeometry& g, DType dtype) {
   ConvChannelsUse use;
 #if defined(GALLEY_VECTOR_LANES)
   const bool float32_sums = dtype == DType::Float32 || dtype == DType::Float16 ||
-                            (dtype == DType::BFloat16 && bf16_kernels() == Bf16Kernels::Widened);
+                            (dtype == DType::BFloat16 && bf16_kernels() != Bf16Kernels::Tiles);
   if (!(float32_sums && g.groups == 1 && g.stride >= 2 && g.dilation == 1 && g.kh * g.kw > 1 &&
         g.o >= 16 && g.n >= num_threads()))
     return use;

@@ -1038,14 +1038,12 @@ ConvDirectUse conv2d_direct_use(const Conv2dGeometry& g, DType dtype) {
   // tile GEMM; on AMD Zen 3 (AVX2) 1.3-1.6x, the weight gradient of three channels 1.4x and
   // their forward pass level (since then both stems' weight gradients run with the outputs
   // across the lanes, 1.3-1.6x faster again, and their forward passes store by rows). Against
-  // im2col on the dot-product GEMM (AMD Zen 4 and 5) not measured: those hosts keep the thresholds
-  // measured before, 16 and 64 pairs.
-  if (dtype == DType::BFloat16 && bf16_kernels() == Bf16Kernels::DotProducts) {
-    use.forward = columns >= 16;
-    use.weight_grad = columns >= 64;
-  } else {
-    use.forward = use.weight_grad = columns >= 9;
-  }
+  // im2col on the dot-product GEMM (AMD Zen 4, two threads, batch 64), the bfloat16 stems' forward
+  // passes (widened) ran 1.49x (1->16) and 1.20x (3->32), but their weight gradients 0.90x and
+  // 0.66x: there the weight gradient keeps im2col below 64 pairs.
+  const bool dot_products = dtype == DType::BFloat16 && bf16_kernels() == Bf16Kernels::DotProducts;
+  use.forward = columns >= 9;
+  use.weight_grad = columns >= (dot_products ? 64 : 9);
   use.input_grad = g.c >= 16;
 #else
   (void)g, (void)dtype;

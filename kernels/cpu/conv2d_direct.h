@@ -61,8 +61,8 @@ int conv2d_vector_lanes();
 // phases). Then each part where it is faster than
 // im2col + GEMM (measured on the layers of the benchmark models): the forward pass and the
 // weight gradient need enough (input channel, tap) pairs to amortise writing each output block
-// and summing each image's products (the 9 of a single channel's 3x3 kernel; 16 and 64 for
-// bfloat16 on the dot products); the input gradient needs enough input
+// and summing each image's products (the 9 of a single channel's 3x3 kernel; the weight
+// gradient 64 for bfloat16 on the dot products); the input gradient needs enough input
 // channels to fill its blocks of output channels (16). A bfloat16 convolution of 16 or more input
 // channels, where bf16_kernels() is Tiles or DotProducts, takes the direct path for every part on
 // those kernels; any other runs the widened kernels.
