@@ -939,6 +939,80 @@ TEST(ConvWinograd, CloseToIm2colOnRandomValues) {
   }
 }
 
+// bfloat16 on the dot products (AVX512-BF16 without AMX): the tiled form's products on pairs,
+// the transformed inputs and kernels rounded to bfloat16. Against the float32 path on the same
+// (bfloat16) values: within a few units of bfloat16's precision of the sums' terms, both
+// ways, odd channel counts (a zero partner) and tiles past a vector included; and on values that
+// stay exact through the rounding (small integers, weights of +-1), im2col's bits.
+TEST(ConvWinograd, Bf16PairProductsStayWithinBf16PrecisionOfFloat32) {
+  namespace cpu = galley::kernels::cpu;
+  const galley::DType bf = galley::DType::BFloat16, f32 = galley::DType::Float32;
+  if (!cpu::conv2d_winograd_applies(geometry({2, 64, 16, 16, 64, 3, 3, 1, 1}), bf))
+    GTEST_SKIP() << "no bfloat16 pair products here (AVX512-BF16 without AMX, at compile time)";
+  std::mt19937 rng(57);
+  std::normal_distribution<float> normal(0.f, 1.f);
+  auto bf16_values = [](std::vector<float>& v) {  // v rounded to bfloat16, as float
+    std::vector<uint16_t> h(v.size());
+    cpu::convert(v.data(), galley::DType::Float32, h.data(), galley::DType::BFloat16,
+                 int64_t(v.size()));
+    cpu::convert(h.data(), galley::DType::BFloat16, v.data(), galley::DType::Float32,
+                 int64_t(v.size()));
+    return h;
+  };
+  for (const Case& k : std::vector<Case>{{2, 64, 16, 16, 64, 3, 3, 1, 1},
+                                         {3, 65, 13, 15, 67, 3, 3, 1, 1},
+                                         {2, 64, 32, 32, 72, 3, 3, 1, 1}}) {
+    const Conv2dGeometry g = geometry(k);
+    std::vector<float> x(size_t(g.n * g.c * g.h * g.w)), w(size_t(g.o * g.c * 9)),
+        gy(size_t(g.n * g.o * g.h * g.w)), b(size_t(g.o));
+    for (auto* v : {&x, &w, &gy, &b})
+      for (float& e : *v) e = normal(rng);
+    const std::vector<uint16_t> x16 = bf16_values(x), gy16 = bf16_values(gy);
+    bf16_values(w);
+    std::vector<float> want(gy.size()), gx_want(x.size()), gw(w.size());
+    cpu::conv2d_forward_im2col(g, x.data(), w.data(), b.data(), want.data());
+    cpu::conv2d_backward_im2col(g, x.data(), w.data(), gy.data(), gx_want.data(), gw.data());
+    std::vector<uint16_t> y16(gy.size()), gx16(x.size());
+    cpu::conv2d_winograd_forward(g, x16.data(), w.data(), b.data(), y16.data(), bf);
+    cpu::conv2d_winograd_input_grad(g, w.data(), gy16.data(), gx16.data(), bf);
+    std::vector<float> y(gy.size()), gx(x.size());
+    cpu::convert(y16.data(), bf, y.data(), f32, int64_t(y.size()));
+    cpu::convert(gx16.data(), bf, gx.data(), f32, int64_t(gx.size()));
+    auto worst = [](const std::vector<float>& got, const std::vector<float>& ref) {
+      double e = 0, r = 0;
+      for (size_t i = 0; i < got.size(); ++i) {
+        e = std::max(e, double(std::fabs(got[i] - ref[i])));
+        r += double(ref[i]) * ref[i];
+      }
+      return std::make_pair(e, std::sqrt(r / double(ref.size())));
+    };
+    // Two roundings to bfloat16 a product, in sums that reach about 4 x the largest output:
+    // observed within 0.025 x the outputs' root mean square (the output's own rounding is up to
+    // 0.01 of it); a pair in the wrong place is off by about the whole of it.
+    const auto [ey, ry] = worst(y, want);
+    const auto [ex, rx] = worst(gx, gx_want);
+    EXPECT_LT(ey, 0.04 * ry) << name(k) << " forward";
+    EXPECT_LT(ex, 0.04 * rx) << name(k) << " input gradient";
+    // Small integers and weights of -3..3: the transformed values (|V| <= 12, U in quarters up
+    // to 27/4) are exact in bfloat16 and every sum exact in float32, so the output is im2col's,
+    // rounded once.
+    auto [xe, we, be, gye] = exact_operands(g, 59);
+    we = exact_values(we.size(), 60, 1.f);
+    std::vector<uint16_t> xe16(xe.size()), gye16(gye.size()), want16(gye.size()),
+        gx_want16(xe.size());
+    cpu::convert(xe.data(), f32, xe16.data(), bf, int64_t(xe.size()));
+    cpu::convert(gye.data(), f32, gye16.data(), bf, int64_t(gye.size()));
+    cpu::conv2d_forward_im2col(g, xe.data(), we.data(), be.data(), want.data());
+    cpu::conv2d_backward_im2col(g, xe.data(), we.data(), gye.data(), gx_want.data(), nullptr);
+    cpu::convert(want.data(), f32, want16.data(), bf, int64_t(want.size()));
+    cpu::convert(gx_want.data(), f32, gx_want16.data(), bf, int64_t(gx_want.size()));
+    cpu::conv2d_winograd_forward(g, xe16.data(), we.data(), be.data(), y16.data(), bf);
+    cpu::conv2d_winograd_input_grad(g, we.data(), gye16.data(), gx16.data(), bf);
+    EXPECT_EQ(y16, want16) << name(k) << " forward, exact values";
+    EXPECT_EQ(gx16, gx_want16) << name(k) << " input gradient, exact values";
+  }
+}
+
 TEST(ConvWinograd, TakenForFloat32SameConvolutionsOfSixteenChannels) {
   namespace cpu = galley::kernels::cpu;
   const Conv2dGeometry g = geometry({8, 16, 28, 28, 16, 3, 3, 1, 1});
@@ -956,7 +1030,8 @@ TEST(ConvWinograd, TakenForFloat32SameConvolutionsOfSixteenChannels) {
         geometry({8, 15, 7, 7, 64, 3, 3, 1, 1})})
     EXPECT_FALSE(cpu::conv2d_winograd_applies(other));
   // 16-bit data computes in float32 here, as float32 does; bfloat16 on the host's bfloat16
-  // kernels (AMX tiles, vdpbf16ps) keeps to the direct path.
+  // kernels (AMX tiles, vdpbf16ps) keeps to the direct path, except on the dot products with 64
+  // channels each way on tiled planes (the products on pairs there).
   // Narrow planes too (channels across the lanes there): vgg's 64->128 on 8x8, resnet's 64->64
   // on 7x7.
   EXPECT_TRUE(cpu::conv2d_winograd_applies(geometry({8, 64, 8, 8, 128, 3, 3, 1, 1})));
@@ -964,6 +1039,14 @@ TEST(ConvWinograd, TakenForFloat32SameConvolutionsOfSixteenChannels) {
   EXPECT_TRUE(cpu::conv2d_winograd_applies(g, galley::DType::Float16));
   EXPECT_EQ(cpu::conv2d_winograd_applies(g, galley::DType::BFloat16),
             cpu::bf16_kernels() == cpu::Bf16Kernels::Widened);
+  const bool widened = cpu::bf16_kernels() == cpu::Bf16Kernels::Widened;
+  const Conv2dGeometry wide = geometry({8, 64, 16, 16, 64, 3, 3, 1, 1});
+  EXPECT_EQ(cpu::conv2d_winograd_applies(wide, galley::DType::BFloat16),
+            cpu::bf16_kernels() != cpu::Bf16Kernels::Tiles);
+  EXPECT_EQ(cpu::conv2d_winograd_applies(geometry({8, 64, 7, 7, 64, 3, 3, 1, 1}),
+                                         galley::DType::BFloat16),
+            widened);
+  EXPECT_EQ(cpu::conv2d_winograd_weight_grad_applies(wide, galley::DType::BFloat16), widened);
   EXPECT_THROW(cpu::conv2d_winograd_forward(strided, nullptr, nullptr, nullptr, nullptr),
                galley::Error);
   // The weight gradient from 32 channels each way with AVX-512 (with 16 its transforms cost more

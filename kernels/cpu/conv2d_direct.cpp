@@ -680,10 +680,8 @@ void phased_input_grad_image(const Conv2dGeometry& g, const PhasedInputGrad& pig
 // gradient, two consecutive flat outputs (the transposed output gradient holds them interleaved
 // per output channel, and the input's two consecutive positions are adjacent already). An odd
 // channel count, or flat output count, is padded with a zero partner. Same register blocks as the
-// float32 kernels. The pairs are kernels/cpu/bf16_avx512.h's Pair words.
-inline __m512 dot(__m512 acc, __m512i a, __m512i b) {
-  return _mm512_dpbf16_ps(acc, (__m512bh)a, (__m512bh)b);
-}
+// float32 kernels (the correlations' is conv2d_block.h's correlate_pairs_block). The pairs are
+// kernels/cpu/bf16_avx512.h's Pair words.
 inline uint16_t bf16_bits(float f) {
   return galley::detail::float_to_bf16_bits(f);
 }
@@ -732,49 +730,13 @@ void pack_weight_pairs(const Plan& p, At at, std::vector<Pair>& out) {
         }
 }
 
-template <int NV>
-void correlate_pairs_block(const Pair* x, int64_t plane, int64_t kp, const int64_t* shift,
-                           int64_t taps, const Pair* wb, float* y, int64_t ldy) {
-  __m512 acc[OB][NV];
-#pragma GCC unroll 8
-  for (int o = 0; o < OB; ++o)
-#pragma GCC unroll 4
-    for (int v = 0; v < NV; ++v) acc[o][v] = _mm512_setzero_ps();
-  for (int64_t k = 0; k < kp; ++k, x += plane) {
-    for (int64_t t = 0; t < taps; ++t, wb += OB) {
-      const Pair* xs = x + shift[t];
-      __m512i xv[NV];
-#pragma GCC unroll 4
-      for (int v = 0; v < NV; ++v) xv[v] = _mm512_loadu_si512(xs + v * L);
-#pragma GCC unroll 8
-      for (int o = 0; o < OB; ++o) {
-        const __m512i wv = _mm512_set1_epi32(int(wb[o]));
-#pragma GCC unroll 4
-        for (int v = 0; v < NV; ++v) acc[o][v] = dot(acc[o][v], xv[v], wv);
-      }
-    }
-  }
-#pragma GCC unroll 8
-  for (int o = 0; o < OB; ++o)
-#pragma GCC unroll 4
-    for (int v = 0; v < NV; ++v) _mm512_storeu_ps(y + o * ldy + v * L, acc[o][v]);
-}
-
 // correlate() on channel pairs.
 void correlate_pairs(const Plan& p, const std::vector<int64_t>& shift, const Pair* xb,
                      const Pair* wpk, float* flat) {
   const int64_t taps = p.taps(), qs = p.qs(), nvec = qs / L, kp = channel_pairs(p);
-  for (int64_t cb = 0; cb * OB < p.cout; ++cb) {
-    const Pair* wb = wpk + cb * kp * taps * OB;
-    float* yb = flat + cb * OB * qs;
-    int64_t v = 0;
-    for (; v + 3 <= nvec; v += 3)
-      correlate_pairs_block<3>(xb + v * L, p.plane(), kp, shift.data(), taps, wb, yb + v * L, qs);
-    if (nvec - v == 2)
-      correlate_pairs_block<2>(xb + v * L, p.plane(), kp, shift.data(), taps, wb, yb + v * L, qs);
-    else if (nvec - v == 1)
-      correlate_pairs_block<1>(xb + v * L, p.plane(), kp, shift.data(), taps, wb, yb + v * L, qs);
-  }
+  for (int64_t cb = 0; cb * OB < p.cout; ++cb)
+    correlate_pairs_vectors(xb, p.plane(), kp, shift.data(), taps, wpk + cb * kp * taps * OB,
+                            flat + cb * OB * qs, qs, nvec);
 }
 
 // weight_grad_block on pairs of flat outputs: gyT holds [q / 2][channel] pairs, xs[j] the bfloat16

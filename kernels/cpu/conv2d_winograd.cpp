@@ -9,19 +9,51 @@
 #include "kernels/cpu/conv2d_direct.h"
 #include "kernels/cpu/parallel.h"
 
+#include "kernels/cpu/bf16_avx512.h"
 #include "kernels/cpu/conv2d_block.h"
 #include "kernels/cpu/vector_lanes.h"
 
 namespace galley::kernels::cpu {
 
+namespace {
+
+// Planes narrower than this take the channel-last form (a row has at most 6 tiles).
+constexpr int64_t kNarrowPlane = 13;
+
+// A 16-bit convolution computed in float32 here, as the float32 one, with its bits: any but a
+// bfloat16 one on the host's bfloat16 kernels.
+bool float32_sums(DType dtype) {
+  return dtype == DType::Float32 || dtype == DType::Float16 ||
+         (dtype == DType::BFloat16 && bf16_kernels() == Bf16Kernels::Widened);
+}
+
+// A bfloat16 convolution whose products run on pairs (vdpbf16ps): on the dot-product kernels.
+bool pair_products(DType dtype) {
+#if defined(__AVX512BF16__)
+  return dtype == DType::BFloat16 && bf16_kernels() == Bf16Kernels::DotProducts;
+#else
+  (void)dtype;
+  return false;
+#endif
+}
+
+bool winograd_geometry(const Conv2dGeometry& g) {
+  return g.kh == 3 && g.kw == 3 && g.stride == 1 && g.pad == 1 && g.dilation == 1 &&
+         g.groups == 1 && g.c >= 16 && g.o >= 16;
+}
+
+}  // namespace
+
 bool conv2d_winograd_applies(const Conv2dGeometry& g, DType dtype) {
 #if defined(GALLEY_VECTOR_LANES)
-  // A bfloat16 convolution on the host's bfloat16 kernels keeps to the direct path; any other
-  // 16-bit one computes in float32 here as the float32 one does, with its bits.
-  const bool float32_sums = dtype == DType::Float32 || dtype == DType::Float16 ||
-                            (dtype == DType::BFloat16 && bf16_kernels() == Bf16Kernels::Widened);
-  return float32_sums && g.kh == 3 && g.kw == 3 && g.stride == 1 && g.pad == 1 && g.dilation == 1 &&
-         g.groups == 1 && g.c >= 16 && g.o >= 16;
+  // A bfloat16 convolution on the dot products takes the tiled form with its products on pairs
+  // from 64 channels each way. On AMD Zen 4 (two threads, batch 64, against the direct path's
+  // dot products) vgg's 64->64 16x16 layer ran 1.44x forward and 1.2x backward; with fewer
+  // channels the float32 transforms outweigh the halved products (resnet's 16->16 28x28 and
+  // 32->32 14x14: 0.87x and 0.92x forward). Narrow planes stay on the dot products too (the
+  // float32 narrow form was 0.88x there on resnet's 64->64 7x7).
+  return winograd_geometry(g) && (float32_sums(dtype) || (pair_products(dtype) && g.c >= 64 &&
+                                                          g.o >= 64 && g.w >= kNarrowPlane));
 #else
   (void)g, (void)dtype;
   return false;
@@ -30,9 +62,15 @@ bool conv2d_winograd_applies(const Conv2dGeometry& g, DType dtype) {
 
 bool conv2d_winograd_weight_grad_applies(const Conv2dGeometry& g, DType dtype) {
   // With 16 channels each way the transforms cost more than the products save on an Intel Xeon
-  // (AVX-512); on AMD Zen 3 (AVX2) the path is 1.2-1.3x the direct weight gradient there.
+  // (AVX-512); on AMD Zen 3 (AVX2) the path is 1.2-1.3x the direct weight gradient there. A
+  // bfloat16 one on the dot products keeps to the direct path's.
+#if defined(GALLEY_VECTOR_LANES)
   const int64_t least = conv_block::L == 16 ? 32 : 16;
-  return conv2d_winograd_applies(g, dtype) && g.c >= least && g.o >= least;
+  return winograd_geometry(g) && float32_sums(dtype) && g.c >= least && g.o >= least;
+#else
+  (void)g, (void)dtype;
+  return false;
+#endif
 }
 
 namespace {
@@ -478,16 +516,74 @@ void winograd_narrow(const NarrowPlan& p, int64_t n, const T* x, const Kernels& 
   });
 }
 
-// Planes narrower than this take the channel-last form (a row has at most 6 tiles).
-constexpr int64_t kNarrowPlane = 13;
+#if defined(__AVX512BF16__)
+// The products on bfloat16 pairs, for a bfloat16 convolution on the dot products: position k's
+// transformed inputs and kernels rounded to bfloat16 (round to nearest even), input channels 2j
+// and 2j + 1 paired (a zero partner past cin), and summed in float32 by vdpbf16ps, which does two
+// multiply-adds a lane an instruction. The transforms stay float32.
+int64_t channel_pairs(const Plan& p) {
+  return (p.cin + 1) / 2;
+}
+
+// U[k][block][ci][OB] (transform_weights(p, ...)) as UP[k][block][pair][OB].
+std::vector<Pair> pair_weights(const Plan& p, const std::vector<float>& u) {
+  const int64_t blocks = p.coutp() / OB, kp = channel_pairs(p);
+  std::vector<Pair> up(size_t(16 * blocks * kp * OB));
+  for (int64_t kb = 0; kb < 16 * blocks; ++kb) {  // (position, block) pairs, in u's order
+    const float* ub = u.data() + kb * p.cin * OB;
+    Pair* out = up.data() + kb * kp * OB;
+    for (int64_t j = 0; j < kp; ++j)
+      for (int64_t o = 0; o < OB; ++o) {
+        const Pair lo = detail::float_to_bf16_bits(ub[2 * j * OB + o]);
+        const Pair hi =
+            2 * j + 1 < p.cin ? detail::float_to_bf16_bits(ub[(2 * j + 1) * OB + o]) : 0u;
+        out[j * OB + o] = lo | hi << 16;
+      }
+  }
+  return up;
+}
+
+// vp[k * ldp + j * tp + t] = the pair (v[k * ldv + 2j * tp + t], v[... (2j + 1) * tp + t]) for
+// the tp tiles (whole vectors) of the 16 positions.
+void pair_inputs(const Plan& p, const float* v, int64_t ldv, int64_t tp, Pair* vp, int64_t ldp) {
+  for (int k = 0; k < 16; ++k)
+    for (int64_t j = 0; j < channel_pairs(p); ++j) {
+      const float* lo = v + k * ldv + 2 * j * tp;
+      const float* hi = 2 * j + 1 < p.cin ? lo + tp : nullptr;
+      Pair* out = vp + k * ldp + j * tp;
+      for (int64_t t = 0; t < tp; t += L) {
+        __m512i w = bf16_bits(_mm512_loadu_ps(lo + t));
+        if (hi) w = _mm512_or_si512(w, _mm512_slli_epi32(bf16_bits(_mm512_loadu_ps(hi + t)), 16));
+        _mm512_storeu_si512(out + t, w);
+      }
+    }
+}
+
+// multiply() on the pairs.
+void multiply_pairs(const Plan& p, const Pair* up, const Pair* vp, int64_t ldp, int64_t tp,
+                    float* m) {
+  const int64_t blocks = p.coutp() / OB, kp = channel_pairs(p), nvec = tp / L;
+  for (int k = 0; k < 16; ++k) {
+    float* mk = m + k * position_stride(p.coutp() * tp);
+    for (int64_t cb = 0; cb < blocks; ++cb)
+      correlate_pairs_vectors(vp + k * ldp, tp, kp, &kNoShift, 1, up + (k * blocks + cb) * kp * OB,
+                              mk + cb * OB * tp, tp, nvec);
+  }
+}
+#endif  // __AVX512BF16__
 
 // y[n][cout][h][w] = the correlation of x[n][cin][h][w] with the kernels ks (+ bias), chunks of
-// images transformed, multiplied and transformed back on each thread.
-template <typename T>
+// images transformed, multiplied and transformed back on each thread; kPairs: the products on
+// bfloat16 pairs (a bfloat16 convolution on the dot products).
+template <typename T, bool kPairs = false>
 void winograd(const Plan& p, int64_t n, const T* x, const Kernels& ks, const float* bias, T* y) {
   if (n == 0 || p.tiles() == 0) return;  // an empty output
   std::vector<float> u;
   transform_weights(p, ks, u);
+#if defined(__AVX512BF16__)
+  std::vector<Pair> up;
+  if constexpr (kPairs) up = pair_weights(p, u);
+#endif
   const int64_t plane = p.h * p.w, tiles = p.tiles();
   parallel_chunks(n, p.images(n), [&](int64_t n0, int64_t n1, bool first) {
     const int64_t t = (n1 - n0) * tiles, tp = round_up(t, L);
@@ -508,10 +604,32 @@ void winograd(const Plan& p, int64_t n, const T* x, const Kernels& ks, const flo
     for (int64_t i = n0; i < n1; ++i)
       for (int64_t c = 0; c < p.cin; ++c)
         transform_input(p, x + (i * p.cin + c) * plane, v + c * tp, ldv, (i - n0) * tiles, rows);
+#if defined(__AVX512BF16__)
+    if constexpr (kPairs) {
+      const int64_t ldp = position_stride(channel_pairs(p) * tp);
+      Pair* vp = reinterpret_cast<Pair*>(thread_scratch(3, size_t(16 * ldp)));
+      pair_inputs(p, v, ldv, tp, vp, ldp);
+      multiply_pairs(p, up.data(), vp, ldp, tp, m);
+    } else {
+      multiply(p, u.data(), v, tp, m);
+    }
+#else
     multiply(p, u.data(), v, tp, m);
+#endif
     for (int64_t i = n0; i < n1; ++i)
       transform_output(p, m, tp, (i - n0) * tiles, bias, y + i * p.cout * plane);
   });
+}
+
+// The tiled form, its products on pairs where `dtype` is bfloat16 on the dot products.
+template <typename T>
+void winograd_tiled(const Plan& p, int64_t n, const T* x, const Kernels& ks, const float* bias,
+                    T* y, DType dtype) {
+#if defined(__AVX512BF16__)
+  if (pair_products(dtype)) return winograd<T, true>(p, n, x, ks, bias, y);
+#endif
+  (void)dtype;
+  winograd<T>(p, n, x, ks, bias, y);
 }
 
 // The weight gradient. The forward's bilinear form, sum of gy . y over a tile = sum over the 16
@@ -679,7 +797,8 @@ void conv2d_winograd_forward(const Conv2dGeometry& g, const void* x, const float
       winograd_narrow(NarrowPlan{{g.c, g.h, g.w, g.o}}, g.n, static_cast<const T*>(x), ks, b,
                       static_cast<T*>(y));
     else
-      winograd(Plan{g.c, g.h, g.w, g.o}, g.n, static_cast<const T*>(x), ks, b, static_cast<T*>(y));
+      winograd_tiled(Plan{g.c, g.h, g.w, g.o}, g.n, static_cast<const T*>(x), ks, b,
+                     static_cast<T*>(y), dtype);
   });
 #else
   (void)x, (void)w, (void)b, (void)y, (void)dtype;
@@ -699,8 +818,8 @@ void conv2d_winograd_input_grad(const Conv2dGeometry& g, const float* w, const v
       winograd_narrow(NarrowPlan{{g.o, g.h, g.w, g.c}}, g.n, static_cast<const T*>(gy), ks, nullptr,
                       static_cast<T*>(gx));
     else
-      winograd(Plan{g.o, g.h, g.w, g.c}, g.n, static_cast<const T*>(gy), ks, nullptr,
-               static_cast<T*>(gx));
+      winograd_tiled(Plan{g.o, g.h, g.w, g.c}, g.n, static_cast<const T*>(gy), ks, nullptr,
+                     static_cast<T*>(gx), dtype);
   });
 #else
   (void)w, (void)gy, (void)gx, (void)dtype;
