@@ -22,6 +22,13 @@
 // G^T [sum over tiles of (A gy A^T) . (B^T d B)] G, whose 16 products per pair of channels run
 // over every tile of the batch (both operands transformed channel-last, the inputs as the narrow
 // forward's); 16 products a tile and channel pair against the direct path's 36.
+//
+// A bfloat16 convolution on the dot products (cpu/conv2d_direct.h's Bf16Kernels::DotProducts:
+// AVX512-BF16 without AMX) takes the tiled form with its products on bfloat16 pairs: each
+// position's transformed inputs and kernels rounded to bfloat16, input channels 2j and 2j + 1
+// paired, summed in float32 by vdpbf16ps (two multiply-adds a lane an instruction); the
+// transforms stay float32. Those roundings make its outputs differ from the float32 path's on the
+// same values by about twice the output's own bfloat16 rounding (exact values give im2col's bits).
 #include "kernels/conv2d.h"
 
 namespace galley::kernels::cpu {
@@ -30,10 +37,12 @@ namespace galley::kernels::cpu {
 // 3x3 convolution computed in float32 (float32 or float16 data, or bfloat16 where
 // cpu/conv2d_direct.h's bf16_kernels() is Widened) with stride 1, padding 1, no dilation and one
 // group, in a build for AVX-512 hosts or AVX2 ones with FMA, with at least 16 input and output
-// channels (fewer leave the transforms' cost unpaid).
+// channels (fewer leave the transforms' cost unpaid); or such a bfloat16 one on the dot products
+// with at least 64 channels each way on planes 13 or more wide (the products on pairs).
 bool conv2d_winograd_applies(const Conv2dGeometry& g, DType dtype = DType::Float32);
 // Whether conv2d_backward takes it for the weight gradient as well: where it applies, with at
-// least 32 input and output channels in AVX-512 builds, 16 in AVX2 ones. Its transforms (both
+// least 32 input and output channels in AVX-512 builds, 16 in AVX2 ones, computed in float32 (a
+// bfloat16 one on the dot products keeps to the direct path's). Its transforms (both
 // operands, about as costly a tile as the AVX-512 direct path's sums of 16 x 16 channels) cost
 // in proportion to the channels, its products to their product.
 bool conv2d_winograd_weight_grad_applies(const Conv2dGeometry& g, DType dtype = DType::Float32);
@@ -42,7 +51,8 @@ bool conv2d_winograd_weight_grad_applies(const Conv2dGeometry& g, DType dtype = 
 // convolution with stride 1, padding 1, no dilation and one group (whatever
 // conv2d_winograd_applies says, so tests can compare it with the other paths); an error in builds
 // with neither AVX-512 nor AVX2 and FMA. x, y, gy and gx hold `dtype` elements, widened to float32
-// as they are read and rounded once as the result is written; w and b are float32.
+// as they are read and rounded once as the result is written (bfloat16 on the dot products: the
+// tiled form's products on pairs, narrow planes widened); w and b are float32.
 void conv2d_winograd_forward(const Conv2dGeometry& g, const void* x, const float* w, const float* b,
                              void* y, DType dtype = DType::Float32);
 void conv2d_winograd_input_grad(const Conv2dGeometry& g, const float* w, const void* gy, void* gx,
