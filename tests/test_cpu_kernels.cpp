@@ -961,7 +961,8 @@ TEST(ConvWinograd, Bf16PairProductsStayWithinBf16PrecisionOfFloat32) {
   };
   for (const Case& k : std::vector<Case>{{2, 64, 16, 16, 64, 3, 3, 1, 1},
                                          {3, 65, 13, 15, 67, 3, 3, 1, 1},
-                                         {2, 64, 32, 32, 72, 3, 3, 1, 1}}) {
+                                         {2, 64, 32, 32, 72, 3, 3, 1, 1},
+                                         {2, 32, 32, 33, 32, 3, 3, 1, 1}}) {
     const Conv2dGeometry g = geometry(k);
     std::vector<float> x(size_t(g.n * g.c * g.h * g.w)), w(size_t(g.o * g.c * 9)),
         gy(size_t(g.n * g.o * g.h * g.w)), b(size_t(g.o));
@@ -1031,7 +1032,7 @@ TEST(ConvWinograd, TakenForFloat32SameConvolutionsOfSixteenChannels) {
     EXPECT_FALSE(cpu::conv2d_winograd_applies(other));
   // 16-bit data computes in float32 here, as float32 does; bfloat16 on the host's bfloat16
   // kernels (AMX tiles, vdpbf16ps) keeps to the direct path, except on the dot products with 64
-  // channels each way on tiled planes (the products on pairs there).
+  // channels each way on tiled planes, or 32 on planes 32 wide (the products on pairs there).
   // Narrow planes too (channels across the lanes there): vgg's 64->128 on 8x8, resnet's 64->64
   // on 7x7.
   EXPECT_TRUE(cpu::conv2d_winograd_applies(geometry({8, 64, 8, 8, 128, 3, 3, 1, 1})));
@@ -1044,6 +1045,13 @@ TEST(ConvWinograd, TakenForFloat32SameConvolutionsOfSixteenChannels) {
   EXPECT_EQ(cpu::conv2d_winograd_applies(wide, galley::DType::BFloat16),
             cpu::bf16_kernels() != cpu::Bf16Kernels::Tiles);
   EXPECT_EQ(cpu::conv2d_winograd_applies(geometry({8, 64, 7, 7, 64, 3, 3, 1, 1}),
+                                         galley::DType::BFloat16),
+            widened);
+  // 32 channels on 32-wide planes (vgg's 32->32), not on resnet's 14-wide ones
+  EXPECT_EQ(cpu::conv2d_winograd_applies(geometry({8, 32, 32, 32, 32, 3, 3, 1, 1}),
+                                         galley::DType::BFloat16),
+            cpu::bf16_kernels() != cpu::Bf16Kernels::Tiles);
+  EXPECT_EQ(cpu::conv2d_winograd_applies(geometry({8, 32, 14, 14, 32, 3, 3, 1, 1}),
                                          galley::DType::BFloat16),
             widened);
   EXPECT_EQ(cpu::conv2d_winograd_weight_grad_applies(wide, galley::DType::BFloat16), widened);

@@ -47,13 +47,15 @@ bool winograd_geometry(const Conv2dGeometry& g) {
 bool conv2d_winograd_applies(const Conv2dGeometry& g, DType dtype) {
 #if defined(GALLEY_VECTOR_LANES)
   // A bfloat16 convolution on the dot products takes the tiled form with its products on pairs
-  // from 64 channels each way. On AMD Zen 4 (two threads, batch 64, against the direct path's
-  // dot products) vgg's 64->64 16x16 layer ran 1.44x forward and 1.2x backward; with fewer
-  // channels the float32 transforms outweigh the halved products (resnet's 16->16 28x28 and
+  // from 64 channels each way, or 32 on planes at least 32 wide. On AMD Zen 4 (two threads, batch
+  // 64, against the direct path's dot products) vgg's 64->64 16x16 layer ran 1.44x forward and
+  // 1.2x backward, its 32->32 32x32 layer 1.16x and 1.06x; with fewer channels, or narrower
+  // planes, the float32 transforms outweigh the halved products (resnet's 16->16 28x28 and
   // 32->32 14x14: 0.87x and 0.92x forward). Narrow planes stay on the dot products too (the
   // float32 narrow form was 0.88x there on resnet's 64->64 7x7).
-  return winograd_geometry(g) && (float32_sums(dtype) || (pair_products(dtype) && g.c >= 64 &&
-                                                          g.o >= 64 && g.w >= kNarrowPlane));
+  const bool pairs_pay =
+      (g.c >= 64 && g.o >= 64 && g.w >= kNarrowPlane) || (g.c >= 32 && g.o >= 32 && g.w >= 32);
+  return winograd_geometry(g) && (float32_sums(dtype) || (pair_products(dtype) && pairs_pay));
 #else
   (void)g, (void)dtype;
   return false;
