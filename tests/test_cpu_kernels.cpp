@@ -63,6 +63,20 @@ std::vector<float> normal_values(std::mt19937& rng, size_t n) {
   return v;
 }
 
+// float32 values as 16-bit bits of dt (rounded to nearest even), and such bits widened back.
+std::vector<uint16_t> narrow_to(const std::vector<float>& v, galley::DType dt) {
+  std::vector<uint16_t> bits(v.size());
+  galley::kernels::cpu::convert(v.data(), galley::DType::Float32, bits.data(), dt,
+                                int64_t(v.size()));
+  return bits;
+}
+std::vector<float> widen_from(const std::vector<uint16_t>& bits, galley::DType dt) {
+  std::vector<float> v(bits.size());
+  galley::kernels::cpu::convert(bits.data(), dt, v.data(), galley::DType::Float32,
+                                int64_t(v.size()));
+  return v;
+}
+
 // x, w, b and gy of a geometry (ungrouped), exact values from seeds seed to seed + 3.
 struct Operands {
   std::vector<float> x, w, b, gy;
@@ -593,16 +607,8 @@ TEST(Conv16Bit, KernelsMatchTheFloat32KernelsOnWidenedInputsBitForBit) {
   for (galley::DType dt : {galley::DType::BFloat16, galley::DType::Float16}) {
     const size_t es = galley::dtype_size(dt);
     // float32 values -> 16-bit bits and back to float32 (the widened input).
-    auto narrow = [&](const std::vector<float>& v) {
-      std::vector<uint16_t> bits(v.size());
-      k::cpu::convert(v.data(), galley::DType::Float32, bits.data(), dt, int64_t(v.size()));
-      return bits;
-    };
-    auto widen = [&](const std::vector<uint16_t>& bits) {
-      std::vector<float> v(bits.size());
-      k::cpu::convert(bits.data(), dt, v.data(), galley::DType::Float32, int64_t(v.size()));
-      return v;
-    };
+    auto narrow = [&](const std::vector<float>& v) { return narrow_to(v, dt); };
+    auto widen = [&](const std::vector<uint16_t>& bits) { return widen_from(bits, dt); };
     ASSERT_EQ(es, 2u);
     for (const Conv2dGeometry& g : geoms) {
       const std::string what = std::string(galley::dtype_name(dt)) + " n" + std::to_string(g.n) +
@@ -681,11 +687,7 @@ TEST(ConvDirect, Bf16KernelsMatchIm2colBitForBitOnExactValues) {
   namespace cpu = galley::kernels::cpu;
   using cpu::Bf16Kernels;
   const galley::DType bf = galley::DType::BFloat16;
-  auto narrow = [&](const std::vector<float>& v) {
-    std::vector<uint16_t> bits(v.size());
-    cpu::convert(v.data(), galley::DType::Float32, bits.data(), bf, int64_t(v.size()));
-    return bits;
-  };
+  auto narrow = [&](const std::vector<float>& v) { return narrow_to(v, bf); };
   int ran = 0;
   for (Bf16Kernels kernels : {Bf16Kernels::Tiles, Bf16Kernels::DotProducts, Bf16Kernels::Widened}) {
     const char* kname = kernels == Bf16Kernels::Tiles         ? "tiles"
@@ -737,11 +739,7 @@ TEST(ConvDirect, Bf16KernelsMatchIm2colBitForBitOnExactValues) {
 TEST(ConvStrided, Bf16MatchesIm2colBitForBitOnExactValues) {
   namespace cpu = galley::kernels::cpu;
   const galley::DType bf = galley::DType::BFloat16;
-  auto narrow = [&](const std::vector<float>& v) {
-    std::vector<uint16_t> bits(v.size());
-    cpu::convert(v.data(), galley::DType::Float32, bits.data(), bf, int64_t(v.size()));
-    return bits;
-  };
+  auto narrow = [&](const std::vector<float>& v) { return narrow_to(v, bf); };
   for (auto [n, c, h, w, o, k, stride, pad] : std::vector<std::array<int64_t, 8>>{
            {2, 16, 28, 28, 32, 3, 2, 1},
            {2, 16, 28, 28, 32, 1, 2, 0},
@@ -946,19 +944,11 @@ TEST(ConvWinograd, CloseToIm2colOnRandomValues) {
 // stay exact through the rounding (small integers, weights of +-1), im2col's bits.
 TEST(ConvWinograd, Bf16PairProductsStayWithinBf16PrecisionOfFloat32) {
   namespace cpu = galley::kernels::cpu;
-  const galley::DType bf = galley::DType::BFloat16, f32 = galley::DType::Float32;
+  const galley::DType bf = galley::DType::BFloat16;
   if (!cpu::conv2d_winograd_applies(geometry({2, 64, 16, 16, 64, 3, 3, 1, 1}), bf))
     GTEST_SKIP() << "no bfloat16 pair products here (AVX512-BF16 without AMX, at compile time)";
   std::mt19937 rng(57);
   std::normal_distribution<float> normal(0.f, 1.f);
-  auto bf16_values = [](std::vector<float>& v) {  // v rounded to bfloat16, as float
-    std::vector<uint16_t> h(v.size());
-    cpu::convert(v.data(), galley::DType::Float32, h.data(), galley::DType::BFloat16,
-                 int64_t(v.size()));
-    cpu::convert(h.data(), galley::DType::BFloat16, v.data(), galley::DType::Float32,
-                 int64_t(v.size()));
-    return h;
-  };
   for (const Case& k : std::vector<Case>{{2, 64, 16, 16, 64, 3, 3, 1, 1},
                                          {3, 65, 13, 15, 67, 3, 3, 1, 1},
                                          {2, 64, 32, 32, 72, 3, 3, 1, 1},
@@ -968,17 +958,16 @@ TEST(ConvWinograd, Bf16PairProductsStayWithinBf16PrecisionOfFloat32) {
         gy(size_t(g.n * g.o * g.h * g.w)), b(size_t(g.o));
     for (auto* v : {&x, &w, &gy, &b})
       for (float& e : *v) e = normal(rng);
-    const std::vector<uint16_t> x16 = bf16_values(x), gy16 = bf16_values(gy);
-    bf16_values(w);
+    // the float32 reference on the bfloat16 values
+    const std::vector<uint16_t> x16 = narrow_to(x, bf), gy16 = narrow_to(gy, bf);
+    x = widen_from(x16, bf), gy = widen_from(gy16, bf), w = widen_from(narrow_to(w, bf), bf);
     std::vector<float> want(gy.size()), gx_want(x.size()), gw(w.size());
     cpu::conv2d_forward_im2col(g, x.data(), w.data(), b.data(), want.data());
     cpu::conv2d_backward_im2col(g, x.data(), w.data(), gy.data(), gx_want.data(), gw.data());
     std::vector<uint16_t> y16(gy.size()), gx16(x.size());
     cpu::conv2d_winograd_forward(g, x16.data(), w.data(), b.data(), y16.data(), bf);
     cpu::conv2d_winograd_input_grad(g, w.data(), gy16.data(), gx16.data(), bf);
-    std::vector<float> y(gy.size()), gx(x.size());
-    cpu::convert(y16.data(), bf, y.data(), f32, int64_t(y.size()));
-    cpu::convert(gx16.data(), bf, gx.data(), f32, int64_t(gx.size()));
+    const std::vector<float> y = widen_from(y16, bf), gx = widen_from(gx16, bf);
     auto worst = [](const std::vector<float>& got, const std::vector<float>& ref) {
       double e = 0, r = 0;
       for (size_t i = 0; i < got.size(); ++i) {
@@ -999,18 +988,13 @@ TEST(ConvWinograd, Bf16PairProductsStayWithinBf16PrecisionOfFloat32) {
     // rounded once.
     auto [xe, we, be, gye] = exact_operands(g, 59);
     we = exact_values(we.size(), 60, 1.f);
-    std::vector<uint16_t> xe16(xe.size()), gye16(gye.size()), want16(gye.size()),
-        gx_want16(xe.size());
-    cpu::convert(xe.data(), f32, xe16.data(), bf, int64_t(xe.size()));
-    cpu::convert(gye.data(), f32, gye16.data(), bf, int64_t(gye.size()));
+    const std::vector<uint16_t> xe16 = narrow_to(xe, bf), gye16 = narrow_to(gye, bf);
     cpu::conv2d_forward_im2col(g, xe.data(), we.data(), be.data(), want.data());
     cpu::conv2d_backward_im2col(g, xe.data(), we.data(), gye.data(), gx_want.data(), nullptr);
-    cpu::convert(want.data(), f32, want16.data(), bf, int64_t(want.size()));
-    cpu::convert(gx_want.data(), f32, gx_want16.data(), bf, int64_t(gx_want.size()));
     cpu::conv2d_winograd_forward(g, xe16.data(), we.data(), be.data(), y16.data(), bf);
     cpu::conv2d_winograd_input_grad(g, we.data(), gye16.data(), gx16.data(), bf);
-    EXPECT_EQ(y16, want16) << name(k) << " forward, exact values";
-    EXPECT_EQ(gx16, gx_want16) << name(k) << " input gradient, exact values";
+    EXPECT_EQ(y16, narrow_to(want, bf)) << name(k) << " forward, exact values";
+    EXPECT_EQ(gx16, narrow_to(gx_want, bf)) << name(k) << " input gradient, exact values";
   }
 }
 

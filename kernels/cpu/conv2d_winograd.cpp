@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <type_traits>
 #include <vector>
 
 #include "galley/error.h"
@@ -66,13 +67,8 @@ bool conv2d_winograd_weight_grad_applies(const Conv2dGeometry& g, DType dtype) {
   // With 16 channels each way the transforms cost more than the products save on an Intel Xeon
   // (AVX-512); on AMD Zen 3 (AVX2) the path is 1.2-1.3x the direct weight gradient there. A
   // bfloat16 one on the dot products keeps to the direct path's.
-#if defined(GALLEY_VECTOR_LANES)
   const int64_t least = conv_block::L == 16 ? 32 : 16;
-  return winograd_geometry(g) && float32_sums(dtype) && g.c >= least && g.o >= least;
-#else
-  (void)g, (void)dtype;
-  return false;
-#endif
+  return conv2d_winograd_applies(g, dtype) && float32_sums(dtype) && g.c >= least && g.o >= least;
 }
 
 namespace {
@@ -576,7 +572,8 @@ void multiply_pairs(const Plan& p, const Pair* up, const Pair* vp, int64_t ldp, 
 
 // y[n][cout][h][w] = the correlation of x[n][cin][h][w] with the kernels ks (+ bias), chunks of
 // images transformed, multiplied and transformed back on each thread; kPairs: the products on
-// bfloat16 pairs (a bfloat16 convolution on the dot products).
+// bfloat16 pairs (a bfloat16 convolution on the dot products; winograd_tiled instantiates it so
+// for bfloat16 data only, in builds with AVX512-BF16).
 template <typename T, bool kPairs = false>
 void winograd(const Plan& p, int64_t n, const T* x, const Kernels& ks, const float* bias, T* y) {
   if (n == 0 || p.tiles() == 0) return;  // an empty output
@@ -606,18 +603,16 @@ void winograd(const Plan& p, int64_t n, const T* x, const Kernels& ks, const flo
     for (int64_t i = n0; i < n1; ++i)
       for (int64_t c = 0; c < p.cin; ++c)
         transform_input(p, x + (i * p.cin + c) * plane, v + c * tp, ldv, (i - n0) * tiles, rows);
-#if defined(__AVX512BF16__)
     if constexpr (kPairs) {
+#if defined(__AVX512BF16__)
       const int64_t ldp = position_stride(channel_pairs(p) * tp);
       Pair* vp = reinterpret_cast<Pair*>(thread_scratch(3, size_t(16 * ldp)));
       pair_inputs(p, v, ldv, tp, vp, ldp);
       multiply_pairs(p, up.data(), vp, ldp, tp, m);
+#endif
     } else {
       multiply(p, u.data(), v, tp, m);
     }
-#else
-    multiply(p, u.data(), v, tp, m);
-#endif
     for (int64_t i = n0; i < n1; ++i)
       transform_output(p, m, tp, (i - n0) * tiles, bias, y + i * p.cout * plane);
   });
@@ -628,7 +623,8 @@ template <typename T>
 void winograd_tiled(const Plan& p, int64_t n, const T* x, const Kernels& ks, const float* bias,
                     T* y, DType dtype) {
 #if defined(__AVX512BF16__)
-  if (pair_products(dtype)) return winograd<T, true>(p, n, x, ks, bias, y);
+  if constexpr (std::is_same_v<T, bfloat16>)
+    if (pair_products(dtype)) return winograd<T, true>(p, n, x, ks, bias, y);
 #endif
   (void)dtype;
   winograd<T>(p, n, x, ks, bias, y);
