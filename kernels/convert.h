@@ -3,11 +3,15 @@
 // float16 with round to nearest even, bit for bit as galley/half.h's scalar conversions; the
 // 16-bit types between each other through float32; int64 and uint8 to and from float32 (values
 // cast as C++ does). On the host vectorised (F16C for float16 where the CPU has it; bfloat16 is
-// integer arithmetic the compiler vectorises) and split over the worker threads for large n.
+// integer arithmetic the compiler vectorises, or vcvtneps2bf16 where the build has AVX512-BF16)
+// and split over the worker threads for large n.
 #include <cstdint>
 
 #include "galley/dtype.h"
 #include "galley/half.h"
+#if defined(__AVX512BF16__)
+#include "kernels/cpu/bf16_avx512.h"
+#endif
 
 namespace galley::kernels {
 namespace cpu {
@@ -20,7 +24,13 @@ inline void to_float(const bfloat16* src, float* dst, int64_t n) {
 }
 inline void from_float(const float* src, bfloat16* dst, int64_t n) {
   uint16_t* d = reinterpret_cast<uint16_t*>(dst);
-  for (int64_t i = 0; i < n; ++i) d[i] = detail::float_to_bf16_bits(src[i]);
+  int64_t i = 0;
+#if defined(__AVX512BF16__)
+  // vcvtneps2bf16 (cpu/bf16_avx512.h's bf16_halves: the same bits, subnormals included)
+  for (; i + 16 <= n; i += 16)
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(d + i), bf16_halves(_mm512_loadu_ps(src + i)));
+#endif
+  for (; i < n; ++i) d[i] = detail::float_to_bf16_bits(src[i]);
 }
 void to_float(const float16* src, float* dst, int64_t n);
 void from_float(const float* src, float16* dst, int64_t n);

@@ -50,9 +50,40 @@ inline __m512i bf16_bits(__m512 v) {
                                _mm512_or_si512(_mm512_srli_epi32(x, 16), _mm512_set1_epi32(0x40)));
 }
 
+#if defined(__AVX512BF16__)
+// The lanes of x that hold a float32 subnormal (zero exponent, nonzero fraction).
+inline __mmask16 subnormal_lanes(__m512 v) {
+  const __m512i x = _mm512_castps_si512(v);
+  return _mm512_mask_test_epi32_mask(_mm512_testn_epi32_mask(x, _mm512_set1_epi32(0x7f800000)), x,
+                                     _mm512_set1_epi32(0x007fffff));
+}
+#endif
+
+// v rounded to bfloat16, 16 bits a lane. vcvtneps2bf16 rounds as bf16_bits does, NaNs included,
+// but reads a subnormal as zero: a vector holding one (rare) takes bf16_bits.
+inline __m256i bf16_halves(__m512 v) {
+#if defined(__AVX512BF16__)
+  if (!subnormal_lanes(v)) return (__m256i)_mm512_cvtneps_pbh(v);
+#endif
+  return _mm512_cvtepi32_epi16(bf16_bits(v));
+}
+
+#if defined(__AVX512BF16__)
+// The pairs (lo[i], hi[i]) of two vectors rounded to bfloat16 by vcvtne2ps2bf16, lo in the low
+// halves: as bf16_bits rounds, except that subnormals become zeros of their sign. For operands of
+// float32 sums, whose subnormal terms vanish beside any normal one.
+inline __m512i bf16_pairs_flushed(__m512 lo, __m512 hi) {
+  // lo's 16 values then hi's, interleaved: word 2i from i, word 2i + 1 from 16 + i.
+  const __m512i both = (__m512i)_mm512_cvtne2ps_pbh(hi, lo);
+  const __m512i order = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24,
+                                         8, 23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
+  return _mm512_permutexvar_epi16(order, both);
+}
+#endif
+
 // The lanes of m of v rounded to bfloat16 into p.
 inline void store_bf16(bfloat16* p, __m512 v, __mmask16 m) {
-  _mm256_mask_storeu_epi16(p, m, _mm512_cvtepi32_epi16(bf16_bits(v)));
+  _mm256_mask_storeu_epi16(p, m, bf16_halves(v));
 }
 
 // The lanes of m from p as float32 (bfloat16 and float16 widened), the others zero; and the lanes

@@ -47,15 +47,13 @@ bool winograd_geometry(const Conv2dGeometry& g) {
 
 bool conv2d_winograd_applies(const Conv2dGeometry& g, DType dtype) {
 #if defined(GALLEY_VECTOR_LANES)
-  // A bfloat16 convolution on the dot products takes the tiled form with its products on pairs
-  // from 64 channels each way, or 32 on planes at least 32 wide. On AMD Zen 4 (two threads, batch
-  // 64, against the direct path's dot products) vgg's 64->64 16x16 layer ran 1.44x forward and
-  // 1.2x backward, its 32->32 32x32 layer 1.16x and 1.06x; with fewer channels, or narrower
-  // planes, the float32 transforms outweigh the halved products (resnet's 16->16 28x28 and
-  // 32->32 14x14: 0.87x and 0.92x forward). Narrow planes stay on the dot products too (the
-  // float32 narrow form was 0.88x there on resnet's 64->64 7x7).
-  const bool pairs_pay =
-      (g.c >= 64 && g.o >= 64 && g.w >= kNarrowPlane) || (g.c >= 32 && g.o >= 32 && g.w >= 32);
+  // A bfloat16 convolution on the dot products takes the tiled form with its products on pairs,
+  // its inputs transformed straight into pairs: on AMD Zen 4 (two threads, batch 64, against the
+  // direct path's dot products) resnet's 16->16 28x28 layer ran 1.18x forward and 1.04x backward,
+  // its 32->32 14x14 layer 1.08x and 1.0x, vgg's 32->32 32x32 and 64->64 16x16 ones 1.6x and 1.44x
+  // forward. Narrow planes stay on the dot products (the float32 narrow form was 0.88x there on
+  // resnet's 64->64 7x7).
+  const bool pairs_pay = g.w >= kNarrowPlane;
   return winograd_geometry(g) && (float32_sums(dtype) || (pair_products(dtype) && pairs_pay));
 #else
   (void)g, (void)dtype;
@@ -202,16 +200,76 @@ inline int64_t bordered_row(const Plan& p) {
   return round_up(2 * p.tw() + 2 * L + 2, L);
 }
 
-// v[k * ldk + t0 + tile] = position k = 4 r + c of B^T d B, B^T = [1 0 -1 0; 0 1 1 0;
-// 0 -1 1 0; 0 1 0 -1], for every tile of one input plane (tiles numbered row-major). Tile (i, j)
-// reads rows 2i - 1 .. 2i + 2 and columns 2j - 1 .. 2j + 2, zero outside the plane; L tiles of a
-// row take their four columns from the odd and even lanes of three pairs of vector loads (at
-// 2j - 2, 2j and 2j + 2), so each tile's values come straight from the input (AVX-512, the edges
-// masked) or from its bordered copy in `rows` (kBorderedRows: h rows of bordered_row(p) floats,
-// zero outside the plane's columns).
+// B^T d B, B^T = [1 0 -1 0; 0 1 1 0; 0 -1 1 0; 0 1 0 -1], for L tiles of one input plane, a
+// tile row at a time: the tiles at columns j0 .. j0 + L - 1 of every row. Tile (i, j) reads rows
+// 2i - 1 .. 2i + 2 and columns 2j - 1 .. 2j + 2, zero outside the plane; its four columns come
+// from the odd and even lanes of three pairs of vector loads (at 2j - 2, 2j and 2j + 2), straight
+// from the input (AVX-512, the edges masked) or from its bordered copy in `rows` (kBorderedRows: h
+// rows of bordered_row(p) floats, zero outside the plane's columns). Tile rows i and i + 1 share
+// two input rows (2i + 1 and 2i + 2): each is read and transformed once.
+template <typename T>
+class InputTiles {
+ public:
+  InputTiles(const Plan& p, const T* x, const float* rows, int64_t j0)
+      : p_(p), x_(x), rows_(rows), o_(2 * j0) {
+    m_[0] = inside(o_ - 2, p.w), m_[1] = inside(o_ - 2 + L, p.w), m_[2] = inside(o_, p.w);
+    m_[3] = inside(o_ + L, p.w), m_[4] = inside(o_ + 2, p.w), m_[5] = inside(o_ + 2 + L, p.w);
+    row(-1, c_);
+    row(0, e_);
+  }
+
+  // r[k] = position k = 4 r + c of tile row i's transform; rows are taken in order from 0.
+  void next(int64_t i, V r[16]) {
+    V a[4], b[4];
+    for (int q = 0; q < 4; ++q) a[q] = c_[q], b[q] = e_[q];
+    row(2 * i + 1, c_);
+    row(2 * i + 2, e_);
+    for (int q = 0; q < 4; ++q) {
+      r[0 + q] = a[q] - c_[q];
+      r[4 + q] = b[q] + c_[q];
+      r[8 + q] = c_[q] - b[q];
+      r[12 + q] = b[q] - e_[q];
+    }
+  }
+
+ private:
+  // Row r's columns 2j - 1 .. 2j + 2 for the L tiles, through B^T (zero outside the plane).
+  void row(int64_t r, V t[4]) {
+    if (r < 0 || r >= p_.h) {
+      t[0] = t[1] = t[2] = t[3] = V{};
+      return;
+    }
+    V d0, d1, d2, d3, unused;
+    if constexpr (kBorderedRows) {
+      const float* s = rows_ + r * bordered_row(p_) + 2 + o_;
+      deinterleave(load(s - 2), load(s - 2 + L), unused, d0);
+      deinterleave(load(s), load(s + L), d1, d2);
+      deinterleave(load(s + 2), load(s + 2 + L), d3, unused);
+    } else {
+      const T* s = x_ + r * p_.w + o_;
+      deinterleave(load_lanes(s - 2, m_[0]), load_lanes(s - 2 + L, m_[1]), unused, d0);
+      deinterleave(load_lanes(s, m_[2]), load_lanes(s + L, m_[3]), d1, d2);
+      deinterleave(load_lanes(s + 2, m_[4]), load_lanes(s + 2 + L, m_[5]), d3, unused);
+    }
+    t[0] = d0 - d2;
+    t[1] = d1 + d2;
+    t[2] = d2 - d1;
+    t[3] = d1 - d3;
+  }
+
+  const Plan& p_;
+  const T* x_;
+  const float* rows_;
+  int64_t o_;  // the first tile's column 2 j0
+  Mask m_[6];  // the loads' lanes inside the row, for the pairs at columns 2j - 2, 2j and 2j + 2
+  V c_[4], e_[4];  // input rows 2i - 1 and 2i through B^T, for the next tile row i
+};
+
+// v[k * ldk + t0 + tile] = position k of B^T d B for every tile of one input plane (tiles
+// numbered row-major); `rows` as InputTiles takes it.
 template <typename T>
 void transform_input(const Plan& p, const T* x, float* v, int64_t ldk, int64_t t0, float* rows) {
-  const int64_t tw = p.tw(), th = p.th(), bw = bordered_row(p);
+  const int64_t tw = p.tw(), bw = bordered_row(p);
   if constexpr (kBorderedRows)
     for (int64_t r = 0; r < p.h; ++r)
       for (int64_t j = 0; j < p.w; j += L)
@@ -221,55 +279,12 @@ void transform_input(const Plan& p, const T* x, float* v, int64_t ldk, int64_t t
   const int64_t vectors = (tw + L - 1) / L;
   for (int64_t jv = 0; jv < vectors; ++jv) {
     const int64_t j0 = (kBorderedRows ? vectors - 1 - jv : jv) * L;
-    // The loads' lanes inside the row, for the pairs at columns 2j - 2, 2j and 2j + 2.
-    const int64_t o = 2 * j0;
-    const Mask m0 = inside(o - 2, p.w), m1 = inside(o - 2 + L, p.w), m2 = inside(o, p.w),
-               m3 = inside(o + L, p.w), m4 = inside(o + 2, p.w), m5 = inside(o + 2 + L, p.w);
-    // Row r's columns 2j - 1 .. 2j + 2 for the L tiles, through B^T: t0..t3 (zero outside).
-    auto row = [&](int64_t r, V& t0_, V& t1_, V& t2_, V& t3_) {
-      if (r < 0 || r >= p.h) {
-        t0_ = t1_ = t2_ = t3_ = V{};
-        return;
-      }
-      V d0, d1, d2, d3, unused;
-      if constexpr (kBorderedRows) {
-        const float* s = rows + r * bw + 2 + o;
-        deinterleave(load(s - 2), load(s - 2 + L), unused, d0);
-        deinterleave(load(s), load(s + L), d1, d2);
-        deinterleave(load(s + 2), load(s + 2 + L), d3, unused);
-      } else {
-        const T* s = x + r * p.w + o;
-        deinterleave(load_lanes(s - 2, m0), load_lanes(s - 2 + L, m1), unused, d0);
-        deinterleave(load_lanes(s, m2), load_lanes(s + L, m3), d1, d2);
-        deinterleave(load_lanes(s + 2, m4), load_lanes(s + 2 + L, m5), d3, unused);
-      }
-      t0_ = d0 - d2;
-      t1_ = d1 + d2;
-      t2_ = d2 - d1;
-      t3_ = d1 - d3;
-    };
-    const int64_t m = tw - j0;  // tiles in this vector
-    auto put = [&](float* dst, int c, int64_t n, V r0, V r1, V r2, V r3) {
-      store_first(dst + (0 + c) * ldk, r0 - r2, n);
-      store_first(dst + (4 + c) * ldk, r1 + r2, n);
-      store_first(dst + (8 + c) * ldk, r2 - r1, n);
-      store_first(dst + (12 + c) * ldk, r1 - r3, n);
-    };
-    // Tile rows i and i + 1 share two input rows (2i + 1 and 2i + 2): each is transformed once.
-    V a0, a1, a2, a3, b0, b1, b2, b3, c0, c1, c2, c3, e0, e1, e2, e3;
-    row(-1, c0, c1, c2, c3);
-    row(0, e0, e1, e2, e3);
-    for (int64_t i = 0; i < th; ++i) {
-      a0 = c0, a1 = c1, a2 = c2, a3 = c3;
-      b0 = e0, b1 = e1, b2 = e2, b3 = e3;
-      row(2 * i + 1, c0, c1, c2, c3);
-      row(2 * i + 2, e0, e1, e2, e3);
-      float* dst = v + t0 + i * tw + j0;
-      const int64_t n = kBorderedRows && i + 1 < th ? L : m;
-      put(dst, 0, n, a0, b0, c0, e0);
-      put(dst, 1, n, a1, b1, c1, e1);
-      put(dst, 2, n, a2, b2, c2, e2);
-      put(dst, 3, n, a3, b3, c3, e3);
+    InputTiles<T> tiles(p, x, rows, j0);
+    for (int64_t i = 0; i < p.th(); ++i) {
+      V r[16];
+      tiles.next(i, r);
+      const int64_t n = kBorderedRows && i + 1 < p.th() ? L : tw - j0;
+      for (int k = 0; k < 16; ++k) store_first(v + k * ldk + t0 + i * tw + j0, r[k], n);
     }
   }
 }
@@ -541,20 +556,29 @@ std::vector<Pair> pair_weights(const Plan& p, const std::vector<float>& u) {
   return up;
 }
 
-// vp[k * ldp + j * tp + t] = the pair (v[k * ldv + 2j * tp + t], v[... (2j + 1) * tp + t]) for
-// the tp tiles (whole vectors) of the 16 positions.
-void pair_inputs(const Plan& p, const float* v, int64_t ldv, int64_t tp, Pair* vp, int64_t ldp) {
-  for (int k = 0; k < 16; ++k)
-    for (int64_t j = 0; j < channel_pairs(p); ++j) {
-      const float* lo = v + k * ldv + 2 * j * tp;
-      const float* hi = 2 * j + 1 < p.cin ? lo + tp : nullptr;
-      Pair* out = vp + k * ldp + j * tp;
-      for (int64_t t = 0; t < tp; t += L) {
-        __m512i w = bf16_bits(_mm512_loadu_ps(lo + t));
-        if (hi) w = _mm512_or_si512(w, _mm512_slli_epi32(bf16_bits(_mm512_loadu_ps(hi + t)), 16));
-        _mm512_storeu_si512(out + t, w);
+// vp[k * ldk + t0 + tile] = the pair of position k of B^T d B for input planes lo and hi (null:
+// zero partners), for every tile of the planes: the two transforms side by side, rounded to pairs
+// in registers (AVX-512 only).
+template <typename T>
+void transform_input_pairs(const Plan& p, const T* lo, const T* hi, Pair* vp, int64_t ldk,
+                           int64_t t0) {
+  const int64_t tw = p.tw();
+  for (int64_t j0 = 0; j0 < tw; j0 += L) {
+    InputTiles<T> even(p, lo, nullptr, j0), odd(p, hi ? hi : lo, nullptr, j0);
+    const __mmask16 n = lanes(tw - j0);
+    for (int64_t i = 0; i < p.th(); ++i) {
+      V a[16], b[16];
+      even.next(i, a);
+      if (hi) {
+        odd.next(i, b);
+      } else {
+        for (V& z : b) z = V{};
       }
+      Pair* dst = vp + t0 + i * tw + j0;
+      for (int k = 0; k < 16; ++k)
+        _mm512_mask_storeu_epi32(dst + k * ldk, n, bf16_pairs_flushed(as_m(a[k]), as_m(b[k])));
     }
+  }
 }
 
 // multiply() on the pairs.
@@ -586,31 +610,39 @@ void winograd(const Plan& p, int64_t n, const T* x, const Kernels& ks, const flo
   const int64_t plane = p.h * p.w, tiles = p.tiles();
   parallel_chunks(n, p.images(n), [&](int64_t n0, int64_t n1, bool first) {
     const int64_t t = (n1 - n0) * tiles, tp = round_up(t, L);
-    const int64_t ldv = position_stride(p.cin * tp);
-    float* v = thread_scratch(0, size_t(16 * ldv));
     // The output transform's last vectors read up to a vector past the last row of m.
     float* m = thread_scratch(1, size_t(16 * position_stride(p.coutp() * tp) + L));
-    // The lanes past the chunk's tiles (fewer than a vector a row): zeros, so that their
-    // products stay finite.
-    for (int k = 0; k < 16; ++k)
-      for (int64_t c = 0; c < p.cin; ++c) store_first(v + k * ldv + c * tp + t, V{}, tp - t);
-    float* rows = nullptr;
-    if constexpr (kBorderedRows) {
-      const size_t n_rows = size_t(p.h * bordered_row(p));
-      rows = thread_scratch(2, n_rows);
-      if (first) std::fill_n(rows, n_rows, 0.f);  // the borders stay zero
-    }
-    for (int64_t i = n0; i < n1; ++i)
-      for (int64_t c = 0; c < p.cin; ++c)
-        transform_input(p, x + (i * p.cin + c) * plane, v + c * tp, ldv, (i - n0) * tiles, rows);
+    // The transformed inputs' lanes past the chunk's tiles (fewer than a vector a row) are zeros,
+    // so that their products stay finite.
     if constexpr (kPairs) {
 #if defined(__AVX512BF16__)
-      const int64_t ldp = position_stride(channel_pairs(p) * tp);
+      const int64_t kp = channel_pairs(p), ldp = position_stride(kp * tp);
       Pair* vp = reinterpret_cast<Pair*>(thread_scratch(3, size_t(16 * ldp)));
-      pair_inputs(p, v, ldv, tp, vp, ldp);
+      for (int k = 0; k < 16; ++k)
+        for (int64_t j = 0; j < kp; ++j)
+          std::fill(vp + k * ldp + j * tp + t, vp + (k * ldp + j * tp + tp), 0u);
+      for (int64_t i = n0; i < n1; ++i)
+        for (int64_t j = 0; j < kp; ++j) {
+          const T* lo = x + (i * p.cin + 2 * j) * plane;
+          transform_input_pairs(p, lo, 2 * j + 1 < p.cin ? lo + plane : nullptr, vp + j * tp, ldp,
+                                (i - n0) * tiles);
+        }
       multiply_pairs(p, up.data(), vp, ldp, tp, m);
 #endif
     } else {
+      const int64_t ldv = position_stride(p.cin * tp);
+      float* v = thread_scratch(0, size_t(16 * ldv));
+      for (int k = 0; k < 16; ++k)
+        for (int64_t c = 0; c < p.cin; ++c) store_first(v + k * ldv + c * tp + t, V{}, tp - t);
+      float* rows = nullptr;
+      if constexpr (kBorderedRows) {
+        const size_t n_rows = size_t(p.h * bordered_row(p));
+        rows = thread_scratch(2, n_rows);
+        if (first) std::fill_n(rows, n_rows, 0.f);  // the borders stay zero
+      }
+      for (int64_t i = n0; i < n1; ++i)
+        for (int64_t c = 0; c < p.cin; ++c)
+          transform_input(p, x + (i * p.cin + c) * plane, v + c * tp, ldv, (i - n0) * tiles, rows);
       multiply(p, u.data(), v, tp, m);
     }
     for (int64_t i = n0; i < n1; ++i)
