@@ -739,26 +739,30 @@ void correlate_pairs(const Plan& p, const std::vector<int64_t>& shift, const Pai
                             flat + cb * OB * qs, qs, nvec);
 }
 
-// weight_grad_block on pairs of flat outputs: gyT holds [q / 2][channel] pairs, xs[j] the bfloat16
-// input of column j (shifted by its tap), read two positions at a time.
-template <int OV, int NJ>
-void weight_grad_pairs_block(const Pair* gyT, int64_t ldg, int64_t qp, const uint16_t* const* xs,
-                             float* out, int64_t ldo) {
+// weight_grad_block on pairs of flat outputs: gyT holds [q / 2][channel] pairs, the NR x KW
+// columns' bfloat16 inputs (shifted by their taps) are read two positions at a time; as in
+// broadcast_block, row r of KW consecutive taps reads xs[r * KW] + 2i + b for its column b, one
+// pointer a row.
+template <int OV, int NR, int KW>
+GALLEY_NO_PREDICTIVE_COMMONING void weight_grad_pairs_block(const Pair* gyT, int64_t ldg,
+                                                            int64_t qp, const uint16_t* const* xs,
+                                                            float* out, int64_t ldo) {
+  constexpr int NJ = NR * KW;
   __m512 acc[NJ][OV];
-  const uint16_t* x[NJ];
+  const uint16_t* x[NR];
 #pragma GCC unroll 24
-  for (int j = 0; j < NJ; ++j) {
-    x[j] = xs[j];
+  for (int r = 0; r < NR; ++r) x[r] = xs[r * KW];
+#pragma GCC unroll 24
+  for (int j = 0; j < NJ; ++j)
 #pragma GCC unroll 4
     for (int v = 0; v < OV; ++v) acc[j][v] = _mm512_setzero_ps();
-  }
   for (int64_t i = 0; i < qp; ++i, gyT += ldg) {
     __m512i g[OV];
 #pragma GCC unroll 4
     for (int v = 0; v < OV; ++v) g[v] = _mm512_loadu_si512(gyT + v * L);
 #pragma GCC unroll 24
     for (int j = 0; j < NJ; ++j) {
-      const __m512i xv = _mm512_set1_epi32(int(pair_at(x[j] + 2 * i)));
+      const __m512i xv = _mm512_set1_epi32(int(pair_at(x[j / KW] + 2 * i + j % KW)));
 #pragma GCC unroll 4
       for (int v = 0; v < OV; ++v) acc[j][v] = dot(acc[j][v], g[v], xv);
     }
@@ -776,10 +780,17 @@ void weight_grad_pairs_block(const Pair* gyT, int64_t ldg, int64_t qp, const uin
 void weight_grad_pairs(const Plan& p, const WeightGradLayout& lay,
                        const std::vector<const uint16_t*>& xs, const Pair* gyT, float* part) {
   const int64_t qp = (p.q() + 1) / 2;
+  const bool rows_of_three = p.s == 1 && p.d == 1 && p.kw == 3;  // as weight_grad's
   for_weight_grad_blocks(lay, [&](auto ov, int64_t o0, int64_t j0) {
     constexpr int OV = decltype(ov)::value;
-    weight_grad_pairs_block<OV, kWeightGradAcc / OV>(gyT + o0, lay.op, qp, xs.data() + j0,
-                                                     part + j0 * lay.op + o0, lay.op);
+    constexpr int NJ = kWeightGradAcc / OV;
+    if constexpr (NJ % 3 == 0 && NJ > 8) {
+      if (rows_of_three)
+        return weight_grad_pairs_block<OV, NJ / 3, 3>(gyT + o0, lay.op, qp, xs.data() + j0,
+                                                      part + j0 * lay.op + o0, lay.op);
+    }
+    weight_grad_pairs_block<OV, NJ, 1>(gyT + o0, lay.op, qp, xs.data() + j0,
+                                       part + j0 * lay.op + o0, lay.op);
   });
 }
 
