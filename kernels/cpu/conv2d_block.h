@@ -251,7 +251,7 @@ inline __m512 dot(__m512 acc, __m512i a, __m512i b) {
   return _mm512_dpbf16_ps(acc, (__m512bh)a, (__m512bh)b);
 }
 
-template <int NV>
+template <int NV, bool kAdd = false>
 void correlate_pairs_block(const Pair* x, int64_t plane, int64_t kp, const int64_t* shift,
                            int64_t taps, const Pair* wb, float* y, int64_t ldy) {
   __m512 acc[OB][NV];
@@ -276,21 +276,24 @@ void correlate_pairs_block(const Pair* x, int64_t plane, int64_t kp, const int64
 #pragma GCC unroll 8
   for (int o = 0; o < OB; ++o)
 #pragma GCC unroll 4
-    for (int v = 0; v < NV; ++v) _mm512_storeu_ps(y + o * ldy + v * L, acc[o][v]);
+    for (int v = 0; v < NV; ++v) {
+      float* out = y + o * ldy + v * L;
+      _mm512_storeu_ps(out, kAdd ? _mm512_add_ps(_mm512_loadu_ps(out), acc[o][v]) : acc[o][v]);
+    }
 }
 
 // correlate_pairs_block over `nvec` consecutive vectors of outputs (OB channels, rows ldy apart):
-// blocks of three vectors, then one of two or one.
-inline void correlate_pairs_vectors(const Pair* x, int64_t plane, int64_t kp, const int64_t* shift,
-                                    int64_t taps, const Pair* wb, float* y, int64_t ldy,
-                                    int64_t nvec) {
+// blocks of three vectors, then one of two or one. kAdd adds to y, else overwrites it.
+template <bool kAdd = false>
+void correlate_pairs_vectors(const Pair* x, int64_t plane, int64_t kp, const int64_t* shift,
+                             int64_t taps, const Pair* wb, float* y, int64_t ldy, int64_t nvec) {
   int64_t v = 0;
   for (; v + 3 <= nvec; v += 3)
-    correlate_pairs_block<3>(x + v * L, plane, kp, shift, taps, wb, y + v * L, ldy);
+    correlate_pairs_block<3, kAdd>(x + v * L, plane, kp, shift, taps, wb, y + v * L, ldy);
   if (nvec - v == 2)
-    correlate_pairs_block<2>(x + v * L, plane, kp, shift, taps, wb, y + v * L, ldy);
+    correlate_pairs_block<2, kAdd>(x + v * L, plane, kp, shift, taps, wb, y + v * L, ldy);
   else if (nvec - v == 1)
-    correlate_pairs_block<1>(x + v * L, plane, kp, shift, taps, wb, y + v * L, ldy);
+    correlate_pairs_block<1, kAdd>(x + v * L, plane, kp, shift, taps, wb, y + v * L, ldy);
 }
 #endif  // __AVX512BF16__
 

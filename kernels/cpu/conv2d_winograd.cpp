@@ -51,9 +51,10 @@ bool conv2d_winograd_applies(const Conv2dGeometry& g, DType dtype) {
   // its inputs transformed straight into pairs: on AMD Zen 4 (two threads, batch 64, against the
   // direct path's dot products) resnet's 16->16 28x28 layer ran 1.18x forward and 1.04x backward,
   // its 32->32 14x14 layer 1.08x and 1.0x, vgg's 32->32 32x32 and 64->64 16x16 ones 1.6x and 1.44x
-  // forward. Narrow planes stay on the dot products (the float32 narrow form was 0.88x there on
-  // resnet's 64->64 7x7).
-  const bool pairs_pay = g.w >= kNarrowPlane;
+  // forward. Narrow planes take the float32 narrow form on the widened values from 128 output
+  // channels (vgg's 64->128 on 8x8: 1.15x forward, 1.1x the input gradient); resnet's 64->64 on
+  // 7x7 stays on the dot products (0.96x).
+  const bool pairs_pay = g.w >= kNarrowPlane || g.o >= 128;
   return winograd_geometry(g) && (float32_sums(dtype) || (pair_products(dtype) && pairs_pay));
 #else
   (void)g, (void)dtype;
@@ -64,9 +65,13 @@ bool conv2d_winograd_applies(const Conv2dGeometry& g, DType dtype) {
 bool conv2d_winograd_weight_grad_applies(const Conv2dGeometry& g, DType dtype) {
   // With 16 channels each way the transforms cost more than the products save on an Intel Xeon
   // (AVX-512); on AMD Zen 3 (AVX2) the path is 1.2-1.3x the direct weight gradient there. A
-  // bfloat16 one on the dot products keeps to the direct path's.
+  // bfloat16 one on the dot products, its products on pairs of tiles, from 64 channels each way:
+  // on AMD Zen 4 vgg's 64->64 16x16 and 64->128 8x8 backward passes ran 1.15x and 1.2x with it;
+  // with 32 channels the transforms outweigh the halved products (vgg's 32->32 32x32: 0.91x).
   const int64_t least = conv_block::L == 16 ? 32 : 16;
-  return conv2d_winograd_applies(g, dtype) && float32_sums(dtype) && g.c >= least && g.o >= least;
+  return conv2d_winograd_applies(g, dtype) &&
+         ((float32_sums(dtype) && g.c >= least && g.o >= least) ||
+          (pair_products(dtype) && g.c >= 64 && g.o >= 64));
 }
 
 namespace {
@@ -739,6 +744,71 @@ void multiply_weight_grad(const WeightGradPlan& p, const float* wt, const float*
   }
 }
 
+#if defined(__AVX512BF16__)
+// The products on bfloat16 pairs of tiles, for a bfloat16 weight gradient on the dot products:
+// the sums over tiles taken two tiles an instruction (tiles 2j and 2j + 1 paired, a zero partner
+// past nt; which tiles are paired does not matter to a sum over all of them), the transforms
+// rounded to bfloat16 once made, as the forward's products on pairs do.
+int64_t tile_pairs(int64_t nt) {
+  return (nt + 1) / 2;
+}
+
+// vp[k][j][c] = the pair (v[k][2j][c], v[k][2j + 1][c]) of the channel-last transformed inputs
+// (rows cp apart, the positions position_stride(nt * cp) apart; the pairs' positions
+// position_stride(tile_pairs(nt) * cp) apart).
+void pair_input_tiles(const WeightGradPlan& p, const float* v, int64_t nt, Pair* vp) {
+  const int64_t cp = p.cp(), ntp = tile_pairs(nt);
+  const int64_t ldv = position_stride(nt * cp), ldp = position_stride(ntp * cp);
+  for (int k = 0; k < 16; ++k)
+    for (int64_t j = 0; j < ntp; ++j) {
+      const float* lo = v + k * ldv + 2 * j * cp;
+      const bool partner = 2 * j + 1 < nt;
+      Pair* out = vp + k * ldp + j * cp;
+      for (int64_t c = 0; c < cp; c += L)
+        _mm512_storeu_si512(out + c, bf16_pairs_flushed(_mm512_loadu_ps(lo + c),
+                                                        partner ? _mm512_loadu_ps(lo + cp + c)
+                                                                : _mm512_setzero_ps()));
+    }
+}
+
+// wp[k][b][j][o] = the pair (wt[k][b][2j][o], wt[k][b][2j + 1][o]) of the transformed output
+// gradients in blocks of OB channels (transform_grad's layout; the pairs' positions
+// position_stride(tile_pairs(nt) * cop) apart).
+void pair_grad_tiles(const WeightGradPlan& p, const float* wt, int64_t nt, Pair* wp) {
+  static_assert(2 * OB == L, "a vector holds one block's two tiles");
+  const int64_t cop = p.cop(), blocks = cop / OB, ntp = tile_pairs(nt);
+  const int64_t ldw = position_stride(nt * cop), ldp = position_stride(ntp * cop);
+  // word 2o + s of a pair of tiles from word 8s + o (tile s's channel o)
+  const __m256i order = _mm256_set_epi16(15, 7, 14, 6, 13, 5, 12, 4, 11, 3, 10, 2, 9, 1, 8, 0);
+  for (int k = 0; k < 16; ++k)
+    for (int64_t b = 0; b < blocks; ++b) {
+      const float* src = wt + k * ldw + b * nt * OB;
+      Pair* out = wp + k * ldp + b * ntp * OB;
+      for (int64_t j = 0; j < ntp; ++j) {
+        const __m512 two = _mm512_maskz_loadu_ps(lanes((nt - 2 * j) * OB), src + 2 * j * OB);
+        const __m256i words = (__m256i)_mm512_cvtneps_pbh(two);
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + j * OB),
+                            _mm256_permutexvar_epi16(order, words));
+      }
+    }
+}
+
+// multiply_weight_grad on the pairs.
+template <bool kAdd>
+void multiply_weight_grad_pairs(const WeightGradPlan& p, const Pair* wp, const Pair* vp, int64_t nt,
+                                float* m) {
+  const int64_t cp = p.cp(), cop = p.cop(), blocks = p.coutp() / OB, ntp = tile_pairs(nt);
+  for (int k = 0; k < 16; ++k) {
+    const Pair* vk = vp + k * position_stride(ntp * cp);
+    const Pair* wk = wp + k * position_stride(ntp * cop);
+    float* mk = m + k * cop * cp;
+    for (int64_t cb = 0; cb < blocks; ++cb)
+      correlate_pairs_vectors<kAdd>(vk, cp, ntp, &kNoShift, 1, wk + cb * ntp * OB,
+                                    mk + cb * OB * cp, cp, cp / L);
+  }
+}
+#endif  // __AVX512BF16__
+
 // gw[co][ci][3 u + v] = (G^T M G)[u][v] for the 16 positions' sums M[k][co][ci], G the kernel
 // transform's [1 0 0; 1/2 1/2 1/2; 1/2 -1/2 1/2; 0 0 1]; on vectors of L input channels.
 void write_weight_grad(const WeightGradPlan& p, const float* m, float* gw) {
@@ -773,7 +843,9 @@ void write_weight_grad(const WeightGradPlan& p, const float* m, float* gw) {
 // gw[cout][cin][3][3] = the weight gradient of the correlation of x[n][cin][h][w] giving
 // gy[n][cout][h][w]: chunks of images (a partial M each, added in chunk order) in batches that
 // stay in the L2 cache.
-template <typename T>
+// kPairs: the products on bfloat16 pairs of tiles (a bfloat16 weight gradient on the dot
+// products; instantiated so for bfloat16 data only, in builds with AVX512-BF16).
+template <typename T, bool kPairs = false>
 void winograd_weight_grad(const WeightGradPlan& p, int64_t n, const T* x, const T* gy, float* gw) {
   const int64_t cp = p.cp(), cop = p.cop(), tiles = p.tiles(), batch = p.batch();
   if (n == 0 || tiles == 0) {  // no products: a zero gradient
@@ -804,10 +876,25 @@ void winograd_weight_grad(const WeightGradPlan& p, int64_t n, const T* x, const 
         to_channels_last(gy + i * p.cout * p.h * p.w, p.cout, p.h, p.w, cop, gb, p.gcols() * cop);
         transform_grad(p, gb, wt, nt, (i - b0) * tiles);
       }
-      if (b0 == n0)
+      if constexpr (kPairs) {
+#if defined(__AVX512BF16__)
+        const int64_t ntp = tile_pairs(most);
+        Pair* vp =
+            reinterpret_cast<Pair*>(thread_scratch(4, size_t(16 * position_stride(ntp * cp))));
+        Pair* wp =
+            reinterpret_cast<Pair*>(thread_scratch(5, size_t(16 * position_stride(ntp * cop))));
+        pair_input_tiles(p, v, nt, vp);
+        pair_grad_tiles(p, wt, nt, wp);
+        if (b0 == n0)
+          multiply_weight_grad_pairs<false>(p, wp, vp, nt, m);
+        else
+          multiply_weight_grad_pairs<true>(p, wp, vp, nt, m);
+#endif
+      } else if (b0 == n0) {
         multiply_weight_grad<false>(p, wt, v, nt, m);
-      else
+      } else {
         multiply_weight_grad<true>(p, wt, v, nt, m);
+      }
     }
   });
   write_weight_grad(p, sums.total(), gw);
@@ -862,8 +949,14 @@ void conv2d_winograd_weight_grad(const Conv2dGeometry& g, const void* x, const v
 #if defined(GALLEY_VECTOR_LANES)
   dispatch_floating(dtype, "conv2d_backward", [&](auto tag) {
     using T = typename decltype(tag)::type;
-    winograd_weight_grad(WeightGradPlan{{{g.c, g.h, g.w, g.o}}}, g.n, static_cast<const T*>(x),
-                         static_cast<const T*>(gy), gw);
+    const WeightGradPlan p{{{g.c, g.h, g.w, g.o}}};
+#if defined(__AVX512BF16__)
+    if constexpr (std::is_same_v<T, bfloat16>)
+      if (pair_products(dtype))
+        return winograd_weight_grad<T, true>(p, g.n, static_cast<const T*>(x),
+                                             static_cast<const T*>(gy), gw);
+#endif
+    winograd_weight_grad(p, g.n, static_cast<const T*>(x), static_cast<const T*>(gy), gw);
   });
 #else
   (void)x, (void)gy, (void)gw, (void)dtype;
