@@ -994,11 +994,12 @@ TEST(Convert, Float32ToBFloat16RoundsAsTheScalarConversionOnEveryClassOfValue) {
         << "float32 bits 0x" << std::hex << bits[i] << " at " << std::dec << i;
 }
 
-// bfloat16 on the dot products (AVX512-BF16 without AMX): the tiled form's products on pairs,
-// the transformed inputs and kernels rounded to bfloat16. Against the float32 path on the same
-// (bfloat16) values: within a few units of bfloat16's precision of the sums' terms, both
-// ways, odd channel counts (a zero partner) and tiles past a vector included; and on values that
-// stay exact through the rounding (small integers, weights of +-1), im2col's bits.
+// bfloat16 on the dot products (AVX512-BF16 without AMX): the products on pairs (input channels
+// in the tiled and narrow forms, tiles in the weight gradient), the transformed values rounded to
+// bfloat16. Against the float32 path on the same (bfloat16) values: within a few units of
+// bfloat16's precision of the sums' terms, all three ways, odd channel counts (a zero partner),
+// tiles past a vector and odd tile counts included; and on values that stay exact through the
+// rounding (small integers, weights of +-1), im2col's bits.
 TEST(ConvWinograd, Bf16PairProductsStayWithinBf16PrecisionOfFloat32) {
   namespace cpu = galley::kernels::cpu;
   const galley::DType bf = galley::DType::BFloat16;
@@ -1011,7 +1012,10 @@ TEST(ConvWinograd, Bf16PairProductsStayWithinBf16PrecisionOfFloat32) {
                                          {2, 64, 32, 32, 72, 3, 3, 1, 1},
                                          {2, 32, 32, 33, 32, 3, 3, 1, 1},
                                          {2, 16, 28, 28, 16, 3, 3, 1, 1},
-                                         {3, 17, 13, 14, 16, 3, 3, 1, 1}}) {
+                                         {3, 17, 13, 14, 16, 3, 3, 1, 1},
+                                         {2, 64, 8, 8, 128, 3, 3, 1, 1},
+                                         {3, 33, 7, 7, 64, 3, 3, 1, 1},
+                                         {2, 16, 5, 6, 20, 3, 3, 1, 1}}) {
     const Conv2dGeometry g = geometry(k);
     std::vector<float> x(size_t(g.n * g.c * g.h * g.w)), w(size_t(g.o * g.c * 9)),
         gy(size_t(g.n * g.o * g.h * g.w)), b(size_t(g.o));
@@ -1071,19 +1075,17 @@ TEST(ConvWinograd, TakenForFloat32SameConvolutionsOfSixteenChannels) {
         geometry({8, 15, 7, 7, 64, 3, 3, 1, 1})})
     EXPECT_FALSE(cpu::conv2d_winograd_applies(other));
   // 16-bit data computes in float32 here, as float32 does; bfloat16 on the host's bfloat16
-  // kernels (AMX tiles, vdpbf16ps) keeps to the direct path, except on the dot products on tiled
-  // planes (the products on pairs there) and on narrow ones from 128 output channels (the float32
-  // form on the widened values). Narrow planes too (channels across the lanes there): vgg's
-  // 64->128 on 8x8, resnet's 64->64 on 7x7.
+  // kernels keeps to the direct path on AMX tiles, and takes the products on pairs on the dot
+  // products. Narrow planes too (channels across the lanes there): vgg's 64->128 on 8x8,
+  // resnet's 64->64 on 7x7.
   EXPECT_TRUE(cpu::conv2d_winograd_applies(geometry({8, 64, 8, 8, 128, 3, 3, 1, 1})));
   EXPECT_TRUE(cpu::conv2d_winograd_applies(geometry({8, 64, 7, 7, 64, 3, 3, 1, 1})));
   EXPECT_TRUE(cpu::conv2d_winograd_applies(g, galley::DType::Float16));
   EXPECT_EQ(cpu::conv2d_winograd_applies(g, galley::DType::BFloat16),
             cpu::bf16_kernels() != cpu::Bf16Kernels::Tiles);
-  // bfloat16 on the dot products: the forward (and input gradient) on tiled planes, on narrow ones
-  // from 128 output channels; the weight gradient on pairs of tiles from 64 channels each way
-  // where the forward takes the path. `pairs`: taken but on the AMX tiles; `widened`: taken only
-  // where bfloat16 computes in float32.
+  // bfloat16 on the dot products: the forward (and input gradient) on pairs, tiled and narrow
+  // planes; the weight gradient on pairs of tiles from 64 channels each way. `pairs`: taken but on
+  // the AMX tiles; `widened`: taken only where bfloat16 computes in float32.
   const bool widened = cpu::bf16_kernels() == cpu::Bf16Kernels::Widened;
   const bool pairs = cpu::bf16_kernels() != cpu::Bf16Kernels::Tiles;
   struct Route {
@@ -1092,10 +1094,10 @@ TEST(ConvWinograd, TakenForFloat32SameConvolutionsOfSixteenChannels) {
   };
   for (const Route& r : std::vector<Route>{{{8, 64, 16, 16, 64, 3, 3, 1, 1}, pairs, pairs},
                                            {{8, 64, 8, 8, 128, 3, 3, 1, 1}, pairs, pairs},
-                                           {{8, 64, 7, 7, 64, 3, 3, 1, 1}, widened, widened},
+                                           {{8, 64, 7, 7, 64, 3, 3, 1, 1}, pairs, pairs},
                                            {{8, 32, 32, 32, 32, 3, 3, 1, 1}, pairs, widened},
                                            {{8, 32, 14, 14, 32, 3, 3, 1, 1}, pairs, widened},
-                                           {{8, 32, 12, 12, 32, 3, 3, 1, 1}, widened, widened}}) {
+                                           {{8, 32, 12, 12, 32, 3, 3, 1, 1}, pairs, widened}}) {
     const Conv2dGeometry rg = geometry(r.k);
     EXPECT_EQ(cpu::conv2d_winograd_applies(rg, galley::DType::BFloat16), r.forward) << name(r.k);
     EXPECT_EQ(cpu::conv2d_winograd_weight_grad_applies(rg, galley::DType::BFloat16), r.weight_grad)

@@ -251,6 +251,19 @@ inline __m512 dot(__m512 acc, __m512i a, __m512i b) {
   return _mm512_dpbf16_ps(acc, (__m512bh)a, (__m512bh)b);
 }
 
+// y[r * ldy + v * L + i] = (or, kAdd, +=) lane i of acc[r][v]: a register block's sums out.
+template <bool kAdd, int R, int NV>
+__attribute__((always_inline)) inline void store_sums(const __m512 (&acc)[R][NV], float* y,
+                                                      int64_t ldy) {
+#pragma GCC unroll 24
+  for (int r = 0; r < R; ++r)
+#pragma GCC unroll 4
+    for (int v = 0; v < NV; ++v) {
+      float* out = y + r * ldy + v * L;
+      _mm512_storeu_ps(out, kAdd ? _mm512_add_ps(_mm512_loadu_ps(out), acc[r][v]) : acc[r][v]);
+    }
+}
+
 template <int NV, bool kAdd = false>
 void correlate_pairs_block(const Pair* x, int64_t plane, int64_t kp, const int64_t* shift,
                            int64_t taps, const Pair* wb, float* y, int64_t ldy) {
@@ -273,13 +286,40 @@ void correlate_pairs_block(const Pair* x, int64_t plane, int64_t kp, const int64
       }
     }
   }
-#pragma GCC unroll 8
-  for (int o = 0; o < OB; ++o)
+  store_sums<kAdd>(acc, y, ldy);
+}
+
+// broadcast_block on bfloat16 pairs: out[j][v * L + i] (+)= sum over steps s < n of the pair
+// x_j[2s], x_j[2s + 1] dotted with the pair g[s * ldg + v * L + i]. The direct path's weight
+// gradient (g the output gradient as pairs of flat outputs, the columns its inputs shifted by their
+// taps) and the narrow Winograd products on pairs (g the transformed kernels' pairs of input
+// channels, the columns tiles' channel-last transformed inputs). Rows of KW consecutive columns
+// share a pointer as in broadcast_block.
+template <int OV, int NR, int KW, bool kAdd>
+GALLEY_NO_PREDICTIVE_COMMONING void broadcast_pairs_block(const Pair* g, int64_t ldg, int64_t n,
+                                                          const uint16_t* const* xs, float* out,
+                                                          int64_t ldo) {
+  constexpr int NJ = NR * KW;
+  __m512 acc[NJ][OV];
+  const uint16_t* x[NR];
+#pragma GCC unroll 24
+  for (int r = 0; r < NR; ++r) x[r] = xs[r * KW];
+#pragma GCC unroll 24
+  for (int j = 0; j < NJ; ++j)
 #pragma GCC unroll 4
-    for (int v = 0; v < NV; ++v) {
-      float* out = y + o * ldy + v * L;
-      _mm512_storeu_ps(out, kAdd ? _mm512_add_ps(_mm512_loadu_ps(out), acc[o][v]) : acc[o][v]);
+    for (int v = 0; v < OV; ++v) acc[j][v] = _mm512_setzero_ps();
+  for (int64_t s = 0; s < n; ++s, g += ldg) {
+    __m512i gv[OV];
+#pragma GCC unroll 4
+    for (int v = 0; v < OV; ++v) gv[v] = _mm512_loadu_si512(g + v * L);
+#pragma GCC unroll 24
+    for (int j = 0; j < NJ; ++j) {
+      const __m512i xv = _mm512_set1_epi32(int(pair_at(x[j / KW] + 2 * s + j % KW)));
+#pragma GCC unroll 4
+      for (int v = 0; v < OV; ++v) acc[j][v] = dot(acc[j][v], gv[v], xv);
     }
+  }
+  store_sums<kAdd>(acc, out, ldo);
 }
 
 // correlate_pairs_block over `nvec` consecutive vectors of outputs (OB channels, rows ldy apart):

@@ -739,43 +739,6 @@ void correlate_pairs(const Plan& p, const std::vector<int64_t>& shift, const Pai
                             flat + cb * OB * qs, qs, nvec);
 }
 
-// weight_grad_block on pairs of flat outputs: gyT holds [q / 2][channel] pairs, the NR x KW
-// columns' bfloat16 inputs (shifted by their taps) are read two positions at a time; as in
-// broadcast_block, row r of KW consecutive taps reads xs[r * KW] + 2i + b for its column b, one
-// pointer a row.
-template <int OV, int NR, int KW>
-GALLEY_NO_PREDICTIVE_COMMONING void weight_grad_pairs_block(const Pair* gyT, int64_t ldg,
-                                                            int64_t qp, const uint16_t* const* xs,
-                                                            float* out, int64_t ldo) {
-  constexpr int NJ = NR * KW;
-  __m512 acc[NJ][OV];
-  const uint16_t* x[NR];
-#pragma GCC unroll 24
-  for (int r = 0; r < NR; ++r) x[r] = xs[r * KW];
-#pragma GCC unroll 24
-  for (int j = 0; j < NJ; ++j)
-#pragma GCC unroll 4
-    for (int v = 0; v < OV; ++v) acc[j][v] = _mm512_setzero_ps();
-  for (int64_t i = 0; i < qp; ++i, gyT += ldg) {
-    __m512i g[OV];
-#pragma GCC unroll 4
-    for (int v = 0; v < OV; ++v) g[v] = _mm512_loadu_si512(gyT + v * L);
-#pragma GCC unroll 24
-    for (int j = 0; j < NJ; ++j) {
-      const __m512i xv = _mm512_set1_epi32(int(pair_at(x[j / KW] + 2 * i + j % KW)));
-#pragma GCC unroll 4
-      for (int v = 0; v < OV; ++v) acc[j][v] = dot(acc[j][v], g[v], xv);
-    }
-  }
-#pragma GCC unroll 24
-  for (int j = 0; j < NJ; ++j)
-#pragma GCC unroll 4
-    for (int v = 0; v < OV; ++v) {
-      float* o = out + j * ldo + v * L;
-      _mm512_storeu_ps(o, _mm512_add_ps(_mm512_loadu_ps(o), acc[j][v]));
-    }
-}
-
 // weight_grad() on pairs: part[j][o] += sum over q of gy[o][q] * xs[j][q].
 void weight_grad_pairs(const Plan& p, const WeightGradLayout& lay,
                        const std::vector<const uint16_t*>& xs, const Pair* gyT, float* part) {
@@ -786,10 +749,10 @@ void weight_grad_pairs(const Plan& p, const WeightGradLayout& lay,
     constexpr int NJ = kWeightGradAcc / OV;
     if constexpr (NJ % 3 == 0 && NJ > 8) {
       if (rows_of_three)
-        return weight_grad_pairs_block<OV, NJ / 3, 3>(gyT + o0, lay.op, qp, xs.data() + j0,
+        return broadcast_pairs_block<OV, NJ / 3, 3, true>(gyT + o0, lay.op, qp, xs.data() + j0,
                                                       part + j0 * lay.op + o0, lay.op);
     }
-    weight_grad_pairs_block<OV, NJ, 1>(gyT + o0, lay.op, qp, xs.data() + j0,
+    broadcast_pairs_block<OV, NJ, 1, true>(gyT + o0, lay.op, qp, xs.data() + j0,
                                        part + j0 * lay.op + o0, lay.op);
   });
 }

@@ -47,15 +47,13 @@ bool winograd_geometry(const Conv2dGeometry& g) {
 
 bool conv2d_winograd_applies(const Conv2dGeometry& g, DType dtype) {
 #if defined(GALLEY_VECTOR_LANES)
-  // A bfloat16 convolution on the dot products takes the tiled form with its products on pairs,
-  // its inputs transformed straight into pairs: on AMD Zen 4 (two threads, batch 64, against the
-  // direct path's dot products) resnet's 16->16 28x28 layer ran 1.18x forward and 1.04x backward,
-  // its 32->32 14x14 layer 1.08x and 1.0x, vgg's 32->32 32x32 and 64->64 16x16 ones 1.6x and 1.44x
-  // forward. Narrow planes take the float32 narrow form on the widened values from 128 output
-  // channels (vgg's 64->128 on 8x8: 1.15x forward, 1.1x the input gradient); resnet's 64->64 on
-  // 7x7 stays on the dot products (0.96x).
-  const bool pairs_pay = g.w >= kNarrowPlane || g.o >= 128;
-  return winograd_geometry(g) && (float32_sums(dtype) || (pair_products(dtype) && pairs_pay));
+  // A bfloat16 convolution on the dot products takes the path with its products on pairs, its
+  // transformed inputs rounded to bfloat16 as made. On AMD Zen 4 (two threads, batch 64, against
+  // the direct path's dot products) the tiled form ran resnet's 16->16 28x28 layer 1.18x forward
+  // and 1.04x backward, its 32->32 14x14 one 1.08x and 1.0x, vgg's 32->32 32x32 and 64->64 16x16
+  // ones 1.6x and 1.44x forward; the narrow form resnet's 64->64 7x7 layer 1.6x forward and 1.36x
+  // backward, vgg's 64->128 8x8 one 1.6x forward.
+  return winograd_geometry(g) && (float32_sums(dtype) || pair_products(dtype));
 #else
   (void)g, (void)dtype;
   return false;
@@ -369,15 +367,26 @@ void fill_channels_last(const NarrowPlan& p, const T* x, float* xb) {
   to_channels_last(x, p.cin, p.h, p.w, p.cp(), xb + (p.bw() + 1) * p.cp(), p.bw() * p.cp());
 }
 
+// A vector of transformed values stored as float32, or as bfloat16 (vcvtneps2bf16, subnormals
+// flushed: operands of float32 sums) for the products on pairs.
+inline void put_transformed(float* dst, V v) {
+  store(dst, v);
+}
+#if defined(__AVX512BF16__)
+inline void put_transformed(uint16_t* dst, V v) {
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst), (__m256i)_mm512_cvtneps_pbh(as_m(v)));
+}
+#endif
+
 // v[k * ldk + (t0 + t) * cp + c] = position k of B^T d B for tile t of the image in xb, channel c
-// (ldk = position_stride(nt * cp)).
-void transform_input_narrow(const NarrowPlan& p, const float* xb, float* v, int64_t nt,
-                            int64_t t0) {
+// (ldk = position_stride(nt * cp)), as float32 or bfloat16 (E).
+template <typename E>
+void transform_input_narrow(const NarrowPlan& p, const float* xb, E* v, int64_t nt, int64_t t0) {
   const int64_t bw = p.bw(), cp = p.cp(), tw = p.tw(), ldk = position_stride(nt * cp);
   for (int64_t i = 0; i < p.th(); ++i)
     for (int64_t j = 0; j < tw; ++j) {
       const float* src = xb + (2 * i * bw + 2 * j) * cp;
-      float* dst = v + (t0 + i * tw + j) * cp;
+      E* dst = v + (t0 + i * tw + j) * cp;
       for (int64_t c = 0; c < p.cin; c += L) {
         V h[4][4];  // each row of the tile through B^T, as the tiled path's row()
         for (int r = 0; r < 4; ++r) {
@@ -390,23 +399,30 @@ void transform_input_narrow(const NarrowPlan& p, const float* xb, float* v, int6
           h[r][3] = d1 - d3;
         }
         for (int b = 0; b < 4; ++b) {  // ... and the columns, as its put()
-          store(dst + (0 + b) * ldk + c, h[0][b] - h[2][b]);
-          store(dst + (4 + b) * ldk + c, h[1][b] + h[2][b]);
-          store(dst + (8 + b) * ldk + c, h[2][b] - h[1][b]);
-          store(dst + (12 + b) * ldk + c, h[1][b] - h[3][b]);
+          put_transformed(dst + (0 + b) * ldk + c, h[0][b] - h[2][b]);
+          put_transformed(dst + (4 + b) * ldk + c, h[1][b] + h[2][b]);
+          put_transformed(dst + (8 + b) * ldk + c, h[2][b] - h[1][b]);
+          put_transformed(dst + (12 + b) * ldk + c, h[1][b] - h[3][b]);
         }
       }
     }
 }
 
-// m[t][o] = sum over c < cin of v[t][c] * u[c][o] for NT tiles (rows cp apart) and OV vectors of
-// output channels (u's rows op apart).
-template <int NT, int OV>
-void multiply_narrow_block(const float* v, int64_t cp, int64_t cin, const float* u, int64_t op,
+// m[t][o] = sum over steps s of v[t][s] * u[s][o] for NT tiles (rows cp apart) and OV vectors of
+// output channels (u's rows op apart): a step an input channel (E float, W float), or a pair of
+// them (E the bfloat16 values, channels 2s and 2s + 1 adjacent; W their kernels' pairs).
+template <int NT, int OV, typename E, typename W>
+void multiply_narrow_block(const E* v, int64_t cp, int64_t steps, const W* u, int64_t op,
                            float* m) {
-  const float* vt[NT];
+  const E* vt[NT];
   for (int t = 0; t < NT; ++t) vt[t] = v + t * cp;
-  broadcast_block<OV, NT, 1, false>(u, op, cin, vt, m, op);
+  if constexpr (std::is_same_v<E, float>) {
+    broadcast_block<OV, NT, 1, false>(u, op, steps, vt, m, op);
+  } else {
+#if defined(__AVX512BF16__)
+    broadcast_pairs_block<OV, NT, 1, false>(u, op, steps, vt, m, op);
+#endif
+  }
 }
 
 // The narrow products' register block: NT tiles by up to kNarrowVectors vectors of output
@@ -415,54 +431,58 @@ void multiply_narrow_block(const float* v, int64_t cp, int64_t cin, const float*
 constexpr int kNarrowTiles = L == 16 ? 6 : 4;
 constexpr int kNarrowVectors = L == 16 ? 4 : 3;
 
-template <int OV>
-void multiply_narrow_tiles(int64_t nt, const float* v, int64_t cp, int64_t cin, const float* u,
+template <int OV, typename E, typename W>
+void multiply_narrow_tiles(int64_t nt, const E* v, int64_t cp, int64_t steps, const W* u,
                            int64_t op, float* m) {
   constexpr int NT = kNarrowTiles;
   int64_t t = 0;
   for (; t + NT <= nt; t += NT)
-    multiply_narrow_block<NT, OV>(v + t * cp, cp, cin, u, op, m + t * op);
+    multiply_narrow_block<NT, OV>(v + t * cp, cp, steps, u, op, m + t * op);
   switch (nt - t) {
     case 5:
       if constexpr (NT > 5)
-        return multiply_narrow_block<5, OV>(v + t * cp, cp, cin, u, op, m + t * op);
+        return multiply_narrow_block<5, OV>(v + t * cp, cp, steps, u, op, m + t * op);
       break;
     case 4:
       if constexpr (NT > 4)
-        return multiply_narrow_block<4, OV>(v + t * cp, cp, cin, u, op, m + t * op);
+        return multiply_narrow_block<4, OV>(v + t * cp, cp, steps, u, op, m + t * op);
       break;
     case 3:
-      return multiply_narrow_block<3, OV>(v + t * cp, cp, cin, u, op, m + t * op);
+      return multiply_narrow_block<3, OV>(v + t * cp, cp, steps, u, op, m + t * op);
     case 2:
-      return multiply_narrow_block<2, OV>(v + t * cp, cp, cin, u, op, m + t * op);
+      return multiply_narrow_block<2, OV>(v + t * cp, cp, steps, u, op, m + t * op);
     case 1:
-      return multiply_narrow_block<1, OV>(v + t * cp, cp, cin, u, op, m + t * op);
+      return multiply_narrow_block<1, OV>(v + t * cp, cp, steps, u, op, m + t * op);
   }
 }
 
-// m[k][t][o] = sum over c of v[k][t][c] * u[k][c][o] for the 16 positions k and nt tiles.
-void multiply_narrow(const NarrowPlan& p, const float* u, const float* v, int64_t nt, float* m) {
+// m[k][t][o] = sum over s < steps of v[k][t][s] * u[k][s][o] for the 16 positions k and nt tiles:
+// steps = cin on float32 (u [k][cp][op]), the channel pairs on bfloat16 (u [k][cp / 2][op]).
+template <typename E, typename W>
+void multiply_narrow(const NarrowPlan& p, const W* u, const E* v, int64_t nt, int64_t steps,
+                     float* m) {
   const int64_t cp = p.cp(), op = p.op();
+  const int64_t ldu = (std::is_same_v<E, float> ? cp : cp / 2) * op;
   for (int k = 0; k < 16; ++k) {
-    const float* vk = v + k * position_stride(nt * cp);
-    const float* uk = u + k * cp * op;
+    const E* vk = v + k * position_stride(nt * cp);
+    const W* uk = u + k * ldu;
     float* mk = m + k * position_stride(nt * op);
     for (int64_t o0 = 0; o0 < op; o0 += kNarrowVectors * L) {
       switch (std::min<int64_t>(kNarrowVectors, (op - o0) / L)) {
         case 4:
           if constexpr (kNarrowVectors >= 4) {
-            multiply_narrow_tiles<4>(nt, vk, cp, p.cin, uk + o0, op, mk + o0);
+            multiply_narrow_tiles<4>(nt, vk, cp, steps, uk + o0, op, mk + o0);
             break;
           }
           [[fallthrough]];
         case 3:
-          multiply_narrow_tiles<3>(nt, vk, cp, p.cin, uk + o0, op, mk + o0);
+          multiply_narrow_tiles<3>(nt, vk, cp, steps, uk + o0, op, mk + o0);
           break;
         case 2:
-          multiply_narrow_tiles<2>(nt, vk, cp, p.cin, uk + o0, op, mk + o0);
+          multiply_narrow_tiles<2>(nt, vk, cp, steps, uk + o0, op, mk + o0);
           break;
         default:
-          multiply_narrow_tiles<1>(nt, vk, cp, p.cin, uk + o0, op, mk + o0);
+          multiply_narrow_tiles<1>(nt, vk, cp, steps, uk + o0, op, mk + o0);
           break;
       }
     }
@@ -507,8 +527,9 @@ void transform_output_narrow(const NarrowPlan& p, const float* m, int64_t nt, in
       }
 }
 
-// winograd() for narrow planes.
-template <typename T>
+// winograd() for narrow planes; kPairs: the products on bfloat16 pairs of input channels (as the
+// tiled form's, for bfloat16 data on the dot products).
+template <typename T, bool kPairs = false>
 void winograd_narrow(const NarrowPlan& p, int64_t n, const T* x, const Kernels& ks,
                      const float* bias, T* y) {
   if (n == 0 || p.tiles() == 0) return;  // an empty output
@@ -517,18 +538,41 @@ void winograd_narrow(const NarrowPlan& p, int64_t n, const T* x, const Kernels& 
   transform_weights(
       p.cout, p.cin, ks, size_t(16 * cp * op),
       [&](int k, int64_t co, int64_t ci) { return size_t((k * cp + ci) * op + co); }, u);
+#if defined(__AVX512BF16__)
+  std::vector<Pair> up;  // UP[k][ci / 2][co]: input channels 2j and 2j + 1 paired
+  if constexpr (kPairs) {
+    up.resize(size_t(16 * cp / 2 * op));
+    for (size_t r = 0; r < up.size() / size_t(op);
+         ++r)  // rows (k, j) of u's rows (k, 2j), (k, 2j + 1)
+      for (int64_t o = 0; o < op; ++o)
+        up[r * size_t(op) + size_t(o)] =
+            Pair(detail::float_to_bf16_bits(u[2 * r * size_t(op) + size_t(o)])) |
+            Pair(detail::float_to_bf16_bits(u[(2 * r + 1) * size_t(op) + size_t(o)])) << 16;
+  }
+#endif
   parallel_chunks(n, p.images(n), [&](int64_t n0, int64_t n1, bool first) {
     const int64_t nt = (n1 - n0) * tiles;
     float* xb = thread_scratch(0, size_t(p.bordered()));
-    float* v = thread_scratch(1, size_t(16 * position_stride(nt * cp)));
+    float* v = thread_scratch(1, size_t(16 * position_stride(nt * cp)));  // bfloat16: half used
     float* m = thread_scratch(2, size_t(16 * position_stride(nt * op)));
     float* yb = thread_scratch(3, size_t(4 * tiles * op));
     if (first) std::fill_n(xb, p.bordered(), 0.f);  // the border stays zero
-    for (int64_t i = n0; i < n1; ++i) {
-      fill_channels_last(p, x + i * p.cin * p.h * p.w, xb);
-      transform_input_narrow(p, xb, v, nt, (i - n0) * tiles);
+    auto transform_all = [&](auto* vt) {
+      for (int64_t i = n0; i < n1; ++i) {
+        fill_channels_last(p, x + i * p.cin * p.h * p.w, xb);
+        transform_input_narrow(p, xb, vt, nt, (i - n0) * tiles);
+      }
+    };
+    if constexpr (kPairs) {
+#if defined(__AVX512BF16__)
+      uint16_t* vb = reinterpret_cast<uint16_t*>(v);
+      transform_all(vb);
+      multiply_narrow(p, up.data(), static_cast<const uint16_t*>(vb), nt, (p.cin + 1) / 2, m);
+#endif
+    } else {
+      transform_all(v);
+      multiply_narrow(p, u.data(), static_cast<const float*>(v), nt, p.cin, m);
     }
-    multiply_narrow(p, u.data(), v, nt, m);
     for (int64_t i = n0; i < n1; ++i)
       transform_output_narrow(p, m, nt, (i - n0) * tiles, bias, yb, y + i * p.cout * p.h * p.w);
   });
@@ -655,15 +699,21 @@ void winograd(const Plan& p, int64_t n, const T* x, const Kernels& ks, const flo
   });
 }
 
-// The tiled form, its products on pairs where `dtype` is bfloat16 on the dot products.
+// The correlation on the tiled form, or on the narrow one for planes under kNarrowPlane wide, its
+// products on pairs where `dtype` is bfloat16 on the dot products.
 template <typename T>
-void winograd_tiled(const Plan& p, int64_t n, const T* x, const Kernels& ks, const float* bias,
-                    T* y, DType dtype) {
+void winograd_any(const Plan& p, int64_t n, const T* x, const Kernels& ks, const float* bias, T* y,
+                  DType dtype) {
+  const bool narrow = p.w < kNarrowPlane;
 #if defined(__AVX512BF16__)
-  if constexpr (std::is_same_v<T, bfloat16>)
-    if (pair_products(dtype)) return winograd<T, true>(p, n, x, ks, bias, y);
+  if constexpr (std::is_same_v<T, bfloat16>) {
+    if (pair_products(dtype))
+      return narrow ? winograd_narrow<T, true>(NarrowPlan{p}, n, x, ks, bias, y)
+                    : winograd<T, true>(p, n, x, ks, bias, y);
+  }
 #endif
   (void)dtype;
+  if (narrow) return winograd_narrow(NarrowPlan{p}, n, x, ks, bias, y);
   winograd<T>(p, n, x, ks, bias, y);
 }
 
@@ -909,13 +959,8 @@ void conv2d_winograd_forward(const Conv2dGeometry& g, const void* x, const float
 #if defined(GALLEY_VECTOR_LANES)
   dispatch_floating(dtype, "conv2d", [&](auto tag) {
     using T = typename decltype(tag)::type;
-    const Kernels ks{w, g.c * 9, 9, false};
-    if (g.w < kNarrowPlane)
-      winograd_narrow(NarrowPlan{{g.c, g.h, g.w, g.o}}, g.n, static_cast<const T*>(x), ks, b,
-                      static_cast<T*>(y));
-    else
-      winograd_tiled(Plan{g.c, g.h, g.w, g.o}, g.n, static_cast<const T*>(x), ks, b,
-                     static_cast<T*>(y), dtype);
+    winograd_any(Plan{g.c, g.h, g.w, g.o}, g.n, static_cast<const T*>(x),
+                 Kernels{w, g.c * 9, 9, false}, b, static_cast<T*>(y), dtype);
   });
 #else
   (void)x, (void)w, (void)b, (void)y, (void)dtype;
@@ -930,13 +975,8 @@ void conv2d_winograd_input_grad(const Conv2dGeometry& g, const float* w, const v
   // swapped: output channel ci (an input channel of the convolution) from input channel o.
   dispatch_floating(dtype, "conv2d_backward", [&](auto tag) {
     using T = typename decltype(tag)::type;
-    const Kernels ks{w, 9, g.c * 9, true};
-    if (g.w < kNarrowPlane)
-      winograd_narrow(NarrowPlan{{g.o, g.h, g.w, g.c}}, g.n, static_cast<const T*>(gy), ks, nullptr,
-                      static_cast<T*>(gx));
-    else
-      winograd_tiled(Plan{g.o, g.h, g.w, g.c}, g.n, static_cast<const T*>(gy), ks, nullptr,
-                     static_cast<T*>(gx), dtype);
+    winograd_any(Plan{g.o, g.h, g.w, g.c}, g.n, static_cast<const T*>(gy),
+                 Kernels{w, 9, g.c * 9, true}, nullptr, static_cast<T*>(gx), dtype);
   });
 #else
   (void)w, (void)gy, (void)gx, (void)dtype;
