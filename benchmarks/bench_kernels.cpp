@@ -309,12 +309,14 @@ void BM_relu_backward(benchmark::State& st) {
 }
 
 // BatchNorm in training mode with the fused ReLU on resnet's activations at batch 64 (range(0):
-// 0 the first stage's [64,16,28,28], 1 the last's [64,64,7,7]): forward (statistics, normalise)
-// and backward. GB/s of the tensors each pass must move: forward reads x twice and writes y;
-// backward reads gy, x and y for the sums and again for the input gradient, and writes gx.
+// 0 the first stage's [64,16,28,28], 1 the last's [64,64,7,7]; range(1): 1 for bfloat16
+// activations, as under autocast): forward (statistics, normalise) and backward. GB/s of the
+// tensors each pass must move: forward reads x twice and writes y; backward reads gy, x and y for
+// the sums and again for the input gradient, and writes gx.
 Tensor bn_input(benchmark::State& st) {
-  return st.range(0) == 0 ? galley::randn({64, 16, 28, 28}, gen())
-                          : galley::randn({64, 64, 7, 7}, gen());
+  Tensor x = st.range(0) == 0 ? galley::randn({64, 16, 28, 28}, gen())
+                              : galley::randn({64, 64, 7, 7}, gen());
+  return st.range(1) ? x.to(galley::DType::BFloat16) : x;
 }
 void BM_batch_norm(benchmark::State& st) {
   Tensor x = bn_input(st);
@@ -324,7 +326,7 @@ void BM_batch_norm(benchmark::State& st) {
   galley::BatchNormOptions o;
   o.training = true, o.relu = true;
   const double secs = time_forward(st, [&] { return galley::batch_norm(x, mean, var, w, b, o); });
-  set_rate(st, 0, 3.0 * 4 * x.numel(), secs);
+  set_rate(st, 0, 3.0 * double(x.numel() * int64_t(galley::dtype_size(x.dtype()))), secs);
 }
 void BM_batch_norm_backward(benchmark::State& st) {
   Tensor x = bn_input(st).set_requires_grad(true);
@@ -332,12 +334,12 @@ void BM_batch_norm_backward(benchmark::State& st) {
   Tensor mean = galley::zeros({c}), var = galley::ones({c});
   Tensor w = galley::ones({c}).set_requires_grad(true),
          b = galley::zeros({c}).set_requires_grad(true);
-  Tensor gy = galley::randn(x.shape(), gen());
+  Tensor gy = galley::randn(x.shape(), gen()).to(x.dtype());
   galley::BatchNormOptions o;
   o.training = true, o.relu = true;
   const double secs =
       time_backward(st, [&] { return galley::batch_norm(x, mean, var, w, b, o); }, gy, {x, w, b});
-  set_rate(st, 0, 7.0 * 4 * x.numel(), secs);
+  set_rate(st, 0, 7.0 * double(x.numel() * int64_t(galley::dtype_size(x.dtype()))), secs);
 }
 
 // The activations on 1M float32 elements (4 MiB in, 4 MiB out), range(0) picking the op; GB/s of
@@ -522,8 +524,11 @@ BENCHMARK(BM_conv2d_layer_backward)
     ->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_relu)->Apply(batches)->UseRealTime();
 BENCHMARK(BM_relu_backward)->Apply(batches)->UseManualTime();
-BENCHMARK(BM_batch_norm)->DenseRange(0, 1)->ArgName("shape")->UseRealTime();
-BENCHMARK(BM_batch_norm_backward)->DenseRange(0, 1)->ArgName("shape")->UseManualTime();
+BENCHMARK(BM_batch_norm)->ArgsProduct({{0, 1}, {0, 1}})->ArgNames({"shape", "bf16"})->UseRealTime();
+BENCHMARK(BM_batch_norm_backward)
+    ->ArgsProduct({{0, 1}, {0, 1}})
+    ->ArgNames({"shape", "bf16"})
+    ->UseManualTime();
 BENCHMARK(BM_activation)
     ->DenseRange(0, 5)
     ->ArgName("op")

@@ -51,11 +51,9 @@ inline __m512i bf16_bits(__m512 v) {
 }
 
 #if defined(__AVX512BF16__)
-// The lanes of x that hold a float32 subnormal (zero exponent, nonzero fraction).
+// The lanes of v that hold a float32 subnormal (vfpclassps, class 0x20).
 inline __mmask16 subnormal_lanes(__m512 v) {
-  const __m512i x = _mm512_castps_si512(v);
-  return _mm512_mask_test_epi32_mask(_mm512_testn_epi32_mask(x, _mm512_set1_epi32(0x7f800000)), x,
-                                     _mm512_set1_epi32(0x007fffff));
+  return _mm512_fpclass_ps_mask(v, 0x20);
 }
 #endif
 
