@@ -582,7 +582,8 @@ void winograd_narrow(const NarrowPlan& p, int64_t n, const T* x, const Kernels& 
 // The products on bfloat16 pairs, for a bfloat16 convolution on the dot products: position k's
 // transformed inputs and kernels rounded to bfloat16 (round to nearest even), input channels 2j
 // and 2j + 1 paired (a zero partner past cin), and summed in float32 by vdpbf16ps, which does two
-// multiply-adds a lane an instruction. The transforms stay float32.
+// multiply-adds a lane an instruction. The transforms compute in float32; the inputs' are rounded
+// into pairs as they are made (transform_input_pairs), the kernels' once a call.
 int64_t channel_pairs(const Plan& p) {
   return (p.cin + 1) / 2;
 }
