@@ -64,7 +64,7 @@ bool conv2d_winograd_weight_grad_applies(const Conv2dGeometry& g, DType dtype) {
   // With 16 channels each way the transforms cost more than the products save on an Intel Xeon
   // (AVX-512); on AMD Zen 3 (AVX2) the path is 1.2-1.3x the direct weight gradient there. A
   // bfloat16 one on the dot products, its products on pairs of tiles, from 64 channels each way:
-  // on AMD Zen 4 vgg's 64->64 16x16 and 64->128 8x8 backward passes ran 1.15x and 1.2x with it;
+  // on AMD Zen 4 vgg's 64->64 16x16 and 64->128 8x8 backward passes ran 1.13x and 1.2x with it;
   // with 32 channels the transforms outweigh the halved products (vgg's 32->32 32x32: 0.91x).
   const int64_t least = conv_block::L == 16 ? 32 : 16;
   return conv2d_winograd_applies(g, dtype) &&
@@ -542,8 +542,8 @@ void winograd_narrow(const NarrowPlan& p, int64_t n, const T* x, const Kernels& 
   std::vector<Pair> up;  // UP[k][ci / 2][co]: input channels 2j and 2j + 1 paired
   if constexpr (kPairs) {
     up.resize(size_t(16 * cp / 2 * op));
-    for (size_t r = 0; r < up.size() / size_t(op);
-         ++r)  // rows (k, j) of u's rows (k, 2j), (k, 2j + 1)
+    // row r = (k, j) from u's rows 2r = (k, 2j) and 2r + 1 = (k, 2j + 1)
+    for (size_t r = 0; r < up.size() / size_t(op); ++r)
       for (int64_t o = 0; o < op; ++o)
         up[r * size_t(op) + size_t(o)] =
             Pair(detail::float_to_bf16_bits(u[2 * r * size_t(op) + size_t(o)])) |
