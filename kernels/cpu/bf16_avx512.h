@@ -24,6 +24,11 @@ inline Pair pair_at(const uint16_t* p) {
   return v;
 }
 
+// The pair of lo and hi rounded to bfloat16 (detail::float_to_bf16_bits).
+inline Pair pair_of(float lo, float hi) {
+  return Pair(detail::float_to_bf16_bits(lo)) | Pair(detail::float_to_bf16_bits(hi)) << 16;
+}
+
 #if defined(__AVX512F__)
 // The first n lanes of 16 (all of them for n >= 16).
 inline __mmask16 lanes(int64_t n) {

@@ -724,9 +724,8 @@ void pack_weight_pairs(const Plan& p, At at, std::vector<Pair>& out) {
       for (int64_t t = 0; t < taps; ++t)
         for (int64_t o = 0; o < OB && cb * OB + o < p.cout; ++o) {
           const int64_t co = cb * OB + o;
-          const Pair lo = bf16_bits(at(co, 2 * k, t));
-          const Pair hi = 2 * k + 1 < p.cin ? bf16_bits(at(co, 2 * k + 1, t)) : 0u;
-          out[size_t(((cb * kp + k) * taps + t) * OB + o)] = lo | hi << 16;
+          out[size_t(((cb * kp + k) * taps + t) * OB + o)] =
+              pair_of(at(co, 2 * k, t), 2 * k + 1 < p.cin ? at(co, 2 * k + 1, t) : 0.f);
         }
 }
 
@@ -750,10 +749,10 @@ void weight_grad_pairs(const Plan& p, const WeightGradLayout& lay,
     if constexpr (NJ % 3 == 0 && NJ > 8) {
       if (rows_of_three)
         return broadcast_pairs_block<OV, NJ / 3, 3, true>(gyT + o0, lay.op, qp, xs.data() + j0,
-                                                      part + j0 * lay.op + o0, lay.op);
+                                                          part + j0 * lay.op + o0, lay.op);
     }
     broadcast_pairs_block<OV, NJ, 1, true>(gyT + o0, lay.op, qp, xs.data() + j0,
-                                       part + j0 * lay.op + o0, lay.op);
+                                           part + j0 * lay.op + o0, lay.op);
   });
 }
 

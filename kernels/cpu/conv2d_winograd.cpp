@@ -378,6 +378,23 @@ inline void put_transformed(uint16_t* dst, V v) {
 }
 #endif
 
+#if defined(__AVX512BF16__)
+// Transformed kernels u[g][r][w] (`rows` rows of `width` floats in each of `groups`) as pairs
+// [g][(rows + 1) / 2][w]: rows 2j and 2j + 1 (input channels) paired, a zero partner past the last.
+std::vector<Pair> pair_rows(const float* u, int64_t groups, int64_t rows, int64_t width) {
+  const int64_t rp = (rows + 1) / 2;
+  std::vector<Pair> out(size_t(groups * rp * width));
+  for (int64_t g = 0; g < groups; ++g)
+    for (int64_t j = 0; j < rp; ++j) {
+      const float* lo = u + (g * rows + 2 * j) * width;
+      Pair* dst = out.data() + (g * rp + j) * width;
+      for (int64_t o = 0; o < width; ++o)
+        dst[o] = pair_of(lo[o], 2 * j + 1 < rows ? lo[width + o] : 0.f);
+    }
+  return out;
+}
+#endif
+
 // v[k * ldk + (t0 + t) * cp + c] = position k of B^T d B for tile t of the image in xb, channel c
 // (ldk = position_stride(nt * cp)), as float32 or bfloat16 (E).
 template <typename E>
@@ -540,15 +557,7 @@ void winograd_narrow(const NarrowPlan& p, int64_t n, const T* x, const Kernels& 
       [&](int k, int64_t co, int64_t ci) { return size_t((k * cp + ci) * op + co); }, u);
 #if defined(__AVX512BF16__)
   std::vector<Pair> up;  // UP[k][ci / 2][co]: input channels 2j and 2j + 1 paired
-  if constexpr (kPairs) {
-    up.resize(size_t(16 * cp / 2 * op));
-    // row r = (k, j) from u's rows 2r = (k, 2j) and 2r + 1 = (k, 2j + 1)
-    for (size_t r = 0; r < up.size() / size_t(op); ++r)
-      for (int64_t o = 0; o < op; ++o)
-        up[r * size_t(op) + size_t(o)] =
-            Pair(detail::float_to_bf16_bits(u[2 * r * size_t(op) + size_t(o)])) |
-            Pair(detail::float_to_bf16_bits(u[(2 * r + 1) * size_t(op) + size_t(o)])) << 16;
-  }
+  if constexpr (kPairs) up = pair_rows(u.data(), 16, cp, op);
 #endif
   parallel_chunks(n, p.images(n), [&](int64_t n0, int64_t n1, bool first) {
     const int64_t nt = (n1 - n0) * tiles;
@@ -590,20 +599,7 @@ int64_t channel_pairs(const Plan& p) {
 
 // U[k][block][ci][OB] (transform_weights(p, ...)) as UP[k][block][pair][OB].
 std::vector<Pair> pair_weights(const Plan& p, const std::vector<float>& u) {
-  const int64_t blocks = p.coutp() / OB, kp = channel_pairs(p);
-  std::vector<Pair> up(size_t(16 * blocks * kp * OB));
-  for (int64_t kb = 0; kb < 16 * blocks; ++kb) {  // (position, block) pairs, in u's order
-    const float* ub = u.data() + kb * p.cin * OB;
-    Pair* out = up.data() + kb * kp * OB;
-    for (int64_t j = 0; j < kp; ++j)
-      for (int64_t o = 0; o < OB; ++o) {
-        const Pair lo = detail::float_to_bf16_bits(ub[2 * j * OB + o]);
-        const Pair hi =
-            2 * j + 1 < p.cin ? detail::float_to_bf16_bits(ub[(2 * j + 1) * OB + o]) : 0u;
-        out[j * OB + o] = lo | hi << 16;
-      }
-  }
-  return up;
+  return pair_rows(u.data(), 16 * (p.coutp() / OB), p.cin, OB);
 }
 
 // vp[k * ldk + t0 + tile] = the pair of position k of B^T d B for input planes lo and hi (null:
@@ -646,7 +642,7 @@ void multiply_pairs(const Plan& p, const Pair* up, const Pair* vp, int64_t ldp, 
 
 // y[n][cout][h][w] = the correlation of x[n][cin][h][w] with the kernels ks (+ bias), chunks of
 // images transformed, multiplied and transformed back on each thread; kPairs: the products on
-// bfloat16 pairs (a bfloat16 convolution on the dot products; winograd_tiled instantiates it so
+// bfloat16 pairs (a bfloat16 convolution on the dot products; winograd_any instantiates it so
 // for bfloat16 data only, in builds with AVX512-BF16).
 template <typename T, bool kPairs = false>
 void winograd(const Plan& p, int64_t n, const T* x, const Kernels& ks, const float* bias, T* y) {
