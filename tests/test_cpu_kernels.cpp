@@ -552,6 +552,49 @@ TEST(ConvChannels, MatchesIm2colAndTheDirectPathBitForBit) {
   }
 }
 
+// Where the direct path takes the dot products (AVX512-BF16 without AMX), bfloat16 data runs the
+// channels path's forward pass and input gradient on pairs of channels: the products of the
+// bfloat16 values exact, their sums in float32 but in another order than the float32 path's. So
+// each result is the float32 sum on the same values (the weights rounded to bfloat16 too) within
+// its own rounding to bfloat16 (2^-8 of it) and 1e-3 of the results' root mean square for the
+// order of the sums; a pair out of place is off by about a whole product.
+TEST(ConvChannels, Bf16PairsRoundTheFloat32SumsOnce) {
+  namespace cpu = galley::kernels::cpu;
+  if (cpu::bf16_kernels() != cpu::Bf16Kernels::DotProducts)
+    GTEST_SKIP() << "no bfloat16 dot products here (AVX512-BF16 without AMX, at compile time)";
+  const galley::DType bf = galley::DType::BFloat16;
+  std::vector<Case> all = strided_cases();
+  all.insert(all.end(), {{3, 17, 13, 13, 40, 3, 3, 1, 1, 2}, {2, 33, 9, 9, 64, 3, 3, 1, 1, 2}});
+  std::mt19937 rng(61);
+  for (const Case& k : all) {
+    const Conv2dGeometry g = geometry(k);
+    const std::vector<float> w = normal_values(rng, size_t(g.o * g.c * g.kh * g.kw)),
+                             b = normal_values(rng, size_t(g.o));
+    const std::vector<uint16_t> x16 = narrow_to(normal_values(rng, size_t(g.n * g.c * g.h * g.w)),
+                                                bf),
+                                gy16 = narrow_to(
+                                    normal_values(rng, size_t(g.n * g.o * g.oh * g.ow)), bf);
+    const std::vector<float> x = widen_from(x16, bf), gy = widen_from(gy16, bf),
+                             wr = widen_from(narrow_to(w, bf), bf);
+    std::vector<float> y_ref(gy.size()), gx_ref(x.size());
+    cpu::conv2d_forward_im2col(g, x.data(), wr.data(), b.data(), y_ref.data());
+    cpu::conv2d_backward_im2col(g, x.data(), wr.data(), gy.data(), gx_ref.data(), nullptr);
+    std::vector<uint16_t> y16(gy.size()), gx16(x.size());
+    cpu::conv2d_channels_forward(g, x16.data(), w.data(), b.data(), y16.data(), bf);
+    cpu::conv2d_channels_input_grad(g, w.data(), gy16.data(), gx16.data(), bf);
+    auto check = [&](const std::vector<uint16_t>& got16, const std::vector<float>& ref,
+                     const char* what) {
+      const std::vector<float> got = widen_from(got16, bf);
+      const double rms = worst_and_rms(ref, ref).second;
+      for (size_t i = 0; i < got.size(); ++i)
+        ASSERT_LE(std::fabs(got[i] - ref[i]), std::ldexp(std::fabs(ref[i]), -8) + 1e-3 * rms)
+            << name(k) << " " << what << " at " << i << ": " << got[i] << " against " << ref[i];
+    };
+    check(y16, y_ref, "forward");
+    if (k.dilation == 1) check(gx16, gx_ref, "input gradient");
+  }
+}
+
 // Where the dispatcher takes the channels-across-lanes path, and what the path refuses.
 TEST(ConvChannels, TakenForStridedConvolutionsWithVectorLanesAndRefusesGroups) {
   namespace cpu = galley::kernels::cpu;

@@ -17,6 +17,7 @@
 #include <cmath>
 #include <cstdint>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "galley/half.h"
@@ -109,28 +110,65 @@ inline __m512 masked_grad(const T* g, const T* y, __mmask16 m, __m512 fx, const 
                              fg);
 }
 
-// add_sums over n elements: s += sum of u and q += sum of u (b - sb), u = a - sa (a masked by
-// the ReLU, from y when given or from b = x), in float32 lanes per block of kStageBlock, then in
-// double. The masked a goes to `masked` when given.
-template <typename T>
-void add_sums_avx512(const T* a, float sa, const T* y, const T* b, float sb, int64_t n, double& s,
-                     double& q, const ReluMask& relu = {}, T* masked = nullptr) {
-  const __m512 vsa = _mm512_set1_ps(sa), vsb = _mm512_set1_ps(sb);
+// s += sum of u and q += sum of u w over n elements, with (u, w) = uw(j, m) for the 16 elements
+// from j (lanes m, none past n; u zero outside them): per block of kStageBlock elements in
+// float32 lanes, two vectors at a time on two chains of additions, then in double.
+template <typename UW>
+void lane_sums(int64_t n, UW uw, double& s, double& q) {
   for (int64_t i = 0; i < n; i += kStageBlock) {
     const int64_t end = std::min(n, i + kStageBlock);
-    __m512 fs = _mm512_setzero_ps(), fq = _mm512_setzero_ps();
-    for (int64_t j = i; j < end; j += 16) {
-      const __mmask16 m = lanes(end - j);
-      const __m512 fb = load_as_f32(b + j, m);
-      const __m512 fa = masked_grad(a + j, y ? y + j : nullptr, m, fb, relu);
-      if (masked) store_from_f32(masked + j, fa, m);
-      const __m512 u = _mm512_maskz_sub_ps(m, fa, vsa);
-      fs = _mm512_add_ps(fs, u);
-      fq = _mm512_fmadd_ps(u, _mm512_sub_ps(fb, vsb), fq);
+    __m512 s0 = _mm512_setzero_ps(), q0 = s0, s1 = s0, q1 = s0;
+    for (int64_t j = i; j < end; j += 32) {
+      const auto [u0, w0] = uw(j, lanes(end - j));
+      const auto [u1, w1] = uw(j + 16, end - j > 16 ? lanes(end - j - 16) : __mmask16(0));
+      s0 = _mm512_add_ps(s0, u0);
+      q0 = _mm512_fmadd_ps(u0, w0, q0);
+      s1 = _mm512_add_ps(s1, u1);
+      q1 = _mm512_fmadd_ps(u1, w1, q1);
     }
-    s += _mm512_reduce_add_ps(fs);
-    q += _mm512_reduce_add_ps(fq);
+    s += _mm512_reduce_add_ps(_mm512_add_ps(s0, s1));
+    q += _mm512_reduce_add_ps(_mm512_add_ps(q0, q1));
   }
+}
+
+// The statistics' sums of a plane: s += sum of u and q += sum of u^2, u = p_j - sh.
+template <typename T>
+void square_sums_avx512(const T* p, int64_t n, float sh, double& s, double& q) {
+  const __m512 vsh = _mm512_set1_ps(sh);
+  lane_sums(
+      n,
+      [&](int64_t j, __mmask16 m) {
+        const __m512 u = _mm512_maskz_sub_ps(m, load_as_f32(p + j, m), vsh);
+        return std::pair{u, u};
+      },
+      s, q);
+}
+
+// The backward's sums of a plane: s += sum of g and q += sum of g (x - mean), g the incoming
+// gradient masked by the ReLU (from y when given, or from x), written to `masked` when given.
+template <typename T>
+void grad_sums_avx512(const T* g, const T* y, const T* x, float mean, int64_t n, double& s,
+                      double& q, const ReluMask& relu, T* masked) {
+  const __m512 vmean = _mm512_set1_ps(mean);
+  auto sums = [&](auto grad) {
+    lane_sums(
+        n,
+        [&](int64_t j, __mmask16 m) {
+          const __m512 fx = load_as_f32(x + j, m);
+          const __m512 fg = grad(j, m, fx);
+          if (masked) store_from_f32(masked + j, fg, m);
+          return std::pair{fg, _mm512_sub_ps(fx, vmean)};
+        },
+        s, q);
+  };
+  if (relu.from_x)
+    sums([&](int64_t j, __mmask16 m, __m512 fx) {
+      return masked_grad(g + j, static_cast<const T*>(nullptr), m, fx, relu);
+    });
+  else if (y)
+    sums([&](int64_t j, __mmask16 m, __m512 fx) { return masked_grad(g + j, y + j, m, fx, {}); });
+  else
+    sums([&](int64_t j, __mmask16 m, __m512) { return load_as_f32(g + j, m); });
 }
 #endif
 
@@ -207,7 +245,7 @@ template <typename T>
 void stats_plane(const T* p, int64_t inner, float sh, double& s, double& q) {
 #if defined(__AVX512BW__)
   if constexpr (kInRegisters<T>) {
-    add_sums_avx512<T>(p, sh, nullptr, p, sh, inner, s, q);
+    square_sums_avx512(p, inner, sh, s, q);
     return;
   }
 #endif
@@ -317,18 +355,25 @@ inline __m512 rounded_to(__m512 v) {
     return _mm512_castsi512_ps(_mm512_slli_epi32(bf16_bits(v), 16));
 }
 
-// affine<kRelu> over n elements, or affine_add<kRelu> with the residual r when given.
+// affine<kRelu> over n elements, or affine_add<kRelu> with the residual r when given: two
+// vectors at a time (for bfloat16 one rounding instruction for both), the tail masked.
 template <bool kRelu, typename T>
 void affine_avx512(const T* x, int64_t n, float a, float b, const T* r, T* y) {
   const __m512 va = _mm512_set1_ps(a), vb = _mm512_set1_ps(b);
-  for (int64_t j = 0; j < n; j += 16) {
-    const __mmask16 m = lanes(n - j);
+  auto t_of = [&](int64_t j, __mmask16 m) {
     __m512 t = _mm512_fmadd_ps(load_as_f32(x + j, m), va, vb);
     if (r) t = _mm512_add_ps(rounded_to<T>(t), load_as_f32(r + j, m));
     if constexpr (kRelu)  // as relu: NaN stays NaN
       t = _mm512_mask_mov_ps(t, _mm512_cmp_ps_mask(t, _mm512_setzero_ps(), _CMP_LE_OQ),
                              _mm512_setzero_ps());
-    store_from_f32(y + j, t, m);
+    return t;
+  };
+  int64_t j = 0;
+  for (; j + 32 <= n; j += 32)
+    store_from_f32_x2(y + j, t_of(j, __mmask16(0xffff)), t_of(j + 16, __mmask16(0xffff)));
+  for (; j < n; j += 16) {
+    const __mmask16 m = lanes(n - j);
+    store_from_f32(y + j, t_of(j, m), m);
   }
 }
 #endif
@@ -512,8 +557,8 @@ void backward(const T* gy, const T* x, const T* y, BatchNormGeometry g, BatchNor
     const float mc = mean[c];
 #if defined(__AVX512BW__)
     if constexpr (kInRegisters<T>) {
-      add_sums_avx512<T>(gy + base, 0.f, y_read ? y_read + base : nullptr, x + base, mc, inner, s,
-                         q, relu_mask(c), gres_first ? gres + base : nullptr);
+      grad_sums_avx512<T>(gy + base, y_read ? y_read + base : nullptr, x + base, mc, inner, s, q,
+                          relu_mask(c), gres_first ? gres + base : nullptr);
       return;
     }
 #endif
@@ -544,22 +589,33 @@ void backward(const T* gy, const T* x, const T* y, BatchNormGeometry g, BatchNor
       const __m512 vmg = _mm512_set1_ps(mg[c]), vmean = _mm512_set1_ps(mean[c]),
                    vk = _mm512_set1_ps(k[c]), va = _mm512_set1_ps(a[c]);
       const ReluMask relu = relu_mask(c);
-      for (int64_t j = 0; j < inner; j += 16) {
-        const __mmask16 m = lanes(inner - j);
-        const __m512 fx = load_as_f32(x + base + j, m);
-        if (!gx && gres_first) break;
-        __m512 fg;
-        if (gres_first) {
-          fg = load_as_f32(gres + base + j, m);
-        } else {
-          fg = masked_grad(gy + base + j, y_read ? y_read + base + j : nullptr, m, fx, relu);
-          if (gres) store_from_f32(gres + base + j, fg, m);
-          if (!gx) continue;
-        }
-        // (g - mg - (x - mean) k) a, in the staged path's order
+      if (!gx && gres_first) return;
+      // The vector at j's gradient masked by the ReLU (x's values fx), and its input gradient
+      // (g - mg - (x - mean) k) a, in the staged path's order.
+      auto grad_at = [&](int64_t j, __mmask16 m, __m512 fx) {
+        if (gres_first) return load_as_f32(gres + base + j, m);
+        return masked_grad(gy + base + j, y_read ? y_read + base + j : nullptr, m, fx, relu);
+      };
+      auto dx_of = [&](__m512 fg, __m512 fx) {
         const __m512 d =
             _mm512_sub_ps(_mm512_sub_ps(fg, vmg), _mm512_mul_ps(_mm512_sub_ps(fx, vmean), vk));
-        store_from_f32(gx + base + j, _mm512_mul_ps(d, va), m);
+        return _mm512_mul_ps(d, va);
+      };
+      const bool write_gres = gres && !gres_first;
+      int64_t j = 0;
+      for (; j + 32 <= inner; j += 32) {  // two vectors at a time (one rounding for bfloat16)
+        const __m512 fx0 = load_as_f32(x + base + j), fx1 = load_as_f32(x + base + j + 16);
+        const __m512 fg0 = grad_at(j, __mmask16(0xffff), fx0),
+                     fg1 = grad_at(j + 16, __mmask16(0xffff), fx1);
+        if (write_gres) store_from_f32_x2(gres + base + j, fg0, fg1);
+        if (gx) store_from_f32_x2(gx + base + j, dx_of(fg0, fx0), dx_of(fg1, fx1));
+      }
+      for (; j < inner; j += 16) {
+        const __mmask16 m = lanes(inner - j);
+        const __m512 fx = load_as_f32(x + base + j, m);
+        const __m512 fg = grad_at(j, m, fx);
+        if (write_gres) store_from_f32(gres + base + j, fg, m);
+        if (gx) store_from_f32(gx + base + j, dx_of(fg, fx), m);
       }
       return;
     }

@@ -103,6 +103,30 @@ inline void store_from_f32(float* p, __m512 v, __mmask16 m) {
 inline void store_from_f32(bfloat16* p, __m512 v, __mmask16 m) {
   store_bf16(p, v, m);
 }
+inline __m512 load_as_f32(const float* p) {
+  return _mm512_loadu_ps(p);
+}
+inline __m512 load_as_f32(const bfloat16* p) {
+  const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+
+// 32 lanes, lo's then hi's, into p: for bfloat16 one vcvtne2ps2bf16 when neither holds a
+// subnormal, else store_bf16 twice (the same bits either way).
+inline void store_from_f32_x2(float* p, __m512 lo, __m512 hi) {
+  _mm512_storeu_ps(p, lo);
+  _mm512_storeu_ps(p + 16, hi);
+}
+inline void store_from_f32_x2(bfloat16* p, __m512 lo, __m512 hi) {
+#if defined(__AVX512BF16__)
+  if (!(subnormal_lanes(lo) | subnormal_lanes(hi))) {
+    _mm512_storeu_si512(p, (__m512i)_mm512_cvtne2ps_pbh(hi, lo));
+    return;
+  }
+#endif
+  store_bf16(p, lo, 0xffff);
+  store_bf16(p + 16, hi, 0xffff);
+}
 inline __m512 load_as_f32(const float16* p, __mmask16 m) {
   return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, p));
 }

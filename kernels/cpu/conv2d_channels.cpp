@@ -108,6 +108,42 @@ __attribute__((noinline)) void channels_block(const float* const* x, const int64
     for (int v = 0; v < OV; ++v) store(out[p] + v * L, acc[p][v]);
 }
 
+#if defined(__AVX512BF16__)
+// channels_block on bfloat16 pairs of input channels (vdpbf16ps): out[p][v * L + i] = sum over
+// channel pairs k < kp and taps t of the pair x[p][tap[t] + 2k], x[p][tap[t] + 2k + 1] (channel-
+// last bfloat16 bits) dotted with the weights' pair w[(k * taps + t) * ldw + v * L + i].
+template <int OV, int NP>
+__attribute__((noinline)) void channels_pairs_block(const uint16_t* const* x, const int64_t* tap,
+                                                    int64_t taps, int64_t kp, const Pair* w,
+                                                    int64_t ldw, float* const* out) {
+  __m512 acc[NP][OV];
+  const uint16_t* xp[NP];
+#pragma GCC unroll 8
+  for (int p = 0; p < NP; ++p) {
+    xp[p] = x[p];
+#pragma GCC unroll 2
+    for (int v = 0; v < OV; ++v) acc[p][v] = _mm512_setzero_ps();
+  }
+  for (int64_t k = 0; k < kp; ++k)
+    for (int64_t t = 0; t < taps; ++t, w += ldw) {
+      const int64_t at = tap[t] + 2 * k;
+      __m512i wv[OV];
+#pragma GCC unroll 2
+      for (int v = 0; v < OV; ++v) wv[v] = _mm512_loadu_si512(w + v * L);
+#pragma GCC unroll 8
+      for (int p = 0; p < NP; ++p) {
+        const __m512i xv = _mm512_set1_epi32(int(pair_at(xp[p] + at)));
+#pragma GCC unroll 2
+        for (int v = 0; v < OV; ++v) acc[p][v] = dot(acc[p][v], wv[v], xv);
+      }
+    }
+#pragma GCC unroll 8
+  for (int p = 0; p < NP; ++p)
+#pragma GCC unroll 2
+    for (int v = 0; v < OV; ++v) _mm512_storeu_ps(out[p] + v * L, acc[p][v]);
+}
+#endif
+
 // f(std::integral_constant<int, n>()) for a block size n from 1 to kPositions: the register blocks'
 // sizes as constants.
 template <typename F>
@@ -149,12 +185,45 @@ struct Correlation {
     const int64_t o0 = block_of(o), taps = int64_t(tap.size());
     w[size_t(o0 * cin * taps + (c * taps + t) * width(o0) + o - o0)] = v;
   }
+  // The pairs of input channels (2k, 2k + 1) for k < kp(): the weights rounded to bfloat16 in
+  // each block's [pair][tap][its vectors] (a zero partner past cin).
+  int64_t kp() const { return (cin + 1) / 2; }
+  std::vector<Pair> pair_weights() const {
+    const int64_t taps = int64_t(tap.size());
+    std::vector<Pair> out(size_t(kp() * taps * op));
+    for (int64_t o0 = 0; o0 < op; o0 += kMaxVectors * L) {
+      const int64_t wd = width(o0);
+      const float* wb = w.data() + o0 * cin * taps;
+      Pair* pb = out.data() + o0 * kp() * taps;
+      for (int64_t k = 0; k < kp(); ++k)
+        for (int64_t t = 0; t < taps; ++t)
+          for (int64_t o = 0; o < wd; ++o) {
+            const float lo = wb[(2 * k * taps + t) * wd + o];
+            const float hi = 2 * k + 1 < cin ? wb[((2 * k + 1) * taps + t) * wd + o] : 0.f;
+            pb[(k * taps + t) * wd + o] = pair_of(lo, hi);
+          }
+    }
+    return out;
+  }
 };
+
+// Whether a convolution of T runs its forward pass and input gradient on bfloat16 pairs of
+// channels: bfloat16 data where the direct path takes the dot products (AVX512-BF16 without AMX).
+template <typename T>
+bool on_pairs() {
+#if defined(__AVX512BF16__)
+  return std::is_same_v<T, bfloat16> && bf16_kernels() == Bf16Kernels::DotProducts;
+#else
+  return false;
+#endif
+}
 
 // Runs c over one image: every output channel of every position, OV = 2 vectors at a time and
 // then one. The positions go in blocks of at most kPositions, as even as can be (parts(): a block
-// of a single position's two accumulators would wait on the multiply-adds' latency).
-void correlate(const Correlation& c, const float* src, float* dst, int64_t ld) {
+// of a single position's two accumulators would wait on the multiply-adds' latency). src is
+// channel-last float32 with c.w as the weights, or bfloat16 bits with c.pair_weights() as w.
+template <typename S, typename W>
+void correlate(const Correlation& c, const W* w, const S* src, float* dst, int64_t ld) {
   const int64_t n = int64_t(c.in.size()), taps = int64_t(c.tap.size());
   if (n == 0) return;
   const int64_t blocks = parts(n, kPositions);
@@ -163,15 +232,22 @@ void correlate(const Correlation& c, const float* src, float* dst, int64_t ld) {
     int64_t q = 0;
     for (int64_t k = 0; k < blocks; ++k) {
       const int np = int(part_size(n, blocks, k));
-      const float* x[kPositions];
+      const S* x[kPositions];
       float* out[kPositions];
       for (int i = 0; i < np; ++i) {
         x[i] = src + c.in[size_t(q + i)];
         out[i] = dst + c.out[size_t(q + i)] * ld + o0;
       }
       with_size(np, [&](auto size) {
-        channels_block<OV, decltype(size)::value>(x, c.tap.data(), taps, c.cin,
-                                                  c.w.data() + o0 * c.cin * taps, OV * L, out);
+        constexpr int NP = decltype(size)::value;
+        if constexpr (std::is_same_v<S, float>) {
+          channels_block<OV, NP>(x, c.tap.data(), taps, c.cin, w + o0 * c.cin * taps, OV * L, out);
+        } else {
+#if defined(__AVX512BF16__)
+          channels_pairs_block<OV, NP>(x, c.tap.data(), taps, c.kp(), w + o0 * c.kp() * taps,
+                                       OV * L, out);
+#endif
+        }
       });
       q += np;
     }
@@ -199,11 +275,12 @@ void to_planes(const float* src, int64_t ld, int64_t channels, int64_t P, const 
     }
 }
 
-// A plane of `channels` planes h x w copied channel-last (cp floats a position) into the interior
-// of a bordered buffer of rows `bw` positions wide, from its row `top` and column `left`.
-template <typename T>
+// A plane of `channels` planes h x w copied channel-last (cp elements a position: floats, or
+// bfloat16 bits) into the interior of a bordered buffer of rows `bw` positions wide, from its row
+// `top` and column `left`.
+template <typename T, typename D>
 void fill_bordered(const T* x, int64_t channels, int64_t h, int64_t w, int64_t cp, int64_t bw,
-                   int64_t top, int64_t left, float* xb) {
+                   int64_t top, int64_t left, D* xb) {
   to_channels_last(x, channels, h, w, cp, xb + (top * bw + left) * cp, bw * cp);
 }
 
@@ -220,17 +297,25 @@ void channels_forward(const Conv2dGeometry& g, const T* x, const float* w, const
       for (int64_t t = 0; t < taps; ++t) c.set(ci, t, o, w[(o * g.c + ci) * taps + t]);
   c.in = forward_positions(g, bw, cp);
   for (int64_t q = 0; q < P; ++q) c.out.push_back(q);
+  const bool pairs = on_pairs<T>();
+  const std::vector<Pair> wp = pairs ? c.pair_weights() : std::vector<Pair>();
   parallel_chunks(g.n, 1, [&](int64_t n0, int64_t n1, bool first) {
-    float* xb = thread_scratch(0, size_t(bordered));
     const int64_t ld = spread(g.o);
     float* yc = thread_scratch(1, size_t(P * ld));
-    if (first) std::fill_n(xb, bordered, 0.f);  // the border stays zero
-    for (int64_t n = n0; n < n1; ++n) {
-      fill_bordered(x + n * g.c * g.h * g.w, g.c, g.h, g.w, cp, bw, g.pad, g.pad, xb);
-      correlate(c, xb, yc, ld);
-      // The bias added last, as the direct path adds it.
-      to_planes(yc, ld, g.o, P, b, y + n * g.o * P);
-    }
+    // xb: the bordered channel-last image, floats or bfloat16 bits; w: c's weights for it.
+    auto run = [&](auto* xb, const auto* wts) {
+      if (first) std::fill_n(xb, bordered, 0);  // the border stays zero
+      for (int64_t n = n0; n < n1; ++n) {
+        fill_bordered(x + n * g.c * g.h * g.w, g.c, g.h, g.w, cp, bw, g.pad, g.pad, xb);
+        correlate(c, wts, xb, yc, ld);
+        // The bias added last, as the direct path adds it.
+        to_planes(yc, ld, g.o, P, b, y + n * g.o * P);
+      }
+    };
+    if (pairs)
+      run(reinterpret_cast<uint16_t*>(thread_scratch(0, size_t(bordered + 1) / 2)), wp.data());
+    else
+      run(thread_scratch(0, size_t(bordered)), c.w.data());
   });
 }
 
@@ -283,18 +368,29 @@ void channels_input_grad(const Conv2dGeometry& g, const float* w, const T* gy, T
       phases.push_back(std::move(c));
     }
   const int64_t cp = spread(g.c);
+  const bool pairs = on_pairs<T>();
+  std::vector<std::vector<Pair>> wp;
+  if (pairs)
+    for (const Correlation& c : phases) wp.push_back(c.pair_weights());
   parallel_chunks(g.n, 1, [&](int64_t n0, int64_t n1, bool first) {
-    float* gyb = thread_scratch(0, size_t(bordered));
     float* gxc = thread_scratch(1, size_t(P * cp));
-    if (first) {
-      std::fill_n(gyb, bordered, 0.f);  // the border stays zero, and so do the gaps' rows
+    if (first)  // the gaps' rows stay zero
       for (int64_t q : gaps) std::fill_n(gxc + q * cp, cp, 0.f);
-    }
-    for (int64_t n = n0; n < n1; ++n) {
-      fill_bordered(gy + n * g.o * g.oh * g.ow, g.o, g.oh, g.ow, op, bw, top, left, gyb);
-      for (const Correlation& c : phases) correlate(c, gyb, gxc, cp);
-      to_planes(gxc, cp, g.c, P, static_cast<const float*>(nullptr), gx + n * g.c * P);
-    }
+    // gyb: the bordered channel-last output gradient, floats or bfloat16 bits; wts(k): phase
+    // k's weights for it.
+    auto run = [&](auto* gyb, auto wts) {
+      if (first) std::fill_n(gyb, bordered, 0);  // the border stays zero
+      for (int64_t n = n0; n < n1; ++n) {
+        fill_bordered(gy + n * g.o * g.oh * g.ow, g.o, g.oh, g.ow, op, bw, top, left, gyb);
+        for (size_t k = 0; k < phases.size(); ++k) correlate(phases[k], wts(k), gyb, gxc, cp);
+        to_planes(gxc, cp, g.c, P, static_cast<const float*>(nullptr), gx + n * g.c * P);
+      }
+    };
+    if (pairs)
+      run(reinterpret_cast<uint16_t*>(thread_scratch(0, size_t(bordered + 1) / 2)),
+          [&](size_t k) { return wp[k].data(); });
+    else
+      run(thread_scratch(0, size_t(bordered)), [&](size_t k) { return phases[k].w.data(); });
   });
 }
 

@@ -13,6 +13,15 @@
 // the channels, and within each over the taps, in the direct path's order, so each output has the
 // direct path's bits. The positions' sums go to a channel-last scratch, [position][output], which
 // L x L transposes (adding the bias) write into the output planes.
+//
+// bfloat16 data where the direct path takes the dot products (AVX512-BF16 without AMX): the
+// forward pass and the input gradient copy the image as bfloat16 bits, and each step takes a pair
+// of channels at a tap, its two values one 32-bit broadcast against OV vectors of weight pairs
+// (vdpbf16ps: both exact products added to a float32 lane), twice the multiply-adds an
+// instruction on half the bytes; the sums in another order than float32's, each result rounded
+// once. On resnet's 3x3/2 layers at batch 64 (AMD Zen 4, two threads) against the same path on
+// the widened values: forward 1.6x (16->32 at 28x28) and 1.8x (32->64 at 14x14), the
+// backward 1.3x and 1.2x. The weight gradient, a sum over positions, stays on the widened values.
 #include "kernels/conv2d.h"
 
 namespace galley::kernels::cpu {

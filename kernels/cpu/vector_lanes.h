@@ -176,12 +176,23 @@ inline void transpose(V r[L]) {
 #endif
 }
 
+// The L lanes of v into d: as floats, or as bfloat16 bits (rounded to nearest even).
+inline void store_lanes_as(float* d, V v) {
+  store(d, v);
+}
+#if defined(__AVX512BW__)
+inline void store_lanes_as(uint16_t* d, V v) {
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(d), bf16_halves(reinterpret_cast<__m512>(v)));
+}
+#endif
+
 // dst[r * ld + j * cp + c] = src[c][r][j] for `channels` planes of h x w (cp >= channels rounded
-// up to whole vectors; the channels past `channels` to the next whole vector zero, any floats
+// up to whole vectors; the channels past `channels` to the next whole vector zero, any elements
 // past that left as they were), in L x L transposes: the Winograd and channels-across-lanes
-// paths' channel-last copies and the direct path's transposed output gradient.
-template <typename T>
-void to_channels_last(const T* src, int64_t channels, int64_t h, int64_t w, int64_t cp, float* dst,
+// paths' channel-last copies and the direct path's transposed output gradient. D is float, or
+// (AVX-512) uint16_t for bfloat16 bits.
+template <typename T, typename D = float>
+void to_channels_last(const T* src, int64_t channels, int64_t h, int64_t w, int64_t cp, D* dst,
                       int64_t ld) {
   for (int64_t c0 = 0; c0 < channels; c0 += L)
     for (int64_t r = 0; r < h; ++r)
@@ -191,8 +202,8 @@ void to_channels_last(const T* src, int64_t channels, int64_t h, int64_t w, int6
         for (int64_t k = 0; k < L; ++k)
           v[k] = c0 + k < channels ? load_lanes(src + ((c0 + k) * h + r) * w + j0, m) : V{};
         transpose(v);
-        float* d = dst + r * ld + j0 * cp + c0;
-        for (int64_t j = 0; j < L && j0 + j < w; ++j) store(d + j * cp, v[j]);
+        D* d = dst + r * ld + j0 * cp + c0;
+        for (int64_t j = 0; j < L && j0 + j < w; ++j) store_lanes_as(d + j * cp, v[j]);
       }
 }
 #endif
