@@ -100,16 +100,16 @@ void binary(BinaryOp op, DType dtype, const void* a, const int64_t* a_shape, con
     switch (op) {
       case BinaryOp::Add:
         return run(x, a_shape, y, b_shape, o, out_shape, rank,
-                   [](float p, float q) { return p + q; });
+                   [](auto p, auto q) { return p + q; });
       case BinaryOp::Sub:
         return run(x, a_shape, y, b_shape, o, out_shape, rank,
-                   [](float p, float q) { return p - q; });
+                   [](auto p, auto q) { return p - q; });
       case BinaryOp::Mul:
         return run(x, a_shape, y, b_shape, o, out_shape, rank,
-                   [](float p, float q) { return p * q; });
+                   [](auto p, auto q) { return p * q; });
       case BinaryOp::Div:
         return run(x, a_shape, y, b_shape, o, out_shape, rank,
-                   [](float p, float q) { return p / q; });
+                   [](auto p, auto q) { return p / q; });
     }
   });
 }
@@ -136,7 +136,7 @@ void add_inplace(DType dtype, void* acc, const void* g, int64_t n) {
     T* o = static_cast<T*>(acc);
     const T* p = static_cast<const T*>(g);
     parallel_balanced(n, kElementwiseGrain, [&](int64_t s, int64_t e) {
-      zip_n(o + s, 1, p + s, 1, o + s, e - s, [](float x, float y) { return x + y; });
+      zip_n(o + s, 1, p + s, 1, o + s, e - s, [](auto x, auto y) { return x + y; });
     });
   });
 }
