@@ -33,6 +33,8 @@
 #include "kernels/cpu/staged.h"
 #include "kernels/gemm.h"
 #include "kernels/max_pool2d.h"
+#include "kernels/unary.h"
+#include "kernels/unary_math.h"
 
 using galley::kernels::Conv2dGeometry;
 
@@ -1076,6 +1078,60 @@ TEST(Binary, BFloat16OpsRoundTheFloat32OperationOnEveryClassOfValue) {
             << " gave 0x" << std::hex << got[size_t(i)] << " not 0x" << want;
       }
     }
+}
+
+// The bias gradient of a bfloat16 convolution (its planes read straight into the float32 partial
+// sums where the build has AVX-512) has the float32 one's bits on the widened values, on values
+// of every magnitude from 2^-20 to 2^20 (whose sums round, so that the order shows) and planes of
+// every length up to past three blocks of partial sums.
+TEST(ConvBiasGrad, BFloat16HasTheFloat32BitsOnValuesWhoseSumsRound) {
+  namespace cpu = galley::kernels::cpu;
+  std::mt19937 rng(83);
+  std::normal_distribution<float> normal(0.f, 1.f);
+  std::uniform_int_distribution<int> scale(-20, 20);
+  for (int64_t side = 1; side <= 11; ++side) {
+    const Conv2dGeometry g = geometry({3, 2, side, side, 5, 1, 1, 0, 1, 1});
+    std::vector<float> gy(size_t(g.n * g.o * g.oh * g.ow));
+    for (float& v : gy) v = std::ldexp(normal(rng), scale(rng));
+    const std::vector<uint16_t> gy16 = narrow_to(gy, galley::DType::BFloat16);
+    gy = widen_from(gy16, galley::DType::BFloat16);
+    std::vector<float> x(size_t(g.n * g.c * g.h * g.w)), w(size_t(g.o * g.c)), want(g.o), got(g.o);
+    std::vector<uint16_t> x16(x.size());
+    cpu::conv2d_backward(g, x.data(), w.data(), gy.data(), nullptr, nullptr, want.data());
+    cpu::conv2d_backward(g, x16.data(), w.data(), gy16.data(), nullptr, nullptr, got.data(),
+                         galley::DType::BFloat16);
+    ASSERT_EQ(got, want) << side << "x" << side << " planes";
+  }
+}
+
+// bfloat16 relu and its backward (16 lanes in registers where the build has AVX-512) give the
+// scalar forms' bits on every class of value: a NaN stays NaN, -0 becomes 0, the gradient passes
+// where y > 0 only (not at -0, NaN or a negative subnormal), on runs that end mid-vector.
+TEST(Unary, BFloat16ReluAndItsBackwardHaveTheScalarBits) {
+  namespace cpu = galley::kernels::cpu;
+  namespace um = galley::kernels::unary_math;
+  std::mt19937 rng(79);
+  const int64_t n = 16 * 30 + 9;
+  std::vector<uint16_t> x(n), g(n);
+  const uint16_t special[] = {0x0000, 0x8000, 0x0001, 0x8001, 0x0080, 0x7f80,
+                              0xff80, 0x7fc0, 0xffc0, 0x3f80, 0xbf80};
+  for (int64_t i = 0; i < n; ++i) {
+    x[size_t(i)] = i < 121 ? special[i % 11] : uint16_t(rng());
+    g[size_t(i)] = i < 121 ? special[(i / 11) % 11] : uint16_t(rng());
+  }
+  auto widen = [](uint16_t h) { return galley::detail::bf16_bits_to_float(h); };
+  const galley::DType bf = galley::DType::BFloat16;
+  std::vector<uint16_t> y(n), gx(n);
+  cpu::unary(galley::kernels::UnaryOp::Relu, bf, x.data(), y.data(), n, 0.f, 0.f);
+  cpu::relu_backward(bf, g.data(), x.data(), gx.data(), n);
+  for (int64_t i = 0; i < n; ++i) {
+    const size_t k = size_t(i);
+    const uint16_t want_y = galley::detail::float_to_bf16_bits(um::relu(widen(x[k])));
+    const uint16_t want_g =
+        galley::detail::float_to_bf16_bits(um::relu_backward(widen(g[k]), widen(x[k])));
+    ASSERT_EQ(y[k], want_y) << "relu of 0x" << std::hex << x[k];
+    ASSERT_EQ(gx[k], want_g) << "relu_backward of 0x" << std::hex << g[k] << " at y 0x" << x[k];
+  }
 }
 
 // bfloat16 on the dot products (AVX512-BF16 without AMX): the products on pairs (input channels

@@ -101,7 +101,7 @@ void col2im(const Conv2dGeometry& g, const float* col, int64_t cg, float* gx) {
 
 // gb[o] = the sum of gy over images and positions: output channels across the threads, each the
 // sum of its planes' sums (sum_floats) in image order; the same bits at any thread count. 16-bit
-// planes are widened first, so that the sums run in the float32 kernel's order.
+// planes are summed as widened, in the float32 kernel's order (sum_as_floats).
 template <typename T>
 void bias_grad(const Conv2dGeometry& g, const T* gy, float* gb) {
   const int64_t P = g.oh * g.ow;
@@ -110,7 +110,7 @@ void bias_grad(const Conv2dGeometry& g, const T* gy, float* gb) {
     for (int64_t o = o0; o < o1; ++o) {
       float s = 0.f;
       for (int64_t n = 0; n < g.n; ++n)
-        s += sum_floats(as_float(gy + (n * g.o + o) * P, P, row), P);
+        s += sum_as_floats(gy + (n * g.o + o) * P, P, row);
       gb[o] = s;
     }
   });
