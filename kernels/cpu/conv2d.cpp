@@ -109,8 +109,7 @@ void bias_grad(const Conv2dGeometry& g, const T* gy, float* gb) {
     float* row = std::is_same_v<T, float> ? nullptr : thread_scratch(0, size_t(P));
     for (int64_t o = o0; o < o1; ++o) {
       float s = 0.f;
-      for (int64_t n = 0; n < g.n; ++n)
-        s += sum_as_floats(gy + (n * g.o + o) * P, P, row);
+      for (int64_t n = 0; n < g.n; ++n) s += sum_as_floats(gy + (n * g.o + o) * P, P, row);
       gb[o] = s;
     }
   });
