@@ -5,6 +5,7 @@
 // float_to_bf16_bits, bit for bit: round to nearest even, a NaN kept quiet with its sign.
 #include <cstdint>
 #include <cstring>
+#include <vector>
 
 #include "galley/half.h"
 
@@ -27,6 +28,26 @@ inline Pair pair_at(const uint16_t* p) {
 // The pair of lo and hi rounded to bfloat16 (detail::float_to_bf16_bits).
 inline Pair pair_of(float lo, float hi) {
   return Pair(detail::float_to_bf16_bits(lo)) | Pair(detail::float_to_bf16_bits(hi)) << 16;
+}
+
+// Rows u[g][r][w] (`rows` rows of `width` floats in each of `groups`) as pairs
+// [g][(rows + 1) / 2][w] into out: rows 2j and 2j + 1 paired (input channels: the transformed
+// kernels of the Winograd path, the weights of the channels-across-lanes path), a zero partner
+// past the last.
+inline void pair_rows(const float* u, int64_t groups, int64_t rows, int64_t width, Pair* out) {
+  const int64_t rp = (rows + 1) / 2;
+  for (int64_t g = 0; g < groups; ++g)
+    for (int64_t j = 0; j < rp; ++j) {
+      const float* lo = u + (g * rows + 2 * j) * width;
+      Pair* dst = out + (g * rp + j) * width;
+      for (int64_t o = 0; o < width; ++o)
+        dst[o] = pair_of(lo[o], 2 * j + 1 < rows ? lo[width + o] : 0.f);
+    }
+}
+inline std::vector<Pair> pair_rows(const float* u, int64_t groups, int64_t rows, int64_t width) {
+  std::vector<Pair> out(size_t(groups * ((rows + 1) / 2) * width));
+  pair_rows(u, groups, rows, width, out.data());
+  return out;
 }
 
 #if defined(__AVX512F__)

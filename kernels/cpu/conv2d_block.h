@@ -289,6 +289,22 @@ void correlate_pairs_block(const Pair* x, int64_t plane, int64_t kp, const int64
   store_sums<kAdd>(acc, y, ldy);
 }
 
+// broadcast_step on bfloat16 pairs: acc[j][v] += the pair at(j)[0], at(j)[1] dotted with the
+// pairs w[v * L + i], for NJ broadcasts and OV vectors of pairs from w.
+template <int NJ, int OV, typename At>
+__attribute__((always_inline)) inline void broadcast_pairs_step(const Pair* w, At at,
+                                                                __m512 (&acc)[NJ][OV]) {
+  __m512i wv[OV];
+#pragma GCC unroll 4
+  for (int v = 0; v < OV; ++v) wv[v] = _mm512_loadu_si512(w + v * L);
+#pragma GCC unroll 24
+  for (int j = 0; j < NJ; ++j) {
+    const __m512i xv = _mm512_set1_epi32(int(pair_at(at(j))));
+#pragma GCC unroll 4
+    for (int v = 0; v < OV; ++v) acc[j][v] = dot(acc[j][v], wv[v], xv);
+  }
+}
+
 // broadcast_block on bfloat16 pairs: out[j][v * L + i] (+)= sum over steps s < n of the pair
 // x_j[2s], x_j[2s + 1] dotted with the pair g[s * ldg + v * L + i]. The direct path's weight
 // gradient (g the output gradient as pairs of flat outputs, the columns its inputs shifted by their
@@ -308,17 +324,9 @@ GALLEY_NO_PREDICTIVE_COMMONING void broadcast_pairs_block(const Pair* g, int64_t
   for (int j = 0; j < NJ; ++j)
 #pragma GCC unroll 4
     for (int v = 0; v < OV; ++v) acc[j][v] = _mm512_setzero_ps();
-  for (int64_t s = 0; s < n; ++s, g += ldg) {
-    __m512i gv[OV];
-#pragma GCC unroll 4
-    for (int v = 0; v < OV; ++v) gv[v] = _mm512_loadu_si512(g + v * L);
-#pragma GCC unroll 24
-    for (int j = 0; j < NJ; ++j) {
-      const __m512i xv = _mm512_set1_epi32(int(pair_at(x[j / KW] + 2 * s + j % KW)));
-#pragma GCC unroll 4
-      for (int v = 0; v < OV; ++v) acc[j][v] = dot(acc[j][v], gv[v], xv);
-    }
-  }
+  for (int64_t s = 0; s < n; ++s, g += ldg)
+    broadcast_pairs_step(
+        g, [&](int j) { return x[j / KW] + 2 * s + j % KW; }, acc);
   store_sums<kAdd>(acc, out, ldo);
 }
 

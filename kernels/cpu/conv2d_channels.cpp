@@ -127,15 +127,8 @@ __attribute__((noinline)) void channels_pairs_block(const uint16_t* const* x, co
   for (int64_t k = 0; k < kp; ++k)
     for (int64_t t = 0; t < taps; ++t, w += ldw) {
       const int64_t at = tap[t] + 2 * k;
-      __m512i wv[OV];
-#pragma GCC unroll 2
-      for (int v = 0; v < OV; ++v) wv[v] = _mm512_loadu_si512(w + v * L);
-#pragma GCC unroll 8
-      for (int p = 0; p < NP; ++p) {
-        const __m512i xv = _mm512_set1_epi32(int(pair_at(xp[p] + at)));
-#pragma GCC unroll 2
-        for (int v = 0; v < OV; ++v) acc[p][v] = dot(acc[p][v], wv[v], xv);
-      }
+      broadcast_pairs_step(
+          w, [&](int p) { return xp[p] + at; }, acc);
     }
 #pragma GCC unroll 8
   for (int p = 0; p < NP; ++p)
@@ -191,32 +184,13 @@ struct Correlation {
   std::vector<Pair> pair_weights() const {
     const int64_t taps = int64_t(tap.size());
     std::vector<Pair> out(size_t(kp() * taps * op));
-    for (int64_t o0 = 0; o0 < op; o0 += kMaxVectors * L) {
-      const int64_t wd = width(o0);
-      const float* wb = w.data() + o0 * cin * taps;
-      Pair* pb = out.data() + o0 * kp() * taps;
-      for (int64_t k = 0; k < kp(); ++k)
-        for (int64_t t = 0; t < taps; ++t)
-          for (int64_t o = 0; o < wd; ++o) {
-            const float lo = wb[(2 * k * taps + t) * wd + o];
-            const float hi = 2 * k + 1 < cin ? wb[((2 * k + 1) * taps + t) * wd + o] : 0.f;
-            pb[(k * taps + t) * wd + o] = pair_of(lo, hi);
-          }
-    }
+    // A block's channel c is a row of taps x its width: rows 2k and 2k + 1 paired.
+    for (int64_t o0 = 0; o0 < op; o0 += kMaxVectors * L)
+      pair_rows(w.data() + o0 * cin * taps, 1, cin, taps * width(o0),
+                out.data() + o0 * kp() * taps);
     return out;
   }
 };
-
-// Whether a convolution of T runs its forward pass and input gradient on bfloat16 pairs of
-// channels: bfloat16 data where the direct path takes the dot products (AVX512-BF16 without AMX).
-template <typename T>
-bool on_pairs() {
-#if defined(__AVX512BF16__)
-  return std::is_same_v<T, bfloat16> && bf16_kernels() == Bf16Kernels::DotProducts;
-#else
-  return false;
-#endif
-}
 
 // Runs c over one image: every output channel of every position, OV = 2 vectors at a time and
 // then one. The positions go in blocks of at most kPositions, as even as can be (parts(): a block
@@ -297,7 +271,7 @@ void channels_forward(const Conv2dGeometry& g, const T* x, const float* w, const
       for (int64_t t = 0; t < taps; ++t) c.set(ci, t, o, w[(o * g.c + ci) * taps + t]);
   c.in = forward_positions(g, bw, cp);
   for (int64_t q = 0; q < P; ++q) c.out.push_back(q);
-  const bool pairs = on_pairs<T>();
+  const bool pairs = on_dot_products(dtype_of<T>::value);
   const std::vector<Pair> wp = pairs ? c.pair_weights() : std::vector<Pair>();
   parallel_chunks(g.n, 1, [&](int64_t n0, int64_t n1, bool first) {
     const int64_t ld = spread(g.o);
@@ -368,7 +342,7 @@ void channels_input_grad(const Conv2dGeometry& g, const float* w, const T* gy, T
       phases.push_back(std::move(c));
     }
   const int64_t cp = spread(g.c);
-  const bool pairs = on_pairs<T>();
+  const bool pairs = on_dot_products(dtype_of<T>::value);
   std::vector<std::vector<Pair>> wp;
   if (pairs)
     for (const Correlation& c : phases) wp.push_back(c.pair_weights());

@@ -976,9 +976,8 @@ ConvDirectUse conv2d_direct_use(const Conv2dGeometry& g, DType dtype) {
   // im2col on the dot-product GEMM (AMD Zen 4, two threads, batch 64), the bfloat16 stems' forward
   // passes (widened) ran 1.49x (1->16) and 1.20x (3->32), but their weight gradients 0.90x and
   // 0.66x: there the weight gradient keeps im2col below 64 pairs.
-  const bool dot_products = dtype == DType::BFloat16 && bf16_kernels() == Bf16Kernels::DotProducts;
   use.forward = columns >= 9;
-  use.weight_grad = columns >= (dot_products ? 64 : 9);
+  use.weight_grad = columns >= (on_dot_products(dtype) ? 64 : 9);
   use.input_grad = g.c >= 16;
 #else
   (void)g, (void)dtype;

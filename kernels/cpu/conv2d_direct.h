@@ -48,6 +48,11 @@ Bf16Kernels bf16_kernels();
 inline bool on_bf16_kernels(DType dtype, Bf16Kernels bf16) {
   return dtype == DType::BFloat16 && bf16 != Bf16Kernels::Widened;
 }
+// Whether a convolution of `dtype` multiplies bfloat16 pairs with vdpbf16ps: a bfloat16 one where
+// bf16_kernels() is DotProducts (only in builds with AVX512-BF16).
+inline bool on_dot_products(DType dtype) {
+  return dtype == DType::BFloat16 && bf16_kernels() == Bf16Kernels::DotProducts;
+}
 
 // The float32 lanes of the vectors the direct and Winograd paths run on in this build: 16 with
 // AVX-512, 8 with AVX2 and FMA, 0 without either (neither path is taken then).

@@ -28,16 +28,6 @@ bool float32_sums(DType dtype) {
          (dtype == DType::BFloat16 && bf16_kernels() == Bf16Kernels::Widened);
 }
 
-// A bfloat16 convolution whose products run on pairs (vdpbf16ps): on the dot-product kernels.
-bool pair_products(DType dtype) {
-#if defined(__AVX512BF16__)
-  return dtype == DType::BFloat16 && bf16_kernels() == Bf16Kernels::DotProducts;
-#else
-  (void)dtype;
-  return false;
-#endif
-}
-
 bool winograd_geometry(const Conv2dGeometry& g) {
   return g.kh == 3 && g.kw == 3 && g.stride == 1 && g.pad == 1 && g.dilation == 1 &&
          g.groups == 1 && g.c >= 16 && g.o >= 16;
@@ -53,7 +43,7 @@ bool conv2d_winograd_applies(const Conv2dGeometry& g, DType dtype) {
   // and 1.04x backward, its 32->32 14x14 one 1.08x and 1.0x, vgg's 32->32 32x32 and 64->64 16x16
   // ones 1.6x and 1.44x forward; the narrow form resnet's 64->64 7x7 layer 1.6x forward and 1.36x
   // backward, vgg's 64->128 8x8 one 1.6x forward.
-  return winograd_geometry(g) && (float32_sums(dtype) || pair_products(dtype));
+  return winograd_geometry(g) && (float32_sums(dtype) || on_dot_products(dtype));
 #else
   (void)g, (void)dtype;
   return false;
@@ -69,7 +59,7 @@ bool conv2d_winograd_weight_grad_applies(const Conv2dGeometry& g, DType dtype) {
   const int64_t least = conv_block::L == 16 ? 32 : 16;
   return conv2d_winograd_applies(g, dtype) &&
          ((float32_sums(dtype) && g.c >= least && g.o >= least) ||
-          (pair_products(dtype) && g.c >= 64 && g.o >= 64));
+          (on_dot_products(dtype) && g.c >= 64 && g.o >= 64));
 }
 
 namespace {
@@ -375,23 +365,6 @@ inline void put_transformed(float* dst, V v) {
 #if defined(__AVX512BF16__)
 inline void put_transformed(uint16_t* dst, V v) {
   _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst), (__m256i)_mm512_cvtneps_pbh(as_m(v)));
-}
-#endif
-
-#if defined(__AVX512BF16__)
-// Transformed kernels u[g][r][w] (`rows` rows of `width` floats in each of `groups`) as pairs
-// [g][(rows + 1) / 2][w]: rows 2j and 2j + 1 (input channels) paired, a zero partner past the last.
-std::vector<Pair> pair_rows(const float* u, int64_t groups, int64_t rows, int64_t width) {
-  const int64_t rp = (rows + 1) / 2;
-  std::vector<Pair> out(size_t(groups * rp * width));
-  for (int64_t g = 0; g < groups; ++g)
-    for (int64_t j = 0; j < rp; ++j) {
-      const float* lo = u + (g * rows + 2 * j) * width;
-      Pair* dst = out.data() + (g * rp + j) * width;
-      for (int64_t o = 0; o < width; ++o)
-        dst[o] = pair_of(lo[o], 2 * j + 1 < rows ? lo[width + o] : 0.f);
-    }
-  return out;
 }
 #endif
 
@@ -704,7 +677,7 @@ void winograd_any(const Plan& p, int64_t n, const T* x, const Kernels& ks, const
   const bool narrow = p.w < kNarrowPlane;
 #if defined(__AVX512BF16__)
   if constexpr (std::is_same_v<T, bfloat16>) {
-    if (pair_products(dtype))
+    if (on_dot_products(dtype))
       return narrow ? winograd_narrow<T, true>(NarrowPlan{p}, n, x, ks, bias, y)
                     : winograd<T, true>(p, n, x, ks, bias, y);
   }
@@ -989,7 +962,7 @@ void conv2d_winograd_weight_grad(const Conv2dGeometry& g, const void* x, const v
     const WeightGradPlan p{{{g.c, g.h, g.w, g.o}}};
 #if defined(__AVX512BF16__)
     if constexpr (std::is_same_v<T, bfloat16>)
-      if (pair_products(dtype))
+      if (on_dot_products(dtype))
         return winograd_weight_grad<T, true>(p, g.n, static_cast<const T*>(x),
                                              static_cast<const T*>(gy), gw);
 #endif
