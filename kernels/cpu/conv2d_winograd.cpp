@@ -182,6 +182,12 @@ void transform_weights(const Plan& p, const Kernels& ks, std::vector<float>& u) 
 inline Mask inside(int64_t o, int64_t n) {
   return lane_range(-o, n - o);
 }
+#if defined(__AVX512BW__)
+// The 2L (32) values from x + o that fall inside [0, n).
+inline __mmask32 inside32(int64_t o, int64_t n) {
+  return __mmask32(inside(o + L, n)) << L | inside(o, n);
+}
+#endif
 
 // AVX2 builds copy each plane into a bordered float buffer first (rows of this many floats: two
 // zero columns to the left, the row, and zeros past it for the last pair of loads), so that
@@ -195,11 +201,18 @@ inline int64_t bordered_row(const Plan& p) {
 
 // B^T d B, B^T = [1 0 -1 0; 0 1 1 0; 0 -1 1 0; 0 1 0 -1], for L tiles of one input plane, a
 // tile row at a time: the tiles at columns j0 .. j0 + L - 1 of every row. Tile (i, j) reads rows
-// 2i - 1 .. 2i + 2 and columns 2j - 1 .. 2j + 2, zero outside the plane; its four columns come
-// from the odd and even lanes of three pairs of vector loads (at 2j - 2, 2j and 2j + 2), straight
-// from the input (AVX-512, the edges masked) or from its bordered copy in `rows` (kBorderedRows: h
-// rows of bordered_row(p) floats, zero outside the plane's columns). Tile rows i and i + 1 share
-// two input rows (2i + 1 and 2i + 2): each is read and transformed once.
+// 2i - 1 .. 2i + 2 and columns 2j - 1 .. 2j + 2, zero outside the plane. Its four columns come
+// from the input straight (AVX-512, the edges masked) or from its bordered copy in `rows`
+// (kBorderedRows: h rows of bordered_row(p) floats, zero outside the plane's columns):
+//  - bfloat16 on AVX-512: three loads of 32 values (at 2j - 2, 2j and 2j + 2), whose 32-bit words
+//    hold an even column in the low half and an odd one in the high, each half widened where it
+//    lies (a shift or a mask; no permute);
+//  - float32 on AVX-512: the even and odd lanes of one pair of vector loads (columns 2j and
+//    2j + 1), the columns 2j - 1 and 2j + 2 those shifted by a lane with the one value past
+//    either end;
+//  - else: the odd and even lanes of three pairs of vector loads (at 2j - 2, 2j and 2j + 2).
+// The same values every way. Tile rows i and i + 1 share two input rows (2i + 1 and 2i + 2): each
+// is read and transformed once.
 template <typename T>
 class InputTiles {
  public:
@@ -207,6 +220,10 @@ class InputTiles {
       : p_(p), x_(x), rows_(rows), o_(2 * j0) {
     m_[0] = inside(o_ - 2, p.w), m_[1] = inside(o_ - 2 + L, p.w), m_[2] = inside(o_, p.w);
     m_[3] = inside(o_ + L, p.w), m_[4] = inside(o_ + 2, p.w), m_[5] = inside(o_ + 2 + L, p.w);
+#if defined(__AVX512BW__)
+    for (int q = 0; q < 3; ++q) w_[q] = inside32(o_ - 2 + 2 * q, p.w);
+    before_ = o_ >= 1 && o_ - 1 < p.w, after_ = o_ + 2 * L < p.w;
+#endif
     row(-1, c_);
     row(0, e_);
   }
@@ -233,6 +250,30 @@ class InputTiles {
       return;
     }
     V d0, d1, d2, d3, unused;
+#if defined(__AVX512BW__)
+    if constexpr (std::is_same_v<T, bfloat16>) {
+      const uint16_t* s = reinterpret_cast<const uint16_t*>(x_) + r * p_.w + o_;
+      const __m512i odd = _mm512_set1_epi32(int32_t(0xffff0000u));
+      const __m512i left = _mm512_maskz_loadu_epi16(w_[0], s - 2);
+      const __m512i mid = _mm512_maskz_loadu_epi16(w_[1], s);
+      const __m512i right = _mm512_maskz_loadu_epi16(w_[2], s + 2);
+      d0 = as_v(_mm512_castsi512_ps(_mm512_and_si512(left, odd)));
+      d1 = as_v(_mm512_castsi512_ps(_mm512_slli_epi32(mid, 16)));
+      d2 = as_v(_mm512_castsi512_ps(_mm512_and_si512(mid, odd)));
+      d3 = as_v(_mm512_castsi512_ps(_mm512_slli_epi32(right, 16)));
+      return finish(d0, d1, d2, d3, t);
+    } else if constexpr (std::is_same_v<T, float>) {
+      const float* s = x_ + r * p_.w + o_;
+      deinterleave(load_lanes(s, m_[2]), load_lanes(s + L, m_[3]), d1, d2);
+      const M first = _mm512_set1_ps(before_ ? s[-1] : 0.f);
+      const M last = _mm512_set1_ps(after_ ? s[2 * L] : 0.f);
+      d0 = as_v(_mm512_castsi512_ps(
+          _mm512_alignr_epi32(_mm512_castps_si512(as_m(d2)), _mm512_castps_si512(first), L - 1)));
+      d3 = as_v(_mm512_castsi512_ps(
+          _mm512_alignr_epi32(_mm512_castps_si512(last), _mm512_castps_si512(as_m(d1)), 1)));
+      return finish(d0, d1, d2, d3, t);
+    }
+#endif
     if constexpr (kBorderedRows) {
       const float* s = rows_ + r * bordered_row(p_) + 2 + o_;
       deinterleave(load(s - 2), load(s - 2 + L), unused, d0);
@@ -244,6 +285,11 @@ class InputTiles {
       deinterleave(load_lanes(s, m_[2]), load_lanes(s + L, m_[3]), d1, d2);
       deinterleave(load_lanes(s + 2, m_[4]), load_lanes(s + 2 + L, m_[5]), d3, unused);
     }
+    finish(d0, d1, d2, d3, t);
+  }
+
+  // A row's four columns through B^T.
+  static void finish(V d0, V d1, V d2, V d3, V t[4]) {
     t[0] = d0 - d2;
     t[1] = d1 + d2;
     t[2] = d2 - d1;
@@ -255,6 +301,10 @@ class InputTiles {
   const float* rows_;
   int64_t o_;  // the first tile's column 2 j0
   Mask m_[6];  // the loads' lanes inside the row, for the pairs at columns 2j - 2, 2j and 2j + 2
+#if defined(__AVX512BW__)
+  __mmask32 w_[3];       // bfloat16: the 32 values inside the row, from columns 2j - 2, 2j, 2j + 2
+  bool before_, after_;  // float32: whether columns 2 j0 - 1 and 2 j0 + 2L lie inside the row
+#endif
   V c_[4], e_[4];  // input rows 2i - 1 and 2i through B^T, for the next tile row i
 };
 

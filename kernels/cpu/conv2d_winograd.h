@@ -38,8 +38,7 @@ namespace galley::kernels::cpu {
 // cpu/conv2d_direct.h's bf16_kernels() is Widened) with stride 1, padding 1, no dilation and one
 // group, in a build for AVX-512 hosts or AVX2 ones with FMA, with at least 16 input and output
 // channels (fewer leave the transforms' cost unpaid); or such a bfloat16 one on the dot products
-// with at least 64 channels each way on planes 13 or more wide, or 32 on planes 32 or more wide
-// (the products on pairs).
+// (the products on pairs), from the same 16 channels.
 bool conv2d_winograd_applies(const Conv2dGeometry& g, DType dtype = DType::Float32);
 // Whether conv2d_backward takes it for the weight gradient as well: where it applies, with at
 // least 32 input and output channels in AVX-512 builds, 16 in AVX2 ones, computed in float32 (a
