@@ -4,7 +4,7 @@
 // loads) before they sleep. A job alone on the machine gains little from that, and two jobs side
 // by side lose everything: each job's spinning threads hold the cores the other job's threads
 // need to finish their share of a parallel region, so every region waits out scheduler slices.
-// Here a waiting thread spins only briefly, and not at all once it has been preempted lately (the
+// Here a waiting thread spins only briefly, and not at all while it is being preempted often (the
 // machine is oversubscribed), then sleeps on a futex and gives its core away.
 #include <linux/futex.h>
 #include <sys/resource.h>
@@ -68,10 +68,16 @@ long preemptions() {
   return u.ru_nivcsw;
 }
 
-// Adaptive spinning, per thread: after a wait that did not end at once, the thread looks whether
-// it was preempted since its last look. If so, the machine is oversubscribed and spinning only
-// takes a core from a thread that has work, so it stops spinning for a while (kQuiet); it spins
-// again once the preemptions stop.
+// Adaptive spinning, per thread: after a wait that did not end at once, the thread counts its
+// preemptions since its last look. Several within a short while (kOversubscribed in kWindow) mean
+// that more threads want to run than the machine has cores, and spinning only takes a core from a
+// thread that has work, so it stops spinning for a while (kQuiet); it spins again once the
+// preemptions stop. A preemption now and then is the machine's own housekeeping: on an otherwise
+// idle 2-core AMD EPYC virtual machine each thread of a training step was preempted about 14 times
+// a second, and two such jobs side by side about 600 times. Going quiet on every one of those
+// sporadic preemptions, as this did at first, kept the threads asleep nearly all the time: a
+// sleeping thread's wake-up costs a system call and a context switch on each side of every
+// parallel region (about 1,000 a ResNet step).
 class Spinner {
  public:
   // Spins until `done()` or the budget runs out; returns done().
@@ -90,13 +96,22 @@ class Spinner {
   }
   void adapt() {
     const long now = preemptions();
-    if (now > last_preemptions_) quiet_until_ = Clock::now() + kQuiet;
+    if (now > last_preemptions_) {
+      const Clock::time_point t = Clock::now();
+      if (t - window_start_ > kWindow) window_start_ = t, in_window_ = 0;
+      in_window_ += now - last_preemptions_;
+      if (in_window_ >= kOversubscribed) quiet_until_ = t + kQuiet;
+    }
     last_preemptions_ = now;
   }
 
  private:
   static constexpr std::chrono::milliseconds kQuiet{200};
+  static constexpr std::chrono::milliseconds kWindow{50};
+  static constexpr long kOversubscribed = 4;
   Clock::time_point quiet_until_{};
+  Clock::time_point window_start_{};
+  long in_window_ = 0;  // preemptions seen since window_start_
   long last_preemptions_ = preemptions();
 };
 
