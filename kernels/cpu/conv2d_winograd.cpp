@@ -18,8 +18,13 @@ namespace galley::kernels::cpu {
 
 namespace {
 
-// Planes narrower than this take the channel-last form (a row has at most 6 tiles).
-constexpr int64_t kNarrowPlane = 13;
+// Planes narrower than this take the channel-last form: with AVX-512, 14 wide or less (at most 7
+// tiles a row, under half of a vector's 16 lanes busy in the tiled form's transforms; on AMD
+// Zen 4, two threads, batch 64, resnet's 32->32 14x14 layer ran 1.2x (float32) and 1.32x
+// (bfloat16 pairs) forward and 1.08x and 1.1x backward on it, while 16x16 planes of vgg's 64->64
+// layer, 8 tiles a row, were even and 28x28 ones 0.85-0.93x); with AVX2, 12 wide or less (at most
+// 6 tiles a row of 8 lanes).
+constexpr int64_t kNarrowPlane = conv_block::L == 16 ? 15 : 13;
 
 // A 16-bit convolution computed in float32 here, as the float32 one, with its bits: any but a
 // bfloat16 one on the host's bfloat16 kernels.
@@ -40,9 +45,10 @@ bool conv2d_winograd_applies(const Conv2dGeometry& g, DType dtype) {
   // A bfloat16 convolution on the dot products takes the path with its products on pairs, its
   // transformed inputs rounded to bfloat16 as made. On AMD Zen 4 (two threads, batch 64, against
   // the direct path's dot products) the tiled form ran resnet's 16->16 28x28 layer 1.18x forward
-  // and 1.04x backward, its 32->32 14x14 one 1.08x and 1.0x, vgg's 32->32 32x32 and 64->64 16x16
-  // ones 1.6x and 1.44x forward; the narrow form resnet's 64->64 7x7 layer 1.6x forward and 1.36x
-  // backward, vgg's 64->128 8x8 one 1.6x forward.
+  // and 1.04x backward, its 32->32 14x14 one 1.08x and 1.0x (the narrow form, which 14x14 planes
+  // take since, about 1.3x and 1.1x more), vgg's 32->32 32x32 and 64->64 16x16 ones 1.6x and 1.44x
+  // forward; the narrow form resnet's 64->64 7x7 layer 1.6x forward and 1.36x backward, vgg's
+  // 64->128 8x8 one 1.6x forward.
   return winograd_geometry(g) && (float32_sums(dtype) || on_dot_products(dtype));
 #else
   (void)g, (void)dtype;
@@ -381,10 +387,10 @@ void transform_output(const Plan& p, const float* m, int64_t tp, int64_t t0, con
   }
 }
 
-// Narrow planes (under 13 wide: at most 6 tiles a row) with the lanes across channels instead of
-// tiles, which would leave most lanes of the transforms idle: each image is copied channel-last
-// into a bordered buffer (L x L transposes), the input transform takes a vector of L channels
-// of one tile at a time, the products broadcast a tile's transformed input channel against
+// Narrow planes (under kNarrowPlane wide: 7 tiles a row or fewer) with the lanes across channels
+// instead of tiles, which would leave most lanes of the transforms idle: each image is copied
+// channel-last into a bordered buffer (L x L transposes), the input transform takes a vector of L
+// channels of one tile at a time, the products broadcast a tile's transformed input channel against
 // vectors of L output channels, and the output transform's vectors of output channels are
 // transposed back into the planes. The transforms are the tiled path's, in its order, so the
 // results have its bits.
