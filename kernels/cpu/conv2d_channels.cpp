@@ -232,23 +232,6 @@ void correlate(const Correlation& c, const W* w, const S* src, float* dst, int64
   if (o0 < c.op) run(std::integral_constant<int, 1>{}, o0);
 }
 
-// The channel-last rows src[q][ld] (q < P) into `channels` planes of P (+ bias), L x L at a time.
-template <typename T>
-void to_planes(const float* src, int64_t ld, int64_t channels, int64_t P, const float* bias,
-               T* dst) {
-  for (int64_t c0 = 0; c0 < channels; c0 += L)
-    for (int64_t q0 = 0; q0 < P; q0 += L) {
-      V v[L];
-      const int64_t rows = std::min(L, P - q0);
-      for (int64_t k = 0; k < rows; ++k) v[k] = load(src + (q0 + k) * ld + c0);
-      for (int64_t k = rows; k < L; ++k) v[k] = V{};
-      transpose(v);
-      const int64_t cs = std::min(L, channels - c0);
-      for (int64_t c = 0; c < cs; ++c)
-        store_first(dst + (c0 + c) * P + q0, bias ? v[c] + splat(bias[c0 + c]) : v[c], P - q0);
-    }
-}
-
 // A plane of `channels` planes h x w copied channel-last (cp elements a position: floats, or
 // bfloat16 bits) into the interior of a bordered buffer of rows `bw` positions wide, from its row
 // `top` and column `left`.
@@ -283,7 +266,7 @@ void channels_forward(const Conv2dGeometry& g, const T* x, const float* w, const
         fill_bordered(x + n * g.c * g.h * g.w, g.c, g.h, g.w, cp, bw, g.pad, g.pad, xb);
         correlate(c, wts, xb, yc, ld);
         // The bias added last, as the direct path adds it.
-        to_planes(yc, ld, g.o, P, b, y + n * g.o * P);
+        from_channels_last(yc, ld, g.o, P, b, y + n * g.o * P);
       }
     };
     if (pairs)
@@ -357,7 +340,7 @@ void channels_input_grad(const Conv2dGeometry& g, const float* w, const T* gy, T
       for (int64_t n = n0; n < n1; ++n) {
         fill_bordered(gy + n * g.o * g.oh * g.ow, g.o, g.oh, g.ow, op, bw, top, left, gyb);
         for (size_t k = 0; k < phases.size(); ++k) correlate(phases[k], wts(k), gyb, gxc, cp);
-        to_planes(gxc, cp, g.c, P, static_cast<const float*>(nullptr), gx + n * g.c * P);
+        from_channels_last(gxc, cp, g.c, P, static_cast<const float*>(nullptr), gx + n * g.c * P);
       }
     };
     if (pairs)

@@ -536,15 +536,18 @@ void multiply_narrow(const NarrowPlan& p, const W* u, const E* v, int64_t nt, in
 }
 
 // y[co][2i + a][2j + b] (+ bias[co]) = A^T m A for the tiles of one image (the first at t0 of
-// m's nt), through the channel-last scratch yb[2 th][2 tw][op], transposed back into the planes.
+// m's nt), through the channel-last scratch yb[h][w][op] (what falls past an odd edge is not
+// written), transposed back into the planes. `bias` may not be null: zeros without one, so that
+// a -0 sum comes out +0 as the tiled form's does.
 template <typename T>
 void transform_output_narrow(const NarrowPlan& p, const float* m, int64_t nt, int64_t t0,
                              const float* bias, float* yb, T* y) {
-  const int64_t op = p.op(), tw = p.tw(), yw = 2 * tw, ldk = position_stride(nt * op);
+  const int64_t op = p.op(), tw = p.tw(), ldk = position_stride(nt * op);
   for (int64_t i = 0; i < p.th(); ++i)
     for (int64_t j = 0; j < tw; ++j) {
       const float* src = m + (t0 + i * tw + j) * op;
-      float* dst = yb + (2 * i * yw + 2 * j) * op;
+      float* dst = yb + (2 * i * p.w + 2 * j) * op;
+      const bool right = 2 * j + 1 < p.w, below = 2 * i + 1 < p.h;
       for (int64_t o = 0; o < p.cout; o += L) {
         V s[4][2];
         for (int a = 0; a < 4; ++a) {
@@ -554,23 +557,12 @@ void transform_output_narrow(const NarrowPlan& p, const float* m, int64_t nt, in
           s[a][1] = m1 - m2 - m3;
         }
         store(dst + o, s[0][0] + s[1][0] + s[2][0]);
-        store(dst + op + o, s[0][1] + s[1][1] + s[2][1]);
-        store(dst + yw * op + o, s[1][0] - s[2][0] - s[3][0]);
-        store(dst + (yw + 1) * op + o, s[1][1] - s[2][1] - s[3][1]);
+        if (right) store(dst + op + o, s[0][1] + s[1][1] + s[2][1]);
+        if (below) store(dst + p.w * op + o, s[1][0] - s[2][0] - s[3][0]);
+        if (right && below) store(dst + (p.w + 1) * op + o, s[1][1] - s[2][1] - s[3][1]);
       }
     }
-  for (int64_t o0 = 0; o0 < p.cout; o0 += L)
-    for (int64_t r = 0; r < p.h; ++r)
-      for (int64_t j0 = 0; j0 < p.w; j0 += L) {  // one vector of columns with AVX-512
-        V v[L];
-        for (int64_t j = 0; j < L; ++j)
-          v[j] = j0 + j < p.w ? load(yb + (r * yw + j0 + j) * op + o0) : V{};
-        transpose(v);
-        for (int64_t c = 0; c < L && o0 + c < p.cout; ++c) {
-          const V b = splat(bias ? bias[o0 + c] : 0.f);
-          store_first(y + ((o0 + c) * p.h + r) * p.w + j0, v[c] + b, p.w - j0);
-        }
-      }
+  from_channels_last(yb, op, p.cout, p.h * p.w, bias, y);
 }
 
 // winograd() for narrow planes; kPairs: the products on bfloat16 pairs of input channels (as the
@@ -588,6 +580,7 @@ void winograd_narrow(const NarrowPlan& p, int64_t n, const T* x, const Kernels& 
   std::vector<Pair> up;  // UP[k][ci / 2][co]: input channels 2j and 2j + 1 paired
   if constexpr (kPairs) up = pair_rows(u.data(), 16, cp, op);
 #endif
+  const std::vector<float> zeros(bias ? 0 : size_t(p.cout));
   parallel_chunks(n, p.images(n), [&](int64_t n0, int64_t n1, bool first) {
     const int64_t nt = (n1 - n0) * tiles;
     float* xb = thread_scratch(0, size_t(p.bordered()));
@@ -612,7 +605,8 @@ void winograd_narrow(const NarrowPlan& p, int64_t n, const T* x, const Kernels& 
       multiply_narrow(p, u.data(), static_cast<const float*>(v), nt, p.cin, m);
     }
     for (int64_t i = n0; i < n1; ++i)
-      transform_output_narrow(p, m, nt, (i - n0) * tiles, bias, yb, y + i * p.cout * p.h * p.w);
+      transform_output_narrow(p, m, nt, (i - n0) * tiles, bias ? bias : zeros.data(), yb,
+                              y + i * p.cout * p.h * p.w);
   });
 }
 

@@ -7,6 +7,7 @@
 // channel-last through it. AVX-512 builds take the instructions' own masks and two-source
 // permutes; AVX2 ones a vector of all-ones lanes, shuffles within 128-bit halves followed by a
 // cross-half permute, and a scalar loop for the 16-bit types' partial vectors.
+#include <algorithm>
 #include <cstdint>
 #include <type_traits>
 
@@ -190,21 +191,43 @@ inline void store_lanes_as(uint16_t* d, V v) {
 // up to whole vectors; the channels past `channels` to the next whole vector zero, any elements
 // past that left as they were), in L x L transposes: the Winograd and channels-across-lanes
 // paths' channel-last copies and the direct path's transposed output gradient. D is float, or
-// (AVX-512) uint16_t for bfloat16 bits.
+// (AVX-512) uint16_t for bfloat16 bits. A transpose takes L positions of the plane in memory
+// order, across the ends of rows: a row at a time, 7x7 planes took 7 transposes (7 of 16 lanes
+// used), 14x14 ones 14, against 4 and 13 so.
 template <typename T, typename D = float>
 void to_channels_last(const T* src, int64_t channels, int64_t h, int64_t w, int64_t cp, D* dst,
                       int64_t ld) {
+  const int64_t P = h * w;
   for (int64_t c0 = 0; c0 < channels; c0 += L)
-    for (int64_t r = 0; r < h; ++r)
-      for (int64_t j0 = 0; j0 < w; j0 += L) {
-        const Mask m = first_lanes(w - j0);
-        V v[L];
-        for (int64_t k = 0; k < L; ++k)
-          v[k] = c0 + k < channels ? load_lanes(src + ((c0 + k) * h + r) * w + j0, m) : V{};
-        transpose(v);
-        D* d = dst + r * ld + j0 * cp + c0;
-        for (int64_t j = 0; j < L && j0 + j < w; ++j) store_lanes_as(d + j * cp, v[j]);
+    for (int64_t q0 = 0, r = 0, j = 0; q0 < P; q0 += L) {  // (r, j): position q0's row and column
+      const Mask m = first_lanes(P - q0);
+      V v[L];
+      for (int64_t k = 0; k < L; ++k)
+        v[k] = c0 + k < channels ? load_lanes(src + (c0 + k) * P + q0, m) : V{};
+      transpose(v);
+      for (int64_t q = 0; q < L && q0 + q < P; ++q) {
+        store_lanes_as(dst + r * ld + j * cp + c0, v[q]);
+        if (++j == w) j = 0, ++r;
       }
+    }
+}
+
+// dst[c][q] = src[q * ld + c] (+ bias[c]) for `channels` planes of P positions: a channel-last
+// block of rows back into planes, L x L at a time (rounded to T as stored).
+template <typename T>
+void from_channels_last(const float* src, int64_t ld, int64_t channels, int64_t P,
+                        const float* bias, T* dst) {
+  for (int64_t c0 = 0; c0 < channels; c0 += L)
+    for (int64_t q0 = 0; q0 < P; q0 += L) {
+      V v[L];
+      const int64_t rows = std::min(L, P - q0);
+      for (int64_t k = 0; k < rows; ++k) v[k] = load(src + (q0 + k) * ld + c0);
+      for (int64_t k = rows; k < L; ++k) v[k] = V{};
+      transpose(v);
+      const int64_t cs = std::min(L, channels - c0);
+      for (int64_t c = 0; c < cs; ++c)
+        store_first(dst + (c0 + c) * P + q0, bias ? v[c] + splat(bias[c0 + c]) : v[c], P - q0);
+    }
 }
 #endif
 
