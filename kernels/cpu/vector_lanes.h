@@ -177,13 +177,13 @@ inline void transpose(V r[L]) {
 #endif
 }
 
-// The L lanes of v into d: as floats, or as bfloat16 bits (rounded to nearest even).
+// The L lanes of v into d: as floats, or as bfloat16 bits (store_bf16's rounding).
 inline void store_lanes_as(float* d, V v) {
   store(d, v);
 }
 #if defined(__AVX512BW__)
 inline void store_lanes_as(uint16_t* d, V v) {
-  _mm256_storeu_si256(reinterpret_cast<__m256i*>(d), bf16_halves(reinterpret_cast<__m512>(v)));
+  store_bf16(reinterpret_cast<bfloat16*>(d), as_m(v), lanes(L));
 }
 #endif
 
