@@ -291,6 +291,23 @@ void BM_conv2d_layer_backward(benchmark::State& st) {
   st.counters["bias"] = l.bias() ? 1 : 0;
 }
 
+// The weight gradient alone (no bias, no input gradient) of every layer shape: the pass the
+// weight-gradient kernels take, apart from the input gradient's.
+void BM_conv2d_weight_grad_of_layer(benchmark::State& st) {
+  const LayerShape& l = layer_shape(st);
+  const galley::DType dt = layer_dtype(st);
+  Tensor x = layer_tensor({kLayerBatch, l.in, l.hw, l.hw}, dt, false);
+  Tensor w = layer_tensor({l.out, l.in, l.k, l.k}, dt, true);
+  Tensor gy;
+  {
+    galley::NoGradGuard ng;
+    gy = galley::randn(galley::conv2d(x, w, Tensor(), layer_options(l)).shape(), gen()).to(dt);
+  }
+  const double secs =
+      time_backward(st, [&] { return galley::conv2d(x, w, Tensor(), layer_options(l)); }, gy, {w});
+  set_rate(st, layer_flops(l), 0, secs, /*samples=*/false);
+}
+
 // ReLU forward on the conv output.
 void BM_relu(benchmark::State& st) {
   int64_t n = st.range(0);
@@ -518,6 +535,11 @@ BENCHMARK(BM_conv2d_layer_forward)
     ->UseRealTime()
     ->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_conv2d_layer_backward)
+    ->ArgsProduct({benchmark::CreateDenseRange(0, kLayerShapeCount - 1, 1), {0, 1}})
+    ->ArgNames({"shape", "bf16"})
+    ->UseManualTime()
+    ->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_conv2d_weight_grad_of_layer)
     ->ArgsProduct({benchmark::CreateDenseRange(0, kLayerShapeCount - 1, 1), {0, 1}})
     ->ArgNames({"shape", "bf16"})
     ->UseManualTime()

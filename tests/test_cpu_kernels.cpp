@@ -109,6 +109,17 @@ Operands exact_operands(const Conv2dGeometry& g, uint32_t seed) {
           exact_values(size_t(g.n * g.o * g.oh * g.ow), seed + 3, 0.5f)};
 }
 
+// x, w, b and gy of a geometry (ungrouped), normal draws from seed: sums that round.
+Operands random_operands(const Conv2dGeometry& g, uint32_t seed) {
+  std::mt19937 rng(seed);
+  Operands r;
+  r.x = normal_values(rng, size_t(g.n * g.c * g.h * g.w));
+  r.w = normal_values(rng, size_t(g.o * g.c * g.kh * g.kw));
+  r.b = normal_values(rng, size_t(g.o));
+  r.gy = normal_values(rng, size_t(g.n * g.o * g.oh * g.ow));
+  return r;
+}
+
 std::string name(const Case& k) {
   return "n" + std::to_string(k.n) + " c" + std::to_string(k.c) + " " + std::to_string(k.h) + "x" +
          std::to_string(k.w) + " o" + std::to_string(k.o) + " k" + std::to_string(k.kh) + "x" +
@@ -197,14 +208,18 @@ void expect_matches_im2col(const Case& k, uint32_t seed, Forward forward, Backwa
          galley::DType dt) { galley::kernels::cpu::prefix##_backward(g, x, w, gy, gx, gw, dt); }
 
 // A path on 16-bit x and gy (`dt`) against the same path in float32 on the widened values: the
-// float32 bits, each output rounded once (exact values: the sums need no rounding).
+// float32 bits, each output rounded once. On exact values the sums need no rounding; on random
+// ones (`exact` false, for a path that widens and sums as its float32 form does) the outputs'
+// rounding to 16 bits is tested too.
 template <typename Forward, typename Backward>
 void expect_16bit_rounds_once(const Case& k, uint32_t seed, galley::DType dt, Forward forward,
-                              Backward backward) {
+                              Backward backward, bool exact = true) {
   namespace cpu = galley::kernels::cpu;
   const galley::DType f32 = galley::DType::Float32;
   const Conv2dGeometry g = geometry(k);
-  const auto [x, w, b, gy] = exact_operands(g, seed);
+  const auto [x_in, w, b, gy] = exact ? exact_operands(g, seed) : random_operands(g, seed);
+  // x as the 16-bit values widened: the float32 run's input
+  const std::vector<float> x = widen_from(narrow_to(x_in, dt), dt);
   const size_t ny = gy.size();
   const std::string what = name(k) + " " + galley::dtype_name(dt);
   std::vector<uint16_t> x16(x.size()), y16(ny), want16(ny);
@@ -392,8 +407,10 @@ TEST(ConvPointwise, MatchesIm2colBitForBit) {
     GTEST_SKIP() << "the pointwise path needs AVX2 with FMA, or AVX-512, in the build";
   for (const Case& k : pointwise_cases()) {
     expect_matches_im2col(k, 21, GALLEY_CONV_PATH(conv2d_pointwise));
-    for (const galley::DType dt : {galley::DType::Float16, galley::DType::BFloat16})
+    for (const galley::DType dt : {galley::DType::Float16, galley::DType::BFloat16}) {
       expect_16bit_rounds_once(k, 21, dt, GALLEY_CONV_PATH(conv2d_pointwise));
+      expect_16bit_rounds_once(k, 22, dt, GALLEY_CONV_PATH(conv2d_pointwise), /*exact=*/false);
+    }
   }
 }
 
@@ -448,6 +465,9 @@ TEST(ConvPointwise, TakenForStridedOneByOnesAndRefusesOtherGeometries) {
   const bool lanes = cpu::conv2d_vector_lanes() > 0;
   EXPECT_EQ(cpu::conv2d_pointwise_applies(projection), lanes);
   EXPECT_EQ(cpu::conv2d_pointwise_applies(projection, galley::DType::Float16), lanes);
+  EXPECT_EQ(cpu::conv2d_pointwise_applies(projection, galley::DType::BFloat16),
+            lanes && cpu::bf16_kernels() != cpu::Bf16Kernels::Tiles)
+      << "bfloat16 widened, but where AMX's tiles multiply it";
   EXPECT_FALSE(cpu::conv2d_pointwise_applies(geometry({8, 16, 28, 28, 32, 1, 1, 0, 1, 1})))
       << "stride 1 stays on the GEMM";
   EXPECT_FALSE(cpu::conv2d_pointwise_applies(geometry({8, 16, 28, 28, 32, 3, 3, 1, 1, 2})));
@@ -617,10 +637,16 @@ TEST(ConvChannels, TakenForStridedConvolutionsWithVectorLanesAndRefusesGroups) {
   EXPECT_EQ(use({8, 16, 28, 28, 32, 3, 3, 1, 1, 2}, galley::DType::Float16),
             (Parts{vectors, vectors, avx512}));
   EXPECT_EQ(use({8, 32, 14, 14, 64, 3, 3, 1, 1, 2}), (Parts{vectors, vectors, vectors}));
-  // bfloat16 widened, except on AMX's tiles (which take the phases)
+  // bfloat16 widened, except on AMX's tiles (which take the phases); on the dot products the
+  // weight gradient runs on pairs on the direct path
   const bool widened = cpu::bf16_kernels() != cpu::Bf16Kernels::Tiles;
+  const bool dots = cpu::bf16_kernels() == cpu::Bf16Kernels::DotProducts;
   EXPECT_EQ(use({8, 32, 14, 14, 64, 3, 3, 1, 1, 2}, galley::DType::BFloat16),
-            (Parts{vectors && widened, vectors && widened, vectors && widened}));
+            (Parts{vectors && widened, vectors && widened, vectors && widened && !dots}));
+  const cpu::ConvDirectUse direct =
+      cpu::conv2d_direct_use(geometry({8, 32, 14, 14, 64, 3, 3, 1, 1, 2}), galley::DType::BFloat16);
+  EXPECT_EQ(direct.weight_grad, vectors && dots);
+  EXPECT_FALSE(direct.forward || direct.input_grad);
   EXPECT_EQ(use({8, 16, 56, 56, 32, 3, 3, 1, 1, 2}), (Parts{vectors, vectors, avx512}));
   EXPECT_EQ(use({8, 8, 28, 28, 16, 3, 3, 1, 1, 2}), (Parts{vectors, false, false})) << "8 channels";
   const Parts none{false, false, false};
@@ -810,10 +836,11 @@ TEST(ConvDirect, Bf16KernelsMatchIm2colBitForBitOnExactValues) {
   EXPECT_TRUE(cpu::bf16_kernels_available(cpu::bf16_kernels()));
 }
 
-// Strided bfloat16 convolutions, which on the tiles or the dot products run as stride-1 ones over
-// their phases (elsewhere on im2col), on the exact values: the im2col path's float32 result to the
-// bit. Strides 2 and 3, kernels 1, 2, 3 and 5, paddings up to 2, odd sizes, phases the kernel
-// leaves unread (a 1x1 kernel reads one phase of four).
+// Strided bfloat16 convolutions, which on the tiles run as stride-1 ones over their phases, and on
+// the dot products take the channels path with the direct path's weight gradient on pairs over the
+// phases (from 16 input channels), on the exact values: the im2col path's float32 result to the
+// bit. Strides 2 to 4, kernels 1, 2, 3 and 5, paddings up to 2, odd sizes and channel counts,
+// phases the kernel leaves unread (a 1x1 kernel reads one phase of four).
 TEST(ConvStrided, Bf16MatchesIm2colBitForBitOnExactValues) {
   namespace cpu = galley::kernels::cpu;
   const galley::DType bf = galley::DType::BFloat16;
@@ -825,6 +852,10 @@ TEST(ConvStrided, Bf16MatchesIm2colBitForBitOnExactValues) {
            {2, 5, 13, 10, 17, 5, 3, 2},
            {2, 9, 8, 8, 16, 2, 2, 0},
            {2, 7, 7, 9, 33, 3, 3, 0},
+           {2, 17, 11, 13, 20, 3, 2, 1},
+           {3, 16, 13, 10, 17, 5, 3, 2},
+           {2, 18, 12, 15, 16, 2, 4, 0},
+           {2, 32, 14, 14, 64, 3, 2, 1},
        }) {
     Conv2dGeometry g{n, c, h, w, o, k, k, stride, pad, 1, 1, 0, 0};
     g.oh = (h + 2 * pad - k) / stride + 1;

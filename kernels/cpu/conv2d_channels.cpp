@@ -24,7 +24,8 @@ ConvChannelsUse conv2d_channels_use(const Conv2dGeometry& g, DType dtype) {
   use.forward = g.c >= 8;
   use.input_grad = g.c >= 16;
 #if defined(__AVX512F__)
-  use.weight_grad = g.c >= 16;
+  // On the dot products the direct path's weight gradient on pairs takes it (conv2d_direct_use).
+  use.weight_grad = g.c >= 16 && !on_dot_products(dtype);
 #else
   use.weight_grad = g.c >= 16 && g.ow <= conv_block::L;
 #endif

@@ -61,10 +61,10 @@ int conv2d_vector_lanes();
 // Which parts of a convolution conv2d_forward / conv2d_backward run on the direct path. None
 // unless: stride 1 (or up to 4 with dilation 1), one group, a kernel of more than
 // one tap, padding at most (kernel - 1) * dilation, at least one image per thread, and a host with
-// AVX-512, or AVX2 with FMA (elsewhere the registers would not hold a block). A strided one never
-// takes the bfloat16 kernels (those of 16 channels or more stay on im2col, or the tiles'
-// phases). Then each part where it is faster than
-// im2col + GEMM (measured on the layers of the benchmark models): the forward pass and the
+// AVX-512, or AVX2 with FMA (elsewhere the registers would not hold a block). A strided one
+// takes the bfloat16 kernels for its weight gradient alone, on the dot products (its other parts,
+// from 16 channels, take the channels path or the tiles' phases). Then each part where it is faster
+// than im2col + GEMM (measured on the layers of the benchmark models): the forward pass and the
 // weight gradient need enough (input channel, tap) pairs to amortise writing each output block
 // and summing each image's products (the 9 of a single channel's 3x3 kernel; the weight
 // gradient 64 for bfloat16 on the dot products); the input gradient needs enough input

@@ -20,7 +20,7 @@ namespace galley::kernels::cpu {
 
 // True where conv2d_forward / conv2d_backward take this path: a 1x1 kernel, stride 2 or more, no
 // padding, one group, on a host with AVX2 and FMA or AVX-512 (cpu/vector_lanes.h), for float32
-// and float16 activations, and bfloat16 ones where the host has no bfloat16 GEMM (that one
+// and float16 activations, and bfloat16 ones but where the host has AMX's tiles (whose GEMM
 // multiplies bfloat16 values as they are).
 bool conv2d_pointwise_applies(const Conv2dGeometry& g, DType dtype = DType::Float32);
 

@@ -84,6 +84,20 @@ inline void deinterleave_row(const T* src, int64_t n, D* even, D* odd) {
     }
   }
 #endif
+#if defined(__AVX512BW__)
+  if constexpr (sizeof(T) == 2 && std::is_same_v<T, D>) {
+    // 32 elements a vector: each 32-bit word holds an even element in its low half and the odd
+    // one after it in its high half, narrowed apart.
+    for (; j < n; j += 32) {
+      const int64_t left = std::min<int64_t>(n - j, 32);
+      const __m512i v = _mm512_maskz_loadu_epi16(
+          left == 32 ? ~__mmask32(0) : (__mmask32(1) << left) - 1, src + j);
+      _mm256_mask_storeu_epi16(even + j / 2, lanes((left + 1) / 2), _mm512_cvtepi32_epi16(v));
+      _mm256_mask_storeu_epi16(odd + j / 2, lanes(left / 2),
+                               _mm512_cvtepi32_epi16(_mm512_srli_epi32(v, 16)));
+    }
+  }
+#endif
   for (; j < n; ++j) {
     D* dst = j % 2 ? odd : even;  // (subscripting the conditional itself trips GCC 12's ASan)
     dst[j / 2] = static_cast<D>(src[j]);
