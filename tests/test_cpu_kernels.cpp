@@ -374,11 +374,46 @@ TEST(ConvDirect, StridedMatchesIm2colBitForBit) {
   dilated.dilation = 2;
   EXPECT_THROW(cpu::conv2d_direct_forward(dilated, x.data(), w.data(), nullptr, gy.data()),
                galley::Error);
+  std::vector<float> gw(w.size());
   for (cpu::Bf16Kernels kernels : {cpu::Bf16Kernels::Tiles, cpu::Bf16Kernels::DotProducts})
-    if (cpu::bf16_kernels_available(kernels))
+    if (cpu::bf16_kernels_available(kernels)) {
       EXPECT_THROW(cpu::conv2d_direct_forward(g, x.data(), w.data(), nullptr, gy.data(),
                                               galley::DType::BFloat16, kernels),
                    galley::Error);
+      EXPECT_THROW(cpu::conv2d_direct_backward(g, x.data(), w.data(), gy.data(), x.data(),
+                                               gw.data(), galley::DType::BFloat16, kernels),
+                   galley::Error)
+          << "the input gradient";
+      // The weight gradient alone: on the dot products (over the phases), not on the tiles.
+      if (kernels == cpu::Bf16Kernels::Tiles)
+        EXPECT_THROW(cpu::conv2d_direct_backward(g, x.data(), w.data(), gy.data(), nullptr,
+                                                 gw.data(), galley::DType::BFloat16, kernels),
+                     galley::Error);
+      else
+        EXPECT_NO_THROW(cpu::conv2d_direct_backward(g, x.data(), w.data(), gy.data(), nullptr,
+                                                    gw.data(), galley::DType::BFloat16, kernels));
+    }
+}
+
+// bfloat16 on the widened direct kernels, on values whose sums round: the float32 kernels' bits on
+// the widened values, each output rounded once, whichever way the outputs are stored (by rows:
+// the stems; through the flat output) and at a stride.
+TEST(ConvDirect, WidenedBf16RoundsTheFloat32SumsOnce) {
+  namespace cpu = galley::kernels::cpu;
+  using galley::DType;
+  auto forward = [](const Conv2dGeometry& g, const void* x, const float* w, const float* b, void* y,
+                    DType dt) {
+    cpu::conv2d_direct_forward(g, x, w, b, y, dt, cpu::Bf16Kernels::Widened);
+  };
+  auto backward = [](const Conv2dGeometry& g, const void* x, const float* w, const void* gy,
+                     void* gx, float* gw, DType dt) {
+    cpu::conv2d_direct_backward(g, x, w, gy, gx, gw, dt, cpu::Bf16Kernels::Widened);
+  };
+  for (const Case& k : std::vector<Case>{{2, 1, 28, 28, 16, 3, 3, 1, 1},
+                                         {2, 3, 32, 32, 32, 3, 3, 1, 1},
+                                         {2, 16, 13, 11, 20, 3, 3, 1, 1},
+                                         {2, 5, 12, 9, 18, 3, 3, 1, 1, 2}})
+    expect_16bit_rounds_once(k, 23, DType::BFloat16, forward, backward, /*exact=*/false);
 }
 
 // Unpadded 1x1 geometries for the pointwise path: resnet's projections, strides 1 to 4, sizes

@@ -227,12 +227,21 @@ bool rows_pay(const Plan& p) {
 }
 #endif
 
-// row_vectors(p) for float32 outputs where rows pay (and the build has the vector lanes), else
-// none: the correlation then goes through the flat output.
+// Whether outputs of T are stored by rows: float32, and bfloat16 where a partial vector rounds and
+// stores under a mask (AVX-512; AVX2 would take a scalar loop).
+template <typename T>
+#if defined(GALLEY_VECTOR_LANES)
+constexpr bool kRowsStore = std::is_same_v<T, float> || (L == 16 && std::is_same_v<T, bfloat16>);
+#else
+constexpr bool kRowsStore = false;
+#endif
+
+// row_vectors(p) for outputs of T that store by rows, where rows pay (and the build has the
+// vector lanes), else none: the correlation then goes through the flat output.
 template <typename T>
 std::vector<RowVector> rows_for(const Plan& p) {
 #if defined(GALLEY_VECTOR_LANES)
-  if (std::is_same_v<T, float> && rows_pay(p)) return row_vectors(p);
+  if (kRowsStore<T> && rows_pay(p)) return row_vectors(p);
 #endif
   (void)p;
   return {};
@@ -240,15 +249,16 @@ std::vector<RowVector> rows_for(const Plan& p) {
 
 #if defined(GALLEY_VECTOR_LANES)
 // correlate_block for the NV vectors vec[0..NV) of row_vectors: OB output channels, of which the
-// first `oc` are real, stored (+ bias) into planes ldy apart. Inlined into correlate_rows: with a
+// first `oc` are real, stored (+ bias, rounded to T) into planes ldy apart. Inlined into
+// correlate_rows: with a
 // stem's 9 or 27 (channel, tap) pairs a call's prologue and epilogue cost as much as a tenth of
 // the block (resnet's 1->16 stem 6% and vgg's 3->32 2.5% faster on AMD Zen 3; whole-vector
 // stores without store_first's branches a further 2% and 5%, and whole vectors first in
 // row_vectors 2% on the 1->16 stem).
-template <int NV>
+template <int NV, typename T>
 __attribute__((always_inline)) inline void correlate_rows_block(
     const float* x, int64_t plane, int64_t cin, const int64_t* shift, int64_t taps, const float* wb,
-    const float* bias, const RowVector* vec, int64_t oc, float* y, int64_t ldy) {
+    const float* bias, const RowVector* vec, int64_t oc, T* y, int64_t ldy) {
   int64_t xo[NV];
 #pragma GCC unroll 4
   for (int v = 0; v < NV; ++v) xo[v] = vec[v].x;
@@ -263,7 +273,12 @@ __attribute__((always_inline)) inline void correlate_rows_block(
     for (int o = 0; o < OB; ++o) {
       const V b = bias ? splat(bias[o]) : V{};
 #pragma GCC unroll 4
-      for (int v = 0; v < NV; ++v) store(y + o * ldy + vec[v].y, acc[o][v] + b);
+      for (int v = 0; v < NV; ++v) {
+        if constexpr (std::is_same_v<T, float>)
+          store(y + o * ldy + vec[v].y, acc[o][v] + b);
+        else
+          store_first(y + o * ldy + vec[v].y, acc[o][v] + b, L);
+      }
     }
     return;
   }
@@ -279,16 +294,17 @@ __attribute__((always_inline)) inline void correlate_rows_block(
 // The correlation of correlate(), its outputs (+ bias) written into the planes of out (cout of
 // oh x ow) by rows: vecs is row_vectors(p), taken three at a time, the rest as in
 // correlate_vectors.
+template <typename T>
 void correlate_rows(const Plan& p, const std::vector<int64_t>& shift, const float* xb,
                     const float* wpk, const float* bias, const std::vector<RowVector>& vecs,
-                    float* out) {
+                    T* out) {
   const int64_t taps = p.taps(), n = int64_t(vecs.size()), ldy = p.oh() * p.ow();
   const int64_t plane = p.plane(), cin = p.cin;
   for (int64_t cb = 0; cb * OB < p.cout; ++cb) {
     const float* wb = wpk + cb * p.cin * taps * OB;
     const float* b = bias ? bias + cb * OB : nullptr;
     const int64_t oc = std::min(OB, p.cout - cb * OB);
-    float* y = out + cb * OB * ldy;
+    T* y = out + cb * OB * ldy;
     int64_t v = 0;
     for (; v + 3 <= n && n - v != 4; v += 3)
       correlate_rows_block<3>(xb, plane, cin, shift.data(), taps, wb, b, &vecs[v], oc, y, ldy);
@@ -307,7 +323,7 @@ void correlate_out(const Plan& p, const std::vector<int64_t>& shift, const float
                    const float* wpk, const float* bias, const std::vector<RowVector>& rows,
                    int slot, T* out) {
 #if defined(GALLEY_VECTOR_LANES)
-  if constexpr (std::is_same_v<T, float>) {
+  if constexpr (kRowsStore<T>) {
     if (!rows.empty()) return correlate_rows(p, shift, xb, wpk, bias, rows, out);
   }
 #else
