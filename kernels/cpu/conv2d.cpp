@@ -99,20 +99,29 @@ void col2im(const Conv2dGeometry& g, const float* col, int64_t cg, float* gx) {
   }
 }
 
-// gb[o] = the sum of gy over images and positions: output channels across the threads, each the
-// sum of its planes' sums (sum_floats) in image order; the same bits at any thread count. 16-bit
-// planes are summed as widened, in the float32 kernel's order (sum_as_floats).
+// gb[o] = the sum of gy over images and positions: each output channel the sum of its planes'
+// sums (sum_floats) in image order; the same bits at any thread count. The planes are summed in
+// memory order, images across the threads (a channel at a time through the batch read 2 KiB
+// runs a page apart: in vgg's bfloat16 step, AMD Zen 4, the bias gradients' share of the samples
+// fell from 1.43% to 1.08% so), into a sum per plane kept for the
+// channels' sums. 16-bit planes are summed as widened, in the float32 kernel's order
+// (sum_as_floats).
 template <typename T>
 void bias_grad(const Conv2dGeometry& g, const T* gy, float* gb) {
   const int64_t P = g.oh * g.ow;
-  parallel_for(g.o, 1, [&](int64_t o0, int64_t o1) {
-    float* row = std::is_same_v<T, float> ? nullptr : thread_scratch(0, size_t(P));
-    for (int64_t o = o0; o < o1; ++o) {
-      float s = 0.f;
-      for (int64_t n = 0; n < g.n; ++n) s += sum_as_floats(gy + (n * g.o + o) * P, P, row);
-      gb[o] = s;
-    }
-  });
+  thread_local std::vector<float> plane;
+  plane.resize(size_t(g.n * g.o));
+  float* sums = plane.data();
+  parallel_balanced(
+      g.n * g.o, std::max<int64_t>(1, kElementwiseGrain / P), [&](int64_t r0, int64_t r1) {
+        float* row = std::is_same_v<T, float> ? nullptr : thread_scratch(0, size_t(P));
+        for (int64_t r = r0; r < r1; ++r) sums[r] = sum_as_floats(gy + r * P, P, row);
+      });
+  for (int64_t o = 0; o < g.o; ++o) {
+    float s = 0.f;
+    for (int64_t n = 0; n < g.n; ++n) s += sums[n * g.o + o];
+    gb[o] = s;
+  }
 }
 
 template <typename T>
