@@ -223,6 +223,7 @@ constexpr LayerShape kLayerShapes[] = {
     {"resnet", 1, 16, 28, 3, 1},  {"resnet", 16, 16, 28, 3, 1}, {"resnet", 16, 32, 28, 3, 2},
     {"resnet", 32, 32, 14, 3, 1}, {"resnet", 32, 64, 14, 3, 2}, {"resnet", 64, 64, 7, 3, 1},
     {"resnet", 16, 32, 28, 1, 2}, {"resnet", 32, 64, 14, 1, 2}, {"vgg", 3, 32, 32, 3, 1},
+    {"vgg", 32, 64, 16, 3, 1},
 };
 constexpr int64_t kLayerShapeCount = sizeof(kLayerShapes) / sizeof(kLayerShapes[0]);
 constexpr int64_t kLayerBatch = 64;

@@ -1171,19 +1171,21 @@ TEST(ConvBiasGrad, BFloat16HasTheFloat32BitsOnValuesWhoseSumsRound) {
 }
 
 // bfloat16 relu and its backward (16 lanes in registers where the build has AVX-512) give the
-// scalar forms' bits on every class of value: a NaN stays NaN, -0 becomes 0, the gradient passes
-// where y > 0 only (not at -0, NaN or a negative subnormal), on runs that end mid-vector.
+// scalar forms' bits on every value: a NaN stays NaN (made quiet, signalling ones too), -0 becomes
+// 0, the gradient passes where y > 0 only (not at -0, NaN or a negative subnormal), quieted as the
+// rounding quiets it. Every one of the 65,536 bit patterns as x, against special and random
+// gradients, then a run that ends mid-vector.
 TEST(Unary, BFloat16ReluAndItsBackwardHaveTheScalarBits) {
   namespace cpu = galley::kernels::cpu;
   namespace um = galley::kernels::unary_math;
   std::mt19937 rng(79);
-  const int64_t n = 16 * 30 + 9;
+  const int64_t n = 65536 + 32 * 3 + 9;
   std::vector<uint16_t> x(n), g(n);
-  const uint16_t special[] = {0x0000, 0x8000, 0x0001, 0x8001, 0x0080, 0x7f80,
-                              0xff80, 0x7fc0, 0xffc0, 0x3f80, 0xbf80};
+  const uint16_t special[] = {0x0000, 0x8000, 0x0001, 0x8001, 0x0080, 0x7f80, 0xff80,
+                              0x7fc0, 0xffc0, 0x7f81, 0xff81, 0x3f80, 0xbf80};
   for (int64_t i = 0; i < n; ++i) {
-    x[size_t(i)] = i < 121 ? special[i % 11] : uint16_t(rng());
-    g[size_t(i)] = i < 121 ? special[(i / 11) % 11] : uint16_t(rng());
+    x[size_t(i)] = i < 65536 ? uint16_t(i) : uint16_t(rng());
+    g[size_t(i)] = i % 3 ? special[i % 13] : uint16_t(rng());
   }
   auto widen = [](uint16_t h) { return galley::detail::bf16_bits_to_float(h); };
   const galley::DType bf = galley::DType::BFloat16;
