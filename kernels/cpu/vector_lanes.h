@@ -185,6 +185,14 @@ inline void store_lanes_as(float* d, V v) {
 inline void store_lanes_as(uint16_t* d, V v) {
   store_bf16(reinterpret_cast<bfloat16*>(d), as_m(v), lanes(L));
 }
+#else
+// (Without AVX-512 no kernel stores bfloat16 bits channel-last, the pairs needing AVX512-BF16;
+// this form lets the code that would compile.)
+inline void store_lanes_as(uint16_t* d, V v) {
+  alignas(32) float f[L];
+  store(f, v);
+  for (int64_t i = 0; i < L; ++i) d[i] = galley::detail::float_to_bf16_bits(f[i]);
+}
 #endif
 
 // dst[r * ld + j * cp + c] = src[c][r][j] for `channels` planes of h x w (cp >= channels rounded
