@@ -891,6 +891,7 @@ TEST(ConvStrided, Bf16MatchesIm2colBitForBitOnExactValues) {
            {3, 16, 13, 10, 17, 5, 3, 2},
            {2, 18, 12, 15, 16, 2, 4, 0},
            {2, 32, 14, 14, 64, 3, 2, 1},
+           {2, 3, 15, 17, 16, 3, 2, 1},  // a stem: the weight gradient on pairs of outputs
        }) {
     Conv2dGeometry g{n, c, h, w, o, k, k, stride, pad, 1, 1, 0, 0};
     g.oh = (h + 2 * pad - k) / stride + 1;
@@ -1367,19 +1368,22 @@ TEST(ConvDirect, TakenOnlyWhereItIsCorrectAndPays) {
   const bool fast = cpu::bf16_kernels() != cpu::Bf16Kernels::Widened;
   const auto wide16 = conv2d_direct_use(geometry({8, 16, 14, 14, 32, 3, 3, 1, 1}), bf);
   EXPECT_EQ(wide16.bf16, cpu::bf16_kernels());
+  EXPECT_EQ(wide16.bf16_backward, cpu::bf16_kernels());
   if (fast) EXPECT_TRUE(wide16.forward && wide16.input_grad && wide16.weight_grad);
-  const auto rgb16 = conv2d_direct_use(geometry({8, 3, 32, 32, 32, 3, 3, 1, 1}), bf);
-  EXPECT_EQ(rgb16.bf16, cpu::Bf16Kernels::Widened);
-  // (On the dot-product kernels, where im2col on the bfloat16 GEMM is faster for a stem's
-  // weight gradient, three channels keep to the forward pass.)
-  const auto grey16 = conv2d_direct_use(geometry({8, 1, 28, 28, 32, 3, 3, 1, 1}), bf);
-  EXPECT_TRUE(grey16.forward && !grey16.input_grad);
-  EXPECT_EQ(grey16.weight_grad, cpu::bf16_kernels() != cpu::Bf16Kernels::DotProducts);
-  if (cpu::bf16_kernels() == cpu::Bf16Kernels::DotProducts)
-    EXPECT_TRUE(rgb16.forward && !rgb16.input_grad && !rgb16.weight_grad);
-  else
-    EXPECT_TRUE(rgb16.forward == rgb.forward && rgb16.input_grad == rgb.input_grad &&
-                rgb16.weight_grad == rgb.weight_grad);
+  // The stems: the forward pass widened, the weight gradient on the dot products' pairs of
+  // outputs where the host has them (else as float32 decides); the input gradient on im2col.
+  const bool dots = cpu::bf16_kernels() == cpu::Bf16Kernels::DotProducts;
+  for (const Case& k : {Case{8, 3, 32, 32, 32, 3, 3, 1, 1}, Case{8, 1, 28, 28, 32, 3, 3, 1, 1}}) {
+    const auto stem16 = conv2d_direct_use(geometry(k), bf);
+    const auto stem = conv2d_direct_use(geometry(k));
+    EXPECT_EQ(stem16.bf16, cpu::Bf16Kernels::Widened) << name(k);
+    EXPECT_EQ(stem16.bf16_backward,
+              dots ? cpu::Bf16Kernels::DotProducts : cpu::Bf16Kernels::Widened)
+        << name(k);
+    EXPECT_TRUE(stem16.forward == stem.forward && stem16.input_grad == stem.input_grad &&
+                stem16.weight_grad == stem.weight_grad)
+        << name(k);
+  }
 }
 
 // batch_norm_train_forward (the statistics and the normalisation in one call, a channel at a

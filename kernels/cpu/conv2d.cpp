@@ -504,9 +504,10 @@ void conv2d_backward(const Conv2dGeometry& g, const void* x, const float* w, con
     void* direct_gx = use.input_grad ? gx : nullptr;
     float* direct_gw = use.weight_grad ? gw : nullptr;
     // The direct weight gradient on the float32 kernels sums the bias gradient as it goes.
-    float* direct_gb = direct_gw && !on_bf16_kernels(dtype, use.bf16) ? gb : nullptr;
+    float* direct_gb = direct_gw && !on_bf16_kernels(dtype, use.bf16_backward) ? gb : nullptr;
     if (direct_gx || direct_gw)
-      conv2d_direct_backward(g, x, w, gy, direct_gx, direct_gw, dtype, use.bf16, direct_gb);
+      conv2d_direct_backward(g, x, w, gy, direct_gx, direct_gw, dtype, use.bf16_backward,
+                             direct_gb);
     if (direct_gb) gb = nullptr;
     if (gx != direct_gx || gw != direct_gw)
       conv2d_backward_im2col(g, x, w, gy, direct_gx ? nullptr : gx, direct_gw ? nullptr : gw,

@@ -498,14 +498,52 @@ void lane_weight_grad_block(const float* const* gy, const float* const* xs, int6
     for (int c = 0; c < TC; ++c) store(part + o * ldp + c * L, acc[o][c]);
 }
 
+#if defined(__AVX512BF16__)
+// lane_weight_grad on pairs (the stems on the dot products): each 32-bit lane holds two
+// consecutive outputs of a row, gy's straight from its planes and the input's from the bordered
+// bfloat16 buffer at the column's shift, so vdpbf16ps adds both products of a pair to the lane;
+// rows go 32 outputs a vector, a row's last one masked on both operands (a zero partner past the
+// row's end, and nothing read there that a zero could turn into a NaN). The layout and the summing
+// of the lanes are lane_weight_grad's.
+template <int TC>
+void lane_weight_grad_pairs_block(const uint16_t* const* gy, const uint16_t* const* xs, int64_t oh,
+                                  int64_t ow, int64_t pw, float* part, int64_t ldp) {
+  __m512 acc[OB][TC];
+#pragma GCC unroll 8
+  for (int o = 0; o < OB; ++o)
+#pragma GCC unroll 3
+    for (int c = 0; c < TC; ++c) acc[o][c] = _mm512_loadu_ps(part + o * ldp + c * L);
+  for (int64_t i = 0; i < oh; ++i)
+    for (int64_t j = 0; j < ow; j += 32) {
+      const int64_t left = ow - j;
+      const __mmask32 m = left >= 32 ? ~__mmask32(0) : (__mmask32(1) << left) - 1;
+      __m512i xv[TC];
+#pragma GCC unroll 3
+      for (int c = 0; c < TC; ++c) xv[c] = _mm512_maskz_loadu_epi16(m, xs[c] + i * pw + j);
+#pragma GCC unroll 8
+      for (int o = 0; o < OB; ++o) {
+        const __m512i gv = _mm512_maskz_loadu_epi16(m, gy[o] + i * ow + j);
+#pragma GCC unroll 3
+        for (int c = 0; c < TC; ++c) acc[o][c] = dot(acc[o][c], gv, xv[c]);
+      }
+    }
+#pragma GCC unroll 8
+  for (int o = 0; o < OB; ++o)
+#pragma GCC unroll 3
+    for (int c = 0; c < TC; ++c) _mm512_storeu_ps(part + o * ldp + c * L, acc[o][c]);
+}
+
+#endif  // __AVX512BF16__
+
 // One image's share of the weight gradient into part (LaneWeightGradLayout): gy the image's output
-// gradient in float32 (cout planes of oh x ow), `zero` a zero plane for the padded channels, xb the
-// bordered input.
-void lane_weight_grad(const Plan& p, const LaneWeightGradLayout& lay, const float* gy,
-                      const float* zero, const float* xb, float* part) {
+// gradient (cout planes of oh x ow), `zero` a zero plane for the padded channels, xb the bordered
+// input; float32, or (AVX512-BF16) bfloat16 bits on pairs of outputs.
+template <typename E>
+void lane_weight_grad(const Plan& p, const LaneWeightGradLayout& lay, const E* gy, const E* zero,
+                      const E* xb, float* part) {
   const int64_t taps = p.taps(), cols = p.cin * taps, ohw = p.oh() * p.ow(), ldp = lay.cp * L;
-  const float* xs[kLaneColumns];
-  const float* g[OB];
+  const E* xs[kLaneColumns];
+  const E* g[OB];
   for (int64_t o0 = 0; o0 < lay.op; o0 += OB) {
     for (int64_t o = 0; o < OB; ++o) g[o] = o0 + o < p.cout ? gy + (o0 + o) * ohw : zero;
     for (int64_t j0 = 0; j0 < lay.cp; j0 += kLaneColumns) {
@@ -514,8 +552,14 @@ void lane_weight_grad(const Plan& p, const LaneWeightGradLayout& lay, const floa
         const int64_t j = j0 + c < cols ? j0 + c : 0;
         xs[c] = xb + (j / taps) * p.plane() + p.shift(j % taps);
       }
-      lane_weight_grad_block<kLaneColumns>(g, xs, p.oh(), p.ow(), p.pw(),
-                                           part + (o0 * lay.cp + j0) * L, ldp);
+      float* at = part + (o0 * lay.cp + j0) * L;
+      if constexpr (std::is_same_v<E, float>) {
+        lane_weight_grad_block<kLaneColumns>(g, xs, p.oh(), p.ow(), p.pw(), at, ldp);
+      } else {
+#if defined(__AVX512BF16__)
+        lane_weight_grad_pairs_block<kLaneColumns>(g, xs, p.oh(), p.ow(), p.pw(), at, ldp);
+#endif
+      }
     }
   }
 }
@@ -982,11 +1026,11 @@ ConvDirectUse conv2d_direct_use(const Conv2dGeometry& g, DType dtype) {
     // it 1.3-1.4x the channels path's widened weight gradient, their backward passes 1.17x).
     if (g.stride != 1) {
       use.weight_grad = on_dot_products(dtype);
-      use.bf16 = bf16_kernels();
+      use.bf16 = use.bf16_backward = bf16_kernels();
       return use;
     }
     use.forward = use.input_grad = use.weight_grad = true;
-    use.bf16 = bf16_kernels();
+    use.bf16 = use.bf16_backward = bf16_kernels();
     return use;
   }
   const int64_t columns = g.c * g.kh * g.kw;  // (input channel, tap) pairs
@@ -997,10 +1041,17 @@ ConvDirectUse conv2d_direct_use(const Conv2dGeometry& g, DType dtype) {
   // across the lanes, 1.3-1.6x faster again, and their forward passes store by rows). Against
   // im2col on the dot-product GEMM (AMD Zen 4, two threads, batch 64), the bfloat16 stems' forward
   // passes (widened) ran 1.49x (1->16) and 1.20x (3->32), but their weight gradients 0.90x and
-  // 0.66x: there the weight gradient keeps im2col below 64 pairs.
+  // 0.66x: there the weight gradient keeps im2col below 64 pairs, but for the stems' (at most 27
+  // pairs, outputs across the lanes), which run on the dot products' pairs of outputs: 2.07x
+  // (1->16) and 1.53x (3->32) the GEMM's.
   use.forward = columns >= 9;
-  use.weight_grad = columns >= (on_dot_products(dtype) ? 64 : 9);
   use.input_grad = g.c >= 16;
+  if (on_dot_products(dtype) && lanes_over_outputs(forward_plan(g))) {
+    use.weight_grad = true;
+    use.bf16_backward = Bf16Kernels::DotProducts;
+  } else {
+    use.weight_grad = columns >= (on_dot_products(dtype) ? 64 : 9);
+  }
 #else
   (void)g, (void)dtype;
 #endif
@@ -1176,9 +1227,12 @@ void pairs_backward(const Conv2dGeometry& g, const uint16_t* x, const float* w, 
         bwd, [&](int64_t ci, int64_t o, int64_t t) { return flipped_weight(g, w, ci, o, t); }, wpk);
   const std::vector<int64_t> bwd_shift = bwd.shifts();
   const WeightGradLayout lay(fwd);
-  const int64_t qp = (fwd.q() + 1) / 2;
+  const LaneWeightGradLayout lane_lay(fwd);
+  const bool lanes = lanes_over_outputs(fwd);
+  const int64_t qp = (fwd.q() + 1) / 2, ohw = g.oh * g.ow;
+  const std::vector<uint16_t> zero(lanes ? size_t(ohw) : 0, 0);  // padded channels' gradient
   const int64_t chunk = balanced_chunk(g.n, 1);
-  const ChunkSums sums(gw ? g.n : 0, chunk, lay.jp * lay.op);
+  const ChunkSums sums(gw ? g.n : 0, chunk, lanes ? lane_lay.floats() : lay.jp * lay.op);
   parallel_chunks(g.n, chunk, [&](int64_t n0, int64_t n1, bool first) {
     uint16_t* xb = nullptr;
     Pair* gyT = nullptr;
@@ -1188,14 +1242,16 @@ void pairs_backward(const Conv2dGeometry& g, const uint16_t* x, const float* w, 
     if (gw) {
       // bordered_floats() 16-bit elements; the scratch is counted in floats.
       xb = reinterpret_cast<uint16_t*>(thread_scratch(0, size_t(fwd.bordered_floats() + 1) / 2));
-      gyT = reinterpret_cast<Pair*>(thread_scratch(1, size_t(qp * lay.op)));
-      row = reinterpret_cast<uint16_t*>(thread_scratch(4, size_t(kPairRows * qp)));
-      if (first) {
-        std::fill_n(xb, fwd.bordered_floats(), uint16_t(0));
-        std::fill_n(gyT, qp * lay.op, 0u);
-        std::fill_n(row, kPairRows * 2 * qp, uint16_t(0));
+      if (first) std::fill_n(xb, fwd.bordered_floats(), uint16_t(0));
+      if (!lanes) {
+        gyT = reinterpret_cast<Pair*>(thread_scratch(1, size_t(qp * lay.op)));
+        row = reinterpret_cast<uint16_t*>(thread_scratch(4, size_t(kPairRows * qp)));
+        if (first) {
+          std::fill_n(gyT, qp * lay.op, 0u);
+          std::fill_n(row, kPairRows * 2 * qp, uint16_t(0));
+        }
+        xs = column_inputs(fwd, lay, static_cast<const uint16_t*>(xb));
       }
-      xs = column_inputs(fwd, lay, static_cast<const uint16_t*>(xb));
       part = sums.start(n0);
     }
     Pair* gyb = nullptr;
@@ -1209,8 +1265,12 @@ void pairs_backward(const Conv2dGeometry& g, const uint16_t* x, const float* w, 
       const uint16_t* gyn = gy + n * g.o * g.oh * g.ow;
       if (gw) {
         fill_interior(fwd, x + n * g.c * g.h * g.w, xb);
-        transpose_grad_pairs(fwd, lay.op, gyn, reinterpret_cast<uint16_t*>(gyT), row, 2 * qp);
-        weight_grad_pairs(fwd, lay, xs, gyT, part);
+        if (lanes) {
+          lane_weight_grad(fwd, lane_lay, gyn, zero.data(), static_cast<const uint16_t*>(xb), part);
+        } else {
+          transpose_grad_pairs(fwd, lay.op, gyn, reinterpret_cast<uint16_t*>(gyT), row, 2 * qp);
+          weight_grad_pairs(fwd, lay, xs, gyT, part);
+        }
       }
       if (gx) {
         fill_pairs(bwd, gyn, gyb);
@@ -1219,7 +1279,11 @@ void pairs_backward(const Conv2dGeometry& g, const uint16_t* x, const float* w, 
       }
     }
   });
-  if (gw) write_weight_grad(g, lay, sums.total(), gw);
+  if (!gw) return;
+  if (lanes)
+    write_lane_weight_grad(g, lane_lay, sums.total(), gw);
+  else
+    write_weight_grad(g, lay, sums.total(), gw);
 }
 #endif  // __AVX512BF16__
 

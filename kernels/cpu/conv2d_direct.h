@@ -67,14 +67,17 @@ int conv2d_vector_lanes();
 // than im2col + GEMM (measured on the layers of the benchmark models): the forward pass and the
 // weight gradient need enough (input channel, tap) pairs to amortise writing each output block
 // and summing each image's products (the 9 of a single channel's 3x3 kernel; the weight
-// gradient 64 for bfloat16 on the dot products); the input gradient needs enough input
+// gradient 64 for bfloat16 on the dot products, but for the stems' of at most 27, which run with
+// the outputs across the lanes on those kernels); the input gradient needs enough input
 // channels to fill its blocks of output channels (16). A bfloat16 convolution of 16 or more input
 // channels, where bf16_kernels() is Tiles or DotProducts, takes the direct path for every part on
 // those kernels; any other runs the widened kernels.
 struct ConvDirectUse {
   bool forward = false, input_grad = false, weight_grad = false;
-  Bf16Kernels bf16 =
-      Bf16Kernels::Widened;  // the kernels a bfloat16 convolution runs on the direct path
+  // The kernels a bfloat16 convolution's forward pass runs on the direct path, and those of its
+  // backward: the same, but for a stem's weight gradient on the dot products (its forward pass
+  // widened).
+  Bf16Kernels bf16 = Bf16Kernels::Widened, bf16_backward = Bf16Kernels::Widened;
 };
 ConvDirectUse conv2d_direct_use(const Conv2dGeometry& g, DType dtype = DType::Float32);
 
