@@ -4,15 +4,22 @@
 # the GPU check's dry run (scripts/gpu-check.sh --dry-run, its own build in build-gpu-dry),
 # then the DataLoader tests under ThreadSanitizer (their own build in build-tsan), the CPU unit
 # tests under AddressSanitizer + UBSan (build-asan) and a short libFuzzer run of each parser
-# (clang, build-fuzz).
+# (clang, build-fuzz), and the host kernels compiled for other CPUs than this one
+# (scripts/check-portable.sh: x86-64, AVX2, AVX-512 without BF16).
 # Pass ctest arguments to narrow it, e.g. scripts/test.sh -L unit  or  -LE slow; a narrowed run
-# skips the GPU dry run, ThreadSanitizer, AddressSanitizer and fuzzing stages unless
-# GALLEY_GPU_DRY=1 / GALLEY_TSAN=1 / GALLEY_ASAN=1 / GALLEY_FUZZ=1.
+# skips the GPU dry run, ThreadSanitizer, AddressSanitizer, fuzzing and portability stages unless
+# GALLEY_GPU_DRY=1 / GALLEY_TSAN=1 / GALLEY_ASAN=1 / GALLEY_FUZZ=1 / GALLEY_PORTABLE=1.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/install-deps.sh
 scripts/build.sh -DGALLEY_BUILD_TESTS=ON -DGALLEY_REQUIRE_PARITY=ON
 (cd build && ctest --output-on-failure -j "$(nproc)" "$@")
+
+# The default build compiles for this host's vector instructions (-march=native): the host
+# kernels must compile for the others too.
+if [ $# -eq 0 ] || [ "${GALLEY_PORTABLE:-0}" = 1 ]; then
+  scripts/check-portable.sh
+fi
 
 # The GPU check's dry run: configures and builds, from .deps alone and in a fresh build-gpu-dry,
 # what the GPU machine would build, lists every test and benchmark it would start and estimates
