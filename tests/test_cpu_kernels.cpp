@@ -1488,8 +1488,12 @@ TEST(MaxPool16Bit, MatchesTheFloat32KernelOnWidenedInputsBitForBit) {
   std::mt19937 rng(5);
   std::normal_distribution<float> normal;
   for (galley::DType dt : {galley::DType::BFloat16, galley::DType::Float16})
-    for (auto [h, w, k, stride, pad] : std::vector<std::array<int64_t, 5>>{
-             {8, 8, 2, 2, 0}, {7, 9, 2, 2, 0}, {9, 9, 3, 2, 1}, {6, 7, 3, 1, 1}}) {
+    for (auto [h, w, k, stride, pad] : std::vector<std::array<int64_t, 5>>{{8, 8, 2, 2, 0},
+                                                                           {7, 9, 2, 2, 0},
+                                                                           {4, 70, 2, 2, 0},
+                                                                           {16, 16, 2, 2, 0},
+                                                                           {9, 9, 3, 2, 1},
+                                                                           {6, 7, 3, 1, 1}}) {
       galley::kernels::Pool2dGeometry g{6, h, w, k, stride, pad, 0, 0};
       g.oh = (h + 2 * pad - k) / stride + 1;
       g.ow = (w + 2 * pad - k) / stride + 1;
@@ -1500,6 +1504,12 @@ TEST(MaxPool16Bit, MatchesTheFloat32KernelOnWidenedInputsBitForBit) {
       std::vector<uint16_t> x16(nx), gy16(ny);
       cpu::convert(xf.data(), galley::DType::Float32, x16.data(), dt, int64_t(nx));
       cpu::convert(gyf.data(), galley::DType::Float32, gy16.data(), dt, int64_t(ny));
+      // A signalling and a quiet NaN, and -0, among the inputs (bfloat16 bits; float16's NaNs
+      // and -0 alike), and a signalling NaN among the gradients.
+      const bool bf = dt == galley::DType::BFloat16;
+      for (size_t i = 5; i < nx; i += 37)
+        x16[i] = i % 3 == 0 ? (bf ? 0x7f81 : 0x7c01) : i % 3 == 1 ? (bf ? 0xffc0 : 0xfe00) : 0x8000;
+      gy16[ny / 2] = bf ? 0x7f81 : 0x7c01;
       cpu::convert(x16.data(), dt, xf.data(), galley::DType::Float32, int64_t(nx));
       cpu::convert(gy16.data(), dt, gyf.data(), galley::DType::Float32, int64_t(ny));
       std::vector<float> y_ref(ny), gx_ref(nx);

@@ -12,6 +12,7 @@
 #ifdef __AVX512F__
 #include <immintrin.h>
 #endif
+#include "kernels/cpu/bf16_avx512.h"
 
 namespace galley::kernels::cpu {
 namespace {
@@ -20,7 +21,7 @@ namespace {
 // as in PyTorch. Selects, never branches: a data-dependent branch mispredicts half the time, and
 // whether the compiler turns the scalar form into selects depends on flags such as -fPIC, so
 // AVX-512 machines get it spelled out (16 outputs per step).
-#ifdef __AVX512F__
+#ifdef __AVX512BW__
 // A step of up to 16 outputs of a 2x2/2 window row: the outputs' lanes, and the lanes of the
 // 2 * 16 inputs of each input row, split over two registers (lo, hi).
 struct WindowMasks {
@@ -33,23 +34,24 @@ struct WindowMasks {
   }
 };
 
-void pool_2x2(const Pool2dGeometry& g, const float* xp, float* yp, int32_t* ip) {
+// T float32, or bfloat16 widened as it is loaded and its maxima stored as they are (rounding a
+// value already bfloat16 changes nothing but a NaN's quiet bit, which the staged form sets too).
+template <typename T>
+void pool_2x2(const Pool2dGeometry& g, const T* xp, T* yp, int32_t* ip) {
   const __m512i even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
   const __m512i odd = _mm512_add_epi32(even, _mm512_set1_epi32(1));
   const __m512i w = _mm512_set1_epi32(static_cast<int32_t>(g.w));
   const __m512i one = _mm512_set1_epi32(1);
   for (int64_t oh = 0; oh < g.oh; ++oh) {
-    const float* r0 = xp + 2 * oh * g.w;
-    const float* r1 = r0 + g.w;
+    const T* r0 = xp + 2 * oh * g.w;
+    const T* r1 = r0 + g.w;
     const int32_t base = static_cast<int32_t>(2 * oh * g.w);
     for (int64_t ow = 0; ow < g.ow; ow += 16) {
       const WindowMasks m(g.ow - ow);
-      const float* p0 = r0 + 2 * ow;
-      const float* p1 = r1 + 2 * ow;
-      const __m512 r0lo = _mm512_maskz_loadu_ps(m.lo, p0),
-                   r0hi = _mm512_maskz_loadu_ps(m.hi, p0 + 16);
-      const __m512 r1lo = _mm512_maskz_loadu_ps(m.lo, p1),
-                   r1hi = _mm512_maskz_loadu_ps(m.hi, p1 + 16);
+      const T* p0 = r0 + 2 * ow;
+      const T* p1 = r1 + 2 * ow;
+      const __m512 r0lo = load_as_f32(p0, m.lo), r0hi = load_as_f32(p0 + 16, m.hi);
+      const __m512 r1lo = load_as_f32(p1, m.lo), r1hi = load_as_f32(p1 + 16, m.hi);
       const __m512 a = _mm512_permutex2var_ps(r0lo, even, r0hi),
                    b = _mm512_permutex2var_ps(r0lo, odd, r0hi);
       const __m512 c = _mm512_permutex2var_ps(r1lo, even, r1hi),
@@ -69,7 +71,7 @@ void pool_2x2(const Pool2dGeometry& g, const float* xp, float* yp, int32_t* ip) 
       const __m512i iab = _mm512_mask_add_epi32(j, tb, j, one);
       const __m512i jc = _mm512_add_epi32(j, w);
       const __m512i icd = _mm512_mask_add_epi32(jc, td, jc, one);
-      _mm512_mask_storeu_ps(yp + oh * g.ow + ow, m.outputs, _mm512_mask_blend_ps(t, ab, cd));
+      store_from_f32(yp + oh * g.ow + ow, _mm512_mask_blend_ps(t, ab, cd), m.outputs);
       _mm512_mask_storeu_epi32(ip + oh * g.ow + ow, m.outputs,
                                _mm512_mask_blend_epi32(t, iab, icd));
     }
@@ -124,20 +126,22 @@ void pool_generic(const Pool2dGeometry& g, const float* xp, float* yp, int32_t* 
 
 // The gradient of one plane's 2x2/2 windows: each input element gets the output's gradient if
 // it was the window's winner, else zero, written once (the windows tile the plane).
-#ifdef __AVX512F__
-void unpool_2x2(const Pool2dGeometry& g, const float* gyp, const int32_t* ip, float* gp) {
+#ifdef __AVX512BW__
+// T float32, or bfloat16 widened and rounded as pool_2x2's.
+template <typename T>
+void unpool_2x2(const Pool2dGeometry& g, const T* gyp, const int32_t* ip, T* gp) {
   const __m512i even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
   // Interleave a and b: (a0 b0 a1 b1 ... a7 b7) and (a8 b8 ... a15 b15).
   const __m512i lo = _mm512_setr_epi32(0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23);
   const __m512i hi = _mm512_add_epi32(lo, _mm512_set1_epi32(8));
   const __m512i one = _mm512_set1_epi32(1), w = _mm512_set1_epi32(static_cast<int32_t>(g.w));
   for (int64_t oh = 0; oh < g.oh; ++oh) {
-    float* r0 = gp + 2 * oh * g.w;
-    float* r1 = r0 + g.w;
+    T* r0 = gp + 2 * oh * g.w;
+    T* r1 = r0 + g.w;
     const int32_t base = static_cast<int32_t>(2 * oh * g.w);
     for (int64_t ow = 0; ow < g.ow; ow += 16) {
       const WindowMasks m(g.ow - ow);
-      const __m512 v = _mm512_maskz_loadu_ps(m.outputs, gyp + oh * g.ow + ow);
+      const __m512 v = load_as_f32(gyp + oh * g.ow + ow, m.outputs);
       const __m512i win = _mm512_maskz_loadu_epi32(m.outputs, ip + oh * g.ow + ow);
       const __m512i j =
           _mm512_add_epi32(_mm512_set1_epi32(base + static_cast<int32_t>(2 * ow)), even);
@@ -148,15 +152,15 @@ void unpool_2x2(const Pool2dGeometry& g, const float* gyp, const int32_t* ip, fl
       const __m512 c = _mm512_maskz_mov_ps(_mm512_cmpeq_epi32_mask(win, jc), v);
       const __m512 d =
           _mm512_maskz_mov_ps(_mm512_cmpeq_epi32_mask(win, _mm512_add_epi32(jc, one)), v);
-      float* p0 = r0 + 2 * ow;
-      float* p1 = r1 + 2 * ow;
-      _mm512_mask_storeu_ps(p0, m.lo, _mm512_permutex2var_ps(a, lo, b));
-      _mm512_mask_storeu_ps(p0 + 16, m.hi, _mm512_permutex2var_ps(a, hi, b));
-      _mm512_mask_storeu_ps(p1, m.lo, _mm512_permutex2var_ps(c, lo, d));
-      _mm512_mask_storeu_ps(p1 + 16, m.hi, _mm512_permutex2var_ps(c, hi, d));
+      T* p0 = r0 + 2 * ow;
+      T* p1 = r1 + 2 * ow;
+      store_from_f32(p0, _mm512_permutex2var_ps(a, lo, b), m.lo);
+      store_from_f32(p0 + 16, _mm512_permutex2var_ps(a, hi, b), m.hi);
+      store_from_f32(p1, _mm512_permutex2var_ps(c, lo, d), m.lo);
+      store_from_f32(p1 + 16, _mm512_permutex2var_ps(c, hi, d), m.hi);
     }
     // An odd width leaves a last column outside every window.
-    if (g.w > 2 * g.ow) r0[g.w - 1] = r1[g.w - 1] = 0.f;
+    if (g.w > 2 * g.ow) r0[g.w - 1] = r1[g.w - 1] = T(0.f);
   }
 }
 #else
@@ -190,11 +194,27 @@ int64_t plane_grain(const Pool2dGeometry& g) {
   return std::max<int64_t>(1, kElementwiseGrain / std::max<int64_t>(g.h * g.w, 1));
 }
 
+// Whether the 2x2/2 kernels read and write T in place (float32; bfloat16 with AVX-512), rather
+// than a plane staged through float32.
+template <typename T>
+constexpr bool kInPlace = std::is_same_v<T, float>
+#ifdef __AVX512BW__
+                          || std::is_same_v<T, bfloat16>
+#endif
+    ;
+
 template <typename T>
 void forward(const Pool2dGeometry& g, const T* x, T* y, int32_t* idx) {
   constexpr bool wide = std::is_same_v<T, float>;
   const int64_t in_plane = g.h * g.w, out_plane = g.oh * g.ow;
   const bool fast = g.k == 2 && g.stride == 2 && g.pad == 0;
+  if constexpr (kInPlace<T> && !wide) {
+    if (fast)
+      return parallel_balanced(g.planes, plane_grain(g), [&](int64_t p0, int64_t p1) {
+        for (int64_t p = p0; p < p1; ++p)
+          pool_2x2(g, x + p * in_plane, y + p * out_plane, idx + p * out_plane);
+      });
+  }
   parallel_balanced(g.planes, plane_grain(g), [&](int64_t p0, int64_t p1) {
     // A 16-bit plane is widened and its result rounded (exactly: the maxima are inputs) in
     // per-thread buffers, which stay in cache.
@@ -223,6 +243,17 @@ void backward(const Pool2dGeometry& g, const T* gy, const int32_t* idx, T* gx) {
   // 2x2/2 windows tile the plane: every input element is written exactly once (the gradient at
   // the winner, zero elsewhere), so no separate zeroing pass over gx is needed.
   const bool tiled = g.k == 2 && g.stride == 2 && g.pad == 0;
+  if constexpr (kInPlace<T> && !wide) {
+    if (tiled)
+      return parallel_balanced(g.planes, plane_grain(g), [&](int64_t p0, int64_t p1) {
+        for (int64_t p = p0; p < p1; ++p) {
+          T* gp = gx + p * in_plane;
+          unpool_2x2(g, gy + p * out_plane, idx + p * out_plane, gp);
+          // An odd height leaves a last row outside every window.
+          if (g.h > 2 * g.oh) std::fill_n(gp + (g.h - 1) * g.w, g.w, T(0.f));
+        }
+      });
+  }
   parallel_balanced(g.planes, plane_grain(g), [&](int64_t p0, int64_t p1) {
     // A 16-bit plane: overlapping windows sum in float32, and the plane is rounded once.
     float* gyin = wide ? nullptr : thread_scratch(0, size_t(out_plane));
