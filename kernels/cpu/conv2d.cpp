@@ -101,11 +101,10 @@ void col2im(const Conv2dGeometry& g, const float* col, int64_t cg, float* gx) {
 
 // gb[o] = the sum of gy over images and positions: each output channel the sum of its planes'
 // sums (sum_floats) in image order; the same bits at any thread count. The planes are summed in
-// memory order, images across the threads (a channel at a time through the batch read 2 KiB
-// runs a page apart: in vgg's bfloat16 step, AMD Zen 4, the bias gradients' share of the samples
-// fell from 1.43% to 1.08% so), into a sum per plane kept for the
-// channels' sums. 16-bit planes are summed as widened, in the float32 kernel's order
-// (sum_as_floats).
+// memory order, images across the threads, into a sum per plane that the channels' sums then add
+// (a channel at a time through the batch read 2 KiB runs a page apart: in vgg's bfloat16 step on
+// AMD Zen 4 the bias gradients' share of the samples fell from 1.43% to 1.08% so). 16-bit planes
+// are summed as widened, in the float32 kernel's order (sum_as_floats).
 template <typename T>
 void bias_grad(const Conv2dGeometry& g, const T* gy, float* gb) {
   const int64_t P = g.oh * g.ow;

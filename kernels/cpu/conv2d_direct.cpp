@@ -250,11 +250,10 @@ std::vector<RowVector> rows_for(const Plan& p) {
 #if defined(GALLEY_VECTOR_LANES)
 // correlate_block for the NV vectors vec[0..NV) of row_vectors: OB output channels, of which the
 // first `oc` are real, stored (+ bias, rounded to T) into planes ldy apart. Inlined into
-// correlate_rows: with a
-// stem's 9 or 27 (channel, tap) pairs a call's prologue and epilogue cost as much as a tenth of
-// the block (resnet's 1->16 stem 6% and vgg's 3->32 2.5% faster on AMD Zen 3; whole-vector
-// stores without store_first's branches a further 2% and 5%, and whole vectors first in
-// row_vectors 2% on the 1->16 stem).
+// correlate_rows: with a stem's 9 or 27 (channel, tap) pairs a call's prologue and epilogue cost
+// as much as a tenth of the block (resnet's 1->16 stem 6% and vgg's 3->32 2.5% faster on AMD Zen 3;
+// whole-vector stores without store_first's branches a further 2% and 5%, and whole vectors first
+// in row_vectors 2% on the 1->16 stem).
 template <int NV, typename T>
 __attribute__((always_inline)) inline void correlate_rows_block(
     const float* x, int64_t plane, int64_t cin, const int64_t* shift, int64_t taps, const float* wb,
@@ -532,7 +531,6 @@ void lane_weight_grad_pairs_block(const uint16_t* const* gy, const uint16_t* con
 #pragma GCC unroll 3
     for (int c = 0; c < TC; ++c) _mm512_storeu_ps(part + o * ldp + c * L, acc[o][c]);
 }
-
 #endif  // __AVX512BF16__
 
 // One image's share of the weight gradient into part (LaneWeightGradLayout): gy the image's output
