@@ -58,6 +58,11 @@ inline __mmask16 lanes(int64_t n) {
 #endif
 
 #if defined(__AVX512BW__)
+// The first n lanes of 32 (all of them for n >= 32): 16-bit elements, a 512-bit vector of them.
+inline __mmask32 lanes32(int64_t n) {
+  return n >= 32 ? ~__mmask32(0) : (__mmask32(1) << n) - 1;
+}
+
 // The lanes of m from p widened to float32; the others zero.
 inline __m512 load_bf16(const bfloat16* p, __mmask16 m) {
   const __m256i h = _mm256_maskz_loadu_epi16(m, p);

@@ -514,8 +514,7 @@ void lane_weight_grad_pairs_block(const uint16_t* const* gy, const uint16_t* con
     for (int c = 0; c < TC; ++c) acc[o][c] = _mm512_loadu_ps(part + o * ldp + c * L);
   for (int64_t i = 0; i < oh; ++i)
     for (int64_t j = 0; j < ow; j += 32) {
-      const int64_t left = ow - j;
-      const __mmask32 m = left >= 32 ? ~__mmask32(0) : (__mmask32(1) << left) - 1;
+      const __mmask32 m = lanes32(ow - j);
       __m512i xv[TC];
 #pragma GCC unroll 3
       for (int c = 0; c < TC; ++c) xv[c] = _mm512_maskz_loadu_epi16(m, xs[c] + i * pw + j);

@@ -77,8 +77,7 @@ void sample_row(const T* src, int64_t s, int64_t n, int64_t readable, float* dst
     if (s == 2) {
       // 16 outputs from 32 values: the even ones in the low halves of the 32-bit words.
       for (int64_t j = 0; j < n; j += L) {
-        const int64_t left = readable - 2 * j;
-        const __mmask32 m = left >= 32 ? ~__mmask32(0) : (__mmask32(1) << left) - 1;
+        const __mmask32 m = lanes32(readable - 2 * j);
         store(dst + j,
               _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_maskz_loadu_epi16(m, src + 2 * j), 16)));
       }
@@ -127,8 +126,7 @@ void spread_row(const float* src, int64_t n, int64_t s, int64_t w, T* dst) {
     if (s == 2) {
       // A 32-bit word of the rounded value's bits and a zero above them is the pair (value, 0).
       for (int64_t j = 0; 2 * j < w; j += L) {
-        const int64_t left = w - 2 * j;
-        const __mmask32 m = left >= 32 ? ~__mmask32(0) : (__mmask32(1) << left) - 1;
+        const __mmask32 m = lanes32(w - 2 * j);
         _mm512_mask_storeu_epi16(dst + 2 * j, m, bf16_bits(load(src + j)));
       }
       return;

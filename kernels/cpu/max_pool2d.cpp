@@ -190,6 +190,14 @@ void unpool_2x2(const Pool2dGeometry& g, const float* gyp, const int32_t* ip, fl
 }
 #endif
 
+// One plane's gradient through its 2x2/2 windows (unpool_2x2), and zeros in the last row that an
+// odd height leaves outside every window.
+template <typename E>
+void unpool_plane(const Pool2dGeometry& g, const E* gyp, const int32_t* ip, E* gp) {
+  unpool_2x2(g, gyp, ip, gp);
+  if (g.h > 2 * g.oh) std::fill_n(gp + (g.h - 1) * g.w, g.w, E(0.f));
+}
+
 int64_t plane_grain(const Pool2dGeometry& g) {
   return std::max<int64_t>(1, kElementwiseGrain / std::max<int64_t>(g.h * g.w, 1));
 }
@@ -246,12 +254,8 @@ void backward(const Pool2dGeometry& g, const T* gy, const int32_t* idx, T* gx) {
   if constexpr (kInPlace<T> && !wide) {
     if (tiled)
       return parallel_balanced(g.planes, plane_grain(g), [&](int64_t p0, int64_t p1) {
-        for (int64_t p = p0; p < p1; ++p) {
-          T* gp = gx + p * in_plane;
-          unpool_2x2(g, gy + p * out_plane, idx + p * out_plane, gp);
-          // An odd height leaves a last row outside every window.
-          if (g.h > 2 * g.oh) std::fill_n(gp + (g.h - 1) * g.w, g.w, T(0.f));
-        }
+        for (int64_t p = p0; p < p1; ++p)
+          unpool_plane(g, gy + p * out_plane, idx + p * out_plane, gx + p * in_plane);
       });
   }
   parallel_balanced(g.planes, plane_grain(g), [&](int64_t p0, int64_t p1) {
@@ -270,9 +274,7 @@ void backward(const Pool2dGeometry& g, const T* gy, const int32_t* idx, T* gx) {
         std::fill_n(gp, in_plane, 0.f);
         for (int64_t i = 0; i < out_plane; ++i) gp[ip[i]] += gyp[i];
       } else {
-        unpool_2x2(g, gyp, ip, gp);
-        // An odd height leaves a last row outside every window.
-        if (g.h > 2 * g.oh) std::fill_n(gp + (g.h - 1) * g.w, g.w, 0.f);
+        unpool_plane(g, gyp, ip, gp);
       }
       if constexpr (!wide) from_float(gp, gx + p * in_plane, in_plane);
     }

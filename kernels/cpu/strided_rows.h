@@ -25,7 +25,7 @@ inline void copy_row(const T* src, T* dst, int64_t n) {
     return;
   } else if constexpr (sizeof(T) == 2) {
     for (int64_t j = 0; j < n; j += 32) {
-      const __mmask32 m = n - j >= 32 ? ~__mmask32(0) : (__mmask32(1) << (n - j)) - 1;
+      const __mmask32 m = lanes32(n - j);
       _mm512_mask_storeu_epi16(dst + j, m, _mm512_maskz_loadu_epi16(m, src + j));
     }
     return;
@@ -90,8 +90,7 @@ inline void deinterleave_row(const T* src, int64_t n, D* even, D* odd) {
     // one after it in its high half, narrowed apart.
     for (; j < n; j += 32) {
       const int64_t left = std::min<int64_t>(n - j, 32);
-      const __m512i v = _mm512_maskz_loadu_epi16(
-          left == 32 ? ~__mmask32(0) : (__mmask32(1) << left) - 1, src + j);
+      const __m512i v = _mm512_maskz_loadu_epi16(lanes32(left), src + j);
       _mm256_mask_storeu_epi16(even + j / 2, lanes((left + 1) / 2), _mm512_cvtepi32_epi16(v));
       _mm256_mask_storeu_epi16(odd + j / 2, lanes(left / 2),
                                _mm512_cvtepi32_epi16(_mm512_srli_epi32(v, 16)));

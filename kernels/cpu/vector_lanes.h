@@ -177,23 +177,14 @@ inline void transpose(V r[L]) {
 #endif
 }
 
-// The L lanes of v into d: as floats, or as bfloat16 bits (store_bf16's rounding).
+// The L lanes of v into d: as floats, or as bfloat16 bits (store_first's rounding; without
+// AVX-512 a scalar loop, which no kernel takes there, the pairs needing AVX512-BF16).
 inline void store_lanes_as(float* d, V v) {
   store(d, v);
 }
-#if defined(__AVX512BW__)
 inline void store_lanes_as(uint16_t* d, V v) {
-  store_bf16(reinterpret_cast<bfloat16*>(d), as_m(v), lanes(L));
+  store_first(reinterpret_cast<bfloat16*>(d), v, L);
 }
-#else
-// (Without AVX-512 no kernel stores bfloat16 bits channel-last, the pairs needing AVX512-BF16;
-// this form lets the code that would compile.)
-inline void store_lanes_as(uint16_t* d, V v) {
-  alignas(32) float f[L];
-  store(f, v);
-  for (int64_t i = 0; i < L; ++i) d[i] = galley::detail::float_to_bf16_bits(f[i]);
-}
-#endif
 
 // dst[r * ld + j * cp + c] = src[c][r][j] for `channels` planes of h x w (cp >= channels rounded
 // up to whole vectors; the channels past `channels` to the next whole vector zero, any elements
