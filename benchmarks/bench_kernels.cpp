@@ -268,25 +268,31 @@ void BM_conv2d_layer_forward(benchmark::State& st) {
   st.counters["bias"] = l.bias() ? 1 : 0;
 }
 
-// Counters: input_grad, 1 where the backward computes the input gradient (0 for a stem's); bias,
-// 1 where the layer has one (forward too).
-void BM_conv2d_layer_backward(benchmark::State& st) {
-  const LayerShape& l = layer_shape(st);
-  const galley::DType dt = layer_dtype(st);
-  const bool input_grad = !l.stem();
+// Seconds of the layer's backward with the weight gradient, and the input and bias gradients
+// where asked for (and the layer has a bias).
+double time_layer_backward(benchmark::State& st, const LayerShape& l, galley::DType dt,
+                           bool input_grad, bool bias) {
   Tensor x = layer_tensor({kLayerBatch, l.in, l.hw, l.hw}, dt, input_grad);
   Tensor w = layer_tensor({l.out, l.in, l.k, l.k}, dt, true);
-  Tensor b = l.bias() ? layer_tensor({l.out}, dt, true) : Tensor();
+  Tensor b = bias ? layer_tensor({l.out}, dt, true) : Tensor();
   Tensor gy;
   {
     galley::NoGradGuard ng;
     gy = galley::randn(galley::conv2d(x, w, b, layer_options(l)).shape(), gen()).to(dt);
   }
   std::vector<Tensor> leaves = {w};
-  if (l.bias()) leaves.push_back(b);
+  if (bias) leaves.push_back(b);
   if (input_grad) leaves.push_back(x);
-  const double secs = time_backward(
+  return time_backward(
       st, [&] { return galley::conv2d(x, w, b, layer_options(l)); }, gy, leaves);
+}
+
+// Counters: input_grad, 1 where the backward computes the input gradient (0 for a stem's); bias,
+// 1 where the layer has one (forward too).
+void BM_conv2d_layer_backward(benchmark::State& st) {
+  const LayerShape& l = layer_shape(st);
+  const bool input_grad = !l.stem();
+  const double secs = time_layer_backward(st, l, layer_dtype(st), input_grad, l.bias());
   set_rate(st, (input_grad ? 2 : 1) * layer_flops(l), 0, secs, /*samples=*/false);
   st.counters["input_grad"] = input_grad ? 1 : 0;
   st.counters["bias"] = l.bias() ? 1 : 0;
@@ -296,16 +302,7 @@ void BM_conv2d_layer_backward(benchmark::State& st) {
 // weight-gradient kernels take, apart from the input gradient's.
 void BM_conv2d_weight_grad_of_layer(benchmark::State& st) {
   const LayerShape& l = layer_shape(st);
-  const galley::DType dt = layer_dtype(st);
-  Tensor x = layer_tensor({kLayerBatch, l.in, l.hw, l.hw}, dt, false);
-  Tensor w = layer_tensor({l.out, l.in, l.k, l.k}, dt, true);
-  Tensor gy;
-  {
-    galley::NoGradGuard ng;
-    gy = galley::randn(galley::conv2d(x, w, Tensor(), layer_options(l)).shape(), gen()).to(dt);
-  }
-  const double secs =
-      time_backward(st, [&] { return galley::conv2d(x, w, Tensor(), layer_options(l)); }, gy, {w});
+  const double secs = time_layer_backward(st, l, layer_dtype(st), false, false);
   set_rate(st, layer_flops(l), 0, secs, /*samples=*/false);
 }
 
@@ -522,6 +519,13 @@ void batches(benchmark::internal::Benchmark* b) {
   b->Arg(64)->Arg(256)->Unit(benchmark::kMillisecond);
 }
 
+// Every layer shape of kLayerShapes, in float32 and bfloat16.
+void layer_shapes(benchmark::internal::Benchmark* b) {
+  b->ArgsProduct({benchmark::CreateDenseRange(0, kLayerShapeCount - 1, 1), {0, 1}})
+      ->ArgNames({"shape", "bf16"})
+      ->Unit(benchmark::kMillisecond);
+}
+
 }  // namespace
 
 BENCHMARK(BM_conv2d_forward)->Apply(batches)->UseRealTime();
@@ -530,21 +534,9 @@ BENCHMARK(BM_conv2d_backward)
     ->ArgNames({"batch", "grad_input"})
     ->UseManualTime()
     ->Unit(benchmark::kMillisecond);
-BENCHMARK(BM_conv2d_layer_forward)
-    ->ArgsProduct({benchmark::CreateDenseRange(0, kLayerShapeCount - 1, 1), {0, 1}})
-    ->ArgNames({"shape", "bf16"})
-    ->UseRealTime()
-    ->Unit(benchmark::kMillisecond);
-BENCHMARK(BM_conv2d_layer_backward)
-    ->ArgsProduct({benchmark::CreateDenseRange(0, kLayerShapeCount - 1, 1), {0, 1}})
-    ->ArgNames({"shape", "bf16"})
-    ->UseManualTime()
-    ->Unit(benchmark::kMillisecond);
-BENCHMARK(BM_conv2d_weight_grad_of_layer)
-    ->ArgsProduct({benchmark::CreateDenseRange(0, kLayerShapeCount - 1, 1), {0, 1}})
-    ->ArgNames({"shape", "bf16"})
-    ->UseManualTime()
-    ->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_conv2d_layer_forward)->Apply(layer_shapes)->UseRealTime();
+BENCHMARK(BM_conv2d_layer_backward)->Apply(layer_shapes)->UseManualTime();
+BENCHMARK(BM_conv2d_weight_grad_of_layer)->Apply(layer_shapes)->UseManualTime();
 BENCHMARK(BM_relu)->Apply(batches)->UseRealTime();
 BENCHMARK(BM_relu_backward)->Apply(batches)->UseManualTime();
 BENCHMARK(BM_batch_norm)->ArgsProduct({{0, 1}, {0, 1}})->ArgNames({"shape", "bf16"})->UseRealTime();
