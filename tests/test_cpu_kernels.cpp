@@ -1010,6 +1010,8 @@ const std::vector<Case>& winograd_cases() {
       {3, 17, 9, 11, 33, 3, 3, 1, 1},   // narrow, odd, channels off the vectors
       {2, 64, 8, 8, 128, 3, 3, 1, 1},   // vgg's narrow layer: two blocks of four output vectors
       {3, 40, 12, 12, 70, 3, 3, 1, 1},  // the widest narrow plane; 4 + 1 output vectors
+      {3, 16, 16, 16, 24, 3, 3, 1, 1},  // 8 tiles a row (vgg's 16x16): two tile rows a vector
+      {2, 17, 11, 15, 18, 3, 3, 1, 1},  // ... 15 wide, an odd tile row left alone at the bottom
   };
   return all;
 }

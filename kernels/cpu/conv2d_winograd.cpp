@@ -22,8 +22,9 @@ namespace {
 // tiles a row, under half of a vector's 16 lanes busy in the tiled form's transforms; on AMD
 // Zen 4, two threads, batch 64, resnet's 32->32 14x14 layer ran 1.2x (float32) and 1.32x
 // (bfloat16 pairs) forward and 1.08x and 1.1x backward on it, while 16x16 planes of vgg's 64->64
-// layer, 8 tiles a row, were even and 28x28 ones 0.85-0.93x); with AVX2, 12 wide or less (at most
-// 6 tiles a row of 8 lanes).
+// layer, 8 tiles a row, were even and 28x28 ones 0.85-0.93x; with two tile rows a vector,
+// TileRowPairs, the 14x14 layer's forward pass still ran 0.75-0.83x and its backward 0.9-0.95x
+// the narrow form's); with AVX2, 12 wide or less (at most 6 tiles a row of 8 lanes).
 constexpr int64_t kNarrowPlane = conv_block::L == 16 ? 15 : 13;
 
 // A 16-bit convolution computed in float32 here, as the float32 one, with its bits: any but a
@@ -205,6 +206,25 @@ inline int64_t bordered_row(const Plan& p) {
   return round_up(2 * p.tw() + 2 * L + 2, L);
 }
 
+// A row's four columns d0 .. d3 (of L tiles) through B^T.
+inline void through_bt(V d0, V d1, V d2, V d3, V t[4]) {
+  t[0] = d0 - d2;
+  t[1] = d1 + d2;
+  t[2] = d2 - d1;
+  t[3] = d1 - d3;
+}
+
+// The transform's four rows a, b, c, e (input rows 2i - 1 .. 2i + 2, each through B^T) through
+// B: r[k] = position k = 4 r + c of the tile row.
+inline void through_b(const V a[4], const V b[4], const V c[4], const V e[4], V r[16]) {
+  for (int q = 0; q < 4; ++q) {
+    r[0 + q] = a[q] - c[q];
+    r[4 + q] = b[q] + c[q];
+    r[8 + q] = c[q] - b[q];
+    r[12 + q] = b[q] - e[q];
+  }
+}
+
 // B^T d B, B^T = [1 0 -1 0; 0 1 1 0; 0 -1 1 0; 0 1 0 -1], for L tiles of one input plane, a
 // tile row at a time: the tiles at columns j0 .. j0 + L - 1 of every row. Tile (i, j) reads rows
 // 2i - 1 .. 2i + 2 and columns 2j - 1 .. 2j + 2, zero outside the plane. Its four columns come
@@ -240,12 +260,7 @@ class InputTiles {
     for (int q = 0; q < 4; ++q) a[q] = c_[q], b[q] = e_[q];
     row(2 * i + 1, c_);
     row(2 * i + 2, e_);
-    for (int q = 0; q < 4; ++q) {
-      r[0 + q] = a[q] - c_[q];
-      r[4 + q] = b[q] + c_[q];
-      r[8 + q] = c_[q] - b[q];
-      r[12 + q] = b[q] - e_[q];
-    }
+    through_b(a, b, c_, e_, r);
   }
 
  private:
@@ -267,7 +282,7 @@ class InputTiles {
       d1 = as_v(_mm512_castsi512_ps(_mm512_slli_epi32(mid, 16)));
       d2 = as_v(_mm512_castsi512_ps(_mm512_and_si512(mid, odd)));
       d3 = as_v(_mm512_castsi512_ps(_mm512_slli_epi32(right, 16)));
-      return finish(d0, d1, d2, d3, t);
+      return through_bt(d0, d1, d2, d3, t);
     } else if constexpr (std::is_same_v<T, float>) {
       const float* s = x_ + r * p_.w + o_;
       deinterleave(load_lanes(s, m_[2]), load_lanes(s + L, m_[3]), d1, d2);
@@ -277,7 +292,7 @@ class InputTiles {
           _mm512_alignr_epi32(_mm512_castps_si512(as_m(d2)), _mm512_castps_si512(first), L - 1)));
       d3 = as_v(_mm512_castsi512_ps(
           _mm512_alignr_epi32(_mm512_castps_si512(last), _mm512_castps_si512(as_m(d1)), 1)));
-      return finish(d0, d1, d2, d3, t);
+      return through_bt(d0, d1, d2, d3, t);
     }
 #endif
     if constexpr (kBorderedRows) {
@@ -291,15 +306,7 @@ class InputTiles {
       deinterleave(load_lanes(s, m_[2]), load_lanes(s + L, m_[3]), d1, d2);
       deinterleave(load_lanes(s + 2, m_[4]), load_lanes(s + 2 + L, m_[5]), d3, unused);
     }
-    finish(d0, d1, d2, d3, t);
-  }
-
-  // A row's four columns through B^T.
-  static void finish(V d0, V d1, V d2, V d3, V t[4]) {
-    t[0] = d0 - d2;
-    t[1] = d1 + d2;
-    t[2] = d2 - d1;
-    t[3] = d1 - d3;
+    through_bt(d0, d1, d2, d3, t);
   }
 
   const Plan& p_;
@@ -314,6 +321,123 @@ class InputTiles {
   V c_[4], e_[4];  // input rows 2i - 1 and 2i through B^T, for the next tile row i
 };
 
+#if defined(__AVX512BW__) && defined(__AVX512VL__)
+// The lanes of tile rows i and i + 1 in one vector, for planes of tw <= L / 2 tiles a row (8 or
+// fewer), which would fill at most half of InputTiles' lanes: row i in lanes 0 .. tw - 1 and row
+// i + 1 in lanes tw .. 2 tw - 1, which is how the transformed planes and the products lay them
+// out (tiles row-major). `first` / `past`: the lanes where each row's tiles start and end.
+struct PairedLanes {
+  int64_t tw;
+  __mmask16 all, first, last;  // the 2 tw lanes; lanes 0 and tw; lanes tw - 1 and 2 tw - 1
+  explicit PairedLanes(int64_t tiles_a_row)
+      : tw(tiles_a_row),
+        all(lanes(2 * tw)),
+        first(__mmask16(1u | 1u << tw)),
+        last(__mmask16(1u << (tw - 1) | 1u << (2 * tw - 1))) {}
+  // The index vector taking lane j of a for lanes j < tw and lane j - tw of b for lanes tw ..
+  // 2 tw - 1, where a lane is stride * j + offset of its row's operand (permutex2var's form: b
+  // from 16).
+  __m512i gather(int64_t stride, int64_t offset) const {
+    alignas(64) int32_t idx[16] = {};
+    for (int64_t j = 0; j < 2 * tw; ++j)
+      idx[j] = int32_t(j < tw ? stride * j + offset : 16 + stride * (j - tw) + offset);
+    return _mm512_load_si512(idx);
+  }
+};
+
+// Tile rows i and i + 1 through B^T d B in one vector (PairedLanes), so each vector of the
+// transform does the work of two. Each of the four input rows the pair reads holds input row r
+// for row i's lanes and r + 2 for row i + 1's (tile row i + 1 reads the rows two below row i's):
+// loaded whole (w <= 16), the columns 2j and 2j + 1 gathered into the pair's lanes, 2j - 1 and
+// 2j + 2 a lane's shift of those with the lane past either row's end zero. The same values, in
+// the same order, as InputTiles'.
+template <typename T>
+class TileRowPairs {
+ public:
+  static_assert(std::is_same_v<T, float> || std::is_same_v<T, bfloat16>);
+
+  TileRowPairs(const Plan& p, const T* x)
+      : p_(p),
+        x_(x),
+        lanes_(p.tw()),
+        m_(lanes(p.w)),
+        even_(lanes_.gather(2, 0)),
+        odd_(lanes_.gather(2, 1)),
+        words_(lanes_.gather(1, 0)) {}
+
+  // r[k] = position k of tile rows i and i + 1 (past the last tile row, row i + 1's lanes hold
+  // what no store keeps).
+  void next(int64_t i, V r[16]) {
+    V a[4], b[4], c[4], e[4];
+    row(2 * i - 1, a);
+    row(2 * i, b);
+    row(2 * i + 1, c);
+    row(2 * i + 2, e);
+    through_b(a, b, c, e, r);
+  }
+
+ private:
+  // Rows r (row i's lanes) and r + 2 (row i + 1's), columns 2j - 1 .. 2j + 2, through B^T.
+  void row(int64_t r, V t[4]) {
+    const __mmask16 after_first = lanes_.all & ~lanes_.first;
+    const __mmask16 before_last = lanes_.all & ~lanes_.last;
+    const __m512i zero = _mm512_setzero_si512();
+    V d0, d1, d2, d3;
+    if constexpr (std::is_same_v<T, bfloat16>) {
+      // 32-bit words j: columns 2j (low 16 bits) and 2j + 1 (high)
+      const __m512i mid =
+          _mm512_maskz_permutex2var_epi32(lanes_.all, load16(r), words_, load16(r + 2));
+      const __m512i odd = _mm512_set1_epi32(int32_t(0xffff0000u));
+      const __m512i left = _mm512_maskz_alignr_epi32(after_first, mid, zero, 15);  // 2j - 2, -1
+      const __m512i right = _mm512_maskz_alignr_epi32(before_last, zero, mid, 1);  // 2j + 2, +3
+      d0 = as_v(_mm512_castsi512_ps(_mm512_and_si512(left, odd)));
+      d1 = as_v(_mm512_castsi512_ps(_mm512_slli_epi32(mid, 16)));
+      d2 = as_v(_mm512_castsi512_ps(_mm512_and_si512(mid, odd)));
+      d3 = as_v(_mm512_castsi512_ps(_mm512_slli_epi32(right, 16)));
+    } else {
+      const M a = load32(r), b = load32(r + 2);
+      d1 = as_v(_mm512_maskz_permutex2var_ps(lanes_.all, a, even_, b));
+      d2 = as_v(_mm512_maskz_permutex2var_ps(lanes_.all, a, odd_, b));
+      d0 = as_v(_mm512_castsi512_ps(
+          _mm512_maskz_alignr_epi32(after_first, _mm512_castps_si512(as_m(d2)), zero, 15)));
+      d3 = as_v(_mm512_castsi512_ps(
+          _mm512_maskz_alignr_epi32(before_last, zero, _mm512_castps_si512(as_m(d1)), 1)));
+    }
+    through_bt(d0, d1, d2, d3, t);
+  }
+  bool inside(int64_t r) const { return r >= 0 && r < p_.h; }
+  // Row r's bfloat16 bits in the low half (zero outside the plane, and past its w columns).
+  __m512i load16(int64_t r) const {
+    return inside(r) ? _mm512_castsi256_si512(_mm256_maskz_loadu_epi16(
+                           m_, reinterpret_cast<const uint16_t*>(x_) + r * p_.w))
+                     : _mm512_setzero_si512();
+  }
+  // Row r's floats (likewise).
+  M load32(int64_t r) const {
+    return inside(r) ? _mm512_maskz_loadu_ps(m_, reinterpret_cast<const float*>(x_) + r * p_.w)
+                     : _mm512_setzero_ps();
+  }
+
+  const Plan& p_;
+  const T* x_;
+  PairedLanes lanes_;
+  __mmask16 m_;                 // the row's columns
+  __m512i even_, odd_, words_;  // float32: columns 2j and 2j + 1; bfloat16: words j
+};
+
+// Whether T's planes of p go through TileRowPairs.
+template <typename T>
+bool tile_row_pairs(const Plan& p) {
+  constexpr bool kLoads = std::is_same_v<T, float> || std::is_same_v<T, bfloat16>;
+  return kLoads && 2 * p.tw() <= L;
+}
+#else
+template <typename T>
+bool tile_row_pairs(const Plan&) {
+  return false;
+}
+#endif
+
 // v[k * ldk + t0 + tile] = position k of B^T d B for every tile of one input plane (tiles
 // numbered row-major); `rows` as InputTiles takes it.
 template <typename T>
@@ -323,6 +447,20 @@ void transform_input(const Plan& p, const T* x, float* v, int64_t ldk, int64_t t
     for (int64_t r = 0; r < p.h; ++r)
       for (int64_t j = 0; j < p.w; j += L)
         store(rows + r * bw + 2 + j, load_lanes(x + r * p.w + j, first_lanes(p.w - j)));
+#if defined(__AVX512BW__) && defined(__AVX512VL__)
+  if constexpr (std::is_same_v<T, float> || std::is_same_v<T, bfloat16>) {
+    if (tile_row_pairs<T>(p)) {
+      TileRowPairs<T> pairs(p, x);
+      for (int64_t i = 0; i < p.th(); i += 2) {
+        V r[16];
+        pairs.next(i, r);
+        const int64_t n = std::min<int64_t>(2, p.th() - i) * tw;
+        for (int k = 0; k < 16; ++k) store_first(v + k * ldk + t0 + i * tw, r[k], n);
+      }
+      return;
+    }
+  }
+#endif
   // With whole-vector stores the vectors of a tile row go last to first: the last one's lanes past
   // the row land on the next row's first tiles (tw >= 7 here: kNarrowPlane), written after it.
   const int64_t vectors = (tw + L - 1) / L;
@@ -359,11 +497,22 @@ template <typename T>
 void transform_output(const Plan& p, const float* m, int64_t tp, int64_t t0, const float* bias,
                       T* y) {
   const int64_t tw = p.tw(), ldk = position_stride(p.coutp() * tp);
+  // Where tw is at most half a vector, a vector holds tile rows i and i + 1 (PairedLanes), each
+  // interleaved into its own output rows.
+  bool paired = false;
+#if defined(__AVX512BW__) && defined(__AVX512VL__)
+  paired = 2 * tw <= L;
+  // columns 2j + b of row i: lane j of y_b, and of row i + 1: lane tw + j
+  alignas(64) int32_t ii[16] = {};
+  for (int64_t j = 0; j < 2 * tw && paired; ++j) ii[j] = int32_t((j % 2) * 16 + j / 2);
+  const __m512i row_i = _mm512_load_si512(ii),
+                row_next = _mm512_add_epi32(row_i, _mm512_set1_epi32(int32_t(tw)));
+#endif
   for (int64_t co = 0; co < p.cout; ++co) {
     const V vb = splat(bias ? bias[co] : 0.f);
     const float* mc = m + co * tp + t0;
     T* yc = y + co * p.h * p.w;
-    for (int64_t i = 0; i < p.th(); ++i)
+    for (int64_t i = 0; i < p.th(); i += paired ? 2 : 1)
       for (int64_t j0 = 0; j0 < tw; j0 += L) {
         const float* src = mc + i * tw + j0;
         V s[4][2];
@@ -378,6 +527,15 @@ void transform_output(const Plan& p, const float* m, int64_t tp, int64_t t0, con
           const V y0 = (a == 0 ? s[0][0] + s[1][0] + s[2][0] : s[1][0] - s[2][0] - s[3][0]) + vb;
           const V y1 = (a == 0 ? s[0][1] + s[1][1] + s[2][1] : s[1][1] - s[2][1] - s[3][1]) + vb;
           T* dst = yc + (2 * i + a) * p.w + 2 * j0;
+#if defined(__AVX512BW__) && defined(__AVX512VL__)
+          if (paired) {
+            store_first(dst, as_v(_mm512_permutex2var_ps(as_m(y0), row_i, as_m(y1))), left);
+            if (2 * i + 2 + a < p.h)
+              store_first(dst + 2 * p.w, as_v(_mm512_permutex2var_ps(as_m(y0), row_next, as_m(y1))),
+                          left);
+            continue;
+          }
+#endif
           V first, second;
           interleave(y0, y1, first, second);
           store_first(dst, first, left);
@@ -632,21 +790,30 @@ template <typename T>
 void transform_input_pairs(const Plan& p, const T* lo, const T* hi, Pair* vp, int64_t ldk,
                            int64_t t0) {
   const int64_t tw = p.tw();
+  // Tile row i of both planes (and i + 1, from TileRowPairs), n lanes stored from tile t.
+  auto rows = [&](auto& even, auto& odd, int64_t i, int64_t t, __mmask16 n) {
+    V a[16], b[16];
+    even.next(i, a);
+    if (hi) {
+      odd.next(i, b);
+    } else {
+      for (V& z : b) z = V{};
+    }
+    Pair* dst = vp + t0 + t;
+    for (int k = 0; k < 16; ++k)
+      _mm512_mask_storeu_epi32(dst + k * ldk, n, bf16_pairs_flushed(as_m(a[k]), as_m(b[k])));
+  };
+  if constexpr (std::is_same_v<T, bfloat16>) {
+    if (tile_row_pairs<T>(p)) {
+      TileRowPairs<T> even(p, lo), odd(p, hi ? hi : lo);
+      for (int64_t i = 0; i < p.th(); i += 2)
+        rows(even, odd, i, i * tw, lanes(std::min<int64_t>(2, p.th() - i) * tw));
+      return;
+    }
+  }
   for (int64_t j0 = 0; j0 < tw; j0 += L) {
     InputTiles<T> even(p, lo, nullptr, j0), odd(p, hi ? hi : lo, nullptr, j0);
-    const __mmask16 n = lanes(tw - j0);
-    for (int64_t i = 0; i < p.th(); ++i) {
-      V a[16], b[16];
-      even.next(i, a);
-      if (hi) {
-        odd.next(i, b);
-      } else {
-        for (V& z : b) z = V{};
-      }
-      Pair* dst = vp + t0 + i * tw + j0;
-      for (int k = 0; k < 16; ++k)
-        _mm512_mask_storeu_epi32(dst + k * ldk, n, bf16_pairs_flushed(as_m(a[k]), as_m(b[k])));
-    }
+    for (int64_t i = 0; i < p.th(); ++i) rows(even, odd, i, i * tw + j0, lanes(tw - j0));
   }
 }
 

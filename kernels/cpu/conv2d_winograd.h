@@ -9,7 +9,8 @@
 // [in channels x tiles], run on the direct path's register block (cpu/conv2d_block.h) with tiles
 // across the vector lanes (16 with AVX-512, 8 with AVX2: the code is written once for both, on
 // cpu/vector_lanes.h). The output transform, A^T m A, turns each tile's 16 sums into its 2x2
-// outputs. Planes 14 wide or less (12 with AVX2: at most 7 or 6 tiles a row, which would leave
+// outputs. With AVX-512, where a row has at most 8 tiles (planes 15 or 16 wide, vgg's 16x16), the
+// transforms hold two tile rows a vector. Planes 14 wide or less (12 with AVX2: at most 7 or 6 tiles a row, which would leave
 // most lanes of the transforms idle) run with channels across the lanes instead: each image copied
 // channel-last into a bordered buffer, the transforms on vectors of L channels of one tile, the
 // products a tile's input channel broadcast against vectors of L output channels, and the outputs
