@@ -1532,6 +1532,73 @@ TEST(MaxPool16Bit, MatchesTheFloat32KernelOnWidenedInputsBitForBit) {
     }
 }
 
+// 2x2/2 pooling of planes a few outputs wide (8x8, 16x16, 16x4, 32x2, 8x16: the ones whose
+// windows a vector takes several output rows of) against the same planes one column wider, which
+// the kernel takes a row at a time (the extra column lies outside every window): the same
+// maxima, winners (mapped back to the narrower rows) and gradients, zero in the extra column. The
+// inputs repeat a few values, so that windows tie, with NaNs of both kinds and -0 among them.
+TEST(MaxPool, SeveralOutputRowsAVectorMatchOneRowAtATime) {
+  namespace cpu = galley::kernels::cpu;
+  std::mt19937 rng(11);
+  std::uniform_int_distribution<int> pick(0, 6);
+  const float kValues[7] = {-1.f, 0.f, 1.f, 2.f, -0.f, std::numeric_limits<float>::quiet_NaN(),
+                            1.f};
+  for (galley::DType dt : {galley::DType::Float32, galley::DType::BFloat16})
+    for (auto [h, w] :
+         std::vector<std::array<int64_t, 2>>{{8, 8}, {16, 16}, {16, 4}, {32, 2}, {8, 16}}) {
+      const int64_t planes = 5, oh = h / 2, ow = w / 2;
+      const galley::kernels::Pool2dGeometry g{planes, h, w, 2, 2, 0, oh, ow};
+      const galley::kernels::Pool2dGeometry wide{planes, h, w + 1, 2, 2, 0, oh, ow};
+      const size_t nx = size_t(planes * h * w), nw = size_t(planes * h * (w + 1));
+      const size_t ny = size_t(planes * oh * ow);
+      std::vector<float> x(nx), xw(nw, 100.f), gy(ny);
+      for (size_t i = 0; i < nx; ++i) x[i] = kValues[pick(rng)];
+      for (size_t i = 0; i < ny; ++i) gy[i] = float(pick(rng)) - 3.f;
+      for (int64_t r = 0; r < planes * h; ++r)
+        std::copy_n(x.data() + r * w, w, xw.data() + r * (w + 1));
+      const bool bf = dt == galley::DType::BFloat16;
+      // a signalling NaN (bfloat16 bits 0x7f81) among the bfloat16 inputs
+      std::vector<uint16_t> x16(nx), xw16(nw), gy16(ny);
+      if (bf) {
+        cpu::convert(x.data(), galley::DType::Float32, x16.data(), dt, int64_t(nx));
+        x16[nx / 3] = 0x7f81;
+        cpu::convert(x16.data(), dt, x.data(), galley::DType::Float32, int64_t(nx));
+        for (int64_t r = 0; r < planes * h; ++r)
+          std::copy_n(x.data() + r * w, w, xw.data() + r * (w + 1));
+        cpu::convert(xw.data(), galley::DType::Float32, xw16.data(), dt, int64_t(nw));
+        xw16[size_t(nx / 3 / w) * size_t(w + 1) + nx / 3 % size_t(w)] = 0x7f81;
+        cpu::convert(gy.data(), galley::DType::Float32, gy16.data(), dt, int64_t(ny));
+      }
+      auto ptr = [&](std::vector<float>& f, std::vector<uint16_t>& b) -> void* {
+        return bf ? static_cast<void*>(b.data()) : static_cast<void*>(f.data());
+      };
+      std::vector<float> y(ny), yw(ny), gx(nx), gxw(nw);
+      std::vector<uint16_t> y16(ny), yw16(ny), gx16(nx), gxw16(nw);
+      std::vector<int32_t> idx(ny), idxw(ny);
+      cpu::max_pool2d_forward(g, ptr(x, x16), ptr(y, y16), idx.data(), dt);
+      cpu::max_pool2d_forward(wide, ptr(xw, xw16), ptr(yw, yw16), idxw.data(), dt);
+      cpu::max_pool2d_backward(g, ptr(gy, gy16), idx.data(), ptr(gx, gx16), dt);
+      cpu::max_pool2d_backward(wide, ptr(gy, gy16), idxw.data(), ptr(gxw, gxw16), dt);
+      const std::string what =
+          std::string(galley::dtype_name(dt)) + " " + std::to_string(h) + "x" + std::to_string(w);
+      for (int32_t& i : idxw) i = i / int32_t(w + 1) * int32_t(w) + i % int32_t(w + 1);
+      EXPECT_EQ(idx, idxw) << what;
+      auto bits = [&](std::vector<float>& f, std::vector<uint16_t>& b, size_t i) -> uint32_t {
+        if (bf) return b[i];
+        uint32_t u;
+        std::memcpy(&u, &f[i], 4);
+        return u;
+      };
+      for (size_t i = 0; i < ny; ++i) ASSERT_EQ(bits(y, y16, i), bits(yw, yw16, i)) << what;
+      for (int64_t r = 0; r < planes * h; ++r) {
+        for (int64_t c = 0; c < w; ++c)
+          ASSERT_EQ(bits(gx, gx16, size_t(r * w + c)), bits(gxw, gxw16, size_t(r * (w + 1) + c)))
+              << what << " row " << r << " column " << c;
+        ASSERT_EQ(bits(gxw, gxw16, size_t(r * (w + 1) + w)), 0u) << what;
+      }
+    }
+}
+
 // The bfloat16 GEMM (AMX tiles or vdpbf16ps, whichever the host runs) against the float32 GEMM on
 // exact values (small integers times
 // quarters, so every order of summing gives the same bits): every transpose, sizes off every
