@@ -23,7 +23,7 @@ namespace {
 // Zen 4, two threads, batch 64, resnet's 32->32 14x14 layer ran 1.2x (float32) and 1.32x
 // (bfloat16 pairs) forward and 1.08x and 1.1x backward on it, while 16x16 planes of vgg's 64->64
 // layer, 8 tiles a row, were even and 28x28 ones 0.85-0.93x; with two tile rows a vector,
-// TileRowPairs, the 14x14 layer's forward pass still ran 0.75-0.83x and its backward 0.9-0.95x
+// TileRowPairs, the 14x14 layer's forward pass still ran 0.75-0.86x and its backward 0.9-0.95x
 // the narrow form's); with AVX2, 12 wide or less (at most 6 tiles a row of 8 lanes).
 constexpr int64_t kNarrowPlane = conv_block::L == 16 ? 15 : 13;
 
