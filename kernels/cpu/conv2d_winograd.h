@@ -10,19 +10,19 @@
 // across the vector lanes (16 with AVX-512, 8 with AVX2: the code is written once for both, on
 // cpu/vector_lanes.h). The output transform, A^T m A, turns each tile's 16 sums into its 2x2
 // outputs. With AVX-512, where a row has at most 8 tiles (planes 15 or 16 wide, vgg's 16x16), the
-// transforms hold two tile rows a vector. Planes 14 wide or less (12 with AVX2: at most 7 or 6 tiles a row, which would leave
-// most lanes of the transforms idle) run with channels across the lanes instead: each image copied
-// channel-last into a bordered buffer, the transforms on vectors of L channels of one tile, the
-// products a tile's input channel broadcast against vectors of L output channels, and the outputs
-// transposed back into planes; the same transforms in the same order, so the same bits. The
-// transforms' coefficients are 0, +-1 and +-1/2, so on inputs whose products and sums are exact in
-// float (small integers, weights in quarters) the result has the im2col path's bits; on others it
-// differs from a direct sum by a few units in the last place of the largest terms. The input
-// gradient of such a convolution is another one (the output gradient against the flipped,
-// transposed kernel) and runs here too. So does the weight gradient, as the forward transposed:
-// G^T [sum over tiles of (A gy A^T) . (B^T d B)] G, whose 16 products per pair of channels run
-// over every tile of the batch (both operands transformed channel-last, the inputs as the narrow
-// forward's); 16 products a tile and channel pair against the direct path's 36.
+// transforms hold two tile rows a vector. Planes 14 wide or less (12 with AVX2: at most 7 or 6
+// tiles a row, which would leave most lanes of the transforms idle) run with channels across the
+// lanes instead: each image copied channel-last into a bordered buffer, the transforms on vectors
+// of L channels of one tile, the products a tile's input channel broadcast against vectors of L
+// output channels, and the outputs transposed back into planes; the same transforms in the same
+// order, so the same bits. The transforms' coefficients are 0, +-1 and +-1/2, so on inputs whose
+// products and sums are exact in float (small integers, weights in quarters) the result has the
+// im2col path's bits; on others it differs from a direct sum by a few units in the last place of
+// the largest terms. The input gradient of such a convolution is another one (the output gradient
+// against the flipped, transposed kernel) and runs here too. So does the weight gradient, as the
+// forward transposed: G^T [sum over tiles of (A gy A^T) . (B^T d B)] G, whose 16 products per pair
+// of channels run over every tile of the batch (both operands transformed channel-last, the inputs
+// as the narrow forward's); 16 products a tile and channel pair against the direct path's 36.
 //
 // A bfloat16 convolution on the dot products (cpu/conv2d_direct.h's Bf16Kernels::DotProducts:
 // AVX512-BF16 without AMX) takes the tiled form with its products on bfloat16 pairs: each

@@ -304,15 +304,21 @@ int64_t plane_grain(const Pool2dGeometry& g) {
   return std::max<int64_t>(1, kElementwiseGrain / std::max<int64_t>(g.h * g.w, 1));
 }
 
+// f(p) for every plane p, across the threads.
+template <typename F>
+void each_plane(const Pool2dGeometry& g, F&& f) {
+  parallel_balanced(g.planes, plane_grain(g), [&](int64_t p0, int64_t p1) {
+    for (int64_t p = p0; p < p1; ++p) f(p);
+  });
+}
+
 #ifdef __AVX512BW__
 // f(windows, p) for every plane p, across the threads, where flat_windows(g); false elsewhere.
 template <typename F>
 bool each_flat_plane(const Pool2dGeometry& g, F&& f) {
   if (!flat_windows(g)) return false;
   const FlatWindows windows(g);
-  parallel_balanced(g.planes, plane_grain(g), [&](int64_t p0, int64_t p1) {
-    for (int64_t p = p0; p < p1; ++p) f(windows, p);
-  });
+  each_plane(g, [&](int64_t p) { f(windows, p); });
   return true;
 }
 #endif
@@ -341,9 +347,8 @@ void forward(const Pool2dGeometry& g, const T* x, T* y, int32_t* idx) {
 #endif
   if constexpr (kInPlace<T> && !wide) {
     if (fast)
-      return parallel_balanced(g.planes, plane_grain(g), [&](int64_t p0, int64_t p1) {
-        for (int64_t p = p0; p < p1; ++p)
-          pool_2x2(g, x + p * in_plane, y + p * out_plane, idx + p * out_plane);
+      return each_plane(g, [&](int64_t p) {
+        pool_2x2(g, x + p * in_plane, y + p * out_plane, idx + p * out_plane);
       });
   }
   parallel_balanced(g.planes, plane_grain(g), [&](int64_t p0, int64_t p1) {
@@ -385,9 +390,8 @@ void backward(const Pool2dGeometry& g, const T* gy, const int32_t* idx, T* gx) {
 #endif
   if constexpr (kInPlace<T> && !wide) {
     if (tiled)
-      return parallel_balanced(g.planes, plane_grain(g), [&](int64_t p0, int64_t p1) {
-        for (int64_t p = p0; p < p1; ++p)
-          unpool_plane(g, gy + p * out_plane, idx + p * out_plane, gx + p * in_plane);
+      return each_plane(g, [&](int64_t p) {
+        unpool_plane(g, gy + p * out_plane, idx + p * out_plane, gx + p * in_plane);
       });
   }
   parallel_balanced(g.planes, plane_grain(g), [&](int64_t p0, int64_t p1) {
