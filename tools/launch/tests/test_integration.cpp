@@ -91,6 +91,15 @@ std::string show_and_sleep(double seconds) {
          std::to_string(seconds);
 }
 
+// A job command that proves it ran beside another job: it marks its start with the file
+// `self`.up, then waits (up to about 10 s) for `other`'s mark, and fails without it. Two jobs that
+// meet each other both succeed only if each started before the other ended, however slow or
+// loaded the machine; a fixed sleep that should outlast the other's start does not say that.
+std::string meet(const std::string& self, const std::string& other) {
+  return "touch " + self + ".up; i=0; while [ $i -lt 200 ]; do [ -e " + other +
+         ".up ] && exit 0; sleep 0.05; i=$((i+1)); done; echo no " + other + "; exit 1";
+}
+
 // One test's scratch directory; the launcher runs inside it.
 class LaunchTest : public ::testing::Test {
  protected:
@@ -171,6 +180,18 @@ class LaunchTest : public ::testing::Test {
     for (const auto& e : events())
       if (e["event"] == kind && (job.empty() || e.value("job", "") == job)) list.push_back(e);
     return list;
+  }
+
+  // Where the one `kind` event of `job` stands in the event log: the log's order is the order
+  // the launcher saw things happen, finer than its millisecond times. Fails the test, and
+  // returns the log's length, where there is not exactly one.
+  std::size_t position(const std::string& kind, const std::string& job) const {
+    const auto all = events();
+    std::size_t found = all.size(), count = 0;
+    for (std::size_t i = 0; i < all.size(); ++i)
+      if (all[i]["event"] == kind && all[i].value("job", "") == job) found = i, count += 1;
+    EXPECT_EQ(count, 1u) << kind << " events of job " << job;
+    return count == 1 ? found : all.size();
   }
 
   Json summary() const { return Json::parse(read_text(dir_ / "galley-launch-logs/summary.json")); }
@@ -301,43 +322,41 @@ TEST_F(LaunchTest, TwoJobsAtPointFourShareAGpuAndPointSevenWaits) {
   write_text(dir_ / "jobs.toml", R"(
 [[job]]
 name = "a"
-command = "echo gpu=$CUDA_VISIBLE_DEVICES; sleep 1"
+command = "echo gpu=$CUDA_VISIBLE_DEVICES; )" +
+                                     meet("a", "b") + R"("
 gpus = 1
 memory_fraction = 0.4
-serial_time = 1.0
+serial_time = 5.0
 
 [[job]]
 name = "b"
-command = "sleep 1"
+command = ")" + meet("b", "a") + R"("
 gpus = 1
 memory_fraction = 0.4
-serial_time = 1.0
+serial_time = 5.0
 
 [[job]]
 name = "c"
 command = "sleep 0.2"
 gpus = 1
 memory_fraction = 0.7
-serial_time = 0.2
+serial_time = 1.0
 )");
   // The fake inventory through the environment: one GPU, id 0.
+  // Exit 0: a and b each saw the other's mark, so they ran together.
   EXPECT_EQ(run({"jobs.toml"}, {"GALLEY_LAUNCH_FAKE_GPUS=1"}), 0);
-  auto at = [&](const std::string& kind, const std::string& job) {
-    auto list = events(kind, job);
-    EXPECT_EQ(list.size(), 1u) << kind << " " << job;
-    return list.empty() ? -1.0 : list[0]["elapsed_s"].get<double>();
-  };
-  EXPECT_LT(at("started", "b"), at("exited", "a"));  // a and b ran together
-  EXPECT_GE(at("started", "c"), at("exited", "a"));  // 0.7 + 0.4 > 1: c waited
-  EXPECT_GE(at("started", "c"), at("exited", "b"));
+  EXPECT_LT(position("started", "b"), position("exited", "a"));  // a and b ran together
+  EXPECT_GT(position("started", "c"), position("exited", "a"));  // 0.7 + 0.4 > 1: c waited
+  EXPECT_GT(position("started", "c"), position("exited", "b"));
   EXPECT_EQ(events("started", "a")[0]["gpus"], Json::array({0}));
   EXPECT_NE(job_log("a").find("gpu=0"), std::string::npos);
-  // Against the jobs' measured serial times (2.2 s in all), not their packed ones. The jobs sleep
-  // long enough that a and b overlap, and packing pays, on a loaded machine too.
+  // Against the jobs' measured serial times (11 s in all), not their packed ones: the packed run
+  // takes well under a second, so packing pays by a wide margin on a loaded machine too.
   const Json s = summary();
   EXPECT_EQ(s["serial_estimate_method"], "measured");
-  EXPECT_DOUBLE_EQ(s["serial_estimate_s"].get<double>(), 2.2);
-  EXPECT_NEAR(s["packing_speedup"].get<double>(), 2.2 / s["makespan_s"].get<double>(), 0.01);
+  EXPECT_DOUBLE_EQ(s["serial_estimate_s"].get<double>(), 11.0);
+  EXPECT_NEAR(s["packing_speedup"].get<double>(), 11.0 / s["makespan_s"].get<double>(),
+              0.01 * s["packing_speedup"].get<double>());
   EXPECT_GT(s["packing_speedup"].get<double>(), 1.0);
 }
 
@@ -532,10 +551,10 @@ TEST_F(LaunchTest, TwoJobsWithOneCpuEachRunSideBySideOnDisjointCpus) {
   const auto cpus = usable_cpus();
   if (cpus.size() < 2) GTEST_SKIP() << "needs 2 usable CPUs, this process has " << cpus.size();
   write_text(dir_ / "jobs.toml", "[[job]]\nname = \"a\"\ncpus = 1\ncommand = \"" +
-                                     show_and_sleep(0.5) +
+                                     show_and_sleep(0) + "; " + meet("a", "b") +
                                      "\"\n[[job]]\nname = \"b\"\ncpus = 1\ncommand = \"" +
-                                     show_and_sleep(0.5) + "\"\n");
-  EXPECT_EQ(run({"jobs.toml"}), 0);
+                                     show_and_sleep(0) + "; " + meet("b", "a") + "\"\n");
+  EXPECT_EQ(run({"jobs.toml"}), 0);  // both met the other: side by side
   const auto a = printed_mask(job_log("a")), b = printed_mask(job_log("b"));
   ASSERT_EQ(a.size(), 1u) << job_log("a");
   ASSERT_EQ(b.size(), 1u) << job_log("b");
@@ -545,8 +564,7 @@ TEST_F(LaunchTest, TwoJobsWithOneCpuEachRunSideBySideOnDisjointCpus) {
     EXPECT_EQ(printed(job_log(job), "OMP_NUM_THREADS"), "1") << job_log(job);
   }
   // Side by side, and what they were given is in the event log and the summary.
-  EXPECT_LT(events("started", "b")[0]["elapsed_s"].get<double>(),
-            events("exited", "a")[0]["elapsed_s"].get<double>());
+  EXPECT_LT(position("started", "b"), position("exited", "a"));
   EXPECT_EQ(events("started", "a")[0]["cpus"], Json::array({a[0]}));
   EXPECT_EQ(summary_of("b")["cpus"], Json::array({b[0]}));
   EXPECT_EQ(summary_of("b")["cpus_requested"], 1);
@@ -561,8 +579,7 @@ TEST_F(LaunchTest, TwoJobsWantingTwoCpusOnTwoCpusRunOneAfterTheOther) {
                                      "\"\n[[job]]\nname = \"b\"\ncpus = 2\ncommand = \"" +
                                      show_and_sleep(0.3) + "\"\n");
   EXPECT_EQ(run({"jobs.toml"}, {}, cpus), 0);  // the launcher is given exactly 2 CPUs
-  EXPECT_GE(events("started", "b")[0]["elapsed_s"].get<double>(),
-            events("exited", "a")[0]["elapsed_s"].get<double>());
+  EXPECT_GT(position("started", "b"), position("exited", "a"));
   for (const char* job : {"a", "b"}) {
     EXPECT_EQ(printed_mask(job_log(job)), cpus) << job_log(job);
     EXPECT_EQ(printed(job_log(job), "GALLEY_NUM_THREADS"), "2") << job_log(job);
