@@ -312,7 +312,9 @@ class ProbingDevice : public galley::detail::DeviceMemory {
   void release(void*) override {
     ++released;
     auto probe = std::async(std::launch::async, [this] { (void)alloc->stats(); });
-    if (probe.wait_for(std::chrono::seconds(2)) != std::future_status::ready) ++released_under_lock;
+    // Seconds, not milliseconds: a loaded machine may leave the probe's thread unscheduled.
+    if (probe.wait_for(std::chrono::seconds(30)) != std::future_status::ready)
+      ++released_under_lock;
   }
   size_t total_bytes() const override { return 1 << 30; }
   std::string name() const override { return "probe:0"; }

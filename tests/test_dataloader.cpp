@@ -9,6 +9,7 @@
 #include <galley/data/synthetic.h>
 #include <galley/data/transforms.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdio>
@@ -91,8 +92,10 @@ class SlowDataset : public galley::data::Dataset {
     for (size_t i : idx)
       if (int64_t(i) == bad_) throw std::runtime_error("cannot decode this example");
     inner_.get_batch(idx, d, l);
+    done.fetch_add(1);
   }
   mutable std::atomic<int> calls{0};
+  mutable std::atomic<int> done{0};  // batches filled
 
  private:
   const TensorDataset& inner_;
@@ -421,11 +424,21 @@ TEST(DataLoader, StarvationStatistics) {
     EXPECT_LE(s.starvation(), 1.0);
   }
   {
-    // Two workers ahead of a 15 ms step: once warm the consumer hardly waits.
+    // Two workers ahead of a 15 ms step: once warm the consumer hardly waits. The step also
+    // waits until the workers have filled the next three batches (the pool holds four beside the
+    // consumer's), so that a worker thread the machine leaves unscheduled for a while lengthens
+    // the step, not the loader's wait: the figure checked is the loader's own hand-off.
     DataLoader loader(ds, {.batch_size = 8, .num_workers = 2});
+    const int filled = ds.done.load();
+    int taken = 0;
     for (auto& b : loader) {
       (void)b;
+      taken += 1;
       std::this_thread::sleep_for(std::chrono::milliseconds(15));
+      const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+      while (ds.done.load() - filled < std::min(taken + 3, 10) &&
+             std::chrono::steady_clock::now() < end)
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
     }
     const auto s = loader.stats();
     EXPECT_EQ(s.epoch, 0u);

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <thread>
 
 #include "galley/galley.h"
@@ -338,16 +339,34 @@ TEST(MpiTimeout, APeerThatNeverArrivesIsAnErrorNotAHang) {
   const auto& e = env();
   if (e.world_size == 1) GTEST_SKIP() << "single process: run under mpirun -np 2";
   auto world = galley::distributed::world();
+  // The ranks take turns through two files named after rank 0's pid (agreed on by a collective
+  // that works), not through sleeps: rank 1 arrives only once rank 0 has given up, and rank 0
+  // goes on to the barrier (which lets the abandoned collective finish, so that both processes
+  // exit cleanly) only once rank 1 is on its way. A stalled process cannot reorder them.
+  float token = e.rank == 0 ? float(getpid()) : 0.f;
+  world->all_reduce(&token, 1, galley::parallel::ReduceOp::Sum);
+  const auto mark = [&](const char* what) {
+    return std::filesystem::temp_directory_path() /
+           ("galley-mpi-timeout-" + std::to_string(int64_t(token)) + "." + what);
+  };
+  const auto wait_for = [](const std::filesystem::path& file) {
+    const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(120);
+    while (!std::filesystem::exists(file) && std::chrono::steady_clock::now() < end)
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    return std::filesystem::exists(file);
+  };
   std::vector<float> v(8, 1.f);
   if (e.rank == 0) {
     std::string msg = testutil::error_of(
         [&] { world->all_reduce(v.data(), 8, galley::parallel::ReduceOp::Sum); });
     testutil::expect_contains(msg, {"all_reduce", "timed out"});
+    std::ofstream(mark("gave-up")).put('\n');
+    ASSERT_TRUE(wait_for(mark("arriving"))) << "rank 1 never came";
+    std::filesystem::remove(mark("gave-up"));
+    std::filesystem::remove(mark("arriving"));
   } else {
-    // Arrive only after rank 0 has given up (rank 0 then waits in the barrier below, which
-    // lets the abandoned collective finish), so both processes exit cleanly.
-    const char* t = std::getenv("GALLEY_TEST_MPI_TIMEOUT");
-    std::this_thread::sleep_for(std::chrono::duration<double>(1.5 * (t ? std::atof(t) : 60.0)));
+    ASSERT_TRUE(wait_for(mark("gave-up"))) << "rank 0 never gave up";
+    std::ofstream(mark("arriving")).put('\n');
     world->all_reduce(v.data(), 8, galley::parallel::ReduceOp::Sum);
   }
   world->barrier();

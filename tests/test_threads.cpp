@@ -137,16 +137,19 @@ TEST(ParallelChunks, EveryChunkOnceAtItsBoundariesAndOneFirstCallAThread) {
   }
 }
 
-// The point of handing chunks out as threads come free: a thread held up (here by sleeping, as a
-// preempted one would be) does fewer chunks, and the others take up its share.
+// The point of handing chunks out as threads come free: a thread held up (here in its first
+// chunk until the other thread has done 21, as a preempted one would be) does fewer chunks, and
+// the others take up its share. A static split would leave the caller 20 and hold it up for
+// good (30 s, then the test fails); how fast the machine runs the other thread does not matter.
 TEST(ParallelChunks, AThreadHeldUpDoesFewerChunks) {
   galley::detail::ThreadBudget budget(2);
   std::atomic<int> on_caller{0}, total{0};
   parallel_chunks(40, 1, [&](int64_t, int64_t, bool) {
     ++total;
-    if (region_thread() == 0) {
-      ++on_caller;
-      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    if (region_thread() == 0 && ++on_caller == 1) {
+      const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+      while (total.load() - on_caller.load() < 21 && std::chrono::steady_clock::now() < end)
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
     }
   });
   EXPECT_EQ(total.load(), 40);
