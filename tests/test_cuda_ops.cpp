@@ -119,6 +119,30 @@ TEST(CudaOps, LinearAlgebra) {
           {galley::randn({8, 300}), galley::randn({10, 300}), galley::randn({10})});
 }
 
+// Dimensions of size 0 as on the host: cuDNN refuses an empty batch and inputs without channels
+// (the op layer answers those itself), cuBLAS is not asked for a product without terms.
+TEST(CudaOps, EmptyDimensionsLikeTheCpu) {
+  REQUIRE_GPU();
+  compare("conv2d, an empty batch",
+          [](auto& v) { return galley::conv2d(v[0], v[1], v[2], {.padding = 1}); },
+          {galley::randn({0, 3, 8, 8}), galley::randn({4, 3, 3, 3}), galley::randn({4})});
+  compare("conv2d, inputs without channels",
+          [](auto& v) { return galley::conv2d(v[0], v[1], v[2]); },
+          {galley::randn({2, 0, 5, 5}), galley::randn({4, 0, 3, 3}), galley::randn({4})});
+  compare("linear, no input features", [](auto& v) { return galley::linear(v[0], v[1], v[2]); },
+          {galley::randn({4, 0}), galley::randn({3, 0}), galley::randn({3})});
+  compare("linear bf16, no input features",
+          [](auto& v) {
+            const auto bf = galley::DType::BFloat16;
+            return galley::linear(v[0].to(bf), v[1].to(bf), v[2].to(bf)).to(galley::DType::Float32);
+          },
+          {galley::randn({4, 0}), galley::randn({3, 0}), galley::randn({3})});
+  compare("matmul, an empty inner dimension", [](auto& v) { return galley::matmul(v[0], v[1]); },
+          {galley::randn({3, 0}), galley::randn({0, 5})});
+  for (float v : galley::mean(galley::randn({3, 0}).to(gpu), 1).to(Device::cpu()).to_vector())
+    EXPECT_TRUE(std::isnan(v)) << "a mean over nothing is NaN, as on the host";
+}
+
 TEST(CudaOps, ConvolutionAndPooling) {
   REQUIRE_GPU();
   compare(

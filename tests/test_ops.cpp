@@ -788,3 +788,61 @@ TEST(Dropout, TrainingInsideAGraphCaptureIsAnError) {
   eval.capture(gpu, [&] { y = galley::add(galley::dropout(x, 0.5f, false), 1.f); });
   EXPECT_TRUE(eval.captured());
 }
+
+// Ops over a dimension of size 0, in every float dtype, as PyTorch gives them: a convolution of
+// an empty batch is empty with zero weight and bias gradients; one of inputs without channels
+// (and a linear layer without input features) is its bias, whose gradient is then the sum of
+// the output gradient; a product over an empty inner dimension is zero; a mean over nothing NaN
+// and a sum 0. (The host's convolution backward took an empty batch to its kernels, which read
+// past the empty input; the linear layer divided by its zero input features.)
+TEST(EmptyDimensions, ConvLinearMatmulAndReductionsGiveWhatPyTorchGives) {
+  auto gen = galley::Generator(5);
+  auto all = [](const Tensor& t, float v) {
+    for (float e : t.to(galley::DType::Float32).to_vector())
+      if (e != v) return false;
+    return true;
+  };
+  for (galley::DType dt : kFloatTypes) {
+    SCOPED_TRACE(galley::dtype_name(dt));
+    auto leaf = [&](const galley::Shape& s) {
+      return galley::randn(s, gen).to(dt).set_requires_grad(true);
+    };
+    {  // an empty batch
+      Tensor x = leaf({0, 3, 8, 8}), w = leaf({4, 3, 3, 3}), b = leaf({4});
+      Tensor y = galley::conv2d(x, w, b, {.padding = 1});
+      EXPECT_EQ(y.shape(), (galley::Shape{0, 4, 8, 8}));
+      galley::sum(y).backward();
+      EXPECT_EQ(x.grad().shape(), x.shape());
+      EXPECT_TRUE(all(w.grad(), 0.f));
+      EXPECT_TRUE(all(b.grad(), 0.f));
+    }
+    {  // inputs without channels: the bias everywhere
+      Tensor x = leaf({2, 0, 5, 5}), w = leaf({4, 0, 3, 3}), b = leaf({4});
+      Tensor y = galley::conv2d(x, w, b);
+      ASSERT_EQ(y.shape(), (galley::Shape{2, 4, 3, 3}));
+      const auto vy = y.to(galley::DType::Float32).to_vector();
+      const auto vb = b.to(galley::DType::Float32).to_vector();
+      for (size_t i = 0; i < vy.size(); ++i) ASSERT_EQ(vy[i], vb[(i / 9) % 4]) << i;
+      galley::sum(y).backward();
+      EXPECT_TRUE(all(b.grad(), 18.f));  // 2 images x 3 x 3 positions
+      EXPECT_EQ(w.grad().shape(), w.shape());
+    }
+    {  // a linear layer without input features: its bias on every row
+      Tensor x = leaf({4, 0}), w = leaf({3, 0}), b = leaf({3});
+      Tensor y = galley::linear(x, w, b);
+      ASSERT_EQ(y.shape(), (galley::Shape{4, 3}));
+      const auto vy = y.to(galley::DType::Float32).to_vector();
+      const auto vb = b.to(galley::DType::Float32).to_vector();
+      for (size_t i = 0; i < vy.size(); ++i) ASSERT_EQ(vy[i], vb[i % 3]) << i;
+      galley::sum(y).backward();
+      EXPECT_TRUE(all(b.grad(), 4.f));
+      EXPECT_EQ(x.grad().shape(), x.shape());
+      EXPECT_EQ(w.grad().shape(), w.shape());
+    }
+    EXPECT_TRUE(all(galley::matmul(leaf({3, 0}), leaf({0, 5})), 0.f));
+    Tensor empty = galley::randn({3, 0}, gen).to(dt);
+    for (float v : galley::mean(empty, 1).to(galley::DType::Float32).to_vector())
+      EXPECT_TRUE(std::isnan(v));
+    EXPECT_TRUE(all(galley::sum(empty, 1), 0.f));
+  }
+}

@@ -522,11 +522,13 @@ Conv conv_for(int device, const Conv2dGeometry& g, DType dtype) {
 }
 
 // Statuses that belong to the algorithm rather than to the call: another may run. (A view into
-// a tensor need not be 16-byte aligned, which some kernels require; implicit GEMM does not.)
+// a tensor need not be 16-byte aligned, which some kernels require; implicit GEMM does not. An
+// algorithm that the legacy API lists for a shape may still refuse its data type or layout as a
+// bad parameter; a call that is wrong itself is refused by every algorithm, and the error then
+// names the last refusal.)
 bool worth_another_algorithm(cudnnStatus_t s) {
   const int category = CUDNN_STATUS_CATEGORY(int(s));
-  return s == CUDNN_STATUS_BAD_PARAM_MISALIGNED_POINTER ||
-         category == int(CUDNN_STATUS_NOT_SUPPORTED) ||
+  return category == int(CUDNN_STATUS_BAD_PARAM) || category == int(CUDNN_STATUS_NOT_SUPPORTED) ||
          category == int(CUDNN_STATUS_INTERNAL_ERROR) ||
          category == int(CUDNN_STATUS_EXECUTION_FAILED);
 }
@@ -621,6 +623,22 @@ int ld(int64_t v) {
   return int(std::max<int64_t>(v, 1));
 }
 
+// C = beta * C for a product without terms (k == 0), as the host's gemm: beta 0 overwrites C
+// (NaNs included), 1 leaves it. Not left to cuBLAS, whose handling of k == 0 is not documented.
+void scale_only(cublasHandle_t h, int64_t m, int64_t n, float beta, float* c, int64_t ldc,
+                cudaStream_t stream) {
+  if (beta == 1.f) return;
+  if (beta == 0.f) {
+    CUDA_CHECK(cudaMemset2DAsync(c, size_t(ldc) * sizeof(float), 0, size_t(n) * sizeof(float),
+                                 size_t(m), stream));
+    return;
+  }
+  const float zero = 0.f;
+  // Row-major m x n is column-major n x m; in place, as geam allows with C = A and lda = ldc.
+  CUBLAS_CHECK(cublasSgeam(h, CUBLAS_OP_N, CUBLAS_OP_N, int(n), int(m), &beta, c, ld(ldc), &zero, c,
+                           ld(ldc), c, ld(ldc)));
+}
+
 cublasOperation_t cublas_op(bool trans) {
   return trans ? CUBLAS_OP_T : CUBLAS_OP_N;
 }
@@ -632,6 +650,7 @@ void gemm(int device, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t 
           int64_t ldc, void* stream) {
   if (m == 0 || n == 0) return;
   cublasHandle_t h = blas_on(device, as_stream(stream));
+  if (k == 0) return scale_only(h, m, n, beta, c, ldc, as_stream(stream));
   // Row-major C = op(A) op(B) is column-major C^T = op(B)^T op(A)^T: swap the operands.
   CUBLAS_CHECK(cublasSgemm(h, cublas_op(trans_b), cublas_op(trans_a), int(n), int(m), int(k),
                            &alpha, b, ld(ldb), a, ld(lda), &beta, c, ld(ldc)));
@@ -644,6 +663,7 @@ void gemm_16bit(int device, DType dtype, bool trans_a, bool trans_b, int64_t m, 
   if (m == 0 || n == 0) return;
   cublasHandle_t h = blas_on(device, as_stream(stream));
   const float one = 1.f, beta = accumulate ? 1.f : 0.f;
+  if (k == 0) return scale_only(h, m, n, beta, c, ldc, as_stream(stream));
   // As gemm: the operands swapped for column-major. 16-bit A and B with a float32 C under
   // CUBLAS_COMPUTE_32F is one of GemmEx's listed combinations; cuBLAS picks tensor-core kernels
   // for it by itself (and plain ones where an operand is misaligned for them).

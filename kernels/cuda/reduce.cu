@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstring>
 #include <map>
 #include <mutex>
 #include <tuple>
@@ -19,6 +20,7 @@
 #include "galley/error.h"
 #include "kernels/binary.h"
 #include "kernels/cuda/launch.cuh"
+#include "kernels/fill.h"
 #include "kernels/reduce.h"
 
 namespace galley::kernels::cuda {
@@ -436,8 +438,13 @@ void run_reduce(const ReducePlan& p, const float* g, float scale, bool accumulat
       n_out *= p.size[k];
   }
   if (n_out == 0) return;
-  if (n_g == 0) {  // an empty reduction: the sum is 0
-    if (!accumulate) cudaMemsetAsync(out, 0, size_t(n_out) * sizeof(float), st);
+  if (n_g == 0) {  // an empty reduction: the sum is 0, scaled as the host does (a mean: NaN)
+    if (!accumulate) {
+      const float v = 0.f * scale;
+      uint32_t bits;
+      std::memcpy(&bits, &v, sizeof bits);
+      fill_u32(reinterpret_cast<uint32_t*>(out), size_t(n_out), bits, st);
+    }
     return;
   }
   if (!any_reduced && !accumulate && scale == 1.f) {

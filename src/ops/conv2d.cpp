@@ -55,6 +55,33 @@ struct Scratch {
   }
 };
 
+// A convolution without products (an empty batch, or inputs without channels): its output is
+// the bias (or zero) everywhere, the input's and the weight's gradients zero and the bias's the
+// sum of the output gradient, on every device without the kernels (cuDNN refuses tensors with a
+// zero dimension, and the host kernels' backward assumes products).
+Tensor conv2d_without_products(const Tensor& x, const Tensor& weight, const Tensor& bias,
+                               const kernels::Conv2dGeometry& g) {
+  const Device dev = x.device();
+  const DType dtype = x.dtype();
+  Tensor out = zeros({g.n, g.o, g.oh, g.ow}, dtype, dev);
+  if (bias.defined()) {
+    NoGradGuard no_grad;
+    out = add(out, bias.reshape({1, g.o, 1, 1}).to(dtype));
+  }
+  if (!autograd::needs_grad({&x, &weight, &bias})) return out;
+  const bool gx = x.requires_grad(), gw = weight.requires_grad(),
+             gb = bias.defined() && bias.requires_grad();
+  const Shape x_shape = x.shape(), w_shape = weight.shape();
+  const DType w_dtype = weight.dtype(), b_dtype = bias.defined() ? bias.dtype() : dtype;
+  return autograd::record(out, "conv2d", {x, weight, bias},
+                          [=](const Tensor& gy, std::vector<Tensor>& gi) {
+                            if (gx) gi[0] = zeros(x_shape, dtype, dev);
+                            if (gw) gi[1] = zeros(w_shape, w_dtype, dev);
+                            if (gb)
+                              gi[2] = sum(sum(sum(gy.to(DType::Float32), 3), 2), 0).to(b_dtype);
+                          });
+}
+
 }  // namespace
 
 namespace detail {
@@ -116,6 +143,7 @@ Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias, const C
     GALLEY_CHECK(bias.dim() == 1 && bias.size(0) == g.o, "conv2d: bias ", shape_str(bias.shape()),
                  " does not match ", g.o, " output channels");
   }
+  if (g.n == 0 || g.c == 0) return conv2d_without_products(x, weight, bias, g);
   const DType dtype = x.dtype();
   const Device dev = x.device();
   const DType wtype = detail::conv2d_weight_dtype(dev, dtype);

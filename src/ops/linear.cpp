@@ -182,7 +182,8 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
   }
   const DType dtype = x.dtype();
   const Device dev = x.device();
-  const int64_t rows = x.numel() / in_f;
+  int64_t rows = 1;  // every dimension but the last (x.numel() / in_f, also where in_f is 0)
+  for (int64_t d = 0; d + 1 < x.dim(); ++d) rows *= x.size(d);
   Shape out_shape = x.shape();
   out_shape.back() = out_f;
   if (in_16_bits(dev, dtype)) return linear_16bit(x, weight, bias, rows, out_shape);
