@@ -18,9 +18,12 @@ constexpr size_t kCacheCap = size_t(1) << 30;
 
 size_t round_up(size_t bytes) {
   if (bytes <= 4096) return (bytes + kAlign - 1) / kAlign * kAlign;
-  // Coarser classes for large blocks so that nearby sizes share a free list.
+  // Past half the address space no class fits (nor any allocation): left as asked, to fail.
+  if (bytes > SIZE_MAX / 2) return bytes;
+  // Coarser classes for large blocks so that nearby sizes share a free list: the smallest power
+  // of two from 4 KiB with step * 16 >= bytes (compared without computing step * 16).
   size_t step = size_t(1) << 12;
-  while (step * 16 < bytes) step <<= 1;
+  while (step < bytes / 16 + (bytes % 16 != 0)) step <<= 1;
   return (bytes + step - 1) / step * step;
 }
 

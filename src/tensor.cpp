@@ -21,8 +21,12 @@ std::string shape_str(const Shape& s) {
 }
 
 int64_t shape_numel(const Shape& s) {
+  for (int64_t d : s)
+    if (d == 0) return 0;  // also where the other sizes' product would not fit
   int64_t n = 1;
-  for (int64_t d : s) n *= d;
+  for (int64_t d : s)
+    GALLEY_CHECK(!__builtin_mul_overflow(n, d, &n), "shape ", shape_str(s),
+                 " has more elements than a 64-bit count holds");
   return n;
 }
 
@@ -67,11 +71,23 @@ Storage::~Storage() {
 // ---------------------------------------------------------------------------------------------
 // Construction and metadata
 
+namespace {
+// The bytes of a contiguous tensor of `shape` and `dtype`; an OutOfMemoryError where they do not
+// fit in size_t (no machine has the memory).
+size_t storage_bytes(const Shape& shape, DType dtype, const char* what) {
+  size_t bytes = 0;
+  if (__builtin_mul_overflow(size_t(shape_numel(shape)), dtype_size(dtype), &bytes))
+    throw OutOfMemoryError(detail::str_cat(what, ": ", shape_str(shape), " of ", dtype_name(dtype),
+                                           " is more bytes than an address space holds"));
+  return bytes;
+}
+}  // namespace
+
 Tensor Tensor::empty(const Shape& shape, DType dtype, Device device) {
   for (int64_t d : shape)
     GALLEY_CHECK(d >= 0, "Tensor::empty: negative size in shape ", shape_str(shape));
   auto impl = std::make_shared<detail::TensorImpl>();
-  impl->storage = std::make_shared<Storage>(shape_numel(shape) * dtype_size(dtype), device);
+  impl->storage = std::make_shared<Storage>(storage_bytes(shape, dtype, "Tensor::empty"), device);
   impl->shape = shape;
   impl->strides = contiguous_strides(shape);
   impl->dtype = dtype;
@@ -82,8 +98,8 @@ Tensor Tensor::empty_pinned(const Shape& shape, DType dtype) {
   for (int64_t d : shape)
     GALLEY_CHECK(d >= 0, "Tensor::empty_pinned: negative size in shape ", shape_str(shape));
   auto impl = std::make_shared<detail::TensorImpl>();
-  impl->storage =
-      std::make_shared<Storage>(shape_numel(shape) * dtype_size(dtype), Device::cpu(), true);
+  impl->storage = std::make_shared<Storage>(storage_bytes(shape, dtype, "Tensor::empty_pinned"),
+                                            Device::cpu(), true);
   impl->shape = shape;
   impl->strides = contiguous_strides(shape);
   impl->dtype = dtype;

@@ -143,6 +143,33 @@ TEST(CudaOps, EmptyDimensionsLikeTheCpu) {
     EXPECT_TRUE(std::isnan(v)) << "a mean over nothing is NaN, as on the host";
 }
 
+// The edges of ops' domains as on the host: a class masked out with a -inf logit, x^0's
+// gradient at 0 and NaN, BatchNorm of an empty batch (compare() would not see a NaN: checked
+// value by value here).
+TEST(CudaOps, DomainEdgesLikeTheCpu) {
+  REQUIRE_GPU();
+  // The loss, the logits', x's and the BatchNorm weight's gradients, on device d.
+  auto on = [](Device d) {
+    Tensor logits = Tensor::from_vector({-INFINITY, 0.f, 1.f}, {1, 3}).to(d);
+    logits.set_requires_grad(true);
+    Tensor x = Tensor::from_vector({0.f, 4.f, NAN}, {3}).to(d);
+    x.set_requires_grad(true);
+    Tensor w = galley::ones({3}).to(d).set_requires_grad(true);
+    Tensor bn = galley::batch_norm(galley::randn({0, 3, 2, 2}).to(d), Tensor(), Tensor(), w,
+                                   Tensor(), {.training = true});
+    Tensor loss =
+        galley::cross_entropy(logits, Tensor::from_vector(std::vector<int64_t>{1}, {1}).to(d));
+    galley::add(galley::add(loss, galley::sum(galley::pow(x, 0.f))), galley::sum(bn)).backward();
+    return std::vector<Tensor>{loss, logits.grad(), x.grad(), w.grad()};
+  };
+  const std::vector<Tensor> host = on(Device::cpu()), device = on(gpu);
+  for (size_t k = 0; k < host.size(); ++k) {
+    const auto h = host[k].to_vector(), v = device[k].to(Device::cpu()).to_vector();
+    ASSERT_EQ(v.size(), h.size()) << k;
+    for (size_t i = 0; i < v.size(); ++i) EXPECT_NEAR(v[i], h[i], 1e-6) << k << " " << i;
+  }
+}
+
 TEST(CudaOps, ConvolutionAndPooling) {
   REQUIRE_GPU();
   compare(

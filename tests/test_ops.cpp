@@ -846,3 +846,78 @@ TEST(EmptyDimensions, ConvLinearMatmulAndReductionsGiveWhatPyTorchGives) {
     EXPECT_TRUE(all(galley::sum(empty, 1), 0.f));
   }
 }
+
+// Sizes and options near 2^62 give errors naming the op, never a crash or a hang: a length or
+// split sizes whose sums wrap, a shape whose element or byte count does not fit 64 bits (an
+// OutOfMemoryError, as any allocation too large for the machine), an allocation past half the
+// address space (its size class was sought in a loop that overflowed), a convolution's extent
+// that overflows, and a convolution kernel without taps.
+TEST(HugeSizes, AreErrorsNotCrashes) {
+  const int64_t big = int64_t(1) << 62;
+  testutil::expect_contains(
+      testutil::error_of([] { galley::narrow(galley::ones({5}), 0, 2, INT64_MAX); }),
+      {"narrow", "exceeds dimension 0"});
+  testutil::expect_contains(testutil::error_of([] {
+                              galley::split(galley::ones({5}), {INT64_MAX, INT64_MAX, 7}, 0);
+                            }),
+                            {"split", "add up to more than the size 5"});
+  // More bytes than an address space holds, or (uint8) than half of one: out of memory.
+  for (const auto& [shape, dtype] :
+       {std::pair{galley::Shape{int64_t(1) << 31, int64_t(1) << 31}, galley::DType::Float32},
+        std::pair{galley::Shape{int64_t(3) << 60}, galley::DType::Float32},
+        std::pair{galley::Shape{int64_t(3) << 60}, galley::DType::UInt8}}) {
+    SCOPED_TRACE(galley::shape_str(shape));
+    EXPECT_THROW(galley::Tensor::empty(shape, dtype), galley::OutOfMemoryError);
+  }
+  for (const galley::Shape& shape : {galley::Shape{big, 4}, galley::Shape{big, big, 2}})
+    testutil::expect_contains(testutil::error_of([&] { galley::Tensor::empty(shape); }),
+                              {galley::shape_str(shape), "more elements than a 64-bit count"});
+  EXPECT_EQ(galley::Tensor::empty({0, big, big}).numel(), 0);  // no elements: no overflow
+  testutil::expect_contains(testutil::error_of([&] {
+                              galley::conv2d(galley::ones({1, 1, 2, 2}), galley::ones({1, 1, 2, 2}),
+                                             {}, {.stride = 1, .padding = big});
+                            }),
+                            {"conv2d", "overflow"});
+  testutil::expect_contains(
+      testutil::error_of([] {
+        galley::conv2d(galley::ones({1, 1, 4, 4}), galley::ones({1, 1, 0, 0}));
+      }),
+      {"conv2d", "empty kernel"});
+}
+
+// Values PyTorch gives at the edges of ops' domains: a class masked out with a -inf logit leaves
+// the others' cross-entropy finite (without smoothing the loss is the negative log-likelihood
+// alone, where 0 * inf was NaN); x^0 has a zero gradient at 0 and NaN; BatchNorm of an empty
+// batch is empty, leaves the running statistics, and gives the weight and bias zero gradients.
+TEST(DomainEdges, MaskedLogitsPowZeroAndEmptyBatchNormAsPyTorch) {
+  Tensor logits = Tensor::from_vector({-INFINITY, 0.f, 1.f}, {1, 3}).set_requires_grad(true);
+  Tensor loss = galley::cross_entropy(logits, Tensor::from_vector(std::vector<int64_t>{1}, {1}));
+  EXPECT_NEAR(loss.item(), 1.3132617f, 1e-6f);  // PyTorch's
+  loss.backward();
+  const auto g = logits.grad().to_vector();
+  EXPECT_EQ(g[0], 0.f);
+  EXPECT_NEAR(g[1], -0.7310586f, 1e-6f);
+  EXPECT_NEAR(g[2], 0.7310586f, 1e-6f);
+
+  Tensor x = Tensor::from_vector({0.f, 4.f, NAN}, {3}).set_requires_grad(true);
+  galley::sum(galley::pow(x, 0.f)).backward();
+  EXPECT_EQ(x.grad().to_vector(), (std::vector<float>{0.f, 0.f, 0.f}));
+
+  for (galley::DType dt : kFloatTypes) {
+    SCOPED_TRACE(galley::dtype_name(dt));
+    Tensor e = galley::randn({0, 3, 2, 2}).to(dt).set_requires_grad(true);
+    Tensor w = galley::ones({3}).to(dt).set_requires_grad(true);
+    Tensor b = galley::zeros({3}).to(dt).set_requires_grad(true);
+    Tensor rm = Tensor::from_vector({0.5f, -1.f, 2.f}, {3}), rv = galley::ones({3});
+    Tensor y = galley::batch_norm(e, rm, rv, w, b, {.training = true, .relu = true});
+    EXPECT_EQ(y.shape(), e.shape());
+    EXPECT_EQ(rm.to_vector(), (std::vector<float>{0.5f, -1.f, 2.f}));
+    galley::sum(y).backward();
+    EXPECT_EQ(w.grad().to(galley::DType::Float32).to_vector(), std::vector<float>(3, 0.f));
+    EXPECT_EQ(b.grad().to(galley::DType::Float32).to_vector(), std::vector<float>(3, 0.f));
+    EXPECT_EQ(e.grad().shape(), e.shape());
+  }
+  galley::nn::BatchNorm2D bn(3);
+  bn(galley::randn({0, 3, 4, 4}));
+  EXPECT_EQ(bn.state_dict().at("num_batches_tracked").to_vector<int64_t>()[0], 1);  // as PyTorch's
+}

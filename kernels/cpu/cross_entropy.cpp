@@ -38,7 +38,9 @@ int64_t cross_entropy_forward(const float* logits, const int64_t* labels, int64_
     }
     const double nll = lse - x[y];
     const double smooth = lse - sum_x / double(c);  // mean over classes of -log p
-    loss[i] = static_cast<float>((1.0 - eps) * nll + eps * smooth);
+    // Without smoothing the loss is nll alone: a class masked out with a logit of -inf makes
+    // smooth infinite, and 0 * inf would be NaN.
+    loss[i] = static_cast<float>(eps > 0 ? (1.0 - eps) * nll + eps * smooth : nll);
     ++count;
   }
   return count;

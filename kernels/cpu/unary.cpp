@@ -183,7 +183,8 @@ void unary_backward(UnaryOp op, DType dtype, const void* grad, const void* saved
 
 void pow_backward(DType dtype, const void* grad, const void* a, void* out, int64_t n, float p) {
   zip("pow_backward", dtype, grad, a, out, n,
-      [=](float g, float x) { return g * p * std::pow(x, p - 1.f); });
+      // x^0 is constant: its gradient is zero, also at 0 and NaN (where x^-1 is not finite).
+      [=](float g, float x) { return p == 0.f ? 0.f : g * p * std::pow(x, p - 1.f); });
 }
 
 void relu_backward(DType dtype, const void* grad, const void* out_fwd, void* out, int64_t n) {

@@ -125,7 +125,8 @@ __global__ void __launch_bounds__(1024)
         const double lse = m + ::log(s);
         const double nll = lse - x[y];
         const double smooth = lse - sum_x / double(c);  // mean over classes of -log p
-        l = static_cast<float>((1.0 - eps) * nll + eps * smooth);
+        // nll alone without smoothing, as the host: a -inf logit makes smooth infinite.
+        l = static_cast<float>(eps > 0 ? (1.0 - eps) * nll + eps * smooth : nll);
       }
       loss[r] = l;
     }

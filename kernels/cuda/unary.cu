@@ -94,7 +94,10 @@ struct LeakyReluBackwardOp {
 
 struct PowBackwardOp {
   float p;
-  __device__ float operator()(float g, float x) const { return g * p * powf(x, p - 1.f); }
+  // x^0's gradient is zero, also at 0 and NaN, as the host's.
+  __device__ float operator()(float g, float x) const {
+    return p == 0.f ? 0.f : g * p * powf(x, p - 1.f);
+  }
 };
 struct ReluBackwardOp {
   __device__ float operator()(float g, float y) const { return um::relu_backward(g, y); }

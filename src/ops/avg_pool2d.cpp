@@ -18,10 +18,10 @@ namespace {
 // PyTorch's pooling_output_shape: with ceil_mode the last window may hang over the padded
 // edge, but must start inside the input or the left padding.
 int64_t pooled_size(int64_t in, int64_t k, int64_t stride, int64_t pad, bool ceil_mode) {
-  const int64_t span = in + 2 * pad - k;
+  const int64_t span = detail::window_span("avg_pool2d", in, k, 1, pad);
   if (span < 0) return 0;
-  int64_t out = (span + (ceil_mode ? stride - 1 : 0)) / stride + 1;
-  if (ceil_mode && (out - 1) * stride >= in + pad) --out;
+  int64_t out = span / stride + (ceil_mode && span % stride != 0 ? 1 : 0) + 1;
+  if (ceil_mode && __int128(out - 1) * stride >= __int128(in) + pad) --out;
   return out;
 }
 

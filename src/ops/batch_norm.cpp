@@ -39,6 +39,26 @@ float* ptr_or_null(const Tensor& t) {
   return t.defined() ? t.data_ptr<float>() : nullptr;
 }
 
+// batch_norm(_add) of an input without elements: an empty output; the input's and the
+// residual's gradients empty, the weight's and the bias's zero.
+Tensor normalize_nothing(const Tensor& x, const Tensor& residual, const Tensor& weight,
+                         const Tensor& bias) {
+  Tensor result = Tensor::empty(x.shape(), x.dtype(), x.device());
+  if (!autograd::needs_grad({&x, &weight, &bias, &residual})) return result;
+  const bool gx = x.requires_grad(), gr = residual.defined() && residual.requires_grad();
+  const bool gw = weight.defined() && weight.requires_grad(),
+             gb = bias.defined() && bias.requires_grad();
+  return autograd::record(result, residual.defined() ? "batch_norm_add" : "batch_norm",
+                          {x, weight, bias, residual}, [=](const Tensor&, std::vector<Tensor>& gi) {
+                            if (gx) gi[0] = Tensor::empty(x.shape(), x.dtype(), x.device());
+                            if (gw) gi[1] = zeros(weight.shape(), weight.dtype(), weight.device());
+                            if (gb) gi[2] = zeros(bias.shape(), bias.dtype(), bias.device());
+                            if (gr)
+                              gi[3] = Tensor::empty(residual.shape(), residual.dtype(),
+                                                    residual.device());
+                          });
+}
+
 // batch_norm, and batch_norm_add when `residual` is defined.
 Tensor normalize(const Tensor& x, const Tensor& residual, const Tensor& running_mean,
                  const Tensor& running_var, const Tensor& weight, const Tensor& bias,
@@ -64,6 +84,9 @@ Tensor normalize(const Tensor& x, const Tensor& residual, const Tensor& running_
                "(training false), as PyTorch's; without them pass training true to normalise by "
                "the batch's statistics");
   const bool batch_stats = o.training;
+  // No values at all (an empty batch, or planes of size 0): an empty output and running
+  // statistics left as they are, as PyTorch's.
+  if (x.numel() == 0) return normalize_nothing(x, residual, weight, bias);
   GALLEY_CHECK(!batch_stats || g.outer * g.inner > 1,
                "batch_norm: expected more than 1 value per channel when training, got input ",
                shape_str(x.shape()));

@@ -133,8 +133,12 @@ Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias, const C
                "conv2d: input ", shape_str(x.shape()), " has ", g.c, " channels but weight ",
                shape_str(weight.shape()), " with groups=", g.groups, " expects ",
                weight.size(1) * g.groups);
-  g.oh = (g.h + 2 * g.pad - g.dilation * (g.kh - 1) - 1) / g.stride + 1;
-  g.ow = (g.w + 2 * g.pad - g.dilation * (g.kw - 1) - 1) / g.stride + 1;
+  GALLEY_CHECK(g.kh > 0 && g.kw > 0, "conv2d: weight ", shape_str(weight.shape()),
+               " has an empty kernel (kernel sizes must be positive)");
+  const int64_t span_h = detail::window_span("conv2d", g.h, g.kh, g.dilation, g.pad),
+                span_w = detail::window_span("conv2d", g.w, g.kw, g.dilation, g.pad);
+  g.oh = span_h < 0 ? 0 : span_h / g.stride + 1;
+  g.ow = span_w < 0 ? 0 : span_w / g.stride + 1;
   GALLEY_CHECK(g.oh > 0 && g.ow > 0, "conv2d: input ", shape_str(x.shape()),
                " is smaller than the kernel ", g.kh, "x", g.kw, " (dilation ", g.dilation,
                ", padding ", g.pad, ")");

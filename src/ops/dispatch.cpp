@@ -7,6 +7,14 @@
 
 namespace galley::detail {
 
+int64_t window_span(const char* op, int64_t in, int64_t k, int64_t dilation, int64_t pad) {
+  const __int128 span = __int128(in) + 2 * __int128(pad) - __int128(dilation) * (k - 1) - 1;
+  GALLEY_CHECK(span >= INT64_MIN && span <= INT64_MAX, op, ": ", in, " elements, padding ", pad,
+               ", a kernel of ", k, " dilated by ", dilation,
+               ": the sizes overflow a 64-bit count");
+  return int64_t(span);
+}
+
 void* stream(Device device) {
   if (!device.is_cuda()) return nullptr;
   // CUDA takes work for a device's streams only from a thread where that device is current.

@@ -25,11 +25,12 @@ Tensor max_pool2d(const Tensor& x, const MaxPool2dOptions& o) {
   kernels::Pool2dGeometry g{};
   g.planes = x.size(0) * x.size(1), g.h = x.size(2), g.w = x.size(3);
   g.k = o.kernel_size, g.stride = stride, g.pad = o.padding;
-  g.oh = (g.h + 2 * g.pad - g.k) / g.stride + 1;
-  g.ow = (g.w + 2 * g.pad - g.k) / g.stride + 1;
-  GALLEY_CHECK(g.h + 2 * g.pad >= g.k && g.w + 2 * g.pad >= g.k && g.oh > 0 && g.ow > 0,
-               "max_pool2d: input ", shape_str(x.shape()), " is smaller than the ", g.k, "x", g.k,
-               " window");
+  const int64_t span_h = detail::window_span("max_pool2d", g.h, g.k, 1, g.pad),
+                span_w = detail::window_span("max_pool2d", g.w, g.k, 1, g.pad);
+  g.oh = span_h < 0 ? 0 : span_h / g.stride + 1;
+  g.ow = span_w < 0 ? 0 : span_w / g.stride + 1;
+  GALLEY_CHECK(span_h >= 0 && span_w >= 0, "max_pool2d: input ", shape_str(x.shape()),
+               " is smaller than the ", g.k, "x", g.k, " window");
   const DType dtype = x.dtype();
   const Device dev = x.device();
   // The host kernels take 16-bit planes as they are; the GPU's take float32, so there a 16-bit

@@ -33,7 +33,7 @@ Tensor narrow(const Tensor& x, int64_t dim, int64_t start, int64_t length) {
   GALLEY_CHECK(start >= -size && start <= size, "narrow: start ", start,
                " out of range for dimension ", dim, " of shape ", shape_str(x.shape()));
   const int64_t s = start < 0 ? start + size : start;
-  GALLEY_CHECK(length >= 0 && s + length <= size, "narrow: [", s, ", ", s, " + ", length,
+  GALLEY_CHECK(length >= 0 && length <= size - s, "narrow: [", s, ", ", s, " + ", length,
                ") exceeds dimension ", dim, " of shape ", shape_str(x.shape()));
   return detail::narrow_view(x, d, s, length, "narrow");
 }

@@ -50,6 +50,9 @@ std::vector<Tensor> split(const Tensor& x, const std::vector<int64_t>& split_siz
   int64_t total = 0;
   for (int64_t s : split_sizes) {
     GALLEY_CHECK(s >= 0, "split: negative size in ", shape_str(split_sizes));
+    GALLEY_CHECK(s <= x.shape()[d] - total, "split: sizes ", shape_str(split_sizes),
+                 " add up to more than the size ", x.shape()[d], " of dimension ", dim,
+                 " of shape ", shape_str(x.shape()));
     total += s;
   }
   GALLEY_CHECK(total == x.shape()[d], "split: sizes ", shape_str(split_sizes), " add up to ", total,
