@@ -18,8 +18,6 @@ constexpr size_t kCacheCap = size_t(1) << 30;
 
 size_t round_up(size_t bytes) {
   if (bytes <= 4096) return (bytes + kAlign - 1) / kAlign * kAlign;
-  // Past half the address space no class fits (nor any allocation): left as asked, to fail.
-  if (bytes > SIZE_MAX / 2) return bytes;
   // Coarser classes for large blocks so that nearby sizes share a free list: the smallest power
   // of two from 4 KiB with step * 16 >= bytes (compared without computing step * 16).
   size_t step = size_t(1) << 12;
@@ -42,6 +40,10 @@ HostCache& cache() {
 }  // namespace
 
 void* host_alloc(size_t bytes, size_t* actual) {
+  // No machine has half the address space to give; nor would a size class fit past it.
+  if (bytes > SIZE_MAX / 2)
+    throw OutOfMemoryError(
+        str_cat("host allocation of ", bytes, " bytes: more than half the ", "address space"));
   size_t size = round_up(bytes == 0 ? kAlign : bytes);
   *actual = size;
   HostCache& c = cache();

@@ -314,7 +314,8 @@ Shape infer_shape(Shape shape, int64_t numel, const Shape& from) {
       infer = static_cast<int64_t>(i);
     } else {
       GALLEY_CHECK(shape[i] >= 0, "reshape: negative size in ", shape_str(shape));
-      known *= shape[i];
+      // Past the elements there are, the product only has to stay unequal to them.
+      known = __builtin_mul_overflow(known, shape[i], &known) ? INT64_MAX : known;
     }
   }
   if (infer >= 0) {

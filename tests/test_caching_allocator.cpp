@@ -312,7 +312,7 @@ class ProbingDevice : public galley::detail::DeviceMemory {
   void release(void*) override {
     ++released;
     auto probe = std::async(std::launch::async, [this] { (void)alloc->stats(); });
-    // Seconds, not milliseconds: a loaded machine may leave the probe's thread unscheduled.
+    // Generous: a loaded machine may leave the probe's thread unscheduled for seconds.
     if (probe.wait_for(std::chrono::seconds(30)) != std::future_status::ready)
       ++released_under_lock;
   }

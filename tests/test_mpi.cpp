@@ -342,7 +342,9 @@ TEST(MpiTimeout, APeerThatNeverArrivesIsAnErrorNotAHang) {
   // The ranks take turns through two files named after rank 0's pid (agreed on by a collective
   // that works), not through sleeps: rank 1 arrives only once rank 0 has given up, and rank 0
   // goes on to the barrier (which lets the abandoned collective finish, so that both processes
-  // exit cleanly) only once rank 1 is on its way. A stalled process cannot reorder them.
+  // exit cleanly) only once rank 1 is on its way. A stalled process cannot reorder them (only a
+  // stall longer than the timeout in a collective fails the test). The files are in the
+  // temporary directory: the ranks of this test run on one machine.
   float token = e.rank == 0 ? float(getpid()) : 0.f;
   world->all_reduce(&token, 1, galley::parallel::ReduceOp::Sum);
   const auto mark = [&](const char* what) {

@@ -792,9 +792,8 @@ TEST(Dropout, TrainingInsideAGraphCaptureIsAnError) {
 // Ops over a dimension of size 0, in every float dtype, as PyTorch gives them: a convolution of
 // an empty batch is empty with zero weight and bias gradients; one of inputs without channels
 // (and a linear layer without input features) is its bias, whose gradient is then the sum of
-// the output gradient; a product over an empty inner dimension is zero; a mean over nothing NaN
-// and a sum 0. (The host's convolution backward took an empty batch to its kernels, which read
-// past the empty input; the linear layer divided by its zero input features.)
+// the output gradient; one without output channels is empty with a zero input gradient; a
+// product over an empty inner dimension is zero; a mean over nothing NaN and a sum 0.
 TEST(EmptyDimensions, ConvLinearMatmulAndReductionsGiveWhatPyTorchGives) {
   auto gen = galley::Generator(5);
   auto all = [](const Tensor& t, float v) {
@@ -827,6 +826,13 @@ TEST(EmptyDimensions, ConvLinearMatmulAndReductionsGiveWhatPyTorchGives) {
       EXPECT_TRUE(all(b.grad(), 18.f));  // 2 images x 3 x 3 positions
       EXPECT_EQ(w.grad().shape(), w.shape());
     }
+    {  // no output channels: empty, and no gradient reaches the input
+      Tensor x = leaf({2, 3, 5, 5}), w = leaf({0, 3, 3, 3});
+      Tensor y = galley::conv2d(x, w);
+      EXPECT_EQ(y.shape(), (galley::Shape{2, 0, 3, 3}));
+      galley::sum(y).backward();
+      EXPECT_TRUE(all(x.grad(), 0.f));
+    }
     {  // a linear layer without input features: its bias on every row
       Tensor x = leaf({4, 0}), w = leaf({3, 0}), b = leaf({3});
       Tensor y = galley::linear(x, w, b);
@@ -848,10 +854,10 @@ TEST(EmptyDimensions, ConvLinearMatmulAndReductionsGiveWhatPyTorchGives) {
 }
 
 // Sizes and options near 2^62 give errors naming the op, never a crash or a hang: a length or
-// split sizes whose sums wrap, a shape whose element or byte count does not fit 64 bits (an
-// OutOfMemoryError, as any allocation too large for the machine), an allocation past half the
-// address space (its size class was sought in a loop that overflowed), a convolution's extent
-// that overflows, and a convolution kernel without taps.
+// split sizes whose sums would wrap, a shape whose element or byte count does not fit 64 bits
+// (an OutOfMemoryError, as any allocation too large for the machine), an allocation past half
+// the address space, a convolution whose output size would overflow (its span exactly int64's
+// largest value, or past it), and a convolution kernel without taps.
 TEST(HugeSizes, AreErrorsNotCrashes) {
   const int64_t big = int64_t(1) << 62;
   testutil::expect_contains(
@@ -861,10 +867,11 @@ TEST(HugeSizes, AreErrorsNotCrashes) {
                               galley::split(galley::ones({5}), {INT64_MAX, INT64_MAX, 7}, 0);
                             }),
                             {"split", "add up to more than the size 5"});
-  // More bytes than an address space holds, or (uint8) than half of one: out of memory.
+  // More bytes than an address space holds, more than half of one, or than the machine has:
+  // out of memory.
   for (const auto& [shape, dtype] :
        {std::pair{galley::Shape{int64_t(1) << 31, int64_t(1) << 31}, galley::DType::Float32},
-        std::pair{galley::Shape{int64_t(3) << 60}, galley::DType::Float32},
+        std::pair{galley::Shape{(int64_t(1) << 61) + 1}, galley::DType::Float32},
         std::pair{galley::Shape{int64_t(3) << 60}, galley::DType::UInt8}}) {
     SCOPED_TRACE(galley::shape_str(shape));
     EXPECT_THROW(galley::Tensor::empty(shape, dtype), galley::OutOfMemoryError);
@@ -878,17 +885,27 @@ TEST(HugeSizes, AreErrorsNotCrashes) {
                                              {}, {.stride = 1, .padding = big});
                             }),
                             {"conv2d", "overflow"});
+  testutil::expect_contains(testutil::error_of([&] {
+                              galley::conv2d(galley::ones({1, 1, 1, 1}), galley::ones({1, 1, 2, 2}),
+                                             {}, {.stride = 1, .padding = big});
+                            }),
+                            {"conv2d", "overflow"});
   testutil::expect_contains(
       testutil::error_of([] {
         galley::conv2d(galley::ones({1, 1, 4, 4}), galley::ones({1, 1, 0, 0}));
       }),
       {"conv2d", "empty kernel"});
+  testutil::expect_contains(testutil::error_of([&] {
+                              galley::ones({4}).reshape({big, 4, -1});
+                            }),
+                            {"reshape", "cannot view"});
 }
 
 // Values PyTorch gives at the edges of ops' domains: a class masked out with a -inf logit leaves
-// the others' cross-entropy finite (without smoothing the loss is the negative log-likelihood
-// alone, where 0 * inf was NaN); x^0 has a zero gradient at 0 and NaN; BatchNorm of an empty
-// batch is empty, leaves the running statistics, and gives the weight and bias zero gradients.
+// the cross-entropy finite (without smoothing the loss is the negative log-likelihood alone,
+// which the unused smoothing term's infinity must not reach); x^0 has a zero gradient at 0 and
+// NaN; BatchNorm of an empty batch is empty, leaves the running statistics, and gives the weight
+// and bias zero gradients.
 TEST(DomainEdges, MaskedLogitsPowZeroAndEmptyBatchNormAsPyTorch) {
   Tensor logits = Tensor::from_vector({-INFINITY, 0.f, 1.f}, {1, 3}).set_requires_grad(true);
   Tensor loss = galley::cross_entropy(logits, Tensor::from_vector(std::vector<int64_t>{1}, {1}));

@@ -525,7 +525,7 @@ Conv conv_for(int device, const Conv2dGeometry& g, DType dtype) {
 // a tensor need not be 16-byte aligned, which some kernels require; implicit GEMM does not. An
 // algorithm that the legacy API lists for a shape may still refuse its data type or layout as a
 // bad parameter; a call that is wrong itself is refused by every algorithm, and the error then
-// names the last refusal.)
+// names the first refusal.)
 bool worth_another_algorithm(cudnnStatus_t s) {
   const int category = CUDNN_STATUS_CATEGORY(int(s));
   return category == int(CUDNN_STATUS_BAD_PARAM) || category == int(CUDNN_STATUS_NOT_SUPPORTED) ||
@@ -573,7 +573,7 @@ void run_fastest(const Conv& c, Direction dir, const Workspace& ws, int device,
                    str_cat(why, " after a device error: ", cudaGetErrorString(sticky)));
     if (!worth_another_algorithm(s))
       check_status(false, "cuDNN", direction_name(dir), __FILE__, __LINE__, why);
-    failure = why;
+    if (failure.empty()) failure = why;  // the first refusal: the likeliest to name a bad call
   }
   const std::string what =
       str_cat("conv2d ", direction_name(dir), " on cuda:", device, " of ", describe(g, dtype));
@@ -583,9 +583,9 @@ void run_fastest(const Conv& c, Direction dir, const Workspace& ws, int device,
         " that can run it needs more workspace than there is (", mib(ws.limit),
         " allowed by the memory cap and the per-call limit; the smallest needs ", mib(refused), ")",
         oom.empty() ? "" : "; the allocator: " + oom,
-        failure.empty() ? "" : "; cuDNN refused " + failure));
+        failure.empty() ? "" : "; cuDNN refused, first, " + failure));
   if (!failure.empty())
-    throw Error(str_cat(what, ": cuDNN refused every algorithm, the last ", failure));
+    throw Error(str_cat(what, ": cuDNN refused every algorithm, the first ", failure));
   throw Error(str_cat(what, ": cuDNN offers no ",
                       c.plan.deterministic
                           ? "deterministic algorithm (galley::cuda::set_deterministic(false) "

@@ -107,7 +107,7 @@ std::string Conv2D::repr() const {
 
 MaxPool2D::MaxPool2D(int64_t kernel_size, int64_t stride, int64_t padding)
     : opt_{kernel_size, stride == 0 ? kernel_size : stride, padding} {
-  GALLEY_CHECK(kernel_size > 0 && opt_.stride > 0 && padding >= 0 && 2 * padding <= kernel_size,
+  GALLEY_CHECK(kernel_size > 0 && opt_.stride > 0 && padding >= 0 && padding <= kernel_size / 2,
                "MaxPool2D: kernel ", kernel_size, ", stride ", opt_.stride, ", padding ", padding,
                " are invalid (padding at most half the kernel)");
 }

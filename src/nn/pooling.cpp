@@ -10,7 +10,7 @@ AvgPool2D::AvgPool2D(int64_t kernel_size, int64_t stride, int64_t padding)
 AvgPool2D::AvgPool2D(const AvgPool2dOptions& options) : opt_(options) {
   if (opt_.stride == 0) opt_.stride = opt_.kernel_size;
   GALLEY_CHECK(opt_.kernel_size > 0 && opt_.stride > 0 && opt_.padding >= 0 &&
-                   2 * opt_.padding <= opt_.kernel_size,
+                   opt_.padding <= opt_.kernel_size / 2,
                "AvgPool2D: kernel ", opt_.kernel_size, ", stride ", opt_.stride, ", padding ",
                opt_.padding, " are invalid (padding at most half the kernel)");
 }

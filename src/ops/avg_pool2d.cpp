@@ -15,16 +15,6 @@ namespace gpu = kernels::cuda;
 
 namespace {
 
-// PyTorch's pooling_output_shape: with ceil_mode the last window may hang over the padded
-// edge, but must start inside the input or the left padding.
-int64_t pooled_size(int64_t in, int64_t k, int64_t stride, int64_t pad, bool ceil_mode) {
-  const int64_t span = detail::window_span("avg_pool2d", in, k, 1, pad);
-  if (span < 0) return 0;
-  int64_t out = span / stride + (ceil_mode && span % stride != 0 ? 1 : 0) + 1;
-  if (ceil_mode && __int128(out - 1) * stride >= __int128(in) + pad) --out;
-  return out;
-}
-
 // Pools x with geometry g (planes and sizes filled in here) and records the backward.
 Tensor pool(const char* op, const Tensor& x, kernels::AvgPool2dGeometry g) {
   g.planes = x.size(0) * x.size(1), g.h = x.size(2), g.w = x.size(3);
@@ -56,14 +46,14 @@ Tensor avg_pool2d(const Tensor& x, const AvgPool2dOptions& o) {
   GALLEY_CHECK(x.dim() == 4, "avg_pool2d: input must be [N, C, H, W], got ", shape_str(x.shape()),
                " (", dtype_name(x.dtype()), ")");
   const int64_t stride = o.stride == 0 ? o.kernel_size : o.stride;
-  GALLEY_CHECK(o.kernel_size > 0 && stride > 0 && o.padding >= 0 && 2 * o.padding <= o.kernel_size,
+  GALLEY_CHECK(o.kernel_size > 0 && stride > 0 && o.padding >= 0 && o.padding <= o.kernel_size / 2,
                "avg_pool2d: kernel ", o.kernel_size, ", stride ", stride, ", padding ", o.padding,
                " (padding may be at most half the kernel)");
   kernels::AvgPool2dGeometry g{};
   g.k = o.kernel_size, g.stride = stride, g.pad = o.padding;
   g.count_include_pad = o.count_include_pad;
-  g.oh = pooled_size(x.size(2), g.k, stride, g.pad, o.ceil_mode);
-  g.ow = pooled_size(x.size(3), g.k, stride, g.pad, o.ceil_mode);
+  g.oh = detail::window_positions("avg_pool2d", x.size(2), g.k, 1, g.pad, stride, o.ceil_mode);
+  g.ow = detail::window_positions("avg_pool2d", x.size(3), g.k, 1, g.pad, stride, o.ceil_mode);
   GALLEY_CHECK(g.oh > 0 && g.ow > 0, "avg_pool2d: input ", shape_str(x.shape()),
                " is smaller than the ", g.k, "x", g.k, " window with padding ", g.pad);
   return pool("avg_pool2d", x, g);

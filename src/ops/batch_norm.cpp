@@ -39,23 +39,27 @@ float* ptr_or_null(const Tensor& t) {
   return t.defined() ? t.data_ptr<float>() : nullptr;
 }
 
-// batch_norm(_add) of an input without elements: an empty output; the input's and the
-// residual's gradients empty, the weight's and the bias's zero.
+// batch_norm(_add) of an input without elements (the residual of its shape): an empty output
+// and gradients, the weight's and the bias's zero.
 Tensor normalize_nothing(const Tensor& x, const Tensor& residual, const Tensor& weight,
                          const Tensor& bias) {
-  Tensor result = Tensor::empty(x.shape(), x.dtype(), x.device());
+  const Device dev = x.device();
+  const DType dtype = x.dtype();
+  const Shape shape = x.shape();
+  Tensor result = Tensor::empty(shape, dtype, dev);
   if (!autograd::needs_grad({&x, &weight, &bias, &residual})) return result;
   const bool gx = x.requires_grad(), gr = residual.defined() && residual.requires_grad();
   const bool gw = weight.defined() && weight.requires_grad(),
              gb = bias.defined() && bias.requires_grad();
+  const int64_t C = shape[1];
+  const DType wdtype = weight.defined() ? weight.dtype() : dtype;
+  const DType bdtype = bias.defined() ? bias.dtype() : dtype;
   return autograd::record(result, residual.defined() ? "batch_norm_add" : "batch_norm",
                           {x, weight, bias, residual}, [=](const Tensor&, std::vector<Tensor>& gi) {
-                            if (gx) gi[0] = Tensor::empty(x.shape(), x.dtype(), x.device());
-                            if (gw) gi[1] = zeros(weight.shape(), weight.dtype(), weight.device());
-                            if (gb) gi[2] = zeros(bias.shape(), bias.dtype(), bias.device());
-                            if (gr)
-                              gi[3] = Tensor::empty(residual.shape(), residual.dtype(),
-                                                    residual.device());
+                            if (gx) gi[0] = zeros(shape, dtype, dev);
+                            if (gw) gi[1] = zeros({C}, wdtype, dev);
+                            if (gb) gi[2] = zeros({C}, bdtype, dev);
+                            if (gr) gi[3] = zeros(shape, dtype, dev);
                           });
 }
 
@@ -84,10 +88,7 @@ Tensor normalize(const Tensor& x, const Tensor& residual, const Tensor& running_
                "(training false), as PyTorch's; without them pass training true to normalise by "
                "the batch's statistics");
   const bool batch_stats = o.training;
-  // No values at all (an empty batch, or planes of size 0): an empty output and running
-  // statistics left as they are, as PyTorch's.
-  if (x.numel() == 0) return normalize_nothing(x, residual, weight, bias);
-  GALLEY_CHECK(!batch_stats || g.outer * g.inner > 1,
+  GALLEY_CHECK(!batch_stats || x.numel() == 0 || g.outer * g.inner > 1,
                "batch_norm: expected more than 1 value per channel when training, got input ",
                shape_str(x.shape()));
   if (o.training && running_mean.defined())
@@ -101,6 +102,9 @@ Tensor normalize(const Tensor& x, const Tensor& residual, const Tensor& running_
                  dtype_name(residual.dtype()), " on ", residual.device().str(),
                  " does not match input ", shape_str(x.shape()), " ", dtype_name(x.dtype()), " on ",
                  x.device().str());
+  // No values at all (an empty batch, or planes of size 0): an empty output and running
+  // statistics left as they are, as PyTorch's.
+  if (x.numel() == 0) return normalize_nothing(x, residual, weight, bias);
   const DType dtype = x.dtype();
   const Device dev = x.device();
   const int64_t C = g.channels;

@@ -55,10 +55,10 @@ struct Scratch {
   }
 };
 
-// A convolution without products (an empty batch, or inputs without channels): its output is
-// the bias (or zero) everywhere, the input's and the weight's gradients zero and the bias's the
-// sum of the output gradient, on every device without the kernels (cuDNN refuses tensors with a
-// zero dimension, and the host kernels' backward assumes products).
+// A convolution without products (an empty batch, inputs without channels, or no output
+// channels): its output is the bias (or zero) everywhere, the input's and the weight's gradients
+// zero and the bias's the sum of the output gradient, on every device without the kernels
+// (cuDNN refuses tensors with a zero dimension, and the host kernels' backward assumes products).
 Tensor conv2d_without_products(const Tensor& x, const Tensor& weight, const Tensor& bias,
                                const kernels::Conv2dGeometry& g) {
   const Device dev = x.device();
@@ -135,10 +135,8 @@ Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias, const C
                weight.size(1) * g.groups);
   GALLEY_CHECK(g.kh > 0 && g.kw > 0, "conv2d: weight ", shape_str(weight.shape()),
                " has an empty kernel (kernel sizes must be positive)");
-  const int64_t span_h = detail::window_span("conv2d", g.h, g.kh, g.dilation, g.pad),
-                span_w = detail::window_span("conv2d", g.w, g.kw, g.dilation, g.pad);
-  g.oh = span_h < 0 ? 0 : span_h / g.stride + 1;
-  g.ow = span_w < 0 ? 0 : span_w / g.stride + 1;
+  g.oh = detail::window_positions("conv2d", g.h, g.kh, g.dilation, g.pad, g.stride);
+  g.ow = detail::window_positions("conv2d", g.w, g.kw, g.dilation, g.pad, g.stride);
   GALLEY_CHECK(g.oh > 0 && g.ow > 0, "conv2d: input ", shape_str(x.shape()),
                " is smaller than the kernel ", g.kh, "x", g.kw, " (dilation ", g.dilation,
                ", padding ", g.pad, ")");
@@ -147,7 +145,7 @@ Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias, const C
     GALLEY_CHECK(bias.dim() == 1 && bias.size(0) == g.o, "conv2d: bias ", shape_str(bias.shape()),
                  " does not match ", g.o, " output channels");
   }
-  if (g.n == 0 || g.c == 0) return conv2d_without_products(x, weight, bias, g);
+  if (g.n == 0 || g.c == 0 || g.o == 0) return conv2d_without_products(x, weight, bias, g);
   const DType dtype = x.dtype();
   const Device dev = x.device();
   const DType wtype = detail::conv2d_weight_dtype(dev, dtype);

@@ -7,12 +7,16 @@
 
 namespace galley::detail {
 
-int64_t window_span(const char* op, int64_t in, int64_t k, int64_t dilation, int64_t pad) {
+int64_t window_positions(const char* op, int64_t in, int64_t k, int64_t dilation, int64_t pad,
+                         int64_t stride, bool ceil_mode) {
   const __int128 span = __int128(in) + 2 * __int128(pad) - __int128(dilation) * (k - 1) - 1;
-  GALLEY_CHECK(span >= INT64_MIN && span <= INT64_MAX, op, ": ", in, " elements, padding ", pad,
-               ", a kernel of ", k, " dilated by ", dilation,
-               ": the sizes overflow a 64-bit count");
-  return int64_t(span);
+  if (span < 0) return 0;
+  __int128 out = span / stride + (ceil_mode && span % stride != 0 ? 1 : 0) + 1;
+  if (ceil_mode && (out - 1) * stride >= __int128(in) + pad) --out;
+  GALLEY_CHECK(out <= INT64_MAX, op, ": ", in, " elements, padding ", pad, ", a kernel of ", k,
+               " dilated by ", dilation, " and stride ", stride,
+               ": the output's size overflows a 64-bit count");
+  return int64_t(out);
 }
 
 void* stream(Device device) {

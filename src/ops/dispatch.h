@@ -12,11 +12,13 @@ namespace galley::detail {
 // The CUDA stream of `device` that the op's launchers enqueue on, with `device` made current on
 // this thread (null for the host).
 void* stream(Device device);
-// in + 2 pad - (dilation (k - 1) + 1): how far a window of k taps `dilation` apart can slide over
-// `in` elements padded by `pad` on each side (negative where it does not fit), so that a stride
-// gives span / stride + 1 positions. Computed without overflow; an error naming `op` where the
-// span leaves int64 (sizes and options near 2^62).
-int64_t window_span(const char* op, int64_t in, int64_t k, int64_t dilation, int64_t pad);
+// The positions of a window of k taps `dilation` apart sliding by `stride` over `in` elements
+// padded by `pad` on each side: (in + 2 pad - dilation (k - 1) - 1) / stride + 1, 0 where the
+// window does not fit. With ceil_mode (pooling) the division rounds up, but the last window must
+// start inside the input or the left padding (PyTorch's pooling_output_shape). Exact for any
+// sizes and options (computed in 128 bits); an error naming `op` where the count leaves int64.
+int64_t window_positions(const char* op, int64_t in, int64_t k, int64_t dilation, int64_t pad,
+                         int64_t stride, bool ceil_mode = false);
 // `s` with leading 1s up to `rank` dimensions (how the broadcasting kernels take shapes).
 std::vector<int64_t> aligned(const Shape& s, size_t rank);
 

@@ -182,8 +182,8 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
   }
   const DType dtype = x.dtype();
   const Device dev = x.device();
-  int64_t rows = 1;  // every dimension but the last (x.numel() / in_f, also where in_f is 0)
-  for (int64_t d = 0; d + 1 < x.dim(); ++d) rows *= x.size(d);
+  // Every dimension but the last: x.numel() / in_f, also where in_f is 0.
+  const int64_t rows = shape_numel(Shape(x.shape().begin(), x.shape().end() - 1));
   Shape out_shape = x.shape();
   out_shape.back() = out_f;
   if (in_16_bits(dev, dtype)) return linear_16bit(x, weight, bias, rows, out_shape);

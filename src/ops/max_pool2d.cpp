@@ -19,17 +19,15 @@ Tensor max_pool2d(const Tensor& x, const MaxPool2dOptions& o) {
   detail::check_floating("max_pool2d", x);
   GALLEY_CHECK(x.dim() == 4, "max_pool2d: input must be [N, C, H, W], got ", shape_str(x.shape()));
   int64_t stride = o.stride == 0 ? o.kernel_size : o.stride;
-  GALLEY_CHECK(o.kernel_size > 0 && stride > 0 && o.padding >= 0 && 2 * o.padding <= o.kernel_size,
+  GALLEY_CHECK(o.kernel_size > 0 && stride > 0 && o.padding >= 0 && o.padding <= o.kernel_size / 2,
                "max_pool2d: kernel ", o.kernel_size, ", stride ", stride, ", padding ", o.padding,
                " (padding may be at most half the kernel)");
   kernels::Pool2dGeometry g{};
   g.planes = x.size(0) * x.size(1), g.h = x.size(2), g.w = x.size(3);
   g.k = o.kernel_size, g.stride = stride, g.pad = o.padding;
-  const int64_t span_h = detail::window_span("max_pool2d", g.h, g.k, 1, g.pad),
-                span_w = detail::window_span("max_pool2d", g.w, g.k, 1, g.pad);
-  g.oh = span_h < 0 ? 0 : span_h / g.stride + 1;
-  g.ow = span_w < 0 ? 0 : span_w / g.stride + 1;
-  GALLEY_CHECK(span_h >= 0 && span_w >= 0, "max_pool2d: input ", shape_str(x.shape()),
+  g.oh = detail::window_positions("max_pool2d", g.h, g.k, 1, g.pad, g.stride);
+  g.ow = detail::window_positions("max_pool2d", g.w, g.k, 1, g.pad, g.stride);
+  GALLEY_CHECK(g.oh > 0 && g.ow > 0, "max_pool2d: input ", shape_str(x.shape()),
                " is smaller than the ", g.k, "x", g.k, " window");
   const DType dtype = x.dtype();
   const Device dev = x.device();
