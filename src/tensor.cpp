@@ -36,7 +36,9 @@ Shape contiguous_strides(const Shape& shape) {
   int64_t acc = 1;
   for (size_t i = shape.size(); i-- > 0;) {
     st[i] = acc;
-    acc *= shape[i];
+    // Only a tensor without elements can have sizes whose product overflows (shape_numel checks
+    // the others), and its strides address nothing: saturated rather than wrapped.
+    if (__builtin_mul_overflow(acc, shape[i], &acc)) acc = INT64_MAX;
   }
   return st;
 }
