@@ -645,3 +645,25 @@ TEST(GradScaler, RefusesBadOptions) {
 TEST(GradScaler, DataParallelReplicasAgreeOnASkippedStep) {
   amp_test::expect_replicas_skip_together({Device::cpu(0), Device::cpu(1)}, DType::BFloat16);
 }
+
+// The scale is a float32: values a double holds but a float32 does not (underflowing to 0,
+// overflowing to inf) are refused. Gradients are checked after unscaling, as PyTorch's: a finite
+// scaled gradient that overflows once a scale that backed off far is divided out skips the step
+// and leaves the weights finite.
+TEST(GradScaler, CheckedInFloat32AndAfterUnscaling) {
+  for (double bad : {1e-50, 1e39})
+    testutil::expect_contains(
+        testutil::error_of([&] { amp::GradScaler scaler({.init_scale = bad}); }),
+        {"init_scale", "float32"});
+  amp::GradScaler scaler;
+  testutil::expect_contains(testutil::error_of([&] { scaler.update(1e-50); }),
+                            {"new_scale", "float32"});
+  Tensor w = param({2}, 7);
+  const std::vector<float> before = w.to_vector();
+  galley::optim::SGD opt({w}, {.learning_rate = 0.1});
+  scaler.update(1e-30);
+  scaler.scale(galley::sum(w)).backward();
+  w.set_grad(galley::full({2}, 1e10f));  // scaled: finite; unscaled 1e40: past float32
+  EXPECT_FALSE(scaler.step(opt)) << "1e10 / 1e-30 overflows float32";
+  EXPECT_EQ(w.to_vector(), before);
+}

@@ -758,3 +758,24 @@ TEST(DataParallel, ReplicasDrawTheirOwnDropoutMasksReproducibly) {
   model.eval();
   for (const auto& row : kept_rows(model(x))) EXPECT_EQ(row, std::vector<int>(512, 1));
 }
+
+// A replica's output must keep its rows as the first dimension: one without rows or without
+// dimensions is an error naming the replica, not a division by its zero rows.
+TEST(DataParallel, OutputsWithoutTheBatchDimensionAreErrors) {
+  struct NoRows : galley::nn::Layer {
+    Tensor forward(const Tensor& x) override { return galley::narrow(x, 0, 0, 0); }
+  };
+  struct Scalar : galley::nn::Layer {
+    Tensor forward(const Tensor& x) override { return galley::sum(x); }
+  };
+  galley::DataParallel<NoRows> no_rows(cpus(2));
+  testutil::expect_contains(testutil::error_of([&] {
+                              no_rows(galley::ones({2, 3}));
+                            }),
+                            {"DataParallel", "replica 0", "[0, 3]", "batch dimension"});
+  galley::DataParallel<Scalar> scalar(cpus(2));
+  testutil::expect_contains(testutil::error_of([&] {
+                              scalar(galley::ones({2, 3}));
+                            }),
+                            {"DataParallel", "replica 0", "[]", "batch dimension"});
+}

@@ -536,3 +536,61 @@ TEST(DataLoaderPosition, ResumingMidEpochYieldsTheRestOfThatEpochsOrder) {
     EXPECT_EQ(n, expected.size());
   }
 }
+
+namespace {
+// Examples of the right shapes but another dtype than the batch's slots hold.
+class WrongDtypeDataset : public galley::data::Dataset {
+ public:
+  size_t size() const override { return 4; }
+  Example get(size_t) const override {
+    return {galley::full({4}, 1.f, galley::DType::Float32).to(galley::DType::Int64),
+            Tensor::from_vector(std::vector<int64_t>{1}, {})};
+  }
+  Shape data_shape() const override { return {4}; }
+};
+
+// A sampler whose indices fall short of its size, or point past the dataset.
+class ShortSampler : public galley::data::Sampler {
+ public:
+  explicit ShortSampler(bool past) : past_(past) {}
+  size_t size() const override { return 8; }
+  size_t dataset_size() const override { return 8; }
+  void indices(uint64_t, std::vector<size_t>& out) const override {
+    out.assign(past_ ? 8 : 5, past_ ? 9 : 0);
+  }
+
+ private:
+  bool past_;
+};
+}  // namespace
+
+// What a dataset, a sampler or a transform hands the loader wrongly is an error naming it (or
+// the very exception, whatever its type), never bytes misread or written past a buffer; a
+// prefetch deeper than the epoch allocates no more buffers than it has batches.
+TEST(DataLoader, WrongInputsFromTheUserAreErrors) {
+  WrongDtypeDataset wrong;
+  for (int workers : {0, 1}) {
+    DataLoader loader(wrong, {.batch_size = 2, .num_workers = workers});
+    expect_contains(error_of([&] {
+                      for (auto& b : loader) (void)b;
+                    }),
+                    {"example 0", "int64 data", "expected float32"});
+  }
+  TensorDataset ds = indexed_dataset(8);
+  for (bool past : {false, true}) {
+    DataLoader loader(ds, {.batch_size = 2, .sampler = std::make_shared<ShortSampler>(past)});
+    expect_contains(error_of([&] { loader.begin(); }),
+                    {"DataLoader", past ? "index 9" : "gave 5 indices"});
+  }
+  galley::data::Transform throws_int = [](float*, const Shape&, galley::Generator&) { throw 7; };
+  DataLoader loader(ds, {.batch_size = 2, .num_workers = 1, .transforms = {throws_int}});
+  bool caught = false;
+  try {
+    for (auto& b : loader) (void)b;
+  } catch (int v) {
+    caught = v == 7;
+  }
+  EXPECT_TRUE(caught);
+  DataLoader deep(ds, {.batch_size = 1, .num_workers = 1, .prefetch = 1 << 26});
+  EXPECT_EQ(epoch_batches(deep).size(), 8u);
+}

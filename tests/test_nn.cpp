@@ -1140,3 +1140,20 @@ TEST(ResNet, ShapeOptionsAndErrors) {
                   }),
                   {"BasicBlock", "more than 1 value per channel"});
 }
+
+// Layers form a tree: a layer may be shared by several parents, never registered under one of
+// its own descendants (walking the parameters would never end).
+TEST(LayerErrors, ACycleOfLayersIsRefused) {
+  struct Box : galley::nn::Layer {
+    using Layer::register_layer;
+  };
+  Box a, b, c, shared;
+  b.register_layer("c", c);
+  a.register_layer("b", b);
+  a.register_layer("shared", shared);
+  b.register_layer("shared", shared);  // shared, not a cycle
+  testutil::expect_contains(testutil::error_of([&] { c.register_layer("a", a); }),
+                            {"'a'", "contains this layer", "cycle"});
+  testutil::expect_contains(testutil::error_of([&] { b.register_layer("a", a); }), {"cycle"});
+  EXPECT_EQ(a.parameters().size(), 0u);
+}

@@ -14,8 +14,9 @@ namespace galley::amp {
 
 GradScaler::GradScaler(const GradScalerOptions& options)
     : options_(options), scale_(static_cast<float>(options.init_scale)) {
-  GALLEY_CHECK(std::isfinite(options.init_scale) && options.init_scale > 0,
-               "amp::GradScaler: init_scale ", options.init_scale, " must be finite and > 0");
+  // The scale is a float32 (as PyTorch's): the value must stay finite and positive there too.
+  GALLEY_CHECK(std::isfinite(scale_) && scale_ > 0, "amp::GradScaler: init_scale ",
+               options.init_scale, " must be finite and > 0 as a float32");
   GALLEY_CHECK(options.growth_factor > 1.0, "amp::GradScaler: growth_factor ",
                options.growth_factor, " must be > 1");
   GALLEY_CHECK(options.backoff_factor > 0.0 && options.backoff_factor < 1.0,
@@ -68,7 +69,9 @@ void GradScaler::unscale_(optim::Optimizer& optimizer) {
   for (auto& g : groups) largest.push_back(detail::grad_norm(g.device, g.spans, INFINITY));
   for (auto& g : groups) detail::scale_grads(g.device, g.spans, inv_scale);
   bool found = false;
-  for (auto& m : largest) found = found || !std::isfinite(m.item());
+  // Non-finite after unscaling, as PyTorch checks: a gradient whose largest magnitude is finite
+  // can still overflow when a scale that backed off far is divided out.
+  for (auto& m : largest) found = found || !std::isfinite(m.item() * inv_scale);
   st.found_inf = found;
   st.checked = !groups.empty();
   st.stage = Stage::Unscaled;
@@ -114,9 +117,10 @@ void GradScaler::update() {
 
 void GradScaler::update(double new_scale) {
   if (!options_.enabled) return;
-  GALLEY_CHECK(std::isfinite(new_scale) && new_scale > 0, "amp::GradScaler::update: new_scale ",
-               new_scale, " must be finite and > 0");
-  scale_ = static_cast<float>(new_scale);
+  const float as_float = static_cast<float>(new_scale);
+  GALLEY_CHECK(std::isfinite(as_float) && as_float > 0, "amp::GradScaler::update: new_scale ",
+               new_scale, " must be finite and > 0 as a float32");
+  scale_ = as_float;
   per_optimizer_.clear();
 }
 

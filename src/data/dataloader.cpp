@@ -95,8 +95,12 @@ DataLoader::DataLoader(const Dataset& dataset, DataLoaderOptions options)
   num_batches_ = opt_.drop_last ? n / b : (n + b - 1) / b;
   order_.reserve(std::max(n, ds_.size()));
 
+  // Never more buffers than an epoch has batches (and one for the consumer): a deep prefetch on
+  // a small dataset would only allocate buffers that no batch fills.
   const size_t pool =
-      opt_.num_workers == 0 ? 1 : static_cast<size_t>(opt_.num_workers) * opt_.prefetch + 1;
+      opt_.num_workers == 0
+          ? 1
+          : std::min(static_cast<size_t>(opt_.num_workers) * opt_.prefetch + 1, num_batches_ + 1);
   // One copy stream per worker (the caller's thread loads when there are none).
   if (opt_.device.is_cuda())
     for (int w = 0; w < std::max(1, opt_.num_workers); ++w)
@@ -223,6 +227,13 @@ DataLoader::iterator DataLoader::begin() {
     // No worker is filling now, so order_ may change; workers read it only after claiming a
     // batch under the lock, which orders these writes before their reads.
     sampler_->indices(epoch_, order_);
+    // Every batch reads order_ by position: a sampler must give the indices its size says, each
+    // an example of the dataset.
+    GALLEY_CHECK(order_.size() == sampler_->size(), "DataLoader: the sampler gave ", order_.size(),
+                 " indices for epoch ", epoch_, " but its size is ", sampler_->size());
+    for (size_t i : order_)
+      GALLEY_CHECK(i < ds_.size(), "DataLoader: the sampler gave index ", i, " for a dataset of ",
+                   ds_.size(), " examples");
     start = std::min(next_start_, num_batches_);
     next_start_ = 0;
     next_claim_ = start;
@@ -346,6 +357,9 @@ void DataLoader::fill(Slot& slot, size_t k, uint64_t epoch, int worker) {
   } catch (const std::exception& e) {
     slot.error =
         nested_error(detail::str_cat("DataLoader: batch ", k, " of epoch ", epoch, ": ", e.what()));
+    return;
+  } catch (...) {  // not a std::exception: handed on as it is, as in the caller's thread
+    slot.error = std::current_exception();
     return;
   }
   // Delivery to opt_.device: nothing to copy for a CPU device, whose buffers are the batch. On

@@ -26,6 +26,12 @@ void Dataset::get_batch(const std::vector<size_t>& indices, Tensor& data, Tensor
                  "dataset: example ", indices[i], " has data ", shape_str(e.data.shape()),
                  " and label ", shape_str(e.label.shape()), ", expected ", shape_str(data_shape()),
                  " and ", shape_str(label_shape()));
+    // The batch's slots hold float32 data and label_dtype() labels: bytes of another dtype would
+    // be misread (or, wider, written past the slot).
+    GALLEY_CHECK(e.data.dtype() == DType::Float32 && e.label.dtype() == label_dtype(),
+                 "dataset: example ", indices[i], " has ", dtype_name(e.data.dtype()), " data and ",
+                 dtype_name(e.label.dtype()), " labels, expected float32 and ",
+                 dtype_name(label_dtype()));
     e.data.copy_to_host(pd + i * dbytes);
     e.label.copy_to_host(pl + i * lbytes);
   }

@@ -46,9 +46,19 @@ bool Layer::keeps_dtype(const Tensor& t) const {
   return false;
 }
 
+bool Layer::reaches(const Layer* other) const {
+  if (this == other) return true;
+  for (const auto& [n, l] : children_)
+    if (l->reaches(other)) return true;
+  return false;
+}
+
 void Layer::add_child(const std::string& name, Layer* layer, std::shared_ptr<Layer> owned) {
   check_name(name, "layer");
   GALLEY_CHECK(layer != nullptr && layer != this, repr(), ": cannot register layer '", name, "'");
+  // The layers form a tree (a layer may be shared, never its own ancestor): walking it must end.
+  GALLEY_CHECK(!layer->reaches(this), repr(), ": layer '", name,
+               "' contains this layer; registering it would make a cycle");
   for (auto& [n, l] : children_)
     GALLEY_CHECK(n != name, repr(), ": layer '", name, "' is already registered");
   children_.emplace_back(name, layer);

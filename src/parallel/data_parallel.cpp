@@ -679,16 +679,23 @@ Tensor DataParallelBase::forward(const Tensor& x) {
       break;
     }
   GALLEY_CHECK(first.defined(), "DataParallel: the batch is empty");
+  // Every output keeps its replica's rows as its first dimension, and the rest of its shape is
+  // the first output's (checked before any size is divided by).
+  for (size_t r = 0; r < m.n(); ++r)
+    GALLEY_CHECK(
+        !outs[r].defined() || (outs[r].dim() >= 1 && outs[r].size(0) == starts[r + 1] - starts[r] &&
+                               Shape(outs[r].shape().begin() + 1, outs[r].shape().end()) ==
+                                   Shape(first.shape().begin() + 1, first.shape().end())),
+        "DataParallel: replica ", r, " returned ",
+        outs[r].defined() ? shape_str(outs[r].shape()) : "nothing", " for ",
+        starts[r + 1] - starts[r], " rows",
+        "; outputs must keep the batch dimension and agree in shape");
   Shape out_shape = first.shape();
   out_shape[0] = batch;
   Tensor out = Tensor::empty(out_shape, first.dtype(), m.devices[0]);
-  const int64_t orow = first.numel() / first.size(0);
+  const int64_t orow = shape_numel(Shape(out_shape.begin() + 1, out_shape.end()));
   for (size_t r = 0; r < m.n(); ++r) {
     if (!outs[r].defined()) continue;
-    GALLEY_CHECK(outs[r].dim() >= 1 && outs[r].size(0) == starts[r + 1] - starts[r] &&
-                     outs[r].numel() / outs[r].size(0) == orow,
-                 "DataParallel: replica ", r, " returned ", shape_str(outs[r].shape()),
-                 "; outputs must keep the batch dimension and agree in shape");
     Tensor o = outs[r].contiguous();
     detail::copy_bytes(
         static_cast<char*>(out.raw_data()) + starts[r] * orow * dtype_size(out.dtype()),

@@ -115,6 +115,8 @@ class Layer {
 
  private:
   void add_child(const std::string& name, Layer* layer, std::shared_ptr<Layer> owned);
+  // Whether `other` is this layer or one of its descendants.
+  bool reaches(const Layer* other) const;
   void collect(const std::string& prefix, bool params, bool buffers,
                std::vector<NamedTensor>& out) const;
   bool keeps_dtype(const Tensor& t) const;
