@@ -779,3 +779,13 @@ TEST(DataParallel, OutputsWithoutTheBatchDimensionAreErrors) {
                             }),
                             {"DataParallel", "replica 0", "[]", "batch dimension"});
 }
+
+// A replica's std::bad_alloc reaches the caller as galley's OutOfMemoryError (which a training
+// loop catches to lower its batch), not as a plain Error.
+TEST(DataParallel, AReplicasBadAllocIsAnOutOfMemoryError) {
+  struct Hungry : galley::nn::Layer {
+    Tensor forward(const Tensor&) override { throw std::bad_alloc(); }
+  };
+  galley::DataParallel<Hungry> model(cpus(2));
+  EXPECT_THROW(model(galley::ones({2, 3})), galley::OutOfMemoryError);
+}

@@ -10,6 +10,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <new>
 #include <thread>
 
 #include "galley/amp/autocast.h"
@@ -102,6 +103,9 @@ class Worker {
         task.fn();
       } catch (const Error& e) {
         error = e.with_message(e.what());
+      } catch (const std::bad_alloc& e) {  // the host out of memory: galley's type for it
+        error = std::make_unique<OutOfMemoryError>(std::string("host allocation failed (") +
+                                                   e.what() + ")");
       } catch (const std::exception& e) {
         error = std::make_unique<Error>(*e.what() ? e.what() : "unknown error");
       } catch (...) {
