@@ -499,3 +499,21 @@ TEST(Preemption, OneWatcherAtATimeAndOnlyCatchableSignals) {
                             {"cannot watch signal"});
   EXPECT_FALSE(ck.preempted());
 }
+
+// A checkpoint whose optimizer state does not fit the optimizer it is loaded into changes
+// nothing: the model it was loaded into first keeps its weights, and the error names the file.
+TEST(Checkpoint, ALoadThatFailsLaterChangesNothingEarlier) {
+  const std::string dir = temp_dir("atomic");
+  nn::Linear a(3, 2), b(3, 2);
+  galley::optim::SGD sgd(a.parameters(), {.learning_rate = 0.1, .momentum = 0.9});
+  galley::sum(a(galley::ones({4, 3}))).backward();
+  sgd.step();  // momentum buffers: state for two parameters
+  const std::string path = dir + "/a.safetensors";
+  galley::io::save_checkpoint(path, {.model = &a, .optimizer = &sgd});
+  galley::optim::SGD one({b.parameters()[0]}, {.learning_rate = 0.1, .momentum = 0.9});
+  const std::vector<float> before = b.parameters()[0].to_vector();
+  galley::io::TrainingState into{.model = &b, .optimizer = &one};
+  testutil::expect_contains(testutil::error_of([&] { galley::io::load_checkpoint(path, into); }),
+                            {"a.safetensors"});
+  EXPECT_EQ(b.parameters()[0].to_vector(), before) << "the model was changed by a failed load";
+}

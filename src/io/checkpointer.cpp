@@ -209,18 +209,42 @@ void load_checkpoint(const std::string& path, TrainingState& s) {
       restored.set_state(it->second);
       generators.emplace_back(gen, restored);
     }
-    if (s.model) s.model->load_state_dict(model);
-    if (s.parallel_model) s.parallel_model->load_state_dict(model);
+    // The model, the optimizer and the scheduler each check their entries, one after the
+    // other: what they held is kept (copied) first and put back when a later one refuses its
+    // state, so that a file that does not fit changes none of them.
+    auto copied = [](std::map<std::string, Tensor> m) {
+      for (auto& [k, t] : m) t = t.clone();
+      return m;
+    };
+    std::map<std::string, Tensor> model_before, parallel_before;
+    StateDict optimizer_before, scheduler_before;
+    if (s.model) model_before = copied(s.model->state_dict());
+    if (s.parallel_model) parallel_before = copied(s.parallel_model->state_dict());
     if (s.optimizer) {
-      StateDict opt = take("optimizer", f);
-      if (size_t per = replica_share(s)) {
-        opt.tensors = spread(opt.tensors, per, s.parallel_model->num_replicas());
-        opt.values = spread(opt.values, per, s.parallel_model->num_replicas());
-        opt.set("num_params", static_cast<int64_t>(s.optimizer->parameters().size()));
-      }
-      s.optimizer->load_state_dict(opt);
+      optimizer_before = s.optimizer->state_dict();
+      optimizer_before.tensors = copied(optimizer_before.tensors);
     }
-    if (s.scheduler) s.scheduler->load_state_dict(take("scheduler", f));
+    if (s.scheduler) scheduler_before = s.scheduler->state_dict();
+    try {
+      if (s.model) s.model->load_state_dict(model);
+      if (s.parallel_model) s.parallel_model->load_state_dict(model);
+      if (s.optimizer) {
+        StateDict opt = take("optimizer", f);
+        if (size_t per = replica_share(s)) {
+          opt.tensors = spread(opt.tensors, per, s.parallel_model->num_replicas());
+          opt.values = spread(opt.values, per, s.parallel_model->num_replicas());
+          opt.set("num_params", static_cast<int64_t>(s.optimizer->parameters().size()));
+        }
+        s.optimizer->load_state_dict(opt);
+      }
+      if (s.scheduler) s.scheduler->load_state_dict(take("scheduler", f));
+    } catch (...) {
+      if (s.model) s.model->load_state_dict(model_before);
+      if (s.parallel_model) s.parallel_model->load_state_dict(parallel_before);
+      if (s.optimizer) s.optimizer->load_state_dict(optimizer_before);
+      if (s.scheduler) s.scheduler->load_state_dict(scheduler_before);
+      throw;
+    }
     if (scaler) *s.grad_scaler = *scaler;
     default_generator() = default_state;
     for (auto& [gen, restored] : generators) *gen = restored;
