@@ -517,3 +517,12 @@ TEST(Checkpoint, ALoadThatFailsLaterChangesNothingEarlier) {
                             {"a.safetensors"});
   EXPECT_EQ(b.parameters()[0].to_vector(), before) << "the model was changed by a failed load";
 }
+
+// A file in the directory whose step does not fit 64 bits is not one of the checkpoints, not an
+// exception out of list().
+TEST(Checkpoint, AFileWithAHugeStepIsNotACheckpoint) {
+  const std::string dir = temp_dir("huge_step");
+  std::ofstream(dir + "/checkpoint-99999999999999999999999.safetensors") << "not one";
+  galley::io::Checkpointer ck(dir);
+  EXPECT_TRUE(ck.list().empty());
+}

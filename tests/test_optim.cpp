@@ -901,3 +901,26 @@ TEST(Optimizer16Bit, AGradientOfAnotherDtypeIsAnError) {
 }
 
 }  // namespace
+
+// A scheduler's state that gives no learning rate (a one-cycle schedule past its end) is
+// refused whole: the scheduler keeps its place and steps on. A cycle whose epochs x steps per
+// epoch overflows is refused at construction.
+TEST(Schedulers, AStateThatGivesNoRateChangesNothing) {
+  Tensor p = leaf({1.0});
+  SGD opt({p}, {.learning_rate = 0.1});
+  OneCycleLR sched(opt, {.max_lr = 1.0, .total_steps = 4});
+  sched.step();
+  const double lr = opt.learning_rate();
+  galley::StateDict past = sched.state_dict();
+  past.set("last_epoch", int64_t(9));
+  expect_contains(error_of([&] { sched.load_state_dict(past); }), {"OneCycleLR"});
+  EXPECT_EQ(sched.state_dict().get_int("last_epoch", "test"), 1);
+  EXPECT_EQ(opt.learning_rate(), lr);
+  sched.step();  // still within the cycle
+  expect_contains(
+      error_of([&] {
+        OneCycleLR(
+            opt, {.max_lr = 1.0, .epochs = int64_t(1) << 40, .steps_per_epoch = int64_t(1) << 40});
+      }),
+      {"OneCycleLR", "overflows"});
+}

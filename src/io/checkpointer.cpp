@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
+#include <charconv>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -56,7 +57,9 @@ bool split_key(const std::string& key, size_t* index, std::string* rest) {
   if (dot == std::string::npos || dot == 6) return false;
   const std::string num = key.substr(6, dot - 6);
   if (num.find_first_not_of("0123456789") != std::string::npos) return false;
-  *index = std::stoul(num);
+  const auto parsed = std::from_chars(num.data(), num.data() + num.size(), *index);
+  GALLEY_CHECK(parsed.ec == std::errc(), "optimizer state key '", key,
+               "' names a parameter index past any there can be");
   *rest = key.substr(dot + 1);
   return true;
 }
@@ -374,7 +377,9 @@ std::vector<std::string> Checkpointer::list() const {
       continue;
     const std::string num = name.substr(head.size(), name.size() - head.size() - tail.size());
     if (num.empty() || num.find_first_not_of("0123456789") != std::string::npos) continue;
-    found.emplace_back(std::stoll(num), e.path().string());
+    int64_t step = 0;  // a number past int64 is no step this class wrote: not a checkpoint
+    if (std::from_chars(num.data(), num.data() + num.size(), step).ec != std::errc()) continue;
+    found.emplace_back(step, e.path().string());
   }
   std::sort(found.begin(), found.end());
   std::vector<std::string> out;

@@ -313,9 +313,18 @@ void LRScheduler::load_state_dict(const StateDict& st) {
   const int64_t epoch = st.get_int("last_epoch", "LRScheduler");
   const double base = st.get_double("base_lr", "LRScheduler");
   GALLEY_CHECK(epoch >= 0, "LRScheduler: saved last_epoch ", epoch, " is negative");
+  // Taken only if the learning rate they give is one (a schedule past its end refuses it).
+  const int64_t old_epoch = epoch_;
+  const double old_base = base_lr_;
   epoch_ = epoch;
   base_lr_ = base;
-  opt_.set_learning_rate(epoch_ == 0 ? start_lr() : lr_at(epoch_));
+  try {
+    opt_.set_learning_rate(epoch_ == 0 ? start_lr() : lr_at(epoch_));
+  } catch (...) {
+    epoch_ = old_epoch;
+    base_lr_ = old_base;
+    throw;
+  }
 }
 
 StepLR::StepLR(Optimizer& optimizer, int64_t step_size, double gamma)
@@ -377,7 +386,12 @@ OneCycleLR::OneCycleLR(Optimizer& optimizer, OneCycleLROptions options)
                " and steps_per_epoch ", o_.steps_per_epoch, " must not be negative");
   GALLEY_CHECK(o_.total_steps > 0 || (o_.epochs > 0 && o_.steps_per_epoch > 0),
                "OneCycleLR: give total_steps, or epochs and steps_per_epoch");
-  total_steps_ = o_.total_steps > 0 ? o_.total_steps : o_.epochs * o_.steps_per_epoch;
+  int64_t product = 0;
+  GALLEY_CHECK(
+      o_.total_steps > 0 || !__builtin_mul_overflow(o_.epochs, o_.steps_per_epoch, &product),
+      "OneCycleLR: epochs ", o_.epochs, " x steps_per_epoch ", o_.steps_per_epoch,
+      " overflows a 64-bit step count");
+  total_steps_ = o_.total_steps > 0 ? o_.total_steps : product;
   GALLEY_CHECK(o_.pct_start >= 0 && o_.pct_start <= 1, "OneCycleLR: pct_start ", o_.pct_start,
                " must be in [0, 1]");
   GALLEY_CHECK(o_.div_factor > 0, "OneCycleLR: div_factor ", o_.div_factor, " must be positive");
