@@ -43,7 +43,7 @@ void* host_alloc(size_t bytes, size_t* actual) {
   // No machine has half the address space to give; nor would a size class fit past it.
   if (bytes > SIZE_MAX / 2)
     throw OutOfMemoryError(
-        str_cat("host allocation of ", bytes, " bytes: more than half the ", "address space"));
+        str_cat("host allocation of ", bytes, " bytes: more than half the address space"));
   size_t size = round_up(bytes == 0 ? kAlign : bytes);
   *actual = size;
   HostCache& c = cache();

@@ -12,6 +12,7 @@
 #include "galley/profiler.h"
 #include "galley/runtime/memory.h"
 #include "src/ops/autocast.h"
+#include "src/ops/binary.h"
 #include "src/ops/dispatch.h"
 
 namespace galley {
@@ -73,13 +74,13 @@ Tensor conv2d_without_products(const Tensor& x, const Tensor& weight, const Tens
              gb = bias.defined() && bias.requires_grad();
   const Shape x_shape = x.shape(), w_shape = weight.shape();
   const DType w_dtype = weight.dtype(), b_dtype = bias.defined() ? bias.dtype() : dtype;
-  return autograd::record(out, "conv2d", {x, weight, bias},
-                          [=](const Tensor& gy, std::vector<Tensor>& gi) {
-                            if (gx) gi[0] = zeros(x_shape, dtype, dev);
-                            if (gw) gi[1] = zeros(w_shape, w_dtype, dev);
-                            if (gb)
-                              gi[2] = sum(sum(sum(gy.to(DType::Float32), 3), 2), 0).to(b_dtype);
-                          });
+  return autograd::record(
+      out, "conv2d", {x, weight, bias}, [=](const Tensor& gy, std::vector<Tensor>& gi) {
+        if (gx) gi[0] = zeros(x_shape, dtype, dev);
+        if (gw) gi[1] = zeros(w_shape, w_dtype, dev);
+        if (gb)  // as add's backward sums a broadcast bias
+          gi[2] = detail::sum_to(gy.to(DType::Float32), {1, g.o, 1, 1}).reshape({g.o}).to(b_dtype);
+      });
 }
 
 }  // namespace

@@ -685,19 +685,20 @@ Tensor DataParallelBase::forward(const Tensor& x) {
   GALLEY_CHECK(first.defined(), "DataParallel: the batch is empty");
   // Every output keeps its replica's rows as its first dimension, and the rest of its shape is
   // the first output's (checked before any size is divided by).
+  const Shape row_shape =
+      first.dim() >= 1 ? Shape(first.shape().begin() + 1, first.shape().end()) : Shape();
   for (size_t r = 0; r < m.n(); ++r)
-    GALLEY_CHECK(
-        !outs[r].defined() || (outs[r].dim() >= 1 && outs[r].size(0) == starts[r + 1] - starts[r] &&
-                               Shape(outs[r].shape().begin() + 1, outs[r].shape().end()) ==
-                                   Shape(first.shape().begin() + 1, first.shape().end())),
-        "DataParallel: replica ", r, " returned ",
-        outs[r].defined() ? shape_str(outs[r].shape()) : "nothing", " for ",
-        starts[r + 1] - starts[r], " rows",
-        "; outputs must keep the batch dimension and agree in shape");
+    GALLEY_CHECK(!outs[r].defined() ||
+                     (outs[r].dim() >= 1 && outs[r].size(0) == starts[r + 1] - starts[r] &&
+                      Shape(outs[r].shape().begin() + 1, outs[r].shape().end()) == row_shape),
+                 "DataParallel: replica ", r, " returned ",
+                 outs[r].defined() ? shape_str(outs[r].shape()) : "nothing", " for ",
+                 starts[r + 1] - starts[r], " rows",
+                 "; outputs must keep the batch dimension and agree in shape");
   Shape out_shape = first.shape();
   out_shape[0] = batch;
   Tensor out = Tensor::empty(out_shape, first.dtype(), m.devices[0]);
-  const int64_t orow = shape_numel(Shape(out_shape.begin() + 1, out_shape.end()));
+  const int64_t orow = shape_numel(row_shape);
   for (size_t r = 0; r < m.n(); ++r) {
     if (!outs[r].defined()) continue;
     Tensor o = outs[r].contiguous();
