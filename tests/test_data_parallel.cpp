@@ -161,6 +161,91 @@ TEST(DataParallel, NoSyncAccumulationEqualsOneLargeBatch) {
   }
 }
 
+// Replica r's gradients.
+template <typename M>
+std::vector<Tensor> grads_of(galley::DataParallel<M>& model, size_t r) {
+  std::vector<Tensor> out;
+  for (auto& p : model.module(r).parameters()) out.push_back(p.grad());
+  return out;
+}
+
+TEST(DataParallel, GradientsAccumulateOverBackwardsAndForwardsAsOnOneModel) {
+  galley::manual_seed(17);
+  SmallCNN single;
+  const auto init = single.state_dict();
+  const auto data = batches(6, 7, 18);
+  nn::CrossEntropyLoss loss_fn;
+  auto loss = [&](auto& model, int i) { return loss_fn(model(data[i].x), data[i].y); };
+  // One model, never cleared: a backward per batch, and batches 2 and 3 in one loss.
+  loss(single, 0).backward();
+  loss(single, 1).backward();
+  (loss(single, 2) + loss(single, 3)).backward();
+  loss(single, 4).backward();
+  loss(single, 5).backward();
+  std::vector<std::vector<float>> expected;
+  for (auto& p : single.parameters()) expected.push_back(p.grad().to_vector());
+
+  for (int n : {2, 3}) {
+    galley::DataParallel<SmallCNN> model(cpus(n));
+    model.load_state_dict(init);
+    loss(model, 0).backward();
+    loss(model, 1).backward();                     // onto the reduced sum
+    (loss(model, 2) + loss(model, 3)).backward();  // the second reduction sees the first's sum
+    {
+      auto guard = model.no_sync();
+      loss(model, 4).backward();  // a local part onto a reduced sum
+    }
+    loss(model, 5).backward();
+    for (size_t r = 0; r < size_t(n); ++r)
+      expect_close(expected, grads_of(model, r),
+                   std::to_string(n) + " replicas, replica " + std::to_string(r));
+  }
+}
+
+// Takes its first head for two input channels and its second for three: a parameter that one
+// backward reaches and the next does not.
+class TwoHeads : public nn::Layer {
+ public:
+  TwoHeads() {
+    register_layer("a", a_);
+    register_layer("b", b_);
+    register_layer("fc", fc_);
+  }
+  Tensor forward(const Tensor& x) override {
+    Tensor h = x.size(1) == 2 ? a_(x) : b_(x);
+    return fc_(galley::flatten(galley::relu(h), 1));
+  }
+
+ private:
+  nn::Conv2D a_{2, 3, 3, {.padding = 1}};
+  nn::Conv2D b_{3, 3, 3, {.padding = 1}};
+  nn::Linear fc_{3 * 4 * 4, 5};
+};
+
+TEST(DataParallel, NoSyncPartsOfParametersTheSyncedBackwardMissesAreReducedToo) {
+  galley::manual_seed(19);
+  galley::Generator gen(20);
+  const Tensor x2 = galley::randn({5, 2, 4, 4}, gen), x3 = galley::randn({5, 3, 4, 4}, gen);
+  const Tensor y = Tensor::from_vector(std::vector<int64_t>{0, 1, 2, 3, 4}, {5});
+  nn::CrossEntropyLoss loss_fn;
+  TwoHeads single;
+  const auto init = single.state_dict();
+  loss_fn(single(x2), y).backward();  // head a
+  loss_fn(single(x3), y).backward();  // head b
+  std::vector<std::vector<float>> expected;
+  for (auto& p : single.parameters()) expected.push_back(p.grad().to_vector());
+
+  galley::DataParallel<TwoHeads> model(cpus(2));
+  model.load_state_dict(init);
+  {
+    auto guard = model.no_sync();
+    loss_fn(model(x2), y).backward();
+  }
+  loss_fn(model(x3), y).backward();  // reaches head b only; head a's parts are reduced all the same
+  for (size_t r = 0; r < 2; ++r)
+    expect_close(expected, grads_of(model, r), "replica " + std::to_string(r));
+}
+
 TEST(DataParallel, BatchSmallerThanTheReplicaCount) {
   galley::manual_seed(9);
   SmallCNN reference;

@@ -65,6 +65,19 @@ std::vector<galley::Device> local_cpus() {
   return devs;
 }
 
+// `count` global batches of TinyNet's inputs and labels, the same in every process (each
+// trains on its own slice).
+void global_batches(int count, int64_t global, uint64_t seed, std::vector<Tensor>& xs,
+                    std::vector<Tensor>& ys) {
+  galley::Generator gen(seed);
+  for (int s = 0; s < count; ++s) {
+    xs.push_back(galley::randn({global, 1, 6, 6}, gen));
+    std::vector<int64_t> l(global);
+    for (auto& v : l) v = static_cast<int64_t>(gen.next_u64() % 4);
+    ys.push_back(Tensor::from_vector(l, {global}));
+  }
+}
+
 }  // namespace
 
 TEST(Mpi, EnvironmentMatchesTheLauncher) {
@@ -79,15 +92,9 @@ TEST(Mpi, DataParallelAcrossProcessesMatchesOneModelOnTheGlobalBatch) {
   const auto& e = env();
   if (e.world_size == 1) GTEST_SKIP() << "single process: run under mpirun -np 2";
   // Every process builds the same data; process r trains on its slice of each global batch.
-  const int64_t per_rank = 6, global = per_rank * e.world_size;
-  galley::Generator gen(42);
+  const int64_t per_rank = 6;
   std::vector<Tensor> xs, ys;
-  for (int s = 0; s < 8; ++s) {
-    xs.push_back(galley::randn({global, 1, 6, 6}, gen));
-    std::vector<int64_t> l(global);
-    for (auto& v : l) v = static_cast<int64_t>(gen.next_u64() % 4);
-    ys.push_back(Tensor::from_vector(l, {global}));
-  }
+  global_batches(8, per_rank * e.world_size, 42, xs, ys);
   galley::manual_seed(1);
   TinyNet single;
   const auto init = single.state_dict();
@@ -119,6 +126,52 @@ TEST(Mpi, DataParallelAcrossProcessesMatchesOneModelOnTheGlobalBatch) {
     auto b = model.module(r).parameters();
     for (size_t k = 0; k < a.size(); ++k) {
       auto va = a[k].to_vector(), vb = b[k].to_vector();
+      for (size_t i = 0; i < va.size(); ++i)
+        ASSERT_NEAR(vb[i], va[i], 1e-5f)
+            << "rank " << e.rank << " replica " << r << " param " << k << " element " << i;
+    }
+  }
+}
+
+TEST(Mpi, GradientsAccumulateAcrossBackwardsAsOnOneModel) {
+  const auto& e = env();
+  if (e.world_size == 1) GTEST_SKIP() << "single process: run under mpirun -np 2";
+  const int64_t per_rank = 5;
+  std::vector<Tensor> xs, ys;
+  global_batches(6, per_rank * e.world_size, 43, xs, ys);
+  galley::manual_seed(2);
+  TinyNet single;
+  const auto init = single.state_dict();
+  nn::CrossEntropyLoss loss_fn;
+  auto whole = [&](int s) { return loss_fn(single(xs[s]), ys[s]); };
+  // Never cleared: a backward per batch, batches 2 and 3 in one loss.
+  whole(0).backward();
+  whole(1).backward();
+  (whole(2) + whole(3)).backward();
+  whole(4).backward();
+  whole(5).backward();
+
+  galley::DataParallel<TinyNet> model(local_cpus());
+  model.load_state_dict(init);
+  auto mine = [&](int s) {
+    Tensor x = Tensor::from_host(xs[s].data<float>() + e.rank * per_rank * 36, {per_rank, 1, 6, 6});
+    Tensor y = Tensor::from_host(ys[s].data<int64_t>() + e.rank * per_rank, {per_rank},
+                                 galley::DType::Int64);
+    return loss_fn(model(x), y);
+  };
+  mine(0).backward();
+  mine(1).backward();
+  (mine(2) + mine(3)).backward();
+  {
+    auto guard = model.no_sync();
+    mine(4).backward();
+  }
+  mine(5).backward();
+  auto a = single.parameters();
+  for (size_t r = 0; r < model.num_replicas(); ++r) {
+    auto b = model.module(r).parameters();
+    for (size_t k = 0; k < a.size(); ++k) {
+      auto va = a[k].grad().to_vector(), vb = b[k].grad().to_vector();
       for (size_t i = 0; i < va.size(); ++i)
         ASSERT_NEAR(vb[i], va[i], 1e-5f)
             << "rank " << e.rank << " replica " << r << " param " << k << " element " << i;

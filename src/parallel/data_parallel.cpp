@@ -215,6 +215,11 @@ struct DataParallelBase::Impl {
     // bucket's collective waits for it alone.
     std::vector<detail::Event> bucket_filled;
     ~Replica() { detail::destroy_stream(device, side); }
+    // Per parameter, across backwards: whether its gradient holds a part not yet reduced (from
+    // no_sync backwards, or the reduced sum replica 0 keeps for the next reduction), and the
+    // gradient the last reduction wrote (expired once it is cleared).
+    std::vector<char> unreduced;
+    std::vector<std::weak_ptr<detail::TensorImpl>> reduced;
     // Per backward: which parameters have handed over their gradient, and bucket readiness.
     std::mutex mu;
     std::condition_variable cv;
@@ -328,10 +333,10 @@ struct DataParallelBase::Impl {
     rep.bucket_ready[b] = 1;
   }
 
-  // Called on replica r's compute thread when parameter k's gradient is final for this backward.
-  void on_gradient(size_t r, size_t k, const Tensor& grad) {
-    if (!in_backward.load() || !sync || (n() == 1 && !procs)) return;
-    Replica& rep = *replicas[r];
+  // Copies replica r's gradient `grad` of parameter k into its slot of the bucket and sets its
+  // presence flag. On a GPU both are queued on the compute stream; the communicator orders its
+  // collective after that stream's work.
+  void write_gradient(Replica& rep, size_t k, const Tensor& grad) {
     const size_t b = bucket_of[k];
     const Bucket& bucket = buckets[b];
     size_t slot = 0;
@@ -339,8 +344,6 @@ struct DataParallelBase::Impl {
     Tensor g = grad.contiguous();
     GALLEY_CHECK(g.dtype() == bucket.dtype, "DataParallel: the gradient of parameter ", k, " is ",
                  dtype_name(g.dtype()), " but the parameter is ", dtype_name(bucket.dtype));
-    // On a GPU both are queued on the compute stream; the communicator orders its collective
-    // after that stream's work.
     char* dst = element_at(rep.flat[b], bucket.offsets[slot]);
     if (bucket.wire == bucket.dtype) {
       detail::copy_bytes(dst, rep.device, g.raw_data(), g.device(),
@@ -350,6 +353,21 @@ struct DataParallelBase::Impl {
       convert_on(rep.device, g.raw_data(), g.dtype(), dst, bucket.wire, g.numel());
     }
     set_elements(rep.flat[b], bucket.numel + slot, 1, 1.f);
+  }
+
+  // Called on replica r's compute thread when parameter k's gradient is final for this backward.
+  // Outside a synced backward it only notes that the gradient now holds a part of this replica's
+  // own that the next synced backward must reduce (no_sync accumulation).
+  void on_gradient(size_t r, size_t k, const Tensor& grad) {
+    if (!in_backward.load() || (n() == 1 && !procs)) return;
+    Replica& rep = *replicas[r];
+    if (!sync) {
+      std::lock_guard<std::mutex> lock(rep.mu);
+      rep.unreduced[k] = 1;
+      return;
+    }
+    write_gradient(rep, k, grad);
+    const size_t b = bucket_of[k];
     std::lock_guard<std::mutex> lock(rep.mu);
     if (rep.param_ready[k]) return;
     rep.param_ready[k] = 1;
@@ -359,8 +377,10 @@ struct DataParallelBase::Impl {
     }
   }
 
-  // After replica r's backward (or its failure): parameters that got no gradient contribute
-  // zeros, so every bucket completes and the collectives stay matched across replicas.
+  // After replica r's backward (or its failure): a parameter that got no gradient in it
+  // contributes what its gradient holds unreduced (earlier no_sync backwards' parts, or on
+  // replica 0 the already reduced part: see split_reduced), else zeros, so every bucket
+  // completes and the collectives stay matched across replicas.
   void finish_buckets(size_t r) {
     Replica& rep = *replicas[r];
     std::lock_guard<std::mutex> lock(rep.mu);
@@ -369,14 +389,41 @@ struct DataParallelBase::Impl {
       for (size_t s = 0; s < buckets[b].params.size(); ++s) {
         const size_t k = buckets[b].params[s];
         if (rep.param_ready[k]) continue;
-        set_elements(rep.flat[b], buckets[b].offsets[s], rep.params[k].numel(), 0.f);
-        set_elements(rep.flat[b], buckets[b].numel + s, 1, 0.f);
+        const Tensor held = rep.unreduced[k] ? rep.params[k].grad() : Tensor();
+        if (held.defined()) {
+          write_gradient(rep, k, held);
+        } else {
+          set_elements(rep.flat[b], buckets[b].offsets[s], rep.params[k].numel(), 0.f);
+          set_elements(rep.flat[b], buckets[b].numel + s, 1, 0.f);
+        }
         rep.param_ready[k] = 1;
       }
       rep.pending[b] = 0;
       mark_filled(rep, b);
     }
     rep.cv.notify_all();
+  }
+
+  // Before a backward: a gradient that every replica still holds as the last reduction wrote it
+  // (not cleared since: a second backward without clear_grad, or a second forward summed into
+  // the same loss) is the same reduced sum on every replica and must count once, not once per
+  // replica. Replica 0 keeps it, as a part of its own to reduce; the others start from nothing,
+  // so the next reduction gives that sum plus the new parts, as one model would. (Averaging over
+  // processes keeps such a part whole, so a single replica per process needs nothing.)
+  void split_reduced() {
+    if (n() == 1) return;
+    const size_t count = replicas[0]->params.size();
+    for (size_t k = 0; k < count; ++k) {
+      bool shared = true;
+      for (size_t r = 0; r < n() && shared; ++r) {
+        const Tensor g = replicas[r]->params[k].grad();
+        shared = g.defined() && g.impl_ptr() == replicas[r]->reduced[k].lock();
+      }
+      if (!shared) continue;
+      replicas[0]->unreduced[k] = 1;
+      for (size_t r = 1; r < n(); ++r) replicas[r]->params[k].set_grad(Tensor());
+      for (auto& rep : replicas) rep->reduced[k].reset();
+    }
   }
 
   // Replica r's communication thread: all-reduce buckets in index order (the same order on
@@ -447,6 +494,7 @@ struct DataParallelBase::Impl {
         }
         convert_on(dev, element_at(rep.flat[b], bucket.offsets[s]), wire, g.raw_data(), dtype,
                    g.numel());
+        rep.reduced[bucket.params[s]] = g.impl_ptr();
       }
       rep.allreduce_ms += ms_between(t0, t1);
       std::lock_guard<std::mutex> lock(rep.mu);
@@ -460,6 +508,7 @@ struct DataParallelBase::Impl {
                 const Tensor& grad) {
     const bool reduce = sync && (n() > 1 || procs);
     if (reduce) refresh_buckets();
+    split_reduced();
     for (auto& rep : replicas) {
       std::lock_guard<std::mutex> lock(rep->mu);
       rep->param_ready.assign(rep->params.size(), 0);
@@ -519,8 +568,15 @@ struct DataParallelBase::Impl {
       in_backward = false;
       throw;
     }
-    wait_all(comm_tasks, devices, "all-reduce");
+    try {
+      wait_all(comm_tasks, devices, "all-reduce");
+    } catch (...) {
+      in_backward = false;
+      throw;
+    }
     in_backward = false;
+    if (reduce)  // every part held so far is in the reduced gradients now
+      for (auto& rep : replicas) std::fill(rep->unreduced.begin(), rep->unreduced.end(), 0);
     stats.backward_ms = ms_between(t0, Clock::now());
     stats.allreduce_ms = stats.hidden_ms = 0;
     for (auto& rep : replicas) {
@@ -571,6 +627,8 @@ DataParallelBase::DataParallelBase(std::vector<std::unique_ptr<nn::Layer>> layer
     rep->device = devices[i];
     rep->layer->to(devices[i]);
     rep->params = rep->layer->parameters();
+    rep->unreduced.assign(rep->params.size(), 0);
+    rep->reduced.resize(rep->params.size());
     for (auto& [name, b] : rep->layer->named_buffers()) rep->buffers.push_back(b);
     rep->comm = comms[i];
     rep->compute = std::make_unique<Worker>();

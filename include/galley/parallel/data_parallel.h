@@ -61,7 +61,10 @@ class DataParallelBase {
   /// more), runs every replica's forward at the same time on its own thread, and returns the
   /// outputs concatenated on the first device. Its backward runs every replica's backward at
   /// the same time and all-reduces the gradients (summed: a loss averaged over the whole
-  /// batch weighs every sample equally, however unevenly the batch was split).
+  /// batch weighs every sample equally, however unevenly the batch was split). Gradients
+  /// accumulate as on one model: a second backward without clear_grad, or several forwards
+  /// summed into one loss, add their parts to the reduced gradients once (a gradient that
+  /// every replica still holds as the last reduction wrote it counts once, not per replica).
   Tensor forward(const Tensor& x);
   /// Same as forward().
   Tensor operator()(const Tensor& x) { return forward(x); }
@@ -93,7 +96,8 @@ class DataParallelBase {
   size_t num_replicas() const { return devices().size(); }
 
   /// While alive, backward accumulates gradients locally without all-reducing them; the
-  /// first backward after it ends reduces everything accumulated (gradient accumulation).
+  /// first backward after it ends reduces everything accumulated (gradient accumulation),
+  /// also the gradients of parameters that this last backward does not reach.
   class NoSync {
    public:
     explicit NoSync(DataParallelBase& owner);
