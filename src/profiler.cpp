@@ -70,12 +70,13 @@ struct ThreadBuffer {
   std::string name;
   bool record_shapes = false, cuda_events = false;
   std::vector<void*> free_cuda_events;  // reused pairs; all destroyed with the profiler
-  uint64_t cuda_ref_devices = 0;        // bit d: device d is known to have its reference event
+  bool closed = false;  // its profiler is gone (with its CUDA events); a scope still open ends here
+  uint64_t cuda_ref_devices = 0;  // bit d: device d is known to have its reference event
 };
 
 thread_local std::string tls_thread_name;
 struct ThreadState {
-  std::shared_ptr<ThreadBuffer> buffer, previous;
+  std::shared_ptr<ThreadBuffer> buffer;
   uint64_t generation = 0;
 };
 thread_local ThreadState tls;
@@ -133,9 +134,7 @@ ThreadBuffer* local_buffer() {
   b->cuda_events = current->options.cuda_events;
   b->events.reserve(1024);
   current->buffers.push_back(b);
-  // An enclosing scope may still point at the old buffer of a profiler that just ended.
-  tls.previous = std::move(tls.buffer);
-  tls.buffer = std::move(b);
+  tls.buffer = std::move(b);  // a scope still open in an older buffer holds that one itself
   tls.generation = current->generation;
   return tls.buffer.get();
 }
@@ -174,6 +173,8 @@ void ensure_cuda_ref(Device dev) {
 Profiler::Impl::~Impl() {
 #ifdef GALLEY_HAVE_CUDA
   for (auto& b : buffers) {
+    std::lock_guard<std::mutex> lock(b->mu);
+    b->closed = true;
     for (RawEvent& e : b->events) {
       if (e.ev_start) cudaEventDestroy(static_cast<cudaEvent_t>(e.ev_start));
       if (e.ev_end) cudaEventDestroy(static_cast<cudaEvent_t>(e.ev_end));
@@ -229,11 +230,11 @@ void RecordScope::begin(const char* name, std::initializer_list<const Tensor*> i
   slot_ = static_cast<int64_t>(b->events.size());
   b->events.push_back(std::move(e));
   b->open = slot_;
-  buffer_ = b;
+  buffer_ = tls.buffer;  // b: kept alive until this scope ends, whatever becomes of the profiler
 }
 
 void RecordScope::end() noexcept {
-  auto* b = static_cast<ThreadBuffer*>(buffer_);
+  auto* b = static_cast<ThreadBuffer*>(buffer_.get());
   const int64_t t = now_ns();
   std::lock_guard<std::mutex> lock(b->mu);
   RawEvent& e = b->events[slot_];
@@ -241,7 +242,7 @@ void RecordScope::end() noexcept {
   b->open = e.parent;
   if (e.parent >= 0) b->events[e.parent].child_ns += t - e.start_ns;
 #ifdef GALLEY_HAVE_CUDA
-  if (e.device >= 0) {
+  if (e.device >= 0 && !b->closed) {
     const Device gpu = Device::cuda(e.device);
     detail::CurrentDevice cur(gpu);
     if (cudaEventRecord(static_cast<cudaEvent_t>(e.ev_end),

@@ -137,6 +137,26 @@ TEST(Profiler, OneProfilerRecordsAtATime) {
   EXPECT_TRUE(c.recording());
 }
 
+TEST(Profiler, AScopeOutlivingItsProfilerAndLaterOnesEndsSafely) {
+  // The scope opens in the first profiler's buffer, which three more profilers on this thread
+  // replace before the scope ends (the sanitizer build checks that its end writes no freed
+  // memory); every later profiler records its own event at the top level.
+  auto first = std::make_unique<prof::Profiler>();
+  auto outer = std::make_unique<prof::RecordScope>("outer");
+  first.reset();
+  for (int i = 0; i < 3; ++i) {
+    prof::Profiler later;
+    { prof::RecordScope inner("inner"); }
+    later.stop();
+    const auto evs = later.events();
+    ASSERT_EQ(evs.size(), 1u) << "profiler " << i;
+    EXPECT_EQ(evs[0].name, "inner");
+    EXPECT_NEAR(evs[0].self_us, evs[0].end_us - evs[0].start_us, 1e-6);
+  }
+  outer.reset();
+  EXPECT_FALSE(prof::is_recording());
+}
+
 TEST(Profiler, NestedEventsHaveSelfTimeWithinTotal) {
   prof::Profiler p;
   {
