@@ -420,9 +420,13 @@ void Profiler::export_chrome_trace(const std::string& path) const {
   }
   for (auto& [dev, _] : gpus)
     trace.push_back(meta("thread_name", 1, dev, "cuda:" + std::to_string(dev) + " compute stream"));
+  // Serialised before the file is opened, so nothing in the events can leave it truncated; a name
+  // that is not UTF-8 (a RecordScope's, a thread's) has its bad bytes replaced by U+FFFD.
+  const std::string text = json{{"traceEvents", std::move(trace)}, {"displayTimeUnit", "ms"}}.dump(
+      -1, ' ', false, json::error_handler_t::replace);
   std::ofstream f(path);
   GALLEY_CHECK(f, "export_chrome_trace: cannot open ", path, " for writing");
-  f << json{{"traceEvents", std::move(trace)}, {"displayTimeUnit", "ms"}}.dump() << '\n';
+  f << text << '\n';
   GALLEY_CHECK(f.good(), "export_chrome_trace: writing ", path, " failed");
 }
 

@@ -526,3 +526,14 @@ TEST(Checkpoint, AFileWithAHugeStepIsNotACheckpoint) {
   galley::io::Checkpointer ck(dir);
   EXPECT_TRUE(ck.list().empty());
 }
+
+TEST(Checkpoint, ANegativeStepIsAnErrorAndWritesNothing) {
+  const std::string dir = temp_dir("negative_step");
+  nn::Linear fc(3, 2);
+  galley::io::Checkpointer ck(dir);
+  testutil::expect_contains(testutil::error_of([&] { ck.save({.model = &fc, .step = -1}); }),
+                            {"step -1", "negative"});
+  EXPECT_TRUE(fs::is_empty(dir));
+  ck.save({.model = &fc, .step = 0});
+  EXPECT_EQ(ck.list().size(), 1u);
+}

@@ -1157,3 +1157,28 @@ TEST(LayerErrors, ACycleOfLayersIsRefused) {
   testutil::expect_contains(testutil::error_of([&] { b.register_layer("a", a); }), {"cycle"});
   EXPECT_EQ(a.parameters().size(), 0u);
 }
+
+// One name, one entry: a parameter, a buffer and a layer of one layer never share a name (a
+// buffer named as a parameter gave the state dict two entries under one key).
+TEST(LayerErrors, ANameIsRegisteredOnce) {
+  struct Box : galley::nn::Layer {
+    using Layer::register_buffer;
+    using Layer::register_layer;
+    using Layer::register_parameter;
+  };
+  Box box, child;
+  box.register_parameter("w", galley::ones({2}));
+  box.register_buffer("count", galley::zeros({1}));
+  box.register_layer("child", child);
+  for (const char* name : {"w", "count", "child"}) {
+    testutil::expect_contains(
+        testutil::error_of([&] { box.register_buffer(name, galley::zeros({1})); }),
+        {"buffer", std::string("'") + name + "'", "already registered"});
+    testutil::expect_contains(
+        testutil::error_of([&] { box.register_parameter(name, galley::zeros({1})); }),
+        {"parameter", std::string("'") + name + "'", "already registered"});
+    testutil::expect_contains(testutil::error_of([&] { box.register_layer(name, child); }),
+                              {"layer", std::string("'") + name + "'", "already registered"});
+  }
+  EXPECT_EQ(box.state_dict().size(), 2u);
+}

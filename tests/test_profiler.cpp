@@ -213,6 +213,21 @@ TEST(Profiler, ChromeTraceIsValidJsonWithTheExpectedEvents) {
   EXPECT_TRUE(thread_named);
 }
 
+TEST(Profiler, NamesThatAreNotUtf8StillGiveAValidTrace) {
+  prof::Profiler p;
+  { prof::RecordScope bad("region\xff\xfe"); }
+  p.stop();
+  const std::string path = temp_path("galley_trace_names");
+  p.export_chrome_trace(path);
+  std::ifstream f(path);
+  const nlohmann::json j = nlohmann::json::parse(f);
+  std::remove(path.c_str());
+  bool seen = false;
+  for (const auto& e : j["traceEvents"])
+    seen = seen || e.at("name") == "region\xef\xbf\xbd\xef\xbf\xbd";  // U+FFFD twice
+  EXPECT_TRUE(seen);
+}
+
 TEST(Profiler, KeyAveragesSumToTheEvents) {
   Step s;
   prof::Profiler p;

@@ -393,6 +393,10 @@ std::string Checkpointer::save(const TrainingState& state) {
 
 std::string Checkpointer::write(const TrainingState& state,
                                 const std::map<std::string, std::string>& generators) {
+  // The step names the file and orders the checkpoints: a negative one would name a file that
+  // list() and resume() never find.
+  GALLEY_CHECK(state.step >= 0, "Checkpointer: step ", state.step,
+               " is negative; a checkpoint's step counts the optimizer steps taken so far");
   char name[64];
   std::snprintf(name, sizeof name, "-%012lld.safetensors", static_cast<long long>(state.step));
   const std::string path = (fs::path(dir_) / (opt_.prefix + name)).string();

@@ -13,17 +13,29 @@ bool is_float_dtype(DType d) {
   return d == DType::Float32 || d == DType::Float16 || d == DType::BFloat16;
 }
 
-void check_name(const std::string& name, const char* what) {
+// A name must be usable in a state dict key and free among the layer's parameters, buffers and
+// layers (as PyTorch refuses an attribute that already exists): a buffer named as a parameter
+// would give two state entries one key.
+template <typename Params, typename Children>
+void check_name(const Layer& owner, const std::string& name, const char* what, const Params& params,
+                const Params& buffers, const Children& children) {
   GALLEY_CHECK(!name.empty() && name.find('.') == std::string::npos, what, " name '", name,
                "' must be non-empty and contain no '.'");
+  const char* taken = nullptr;
+  for (auto& [n, t] : params)
+    if (n == name) taken = "parameter";
+  for (auto& [n, t] : buffers)
+    if (n == name) taken = "buffer";
+  for (auto& [n, l] : children)
+    if (n == name) taken = "layer";
+  GALLEY_CHECK(!taken, owner.repr(), ": cannot register ", what, " '", name, "': a ", taken,
+               " of that name is already registered");
 }
 }  // namespace
 
 Tensor& Layer::register_parameter(const std::string& name, Tensor value, bool requires_grad) {
-  check_name(name, "parameter");
+  check_name(*this, name, "parameter", params_, buffers_, children_);
   GALLEY_CHECK(value.defined(), repr(), ": parameter '", name, "' is undefined");
-  for (auto& [n, t] : params_)
-    GALLEY_CHECK(n != name, repr(), ": parameter '", name, "' is already registered");
   // A parameter is a leaf of its own, whatever graph the value came from.
   Tensor p = value.is_leaf() ? value : value.detach();
   if (requires_grad) p.set_requires_grad(true);
@@ -32,7 +44,7 @@ Tensor& Layer::register_parameter(const std::string& name, Tensor value, bool re
 }
 
 Tensor& Layer::register_buffer(const std::string& name, Tensor value, bool keep_dtype) {
-  check_name(name, "buffer");
+  check_name(*this, name, "buffer", params_, buffers_, children_);
   buffers_.emplace_back(name, value.detach());
   if (keep_dtype) keep_dtype_.push_back(buffers_.back().second.impl());
   return buffers_.back().second;
@@ -54,13 +66,11 @@ bool Layer::reaches(const Layer* other) const {
 }
 
 void Layer::add_child(const std::string& name, Layer* layer, std::shared_ptr<Layer> owned) {
-  check_name(name, "layer");
+  check_name(*this, name, "layer", params_, buffers_, children_);
   GALLEY_CHECK(layer != nullptr && layer != this, repr(), ": cannot register layer '", name, "'");
   // The layers form a tree (a layer may be shared, never its own ancestor): walking it must end.
   GALLEY_CHECK(!layer->reaches(this), repr(), ": layer '", name,
                "' contains this layer; registering it would make a cycle");
-  for (auto& [n, l] : children_)
-    GALLEY_CHECK(n != name, repr(), ": layer '", name, "' is already registered");
   children_.emplace_back(name, layer);
   layer->name_ = name;
   if (owned) owned_.push_back(std::move(owned));
