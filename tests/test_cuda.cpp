@@ -358,3 +358,14 @@ TEST(Cuda, SixteenBitClippingAndTheNonFiniteCheckMatchTheCpu) {
                               {"is inf", "number 0"});
   }
 }
+
+TEST(Cuda, AnOptimizerRefusesAGradientOnAnotherDevice) {
+  REQUIRE_GPU();
+  Tensor p = galley::ones({3}).to(Device::cuda(0));
+  p.set_requires_grad(true);
+  p.set_grad(galley::ones({3}));  // on the host
+  galley::optim::SGD opt({p}, {.learning_rate = 0.1});
+  testutil::expect_contains(testutil::error_of([&] { opt.step(); }),
+                            {"parameter 0", "cpu", "cuda:0", "same device"});
+  EXPECT_EQ(p.to(Device::cpu()).to_vector(), std::vector<float>(3, 1.f));
+}

@@ -900,6 +900,18 @@ TEST(Optimizer16Bit, AGradientOfAnotherDtypeIsAnError) {
                   {"parameter 0", "float32", "bfloat16", "same dtype"});
 }
 
+TEST(Optimizer16Bit, ABadGradientFailsTheStepBeforeAnyParameterChanges) {
+  Tensor good = Tensor::from_vector(std::vector<float>{1, 2, 3}, {3});
+  good.set_requires_grad(true);
+  good.set_grad(galley::ones({3}));
+  Tensor p = param16(init16(), DType::BFloat16);
+  p.set_grad(Tensor::from_vector(grad16(1), {kN16}));  // float32 for a bfloat16 parameter
+  Adam opt({good, p}, {.learning_rate = 0.1});
+  expect_contains(error_of([&] { opt.step(); }), {"parameter 1", "same dtype"});
+  EXPECT_EQ(good.to_vector(), (std::vector<float>{1, 2, 3}));
+  EXPECT_FALSE(opt.state(good).exp_avg.defined());
+}
+
 }  // namespace
 
 // A scheduler's state that gives no learning rate (a one-cycle schedule past its end) is

@@ -48,18 +48,27 @@ void Optimizer::set_learning_rate(double lr) {
 void Optimizer::for_each_gradient(
     const std::function<void(size_t, Tensor&, const Tensor&)>& update) {
   NoGradGuard no_grad;
-  detail::parameters_changed();  // autocast's converted copies are stale from here on
+  // Every gradient is checked before any parameter changes: a bad one fails the step whole.
   for (size_t i = 0; i < params_.size(); ++i) {
-    Tensor& p = params_[i];
-    Tensor g = p.grad();
+    const Tensor& p = params_[i];
+    const Tensor g = p.grad();
     if (!g.defined()) continue;
     GALLEY_CHECK(g.shape() == p.shape(), "optimizer: gradient of parameter ", i, " has shape ",
                  shape_str(g.shape()), ", the parameter ", shape_str(p.shape()));
     GALLEY_CHECK(g.dtype() == p.dtype(), "optimizer: gradient of parameter ", i, " is ",
                  dtype_name(g.dtype()), ", the parameter ", dtype_name(p.dtype()),
                  "; they must have the same dtype");
+    // (CPU devices share the host's memory: their indices only place DataParallel's replicas.)
+    GALLEY_CHECK(g.device() == p.device() || (g.device().is_cpu() && p.device().is_cpu()),
+                 "optimizer: gradient of parameter ", i, " is on ", g.device().str(),
+                 ", the parameter on ", p.device().str(), "; they must be on the same device");
+  }
+  detail::parameters_changed();  // autocast's converted copies are stale from here on
+  for (size_t i = 0; i < params_.size(); ++i) {
+    Tensor& p = params_[i];
+    const Tensor g = p.grad();
     // State created for a parameter lives on the parameter's device.
-    update(i, p, g.contiguous());
+    if (g.defined()) update(i, p, g.contiguous());
   }
 }
 
