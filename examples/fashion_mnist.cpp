@@ -10,7 +10,8 @@
 // --stop-after N ends the run after epoch N (as a killed run would), for trying that out.
 // With --checkpoint-dir, SIGTERM or SIGUSR1 (how Slurm and Kubernetes preempt a job) saves a
 // checkpoint after the step in progress and exits with status 75 (io::kPreemptedExitCode);
-// --resume then continues mid-epoch, exactly as if the run had not stopped.
+// --resume then continues mid-epoch, exactly as if the run had not stopped. --preempt-at STEP
+// sends the run SIGTERM itself after that step, to rehearse a preemption.
 // --device cpu or cuda:N picks where to train (default: the first GPU if there is one); on a GPU
 // the loader delivers batches there from page-locked buffers, copied on side streams.
 // --amp bf16 (or fp16) runs the forward and the loss under galley::amp::Autocast: conv and linear
@@ -87,6 +88,7 @@ struct Args {
   std::string checkpoint_dir;
   bool resume = false;
   int stop_after = 0;
+  int64_t preempt_at = 0;
   galley::Device device = galley::all_devices()[0];
   std::string metrics;
   int log_every = 50;
@@ -115,6 +117,8 @@ void usage(std::FILE* out, const char* prog) {
                "                        saves one after the current step and exits with 75\n"
                "  --resume              continue from the newest checkpoint in --checkpoint-dir\n"
                "  --stop-after N        end the run after epoch N (to try --resume)\n"
+               "  --preempt-at STEP     send this run SIGTERM after step STEP (to rehearse a\n"
+               "                        preemption; needs --checkpoint-dir)\n"
                "  --metrics FILE        append JSON lines of metrics to FILE (see "
                "scripts/plot-metrics.py)\n"
                "  --log-every N         steps between progress and metrics lines (default 50)\n"
@@ -160,6 +164,8 @@ Args parse(int argc, char** argv) {
       a.resume = true;
     else if (k == "--stop-after")
       a.stop_after = number<int>(prog, k, next());
+    else if (k == "--preempt-at")
+      a.preempt_at = number<int64_t>(prog, k, next());
     else if (k == "--device")
       a.device = parse_device(prog, next());
     else if (k == "--metrics")
@@ -175,6 +181,8 @@ Args parse(int argc, char** argv) {
   if (a.batch_size < 1) bad_usage(prog, "--batch-size must be at least 1");
   if (a.log_every < 1) bad_usage(prog, "--log-every must be at least 1");
   if (a.workers < 0) bad_usage(prog, "--workers must not be negative");
+  if (a.preempt_at != 0 && (a.preempt_at < 1 || a.checkpoint_dir.empty()))
+    bad_usage(prog, "--preempt-at needs a step of at least 1 and --checkpoint-dir");
   return a;
 }
 
@@ -342,6 +350,7 @@ int main(int argc, char** argv) {
         loss_total = galley::add(loss_total, loss.detach());
         seen += label.numel();
         ++step;
+        if (step == args.preempt_at) std::raise(SIGTERM);  // handled: a checkpoint below
         if (++batches % args.log_every == 0 || seen == int64_t(train.size())) {
           loss_sum = loss_total.item();
           const double t = seconds_since(t0), rate = (seen - seen0) / t;
