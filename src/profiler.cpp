@@ -69,8 +69,11 @@ struct ThreadBuffer {
   uint64_t tid = 0;
   std::string name;
   bool record_shapes = false, cuda_events = false;
-  std::vector<void*> free_cuda_events;  // reused pairs; all destroyed with the profiler
   bool closed = false;  // its profiler is gone (with its CUDA events); a scope still open ends here
+  // While scopes are open in it: their count, and the buffer itself, so that it outlives its
+  // profiler and the thread's later buffers until the last of them ends.
+  int64_t open_scopes = 0;
+  std::shared_ptr<ThreadBuffer> hold;
   uint64_t cuda_ref_devices = 0;  // bit d: device d is known to have its reference event
 };
 
@@ -140,12 +143,8 @@ ThreadBuffer* local_buffer() {
 }
 
 #ifdef GALLEY_HAVE_CUDA
-void* take_cuda_event(ThreadBuffer& b) {
-  if (!b.free_cuda_events.empty()) {
-    void* e = b.free_cuda_events.back();
-    b.free_cuda_events.pop_back();
-    return e;
-  }
+// A new CUDA event (each recorded event has its own two, destroyed with its profiler), or null.
+void* new_cuda_event() {
   cudaEvent_t e = nullptr;
   if (cudaEventCreate(&e) != cudaSuccess) {
     (void)cudaGetLastError();
@@ -179,7 +178,6 @@ Profiler::Impl::~Impl() {
       if (e.ev_start) cudaEventDestroy(static_cast<cudaEvent_t>(e.ev_start));
       if (e.ev_end) cudaEventDestroy(static_cast<cudaEvent_t>(e.ev_end));
     }
-    for (void* e : b->free_cuda_events) cudaEventDestroy(static_cast<cudaEvent_t>(e));
   }
   for (auto& [dev, ref] : cuda_refs) cudaEventDestroy(static_cast<cudaEvent_t>(ref.first));
   (void)cudaGetLastError();
@@ -215,8 +213,8 @@ void RecordScope::begin(const char* name, std::initializer_list<const Tensor*> i
       ensure_cuda_ref(gpu);
       b->cuda_ref_devices |= bit;
     }
-    e.ev_start = take_cuda_event(*b);
-    e.ev_end = take_cuda_event(*b);
+    e.ev_start = new_cuda_event();
+    e.ev_end = new_cuda_event();
     if (e.ev_start && e.ev_end) {
       e.device = gpu.index();
       cudaEventRecord(static_cast<cudaEvent_t>(e.ev_start),
@@ -225,18 +223,30 @@ void RecordScope::begin(const char* name, std::initializer_list<const Tensor*> i
   }
 #endif
   std::lock_guard<std::mutex> lock(b->mu);
+#ifdef GALLEY_HAVE_CUDA
+  if (b->closed) {  // the profiler ended meanwhile and destroyed its events: these are ours
+    if (e.ev_start) cudaEventDestroy(static_cast<cudaEvent_t>(e.ev_start));
+    if (e.ev_end) cudaEventDestroy(static_cast<cudaEvent_t>(e.ev_end));
+    e.ev_start = e.ev_end = nullptr;
+    e.device = -1;
+  }
+#endif
+  if (b->open_scopes++ == 0) b->hold = tls.buffer;  // b itself (local_buffer gave it)
   e.parent = b->open;
   e.start_ns = now_ns();
   slot_ = static_cast<int64_t>(b->events.size());
   b->events.push_back(std::move(e));
   b->open = slot_;
-  buffer_ = tls.buffer;  // b: kept alive until this scope ends, whatever becomes of the profiler
+  buffer_ = b;
 }
 
 void RecordScope::end() noexcept {
-  auto* b = static_cast<ThreadBuffer*>(buffer_.get());
+  auto* b = static_cast<ThreadBuffer*>(buffer_);
   const int64_t t = now_ns();
+  std::shared_ptr<ThreadBuffer> last;  // the buffer's hold once its last scope ends: released
+                                       // after the lock below (it may free the buffer)
   std::lock_guard<std::mutex> lock(b->mu);
+  if (--b->open_scopes == 0) last = std::move(b->hold);
   RawEvent& e = b->events[slot_];
   e.end_ns = t;
   b->open = e.parent;

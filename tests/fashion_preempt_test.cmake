@@ -41,7 +41,7 @@ if(NOT status EQUAL 75)
   message(FATAL_ERROR "the run sent SIGTERM did not exit with 75 (${status}):\n${text}\n${err}")
 endif()
 if(NOT "${text}${err}" MATCHES "preempted by SIGTERM: checkpoint saved")
-  message(FATAL_ERROR "the preempted run did not report its checkpoint:\n${text}")
+  message(FATAL_ERROR "the preempted run did not report its checkpoint:\n${text}\n${err}")
 endif()
 
 execute_process(COMMAND ${EXAMPLE} ${common} --checkpoint-dir ${WORK_DIR}/b --resume

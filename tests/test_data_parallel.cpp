@@ -685,6 +685,66 @@ TEST(DataParallel16Bit, ConvertingAfterConstructionRebuildsTheBuckets) {
   }
 }
 
+TEST(DataParallel16Bit, ConvertingBetweenBackwardsCountsTheReducedGradientOnce) {
+  galley::manual_seed(23);
+  Elementwise single;
+  const auto init = single.state_dict();
+  const auto data = feature_batches(2, 10, 33);
+  nn::CrossEntropyLoss loss_fn;
+  loss_fn(single(data[0].x), data[0].y).backward();
+  single.to(DType::BFloat16);  // the gradients too
+  loss_fn(single(data[1].x.to(DType::BFloat16)).to(DType::Float32), data[1].y).backward();
+  std::vector<Tensor> expected;
+  for (auto& p : single.parameters()) expected.push_back(p.grad());
+
+  galley::DataParallel<Elementwise> model(cpus(2));
+  model.load_state_dict(init);
+  loss_fn(model(data[0].x), data[0].y).backward();
+  model.to(DType::BFloat16);
+  loss_fn(model(data[1].x.to(DType::BFloat16)).to(DType::Float32), data[1].y).backward();
+  const auto want = widened(expected);
+  for (size_t r = 0; r < 2; ++r) {
+    std::vector<Tensor> grads;
+    for (auto& p : model.module(r).parameters()) grads.push_back(p.grad());
+    const auto got = widened(grads);
+    for (size_t k = 0; k < want.size(); ++k)
+      for (size_t i = 0; i < want[k].size(); ++i)
+        EXPECT_NEAR(got[k][i], want[k][i], 0.02 + 0.02 * std::fabs(want[k][i]))
+            << "replica " << r << " parameter " << k << " element " << i;
+  }
+}
+
+// A gradient that cannot go into its bucket (replica 1 alone converted, against the rule) fails
+// the backward with an error naming it, also when it is a part held from a no_sync backward,
+// which the backward's clean-up writes: the collectives it would leave waiting must not hang.
+// A diagonal layer that takes its input in its own dtype and answers in float32.
+class CastingDiagonal : public nn::Layer {
+ public:
+  CastingDiagonal() { register_layer("d", d_); }
+  Tensor forward(const Tensor& x) override {
+    return d_(x.to(d_.parameters()[0].dtype())).to(DType::Float32);
+  }
+
+ private:
+  Diagonal d_{kFeatures};
+};
+
+TEST(DataParallel16Bit, AHeldGradientThatCannotBeReducedIsAnErrorNotAHang) {
+  galley::manual_seed(24);
+  const auto data = feature_batches(2, 6, 34);
+  nn::CrossEntropyLoss loss_fn;
+  galley::DataParallel<CastingDiagonal> model(cpus(2));
+  {
+    auto guard = model.no_sync();
+    loss_fn(model(data[0].x), data[0].y).backward();
+  }
+  model.module(1).to(DType::BFloat16);
+  testutil::expect_contains(testutil::error_of([&] {
+                              loss_fn(model(data[1].x).to(DType::Float32), data[1].y).backward();
+                            }),
+                            {"replica 1", "gradient of parameter", "bfloat16"});
+}
+
 TEST(DataParallel16Bit, Float32AndBFloat16ParametersGoToTheirOwnBuckets) {
   galley::manual_seed(23);
   Mixed reference;

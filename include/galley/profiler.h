@@ -156,7 +156,7 @@ class RecordScope {
   void begin(const char* name, std::initializer_list<const Tensor*> inputs, EventKind kind,
              const std::string* layer_path, int64_t bytes);
   void end() noexcept;
-  std::shared_ptr<void> buffer_;  // the thread's buffer the event is in, held until end()
+  void* buffer_ = nullptr;
   int64_t slot_ = -1;
 };
 

@@ -46,9 +46,12 @@ void Optimizer::set_learning_rate(double lr) {
 }
 
 void Optimizer::for_each_gradient(
+    const std::function<void(size_t, Tensor&)>& prepare,
     const std::function<void(size_t, Tensor&, const Tensor&)>& update) {
   NoGradGuard no_grad;
-  // Every gradient is checked before any parameter changes: a bad one fails the step whole.
+  // Everything that can fail comes first (checks, contiguous copies, new state): a bad gradient
+  // or a failed allocation fails the step before any parameter or step count has changed.
+  std::vector<Tensor> grads(params_.size());
   for (size_t i = 0; i < params_.size(); ++i) {
     const Tensor& p = params_[i];
     const Tensor g = p.grad();
@@ -62,14 +65,16 @@ void Optimizer::for_each_gradient(
     GALLEY_CHECK(g.device() == p.device() || (g.device().is_cpu() && p.device().is_cpu()),
                  "optimizer: gradient of parameter ", i, " is on ", g.device().str(),
                  ", the parameter on ", p.device().str(), "; they must be on the same device");
+    grads[i] = g;
   }
+  for (size_t i = 0; i < params_.size(); ++i)
+    if (grads[i].defined()) {
+      grads[i] = grads[i].contiguous();
+      prepare(i, params_[i]);  // state lives on the parameter's device
+    }
   detail::parameters_changed();  // autocast's converted copies are stale from here on
-  for (size_t i = 0; i < params_.size(); ++i) {
-    Tensor& p = params_[i];
-    const Tensor g = p.grad();
-    // State created for a parameter lives on the parameter's device.
-    if (g.defined()) update(i, p, g.contiguous());
-  }
+  for (size_t i = 0; i < params_.size(); ++i)
+    if (grads[i].defined()) update(i, params_[i], grads[i]);
 }
 
 size_t Optimizer::index_of(const Tensor& param) const {
@@ -161,7 +166,9 @@ void Adam::step() {
   // GPU parameters are updated together, a few launches per device, once all are gathered.
   GpuBatches gpu;
   std::vector<Tensor> keep;  // gradients made contiguous for the batched launches
-  for_each_gradient([&](size_t i, Tensor& p, const Tensor& g) {
+  // New state is zeros (and the step count's copy on a GPU the count itself): made and left
+  // behind by a step that fails later, it is what the next step would make.
+  auto prepare = [&](size_t i, Tensor& p) {
     AdamState& st = state_[i];
     if (st.step == 0 && !st.exp_avg.defined()) {
       check_not_capturing(p, name());
@@ -169,11 +176,14 @@ void Adam::step() {
       st.exp_avg_sq = zeros(p.shape(), DType::Float32, p.device());
       if (opt_.amsgrad) st.max_exp_avg_sq = zeros(p.shape(), DType::Float32, p.device());
     }
+    if (p.device().is_cuda() && !st.device_step.defined()) {
+      check_not_capturing(p, name());
+      st.device_step = Tensor::from_vector(std::vector<int64_t>{st.step}, {1}, p.device());
+    }
+  };
+  for_each_gradient(prepare, [&](size_t i, Tensor& p, const Tensor& g) {
+    AdamState& st = state_[i];
     if (p.device().is_cuda()) {
-      if (!st.device_step.defined()) {
-        check_not_capturing(p, name());
-        st.device_step = Tensor::from_vector(std::vector<int64_t>{st.step}, {1}, p.device());
-      }
       ++st.step;
       keep.push_back(g);
       kernels::OptimizerTensor t{};
@@ -257,13 +267,18 @@ void SGD::step() {
   s.nesterov = opt_.nesterov;
   GpuBatches gpu;
   std::vector<Tensor> keep;
-  for_each_gradient([&](size_t i, Tensor& p, const Tensor& g) {
+  // A first step's momentum buffer (its values set by the update) is kept only by the update:
+  // a step that fails later leaves none behind.
+  std::vector<Tensor> fresh(params_.size());
+  auto prepare = [&](size_t i, Tensor& p) {
+    if (opt_.momentum == 0 || momentum_[i].defined()) return;
+    check_not_capturing(p, name());
+    fresh[i] = Tensor::empty(p.shape(), DType::Float32, p.device());
+  };
+  for_each_gradient(prepare, [&](size_t i, Tensor& p, const Tensor& g) {
     kernels::SGDStep h = s;
-    h.first = opt_.momentum != 0 && !momentum_[i].defined();
-    if (h.first) {
-      check_not_capturing(p, name());
-      momentum_[i] = Tensor::empty(p.shape(), DType::Float32, p.device());
-    }
+    h.first = fresh[i].defined();
+    if (h.first) momentum_[i] = fresh[i];
     float* buf = opt_.momentum != 0 ? momentum_[i].data_ptr<float>() : nullptr;
     if (p.device().is_cuda()) {
       keep.push_back(g);

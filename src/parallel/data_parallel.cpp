@@ -7,6 +7,7 @@
 #include <condition_variable>
 #include <cstring>
 #include <deque>
+#include <exception>
 #include <functional>
 #include <memory>
 #include <mutex>
@@ -380,19 +381,28 @@ struct DataParallelBase::Impl {
   // After replica r's backward (or its failure): a parameter that got no gradient in it
   // contributes what its gradient holds unreduced (earlier no_sync backwards' parts, or on
   // replica 0 the already reduced part: see split_reduced), else zeros, so every bucket
-  // completes and the collectives stay matched across replicas.
-  void finish_buckets(size_t r) {
+  // completes and the collectives stay matched across replicas. It completes every bucket
+  // whatever happens: a held gradient it cannot write contributes zeros, and the first such
+  // failure is returned (the other replicas' collectives wait for this one's buckets).
+  std::exception_ptr finish_buckets(size_t r) {
     Replica& rep = *replicas[r];
+    std::exception_ptr error;
     std::lock_guard<std::mutex> lock(rep.mu);
     for (size_t b = 0; b < buckets.size(); ++b) {
       if (rep.bucket_ready[b]) continue;
       for (size_t s = 0; s < buckets[b].params.size(); ++s) {
         const size_t k = buckets[b].params[s];
         if (rep.param_ready[k]) continue;
-        const Tensor held = rep.unreduced[k] ? rep.params[k].grad() : Tensor();
-        if (held.defined()) {
-          write_gradient(rep, k, held);
-        } else {
+        bool written = false;
+        if (rep.unreduced[k] && rep.params[k].grad().defined()) {
+          try {
+            write_gradient(rep, k, rep.params[k].grad());
+            written = true;
+          } catch (...) {
+            if (!error) error = std::current_exception();
+          }
+        }
+        if (!written) {
           set_elements(rep.flat[b], buckets[b].offsets[s], rep.params[k].numel(), 0.f);
           set_elements(rep.flat[b], buckets[b].numel + s, 1, 0.f);
         }
@@ -402,6 +412,7 @@ struct DataParallelBase::Impl {
       mark_filled(rep, b);
     }
     rep.cv.notify_all();
+    return error;
   }
 
   // Before a backward: a gradient that every replica still holds as the last reduction wrote it
@@ -518,47 +529,51 @@ struct DataParallelBase::Impl {
       rep->bwd_end = Clock::time_point::max();
       rep->allreduce_ms = rep->hidden_ms = 0;
     }
+    // Each replica's rows of the output gradient, made before any task is posted: a failure
+    // here leaves no collective waiting.
+    Tensor cg = grad.contiguous();
+    std::vector<Tensor> grads(n());
+    for (size_t r = 0; r < n(); ++r) {
+      const int64_t rows = starts[r + 1] - starts[r];
+      if (rows == 0) continue;
+      Shape s = cg.shape();
+      s[0] = rows;
+      const int64_t row = cg.numel() / std::max<int64_t>(cg.size(0), 1);
+      if (replicas[r]->device.is_cuda()) detail::make_current(replicas[r]->device);
+      const int64_t elem = int64_t(dtype_size(cg.dtype()));
+      grads[r] = Tensor::empty(s, cg.dtype(), replicas[r]->device);
+      detail::copy_bytes(grads[r].raw_data(), grads[r].device(),
+                         static_cast<const char*>(cg.raw_data()) + starts[r] * row * elem,
+                         cg.device(), size_t(grads[r].numel() * elem));
+    }
     in_backward = true;
     std::vector<Pending> comm_tasks(n()), compute_tasks(n());
     if (reduce)
       for (size_t r = 0; r < n(); ++r)
         comm_tasks[r] = replicas[r]->comms->post([this, r] { reduce_buckets(r); });
-    Tensor cg = grad.contiguous();
-    for (size_t r = 0; r < n(); ++r) {
-      const int64_t rows = starts[r + 1] - starts[r];
-      Tensor g_r;
-      if (rows > 0) {
-        Shape s = cg.shape();
-        s[0] = rows;
-        const int64_t row = cg.numel() / std::max<int64_t>(cg.size(0), 1);
-        if (replicas[r]->device.is_cuda()) detail::make_current(replicas[r]->device);
-        const int64_t elem = int64_t(dtype_size(cg.dtype()));
-        g_r = Tensor::empty(s, cg.dtype(), replicas[r]->device);
-        detail::copy_bytes(g_r.raw_data(), g_r.device(),
-                           static_cast<const char*>(cg.raw_data()) + starts[r] * row * elem,
-                           cg.device(), size_t(g_r.numel() * elem));
-      }
-      compute_tasks[r] = replicas[r]->compute->post([this, r, reduce, out = outs[r], g_r] {
-        Replica& rep = *replicas[r];
-        detail::ThreadBudget budget(threads_per_replica);
-        if (rep.device.is_cuda()) detail::make_current(rep.device);
-        {
-          std::lock_guard<std::mutex> lock(rep.mu);
-          rep.bwd_begin = Clock::now();
-        }
-        try {
-          if (out.defined() && out.requires_grad()) out.backward(g_r);
-        } catch (...) {
-          if (reduce) finish_buckets(r);
-          throw;
-        }
-        {
-          std::lock_guard<std::mutex> lock(rep.mu);
-          rep.bwd_end = Clock::now();
-        }
-        if (reduce) finish_buckets(r);
-      });
-    }
+    for (size_t r = 0; r < n(); ++r)
+      compute_tasks[r] =
+          replicas[r]->compute->post([this, r, reduce, out = outs[r], g_r = grads[r]] {
+            Replica& rep = *replicas[r];
+            try {
+              detail::ThreadBudget budget(threads_per_replica);
+              if (rep.device.is_cuda()) detail::make_current(rep.device);
+              {
+                std::lock_guard<std::mutex> lock(rep.mu);
+                rep.bwd_begin = Clock::now();
+              }
+              if (out.defined() && out.requires_grad()) out.backward(g_r);
+            } catch (...) {
+              if (reduce) finish_buckets(r);  // the backward's own error is the one to report
+              throw;
+            }
+            {
+              std::lock_guard<std::mutex> lock(rep.mu);
+              rep.bwd_end = Clock::now();
+            }
+            if (reduce)
+              if (std::exception_ptr error = finish_buckets(r)) std::rethrow_exception(error);
+          });
     const auto t0 = Clock::now();
     try {
       wait_all(compute_tasks, devices, "backward");
@@ -799,7 +814,15 @@ void DataParallelBase::load_state_dict(const std::map<std::string, Tensor>& stat
 void DataParallelBase::to(DType dtype) {
   for (auto& rep : impl_->replicas) {
     if (rep->device.is_cuda()) detail::make_current(rep->device);
+    // A reduced gradient converted with its parameter (a new tensor) stays the reduced one.
+    std::vector<char> reduced(rep->params.size());
+    for (size_t k = 0; k < rep->params.size(); ++k) {
+      const Tensor g = rep->params[k].grad();
+      reduced[k] = g.defined() && g.impl_ptr() == rep->reduced[k].lock();
+    }
     rep->layer->to(dtype);
+    for (size_t k = 0; k < rep->params.size(); ++k)
+      if (reduced[k]) rep->reduced[k] = rep->params[k].grad().impl_ptr();
   }
   impl_->refresh_buckets();
 }

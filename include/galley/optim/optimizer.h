@@ -48,10 +48,12 @@ class Optimizer {
   virtual std::string name() const { return "Optimizer"; }
 
  protected:
-  /// Calls update(index, param, gradient) for each parameter that has a gradient (which must
-  /// have the parameter's shape and dtype), without
-  /// recording a graph, with new tensors placed on the parameter's device.
-  void for_each_gradient(const std::function<void(size_t, Tensor&, const Tensor&)>& update);
+  /// For each parameter that has a gradient (which must have the parameter's shape, dtype and
+  /// device), without recording a graph: first prepare(index, param) for all of them (it makes
+  /// the state a step needs, and may fail: then no parameter has changed), then
+  /// update(index, param, gradient) for all of them (it must not fail).
+  void for_each_gradient(const std::function<void(size_t, Tensor&)>& prepare,
+                         const std::function<void(size_t, Tensor&, const Tensor&)>& update);
 
   std::vector<Tensor> params_;
   double lr_;
