@@ -123,6 +123,31 @@ TEST(Autocast, MixedDtypesPromoteToTheWidest) {
   expect_same(galley::stack({f, h}, 1), galley::stack({f, h.to(DType::Float32)}, 1), "stack");
 }
 
+// As PyTorch's promotion, a 0-dim tensor (a scalar) does not widen tensors with dimensions.
+TEST(Autocast, AZeroDimTensorTakesTheDtypeOfTheOthers) {
+  Tensor h = galley::randn({3}).to(DType::BFloat16);
+  Tensor two = galley::full({}, 2.f), half_two = galley::full({}, 2.f, DType::BFloat16);
+  amp::Autocast autocast(DType::BFloat16);
+  Tensor y = galley::mul(h, two);
+  EXPECT_EQ(y.dtype(), DType::BFloat16);
+  expect_same(y, galley::mul(h, two.to(DType::BFloat16)), "bfloat16 x 0-dim float32");
+  EXPECT_EQ(galley::add(two, half_two).dtype(), DType::Float32) << "all 0-dim: the widest";
+}
+
+// A layer's fused ReLU gives what relu(op(x, w, b)) gives under autocast: the product and its
+// bias rounded once to bfloat16 (a bias added after a rounded product rounds twice).
+TEST(Autocast, LayersWithAFusedReluRoundOnceAsTheUnfusedOps) {
+  galley::manual_seed(61);
+  galley::nn::Linear fc(16, 8, {.relu = true});
+  galley::nn::Conv2D conv(3, 8, 3, {.padding = 1, .relu = true});
+  Tensor x = galley::randn({4, 16}) * 3.f, image = galley::randn({2, 3, 6, 6}) * 3.f;
+  amp::Autocast autocast(DType::BFloat16);
+  expect_same(fc(x), galley::relu(galley::linear(x, fc.weight(), fc.bias())), "Linear");
+  expect_same(conv(image),
+              galley::relu(galley::conv2d(image, conv.weight(), conv.bias(), {.padding = 1})),
+              "Conv2D");
+}
+
 TEST(Autocast, InPlaceAddAndBiasReluKeepTheFirstInputsDtype) {
   Tensor b = galley::randn({4});
   Tensor bias = param({4}, 9);
@@ -612,6 +637,22 @@ TEST(GradScaler, RefusesAStepWithoutGradientsAndFloat16Gradients) {
   testutil::expect_contains(testutil::error_of([&] { scaler16.unscale_(half); }),
                             {"amp::GradScaler::unscale_", "parameter 0", "float16 gradient"});
   EXPECT_EQ(h.grad().to(DType::Float32).to_vector(), before) << "the gradient was changed";
+}
+
+// update() needs a check of some gradients since the last update (as PyTorch's "no inf checks
+// were recorded"): a failed step or an unscale_ of no gradients grows nothing.
+TEST(GradScaler, UpdateWithoutCheckedGradientsIsAnError) {
+  Tensor w = param({2, 3}, 43);
+  galley::optim::SGD opt({w}, {.learning_rate = 0.1});
+  amp::GradScaler scaler({.growth_interval = 1});
+  EXPECT_THROW(scaler.step(opt), galley::Error);
+  testutil::expect_contains(testutil::error_of([&] { scaler.update(); }),
+                            {"amp::GradScaler::update", "no gradients were checked"});
+  EXPECT_EQ(scaler.get_scale(), 65536.0);
+  amp::GradScaler other({.growth_interval = 1});
+  other.unscale_(opt);  // no gradients
+  EXPECT_THROW(other.update(), galley::Error);
+  EXPECT_EQ(other.get_scale(), 65536.0);
 }
 
 // A DataParallel replica's share of a one-sample-per-replica batch is a one-element output; its

@@ -69,8 +69,9 @@ void GradScaler::unscale_(optim::Optimizer& optimizer) {
   for (auto& g : groups) largest.push_back(detail::grad_norm(g.device, g.spans, INFINITY));
   for (auto& g : groups) detail::scale_grads(g.device, g.spans, inv_scale);
   bool found = false;
-  // Non-finite after unscaling, as PyTorch checks: a gradient whose largest magnitude is finite
-  // can still overflow when a scale that backed off far is divided out.
+  // Non-finite before unscaling (what PyTorch checks) or after: a gradient whose largest
+  // magnitude is finite can still overflow when a scale that backed off far is divided out, and
+  // that step is skipped too (PyTorch would step with the infinite gradient).
   for (auto& m : largest) found = found || !std::isfinite(m.item() * inv_scale);
   st.found_inf = found;
   st.checked = !groups.empty();
@@ -97,10 +98,15 @@ bool GradScaler::step(optim::Optimizer& optimizer) {
 
 void GradScaler::update() {
   if (!options_.enabled) return;
-  GALLEY_CHECK(!per_optimizer_.empty(), "amp::GradScaler::update: no gradients were checked ",
-               "since the last update(); call unscale_(optimizer) or step(optimizer) first");
-  bool found = false;
-  for (auto& [opt, st] : per_optimizer_) found = found || st.found_inf;
+  // Only optimizers whose gradients were checked count (as PyTorch's found_inf_per_device): a
+  // step that failed, or an unscale_ of an optimizer without gradients, checked nothing.
+  bool checked = false, found = false;
+  for (auto& [opt, st] : per_optimizer_) {
+    checked = checked || st.checked;
+    found = found || (st.checked && st.found_inf);
+  }
+  GALLEY_CHECK(checked, "amp::GradScaler::update: no gradients were checked since the last ",
+               "update(); call unscale_(optimizer) or step(optimizer) after a backward first");
   // PyTorch's _amp_update_scale_: the float32 scale times a double factor, rounded to float32.
   if (found) {
     scale_ = static_cast<float>(static_cast<double>(scale_) * options_.backoff_factor);

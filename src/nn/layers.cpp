@@ -2,6 +2,7 @@
 // CrossEntropyLoss, and PyTorch's default initialisation.
 #include <cmath>
 
+#include "galley/amp/autocast.h"
 #include "galley/nn/activation.h"
 #include "galley/nn/conv2d.h"
 #include "galley/nn/init.h"
@@ -59,6 +60,15 @@ Tensor in_layer(const Layer& layer, F&& f) {
     detail::rethrow_with_message(e, with_layer(layer.repr(), e));
   }
 }
+
+// Whether a layer's ReLU may take the bias in its own pass (bias_relu) after a product without
+// it: exact where the product is float32. A 16-bit product (autocast's, or 16-bit data) would be
+// rounded before the bias is added and again after, where relu(op(x, w, b)) rounds once, as
+// PyTorch does.
+bool fused_bias_relu_exact(const Tensor& x) {
+  const DType product = amp::is_autocast_enabled() ? amp::autocast_dtype() : x.dtype();
+  return product == DType::Float32;
+}
 }  // namespace
 
 // ---------------------------------------------------------------------------------------------
@@ -90,7 +100,7 @@ Tensor Conv2D::forward(const Tensor& x) {
                           .dilation = opt_.dilation,
                           .groups = opt_.groups};
     if (!opt_.relu) return conv2d(x, weight_, bias_, o);
-    if (!bias_.defined()) return relu(conv2d(x, weight_, Tensor(), o));
+    if (!bias_.defined() || !fused_bias_relu_exact(x)) return relu(conv2d(x, weight_, bias_, o));
     return bias_relu(conv2d(x, weight_, Tensor(), o), bias_, 1);
   } catch (const Error& e) {
     detail::rethrow_with_message(e, with_layer(repr(), e));
@@ -147,7 +157,7 @@ Tensor Linear::forward(const Tensor& x) {
                in_, "], got ", x.defined() ? shape_str(x.shape()) : "undefined");
   try {
     if (!relu_) return linear(x, weight_, bias_);
-    if (!bias_.defined()) return relu(linear(x, weight_, Tensor()));
+    if (!bias_.defined() || !fused_bias_relu_exact(x)) return relu(linear(x, weight_, bias_));
     return bias_relu(linear(x, weight_, Tensor()), bias_, -1);
   } catch (const Error& e) {
     detail::rethrow_with_message(e, with_layer(repr(), e));

@@ -78,13 +78,20 @@ Tensor AutocastPause::f32(const Tensor& t) const {
 
 namespace {
 
+// As PyTorch's promotion: a 0-dim tensor (a scalar) takes the dtype of the tensors with
+// dimensions, and counts only where every one is 0-dim.
 template <class Range, class Get>
 DType widest_of(const Range& inputs, Get get) {
+  bool dimensioned = false;
+  for (const auto& item : inputs) {
+    const Tensor& t = get(item);
+    dimensioned = dimensioned || (t.defined() && is_floating_point(t.dtype()) && t.dim() > 0);
+  }
   bool any = false, mixed = false;
   DType d = DType::Float32;
   for (const auto& item : inputs) {
     const Tensor& t = get(item);
-    if (!t.defined() || !is_floating_point(t.dtype())) continue;
+    if (!t.defined() || !is_floating_point(t.dtype()) || (dimensioned && t.dim() == 0)) continue;
     mixed = mixed || (any && t.dtype() != d);
     if (!any) d = t.dtype();
     any = true;

@@ -25,10 +25,13 @@ namespace galley::amp {
 /// - Float32 (16-bit inputs widened): softmax, log_softmax, cross_entropy, sum, mean, exp, log,
 ///   pow; these return float32. batch_norm keeps its statistics in float32 in any case and
 ///   returns its input's dtype.
-/// - Widest dtype (a mix of dtypes is promoted, float32 over 16-bit): add, sub, mul, div, cat,
-///   stack. Without autocast a mix of dtypes there is an error.
+/// - Widest dtype (a mix of dtypes is promoted, float32 over 16-bit; a 0-dim tensor takes the
+///   dtype of the others, as in PyTorch): add, sub, mul, div, cat, stack. Without autocast a mix
+///   of dtypes there is an error.
 /// - The written tensor's dtype: add_ and bias_relu convert their second input to the first's,
-///   batch_norm_add its residual to the input's.
+///   batch_norm_add its residual to the input's. (PyTorch's add_ adds a float32 tensor into a
+///   16-bit one in float32 and rounds once; here the float32 one is rounded first, so the sum
+///   can differ from PyTorch's in its last bit.)
 /// Every other op runs in its input's dtype.
 ///
 /// Parameters stay float32 (master weights) and the optimizer updates them in float32. Run
