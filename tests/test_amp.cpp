@@ -152,10 +152,24 @@ TEST(Autocast, InPlaceAddAndBiasReluKeepTheFirstInputsDtype) {
   Tensor b = galley::randn({4});
   Tensor bias = param({4}, 9);
   amp::Autocast autocast(DType::BFloat16);
+  // add_: a float32 b is added in float32 and the sum rounded once (as PyTorch's add_).
   Tensor a = galley::randn({2, 4}).to(DType::BFloat16);
-  Tensor want = galley::add(a, b.to(DType::BFloat16));
+  Tensor want = galley::add(a.to(DType::Float32), b).to(DType::BFloat16);
   a.add_(b);
   expect_same(a, want, "add_");
+  // 1 + (2^-8 + 2^-16): rounded once to bfloat16 it is 1 + 2^-7; b rounded first, 1 + 2^-8 is
+  // a tie that goes to 1.
+  Tensor one = galley::full({1}, 1.f, DType::BFloat16);
+  one.add_(galley::full({1}, std::ldexp(1.f, -8) + std::ldexp(1.f, -16)));
+  EXPECT_EQ(one.to(DType::Float32).item(), 1.f + std::ldexp(1.f, -7));
+  // Its gradients: a's in a's dtype, a float32 b's in float32.
+  Tensor leaf = param({2, 4}, 10), shortcut = param({4}, 11);
+  Tensor sum = galley::mul(leaf.to(DType::BFloat16), galley::full({}, 2.f, DType::BFloat16));
+  sum.add_(shortcut);
+  galley::sum(sum.to(DType::Float32)).backward();
+  EXPECT_EQ(shortcut.grad().dtype(), DType::Float32);
+  EXPECT_EQ(shortcut.grad().to_vector(), std::vector<float>(4, 2.f));
+  EXPECT_EQ(leaf.grad().to_vector(), std::vector<float>(8, 2.f));
   Tensor x = galley::randn({2, 4, 3, 3}).to(DType::BFloat16);
   expect_same(galley::bias_relu(x, bias, 1), galley::bias_relu(x, bias.to(DType::BFloat16), 1),
               "bias_relu");

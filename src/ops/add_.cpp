@@ -14,12 +14,18 @@
 namespace galley {
 
 Tensor add_(const Tensor& a, const Tensor& b) {
-  if (detail::autocast_on()) {
-    detail::AutocastPause pause;
-    return add_(a, pause.to(b, a.dtype()));
-  }
+  // Under autocast a b of another floating dtype (a float32 shortcut into a bfloat16 sum) is
+  // added in float32 and the sum rounded once into a, as PyTorch's promotion does.
+  std::unique_ptr<detail::AutocastPause> pause;
+  if (detail::autocast_on()) pause = std::make_unique<detail::AutocastPause>();
+  const bool mixed = pause && a.defined() && b.defined() && is_floating_point(a.dtype()) &&
+                     is_floating_point(b.dtype()) && a.dtype() != b.dtype();
   profiler::OpScope prof("add_", {&a, &b});
-  detail::check_floating_pair("add_", a, b);
+  if (mixed)
+    GALLEY_CHECK(a.device() == b.device(), "add_: inputs on different devices (", a.device().str(),
+                 " and ", b.device().str(), ")");
+  else
+    detail::check_floating_pair("add_", a, b);
   GALLEY_CHECK(detail::broadcast_shapes(a.shape(), b.shape(), "add_") == a.shape(),
                "add_: ", shape_str(b.shape()), " does not broadcast to the shape ",
                shape_str(a.shape()), " of the tensor written in place");
@@ -38,7 +44,12 @@ Tensor add_(const Tensor& a, const Tensor& b) {
   const bool same_data = b.impl()->storage == a.impl()->storage;
   const bool exact_alias = same_data && b.impl()->offset == a.impl()->offset &&
                            b.strides() == a.strides() && b.shape() == a.shape();
-  if (a.is_contiguous() && b.shape() == a.shape() && (!same_data || exact_alias)) {
+  if (mixed) {
+    detail::copy_strided(detail::rounded(detail::binary(kernels::BinaryOp::Add, detail::widened(a),
+                                                        detail::widened(b)),
+                                         a.dtype()),
+                         a);
+  } else if (a.is_contiguous() && b.shape() == a.shape() && (!same_data || exact_alias)) {
     Tensor acc = a;
     detail::add_inplace(acc, b);
   } else {
@@ -54,9 +65,11 @@ Tensor add_(const Tensor& a, const Tensor& b) {
   before->grad_fn = std::move(a.impl()->grad_fn);
   Tensor old(std::move(before));
   const Shape sb = b.shape();
-  return autograd::record(a, "add_", {old, b}, [sb](const Tensor& g, std::vector<Tensor>& gi) {
+  const DType db = b.dtype();
+  return autograd::record(a, "add_", {old, b}, [sb, db](const Tensor& g, std::vector<Tensor>& gi) {
     gi[0] = g;
     gi[1] = detail::sum_to(g, sb);
+    if (gi[1].dtype() != db) gi[1] = gi[1].to(db);  // b's gradient in b's dtype (autocast)
   });
 }
 

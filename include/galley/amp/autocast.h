@@ -28,10 +28,9 @@ namespace galley::amp {
 /// - Widest dtype (a mix of dtypes is promoted, float32 over 16-bit; a 0-dim tensor takes the
 ///   dtype of the others, as in PyTorch): add, sub, mul, div, cat, stack. Without autocast a mix
 ///   of dtypes there is an error.
-/// - The written tensor's dtype: add_ and bias_relu convert their second input to the first's,
-///   batch_norm_add its residual to the input's. (PyTorch's add_ adds a float32 tensor into a
-///   16-bit one in float32 and rounds once; here the float32 one is rounded first, so the sum
-///   can differ from PyTorch's in its last bit.)
+/// - The written tensor's dtype: add_ adds a second input of another dtype in float32 and
+///   rounds the sum once into the first (as PyTorch); bias_relu converts its bias to the input's
+///   dtype, batch_norm_add its residual to the input's.
 /// Every other op runs in its input's dtype.
 ///
 /// Parameters stay float32 (master weights) and the optimizer updates them in float32. Run
