@@ -17,6 +17,7 @@
 
 #include "galley/error.h"
 #include "galley/runtime/memory.h"
+#include "src/utf8.h"
 
 namespace galley {
 
@@ -162,6 +163,10 @@ void MetricsLogger::log(const MetricsRecord& r) {
     const std::string& key = r.values[i].first;
     GALLEY_CHECK(!key.empty(), "MetricsLogger: user value ", i, " for '", path,
                  "' has an empty key");
+    // Refused rather than repaired: two keys that differ in their invalid bytes would repair to
+    // one key and a JSON reader would keep only one of the values.
+    GALLEY_CHECK(detail::valid_utf8(key), "MetricsLogger: user value ", i, " for '", path,
+                 "' has a key that is not valid UTF-8");
     GALLEY_CHECK(!is_reserved(key), "MetricsLogger: user value '", key, "' for '", path,
                  "' takes one of the logger's own keys; set the record's field or rename it");
     for (size_t j = 0; j < i; ++j)

@@ -122,6 +122,31 @@ TEST(Cifar, CorruptLabelNamesFileAndOffset) {
                   {"c100.bin", "truncated or corrupt"});
 }
 
+// A failed read adds nothing to the caller's vectors; a directory is not a file.
+TEST(Cifar, AFailedReadLeavesTheVectorsAsTheyWere) {
+  TempDir dir;
+  write_cifar(dir.file("good.bin"), 0, 2, false);
+  write_cifar(dir.file("bad.bin"), 0, 3, false);
+  {
+    std::fstream f(dir.file("bad.bin"), std::ios::binary | std::ios::in | std::ios::out);
+    f.seekp(3073);
+    f.put(char(42));
+  }
+  std::vector<uint8_t> px;
+  std::vector<int64_t> lb;
+  data::read_cifar_file(dir.file("good.bin"), data::CifarKind::Cifar10, px, lb);
+  expect_contains(error_of([&] {
+                    data::read_cifar_file(dir.file("bad.bin"), data::CifarKind::Cifar10, px, lb);
+                  }),
+                  {"bad.bin", "label 42"});
+  EXPECT_EQ(px.size(), 2u * 3072);
+  EXPECT_EQ(lb.size(), 2u);
+  std::filesystem::create_directory(dir.file("adir"));
+  expect_contains(
+      error_of([&] { data::read_cifar_file(dir.file("adir"), data::CifarKind::Cifar10, px, lb); }),
+      {"adir", "not a regular file"});
+}
+
 TEST(Cifar, MissingAndEmptyFiles) {
   TempDir dir;
   expect_contains(error_of([&] { data::CIFAR(dir.path.string()); }),

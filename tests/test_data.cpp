@@ -1,6 +1,8 @@
 // Datasets, the batch iterator, and IDX files (raw and gzip) including MNIST-style directories.
 #include <gtest/gtest.h>
 
+#include <numeric>
+
 #include "test_util.h"
 
 #include <galley/galley.h>
@@ -115,6 +117,25 @@ TEST(TensorDataset, RejectsMismatchedInputs) {
   expect_contains(msg, {"[4, 2]", "[3]"});
   EXPECT_THROW(TensorDataset(galley::zeros({2}, galley::DType::Int64), galley::zeros({2})),
                galley::Error);
+}
+
+// get_batch writes into the caller's tensors: ones that cannot take the batch are refused before
+// a byte is written (a batch too small for its indices overflowed the heap).
+TEST(TensorDataset, GetBatchRefusesTensorsThatDoNotFit) {
+  TensorDataset ds(galley::zeros({10, 2}), Tensor::from_vector(std::vector<int64_t>(10, 1), {10}));
+  std::vector<size_t> all(10);
+  std::iota(all.begin(), all.end(), size_t(0));
+  Tensor small = Tensor::empty({1, 2}), labels = Tensor::empty({10}, galley::DType::Int64);
+  expect_contains(error_of([&] { ds.get_batch(all, small, labels); }),
+                  {"TensorDataset", "data", "[1, 2]", "10 examples"});
+  Tensor data = Tensor::empty({10, 2}), float_labels = Tensor::empty({10});
+  expect_contains(error_of([&] { ds.get_batch(all, data, float_labels); }),
+                  {"TensorDataset", "label", "float32", "int64"});
+  Tensor undefined;
+  expect_contains(error_of([&] { ds.get_batch(all, undefined, labels); }),
+                  {"TensorDataset", "contiguous tensor on the host"});
+  ds.get_batch(all, data, labels);  // the right ones
+  EXPECT_EQ(labels.to_vector<int64_t>(), std::vector<int64_t>(10, 1));
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -357,6 +378,26 @@ TEST_F(IdxFiles, ReadsRawImagesAndLabels) {
   Tensor lbl = galley::data::read_idx_labels(write("lbl", idx_labels(12)));
   EXPECT_EQ(lbl.dtype(), galley::DType::Int64);
   EXPECT_EQ(lbl.to_vector<int64_t>(), (std::vector<int64_t>{0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 0, 1}));
+}
+
+// A gzip file of several members (as concatenated .gz files are) is one stream: its last
+// member's size is not the whole's.
+TEST_F(IdxFiles, ReadsGzipFilesOfSeveralMembers) {
+  const std::string raw = idx_images(3, 28, 28);
+  Tensor img = galley::data::read_idx_images(
+      write("multi.gz", gzip(raw.substr(0, 1000)) + gzip(raw.substr(1000))));
+  expect_images(img, 3, 28, 28);
+}
+
+TEST(FashionMnistDir, AnEmptyVariableMeansTheDefault) {
+  const char* old = std::getenv("GALLEY_FASHION_MNIST_DIR");
+  const std::string saved = old ? old : "";
+  setenv("GALLEY_FASHION_MNIST_DIR", "", 1);
+  EXPECT_EQ(galley::data::default_fashion_mnist_dir(), "/usr/share/datasets/fashion-mnist");
+  if (old)
+    setenv("GALLEY_FASHION_MNIST_DIR", saved.c_str(), 1);
+  else
+    unsetenv("GALLEY_FASHION_MNIST_DIR");
 }
 
 TEST_F(IdxFiles, ReadsGzipImagesAndLabels) {

@@ -268,6 +268,55 @@ TEST_F(SafeTensors, CorruptHeaderNamesFile) {
 // ---------------------------------------------------------------------------------------------
 // Saving safely
 
+TEST_F(SafeTensors, HeadersThatAliasOrRepeatAreRefused) {
+  // An empty tensor between two overlapping ones does not hide the overlap.
+  std::string p = path("hidden-overlap");
+  write(p, safetensors_bytes(R"({"a":{"dtype":"F32","shape":[4],"data_offsets":[0,16]},)"
+                             R"("z":{"dtype":"F32","shape":[0],"data_offsets":[4,4]},)"
+                             R"("c":{"dtype":"F32","shape":[1],"data_offsets":[8,12]}})",
+                             std::string(16, '\0')));
+  expect_contains(error_of([&] { load_safetensors(p); }), {p, "'a' and 'c' overlap"});
+  // A name given twice.
+  std::string q = path("repeated");
+  write(q, safetensors_bytes(R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},)"
+                             R"("a":{"dtype":"U8","shape":[2],"data_offsets":[4,6]}})",
+                             std::string(8, '\0')));
+  expect_contains(error_of([&] { load_safetensors(q); }), {q, "'a' twice"});
+  // Metadata that is not an object of strings.
+  std::string r = path("bad-metadata");
+  write(r, safetensors_bytes(R"({"__metadata__":"hello"})", ""));
+  expect_contains(error_of([&] { load_safetensors(r); }), {r, "__metadata__"});
+  // A directory.
+  fs::create_directory(path("adir"));
+  expect_contains(error_of([&] { load_safetensors(path("adir")); }),
+                  {path("adir"), "not a regular file"});
+  // An empty tensor with huge other sizes holds no bytes.
+  std::string e = path("empty-huge");
+  write(e,
+        safetensors_bytes(
+            R"({"e":{"dtype":"F32","shape":[1099511627776,1099511627776,0],"data_offsets":[0,0]}})",
+            ""));
+  EXPECT_EQ(load_safetensors(e).at("e").numel(), 0);
+}
+
+TEST_F(SafeTensors, NamesThatAreNotUtf8AreErrorsAndLongNamesSave) {
+  save_safetensors(path("keep"), {{"w", fvec({1, 2}, {2})}});
+  const std::string before = read(path("keep"));
+  expect_contains(error_of([&] {
+                    save_safetensors(path("keep"), {{"bad\xff", fvec({1}, {1})}});
+                  }),
+                  {path("keep"), "bad", "not valid UTF-8"});
+  expect_contains(error_of([&] {
+                    save_safetensors(path("keep"), {{"w", fvec({1}, {1})}}, {{"k", "v\xfe"}});
+                  }),
+                  {"metadata entry 'k'", "not valid UTF-8"});
+  EXPECT_EQ(read(path("keep")), before);
+  // A name near the file system's limit: the temporary beside it has a short name of its own.
+  const std::string longest = path(std::string(250, 'a') + ".st");
+  save_safetensors(longest, {{"w", fvec({3}, {1})}});
+  EXPECT_EQ(load_safetensors(longest).at("w").to_vector(), std::vector<float>{3});
+}
+
 TEST_F(SafeTensors, SaveIntoMissingDirectoryThrowsAndLeavesNothing) {
   std::string p = path("no/such/dir/model.safetensors");
   std::string msg = error_of([&] { save_safetensors(p, sample()); });

@@ -237,6 +237,11 @@ TEST_F(Metrics, OptionsAndRecordsAreValidated) {
                   }),
                   {"'a'", "twice"});
   expect_contains(error_of([&] { log.log({.values = {{"", 1.0}}}); }), {"empty key"});
+  // Keys that differ in invalid bytes would both be written as one repaired key.
+  expect_contains(error_of([&] {
+                    log.log({.values = {{"k\xff", 1.0}, {"k\xfe", 2.0}}});
+                  }),
+                  {"not valid UTF-8"});
   expect_contains(error_of([&] { log.log({.event = ""}); }), {"empty event"});
   EXPECT_EQ(log.lines_written(), 0u);
   log.log({.step = 1});

@@ -1,6 +1,10 @@
 // CIFAR binary files and the uint8 image dataset.
 #include "galley/data/cifar.h"
 
+#include <sys/stat.h>
+
+#include <cerrno>
+#include <cstring>
 #include <fstream>
 
 #include "galley/data/transforms.h"
@@ -34,12 +38,7 @@ Example UInt8ImageDataset::get(size_t index) const {
 
 void UInt8ImageDataset::get_batch(const std::vector<size_t>& indices, Tensor& data,
                                   Tensor& label) const {
-  GALLEY_CHECK(data.dtype() == DType::Float32 && label.dtype() == DType::Int64 &&
-                   data.numel() == int64_t(indices.size() * sample_bytes_) &&
-                   label.numel() == int64_t(indices.size()),
-               "UInt8ImageDataset: batch tensors ", shape_str(data.shape()), " and ",
-               shape_str(label.shape()), " do not fit ", indices.size(), " samples of shape ",
-               shape_str(shape_));
+  check_batch(indices.size(), data, label, "UInt8ImageDataset");
   float* pd = data.data<float>();
   int64_t* pl = label.data<int64_t>();
   for (size_t i = 0; i < indices.size(); ++i) {
@@ -60,8 +59,13 @@ void read_cifar_file(const std::string& path, CifarKind kind, std::vector<uint8_
   // The label used: CIFAR-10's only byte; CIFAR-100's first (coarse) or second (fine) byte.
   const size_t label_at = kind == CifarKind::Cifar10 ? 0 : (fine_labels ? 1 : 0);
 
+  // (A directory opens as a stream whose size reads as the largest offset.)
+  struct stat st {};
+  GALLEY_CHECK(::stat(path.c_str(), &st) == 0, "cannot open ", name, " file '", path,
+               "': ", std::strerror(errno));
+  GALLEY_CHECK(S_ISREG(st.st_mode), name, " file '", path, "' is not a regular file");
   std::ifstream in(path, std::ios::binary | std::ios::ate);
-  GALLEY_CHECK(in.good(), "cannot open ", name, " file '", path, "'");
+  GALLEY_CHECK(in.good(), "cannot open ", name, " file '", path, "': ", std::strerror(errno));
   const std::streamoff size = in.tellg();
   GALLEY_CHECK(size > 0, name, " file '", path, "' is empty");
   const size_t bytes = static_cast<size_t>(size);
@@ -75,9 +79,7 @@ void read_cifar_file(const std::string& path, CifarKind kind, std::vector<uint8_
   GALLEY_CHECK(in.gcount() == size, name, " file '", path, "': read failed at byte ", in.gcount(),
                " of ", bytes);
 
-  const size_t first_pixel = pixels.size();
-  pixels.resize(first_pixel + whole * kImage);
-  labels.reserve(labels.size() + whole);
+  // Every label is checked before the caller's vectors grow: a corrupt file adds nothing.
   for (size_t r = 0; r < whole; ++r) {
     const uint8_t* rec = raw.data() + r * record;
     for (size_t b = 0; b < label_bytes; ++b) {
@@ -85,6 +87,12 @@ void read_cifar_file(const std::string& path, CifarKind kind, std::vector<uint8_
       GALLEY_CHECK(rec[b] < bound, name, " file '", path, "' is corrupt: label ", int(rec[b]),
                    " of record ", r, " at byte ", r * record + b, " is not below ", bound);
     }
+  }
+  const size_t first_pixel = pixels.size();
+  pixels.resize(first_pixel + whole * kImage);
+  labels.reserve(labels.size() + whole);
+  for (size_t r = 0; r < whole; ++r) {
+    const uint8_t* rec = raw.data() + r * record;
     labels.push_back(rec[label_at]);
     std::copy(rec + label_bytes, rec + record, pixels.begin() + first_pixel + r * kImage);
   }

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cstring>
 #include <numeric>
+#include <tuple>
 
 namespace galley::data {
 
@@ -15,7 +16,23 @@ Shape with_batch(int64_t b, const Shape& s) {
 }
 }  // namespace
 
+void Dataset::check_batch(size_t count, const Tensor& data, const Tensor& label,
+                          const char* owner) const {
+  const int64_t n = static_cast<int64_t>(count);
+  for (const auto& [t, what, dtype, shape] :
+       {std::tuple{&data, "data", DType::Float32, data_shape()},
+        std::tuple{&label, "label", label_dtype(), label_shape()}}) {
+    GALLEY_CHECK(t->defined() && t->device().is_cpu() && t->is_contiguous(), owner,
+                 ": the batch's ", what, " tensor must be a contiguous tensor on the host");
+    GALLEY_CHECK(t->dtype() == dtype && t->numel() == n * shape_numel(shape), owner,
+                 ": the batch's ", what, " tensor is ", dtype_name(t->dtype()), " ",
+                 shape_str(t->shape()), ", which does not hold ", count, " examples of ",
+                 dtype_name(dtype), " ", shape_str(shape));
+  }
+}
+
 void Dataset::get_batch(const std::vector<size_t>& indices, Tensor& data, Tensor& label) const {
+  check_batch(indices.size(), data, label);
   const size_t dbytes = shape_numel(data_shape()) * dtype_size(DType::Float32);
   const size_t lbytes = shape_numel(label_shape()) * dtype_size(label_dtype());
   char* pd = static_cast<char*>(data.raw_data());
@@ -38,7 +55,11 @@ void Dataset::get_batch(const std::vector<size_t>& indices, Tensor& data, Tensor
 }
 
 TensorDataset::TensorDataset(Tensor data, Tensor labels)
-    : data_(data.contiguous()), labels_(labels.contiguous()) {
+    : data_(data.defined() ? data.detach().to(Device::cpu()).contiguous() : data),
+      labels_(labels.defined() ? labels.detach().to(Device::cpu()).contiguous() : labels) {
+  GALLEY_CHECK(data_.defined() && labels_.defined(),
+               "TensorDataset: data and labels must be "
+               "defined");
   GALLEY_CHECK(data_.dim() >= 1 && labels_.dim() >= 1 && data_.size(0) == labels_.size(0),
                "TensorDataset: data ", shape_str(data_.shape()), " and labels ",
                shape_str(labels_.shape()), " must have the same first dimension");
@@ -70,6 +91,7 @@ Example TensorDataset::get(size_t index) const {
 
 void TensorDataset::get_batch(const std::vector<size_t>& indices, Tensor& data,
                               Tensor& label) const {
+  check_batch(indices.size(), data, label, "TensorDataset");
   const size_t dbytes = shape_numel(data_shape()) * sizeof(float);
   const size_t lbytes = shape_numel(label_shape()) * dtype_size(label_dtype());
   const char* sd = static_cast<const char*>(data_.raw_data());

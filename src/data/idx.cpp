@@ -24,26 +24,22 @@ struct GzFile {
     GALLEY_CHECK(f, "cannot open IDX file '", p, "'");
     gzbuffer(f, 1 << 17);
   }
-  // Decompressed size of the whole stream: the file size for a raw file, the gzip trailer's
-  // ISIZE for a compressed one (exact below 4 GiB, which IDX files are). -1 if unknown.
+  // Size of a raw file's stream, -1 for a compressed one: a gzip trailer's ISIZE gives the size
+  // of its last member only (a file of several members, which zlib reads whole, would look
+  // short), so compressed data is bounded by read()'s chunks instead.
   int64_t stream_size() const {
+    if (!gzdirect(f)) return -1;
     std::ifstream in(path, std::ios::binary | std::ios::ate);
-    const int64_t file_size = static_cast<int64_t>(in.tellg());
-    if (gzdirect(f)) return file_size;
-    if (file_size < 18) return -1;
-    unsigned char b[4];
-    in.seekg(file_size - 4);
-    in.read(reinterpret_cast<char*>(b), 4);
-    if (!in) return -1;
-    return int64_t(b[0]) | (int64_t(b[1]) << 8) | (int64_t(b[2]) << 16) | (int64_t(b[3]) << 24);
+    return static_cast<int64_t>(in.tellg());
   }
-  // Fails before allocating when the header promises more bytes than the stream holds.
+  // Fails before allocating when the header's count (its field at byte 4) promises more bytes
+  // than the stream holds.
   void expect_remaining(int64_t bytes, const char* what) const {
     const int64_t total = stream_size();
     if (total < 0) return;
-    GALLEY_CHECK(offset + bytes <= total, "IDX file '", path, "' is truncated: the header at byte ",
-                 offset - 4, " promises ", bytes, " bytes of ", what, " but only ",
-                 std::max<int64_t>(0, total - offset), " follow");
+    GALLEY_CHECK(offset + bytes <= total, "IDX file '", path,
+                 "' is truncated: the count at byte 4 promises ", bytes, " bytes of ", what,
+                 " but only ", std::max<int64_t>(0, total - offset), " follow");
   }
   ~GzFile() {
     if (f) gzclose(f);
@@ -116,7 +112,8 @@ Tensor read_idx_labels(const std::string& path) {
 }
 
 std::string default_fashion_mnist_dir() {
-  if (const char* env = std::getenv("GALLEY_FASHION_MNIST_DIR")) return env;
+  const char* env = std::getenv("GALLEY_FASHION_MNIST_DIR");
+  if (env && *env) return env;  // an empty value is no directory: the default
   return "/usr/share/datasets/fashion-mnist";
 }
 

@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include "galley/io/checkpoint.h"
+#include "src/utf8.h"
 
 namespace galley::io {
 
@@ -65,6 +66,13 @@ void write_all(int fd, const void* data, size_t bytes, const std::string& path) 
 
 void save_safetensors(const std::string& path, const std::map<std::string, Tensor>& tensors,
                       const std::map<std::string, std::string>& metadata) {
+  // The header is JSON: its text must be UTF-8 (checked before anything is written).
+  for (auto& [key, value] : metadata)
+    GALLEY_CHECK(detail::valid_utf8(key) && detail::valid_utf8(value), "save_safetensors: '", path,
+                 "': metadata entry '", key, "' is not valid UTF-8");
+  for (auto& [name, t] : tensors)
+    GALLEY_CHECK(detail::valid_utf8(name), "save_safetensors: '", path, "': tensor name '", name,
+                 "' is not valid UTF-8");
   nlohmann::json header = nlohmann::json::object();
   if (!metadata.empty()) header["__metadata__"] = metadata;
   std::vector<Tensor> host;
@@ -84,19 +92,28 @@ void save_safetensors(const std::string& path, const std::map<std::string, Tenso
   while (text.size() % 8) text += ' ';  // keeps the data 8-byte aligned
   // Written beside the target under a name of its own, flushed to disk, then renamed over the
   // target: a crash at any point leaves either the old file or the new one, never half of one.
+  // Its name is the target's with ".tmp.<pid>.<n>" (what Checkpointer clears after a killed
+  // save), the target's part cut short where the whole would pass a file name's 255 bytes.
   static std::atomic<uint64_t> counter{0};
-  const std::string tmp = detail::str_cat(path, ".tmp.", ::getpid(), ".", counter++);
+  const size_t slash = path.rfind('/');
+  const std::string suffix = detail::str_cat(".tmp.", ::getpid(), ".", counter++);
+  std::string base = slash == std::string::npos ? path : path.substr(slash + 1);
+  if (base.size() + suffix.size() > 255) base.resize(255 - suffix.size());
+  const std::string tmp =
+      (slash == std::string::npos ? std::string() : path.substr(0, slash + 1)) + base + suffix;
   int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  GALLEY_CHECK(fd >= 0, "save_safetensors: cannot create '", tmp, "': ", std::strerror(errno));
+  GALLEY_CHECK(fd >= 0, "save_safetensors: '", path, "': cannot create its temporary file '", tmp,
+               "': ", std::strerror(errno));
+  const std::string writing = detail::str_cat(path, "' (through '", tmp);
   try {
     const uint64_t len = text.size();
     unsigned char le[8];
     for (int i = 0; i < 8; ++i) le[i] = static_cast<unsigned char>(len >> (8 * i));
-    write_all(fd, le, 8, tmp);
-    write_all(fd, text.data(), text.size(), tmp);
+    write_all(fd, le, 8, writing);
+    write_all(fd, text.data(), text.size(), writing);
     for (const Tensor& h : host)
-      write_all(fd, h.raw_data(), h.numel() * dtype_size(h.dtype()), tmp);
-    GALLEY_CHECK(::fsync(fd) == 0, "save_safetensors: flushing '", tmp,
+      write_all(fd, h.raw_data(), h.numel() * dtype_size(h.dtype()), writing);
+    GALLEY_CHECK(::fsync(fd) == 0, "save_safetensors: flushing '", writing,
                  "' failed: ", std::strerror(errno));
   } catch (...) {
     ::close(fd);
@@ -137,6 +154,11 @@ std::vector<uint64_t> whole_numbers(const nlohmann::json& v, const char* field,
 }  // namespace
 
 SafetensorsFile read_safetensors(const std::string& path) {
+  // (A directory opens as a stream whose size reads as the largest offset.)
+  struct stat st {};
+  GALLEY_CHECK(::stat(path.c_str(), &st) == 0, "load_safetensors: cannot open '", path,
+               "': ", std::strerror(errno));
+  GALLEY_CHECK(S_ISREG(st.st_mode), "load_safetensors: '", path, "' is not a regular file");
   std::ifstream in(path, std::ios::binary | std::ios::ate);
   GALLEY_CHECK(in.good(), "load_safetensors: cannot open '", path, "'");
   const uint64_t file_size = static_cast<uint64_t>(in.tellg());
@@ -145,19 +167,40 @@ SafetensorsFile read_safetensors(const std::string& path) {
                " bytes, the header length alone needs 8");
   unsigned char le[8];
   in.read(reinterpret_cast<char*>(le), 8);
+  GALLEY_CHECK(in.gcount() == 8, "safetensors file '", path, "': reading the header length failed");
   uint64_t len = 0;
   for (int i = 0; i < 8; ++i) len |= uint64_t(le[i]) << (8 * i);
   GALLEY_CHECK(len <= file_size - 8, "safetensors file '", path, "': header length ", len,
                " at byte 0 runs past the end of the file (", file_size, " bytes)");
   std::string text(len, '\0');
   in.read(text.data(), static_cast<std::streamsize>(len));
+  GALLEY_CHECK(in.gcount() == static_cast<std::streamsize>(len), "safetensors file '", path,
+               "': reading the header (bytes 8..", 8 + len, ") failed");
+  // A name given twice in the header is an error (a JSON object would keep the last silently).
+  std::string repeated;
+  bool seen_repeat = false;
+  std::vector<std::string> names;
+  const nlohmann::json::parser_callback_t names_once =
+      [&](int depth, nlohmann::json::parse_event_t event, nlohmann::json& parsed) {
+        if (event == nlohmann::json::parse_event_t::key && depth == 1 && !seen_repeat) {
+          const std::string name = parsed.get<std::string>();
+          if (std::find(names.begin(), names.end(), name) != names.end()) {
+            repeated = name;
+            seen_repeat = true;
+          }
+          names.push_back(name);
+        }
+        return true;
+      };
   nlohmann::json header;
   try {
-    header = nlohmann::json::parse(text);
+    header = nlohmann::json::parse(text, names_once);
   } catch (const std::exception& e) {
     GALLEY_CHECK(false, "safetensors file '", path, "': the JSON header (bytes 8..", 8 + len,
                  ") does not parse: ", e.what());
   }
+  GALLEY_CHECK(!seen_repeat, "safetensors file '", path, "': the header names '", repeated,
+               "' twice");
   GALLEY_CHECK(header.is_object(), "safetensors file '", path, "': the header is not an object");
   const uint64_t data_start = 8 + len, data_size = file_size - data_start;
   SafetensorsFile out;
@@ -169,6 +212,8 @@ SafetensorsFile read_safetensors(const std::string& path) {
   for (auto& [name, entry] : header.items()) {
     try {
       if (name == "__metadata__") {
+        GALLEY_CHECK(entry.is_object(), "safetensors file '", path,
+                     "': __metadata__ is not an object of strings");
         for (auto& [k, v] : entry.items()) out.metadata[k] = v.get<std::string>();
         continue;
       }
@@ -179,11 +224,13 @@ SafetensorsFile read_safetensors(const std::string& path) {
       GALLEY_CHECK(offs.size() == 2 && offs[0] <= offs[1] && offs[1] <= data_size,
                    "safetensors file '", path, "': tensor '", name, "' data offsets run past the ",
                    data_size, " bytes of data");
-      // The size in bytes, refusing products that overflow (no file holds such a tensor).
+      // The size in bytes, refusing products that overflow (no file holds such a tensor); a
+      // shape with a zero has none, whatever its other sizes.
       uint64_t bytes = dtype_size(dt);
+      if (std::find(dims.begin(), dims.end(), uint64_t(0)) != dims.end()) bytes = 0;
       for (uint64_t d : dims)
-        GALLEY_CHECK(!__builtin_mul_overflow(bytes, d, &bytes), "safetensors file '", path,
-                     "': tensor '", name, "' of shape ", shape_str(shape),
+        GALLEY_CHECK(bytes == 0 || !__builtin_mul_overflow(bytes, d, &bytes), "safetensors file '",
+                     path, "': tensor '", name, "' of shape ", shape_str(shape),
                      " is larger than any file");
       GALLEY_CHECK(offs[1] - offs[0] == bytes, "safetensors file '", path, "': tensor '", name,
                    "' of shape ", shape_str(shape), " needs ", bytes, " bytes but spans ",
@@ -201,14 +248,21 @@ SafetensorsFile read_safetensors(const std::string& path) {
     }
   }
   // Tensors may not share bytes: a file whose tensors overlap was not written by a
-  // safetensors writer and would alias weights.
+  // safetensors writer and would alias weights. (Each span against the furthest end before it;
+  // empty tensors hold no bytes and take no part.)
+  spans.erase(
+      std::remove_if(spans.begin(), spans.end(), [](const Span& a) { return a.begin == a.end; }),
+      spans.end());
   std::sort(spans.begin(), spans.end(),
             [](const Span& a, const Span& b) { return a.begin < b.begin; });
-  for (size_t i = 1; i < spans.size(); ++i)
-    GALLEY_CHECK(spans[i].begin >= spans[i - 1].end || spans[i].begin == spans[i].end,
-                 "safetensors file '", path, "': tensors '", spans[i - 1].name, "' and '",
-                 spans[i].name, "' overlap (bytes ", data_start + spans[i].begin, "..",
-                 data_start + spans[i - 1].end, ")");
+  size_t furthest = 0;  // the span reaching furthest so far
+  for (size_t i = 1; i < spans.size(); ++i) {
+    GALLEY_CHECK(spans[i].begin >= spans[furthest].end, "safetensors file '", path, "': tensors '",
+                 spans[furthest].name, "' and '", spans[i].name, "' overlap (bytes ",
+                 data_start + spans[i].begin, "..",
+                 data_start + std::min(spans[i].end, spans[furthest].end), ")");
+    if (spans[i].end > spans[furthest].end) furthest = i;
+  }
   return out;
 }
 

@@ -32,6 +32,11 @@ class Dataset {
   /// caller preallocates. The default calls get() per example; datasets held in memory
   /// override it with straight copies.
   virtual void get_batch(const std::vector<size_t>& indices, Tensor& data, Tensor& label) const;
+  /// Refuses (galley::Error naming `owner`) batch tensors that cannot take `count` examples:
+  /// each must be a contiguous host tensor, data float32 with count x data_shape() elements,
+  /// label label_dtype() with count x label_shape(). Every get_batch calls it before writing.
+  void check_batch(size_t count, const Tensor& data, const Tensor& label,
+                   const char* owner = "dataset") const;
 };
 
 /// Examples held in two tensors: data [N, ...] and labels [N, ...].
