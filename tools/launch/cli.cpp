@@ -1,14 +1,18 @@
 #include "cli.h"
 
+#include <algorithm>
 #include <cctype>
 #include <cerrno>
 #include <cmath>
 #include <cstdlib>
+#include <limits>
 
 #include "job_file.h"
 
 namespace galley::launch {
 namespace {
+
+constexpr long kLongMax = std::numeric_limits<long>::max();
 
 double to_number(const std::string& option, const std::string& text) {
   char* end = nullptr;
@@ -19,15 +23,34 @@ double to_number(const std::string& option, const std::string& text) {
   return v;
 }
 
-long to_integer(const std::string& option, const std::string& text, long min) {
+// An integer in [min, max]: the ranges are those the job file allows for the same setting, so
+// that a value too large for an int is refused rather than cut to its low bits.
+long to_integer(const std::string& option, const std::string& text, long min, long max) {
   char* end = nullptr;
   errno = 0;
   const long v = std::strtol(text.c_str(), &end, 10);
-  if (text.empty() || *end != '\0' || errno != 0)
+  if (text.empty() || *end != '\0' || (errno != 0 && errno != ERANGE))
     throw LaunchError("option " + option + ": expected an integer, got \"" + text + "\"");
-  if (v < min)
-    throw LaunchError("option " + option + ": must be at least " + std::to_string(min) + ", got " +
+  if (errno == ERANGE || v < min || v > max)
+    throw LaunchError("option " + option + ": " + text + " is out of range [" +
+                      std::to_string(min) + ", " + std::to_string(max) + "]");
+  return v;
+}
+
+int to_int(const std::string& option, const std::string& text, int min, int max) {
+  return int(to_integer(option, text, min, max));
+}
+
+// A time in seconds, from 0 (or from just above 0 unless `zero_ok`) to kMaxSeconds.
+double to_seconds(const std::string& option, const std::string& text, bool zero_ok) {
+  const double v = to_number(option, text);
+  if (v < 0 || (v == 0 && !zero_ok))
+    throw LaunchError("option " + option + ": must be " +
+                      (zero_ok ? "0 or a positive" : "a positive") + " number of seconds, got " +
                       text);
+  if (v > kMaxSeconds)
+    throw LaunchError("option " + option + ": " + text +
+                      " s is longer than the longest time allowed, 1e9 s");
   return v;
 }
 
@@ -51,7 +74,8 @@ affinity mask it runs in) gives it, each with its own GPU share, cores, log file
 restarts. See docs/launch.md for the job file format.
 
 job options (for the command after --):
-  --name NAME               job name (default: the command's base name)
+  --name NAME               job name (default: the command's base name, with -2, -3...
+                            added where a job of the job file has it)
   --gpus N                  number of GPUs (0: none visible; default 0)
   --gpu-ids 0,1             explicit GPU ids instead of a count
   --cpus N                  N CPUs held alone, pinned; sets GALLEY_NUM_THREADS and
@@ -123,28 +147,27 @@ CommandLine parse_command_line(const std::vector<std::string>& args) {
     } else if (arg == "--check") {
       cl.check = true;
     } else if (arg == "--name") {
-      job.name = value(arg, inline_value), job_options = true;
+      job.name = value(arg, inline_value), job_options = true, cl.name_given = true;
     } else if (arg == "--gpus") {
-      job.gpu_count = int(to_integer(arg, value(arg, inline_value), 0)), job_options = true;
+      job.gpu_count = to_int(arg, value(arg, inline_value), 0, 4096), job_options = true;
     } else if (arg == "--gpu-ids") {
       job.gpu_ids = parse_gpu_ids(value(arg, inline_value), "option --gpu-ids");
       job.gpu_count = int(job.gpu_ids.size()), job_options = true;
     } else if (arg == "--cpus") {
-      job.cpus = int(to_integer(arg, value(arg, inline_value), 1)), job_options = true;
+      job.cpus = to_int(arg, value(arg, inline_value), 1, 1 << 20), job_options = true;
     } else if (arg == "--serial-time") {
-      job.serial_time_s = to_number(arg, value(arg, inline_value)), job_options = true;
-      if (!(*job.serial_time_s > 0))
-        throw LaunchError("option --serial-time: must be a positive number of seconds");
+      job.serial_time_s = to_seconds(arg, value(arg, inline_value), false), job_options = true;
     } else if (arg == "--memory-fraction") {
       job.memory_fraction = to_number(arg, value(arg, inline_value)), job_options = true;
     } else if (arg == "--memory-limit-mb") {
-      job.memory_limit_mb = to_integer(arg, value(arg, inline_value), 1), job_options = true;
+      job.memory_limit_mb = to_integer(arg, value(arg, inline_value), 1, kLongMax);
+      job_options = true;
     } else if (arg == "--priority") {
-      job.priority = int(to_integer(arg, value(arg, inline_value), -1000000)), job_options = true;
+      job.priority = to_int(arg, value(arg, inline_value), -1000000, 1000000), job_options = true;
     } else if (arg == "--max-restarts") {
-      job.max_restarts = int(to_integer(arg, value(arg, inline_value), 0)), job_options = true;
+      job.max_restarts = to_int(arg, value(arg, inline_value), 0, 1000000), job_options = true;
     } else if (arg == "--heartbeat-timeout") {
-      job.heartbeat_timeout_s = to_number(arg, value(arg, inline_value)), job_options = true;
+      job.heartbeat_timeout_s = to_seconds(arg, value(arg, inline_value), true), job_options = true;
     } else if (arg == "--workdir") {
       job.working_dir = value(arg, inline_value), job_options = true;
     } else if (arg == "--env") {
@@ -170,24 +193,24 @@ CommandLine parse_command_line(const std::vector<std::string>& args) {
         throw LaunchError("option --cpus-available: the CPU list is empty");
       cl.set_keys.insert("cpus_available");
     } else if (arg == "--gpu-memory-mb") {
-      o.gpu_memory_mb = to_integer(arg, value(arg, inline_value), 0);
+      o.gpu_memory_mb = to_integer(arg, value(arg, inline_value), 0, kLongMax);
       cl.set_keys.insert("gpu_memory_mb");
     } else if (arg == "--backoff-initial") {
-      o.backoff_initial_s = to_number(arg, value(arg, inline_value));
+      o.backoff_initial_s = to_seconds(arg, value(arg, inline_value), true);
       cl.set_keys.insert("backoff_initial");
     } else if (arg == "--backoff-max") {
-      o.backoff_max_s = to_number(arg, value(arg, inline_value)), cl.set_keys.insert("backoff_max");
+      o.backoff_max_s = to_seconds(arg, value(arg, inline_value), true);
+      cl.set_keys.insert("backoff_max");
     } else if (arg == "--grace-period") {
-      o.grace_period_s = to_number(arg, value(arg, inline_value));
+      o.grace_period_s = to_seconds(arg, value(arg, inline_value), true);
       cl.set_keys.insert("grace_period");
     } else if (arg == "--max-parallel") {
-      o.max_parallel = int(to_integer(arg, value(arg, inline_value), 0));
+      o.max_parallel = to_int(arg, value(arg, inline_value), 0, 1000000);
       cl.set_keys.insert("max_parallel");
     } else if (arg == "--strict-order") {
       o.strict_order = true, cl.set_keys.insert("strict_order");
     } else if (arg == "--sample-interval") {
-      o.sample_interval_s = to_number(arg, value(arg, inline_value));
-      if (o.sample_interval_s <= 0) throw LaunchError("option --sample-interval: must be positive");
+      o.sample_interval_s = to_seconds(arg, value(arg, inline_value), false);
       cl.set_keys.insert("sample_interval");
     } else if (arg == "--status-table") {
       const std::string v = value(arg, inline_value);
@@ -231,13 +254,18 @@ std::vector<JobSpec> collect_jobs(CommandLine& cl) {
   if (cl.job_file) jobs = load_job_file(*cl.job_file, cl.options, cl.set_keys);
   if (cl.job) {
     JobSpec job = *cl.job;
+    // A name taken from the command is made unique with a suffix (a second `train` becomes
+    // train-2); a name given with --name is the user's and a clash is an error, since events,
+    // the summary and the default log would otherwise go under a name nobody asked for.
+    const auto taken = [&](const std::string& name) {
+      return std::find_if(jobs.begin(), jobs.end(),
+                          [&](const JobSpec& other) { return other.name == name; });
+    };
+    if (auto other = taken(job.name); cl.name_given && other != jobs.end())
+      throw LaunchError("option --name: job name '" + job.name + "' is already taken by a job of " +
+                        (other->origin.empty() ? "the job file" : other->origin));
     const std::string base = job.name;
-    for (int n = 2;; ++n) {
-      bool taken = false;
-      for (const auto& other : jobs) taken |= other.name == job.name;
-      if (!taken) break;
-      job.name = base + "-" + std::to_string(n);
-    }
+    for (int n = 2; taken(job.name) != jobs.end(); ++n) job.name = base + "-" + std::to_string(n);
     jobs.push_back(std::move(job));
   }
   return jobs;

@@ -23,6 +23,9 @@ struct CommandLine {
   std::set<std::string> set_keys;
   /// The job after `--`, if any.
   std::optional<JobSpec> job;
+  /// Its name was given with --name (else it is the command's base name, which collect_jobs
+  /// suffixes where a job of the file has it).
+  bool name_given = false;
   /// Only validate the jobs against the machine and print the plan.
   bool check = false;
   /// Print the usage and stop.

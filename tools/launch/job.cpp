@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <cctype>
-#include <cmath>
 #include <set>
 #include <sstream>
 
@@ -28,14 +27,24 @@ void validate_job(const JobSpec& job) {
   if (job.memory_limit_mb && *job.memory_limit_mb <= 0)
     throw LaunchError(who + "memory_limit_mb must be a positive number of MiB");
   if (job.cpus && *job.cpus < 1) throw LaunchError(who + "cpus must be 1 or more");
-  if (job.serial_time_s && !(*job.serial_time_s > 0 && std::isfinite(*job.serial_time_s)))
-    throw LaunchError(who + "serial_time must be a positive number of seconds");
+  if (job.serial_time_s && !(*job.serial_time_s > 0 && *job.serial_time_s <= kMaxSeconds))
+    throw LaunchError(who + "serial_time must be a positive number of seconds, at most 1e9");
   if (job.max_restarts < 0) throw LaunchError(who + "max_restarts must be 0 or more");
-  if (job.heartbeat_timeout_s < 0 || !std::isfinite(job.heartbeat_timeout_s))
-    throw LaunchError(who + "heartbeat_timeout must be 0 (off) or a positive number of seconds");
+  if (!(job.heartbeat_timeout_s >= 0 && job.heartbeat_timeout_s <= kMaxSeconds))
+    throw LaunchError(who +
+                      "heartbeat_timeout must be 0 (off) or a positive number of seconds, at most "
+                      "1e9");
   for (const auto& [key, value] : job.env)
     if (key.empty() || key.find('=') != std::string::npos)
       throw LaunchError(who + "environment variable name '" + key + "' is not valid");
+}
+
+std::chrono::steady_clock::duration clock_duration(double seconds) {
+  using Duration = std::chrono::steady_clock::duration;
+  constexpr Duration kLongest = Duration::max() / 4;
+  if (!(seconds > 0)) return Duration::zero();
+  if (seconds >= std::chrono::duration<double>(kLongest).count()) return kLongest;
+  return std::chrono::duration_cast<Duration>(std::chrono::duration<double>(seconds));
 }
 
 std::string trim(std::string_view text) {

@@ -1,6 +1,7 @@
 #include "job_file.h"
 
 #include <algorithm>
+#include <cmath>
 #include <fstream>
 #include <limits>
 #include <sstream>
@@ -73,6 +74,28 @@ class Reader {
     return *node.value<double>();
   }
 
+  // A time in seconds: a finite number from 0 (or from just above 0 unless `zero_ok`) to
+  // kMaxSeconds. TOML writes nan and inf as numbers, and a huge time would overflow the clock's
+  // deadlines, so both are refused here, where the key and its line are known. `rule` says what
+  // the key takes, for the error.
+  double seconds(const toml::node& node, const std::string& key, const std::string& context,
+                 bool zero_ok, const std::string& rule) const {
+    const double v = number(node, key, context);
+    const std::string at = "key '" + key + "'" + context + ": ";
+    if (!std::isfinite(v)) fail(node.source(), at + "got " + format(v) + "; " + rule);
+    if (v < 0 || (v == 0 && !zero_ok)) fail(node.source(), at + rule);
+    if (v > kMaxSeconds)
+      fail(node.source(), at + format(v) + " s is longer than the longest time allowed, " +
+                              format(kMaxSeconds) + " s");
+    return v;
+  }
+
+  static std::string format(double v) {
+    std::ostringstream out;
+    out << v;
+    return out.str();
+  }
+
   bool boolean(const toml::node& node, const std::string& key, const std::string& context) const {
     if (!node.is_boolean()) wrong_type(node, key, context, "true or false");
     return *node.value<bool>();
@@ -102,7 +125,12 @@ JobSpec read_job(const Reader& reader, const toml::table& table, std::size_t ind
     if (key == "name") continue;
     if (key == "command") {
       if (node.is_string()) {
-        job.command = {"/bin/sh", "-c", *node.value<std::string>()};
+        // An empty script would run `/bin/sh -c ""`, which succeeds doing nothing: refused like
+        // the empty array.
+        const std::string script = *node.value<std::string>();
+        if (trim(script).empty())
+          reader.fail(node.source(), "key 'command'" + context + " is an empty shell command");
+        job.command = {"/bin/sh", "-c", script};
       } else if (auto* array = node.as_array()) {
         for (auto&& item : *array) job.command.push_back(reader.string(item, key, context));
         if (job.command.empty())
@@ -144,12 +172,9 @@ JobSpec read_job(const Reader& reader, const toml::table& table, std::size_t ind
     } else if (key == "cpus") {
       job.cpus = int(reader.integer(node, key, context, 1, 1 << 20));
     } else if (key == "serial_time") {
-      const double t = reader.number(node, key, context);
-      if (!(t > 0))
-        reader.fail(node.source(), "key 'serial_time'" + context +
-                                       ": must be a positive number of seconds (the job's wall "
-                                       "time alone)");
-      job.serial_time_s = t;
+      job.serial_time_s =
+          reader.seconds(node, key, context, false,
+                         "must be a positive number of seconds (the job's wall time alone)");
     } else if (key == "memory_fraction") {
       const double f = reader.number(node, key, context);
       if (!(f > 0 && f <= 1))
@@ -165,10 +190,8 @@ JobSpec read_job(const Reader& reader, const toml::table& table, std::size_t ind
     } else if (key == "log") {
       job.log_file = reader.string(node, key, context);
     } else if (key == "heartbeat_timeout") {
-      job.heartbeat_timeout_s = reader.number(node, key, context);
-      if (job.heartbeat_timeout_s < 0)
-        reader.fail(node.source(), "key 'heartbeat_timeout'" + context +
-                                       ": must be 0 (off) or a positive number of seconds");
+      job.heartbeat_timeout_s = reader.seconds(node, key, context, true,
+                                               "must be 0 (off) or a positive number of seconds");
     } else {
       reader.fail(key_obj.source(),
                   "unknown key '" + key + "'" + context + " (known keys: " + kJobKeys + ")");
@@ -228,9 +251,10 @@ void read_launcher(const Reader& reader, const toml::table& table, LauncherOptio
       if (!skip) options.gpu_memory_mb = v;
     } else if (key == "backoff_initial" || key == "backoff_max" || key == "grace_period" ||
                key == "sample_interval") {
-      const double v = reader.number(node, key, context);
-      if (v < 0 || (key == "sample_interval" && v <= 0))
-        reader.fail(node.source(), "key '" + key + "'" + context + ": must be positive");
+      const bool zero_ok = key != "sample_interval";
+      const double v = reader.seconds(node, key, context, zero_ok,
+                                      zero_ok ? "must be 0 or a positive number of seconds"
+                                              : "must be a positive number of seconds");
       if (skip) continue;
       if (key == "backoff_initial") options.backoff_initial_s = v;
       if (key == "backoff_max") options.backoff_max_s = v;

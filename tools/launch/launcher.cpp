@@ -55,10 +55,6 @@ double rounded(double x) {
   return std::round(x * 1000.0) / 1000.0;
 }
 
-Clock::duration from_seconds(double s) {
-  return std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(s));
-}
-
 // Local wall-clock time with milliseconds and UTC offset: 2024-05-01T10:00:00.123+0200.
 std::string timestamp() {
   const auto now = std::chrono::system_clock::now();
@@ -593,7 +589,7 @@ struct Launcher::Impl {
                                     options.backoff_initial_s * std::pow(2.0, job.restarts - 1));
       job.phase = Phase::kBackoff;
       job.status = "backoff";
-      job.restart_at = now + from_seconds(delay);
+      job.restart_at = now + clock_duration(delay);
       emit("backoff", &job, Json{{"restart", job.restarts}, {"delay_s", rounded(delay)}},
            job.spec.name + " restarts in " + format_number(rounded(delay)) + "s (" +
                std::to_string(job.restarts) + "/" + std::to_string(job.spec.max_restarts) + ")");
@@ -626,7 +622,7 @@ struct Launcher::Impl {
     kill(-job.pid, SIGTERM);
     job.phase = Phase::kStopping;
     job.status = "stopping";
-    job.kill_at = Clock::now() + from_seconds(options.grace_period_s);
+    job.kill_at = Clock::now() + clock_duration(options.grace_period_s);
     log_line(job, "launcher", "sent SIGTERM (" + why + ")");
   }
 
@@ -665,7 +661,7 @@ struct Launcher::Impl {
     const auto now = Clock::now();
     for (auto& job : jobs) {
       if (job.phase == Phase::kRunning && job.spec.heartbeat_timeout_s > 0 &&
-          now - job.last_output >= from_seconds(job.spec.heartbeat_timeout_s)) {
+          now - job.last_output >= clock_duration(job.spec.heartbeat_timeout_s)) {
         job.hung = true;
         const double silent = seconds(now - job.last_output);
         emit("hung", &job,
@@ -686,7 +682,7 @@ struct Launcher::Impl {
       }
     }
     if (!sample_ids.empty() && now >= next_sample) {
-      next_sample = now + from_seconds(options.sample_interval_s);
+      next_sample = now + clock_duration(options.sample_interval_s);
       bool any_running = false;
       for (const auto& job : jobs) any_running |= job.phase == Phase::kRunning;
       if (any_running)
@@ -704,7 +700,8 @@ struct Launcher::Impl {
     auto deadline = Clock::now() + std::chrono::seconds(1);
     for (const auto& job : jobs) {
       if (job.phase == Phase::kRunning && job.spec.heartbeat_timeout_s > 0)
-        deadline = std::min(deadline, job.last_output + from_seconds(job.spec.heartbeat_timeout_s));
+        deadline =
+            std::min(deadline, job.last_output + clock_duration(job.spec.heartbeat_timeout_s));
       if (job.phase == Phase::kStopping && !job.killed) deadline = std::min(deadline, job.kill_at);
       if (job.phase == Phase::kBackoff) deadline = std::min(deadline, job.restart_at);
     }
@@ -992,9 +989,21 @@ Launcher::Launcher(std::vector<JobSpec> jobs, LauncherOptions options)
     : impl_(std::make_unique<Impl>()) {
   auto& m = *impl_;
   m.options = std::move(options);
-  if (m.options.backoff_initial_s < 0 || m.options.backoff_max_s < 0 ||
-      m.options.grace_period_s < 0 || m.options.sample_interval_s <= 0)
-    throw LaunchError("back-off, grace period and sample interval must be positive");
+  // The command line and the job file check these too; a LauncherOptions built in code is
+  // held to the same rule, since a time past kMaxSeconds would overflow the clock's deadlines.
+  struct Time {
+    const char* name;
+    double value;
+    bool zero_ok;
+  };
+  for (const Time& t : {Time{"backoff_initial", m.options.backoff_initial_s, true},
+                        Time{"backoff_max", m.options.backoff_max_s, true},
+                        Time{"grace_period", m.options.grace_period_s, true},
+                        Time{"sample_interval", m.options.sample_interval_s, false}})
+    if (!(t.value >= 0 && t.value <= kMaxSeconds) || (t.value == 0 && !t.zero_ok))
+      throw LaunchError(std::string(t.name) + " must be " +
+                        (t.zero_ok ? "0 or a positive" : "a positive") +
+                        " number of seconds, at most 1e9; got " + format_number(t.value));
   if (jobs.empty()) throw LaunchError("no jobs to run");
   m.probe = probe_machine();
   m.allocation = detect_allocation(m.probe);

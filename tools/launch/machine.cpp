@@ -71,11 +71,13 @@ std::vector<std::string> gpu_entries(const std::string& name, const std::string&
                       "as CUDA ignores them");
       break;
     }
-    if (std::find(list.begin(), list.end(), item) != list.end()) {
-      notes.push_back(name + " lists GPU " + item + " twice: counted once");
+    // CUDA reads "01" as device 1: ids are compared as numbers.
+    const std::string entry = uuid ? item : std::to_string(std::stoi(item));
+    if (std::find(list.begin(), list.end(), entry) != list.end()) {
+      notes.push_back(name + " lists GPU " + entry + " twice: counted once");
       continue;
     }
-    list.push_back(all_digits(item) ? std::to_string(std::stoi(item)) : item);
+    list.push_back(entry);
   }
   return list;
 }

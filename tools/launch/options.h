@@ -2,12 +2,23 @@
 /// \file
 /// Settings of the launcher itself (as opposed to those of one job).
 
+#include <chrono>
 #include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
 
 namespace galley::launch {
+
+/// The longest time in seconds any option or job-file key may give (about 31 years): longer than
+/// any real timeout, and short enough that a deadline of now plus it fits the steady clock's
+/// 64-bit nanoseconds with room to spare.
+inline constexpr double kMaxSeconds = 1e9;
+
+/// `seconds` as a steady_clock duration, saturated: a negative or NaN time gives zero, and a
+/// time beyond a quarter of the clock's range (about 73 years) gives that quarter, so that
+/// neither the conversion nor a deadline of now plus the result can overflow.
+std::chrono::steady_clock::duration clock_duration(double seconds);
 
 /// When to draw the live status table.
 enum class StatusTable { kAuto, kOn, kOff };

@@ -189,6 +189,49 @@ TEST(JobFile, UnknownLauncherKeyAndTopLevelKey) {
   EXPECT_NE(msg.find("unknown top-level key 'jobs'"), std::string::npos) << msg;
 }
 
+TEST(JobFile, TimesMustBeFiniteAndAtMostABillionSeconds) {
+  // TOML has nan and inf; a time past 1e9 s overflowed the clock's nanoseconds and came out as
+  // "at once". Each is refused at its own line, naming the key.
+  for (const char* key : {"backoff_initial", "backoff_max", "grace_period", "sample_interval"})
+    for (const char* value : {"nan", "inf", "-inf", "1e10", "10000000000", "-1"}) {
+      const std::string msg = error_of(std::string("[launcher]\n") + key + " = " + value +
+                                       "\n[[job]]\ncommand = \"true\"\n");
+      EXPECT_NE(msg.find("jobs.toml:2:"), std::string::npos)
+          << key << " = " << value << ": " << msg;
+      EXPECT_NE(msg.find("key '" + std::string(key) + "' in [launcher]"), std::string::npos) << msg;
+    }
+  for (const char* key : {"heartbeat_timeout", "serial_time"})
+    for (const char* value : {"nan", "inf", "1e10", "-1"}) {
+      const std::string msg = error_of(std::string("[[job]]\nname = \"a\"\ncommand = \"true\"\n") +
+                                       key + " = " + value + "\n");
+      EXPECT_NE(msg.find("jobs.toml:4:"), std::string::npos)
+          << key << " = " << value << ": " << msg;
+      EXPECT_NE(msg.find("key '" + std::string(key) + "' of job 'a'"), std::string::npos) << msg;
+    }
+  EXPECT_NE(error_of("[launcher]\ngrace_period = 1e10\n[[job]]\ncommand = \"true\"\n")
+                .find("longer than the longest time allowed, 1e+09 s"),
+            std::string::npos);
+  LauncherOptions options;
+  const auto jobs = parse(
+      "[launcher]\ngrace_period = 1e9\nbackoff_max = 0\n[[job]]\ncommand = \"true\"\n"
+      "heartbeat_timeout = 1000000000\n",
+      &options);
+  EXPECT_EQ(options.grace_period_s, 1e9);
+  EXPECT_EQ(options.backoff_max_s, 0);
+  EXPECT_EQ(jobs[0].heartbeat_timeout_s, 1e9);
+}
+
+TEST(JobFile, AnEmptyShellCommandIsRefusedLikeAnEmptyArray) {
+  for (const char* command : {"\"\"", "\"  \\t \"", "[]", "[\"\"]"}) {
+    const std::string msg =
+        error_of(std::string("[[job]]\nname = \"a\"\ncommand = ") + command + "\n");
+    EXPECT_NE(msg.find("jobs.toml:"), std::string::npos) << command << ": " << msg;
+    EXPECT_NE(msg.find("empty"), std::string::npos) << command << ": " << msg;
+  }
+  EXPECT_NE(error_of("[[job]]\nname = \"a\"\ncommand = \"\"\n").find("jobs.toml:3:"),
+            std::string::npos);
+}
+
 TEST(JobFile, EmptyFileHasNoJobs) {
   EXPECT_NE(error_of("").find("no jobs"), std::string::npos);
 }

@@ -210,6 +210,16 @@ TEST(DetectAllocation, CudaVisibleDevicesRestrictsTheGpusInItsOrder) {
       << describe_allocation(a);
 }
 
+TEST(DetectAllocation, AGpuIdWrittenTwoWaysIsCountedOnce) {
+  auto p = eight_cpus();
+  p.env["CUDA_VISIBLE_DEVICES"] = "1,01,001,2";  // CUDA reads 01 as device 1
+  const auto a = detect_allocation(p);
+  ASSERT_TRUE(a.gpus);
+  EXPECT_EQ(*a.gpus, (std::vector<std::string>{"1", "2"}));
+  ASSERT_EQ(a.notes.size(), 2u);
+  EXPECT_NE(a.notes[0].find("lists GPU 1 twice"), std::string::npos) << a.notes[0];
+}
+
 TEST(DetectAllocation, SlurmStepGpusThenJobGpusWithoutCudaVisibleDevices) {
   auto p = eight_cpus();
   p.env["SLURM_JOB_GPUS"] = "4,5,6";
