@@ -6,6 +6,7 @@
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -95,20 +96,65 @@ std::string format_duration(double s) {
   return buf;
 }
 
-void make_parent_dirs(const std::string& path) {
-  const auto parent = std::filesystem::path(path).parent_path();
-  if (parent.empty()) return;
-  std::error_code ec;
-  std::filesystem::create_directories(parent, ec);
-  if (ec) throw LaunchError("cannot create directory '" + parent.string() + "': " + ec.message());
+namespace fs = std::filesystem;
+
+// JSON as text. Bytes that are not UTF-8 (a command-line argument, a path) are written as
+// U+FFFD: nlohmann's default throws on them, which would stop the launcher with its jobs.
+std::string to_text(const Json& json, int indent = -1) {
+  return json.dump(indent, ' ', false, Json::error_handler_t::replace);
 }
 
-std::FILE* open_for_writing(const std::string& path, const std::string& what) {
-  make_parent_dirs(path);
-  std::FILE* f = std::fopen(path.c_str(), "we");
+// Why `path` could not be written, or "" when it can, found without creating or changing
+// anything (so that --check can say it, and a bad path is found before any file is truncated):
+// an existing file must be writable and not a directory; otherwise the nearest existing
+// directory above it must let the launcher create what is missing.
+std::string why_not_writable(const fs::path& path) {
+  if (path.empty()) return "the path is empty";
+  if (!path.has_filename()) return "it names a directory";
+  std::error_code ec;
+  const auto status = fs::status(path, ec);
+  if (fs::exists(status)) {
+    if (fs::is_directory(status)) return "it is a directory";
+    if (access(path.c_str(), W_OK) != 0) return strerror(errno);
+    return "";
+  }
+  for (fs::path dir = path.parent_path();; dir = dir.parent_path()) {
+    if (dir.empty()) dir = ".";
+    const auto dir_status = fs::status(dir, ec);
+    if (fs::exists(dir_status)) {
+      if (!fs::is_directory(dir_status)) return "'" + dir.string() + "' is not a directory";
+      if (access(dir.c_str(), W_OK | X_OK) != 0)
+        return "cannot create files in '" + dir.string() + "': " + strerror(errno);
+      return "";
+    }
+    if (dir == dir.parent_path() || dir == ".")
+      return "'" + dir.string() + "' does not exist";  // a vanished working directory
+  }
+}
+
+void make_parent_dirs(const std::string& path, const std::string& what) {
+  const auto parent = fs::path(path).parent_path();
+  if (parent.empty()) return;
+  std::error_code ec;
+  fs::create_directories(parent, ec);
+  if (ec)
+    throw LaunchError("cannot create the directory '" + parent.string() + "' of " + what + " '" +
+                      path + "': " + ec.message());
+}
+
+// Opens `path` for writing, truncated ("w") or appended to ("a").
+std::FILE* open_for_writing(const std::string& path, const std::string& what, const char* mode) {
+  make_parent_dirs(path, what);
+  std::FILE* f = std::fopen(path.c_str(), (std::string(mode) + "e").c_str());
   if (!f) throw LaunchError("cannot write " + what + " '" + path + "': " + strerror(errno));
   return f;
 }
+
+// One file the launcher writes, and what it is for ("the summary", "the log of job 'a'").
+struct Output {
+  std::string path;
+  std::string what;
+};
 
 enum class Phase { kQueued, kRunning, kStopping, kBackoff, kDone };
 
@@ -132,7 +178,7 @@ struct JobState {
   JobSpec spec;
   std::size_t id = 0;  // scheduler id
   std::string log_path;
-  std::FILE* log = nullptr;
+  std::FILE* log = nullptr;  // open from the job's first start until it is done
   Phase phase = Phase::kQueued;
   pid_t pid = -1;
   int out_fd = -1, err_fd = -1;
@@ -185,6 +231,8 @@ struct Launcher::Impl {
   std::map<int, GpuStats> gpu_stats;
 
   std::FILE* event_log = nullptr;
+  // The soft limit on open files jobs get, where the launcher raised its own.
+  std::optional<rlim_t> job_open_files;
   Clock::time_point t0;
   bool shutting_down = false;
   std::vector<pid_t> ended_groups;  // process groups of ended attempts, killed at their end
@@ -219,7 +267,7 @@ struct Launcher::Impl {
     if (job) record["job"] = job->spec.name;
     for (auto& [key, value] : extra.items()) record[key] = value;
     if (event_log) {
-      std::fputs((record.dump() + "\n").c_str(), event_log);
+      std::fputs((to_text(record) + "\n").c_str(), event_log);
       std::fflush(event_log);
     }
     char prefix[32];
@@ -230,6 +278,47 @@ struct Launcher::Impl {
   void log_line(JobState& job, const char* tag, const std::string& line) {
     if (!job.log) return;
     std::fprintf(job.log, "%s [%s] %s\n", timestamp().c_str(), tag, line.c_str());
+  }
+
+  std::string log_what(const JobState& job) const {
+    return "the log of job '" + job.spec.name + "'";
+  }
+
+  // Every file the launcher writes.
+  std::vector<Output> outputs() const {
+    std::vector<Output> list{{options.event_log_path(), "the event log"},
+                             {options.summary_path(), "the summary"}};
+    for (const auto& job : jobs) list.push_back({job.log_path, log_what(job)});
+    return list;
+  }
+
+  // Refuses, before anything is created or truncated, an output that cannot be written and two
+  // outputs that are one file (each was opened on its own and truncated the other's lines).
+  // Paths are compared after resolving symbolic links and "..", and existing files also by
+  // device and inode (hard links). Character devices such as /dev/null may be shared: writing
+  // to them truncates nothing.
+  void check_outputs() const {
+    std::map<std::string, const Output*> by_path;
+    std::map<std::pair<dev_t, ino_t>, const Output*> by_inode;
+    const auto list = outputs();
+    for (const auto& out : list) {
+      if (const std::string why = why_not_writable(out.path); !why.empty())
+        throw LaunchError("cannot write " + out.what + " '" + out.path + "': " + why);
+      struct stat st {};
+      const bool exists = ::stat(out.path.c_str(), &st) == 0;
+      if (exists && S_ISCHR(st.st_mode)) continue;
+      std::error_code ec;
+      fs::path key = fs::weakly_canonical(out.path, ec);
+      if (ec) key = fs::absolute(out.path, ec).lexically_normal();
+      const Output* other = nullptr;
+      if (auto [it, added] = by_path.emplace(key.string(), &out); !added) other = it->second;
+      if (exists && !other)
+        if (auto [it, added] = by_inode.emplace(std::pair(st.st_dev, st.st_ino), &out); !added)
+          other = it->second;
+      if (other)
+        throw LaunchError(other->what + " and " + out.what + " are the same file ('" + other->path +
+                          "' and '" + out.path + "'); give each its own");
+    }
   }
 
   // --- setup ---------------------------------------------------------------------------------
@@ -409,6 +498,16 @@ struct Launcher::Impl {
     env.emplace_back("GALLEY_LAUNCH_JOB", job.spec.name);
     env.emplace_back("GALLEY_LAUNCH_ATTEMPT", std::to_string(job.attempts));
 
+    if (!job.log) {
+      // Opened at the first start, not all at once at launch, so that a file of thousands of
+      // jobs does not hold thousands of files open; run() has created and emptied it.
+      try {
+        job.log = open_for_writing(job.log_path, log_what(job), "a");
+      } catch (const LaunchError& e) {
+        fail_to_start(job, e.what(), now);
+        return;
+      }
+    }
     if (job.attempts > 1) {
       log_line(job, "launcher",
                "restart " + std::to_string(job.restarts) + " (attempt " +
@@ -416,21 +515,10 @@ struct Launcher::Impl {
     }
     Child child;
     try {
-      child = spawn_child(
-          SpawnRequest{job.spec.command, job.spec.working_dir, merged_environment(env), job.cpus});
+      child = spawn_child(SpawnRequest{job.spec.command, job.spec.working_dir,
+                                       merged_environment(env), job.cpus, job_open_files});
     } catch (const LaunchError& e) {
-      scheduler->release(job.id);
-      job.message = e.what();
-      log_line(job, "launcher", job.message);
-      if (job.log) std::fflush(job.log);
-      job.phase = Phase::kDone;
-      job.status = "failed_to_start";
-      job.end = now;
-      if (!job.started) job.first_start = now;
-      job.started = true;
-      emit("failed_to_start", &job, Json{{"attempt", job.attempts}, {"message", job.message}},
-           job.spec.name + ": " + job.message);
-      finish(job);
+      fail_to_start(job, e.what(), now);
       return;
     }
     job.pid = child.pid;
@@ -457,6 +545,20 @@ struct Launcher::Impl {
              (job.gpus.empty() ? std::string("no GPU") : "GPU " + join(job.gpus)) +
              (allocation.gpus && !job.gpus.empty() ? " = device " + job.visible : "") +
              (job.cpus.empty() ? std::string() : ", CPUs " + format_cpu_list(job.cpus)) + ")");
+  }
+
+  void fail_to_start(JobState& job, const std::string& message, Clock::time_point now) {
+    scheduler->release(job.id);
+    job.message = message;
+    log_line(job, "launcher", job.message);
+    job.phase = Phase::kDone;
+    job.status = "failed_to_start";
+    job.end = now;
+    if (!job.started) job.first_start = now;
+    job.started = true;
+    emit("failed_to_start", &job, Json{{"attempt", job.attempts}, {"message", job.message}},
+         job.spec.name + ": " + job.message);
+    finish(job);
   }
 
   void start_ready() {
@@ -515,6 +617,7 @@ struct Launcher::Impl {
   // --- ending --------------------------------------------------------------------------------
 
   void finish(JobState& job) {
+    if (job.log) std::fclose(job.log), job.log = nullptr;
     Json extra{{"status", job.status}, {"attempts", job.attempts}, {"restarts", job.restarts}};
     if (job.exit_code) extra["exit_code"] = *job.exit_code;
     if (job.term_signal) extra["signal"] = signal_name(job.term_signal);
@@ -976,6 +1079,26 @@ struct Launcher::Impl {
     prctl(PR_SET_CHILD_SUBREAPER, 1);
   }
 
+  // Each running job holds its two pipes and its log open, so the launcher's soft limit on open
+  // files (often 1024) would cap how many jobs run at once: it is raised to the hard limit. The
+  // jobs get the soft limit the launcher was given, since programs that use select() cannot
+  // handle descriptors past 1024.
+  void raise_open_file_limit() {
+    rlimit limit{};
+    if (getrlimit(RLIMIT_NOFILE, &limit) != 0 || limit.rlim_cur >= limit.rlim_max) return;
+    rlimit raised = limit;
+    raised.rlim_cur = limit.rlim_max;
+    if (setrlimit(RLIMIT_NOFILE, &raised) == 0) job_open_files = limit.rlim_cur;
+  }
+
+  void restore_open_file_limit() {
+    rlimit limit{};
+    if (!job_open_files || getrlimit(RLIMIT_NOFILE, &limit) != 0) return;
+    limit.rlim_cur = *job_open_files;
+    setrlimit(RLIMIT_NOFILE, &limit);
+    job_open_files.reset();
+  }
+
   void restore_signals() {
     signal(SIGINT, SIG_DFL);
     signal(SIGTERM, SIG_DFL);
@@ -1040,6 +1163,7 @@ Launcher::Launcher(std::vector<JobSpec> jobs, LauncherOptions options)
     state.spec = std::move(spec);
     m.jobs.push_back(std::move(state));
   }
+  m.check_outputs();
 }
 
 Launcher::~Launcher() = default;
@@ -1050,13 +1174,15 @@ std::string Launcher::allocation() const {
 
 RunResult Launcher::run() {
   auto& m = *impl_;
-  std::error_code ec;
-  std::filesystem::create_directories(m.options.log_dir, ec);
-  if (ec)
-    throw LaunchError("cannot create log directory '" + m.options.log_dir + "': " + ec.message());
-  m.event_log = open_for_writing(m.options.event_log_path(), "the event log");
-  for (auto& job : m.jobs)
-    job.log = open_for_writing(job.log_path, "the log of job '" + job.spec.name + "'");
+  // The outputs were checked when the launcher was made; their directories are all created
+  // before any file is truncated, and the summary's too, so that a directory that cannot be made
+  // stops the launcher before anything ran rather than after every job. Each job's log is emptied
+  // now (a cancelled job keeps no log of an earlier run) but held open only while the job runs.
+  const auto outputs = m.outputs();
+  for (const auto& out : outputs) make_parent_dirs(out.path, out.what);
+  m.event_log = open_for_writing(m.options.event_log_path(), "the event log", "w");
+  for (auto& job : m.jobs) std::fclose(open_for_writing(job.log_path, m.log_what(job), "w"));
+  m.raise_open_file_limit();
   m.table = m.options.status_table == StatusTable::kOn ||
             (m.options.status_table == StatusTable::kAuto && isatty(STDOUT_FILENO));
   m.install_signals();
@@ -1084,12 +1210,14 @@ RunResult Launcher::run() {
     for (auto& job : m.jobs)
       if (job.pid > 0) kill(-job.pid, SIGKILL);
     m.restore_signals();
+    m.restore_open_file_limit();
     throw;
   }
   m.drain_groups();
   if (m.table) m.draw_table(true);
   m.table = false;  // from here on, plain lines
   m.restore_signals();
+  m.restore_open_file_limit();
   const Json s = m.summary();
   m.emit("summary", nullptr,
          Json{{"makespan_s", s["makespan_s"]},
@@ -1099,8 +1227,8 @@ RunResult Launcher::run() {
               {"packing_speedup", s["packing_speedup"]}},
          "all jobs ended");
   const std::string path = m.options.summary_path();
-  std::FILE* f = open_for_writing(path, "the summary");
-  std::fputs((s.dump(2) + "\n").c_str(), f);
+  std::FILE* f = open_for_writing(path, "the summary", "w");
+  std::fputs((to_text(s, 2) + "\n").c_str(), f);
   std::fclose(f);
   m.print_summary(s, path);
 

@@ -6,6 +6,7 @@
 #include <signal.h>
 #include <string.h>
 #include <sys/prctl.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -118,6 +119,14 @@ Child spawn_child(const SpawnRequest& request) {
     for (int id : request.cpus) CPU_SET_S(id, mask_size, mask.get());
   }
 
+  // The open-file limit too, set in the child.
+  rlimit open_files{};
+  bool set_open_files = false;
+  if (request.open_files && getrlimit(RLIMIT_NOFILE, &open_files) == 0) {
+    open_files.rlim_cur = std::min(*request.open_files, open_files.rlim_max);
+    set_open_files = true;
+  }
+
   int out[2] = {-1, -1}, err[2] = {-1, -1}, status[2] = {-1, -1};
   if (pipe2(out, O_CLOEXEC) != 0 || pipe2(err, O_CLOEXEC) != 0 || pipe2(status, O_CLOEXEC) != 0) {
     const int e = errno;
@@ -154,6 +163,7 @@ Child spawn_child(const SpawnRequest& request) {
     if (devnull >= 0) dup2(devnull, STDIN_FILENO);
     if (dir && chdir(dir) != 0) fail('d');
     if (mask && sched_setaffinity(0, mask_size, mask.get()) != 0) fail('a');
+    if (set_open_files) setrlimit(RLIMIT_NOFILE, &open_files);
     execvpe(argv[0], argv.data(), envp.data());
     fail('e');
   }

@@ -3,8 +3,10 @@
 /// Starting a job's process: its own process group, piped stdout/stderr, an exact environment,
 /// pinned to its CPUs.
 
+#include <sys/resource.h>
 #include <sys/types.h>
 
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -21,6 +23,8 @@ struct SpawnRequest {
   /// CPU ids the child is pinned to (sched_setaffinity before exec); empty leaves the
   /// launcher's affinity.
   std::vector<int> cpus;
+  /// Soft limit on open files (RLIMIT_NOFILE) for the child; unset keeps the launcher's.
+  std::optional<rlim_t> open_files;
 };
 
 /// A started child: it leads its own process group (pgid == pid).

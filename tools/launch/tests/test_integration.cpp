@@ -5,6 +5,7 @@
 #include <fcntl.h>
 #include <sched.h>
 #include <signal.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -12,6 +13,7 @@
 #include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <regex>
 #include <sstream>
 #include <string>
@@ -130,6 +132,7 @@ class LaunchTest : public ::testing::Test {
             "SLURM_JOB_ID", "GALLEY_NUM_THREADS", "OMP_NUM_THREADS", "GALLEY_LAUNCH_FAKE_GPUS"})
         unsetenv(name);
       if (!cpus.empty() && sched_setaffinity(0, sizeof mask, &mask) != 0) _exit(97);
+      if (open_files_ && setrlimit(RLIMIT_NOFILE, &*open_files_) != 0) _exit(96);
       for (const auto& e : env) putenv(const_cast<char*>(e.c_str()));
       std::vector<char*> argv{const_cast<char*>(GALLEY_LAUNCH_BIN)};
       for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
@@ -156,8 +159,8 @@ class LaunchTest : public ::testing::Test {
   }
 
   int run(const std::vector<std::string>& args, const std::vector<std::string>& env = {},
-          const std::vector<int>& cpus = {}) {
-    return wait_for(start(args, env, cpus));
+          const std::vector<int>& cpus = {}, std::chrono::milliseconds limit = 20s) {
+    return wait_for(start(args, env, cpus), limit);
   }
 
   // The first two CPUs this process may use; skips the test where there are fewer.
@@ -211,6 +214,8 @@ class LaunchTest : public ::testing::Test {
   std::string stderr_text() const { return read_text(dir_ / "stderr.txt"); }
 
   fs::path dir_;
+  // The launcher's limit on open files, where a test sets one.
+  std::optional<rlimit> open_files_;
 };
 
 TEST_F(LaunchTest, ExitCodesReachTheEventLogAndTheSummary) {
@@ -747,6 +752,119 @@ TEST_F(LaunchTest, WithoutMeasuredTimesTheSerialTimeIsEstimatedFromCpuTime) {
   EXPECT_NEAR(s["packing_speedup"].get<double>(), serial / makespan,
               e / low * (1 + (serial + e) / low) + e + 1e-9);
   EXPECT_TRUE(s.contains("sum_of_job_times_s"));
+}
+
+// --- outputs ----------------------------------------------------------------------------------
+
+TEST_F(LaunchTest, JobsSharingALogAreRefusedBeforeAnythingRunsOrIsTruncated) {
+  // Each log was opened on its own and truncated the other's lines.
+  write_text(dir_ / "shared.log", "an earlier run\n");
+  write_text(dir_ / "jobs.toml", R"(
+[[job]]
+name = "a"
+command = "touch ran-a"
+log = "shared.log"
+
+[[job]]
+name = "b"
+command = "touch ran-b"
+log = "./logs/../shared.log"
+)");
+  EXPECT_EQ(run({"--check", "jobs.toml"}), 2);
+  EXPECT_NE(stderr_text().find("the log of job 'a' and the log of job 'b' are the same file"),
+            std::string::npos)
+      << stderr_text();
+  EXPECT_EQ(run({"jobs.toml"}), 2);
+  EXPECT_NE(stderr_text().find("the log of job 'a' and the log of job 'b'"), std::string::npos)
+      << stderr_text();
+  EXPECT_FALSE(fs::exists(dir_ / "ran-a") || fs::exists(dir_ / "ran-b"));
+  EXPECT_EQ(read_text(dir_ / "shared.log"), "an earlier run\n");
+  EXPECT_FALSE(fs::exists(dir_ / "galley-launch-logs"));
+  // The event log as a job's log.
+  EXPECT_EQ(run({"--event-log", "out.txt", "--log", "out.txt", "--", "true"}), 2);
+  EXPECT_NE(stderr_text().find("the event log and the log of job 'true'"), std::string::npos)
+      << stderr_text();
+}
+
+TEST_F(LaunchTest, AnOutputPathThatCannotBeWrittenStopsTheLauncherBeforeAnyJob) {
+  // A summary under a regular file was found only once every job had run.
+  write_text(dir_ / "file", "x");
+  fs::create_directories(dir_ / "galley-launch-logs");
+  write_text(dir_ / "galley-launch-logs/events.jsonl", "an earlier run\n");
+  EXPECT_EQ(run({"--check", "--summary", "file/summary.json", "--", "touch", "ran"}), 2);
+  EXPECT_NE(
+      stderr_text().find("cannot write the summary 'file/summary.json': 'file' is not a directory"),
+      std::string::npos)
+      << stderr_text();
+  EXPECT_EQ(run({"--summary", "file/summary.json", "--", "touch", "ran"}), 2);
+  EXPECT_NE(stderr_text().find("the summary"), std::string::npos) << stderr_text();
+  EXPECT_FALSE(fs::exists(dir_ / "ran"));
+  EXPECT_EQ(read_text(dir_ / "galley-launch-logs/events.jsonl"), "an earlier run\n");
+  EXPECT_EQ(run({"--event-log", "file/deeper/events.jsonl", "--", "touch", "ran"}), 2);
+  EXPECT_NE(stderr_text().find("cannot write the event log"), std::string::npos) << stderr_text();
+  EXPECT_FALSE(fs::exists(dir_ / "ran"));
+  // The summary's own directory is created before the jobs run, and written at the end.
+  EXPECT_EQ(run({"--summary", "new/dir/summary.json", "--", "touch", "ran"}), 0);
+  EXPECT_TRUE(fs::exists(dir_ / "new/dir/summary.json"));
+}
+
+TEST_F(LaunchTest, TextThatIsNotUtf8IsWrittenWithReplacementCharacters) {
+  // nlohmann's dump threw on it, which stopped the launcher and killed its jobs.
+  const std::string bad = "\xff\xfe";
+  EXPECT_EQ(run({"--log", "log-" + bad + ".log", "--name", "u", "--", "sh", "-c", "echo hi",
+                 "arg-" + bad}),
+            0)
+      << stderr_text();
+  const auto queued = events("queued", "u");
+  ASSERT_EQ(queued.size(), 1u);
+  EXPECT_EQ(queued[0]["command"][3], "arg-\xef\xbf\xbd\xef\xbf\xbd");  // U+FFFD twice
+  EXPECT_EQ(summary_of("u")["log"], "log-\xef\xbf\xbd\xef\xbf\xbd.log");
+  EXPECT_NE(read_text(dir_ / ("log-" + bad + ".log")).find("[out] hi"), std::string::npos);
+  // A path in a message: the working directory a job cannot enter.
+  EXPECT_EQ(run({"--workdir", "missing-" + bad, "--name", "w", "--", "true"}), 1);
+  const auto failed = events("failed_to_start", "w");
+  ASSERT_EQ(failed.size(), 1u);
+  EXPECT_NE(failed[0]["message"].get<std::string>().find("missing-\xef\xbf\xbd"),
+            std::string::npos);
+  EXPECT_EQ(summary_of("w")["status"], "failed_to_start");
+}
+
+// A job file of `count` jobs named j1, j2, ... running `command`.
+std::string many_jobs(int count, const std::string& command) {
+  std::string text;
+  for (int i = 1; i <= count; ++i)
+    text += "[[job]]\nname = \"j" + std::to_string(i) + "\"\ncommand = \"" + command + "\"\n";
+  return text;
+}
+
+TEST_F(LaunchTest, MoreJobsThanOpenFilesRunWhenFewRunAtOnce) {
+  // Every log was opened at the start: 100 jobs did not fit 64 open files.
+  open_files_ = rlimit{64, 64};
+  write_text(dir_ / "jobs.toml", many_jobs(100, "echo ok"));
+  EXPECT_EQ(run({"--max-parallel", "4", "jobs.toml"}, {}, {}), 0) << stderr_text();
+  EXPECT_EQ(events("finished").size(), 100u);
+  const Json s = summary();
+  for (const auto& j : s["jobs"]) EXPECT_EQ(j["status"], "succeeded") << j.dump();
+  EXPECT_NE(job_log("j100").find("[out] ok"), std::string::npos);
+}
+
+TEST_F(LaunchTest, JobsRunningAtOnceMayHoldMoreFilesThanTheSoftLimitAndKeepItThemselves) {
+  // 20 jobs that each wait until all 20 have started hold 60 descriptors in the launcher (two
+  // pipes and a log each), past a soft limit of 32; the launcher raises its own to the hard
+  // limit, and the jobs get 32.
+  rlimit limit{};
+  ASSERT_EQ(getrlimit(RLIMIT_NOFILE, &limit), 0);
+  if (limit.rlim_max < 256) GTEST_SKIP() << "the hard limit on open files is " << limit.rlim_max;
+  open_files_ = rlimit{32, limit.rlim_max};
+  write_text(dir_ / "jobs.toml",
+             many_jobs(20,
+                       "touch up.$GALLEY_LAUNCH_JOB; ulimit -n; i=0; while [ $i -lt 400 ]; do "
+                       "set -- up.*; [ $# -ge 20 ] && exit 0; sleep 0.05; i=$((i+1)); done; "
+                       "exit 1"));
+  EXPECT_EQ(run({"jobs.toml"}, {}, {}, 40s), 0) << stderr_text();
+  EXPECT_EQ(events("finished").size(), 20u);
+  EXPECT_TRUE(events("failed_to_start").empty());
+  EXPECT_NE(job_log("j7").find("[out] 32\n"), std::string::npos) << job_log("j7");
 }
 
 }  // namespace
