@@ -4,6 +4,7 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
+#include <sys/ioctl.h>
 #include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
@@ -12,6 +13,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -36,17 +38,38 @@ namespace {
 using Clock = std::chrono::steady_clock;
 using Json = nlohmann::ordered_json;
 
-// Signal handlers only write a byte here; the main loop polls the read end.
+// The signals that stop the launcher: each stops every job (the first with the grace period,
+// the next at once). SIGHUP and SIGQUIT come from a closed terminal or Ctrl-\, and their default
+// action would end the launcher without its summary and leave the jobs, which run in process
+// groups of their own, to run on unseen.
+constexpr int kStopSignals[] = {SIGINT, SIGTERM, SIGHUP, SIGQUIT};
+
+// Signal handlers only write the signal's number here; the main loop polls the read end and
+// handles every stop signal it reads, in order (a single "last signal" slot had counted two
+// that came together as one). A SIGCHLD is written only when none is waiting to be read, so
+// that many children ending at once cannot fill the pipe and crowd out a stop signal.
 int g_signal_pipe[2] = {-1, -1};
-volatile sig_atomic_t g_stop_signal = 0;
+std::atomic<bool> g_child_pending{false};
+static_assert(std::atomic<bool>::is_always_lock_free, "used in a signal handler");
 
 void on_signal(int sig) {
   const int saved = errno;
-  if (sig != SIGCHLD) g_stop_signal = sig;
-  const char byte = char(sig);
-  [[maybe_unused]] ssize_t n = write(g_signal_pipe[1], &byte, 1);
+  if (sig != SIGCHLD || !g_child_pending.exchange(true)) {
+    const char byte = char(sig);
+    [[maybe_unused]] ssize_t n = write(g_signal_pipe[1], &byte, 1);
+  }
   errno = saved;
 }
+
+// Whether any process the launcher may signal is left in process group `group`. One it may not
+// signal (a set-user-ID program) is beyond its reach, as a process in another group is.
+bool group_alive(pid_t group) {
+  return kill(-group, 0) == 0;
+}
+
+// How long the launcher waits for SIGKILLed processes to be gone: they die at once unless stuck
+// in the kernel (a hung file system or driver), which no signal can hurry.
+constexpr auto kKilledWait = std::chrono::seconds(2);
 
 double seconds(Clock::duration d) {
   return std::chrono::duration<double>(d).count();
@@ -190,8 +213,11 @@ struct JobState {
   double share = 0;
   std::vector<int> cpus;  // the CPUs the job is pinned to
   double cpu_s = 0;       // user + system time of all attempts, with waited-for descendants
-  Clock::time_point attempt_start, first_start, end, last_output, kill_at, restart_at;
+  Clock::time_point attempt_start, first_start, end, last_output, kill_at, restart_at, killed_at;
   bool started = false, hung = false, killed = false;
+  // A job being stopped whose main process has ended while other processes of its group live
+  // on: how the main process ended, kept until the group is empty or killed (see reap).
+  std::optional<std::pair<int, rusage>> main_ended;
   double run_s = 0;
   std::string status = "queued";
   std::optional<int> exit_code;
@@ -586,14 +612,21 @@ struct Launcher::Impl {
     }
   }
 
-  // Reads what is available; returns false at end of file.
-  bool read_stream(JobState& job, int& fd, bool is_err) {
+  // The most bytes read from one pipe per wake-up of the loop. A job that writes without pause
+  // (`yes`) keeps its pipe full: reading it until it is empty never ended, and signals, other
+  // jobs' exits and timers waited for ever. One pipe's worth keeps the turns short (a 64 KiB
+  // chunk of 2-byte lines is 32,768 time-stamped log lines) at one poll per 64 KiB.
+  static constexpr std::size_t kReadBudget = std::size_t(64) << 10;
+
+  // Reads what is available, up to `budget` bytes; returns false at end of file.
+  bool read_stream(JobState& job, int& fd, bool is_err, std::size_t budget = kReadBudget) {
     char chunk[65536];
     std::string& buf = is_err ? job.err_buf : job.out_buf;
     bool open = true;
-    while (true) {
-      const ssize_t n = read(fd, chunk, sizeof chunk);
+    for (std::size_t got = 0; got < budget;) {
+      const ssize_t n = read(fd, chunk, std::min(sizeof chunk, budget - got));
       if (n > 0) {
+        got += std::size_t(n);
         buf.append(chunk, std::size_t(n));
         job.last_output = Clock::now();
         // A line longer than 1 MiB is written in pieces rather than held.
@@ -626,11 +659,16 @@ struct Launcher::Impl {
 
   void on_exit(JobState& job, int wait_status, const rusage& usage) {
     const auto now = Clock::now();
+    job.main_ended.reset();
     for (int* fd : {&job.out_fd, &job.err_fd})
       if (*fd >= 0) {
-        // Whatever the job wrote before exiting is in the pipe; leftovers of its group that
-        // still hold the pipe open are killed just below.
-        read_stream(job, *fd, fd == &job.err_fd);
+        // Whatever the job wrote before exiting is in the pipe: that much is read, not until the
+        // pipe is empty, which a leftover of its group still writing would put off for ever (they
+        // are killed just below). Should FIONREAD fail, 1 MiB is the most an unprivileged
+        // process can make a pipe hold.
+        int pending = 0;
+        if (ioctl(*fd, FIONREAD, &pending) != 0) pending = 1 << 20;
+        read_stream(job, *fd, fd == &job.err_fd, std::size_t(std::max(pending, 0)));
         if (*fd >= 0) {
           consume(job, fd == &job.err_fd ? job.err_buf : job.out_buf,
                   fd == &job.err_fd ? "err" : "out", true);
@@ -638,8 +676,13 @@ struct Launcher::Impl {
           *fd = -1;
         }
       }
-    kill(-job.pid, SIGKILL);  // anything the job left behind in its process group
-    ended_groups.push_back(job.pid);
+    // A job that ended on its own leaves nothing behind: what is left of its process group is
+    // killed now, and the launcher waits for it before it exits (drain_groups). A job being
+    // stopped gets here only once its group is empty or was killed at its deadline (reap).
+    if (group_alive(job.pid)) {
+      kill(-job.pid, SIGKILL);
+      ended_groups.push_back(job.pid);
+    }
     scheduler->release(job.id);
     job.end = now;
     job.run_s += seconds(now - job.attempt_start);
@@ -711,13 +754,32 @@ struct Launcher::Impl {
       const pid_t pid = wait4(-1, &status, WNOHANG, &usage);
       if (pid <= 0) break;
       // Other pids are descendants of jobs handed to us as subreaper: reaping them is all.
-      for (auto& job : jobs)
-        if (job.pid == pid && (job.phase == Phase::kRunning || job.phase == Phase::kStopping))
+      for (auto& job : jobs) {
+        if (job.pid != pid || job.main_ended) continue;
+        if (job.phase == Phase::kStopping && group_alive(pid)) {
+          // A job being stopped keeps its grace period for the whole group: a wrapper (a shell
+          // that runs the program) dies of SIGTERM at once, while the program still saves its
+          // checkpoint. The job ends when its group is empty, or is killed at its deadline.
+          job.main_ended.emplace(status, usage);
+          log_line(job, "launcher",
+                   "main process ended; waiting for the rest of its process group to end");
+        } else if (job.phase == Phase::kRunning || job.phase == Phase::kStopping) {
           on_exit(job, status, usage);
+        }
+      }
     }
+    // A killed group that is not gone in kKilledWait is left to drain_groups, as a job's that
+    // ended on its own, rather than holding the job (and the launcher) for ever.
+    const auto now = Clock::now();
+    for (auto& job : jobs)
+      if (job.main_ended &&
+          (!group_alive(job.pid) || (job.killed && now - job.killed_at >= kKilledWait))) {
+        const auto [status, usage] = *job.main_ended;  // on_exit clears it
+        on_exit(job, status, usage);
+      }
     // Forget the process groups of ended attempts once they are empty.
     ended_groups.erase(std::remove_if(ended_groups.begin(), ended_groups.end(),
-                                      [](pid_t g) { return kill(-g, 0) != 0; }),
+                                      [](pid_t g) { return !group_alive(g); }),
                        ended_groups.end());
   }
 
@@ -737,6 +799,7 @@ struct Launcher::Impl {
         if (job.phase == Phase::kRunning || job.phase == Phase::kStopping) {
           kill(-job.pid, SIGKILL);
           job.killed = true;
+          job.killed_at = Clock::now();
         }
       return;
     }
@@ -775,6 +838,7 @@ struct Launcher::Impl {
       if (job.phase == Phase::kStopping && !job.killed && now >= job.kill_at) {
         kill(-job.pid, SIGKILL);
         job.killed = true;
+        job.killed_at = now;
         emit("killed", &job, Json{{"pid", job.pid}},
              job.spec.name + " did not stop within the grace period: SIGKILL");
       }
@@ -1001,21 +1065,20 @@ struct Launcher::Impl {
   // --- main loop -----------------------------------------------------------------------------
 
   void handle_signals() {
+    // Cleared before reading: a SIGCHLD from here on writes a byte of its own and wakes the loop.
+    g_child_pending = false;
     char bytes[64];
-    while (read(g_signal_pipe[0], bytes, sizeof bytes) > 0) {
-    }
-    const int sig = g_stop_signal;
-    if (sig) {
-      g_stop_signal = 0;
-      begin_shutdown(sig);
-    }
+    for (ssize_t n; (n = read(g_signal_pipe[0], bytes, sizeof bytes)) > 0;)
+      for (ssize_t i = 0; i < n; ++i)
+        if (bytes[i] != SIGCHLD) begin_shutdown(bytes[i]);
   }
 
-  // Waits (up to 2 s) until the process groups of every ended attempt are gone, reaping what
-  // the kills left behind (we are their subreaper): a SIGKILLed process lives on for a moment,
-  // and none of a job's processes should outlive the launcher.
+  // Waits (up to kKilledWait) until the process groups of every ended attempt are gone, reaping
+  // what the kills left behind (we are their subreaper): a SIGKILLed process lives on for a moment,
+  // and none of a job's processes should outlive the launcher. Only killed groups are left by
+  // now: the group of a job being stopped is waited for by the loop, up to its kill deadline.
   void drain_groups() {
-    const auto deadline = Clock::now() + std::chrono::seconds(2);
+    const auto deadline = Clock::now() + kKilledWait;
     while (true) {
       reap();
       if (ended_groups.empty() || Clock::now() >= deadline) return;
@@ -1057,8 +1120,7 @@ struct Launcher::Impl {
         int& fd = is_err ? job->err_fd : job->out_fd;
         if (fd >= 0) read_stream(*job, fd, is_err);
       }
-      if (ready > 0 && (fds[0].revents & POLLIN)) handle_signals();
-      if (g_stop_signal) handle_signals();
+      handle_signals();  // the pipe is non-blocking: reading it costs little when it is empty
       check_timers();
     }
   }
@@ -1070,8 +1132,7 @@ struct Launcher::Impl {
     action.sa_handler = on_signal;
     sigemptyset(&action.sa_mask);
     action.sa_flags = SA_RESTART;
-    sigaction(SIGINT, &action, nullptr);
-    sigaction(SIGTERM, &action, nullptr);
+    for (int sig : kStopSignals) sigaction(sig, &action, nullptr);
     action.sa_flags = SA_RESTART | SA_NOCLDSTOP;
     sigaction(SIGCHLD, &action, nullptr);
     signal(SIGPIPE, SIG_IGN);
@@ -1100,8 +1161,7 @@ struct Launcher::Impl {
   }
 
   void restore_signals() {
-    signal(SIGINT, SIG_DFL);
-    signal(SIGTERM, SIG_DFL);
+    for (int sig : kStopSignals) signal(sig, SIG_DFL);
     signal(SIGCHLD, SIG_DFL);
     for (int& fd : g_signal_pipe)
       if (fd >= 0) close(fd), fd = -1;

@@ -15,12 +15,13 @@ namespace galley::launch {
 /// How a run ended.
 struct RunResult {
   /// Suggested exit status of the launcher: 0 all jobs succeeded, 1 some failed,
-  /// 128 + signal when stopped by SIGINT/SIGTERM.
+  /// 128 + signal when stopped by SIGINT, SIGTERM, SIGHUP or SIGQUIT.
   int exit_code = 0;
 };
 
-/// Runs a set of jobs to completion. One per process: it installs SIGINT, SIGTERM and SIGCHLD
-/// handlers and makes itself the subreaper of its jobs' descendants.
+/// Runs a set of jobs to completion. One per process: it installs SIGINT, SIGTERM, SIGHUP,
+/// SIGQUIT and SIGCHLD handlers, raises its soft limit on open files, and makes itself the
+/// subreaper of its jobs' descendants.
 class Launcher {
  public:
   /// Detects the allocation and validates the jobs against it (or against the declared GPU and

@@ -493,6 +493,154 @@ gpus = 1
   EXPECT_EQ(summary_of("stubborn")["signal"], "SIGKILL");
 }
 
+// --- stopping ---------------------------------------------------------------------------------
+
+// A job command whose shell runs the real program under a second shell: on SIGTERM the outer
+// shell dies at once while the program (the inner shell) checkpoints for a second, saves and
+// exits 75, as a galley program answers a preemption. The program marks `ready` once its trap is
+// set. As a TOML literal string, with `before` run first by the outer shell.
+std::string wrapped_checkpointing_program(const std::string& before = "") {
+  return "'''" + before +
+         "sh -c 'trap \"echo checkpointing; sleep 1; echo saved; exit 75\" TERM; touch ready; "
+         "while :; do sleep 0.1; done'; echo wrapper-done'''";
+}
+
+TEST_F(LaunchTest, AWrappedProgramKeepsItsGracePeriodWhenTheLauncherStops) {
+  // The outer shell's exit made the launcher SIGKILL the whole group at once: the program never
+  // saved. The job now ends when its group does, well before the 30 s grace period.
+  write_text(dir_ / "jobs.toml",
+             "[launcher]\ngrace_period = 30\n[[job]]\nname = \"wrapped\"\ncommand = " +
+                 wrapped_checkpointing_program() + "\n");
+  const pid_t launcher = start({"jobs.toml"});
+  ASSERT_TRUE(eventually([&] { return fs::exists(dir_ / "ready"); }));
+  kill(launcher, SIGTERM);
+  EXPECT_EQ(wait_for(launcher), 128 + SIGTERM);
+  const std::string log = job_log("wrapped");
+  EXPECT_NE(log.find("[out] checkpointing"), std::string::npos) << log;
+  EXPECT_NE(log.find("[out] saved"), std::string::npos) << log;
+  EXPECT_EQ(log.find("wrapper-done"), std::string::npos) << log;  // the outer shell died
+  EXPECT_TRUE(events("killed").empty());                          // nothing needed SIGKILL
+  EXPECT_EQ(summary_of("wrapped")["status"], "stopped");
+  EXPECT_EQ(summary_of("wrapped")["signal"], "SIGTERM");  // how the main process ended
+}
+
+TEST_F(LaunchTest, AWrappedProgramKeepsItsGracePeriodWhenItHangs) {
+  // The same for a job stopped as hung; its restart, which succeeds at once, waits until the
+  // group has ended. The timeout gives the program ample time to set its trap.
+  write_text(dir_ / "jobs.toml",
+             "[launcher]\ngrace_period = 30\nbackoff_initial = 0\n[[job]]\nname = \"hung\"\n"
+             "heartbeat_timeout = 2\nmax_restarts = 1\ncommand = " +
+                 wrapped_checkpointing_program("test $GALLEY_LAUNCH_ATTEMPT = 2 && exit 0; ") +
+                 "\n");
+  EXPECT_EQ(run({"jobs.toml"}), 0) << stderr_text();
+  const std::string log = job_log("hung");
+  EXPECT_NE(log.find("[out] saved"), std::string::npos) << log;
+  EXPECT_LT(log.find("[out] saved"), log.find("restart 1"));
+  EXPECT_EQ(events("hung", "hung").size(), 1u);
+  EXPECT_TRUE(events("killed").empty());
+  EXPECT_EQ(summary_of("hung")["status"], "succeeded");
+  EXPECT_EQ(summary_of("hung")["attempts"], 2);
+}
+
+TEST_F(LaunchTest, WhatIsLeftOfAStoppedJobsGroupIsKilledAtItsDeadline) {
+  // A program that ignores SIGTERM under a wrapper that does not: the wrapper's end no longer
+  // kills the group at once; the grace period's end does.
+  write_text(dir_ / "jobs.toml",
+             "[launcher]\ngrace_period = 0.5\n[[job]]\nname = \"deaf\"\ncommand = '''sh -c "
+             "'trap \"\" TERM; echo $$ > inner.pid; while :; do sleep 0.1; done'; echo "
+             "wrapper-done'''\n");
+  const pid_t launcher = start({"jobs.toml"});
+  const pid_t inner = wait_for_pid(dir_ / "inner.pid");
+  kill(launcher, SIGTERM);
+  EXPECT_EQ(wait_for(launcher), 128 + SIGTERM);
+  EXPECT_TRUE(eventually([&] { return !alive(inner); })) << "pid " << inner << " survived";
+  EXPECT_EQ(events("killed", "deaf").size(), 1u);
+  EXPECT_LT(position("killed", "deaf"), position("signalled", "deaf"));  // the job ends after
+  EXPECT_EQ(summary_of("deaf")["status"], "stopped");
+}
+
+TEST_F(LaunchTest, AJobWritingWithoutPauseLeavesTheLauncherFreeToAct) {
+  // `yes` keeps its pipe full: the launcher read it until it was empty, that is for ever, and
+  // neither another job's end nor SIGTERM was ever handled.
+  write_text(dir_ / "jobs.toml", R"(
+[[job]]
+name = "fast"
+command = ["yes"]
+log = "/dev/null"
+
+[[job]]
+name = "quick"
+command = "sleep 0.3; echo done"
+)");
+  const pid_t launcher = start({"jobs.toml"});
+  EXPECT_TRUE(eventually([&] { return !events("finished", "quick").empty(); }));
+  kill(launcher, SIGTERM);
+  EXPECT_EQ(wait_for(launcher), 128 + SIGTERM);
+  EXPECT_EQ(summary_of("quick")["status"], "succeeded");
+  EXPECT_EQ(summary_of("fast")["status"], "stopped");
+  EXPECT_NE(job_log("quick").find("[out] done"), std::string::npos);
+}
+
+TEST_F(LaunchTest, AllTheOutputOfAJobThatWritesFastReachesItsLog) {
+  // Read 64 KiB per turn of the loop, and at the job's end what its pipe still holds.
+  EXPECT_EQ(run({"--name", "count", "--", "seq", "200000"}), 0);
+  const std::string log = job_log("count");
+  std::size_t lines = 0;
+  for (std::size_t at = log.find("[out] "); at != std::string::npos;
+       at = log.find("[out] ", at + 1))
+    lines += 1;
+  EXPECT_EQ(lines, 200000u);
+  EXPECT_NE(log.find("[out] 199999\n"), std::string::npos);
+  EXPECT_NE(log.find("[out] 200000\n"), std::string::npos);
+}
+
+// Whether process `pid` is stopped (SIGSTOP).
+bool stopped(pid_t pid) {
+  const std::string text = read_text("/proc/" + std::to_string(pid) + "/stat");
+  const auto paren = text.rfind(')');
+  return paren != std::string::npos && text.substr(paren + 2, 1) == "T";
+}
+
+TEST_F(LaunchTest, TwoStopSignalsArrivingTogetherKillAtOnce) {
+  // Both arrive while the launcher is stopped, so both handlers run before its loop does: a
+  // single "last signal" slot counted them as one, and the job ignoring SIGTERM lived out the
+  // 30 s grace period.
+  write_text(dir_ / "jobs.toml",
+             "[launcher]\ngrace_period = 30\n[[job]]\nname = \"deaf\"\n"
+             "command = \"trap '' TERM INT; touch ready; sleep 47.3579\"\n");
+  const pid_t launcher = start({"jobs.toml"});
+  ASSERT_TRUE(eventually([&] { return fs::exists(dir_ / "ready"); }));
+  kill(launcher, SIGSTOP);
+  ASSERT_TRUE(eventually([&] { return stopped(launcher); }));
+  kill(launcher, SIGINT);
+  kill(launcher, SIGTERM);
+  kill(launcher, SIGCONT);
+  const int code = wait_for(launcher);
+  ASSERT_EQ(events("stopping").size(), 1u);
+  EXPECT_EQ(code, 128 + (events("stopping")[0]["signal"] == "SIGINT" ? SIGINT : SIGTERM));
+  EXPECT_EQ(events("kill").size(), 1u);
+  EXPECT_EQ(summary_of("deaf")["signal"], "SIGKILL");
+  EXPECT_TRUE(eventually([] { return processes_with("47.3579").empty(); }));
+}
+
+TEST_F(LaunchTest, SighupAndSigquitStopTheJobsLikeSigterm) {
+  // SIGHUP (a closed terminal) ended the launcher at once: no summary, and the jobs, in process
+  // groups of their own, ran on.
+  for (const int sig : {SIGHUP, SIGQUIT}) {
+    fs::remove(dir_ / "ready");
+    const pid_t launcher = start({"--name", "job", "--", "sh", "-c", "touch ready; sleep 47.2468"});
+    ASSERT_TRUE(eventually([&] { return fs::exists(dir_ / "ready"); }));
+    kill(launcher, sig);
+    EXPECT_EQ(wait_for(launcher), 128 + sig);
+    const auto stopping = events("stopping");
+    ASSERT_EQ(stopping.size(), 1u) << sig;
+    EXPECT_EQ(stopping[0]["signal"], sig == SIGHUP ? "SIGHUP" : "SIGQUIT");
+    EXPECT_EQ(summary()["stopped_by_signal"], stopping[0]["signal"]);
+    EXPECT_EQ(summary_of("job")["status"], "stopped");
+    EXPECT_TRUE(eventually([] { return processes_with("47.2468").empty(); }));
+  }
+}
+
 TEST_F(LaunchTest, PlacementAndMemoryCapsReachTheChildEnvironment) {
   write_text(dir_ / "jobs.toml", R"(
 [[job]]
