@@ -4,7 +4,8 @@
 // take device pointers and the cudaStream_t to run on; they only enqueue). Parameters and
 // gradients are float32, bfloat16 or float16 (one dtype for both); the state (moments, momentum
 // buffers) is always float32. The update is computed in float32 and the parameter rounded to its
-// dtype once per step, as torch.optim does for 16-bit parameters.
+// dtype once per step, as torch.optim does for 16-bit parameters. A weight decay of zero adds
+// nothing (not 0 * p, which is NaN for an infinite parameter), as in torch.optim.
 #include <cstdint>
 
 #include "galley/dtype.h"
@@ -13,6 +14,10 @@ namespace galley::kernels {
 
 struct AdamStep {
   float lr, beta1, beta2, eps, weight_decay;
+  // 1 - beta1 and 1 - beta2 computed in double and then rounded, as PyTorch's Python scalars are
+  // (1 - float(0.99999) is 1.00136e-5, not 1e-5: a bias in every early step).
+  float one_minus_beta1, one_minus_beta2;
+  float shrink;      // AdamW: 1 - lr * weight_decay in double, the factor the parameter first takes
   float step_size;   // lr / (1 - beta1^t)
   float bias2_sqrt;  // sqrt(1 - beta2^t)
   bool decoupled;    // AdamW: p *= 1 - lr * wd before the update
@@ -21,6 +26,7 @@ struct AdamStep {
 
 struct SGDStep {
   float lr, momentum, dampening, weight_decay;
+  float one_minus_dampening;  // computed in double, as AdamStep's one_minus_beta
   bool nesterov;
   bool first;  // the momentum buffer starts as the first gradient
 };

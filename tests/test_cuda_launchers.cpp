@@ -1252,6 +1252,9 @@ TEST(CudaLaunchers, AdamAndAdamWUpdatesMatchTheCpu) {
       for (int64_t pad : {0, 1}) {
         galley::kernels::AdamStep s{};
         s.lr = lr, s.beta1 = beta1, s.beta2 = beta2, s.eps = 1e-8f;
+        s.one_minus_beta1 = static_cast<float>(1.0 - double(beta1));
+        s.one_minus_beta2 = static_cast<float>(1.0 - double(beta2));
+        s.shrink = static_cast<float>(1.0 - double(lr) * double(c.weight_decay));
         s.weight_decay = c.weight_decay;
         // As the optimizer computes them (in double); the GPU derives them from its step counter.
         s.step_size = static_cast<float>(double(lr) / (1.0 - std::pow(double(beta1), t)));
@@ -1293,6 +1296,7 @@ TEST(CudaLaunchers, SgdUpdatesMatchTheCpu) {
       for (int64_t pad : {0, 1}) {
         galley::kernels::SGDStep s{};
         s.lr = 0.1f, s.momentum = c.momentum, s.dampening = c.dampening;
+        s.one_minus_dampening = static_cast<float>(1.0 - double(c.dampening));
         s.weight_decay = c.weight_decay, s.nesterov = c.nesterov, s.first = c.first;
         const std::string what = "SGD momentum=" + std::to_string(c.momentum) +
                                  (c.nesterov ? " nesterov" : "") + (c.first ? " first" : "") +

@@ -459,6 +459,22 @@ TEST(Init, FansAndInitialisers) {
   check_uniform_init(w, std::sqrt(6.0 / 60.0), 0.1, "kaiming a=0");
 }
 
+// The initialisers write 16-bit tensors and views too: the float32 draws, rounded, in place.
+TEST(Init, SixteenBitTensorsAndViewsTakeTheFloat32DrawsRounded) {
+  Tensor want = galley::zeros({8, 6});
+  galley::Generator g1(3), g2(3), g3(3);
+  nn::init::kaiming_uniform_(want, 0.f, g1);
+  Tensor half = galley::zeros({8, 6}, galley::DType::BFloat16);
+  nn::init::kaiming_uniform_(half, 0.f, g2);
+  EXPECT_EQ(half.dtype(), galley::DType::BFloat16);
+  EXPECT_EQ(half.to(galley::DType::Float32).to_vector(),
+            want.to(galley::DType::BFloat16).to(galley::DType::Float32).to_vector());
+  Tensor base = galley::zeros({6, 8});
+  Tensor view = base.transpose(0, 1);  // [8, 6], not contiguous
+  nn::init::kaiming_uniform_(view, 0.f, g3);
+  EXPECT_EQ(view.contiguous().to_vector(), want.to_vector());
+}
+
 TEST(Init, SeededConstructionIsReproducible) {
   galley::manual_seed(77);
   Net a;

@@ -139,6 +139,31 @@ TEST(Adam, FirstStepClosedForm) {
   EXPECT_EQ(opt.state(p).step, 1);
 }
 
+// 1 - beta in double, then rounded (as PyTorch's Python scalars): in float32, 1 - float(0.99999)
+// is 1.00136e-5, and the first step moved p to -0.99932 instead of -1.
+TEST(Adam, OneMinusBetaIsTakenInDouble) {
+  Tensor p = leaf({0.0});
+  set_grad(p, {1.0});
+  Adam opt({p}, {.learning_rate = 1.0, .beta2 = 0.99999});
+  opt.step();
+  EXPECT_EQ(opt.state(p).exp_avg_sq.to_vector()[0], static_cast<float>(1.0 - 0.99999));
+  EXPECT_NEAR(p.to_vector()[0], -1.f, 1e-6f);
+}
+
+// A weight decay of zero adds nothing: an infinite parameter stays infinite (0 * inf is NaN).
+TEST(Optimizer, AZeroWeightDecayLeavesAnInfiniteParameterInfinite) {
+  Tensor a = leaf({INFINITY}), b = leaf({-INFINITY}), c = leaf({INFINITY});
+  for (Tensor* t : {&a, &b, &c}) set_grad(*t, {1.0});
+  SGD sgd({a}, {.learning_rate = 0.1, .momentum = 0.9});
+  Adam adam({b}, {.learning_rate = 0.1});
+  AdamW adamw({c}, {.learning_rate = 0.1, .weight_decay = 0.0});
+  for (int i = 0; i < 2; ++i) sgd.step(), adam.step(), adamw.step();
+  EXPECT_EQ(a.to_vector()[0], INFINITY);
+  EXPECT_EQ(b.to_vector()[0], -INFINITY);
+  EXPECT_EQ(c.to_vector()[0], INFINITY);
+  EXPECT_FALSE(std::isnan(sgd.state_dict().tensors.at("state.0.momentum_buffer").to_vector()[0]));
+}
+
 TEST(Adam, MatchesPyTorchFormula) {
   run_adam_against_reference({.learning_rate = 0.01}, false, 6);
 }
@@ -661,6 +686,29 @@ TEST(Schedulers, SequentialLRWarmupThenCosine) {
   sched.load_state_dict(st);
   EXPECT_NEAR(opt.learning_rate(), 0.05, 1e-15);
   EXPECT_EQ(sched.last_epoch(), 4);
+}
+
+// A OneCycleLR sets the children's shared initial rate (max_lr / div_factor), as PyTorch's sets
+// the optimizer's initial_lr: a warm-up before it warms up towards that rate.
+TEST(Schedulers, SequentialLRTakesTheInitialRateOfAOneCycleLR) {
+  Tensor p = leaf({1.0});
+  SGD opt({p}, {.learning_rate = 0.1});
+  LinearLR warm(opt, {.start_factor = 0.2, .end_factor = 1.0, .total_iters = 10});
+  OneCycleLR one(opt, {.max_lr = 1.0, .total_steps = 50});
+  SequentialLR sched(opt, {&warm, &one}, {10});
+  // PyTorch 2.15 and 1.13: 0.008 0.0112 0.0144 0.0176.
+  for (double want : {0.008, 0.0112, 0.0144, 0.0176}) {
+    EXPECT_NEAR(opt.learning_rate(), want, 1e-12);
+    sched.step();
+  }
+}
+
+TEST(Schedulers, CosineAnnealingRefusesANegativeOrNaNFloor) {
+  Tensor p = leaf({1.0});
+  SGD opt({p}, {.learning_rate = 0.1});
+  expect_contains(error_of([&] { galley::optim::CosineAnnealingLR(opt, 10, -0.01); }),
+                  {"eta_min -0.01"});
+  EXPECT_THROW(galley::optim::CosineAnnealingLR(opt, 10, NAN), galley::Error);
 }
 
 TEST(Schedulers, SequentialLRValidation) {

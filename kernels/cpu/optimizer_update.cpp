@@ -33,17 +33,19 @@ template <bool kAmsgrad>
 void adam_range(const AdamStep& s, int64_t b, int64_t e, float* p, const float* g, float* m,
                 float* v, float* vmax) {
   const float l2 = s.decoupled ? 0.f : s.weight_decay;
-  const float shrink = s.decoupled ? 1.f - s.lr * s.weight_decay : 1.f;
+  const float shrink = s.decoupled ? s.shrink : 1.f;
   // Locals, not reads through `s`: the stores below could alias it, which would block
   // vectorisation.
   const float beta1 = s.beta1, beta2 = s.beta2, bias2_sqrt = s.bias2_sqrt, eps = s.eps,
-              step_size = s.step_size;
+              step_size = s.step_size, one_minus_beta1 = s.one_minus_beta1,
+              one_minus_beta2 = s.one_minus_beta2;
+  const bool l2_on = l2 != 0.f;
 #pragma omp simd
   for (int64_t i = b; i < e; ++i) {
     const float pi = p[i] * shrink;
-    const float gi = g[i] + l2 * pi;
-    const float mi = m[i] * beta1 + (1.f - beta1) * gi;
-    const float vi = v[i] * beta2 + (1.f - beta2) * gi * gi;
+    const float gi = l2_on ? g[i] + l2 * pi : g[i];
+    const float mi = m[i] * beta1 + one_minus_beta1 * gi;
+    const float vi = v[i] * beta2 + one_minus_beta2 * gi * gi;
     m[i] = mi;
     v[i] = vi;
     float vv = vi;
@@ -79,14 +81,15 @@ void adam_typed(const AdamStep& s, int64_t n, T* p, const T* g, float* m, float*
 // Momentum is a template parameter so the loop has no control flow and vectorises.
 template <bool kMomentum>
 void sgd_range(const SGDStep& s, int64_t b, int64_t e, float* p, const float* g, float* buf) {
-  const float weight_decay = s.weight_decay, momentum = s.momentum, dampening = s.dampening,
-              lr = s.lr;
+  const float weight_decay = s.weight_decay, momentum = s.momentum,
+              one_minus_dampening = s.one_minus_dampening, lr = s.lr;
+  const bool decay = weight_decay != 0.f;
   const bool first = s.first, nesterov = s.nesterov;
 #pragma omp simd
   for (int64_t i = b; i < e; ++i) {
-    float d = g[i] + weight_decay * p[i];
+    float d = decay ? g[i] + weight_decay * p[i] : g[i];
     if constexpr (kMomentum) {
-      const float bi = first ? d : buf[i] * momentum + (1.f - dampening) * d;
+      const float bi = first ? d : buf[i] * momentum + one_minus_dampening * d;
       buf[i] = bi;
       d = nesterov ? d + momentum * bi : bi;
     }

@@ -25,11 +25,11 @@ namespace {
 __device__ __forceinline__ void adam_element(const AdamStep& s, float& p, float g, float& m,
                                              float& v, float* vmax) {
   const float l2 = s.decoupled ? 0.f : s.weight_decay;
-  const float shrink = s.decoupled ? 1.f - s.lr * s.weight_decay : 1.f;
+  const float shrink = s.decoupled ? s.shrink : 1.f;
   const float pi = p * shrink;
-  const float gi = g + l2 * pi;
-  const float mi = m * s.beta1 + (1.f - s.beta1) * gi;
-  const float vi = v * s.beta2 + (1.f - s.beta2) * gi * gi;
+  const float gi = l2 != 0.f ? g + l2 * pi : g;
+  const float mi = m * s.beta1 + s.one_minus_beta1 * gi;
+  const float vi = v * s.beta2 + s.one_minus_beta2 * gi * gi;
   m = mi;
   v = vi;
   float vv = vi;
@@ -43,9 +43,9 @@ __device__ __forceinline__ void adam_element(const AdamStep& s, float& p, float 
 
 // One SGD element; the branches are uniform across the grid.
 __device__ __forceinline__ void sgd_element(const SGDStep& s, float& p, float g, float* buf) {
-  float d = g + s.weight_decay * p;
+  float d = s.weight_decay != 0.f ? g + s.weight_decay * p : g;
   if (s.momentum != 0.f) {
-    const float bi = s.first ? d : *buf * s.momentum + (1.f - s.dampening) * d;
+    const float bi = s.first ? d : *buf * s.momentum + s.one_minus_dampening * d;
     *buf = bi;
     d = s.nesterov ? d + s.momentum * bi : bi;
   }

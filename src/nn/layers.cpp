@@ -10,6 +10,7 @@
 #include "galley/nn/loss.h"
 #include "galley/nn/max_pool2d.h"
 #include "galley/nn/sequential.h"
+#include "src/ops/copy.h"
 
 namespace galley::nn {
 
@@ -26,7 +27,13 @@ std::pair<int64_t, int64_t> fans(const Tensor& w) {
 }
 
 void uniform_(Tensor& t, float low, float high, Generator& gen) {
-  t.copy_(uniform(t.shape(), low, high, gen));
+  // Drawn in float32 on the host (the same values whatever the tensor's dtype or device), then
+  // rounded into it: a 16-bit tensor, a GPU one or a view of one alike.
+  NoGradGuard no_grad;
+  Tensor values = uniform(t.shape(), low, high, gen);
+  if (t.dtype() != values.dtype() || t.device() != values.device())
+    values = values.to(t.dtype()).to(t.device());
+  detail::copy_strided(values, t);
 }
 
 void kaiming_uniform_(Tensor& t, float a, Generator& gen) {

@@ -159,6 +159,9 @@ void Adam::step() {
   s.lr = static_cast<float>(lr_);
   s.beta1 = static_cast<float>(opt_.beta1);
   s.beta2 = static_cast<float>(opt_.beta2);
+  s.one_minus_beta1 = static_cast<float>(1.0 - opt_.beta1);
+  s.one_minus_beta2 = static_cast<float>(1.0 - opt_.beta2);
+  s.shrink = static_cast<float>(1.0 - lr_ * opt_.weight_decay);
   s.eps = static_cast<float>(opt_.eps);
   s.weight_decay = static_cast<float>(opt_.weight_decay);
   s.decoupled = decoupled_;
@@ -263,6 +266,7 @@ void SGD::step() {
   s.lr = static_cast<float>(lr_);
   s.momentum = static_cast<float>(opt_.momentum);
   s.dampening = static_cast<float>(opt_.dampening);
+  s.one_minus_dampening = static_cast<float>(1.0 - opt_.dampening);
   s.weight_decay = static_cast<float>(opt_.weight_decay);
   s.nesterov = opt_.nesterov;
   GpuBatches gpu;
@@ -322,8 +326,9 @@ LRScheduler::LRScheduler(Optimizer& optimizer)
     : opt_(optimizer), base_lr_(optimizer.learning_rate()) {}
 
 void LRScheduler::step() {
+  // The epoch counts only once its rate is set: a step that fails leaves the scheduler as it was.
+  opt_.set_learning_rate(lr_at(epoch_ + 1));
   ++epoch_;
-  opt_.set_learning_rate(lr_at(epoch_));
 }
 
 StateDict LRScheduler::state_dict() const {
@@ -364,6 +369,8 @@ double StepLR::lr_at(int64_t epoch) const {
 CosineAnnealingLR::CosineAnnealingLR(Optimizer& optimizer, int64_t t_max, double eta_min)
     : LRScheduler(optimizer), t_max_(t_max), eta_min_(eta_min) {
   GALLEY_CHECK(t_max > 0, "CosineAnnealingLR: t_max ", t_max, " must be positive");
+  // (Its rates would reach eta_min, which the optimizer refuses below zero.)
+  GALLEY_CHECK(eta_min >= 0, "CosineAnnealingLR: eta_min ", eta_min, " must be 0 or more");
 }
 
 double CosineAnnealingLR::lr_at(int64_t epoch) const {
@@ -558,7 +565,12 @@ SequentialLR::SequentialLR(Optimizer& optimizer, std::vector<LRScheduler*> sched
   for (size_t i = 0; i < milestones_.size(); ++i)
     GALLEY_CHECK(milestones_[i] > (i ? milestones_[i - 1] : 0), "SequentialLR: milestone ", i, " (",
                  milestones_[i], ") must be positive and above the one before");
-  rebase(children_.front()->base_lr_);
+  // The children share one initial rate, as PyTorch's share the optimizer's initial_lr: the
+  // first child's, unless a OneCycleLR set its own (max_lr / div_factor), as PyTorch's does.
+  double base = children_.front()->base_lr_;
+  for (LRScheduler* c : children_)
+    if (dynamic_cast<OneCycleLR*>(c)) base = c->base_lr_;
+  rebase(base);
   for (LRScheduler* c : children_) c->epoch_ = 0;
   opt_.set_learning_rate(lr_at(0));
 }
