@@ -51,9 +51,14 @@ constexpr int kStopSignals[] = {SIGINT, SIGTERM, SIGHUP, SIGQUIT};
 int g_signal_pipe[2] = {-1, -1};
 std::atomic<bool> g_child_pending{false};
 static_assert(std::atomic<bool>::is_always_lock_free, "used in a signal handler");
+// The launcher's pid: a child between fork and exec still runs this handler, in the launcher's
+// process group until it leaves it, and a Ctrl-C to that group (or Slurm signalling every
+// process) would otherwise be counted twice: "a second signal, kill every job now".
+pid_t g_launcher_pid = 0;
 
 void on_signal(int sig) {
   const int saved = errno;
+  if (getpid() != g_launcher_pid) return;  // a forked child's copy of the handler
   if (sig != SIGCHLD || !g_child_pending.exchange(true)) {
     const char byte = char(sig);
     [[maybe_unused]] ssize_t n = write(g_signal_pipe[1], &byte, 1);
@@ -155,8 +160,21 @@ std::string why_not_writable(const fs::path& path) {
   }
 }
 
+// `path` with the symbolic links of its last component followed as far as they lead, also to a
+// file that does not exist yet (which fopen would create there): the file writing `path` writes.
+// (weakly_canonical resolves links that lead to existing files only.)
+fs::path followed(fs::path path) {
+  std::error_code ec;
+  for (int hops = 0; hops < 40 && fs::is_symlink(fs::symlink_status(path, ec)); ++hops) {
+    const fs::path target = fs::read_symlink(path, ec);
+    if (ec) break;
+    path = target.is_absolute() ? target : path.parent_path() / target;
+  }
+  return path;
+}
+
 void make_parent_dirs(const std::string& path, const std::string& what) {
-  const auto parent = fs::path(path).parent_path();
+  const auto parent = followed(path).parent_path();
   if (parent.empty()) return;
   std::error_code ec;
   fs::create_directories(parent, ec);
@@ -320,22 +338,24 @@ struct Launcher::Impl {
 
   // Refuses, before anything is created or truncated, an output that cannot be written and two
   // outputs that are one file (each was opened on its own and truncated the other's lines).
-  // Paths are compared after resolving symbolic links and "..", and existing files also by
-  // device and inode (hard links). Character devices such as /dev/null may be shared: writing
-  // to them truncates nothing.
+  // Paths are compared after resolving symbolic links (also one to a file not there yet) and
+  // "..", and existing files also by device and inode (hard links). Anything but a regular file
+  // (/dev/null, a pipe such as /dev/stderr under `| tee`) may be shared: writing to it truncates
+  // nothing.
   void check_outputs() const {
     std::map<std::string, const Output*> by_path;
     std::map<std::pair<dev_t, ino_t>, const Output*> by_inode;
     const auto list = outputs();
     for (const auto& out : list) {
-      if (const std::string why = why_not_writable(out.path); !why.empty())
+      const fs::path real = followed(out.path);  // what writing out.path writes
+      if (const std::string why = why_not_writable(real); !why.empty())
         throw LaunchError("cannot write " + out.what + " '" + out.path + "': " + why);
       struct stat st {};
-      const bool exists = ::stat(out.path.c_str(), &st) == 0;
-      if (exists && S_ISCHR(st.st_mode)) continue;
+      const bool exists = ::stat(real.c_str(), &st) == 0;
+      if (exists && !S_ISREG(st.st_mode)) continue;  // a device or a pipe: nothing truncated
       std::error_code ec;
-      fs::path key = fs::weakly_canonical(out.path, ec);
-      if (ec) key = fs::absolute(out.path, ec).lexically_normal();
+      fs::path key = fs::weakly_canonical(real, ec);
+      if (ec) key = fs::absolute(real, ec).lexically_normal();
       const Output* other = nullptr;
       if (auto [it, added] = by_path.emplace(key.string(), &out); !added) other = it->second;
       if (exists && !other)
@@ -1065,12 +1085,14 @@ struct Launcher::Impl {
   // --- main loop -----------------------------------------------------------------------------
 
   void handle_signals() {
-    // Cleared before reading: a SIGCHLD from here on writes a byte of its own and wakes the loop.
-    g_child_pending = false;
     char bytes[64];
     for (ssize_t n; (n = read(g_signal_pipe[0], bytes, sizeof bytes)) > 0;)
       for (ssize_t i = 0; i < n; ++i)
         if (bytes[i] != SIGCHLD) begin_shutdown(bytes[i]);
+    // Cleared after the pipe is drained (a SIGCHLD during the drain would otherwise leave it set
+    // over an empty pipe, and the next one would wake nothing): one from here on writes a byte of
+    // its own, and one before is seen by the reap that follows.
+    g_child_pending = false;
   }
 
   // Waits (up to kKilledWait) until the process groups of every ended attempt are gone, reaping
@@ -1126,6 +1148,7 @@ struct Launcher::Impl {
   }
 
   void install_signals() {
+    g_launcher_pid = getpid();
     if (pipe2(g_signal_pipe, O_CLOEXEC | O_NONBLOCK) != 0)
       throw LaunchError(std::string("cannot create the signal pipe: ") + strerror(errno));
     struct sigaction action {};

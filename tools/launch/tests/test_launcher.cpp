@@ -137,6 +137,15 @@ TEST_F(LauncherOutputs, TwoOutputsThatAreOneFileAreRefusedNamingBoth) {
   EXPECT_EQ(construction_error({job("a", "/dev/null"), job("b", "/dev/null")}, options()),
             "no error");
   EXPECT_EQ(construction_error({job("a"), job("b")}, options()), "no error");
+  // Nor does writing to a pipe (/dev/stderr under `| tee`).
+  ASSERT_EQ(mkfifo(path("fifo").c_str(), 0600), 0);
+  EXPECT_EQ(construction_error({job("a", path("fifo")), job("b", path("fifo"))}, options()),
+            "no error");
+  // A symbolic link to a file not there yet is that file: fopen would create and share it.
+  fs::create_symlink(dir_ / "target.log", dir_ / "dangling.log");
+  msg =
+      construction_error({job("a", path("dangling.log")), job("b", path("target.log"))}, options());
+  EXPECT_NE(msg.find("the log of job 'a' and the log of job 'b'"), std::string::npos) << msg;
 }
 
 TEST_F(LauncherOutputs, AnOutputThatCannotBeWrittenIsRefusedNamingWhatItIsForAndNothingIsMade) {
