@@ -703,6 +703,57 @@ TEST(Schedulers, SequentialLRTakesTheInitialRateOfAOneCycleLR) {
   }
 }
 
+// The rates of PyTorch 2.15 over the first periods (SGD at 0.1), then a checkpoint round trip.
+TEST(Schedulers, MultiStepExponentialAndWarmRestartsMatchPyTorch) {
+  auto expect_rates = [](LRScheduler& sched, SGD& opt, const std::vector<double>& want,
+                         const std::string& what) {
+    for (size_t i = 0; i < want.size(); ++i) {
+      EXPECT_NEAR(opt.learning_rate(), want[i], 1e-15) << what << " period " << i;
+      sched.step();
+    }
+  };
+  Tensor p = leaf({1.0});
+  {
+    SGD opt({p}, {.learning_rate = 0.1});
+    galley::optim::MultiStepLR sched(opt, {5, 2, 5, 0}, 0.5);  // 5 twice, 0 at once
+    expect_rates(sched, opt, {0.05, 0.05, 0.025, 0.025, 0.025, 0.00625, 0.00625, 0.00625},
+                 "MultiStepLR");
+  }
+  {
+    SGD opt({p}, {.learning_rate = 0.1});
+    galley::optim::ExponentialLR sched(opt, 0.9);
+    expect_rates(sched, opt, {0.1, 0.09, 0.081, 0.0729, 0.06561}, "ExponentialLR");
+  }
+  {
+    SGD opt({p}, {.learning_rate = 0.1});
+    galley::optim::CosineAnnealingWarmRestarts sched(opt, 2, 2, 0.01);
+    expect_rates(sched, opt,
+                 {0.1, 0.05500000000000001, 0.1, 0.08681980515339464, 0.05500000000000001,
+                  0.023180194846605363, 0.1, 0.0965745789630079, 0.08681980515339464,
+                  0.07222075445642905, 0.05500000000000001, 0.03777924554357097,
+                  0.023180194846605363, 0.013425421036992097, 0.1, 0.09913533761814537},
+                 "CosineAnnealingWarmRestarts t_mult 2");
+    galley::StateDict st = sched.state_dict();
+    SGD again({p}, {.learning_rate = 0.1});
+    galley::optim::CosineAnnealingWarmRestarts restored(again, 2, 2, 0.01);
+    restored.load_state_dict(st);
+    EXPECT_EQ(restored.last_epoch(), 16);
+    EXPECT_EQ(again.learning_rate(), opt.learning_rate()) << "restored at period 16";
+  }
+  {
+    SGD opt({p}, {.learning_rate = 0.1});
+    galley::optim::CosineAnnealingWarmRestarts sched(opt, 3);
+    expect_rates(sched, opt, {0.1, 0.075, 0.025, 0.1, 0.075, 0.025, 0.1, 0.075},
+                 "CosineAnnealingWarmRestarts t_mult 1");
+  }
+  SGD opt({p}, {.learning_rate = 0.1});
+  EXPECT_THROW(galley::optim::MultiStepLR(opt, {3, -1}), galley::Error);
+  EXPECT_THROW(galley::optim::ExponentialLR(opt, 0.0), galley::Error);
+  EXPECT_THROW(galley::optim::CosineAnnealingWarmRestarts(opt, 0), galley::Error);
+  EXPECT_THROW(galley::optim::CosineAnnealingWarmRestarts(opt, 2, 0), galley::Error);
+  EXPECT_THROW(galley::optim::CosineAnnealingWarmRestarts(opt, 2, 1, -0.1), galley::Error);
+}
+
 TEST(Schedulers, CosineAnnealingRefusesANegativeOrNaNFloor) {
   Tensor p = leaf({1.0});
   SGD opt({p}, {.learning_rate = 0.1});

@@ -378,6 +378,52 @@ double CosineAnnealingLR::lr_at(int64_t epoch) const {
          (base_lr_ - eta_min_) * (1 + std::cos(M_PI * double(epoch) / double(t_max_))) / 2;
 }
 
+MultiStepLR::MultiStepLR(Optimizer& optimizer, std::vector<int64_t> milestones, double gamma)
+    : LRScheduler(optimizer), milestones_(std::move(milestones)), gamma_(gamma) {
+  for (int64_t m : milestones_) GALLEY_CHECK(m >= 0, "MultiStepLR: milestone ", m, " is negative");
+  GALLEY_CHECK(gamma > 0, "MultiStepLR: gamma ", gamma, " must be positive");
+  std::sort(milestones_.begin(), milestones_.end());
+  opt_.set_learning_rate(lr_at(0));
+}
+
+double MultiStepLR::lr_at(int64_t epoch) const {
+  const auto passed = std::upper_bound(milestones_.begin(), milestones_.end(), epoch);
+  return base_lr_ * std::pow(gamma_, double(passed - milestones_.begin()));
+}
+
+ExponentialLR::ExponentialLR(Optimizer& optimizer, double gamma)
+    : LRScheduler(optimizer), gamma_(gamma) {
+  GALLEY_CHECK(gamma > 0, "ExponentialLR: gamma ", gamma, " must be positive");
+}
+
+double ExponentialLR::lr_at(int64_t epoch) const {
+  return base_lr_ * std::pow(gamma_, double(epoch));
+}
+
+CosineAnnealingWarmRestarts::CosineAnnealingWarmRestarts(Optimizer& optimizer, int64_t t_0,
+                                                         int64_t t_mult, double eta_min)
+    : LRScheduler(optimizer), t_0_(t_0), t_mult_(t_mult), eta_min_(eta_min) {
+  GALLEY_CHECK(t_0 > 0, "CosineAnnealingWarmRestarts: t_0 ", t_0, " must be positive");
+  GALLEY_CHECK(t_mult >= 1, "CosineAnnealingWarmRestarts: t_mult ", t_mult, " must be 1 or more");
+  GALLEY_CHECK(eta_min >= 0, "CosineAnnealingWarmRestarts: eta_min ", eta_min,
+               " must be 0 or more");
+}
+
+double CosineAnnealingWarmRestarts::lr_at(int64_t epoch) const {
+  // The period within its cycle and the cycle's length, as PyTorch's step() counts them (in
+  // integers: its closed form through logarithms can land a cycle early).
+  int64_t t_cur = epoch, t_i = t_0_;
+  if (t_mult_ == 1) {
+    t_cur = epoch % t_0_;
+  } else {
+    while (t_cur >= t_i) {
+      t_cur -= t_i;
+      if (__builtin_mul_overflow(t_i, t_mult_, &t_i)) t_i = INT64_MAX;  // past any epoch
+    }
+  }
+  return eta_min_ + (base_lr_ - eta_min_) * (1 + std::cos(M_PI * double(t_cur) / double(t_i))) / 2;
+}
+
 // The schedules below follow torch/optim/lr_scheduler.py of PyTorch 1.13 formula for formula
 // (same operation order, in double), so that the rates agree to the last bits.
 

@@ -49,6 +49,46 @@ class StepLR : public LRScheduler {
   double gamma_;
 };
 
+/// Multiplies the rate by gamma at each milestone (a period; a milestone given twice counts
+/// twice, as PyTorch's Counter does), in any order; milestones are 0 or more.
+class MultiStepLR : public LRScheduler {
+ public:
+  /// Sets the optimizer's rate to period 0's (a milestone at 0 applies at once).
+  MultiStepLR(Optimizer& optimizer, std::vector<int64_t> milestones, double gamma = 0.1);
+  double lr_at(int64_t epoch) const override;
+
+ protected:
+  double start_lr() const override { return lr_at(0); }
+
+ private:
+  std::vector<int64_t> milestones_;  // sorted
+  double gamma_;
+};
+
+/// Multiplies the rate by gamma every period.
+class ExponentialLR : public LRScheduler {
+ public:
+  ExponentialLR(Optimizer& optimizer, double gamma);
+  double lr_at(int64_t epoch) const override;
+
+ private:
+  double gamma_;
+};
+
+/// SGDR (Loshchilov & Hutter): a cosine from the initial rate down to eta_min over t_0
+/// periods, restarted at the initial rate, each cycle t_mult times as long as the one before
+/// (PyTorch's CosineAnnealingWarmRestarts stepped once per period).
+class CosineAnnealingWarmRestarts : public LRScheduler {
+ public:
+  CosineAnnealingWarmRestarts(Optimizer& optimizer, int64_t t_0, int64_t t_mult = 1,
+                              double eta_min = 0.0);
+  double lr_at(int64_t epoch) const override;
+
+ private:
+  int64_t t_0_, t_mult_;
+  double eta_min_;
+};
+
 /// Cosine from the initial rate down to eta_min over t_max periods (PyTorch's closed form).
 class CosineAnnealingLR : public LRScheduler {
  public:
