@@ -475,6 +475,47 @@ TEST(Init, SixteenBitTensorsAndViewsTakeTheFloat32DrawsRounded) {
   EXPECT_EQ(view.contiguous().to_vector(), want.to_vector());
 }
 
+// torch.nn.init's formulas: the bounds and standard deviations from the fans.
+TEST(Init, KaimingNormalXavierNormalAndConstants) {
+  galley::Generator g(7);
+  Tensor w = galley::zeros({64, 32, 3, 3});  // fan_in 288, fan_out 576
+  nn::init::xavier_uniform_(w, 2.f, g);
+  check_uniform_init(w, 2.0 * std::sqrt(6.0 / (288 + 576)), 0.05, "xavier_uniform gain 2");
+  auto expect_normal = [](const Tensor& t, double want_std, const std::string& what) {
+    SCOPED_TRACE(what);
+    const std::vector<float> v = t.to_vector();
+    double sum = 0, sq = 0;
+    for (float x : v) sum += x, sq += double(x) * x;
+    const double n = double(v.size()), mean = sum / n, var = sq / n - mean * mean;
+    EXPECT_NEAR(std::sqrt(var), want_std, 0.03 * want_std);
+    EXPECT_NEAR(mean, 0.0, 5.0 * want_std / std::sqrt(n));
+  };
+  nn::init::kaiming_normal_(w, 0.f, nn::init::FanMode::In, g);
+  expect_normal(w, std::sqrt(2.0 / 288), "kaiming_normal fan_in");
+  nn::init::kaiming_normal_(w, 0.2f, nn::init::FanMode::Out, g);
+  expect_normal(w, std::sqrt(2.0 / 1.04) / std::sqrt(576.0), "kaiming_normal a=0.2 fan_out");
+  nn::init::xavier_normal_(w, 1.f, g);
+  expect_normal(w, std::sqrt(2.0 / (288 + 576)), "xavier_normal");
+  // normal_ is randn's draws scaled: the same stream gives the same values.
+  Tensor a = galley::zeros({5}), b = galley::zeros({5}, galley::DType::BFloat16);
+  galley::Generator g1(9), g2(9), g3(9);
+  nn::init::normal_(a, 1.f, 0.5f, g1);
+  EXPECT_EQ(a.to_vector(), (galley::randn({5}, g2) * 0.5f + 1.f).to_vector());
+  nn::init::normal_(b, 1.f, 0.5f, g3);
+  EXPECT_EQ(b.to(galley::DType::Float32).to_vector(),
+            a.to(galley::DType::BFloat16).to(galley::DType::Float32).to_vector());
+  nn::init::ones_(a);
+  EXPECT_EQ(a.to_vector(), std::vector<float>(5, 1.f));
+  nn::init::zeros_(b);
+  EXPECT_EQ(b.to(galley::DType::Float32).to_vector(), std::vector<float>(5, 0.f));
+  nn::init::constant_(a, 2.5f);
+  EXPECT_EQ(a.to_vector(), std::vector<float>(5, 2.5f));
+  EXPECT_THROW(nn::init::normal_(a, 0.f, -1.f), galley::Error);
+  EXPECT_THROW(nn::init::xavier_uniform_(a), galley::Error);  // 1-D: no fans
+  Tensor ints = galley::zeros({3}, galley::DType::Int64);
+  EXPECT_THROW(nn::init::ones_(ints), galley::Error);
+}
+
 TEST(Init, SeededConstructionIsReproducible) {
   galley::manual_seed(77);
   Net a;

@@ -26,20 +26,60 @@ std::pair<int64_t, int64_t> fans(const Tensor& w) {
   return {w.size(1) * receptive, w.size(0) * receptive};
 }
 
-void uniform_(Tensor& t, float low, float high, Generator& gen) {
-  // Drawn in float32 on the host (the same values whatever the tensor's dtype or device), then
-  // rounded into it: a 16-bit tensor, a GPU one or a view of one alike.
-  NoGradGuard no_grad;
-  Tensor values = uniform(t.shape(), low, high, gen);
+namespace {
+// Float32 values drawn on the host (the same whatever the tensor's dtype or device) rounded into
+// `t` in place: a 16-bit tensor, a GPU one or a view of one alike.
+void write_into(Tensor& t, Tensor values) {
+  GALLEY_CHECK(t.defined() && is_floating_point(t.dtype()),
+               "init: the tensor to initialise must be a defined floating tensor");
   if (t.dtype() != values.dtype() || t.device() != values.device())
     values = values.to(t.dtype()).to(t.device());
   detail::copy_strided(values, t);
 }
 
+float leaky_relu_gain(float a) {
+  return std::sqrt(2.f / (1.f + a * a));
+}
+}  // namespace
+
+void uniform_(Tensor& t, float low, float high, Generator& gen) {
+  write_into(t, uniform(t.shape(), low, high, gen));
+}
+
+void normal_(Tensor& t, float mean, float std, Generator& gen) {
+  GALLEY_CHECK(std >= 0, "init::normal_: std ", std, " is negative");
+  write_into(t, randn(t.shape(), gen) * std + mean);
+}
+
+void constant_(Tensor& t, float value) {
+  write_into(t, full(t.shape(), value));
+}
+void zeros_(Tensor& t) {
+  constant_(t, 0.f);
+}
+void ones_(Tensor& t) {
+  constant_(t, 1.f);
+}
+
 void kaiming_uniform_(Tensor& t, float a, Generator& gen) {
-  const float gain = std::sqrt(2.f / (1.f + a * a));
-  const float bound = gain * std::sqrt(3.f / float(fans(t).first));
+  const float bound = leaky_relu_gain(a) * std::sqrt(3.f / float(fans(t).first));
   uniform_(t, -bound, bound, gen);
+}
+
+void kaiming_normal_(Tensor& t, float a, FanMode mode, Generator& gen) {
+  const auto [in, out] = fans(t);
+  normal_(t, 0.f, leaky_relu_gain(a) / std::sqrt(float(mode == FanMode::In ? in : out)), gen);
+}
+
+void xavier_uniform_(Tensor& t, float gain, Generator& gen) {
+  const auto [in, out] = fans(t);
+  const float bound = gain * std::sqrt(6.f / float(in + out));
+  uniform_(t, -bound, bound, gen);
+}
+
+void xavier_normal_(Tensor& t, float gain, Generator& gen) {
+  const auto [in, out] = fans(t);
+  normal_(t, 0.f, gain * std::sqrt(2.f / float(in + out)), gen);
 }
 }  // namespace init
 
