@@ -746,6 +746,17 @@ TEST(Schedulers, MultiStepExponentialAndWarmRestartsMatchPyTorch) {
     expect_rates(sched, opt, {0.1, 0.075, 0.025, 0.1, 0.075, 0.025, 0.1, 0.075},
                  "CosineAnnealingWarmRestarts t_mult 1");
   }
+  {
+    SGD opt({p}, {.learning_rate = 0.1});
+    galley::optim::LambdaLR sched(opt, [](int64_t e) { return 1.0 / double(e + 1); });
+    expect_rates(sched, opt, {0.1, 0.05, 0.1 / 3, 0.025}, "LambdaLR");
+    SGD other({p}, {.learning_rate = 0.1});
+    galley::optim::LambdaLR bad(other, [](int64_t e) { return e < 5 ? 1.0 : -1.0; });
+    for (int i = 0; i < 4; ++i) bad.step();
+    expect_contains(error_of([&] { bad.step(); }), {"LambdaLR", "period 5", "-1"});
+    EXPECT_EQ(bad.last_epoch(), 4) << "a step that fails changes nothing";
+    EXPECT_DOUBLE_EQ(other.learning_rate(), 0.1);
+  }
   SGD opt({p}, {.learning_rate = 0.1});
   EXPECT_THROW(galley::optim::MultiStepLR(opt, {3, -1}), galley::Error);
   EXPECT_THROW(galley::optim::ExponentialLR(opt, 0.0), galley::Error);

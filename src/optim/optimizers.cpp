@@ -391,6 +391,19 @@ double MultiStepLR::lr_at(int64_t epoch) const {
   return base_lr_ * std::pow(gamma_, double(passed - milestones_.begin()));
 }
 
+LambdaLR::LambdaLR(Optimizer& optimizer, std::function<double(int64_t)> factor)
+    : LRScheduler(optimizer), factor_(std::move(factor)) {
+  GALLEY_CHECK(factor_, "LambdaLR: the factor function is empty");
+  opt_.set_learning_rate(lr_at(0));
+}
+
+double LambdaLR::lr_at(int64_t epoch) const {
+  const double f = factor_(epoch);
+  GALLEY_CHECK(std::isfinite(f) && f >= 0, "LambdaLR: the factor for period ", epoch, " is ", f,
+               "; it must be finite and 0 or more");
+  return base_lr_ * f;
+}
+
 ExponentialLR::ExponentialLR(Optimizer& optimizer, double gamma)
     : LRScheduler(optimizer), gamma_(gamma) {
   GALLEY_CHECK(gamma > 0, "ExponentialLR: gamma ", gamma, " must be positive");

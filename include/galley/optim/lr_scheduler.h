@@ -1,5 +1,6 @@
 #pragma once
 /// \file Learning-rate schedules, stepped once per epoch (or per step, as the user chooses).
+#include <functional>
 #include <utility>
 #include <vector>
 
@@ -63,6 +64,21 @@ class MultiStepLR : public LRScheduler {
  private:
   std::vector<int64_t> milestones_;  // sorted
   double gamma_;
+};
+
+/// The initial rate times factor(epoch), a function of the caller's (PyTorch's LambdaLR). Its
+/// state is the period alone: a restored scheduler needs the same function.
+class LambdaLR : public LRScheduler {
+ public:
+  /// Sets the optimizer's rate to period 0's; factor must give a finite value of 0 or more.
+  LambdaLR(Optimizer& optimizer, std::function<double(int64_t)> factor);
+  double lr_at(int64_t epoch) const override;
+
+ protected:
+  double start_lr() const override { return lr_at(0); }
+
+ private:
+  std::function<double(int64_t)> factor_;
 };
 
 /// Multiplies the rate by gamma every period.
