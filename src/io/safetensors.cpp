@@ -10,6 +10,7 @@
 #include <cstring>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <unordered_set>
 
 #include "galley/io/checkpoint.h"
 #include "src/utf8.h"
@@ -179,16 +180,15 @@ SafetensorsFile read_safetensors(const std::string& path) {
   // A name given twice in the header is an error (a JSON object would keep the last silently).
   std::string repeated;
   bool seen_repeat = false;
-  std::vector<std::string> names;
+  std::unordered_set<std::string> names;
   const nlohmann::json::parser_callback_t names_once =
       [&](int depth, nlohmann::json::parse_event_t event, nlohmann::json& parsed) {
         if (event == nlohmann::json::parse_event_t::key && depth == 1 && !seen_repeat) {
-          const std::string name = parsed.get<std::string>();
-          if (std::find(names.begin(), names.end(), name) != names.end()) {
-            repeated = name;
+          std::string name = parsed.get<std::string>();
+          if (!names.insert(name).second) {
+            repeated = std::move(name);
             seen_repeat = true;
           }
-          names.push_back(name);
         }
         return true;
       };
