@@ -22,13 +22,15 @@ struct AdamStep {
   float bias2_sqrt;  // sqrt(1 - beta2^t)
   bool decoupled;    // AdamW: p *= 1 - lr * wd before the update
   bool amsgrad;
+  bool maximize;  // the update takes -g (before the weight decay)
 };
 
 struct SGDStep {
   float lr, momentum, dampening, weight_decay;
   float one_minus_dampening;  // computed in double, as AdamStep's one_minus_beta
   bool nesterov;
-  bool first;  // the momentum buffer starts as the first gradient
+  bool maximize;  // the update takes -g (before the weight decay)
+  bool first;     // the momentum buffer starts as the first gradient
 };
 
 // One tensor of a multi-tensor update. `step` (Adam) is a device int64 holding the steps this

@@ -1242,12 +1242,13 @@ TEST(CudaLaunchers, AdamAndAdamWUpdatesMatchTheCpu) {
 #ifdef GALLEY_HAVE_CUDA
   struct Case {
     float weight_decay;
-    bool decoupled, amsgrad;
+    bool decoupled, amsgrad, maximize;
   };
   const int t = 3;
   const float lr = 1e-2f, beta1 = 0.9f, beta2 = 0.999f;
-  for (const Case& c : {Case{0.01f, false, false}, Case{0.05f, true, false}, Case{0.f, false, true},
-                        Case{0.02f, true, true}})
+  for (const Case& c : {Case{0.01f, false, false, false}, Case{0.05f, true, false, false},
+                        Case{0.f, false, true, false}, Case{0.02f, true, true, false},
+                        Case{0.01f, false, false, true}, Case{0.02f, true, true, true}})
     for (int64_t n : {1003, 1 << 20})
       for (int64_t pad : {0, 1}) {
         galley::kernels::AdamStep s{};
@@ -1259,10 +1260,10 @@ TEST(CudaLaunchers, AdamAndAdamWUpdatesMatchTheCpu) {
         // As the optimizer computes them (in double); the GPU derives them from its step counter.
         s.step_size = static_cast<float>(double(lr) / (1.0 - std::pow(double(beta1), t)));
         s.bias2_sqrt = static_cast<float>(std::sqrt(1.0 - std::pow(double(beta2), t)));
-        s.decoupled = c.decoupled, s.amsgrad = c.amsgrad;
+        s.decoupled = c.decoupled, s.amsgrad = c.amsgrad, s.maximize = c.maximize;
         const std::string what = std::string(c.decoupled ? "AdamW" : "Adam") +
-                                 (c.amsgrad ? " amsgrad" : "") + " n=" + std::to_string(n) +
-                                 " pad=" + std::to_string(pad);
+                                 (c.amsgrad ? " amsgrad" : "") + (c.maximize ? " maximize" : "") +
+                                 " n=" + std::to_string(n) + " pad=" + std::to_string(pad);
         std::vector<float> p = normal(n), g = normal(n), m = normal(n, 0.1f),
                            v = uniform(n, 0.f, 0.01f), vmax = uniform(n, 0.f, 0.01f);
         DeviceFloats dp(p, pad), dg(g, pad), dm(m, pad), dv(v, pad), dvmax(vmax, pad);
@@ -1288,19 +1289,23 @@ TEST(CudaLaunchers, SgdUpdatesMatchTheCpu) {
 #ifdef GALLEY_HAVE_CUDA
   struct Case {
     float momentum, dampening, weight_decay;
-    bool nesterov, first;
+    bool nesterov, first, maximize;
   };
-  for (const Case& c : {Case{0.f, 0.f, 1e-4f, false, false}, Case{0.9f, 0.f, 0.f, false, true},
-                        Case{0.9f, 0.1f, 1e-4f, true, false}, Case{0.9f, 0.f, 0.f, false, false}})
+  for (const Case& c :
+       {Case{0.f, 0.f, 1e-4f, false, false, false}, Case{0.9f, 0.f, 0.f, false, true, false},
+        Case{0.9f, 0.1f, 1e-4f, true, false, false}, Case{0.9f, 0.f, 0.f, false, false, false},
+        Case{0.f, 0.f, 1e-4f, false, false, true}, Case{0.9f, 0.1f, 1e-4f, true, true, true}})
     for (int64_t n : {1003, 1 << 20})
       for (int64_t pad : {0, 1}) {
         galley::kernels::SGDStep s{};
         s.lr = 0.1f, s.momentum = c.momentum, s.dampening = c.dampening;
         s.one_minus_dampening = static_cast<float>(1.0 - double(c.dampening));
         s.weight_decay = c.weight_decay, s.nesterov = c.nesterov, s.first = c.first;
+        s.maximize = c.maximize;
         const std::string what = "SGD momentum=" + std::to_string(c.momentum) +
                                  (c.nesterov ? " nesterov" : "") + (c.first ? " first" : "") +
-                                 " n=" + std::to_string(n) + " pad=" + std::to_string(pad);
+                                 (c.maximize ? " maximize" : "") + " n=" + std::to_string(n) +
+                                 " pad=" + std::to_string(pad);
         const bool momentum = c.momentum != 0.f;
         std::vector<float> p = normal(n), g = normal(n), buf = normal(n, 0.1f);
         DeviceFloats dp(p, pad), dg(g, pad), dbuf(buf, pad);

@@ -65,12 +65,13 @@ struct RefAdam {
   void step(const std::vector<double>& grad) {
     ++t;
     const double bc1 = 1 - std::pow(o.beta1, t), bc2 = 1 - std::pow(o.beta2, t);
+    const double wd = o.weight_decay.value_or(decoupled ? 1e-2 : 0.0);
     for (size_t i = 0; i < p.size(); ++i) {
-      double g = grad[i];
+      double g = o.maximize ? -grad[i] : grad[i];
       if (decoupled) {
-        p[i] *= 1 - o.learning_rate * o.weight_decay;
+        p[i] *= 1 - o.learning_rate * wd;
       } else {
-        g += o.weight_decay * p[i];
+        g += wd * p[i];
       }
       m[i] = o.beta1 * m[i] + (1 - o.beta1) * g;
       v[i] = o.beta2 * v[i] + (1 - o.beta2) * g * g;
@@ -95,7 +96,7 @@ struct RefSGD {
 
   void step(const std::vector<double>& grad) {
     for (size_t i = 0; i < p.size(); ++i) {
-      double d = grad[i] + o.weight_decay * p[i];
+      double d = (o.maximize ? -grad[i] : grad[i]) + o.weight_decay * p[i];
       if (o.momentum != 0) {
         buf[i] = first ? d : o.momentum * buf[i] + (1 - o.dampening) * d;
         d = o.nesterov ? d + o.momentum * buf[i] : buf[i];
@@ -208,8 +209,37 @@ TEST(AdamW, MatchesPyTorchFormula) {
 TEST(AdamW, DefaultWeightDecay) {
   Tensor p = leaf({1.0});
   AdamW opt({p});
-  EXPECT_DOUBLE_EQ(opt.options().weight_decay, 1e-2);
+  EXPECT_DOUBLE_EQ(*opt.options().weight_decay, 1e-2);
   EXPECT_DOUBLE_EQ(opt.options().learning_rate, 1e-3);
+  // Other options given, the weight decay left out: still AdamW's default, as
+  // torch.optim.AdamW(lr=3e-4) has; given, it is taken (zero included). Adam's default is 0.
+  EXPECT_DOUBLE_EQ(*AdamW({p}, {.learning_rate = 3e-4}).options().weight_decay, 1e-2);
+  EXPECT_DOUBLE_EQ(*AdamW({p}, {.learning_rate = 3e-4, .amsgrad = true}).options().weight_decay,
+                   1e-2);
+  EXPECT_DOUBLE_EQ(*AdamW({p}, {.weight_decay = 0.0}).options().weight_decay, 0.0);
+  EXPECT_DOUBLE_EQ(*AdamW({p}, {.weight_decay = 0.3}).options().weight_decay, 0.3);
+  EXPECT_DOUBLE_EQ(*Adam({p}, {.learning_rate = 3e-4}).options().weight_decay, 0.0);
+  EXPECT_EQ(AdamW({p}).name(), "AdamW");
+  // The default decays: one step with a zero gradient shrinks p by lr * 1e-2.
+  set_grad(p, {0.0});
+  AdamW({p}, {.learning_rate = 0.5}).step();
+  EXPECT_NEAR(p.item(), 1.0 - 0.5 * 1e-2, 1e-7);
+}
+
+// maximize: the update takes the negated gradient before the weight decay (torch.optim's).
+TEST(Adam, Maximize) {
+  run_adam_against_reference({.learning_rate = 0.01, .maximize = true}, false, 6);
+  run_adam_against_reference(
+      {.learning_rate = 0.01, .beta2 = 0.9, .weight_decay = 0.1, .amsgrad = true, .maximize = true},
+      false, 6);
+  run_adam_against_reference({.learning_rate = 0.01, .maximize = true}, true, 6);
+  run_adam_against_reference({.learning_rate = 0.01, .weight_decay = 0.1, .maximize = true}, true,
+                             6);
+  // One step climbs: p moves along the gradient.
+  Tensor p = leaf({1.0, 1.0});
+  set_grad(p, {0.5, -0.5});
+  Adam({p}, {.learning_rate = 0.1, .maximize = true}).step();
+  expect_close(p, {1.1, 0.9}, "ascent");
 }
 
 TEST(AdamW, DecoupledDecayDiffersFromL2) {
@@ -306,6 +336,22 @@ TEST(SGD, Nesterov) {
   const double buf2 = 0.9 * 1.0 + 0.5;
   expect_close(p, {0.81 - 0.1 * (0.5 + 0.9 * buf2)}, "step 2");
   run_sgd_against_reference({.learning_rate = 0.05, .momentum = 0.8, .nesterov = true}, 6);
+}
+
+TEST(SGD, Maximize) {
+  run_sgd_against_reference({.learning_rate = 0.1, .maximize = true}, 4);
+  run_sgd_against_reference({.learning_rate = 0.1,
+                             .momentum = 0.9,
+                             .dampening = 0.3,
+                             .weight_decay = 0.2,
+                             .maximize = true},
+                            6);
+  run_sgd_against_reference({.learning_rate = 0.05,
+                             .momentum = 0.8,
+                             .weight_decay = 0.1,
+                             .nesterov = true,
+                             .maximize = true},
+                            6);
 }
 
 TEST(SGD, WeightDecay) {

@@ -806,6 +806,32 @@ TEST(parity, AdamAmsgradWeightDecay) {
   check_tiny_run("optim_adam_amsgrad", refs, model, opt);
 }
 
+TEST(parity, SgdMaximize) {
+  LOAD_REFS(refs, "optim_sgd_maximize");
+  expect_setting(refs, "lr", 0.05);
+  expect_setting(refs, "momentum", 0.9);
+  expect_setting(refs, "dampening", 0.2);
+  expect_setting(refs, "weight_decay", 1e-2);
+  galley::nn::Linear model(6, 4);
+  model.load_state_dict(params_from(refs, model, ""));
+  galley::optim::SGD opt(model.parameters(), {.learning_rate = 0.05,
+                                              .momentum = 0.9,
+                                              .dampening = 0.2,
+                                              .weight_decay = 1e-2,
+                                              .maximize = true});
+  check_tiny_run("optim_sgd_maximize", refs, model, opt);
+}
+
+// torch.optim.AdamW(lr=1e-2, maximize=True): its weight decay is the default, left unset here.
+TEST(parity, AdamWMaximizeDefaultWeightDecay) {
+  LOAD_REFS(refs, "optim_adamw_maximize");
+  expect_setting(refs, "lr", 1e-2);
+  galley::nn::Linear model(6, 4);
+  model.load_state_dict(params_from(refs, model, ""));
+  galley::optim::AdamW opt(model.parameters(), {.learning_rate = 1e-2, .maximize = true});
+  check_tiny_run("optim_adamw_maximize", refs, model, opt);
+}
+
 /// Records the rate in force for each of `periods` periods, stepping `sched` after each, and
 /// checks lr_at() agrees with what step() set.
 std::vector<float> lr_sequence(galley::optim::Optimizer& opt, galley::optim::LRScheduler& sched,

@@ -39,11 +39,12 @@ void adam_range(const AdamStep& s, int64_t b, int64_t e, float* p, const float* 
   const float beta1 = s.beta1, beta2 = s.beta2, bias2_sqrt = s.bias2_sqrt, eps = s.eps,
               step_size = s.step_size, one_minus_beta1 = s.one_minus_beta1,
               one_minus_beta2 = s.one_minus_beta2;
-  const bool l2_on = l2 != 0.f;
+  const bool l2_on = l2 != 0.f, maximize = s.maximize;
 #pragma omp simd
   for (int64_t i = b; i < e; ++i) {
     const float pi = p[i] * shrink;
-    const float gi = l2_on ? g[i] + l2 * pi : g[i];
+    const float gs = maximize ? -g[i] : g[i];
+    const float gi = l2_on ? gs + l2 * pi : gs;
     const float mi = m[i] * beta1 + one_minus_beta1 * gi;
     const float vi = v[i] * beta2 + one_minus_beta2 * gi * gi;
     m[i] = mi;
@@ -84,10 +85,11 @@ void sgd_range(const SGDStep& s, int64_t b, int64_t e, float* p, const float* g,
   const float weight_decay = s.weight_decay, momentum = s.momentum,
               one_minus_dampening = s.one_minus_dampening, lr = s.lr;
   const bool decay = weight_decay != 0.f;
-  const bool first = s.first, nesterov = s.nesterov;
+  const bool first = s.first, nesterov = s.nesterov, maximize = s.maximize;
 #pragma omp simd
   for (int64_t i = b; i < e; ++i) {
-    float d = decay ? g[i] + weight_decay * p[i] : g[i];
+    const float gs = maximize ? -g[i] : g[i];
+    float d = decay ? gs + weight_decay * p[i] : gs;
     if constexpr (kMomentum) {
       const float bi = first ? d : buf[i] * momentum + one_minus_dampening * d;
       buf[i] = bi;

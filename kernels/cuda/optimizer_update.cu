@@ -27,7 +27,8 @@ __device__ __forceinline__ void adam_element(const AdamStep& s, float& p, float 
   const float l2 = s.decoupled ? 0.f : s.weight_decay;
   const float shrink = s.decoupled ? s.shrink : 1.f;
   const float pi = p * shrink;
-  const float gi = l2 != 0.f ? g + l2 * pi : g;
+  const float gs = s.maximize ? -g : g;
+  const float gi = l2 != 0.f ? gs + l2 * pi : gs;
   const float mi = m * s.beta1 + s.one_minus_beta1 * gi;
   const float vi = v * s.beta2 + s.one_minus_beta2 * gi * gi;
   m = mi;
@@ -43,7 +44,8 @@ __device__ __forceinline__ void adam_element(const AdamStep& s, float& p, float 
 
 // One SGD element; the branches are uniform across the grid.
 __device__ __forceinline__ void sgd_element(const SGDStep& s, float& p, float g, float* buf) {
-  float d = s.weight_decay != 0.f ? g + s.weight_decay * p : g;
+  const float gs = s.maximize ? -g : g;
+  float d = s.weight_decay != 0.f ? gs + s.weight_decay * p : gs;
   if (s.momentum != 0.f) {
     const float bi = s.first ? d : *buf * s.momentum + s.one_minus_dampening * d;
     *buf = bi;

@@ -145,12 +145,14 @@ void Optimizer::load_state_dict(const StateDict& st) {
 // ---------------------------------------------------------------------------------------------
 // Adam / AdamW
 
-Adam::Adam(std::vector<Tensor> params, AdamOptions options)
-    : Optimizer(std::move(params), options.learning_rate), opt_(options) {
+Adam::Adam(std::vector<Tensor> params, AdamOptions options, bool decoupled)
+    : Optimizer(std::move(params), options.learning_rate), decoupled_(decoupled), opt_(options) {
+  opt_.weight_decay = options.weight_decay.value_or(decoupled ? 1e-2 : 0.0);
   GALLEY_CHECK(opt_.beta1 >= 0 && opt_.beta1 < 1 && opt_.beta2 >= 0 && opt_.beta2 < 1,
                "Adam: betas (", opt_.beta1, ", ", opt_.beta2, ") must be in [0, 1)");
   GALLEY_CHECK(opt_.eps >= 0, "Adam: eps ", opt_.eps, " is negative");
-  GALLEY_CHECK(opt_.weight_decay >= 0, "Adam: weight_decay ", opt_.weight_decay, " is negative");
+  GALLEY_CHECK(*opt_.weight_decay >= 0, decoupled ? "AdamW" : "Adam", ": weight_decay ",
+               *opt_.weight_decay, " is negative");
   state_.resize(params_.size());
 }
 
@@ -161,11 +163,12 @@ void Adam::step() {
   s.beta2 = static_cast<float>(opt_.beta2);
   s.one_minus_beta1 = static_cast<float>(1.0 - opt_.beta1);
   s.one_minus_beta2 = static_cast<float>(1.0 - opt_.beta2);
-  s.shrink = static_cast<float>(1.0 - lr_ * opt_.weight_decay);
+  s.shrink = static_cast<float>(1.0 - lr_ * *opt_.weight_decay);
   s.eps = static_cast<float>(opt_.eps);
-  s.weight_decay = static_cast<float>(opt_.weight_decay);
+  s.weight_decay = static_cast<float>(*opt_.weight_decay);
   s.decoupled = decoupled_;
   s.amsgrad = opt_.amsgrad;
+  s.maximize = opt_.maximize;
   // GPU parameters are updated together, a few launches per device, once all are gathered.
   GpuBatches gpu;
   std::vector<Tensor> keep;  // gradients made contiguous for the batched launches
@@ -245,10 +248,6 @@ void Adam::load_state_dict(const StateDict& st) {
   state_ = std::move(next);
 }
 
-AdamW::AdamW(std::vector<Tensor> params, AdamOptions options) : Adam(std::move(params), options) {
-  decoupled_ = true;
-}
-
 // ---------------------------------------------------------------------------------------------
 // SGD
 
@@ -269,6 +268,7 @@ void SGD::step() {
   s.one_minus_dampening = static_cast<float>(1.0 - opt_.dampening);
   s.weight_decay = static_cast<float>(opt_.weight_decay);
   s.nesterov = opt_.nesterov;
+  s.maximize = opt_.maximize;
   GpuBatches gpu;
   std::vector<Tensor> keep;
   // A first step's momentum buffer (its values set by the update) is kept only by the update:

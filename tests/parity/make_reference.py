@@ -21,8 +21,9 @@ Beyond single ops:
                              each recorded before its step) and the final parameters
                              ("final.conv.weight", ...).
   optim_<name>.safetensors   a tiny Linear(6, 4) trained a few steps with SGD (Nesterov),
-                             AdamW, and Adam (amsgrad + weight decay); initial and final
-                             parameters, batches and losses; hyper-parameters as tensors.
+                             AdamW, Adam (amsgrad + weight decay), SGD and AdamW with
+                             maximize (AdamW's weight decay left at its default); initial and
+                             final parameters, batches and losses; hyper-parameters as tensors.
   lr_scheduler.safetensors   learning-rate sequences of StepLR and CosineAnnealingLR.
   convert.safetensors        float32 -> bfloat16 / float16 rounding ("float32.x" and the
                              results' bits, "float32.bfloat16_bits", ...) and every 16-bit
@@ -705,6 +706,15 @@ OPTIMIZERS = {
         lambda ps: torch.optim.Adam(ps, lr=1e-2, betas=(0.8, 0.99), eps=1e-8, weight_decay=1e-2,
                                     amsgrad=True),
         {"lr": 1e-2, "beta1": 0.8, "beta2": 0.99, "eps": 1e-8, "weight_decay": 1e-2}),
+    # maximize: ascent on the loss, the negated gradient taken before the weight decay.
+    "optim_sgd_maximize": tiny_run(
+        lambda ps: torch.optim.SGD(ps, lr=0.05, momentum=0.9, dampening=0.2, weight_decay=1e-2,
+                                   maximize=True),
+        {"lr": 0.05, "momentum": 0.9, "dampening": 0.2, "weight_decay": 1e-2}),
+    # AdamW's default weight decay (1e-2) with the rate given: galley leaves it unset too.
+    "optim_adamw_maximize": tiny_run(
+        lambda ps: torch.optim.AdamW(ps, lr=1e-2, maximize=True),
+        {"lr": 1e-2}),
 }
 
 LR_STEPS = 10

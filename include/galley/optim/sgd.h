@@ -11,6 +11,9 @@ struct SGDOptions {
   double dampening = 0.0;
   double weight_decay = 0.0;
   bool nesterov = false;
+  /// Ascends the objective: the update takes the negated gradient (PyTorch's maximize), before
+  /// the weight decay is added.
+  bool maximize = false;
 };
 
 /// SGD with optional momentum, dampening, Nesterov and L2 weight decay, as torch.optim.SGD.
