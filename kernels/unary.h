@@ -20,12 +20,28 @@ namespace galley::kernels {
 //   Gelu       a * 0.5 * (1 + erf(a / sqrt 2))
 //   GeluTanh   0.5 * a * (1 + tanh(sqrt(2 / pi) * (a + 0.044715 a^3)))
 //   LeakyRelu  a > 0 ? a : a * p0 (NaN stays NaN)
-enum class UnaryOp { Affine, Exp, Log, Pow, Relu, Sigmoid, Tanh, Silu, Gelu, GeluTanh, LeakyRelu };
+//   Div        a / p0 (a true division: a product with 1 / p0 overflows for a tiny p0 and is
+//              off by an ulp in a third of cases)
+enum class UnaryOp {
+  Affine,
+  Exp,
+  Log,
+  Pow,
+  Relu,
+  Sigmoid,
+  Tanh,
+  Silu,
+  Gelu,
+  GeluTanh,
+  LeakyRelu,
+  Div
+};
 
 // The op's name in messages (PyTorch's name: "gelu" for both forms of it).
 constexpr const char* unary_op_name(UnaryOp op) {
-  constexpr const char* kNames[] = {"affine", "exp",  "log",  "pow",  "relu",      "sigmoid",
-                                    "tanh",   "silu", "gelu", "gelu", "leaky_relu"};
+  constexpr const char* kNames[] = {"affine", "exp",  "log",  "pow",  "relu",       "sigmoid",
+                                    "tanh",   "silu", "gelu", "gelu", "leaky_relu", "div"};
+  static_assert(sizeof(kNames) / sizeof(kNames[0]) == static_cast<int>(UnaryOp::Div) + 1);
   return kNames[static_cast<int>(op)];
 }
 

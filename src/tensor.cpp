@@ -3,6 +3,7 @@
 // printing in tensor_print.cpp.
 #include "galley/tensor.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 
@@ -170,7 +171,15 @@ Device Tensor::device() const {
 }
 bool Tensor::is_contiguous() const {
   GALLEY_CHECK_DEFINED("is_contiguous");
-  return impl_->strides == contiguous_strides(impl_->shape);
+  const Shape& shape = impl_->shape;
+  if (std::find(shape.begin(), shape.end(), 0) != shape.end()) return true;  // no elements
+  int64_t expected = 1;
+  for (size_t d = shape.size(); d-- > 0;) {
+    if (shape[d] == 1) continue;  // never stepped through: any stride
+    if (impl_->strides[d] != expected) return false;
+    expected *= shape[d];
+  }
+  return true;
 }
 
 void* Tensor::raw_data() const {
@@ -218,7 +227,12 @@ void Tensor::copy_to_host(void* dst) const {
 
 void Tensor::copy_from_host(const void* src) {
   GALLEY_CHECK_DEFINED("copy_from_host");
-  GALLEY_CHECK(is_contiguous(), "copy_from_host: the destination must be contiguous");
+  if (!is_contiguous()) {  // a view: the values first, then through its strides
+    Tensor dense = empty(shape(), dtype(), device());
+    dense.copy_from_host(src);
+    detail::copy_strided(dense, *this);
+    return;
+  }
   detail::copy_bytes(raw_data(), device(), src, Device::cpu(), numel() * dtype_size(dtype()));
 }
 
@@ -233,6 +247,8 @@ std::vector<T> Tensor::to_vector() const {
 template std::vector<float> Tensor::to_vector<float>() const;
 template std::vector<int64_t> Tensor::to_vector<int64_t>() const;
 template std::vector<uint8_t> Tensor::to_vector<uint8_t>() const;
+template std::vector<bfloat16> Tensor::to_vector<bfloat16>() const;
+template std::vector<float16> Tensor::to_vector<float16>() const;
 
 float Tensor::item() const {
   GALLEY_CHECK(numel() == 1, "item: the tensor has shape ", shape_str(shape()),
@@ -260,12 +276,34 @@ void Tensor::copy_(const Tensor& src) {
   GALLEY_CHECK(src.shape() == shape() && src.dtype() == dtype(), "copy_: source ",
                shape_str(src.shape()), " ", dtype_name(src.dtype()), " does not match destination ",
                shape_str(shape()), " ", dtype_name(dtype()));
-  GALLEY_CHECK(is_contiguous(), "copy_: the destination must be contiguous");
+  if (numel() == 0) return;
+  if (shares_memory_with(src)) {
+    // The source read as it was: copied out first (unless it is this very view).
+    if (src.impl()->offset == impl_->offset && src.strides() == strides()) return;
+    return copy_(src.detach().clone());
+  }
+  if (!is_contiguous()) {  // a view: through its strides, from a source on its device
+    detail::copy_strided(src.device() == device() ? src : src.detach().to(device()), *this);
+    return;
+  }
   // By the (source, destination) device pair: a plain copy between host memories, a copy queued
   // on the destination GPU's stream otherwise (see copy_bytes for what waits for what).
   Tensor c = src.contiguous();
   detail::copy_bytes(raw_data(), device(), c.raw_data(), c.device(),
                      size_t(numel()) * dtype_size(dtype()));
+}
+
+bool Tensor::shares_memory_with(const Tensor& other) const {
+  if (impl_->storage != other.impl()->storage || numel() == 0 || other.numel() == 0) return false;
+  // The element ranges [first, last] the two views span (a conservative test).
+  auto span = [](const detail::TensorImpl& t) {
+    int64_t last = t.offset;
+    for (size_t d = 0; d < t.shape.size(); ++d) last += (t.shape[d] - 1) * t.strides[d];
+    return std::make_pair(t.offset, last);
+  };
+  const auto [a0, a1] = span(*impl_);
+  const auto [b0, b1] = span(*other.impl());
+  return a0 <= b1 && b0 <= a1;
 }
 
 namespace {
@@ -274,7 +312,12 @@ void store_float(void* p, DType t, int64_t i, float v);
 
 void Tensor::fill_(float value) {
   GALLEY_CHECK_DEFINED("fill_");
-  GALLEY_CHECK(is_contiguous(), "fill_: the tensor must be contiguous");
+  if (!is_contiguous()) {  // a view: the value written through its strides
+    Tensor dense = empty(shape(), dtype(), device());
+    dense.fill_(value);
+    detail::copy_strided(dense, *this);
+    return;
+  }
   if (!device().is_cpu()) {
     // The element's bytes as the host writes them, repeated on the device.
     uint64_t bits = 0;
@@ -356,7 +399,12 @@ Tensor Tensor::reshape(const Shape& new_shape) const {
 
 Tensor Tensor::flatten(int64_t start_axis, int64_t end_axis) const {
   int64_t n = dim();
-  if (n == 0) return reshape({1});
+  if (n == 0) {  // a scalar has one axis to name, 0 or -1 (as PyTorch)
+    GALLEY_CHECK((start_axis == 0 || start_axis == -1) && (end_axis == 0 || end_axis == -1),
+                 "flatten: axes ", start_axis, "..", end_axis,
+                 " invalid for a scalar (0 or -1 only)");
+    return reshape({1});
+  }
   int64_t s = start_axis < 0 ? start_axis + n : start_axis;
   int64_t e = end_axis < 0 ? end_axis + n : end_axis;
   GALLEY_CHECK(s >= 0 && s < n && e >= 0 && e < n && s <= e, "flatten: axes ", start_axis, "..",
@@ -364,7 +412,10 @@ Tensor Tensor::flatten(int64_t start_axis, int64_t end_axis) const {
   Shape out;
   for (int64_t i = 0; i < s; ++i) out.push_back(shape()[i]);
   int64_t merged = 1;
-  for (int64_t i = s; i <= e; ++i) merged *= shape()[i];
+  for (int64_t i = s; i <= e; ++i)
+    GALLEY_CHECK(!__builtin_mul_overflow(merged, shape()[i], &merged), "flatten: axes ", start_axis,
+                 "..", end_axis, " of shape ", shape_str(shape()),
+                 " merge into a size past a 64-bit count");
   out.push_back(merged);
   for (int64_t i = e + 1; i < n; ++i) out.push_back(shape()[i]);
   return reshape(out);
@@ -476,10 +527,17 @@ Tensor Tensor::grad() const {
 
 void Tensor::set_grad(const Tensor& g) {
   GALLEY_CHECK_DEFINED("set_grad");
-  if (g.defined())
+  if (g.defined()) {
     GALLEY_CHECK(g.shape() == shape(), "set_grad: gradient shape ", shape_str(g.shape()),
                  " does not match tensor shape ", shape_str(shape()));
-  impl_->grad = g.impl_ptr();
+    GALLEY_CHECK(g.dtype() == dtype(), "set_grad: a ", dtype_name(g.dtype()), " gradient for a ",
+                 dtype_name(dtype()), " tensor of shape ", shape_str(shape()),
+                 " (a gradient has its tensor's dtype)");
+    GALLEY_CHECK(g.device() == device(), "set_grad: a gradient on ", g.device().str(),
+                 " for a tensor on ", device().str(), " of shape ", shape_str(shape()));
+  }
+  // Accumulation and the data-parallel reductions write gradients as dense arrays.
+  impl_->grad = g.defined() && !g.is_contiguous() ? g.contiguous().impl_ptr() : g.impl_ptr();
 }
 
 void Tensor::register_grad_hook(std::function<void(const Tensor&)> hook) {
@@ -527,10 +585,17 @@ Tensor ones(const Shape& shape, DType dtype, Device device) {
 }
 
 Tensor arange(double start, double end, double step, DType dtype) {
+  GALLEY_CHECK(dtype == DType::Float32 || dtype == DType::Int64, "arange: unsupported dtype ",
+               dtype_name(dtype), " (float32 or int64)");
+  GALLEY_CHECK(std::isfinite(start) && std::isfinite(end) && std::isfinite(step),
+               "arange: unsupported range ", start, " -> ", end, " by ", step);
   GALLEY_CHECK(step != 0, "arange: step must not be zero");
   GALLEY_CHECK((end - start) / step >= 0, "arange: ", start, " to ", end, " by ", step,
                " is empty in the wrong direction");
-  int64_t n = static_cast<int64_t>(std::ceil((end - start) / step));
+  const double count = std::ceil((end - start) / step);
+  GALLEY_CHECK(count < 0x1p62, "arange: ", start, " to ", end, " by ", step, " has ", count,
+               " elements, more than a tensor can hold");
+  int64_t n = static_cast<int64_t>(count);
   Tensor t = Tensor::empty({n}, dtype);
   for (int64_t i = 0; i < n; ++i) {
     double v = start + i * step;

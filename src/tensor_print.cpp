@@ -1,6 +1,9 @@
 // Printing: Tensor::to_string and operator<<.
+#include <algorithm>
+#include <cmath>
 #include <functional>
 #include <iomanip>
+#include <limits>
 #include <ostream>
 #include <sstream>
 
@@ -22,14 +25,29 @@ std::string Tensor::to_string() const {
   Tensor c = contiguous();
   const int64_t n = numel();
   const int64_t edge = 3;  // elements shown at each end of a long row
+  const bool floating = is_floating_point(dtype());
+  auto real = [&](int64_t i) {
+    if (dtype() == DType::Float32) return c.data<float>()[i];
+    if (dtype() == DType::BFloat16) return float(c.data<bfloat16>()[i]);
+    return float(c.data<float16>()[i]);
+  };
+  // PyTorch's choice: scientific notation when the finite non-zero magnitudes span more than
+  // 1000x, pass 1e8, or fall below 1e-4 (fixed point would print 1e-6 as 0.0000).
+  bool scientific = false;
+  if (floating) {
+    float lo = std::numeric_limits<float>::infinity(), hi = 0.f;
+    for (int64_t i = 0; i < n; ++i) {
+      const float a = std::fabs(real(i));
+      if (a == 0.f || !std::isfinite(a)) continue;
+      lo = std::min(lo, a);
+      hi = std::max(hi, a);
+    }
+    scientific = hi > 0.f && (hi / lo > 1000.f || hi > 1e8f || lo < 1e-4f);
+  }
   auto value = [&](int64_t i) {
     std::ostringstream v;
-    if (dtype() == DType::Float32) {
-      v << std::setprecision(4) << std::fixed << c.data<float>()[i];
-    } else if (dtype() == DType::BFloat16) {
-      v << std::setprecision(4) << std::fixed << float(c.data<bfloat16>()[i]);
-    } else if (dtype() == DType::Float16) {
-      v << std::setprecision(4) << std::fixed << float(c.data<float16>()[i]);
+    if (floating) {
+      v << std::setprecision(4) << (scientific ? std::scientific : std::fixed) << real(i);
     } else if (dtype() == DType::Int64) {
       v << c.data<int64_t>()[i];
     } else if (dtype() == DType::UInt8) {

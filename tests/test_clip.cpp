@@ -202,7 +202,9 @@ TEST(ClipGradNorm, BadArgumentsAreErrors) {
   expect_contains(error_of([&] { nn::clip_grad_norm_(params, 1.0, NAN); }), {"norm_type"});
   Tensor p = galley::zeros({2});
   p.set_requires_grad(true);
-  p.set_grad(Tensor::from_vector(std::vector<int64_t>{1, 2}, {2}));
+  const Tensor int_grad = Tensor::from_vector(std::vector<int64_t>{1, 2}, {2});
+  expect_contains(error_of([&] { p.set_grad(int_grad); }), {"set_grad", "int64", "float32"});
+  testutil::force_grad(p, int_grad);
   expect_contains(error_of([&] {
                     nn::clip_grad_norm_({params[0], p}, 1.0);
                   }),
@@ -359,7 +361,7 @@ TEST(ClipGradNorm16Bit, ANonFiniteBFloat16GradientIsNamed) {
   expect_contains(error_of([&] { nn::clip_grad_norm_(low, 1.0); }),
                   {"is inf", "parameter with a non-finite gradient is number 1", "[300]"});
   v[271] = kNaN;
-  low[1].set_grad(Tensor::from_vector(v, {300}).to(galley::DType::Float16));
+  low[1].set_grad(Tensor::from_vector(v, {300}).to(galley::DType::BFloat16));
   expect_contains(error_of([&] { nn::clip_grad_norm_(low, 1.0); }),
                   {"is nan", "parameter with a non-finite gradient is number 1"});
 }

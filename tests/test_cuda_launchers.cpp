@@ -589,14 +589,13 @@ TEST(CudaLaunchers, SumDimMatchesTheCpu) {
                         {64, 64, 49}, {1, 1, 1},    {300, 9, 1},   {2, 100000, 3}};
   for (const Case& c : cases)
     for (bool mean : {false, true}) {
-      const float scale = mean ? 1.f / float(c.len) : 1.f;
+      const float divisor = mean ? float(c.len) : 1.f;
       const std::vector<float> x = exact_values(c.outer * c.len * c.inner);
-      // The op layer's CPU path: the float sum, then the mean's scale.
+      // The op layer's CPU path: the sum, divided by the count for a mean.
       std::vector<float> want(c.outer * c.inner);
-      cpu::sum_dim(x.data(), c.outer, c.len, c.inner, want.data());
-      for (float& v : want) v *= scale;
+      cpu::sum_dim(x.data(), c.outer, c.len, c.inner, want.data(), divisor);
       DeviceFloats dx(x), dout = DeviceFloats::zeros(c.outer * c.inner);
-      gk::sum_dim(dx.get(), c.outer, c.len, c.inner, scale, dout.get(), nullptr);
+      gk::sum_dim(dx.get(), c.outer, c.len, c.inner, divisor, dout.get(), nullptr);
       expect_same(dout.host(), want,
                   "sum_dim " + shape_text({c.outer, c.len, c.inner}) + (mean ? " mean" : ""));
     }
@@ -703,23 +702,23 @@ TEST(CudaLaunchers, SumAllMatchesTheCpuAndIsDeterministic) {
   for (int64_t n : {1, 1000, 4096, 4097, 100003, 3000001})
     for (int64_t pad : {0, 1})
       for (bool mean : {false, true}) {
-        const float scale = mean ? 1.f / float(n) : 1.f;
+        const float divisor = mean ? float(n) : 1.f;
         const std::string what = "sum_all n=" + std::to_string(n) + " pad=" + std::to_string(pad) +
                                  (mean ? " mean" : "");
         // Exact data: every order of summation gives the same bits.
         const std::vector<float> x = exact_values(n);
         DeviceFloats dx(x, pad), dout = DeviceFloats::zeros(1);
-        gk::sum_all(dx.get(), n, scale, dout.get(), nullptr);
-        expect_same(dout.host(), {static_cast<float>(cpu::sum_all(x.data(), n) * scale)}, what);
+        gk::sum_all(dx.get(), n, divisor, dout.get(), nullptr);
+        expect_same(dout.host(), {static_cast<float>(cpu::sum_all(x.data(), n) / divisor)}, what);
         // Normal data: double accumulation on both sides agrees far below float resolution.
         const std::vector<float> y = normal(n);
         double abs_sum = 0;
         for (float v : y) abs_sum += std::abs(v);
         DeviceFloats dy(y, pad), first = DeviceFloats::zeros(1), second = DeviceFloats::zeros(1);
-        gk::sum_all(dy.get(), n, scale, first.get(), nullptr);
-        gk::sum_all(dy.get(), n, scale, second.get(), nullptr);
-        const float want = static_cast<float>(cpu::sum_all(y.data(), n) * scale);
-        expect_within(first.host(), {want}, {1e-6 * abs_sum * scale + 1e-30}, what + " normal");
+        gk::sum_all(dy.get(), n, divisor, first.get(), nullptr);
+        gk::sum_all(dy.get(), n, divisor, second.get(), nullptr);
+        const float want = static_cast<float>(cpu::sum_all(y.data(), n) / divisor);
+        expect_within(first.host(), {want}, {1e-6 * abs_sum / divisor + 1e-30}, what + " normal");
         expect_same(second.host(), first.host(), what + " run twice");
       }
 #endif

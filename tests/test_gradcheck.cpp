@@ -29,6 +29,7 @@ TEST(GradCheck, Mul) {
   gradcheck("mul broadcast", [](auto& v) { return v[0] * v[1]; },
             {rnd({4, 1, 3}, 5), rnd({2, 1}, 6)});
   gradcheck("mul scalar", [](auto& v) { return v[0] * 1.5f; }, {rnd({6}, 5)});
+  gradcheck("div scalar", [](auto& v) { return v[0] / 1.5f; }, {rnd({6}, 5)});
   gradcheck("square", [](auto& v) { return v[0] * v[0]; }, {rnd({6}, 9)});
 }
 

@@ -938,3 +938,74 @@ TEST(DomainEdges, MaskedLogitsPowZeroAndEmptyBatchNormAsPyTorch) {
   bn(galley::randn({0, 3, 4, 4}));
   EXPECT_EQ(bn.state_dict().at("num_batches_tracked").to_vector<int64_t>()[0], 1);  // as PyTorch's
 }
+
+// Long sums keep their small terms: 2e7 ones sum to 2e7 along a dimension (a float32 running sum
+// stops at 2^24), and the gradient of a bias broadcast over ten million rows is their sum.
+TEST(Reductions, LongSumsAlongADimensionAndBroadcastGradientsAreExact) {
+  const Tensor ones = galley::ones({1, 20000000});
+  EXPECT_EQ(galley::sum(ones, 1).item(), 2e7f);
+  EXPECT_EQ(galley::mean(ones, 1).item(), 1.f);
+  const Tensor tenths = galley::full({2, 3000000}, 0.1f);
+  for (float v : galley::sum(tenths, 1).to_vector())
+    EXPECT_NEAR(v, 3e5f, 0.05f);  // the double sum of 3e6 float(0.1)s, rounded once
+  const Tensor columns = galley::full({3000000, 2}, 0.1f);
+  for (float v : galley::sum(columns, 0).to_vector()) EXPECT_NEAR(v, 3e5f, 0.05f);
+  Tensor b = galley::zeros({2}).set_requires_grad(true);
+  galley::add(galley::zeros({10000000, 2}), b).backward(galley::full({10000000, 2}, 0.1f));
+  for (float v : b.grad().to_vector()) EXPECT_NEAR(v, 1e6f, 0.1f);
+  // A bias broadcast along the last dimension (each row reduced to one element).
+  Tensor c = galley::zeros({2, 1}).set_requires_grad(true);
+  galley::add(galley::zeros({2, 10000000}), c).backward(galley::full({2, 10000000}, 0.1f));
+  for (float v : c.grad().to_vector()) EXPECT_NEAR(v, 1e6f, 0.1f);
+}
+
+// A mean divides (as PyTorch's): 7 / 3 rounds to 2.33333325, 7 * float(1 / 3) to 2.33333349.
+TEST(Reductions, AMeanIsTheSumDividedByTheCount) {
+  const Tensor x = Tensor::from_vector({1.f, 2.f, 4.f}, {3});
+  EXPECT_EQ(galley::mean(x).item(), 7.f / 3.f);
+  EXPECT_EQ(galley::mean(x.view({1, 3}), 1).item(), 7.f / 3.f);
+  EXPECT_EQ(galley::mean(x.view({3, 1}), 0).item(), 7.f / 3.f);
+}
+
+// Division by a scalar is a division: 1e-30 / 1e-39 is 1e9 (1e-30 * (1 / 1e-39) overflows),
+// 0 / 1e-39 is 0, and 7 / 3 has division's bits.
+TEST(ScalarOps, DivisionByAScalarDividesInEveryDtype) {
+  const Tensor x = Tensor::from_vector({1e-30f, 0.f, 2.f, 7.f}, {4});
+  const std::vector<float> got = (x / 1e-39f).to_vector();
+  EXPECT_FLOAT_EQ(got[0], 1e-30f / 1e-39f);
+  EXPECT_EQ(got[1], 0.f);
+  EXPECT_EQ(got[2], std::numeric_limits<float>::infinity());
+  EXPECT_EQ((x / 3.f).to_vector()[3], 7.f / 3.f);
+  for (galley::DType d : {galley::DType::BFloat16, galley::DType::Float16}) {
+    // The quotient computed in float32 and rounded once.
+    const Tensor y = Tensor::from_vector({7.f, -5.f, 0.5f}, {3}).to(d);
+    EXPECT_EQ((y / 3.f).to(galley::DType::Float32).to_vector(),
+              (galley::div(y.to(galley::DType::Float32), 3.f))
+                  .to(d)
+                  .to(galley::DType::Float32)
+                  .to_vector());
+  }
+  Tensor a = Tensor::from_vector({1.f, 2.f}, {2}).set_requires_grad(true);
+  Tensor q = a / 3.f;
+  EXPECT_EQ(q.grad_fn_name(), "div_scalar");
+  galley::sum(q).backward();
+  EXPECT_EQ(a.grad().to_vector(), (std::vector<float>{1.f / 3.f, 1.f / 3.f}));
+}
+
+// Scaling keeps the sign of zero: -(+0) is -0, -0 * 2 is -0 (1 / those is -inf, as in PyTorch).
+TEST(ScalarOps, NegationAndScalingKeepTheSignOfZero) {
+  const Tensor z = Tensor::from_vector({0.f, -0.f, 1.f}, {3});
+  for (const Tensor& t : {galley::neg(z), -z, z * -1.f}) {
+    const std::vector<float> v = t.to_vector();
+    EXPECT_TRUE(std::signbit(v[0]));
+    EXPECT_FALSE(std::signbit(v[1]));
+    EXPECT_EQ(v[2], -1.f);
+  }
+  const std::vector<float> twice = (z * 2.f).to_vector();
+  EXPECT_FALSE(std::signbit(twice[0]));
+  EXPECT_TRUE(std::signbit(twice[1]));
+  // The gradients too: d(-x) of a zero gradient is -0.
+  Tensor x = Tensor::from_vector({1.f}, {1}).set_requires_grad(true);
+  galley::neg(x).backward(Tensor::from_vector({0.f}, {1}));
+  EXPECT_TRUE(std::signbit(x.grad().to_vector()[0]));
+}

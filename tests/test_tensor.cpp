@@ -586,9 +586,14 @@ TEST(Printing, LargeTensorsAreAbbreviated) {
 
   Tensor m = galley::arange(0, 10000).reshape({100, 100});
   std::string sm = m.to_string();
-  expect_contains(sm, {"...", "[100, 100]", "9999.0"});
-  EXPECT_EQ(sm.find("5050.0"), std::string::npos);
+  // Magnitudes spanning more than 1000x print in scientific notation, as PyTorch's do.
+  expect_contains(sm, {"...", "[100, 100]", "9.9990e+03", "1.0000e+00"});
+  EXPECT_EQ(sm.find("5.0500e+03"), std::string::npos);
   EXPECT_LT(sm.size(), 2000u) << sm;
+  // Fixed point would print these as 0.0000 and a 21-digit integer.
+  expect_contains(Tensor::from_vector({1e-6f, 2e-6f}, {2}).to_string(), {"1.0000e-06"});
+  expect_contains(Tensor::from_vector({1e20f}, {1}).to_string(), {"1.0000e+20"});
+  expect_contains(Tensor::from_vector({0.5f, 0.f, 120.f}, {3}).to_string(), {"0.5000", "120.0000"});
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -772,6 +777,13 @@ TEST(TensorOps, AddInPlaceWritesWithoutACopyAndRecordsTheSum) {
                     u.add_(w);
                   }),
                   {"add_", "[2, 2]", "does not broadcast", "[2]"});
+  // A tensor added to itself: both terms are its old value, d(y + y)/dy = 2 (PyTorch's 4 = 2 * 2).
+  Tensor x = fvec({1, 2, 3}, {3}).set_requires_grad(true);
+  Tensor y = x * 2.f;
+  y.add_(y);
+  EXPECT_EQ(y.to_vector(), (std::vector<float>{4, 8, 12}));
+  galley::sum(y).backward();
+  EXPECT_EQ(x.grad().to_vector(), (std::vector<float>{4, 4, 4}));
 }
 
 TEST(TensorOps, AddInPlaceRefusesWritesAutogradCannotTrack) {
@@ -849,3 +861,95 @@ TEST(TensorOps, ViewsAndContiguousOnTheGpuMatchTheCpu) {
 }
 
 }  // namespace
+
+// Writes into views: fill_, copy_ and copy_from_host go through the strides; a source sharing
+// memory with the destination is read as it was.
+TEST(TensorViews, FillCopyAndCopyFromHostWriteThroughViews) {
+  Tensor x = galley::arange(0, 12).reshape({3, 4});
+  x.narrow(1, 1, 2).fill_(-1);
+  EXPECT_EQ(x.to_vector(), (std::vector<float>{0, -1, -1, 3, 4, -1, -1, 7, 8, -1, -1, 11}));
+  x.select(1, 2).copy_(fvec({9, 9, 9}, {3}));
+  EXPECT_EQ(x.to_vector(), (std::vector<float>{0, -1, 9, 3, 4, -1, 9, 7, 8, -1, 9, 11}));
+  const std::vector<float> host{5, 6, 7};
+  x.select(1, 0).copy_from_host(host.data());
+  EXPECT_EQ(x.to_vector(), (std::vector<float>{5, -1, 9, 3, 6, -1, 9, 7, 7, -1, 9, 11}));
+  // A transposed source into a contiguous destination, and the other way round.
+  Tensor t = Tensor::empty({4, 3});
+  t.copy_(x.transpose(0, 1));
+  EXPECT_EQ(t.to_vector(), x.transpose(0, 1).contiguous().to_vector());
+  Tensor u = Tensor::empty({3, 4});
+  u.transpose(0, 1).copy_(t);
+  EXPECT_EQ(u.to_vector(), x.to_vector());
+  // Overlapping views of one buffer: the source as it was before the copy (PyTorch refuses).
+  Tensor a = galley::arange(0, 6);
+  a.narrow(0, 1, 5).copy_(a.narrow(0, 0, 5));
+  EXPECT_EQ(a.to_vector(), (std::vector<float>{0, 0, 1, 2, 3, 4}));
+  Tensor b = galley::arange(0, 6);
+  b.narrow(0, 0, 5).copy_(b.narrow(0, 1, 5));
+  EXPECT_EQ(b.to_vector(), (std::vector<float>{1, 2, 3, 4, 5, 5}));
+  b.copy_(b);  // itself: nothing to do
+  EXPECT_EQ(b.to_vector(), (std::vector<float>{1, 2, 3, 4, 5, 5}));
+  EXPECT_TRUE(a.narrow(0, 0, 3).shares_memory_with(a.narrow(0, 2, 3)));
+  EXPECT_FALSE(a.narrow(0, 0, 3).shares_memory_with(a.narrow(0, 3, 3)));
+  EXPECT_FALSE(a.shares_memory_with(a.clone()));
+  // Every dtype.
+  for (DType d : {DType::BFloat16, DType::Float16, DType::Int64}) {
+    Tensor y = galley::zeros({2, 3}, {.dtype = d});
+    y.select(1, 1).fill_(2);
+    EXPECT_EQ(y.to(DType::Float32).to_vector(), (std::vector<float>{0, 2, 0, 0, 2, 0}))
+        << galley::dtype_name(d);
+  }
+}
+
+// Dimensions of size 1 may have any stride, and an empty tensor is contiguous (PyTorch's rule):
+// view() and fill_() take them as they are.
+TEST(TensorViews, SizeOneDimensionsAndEmptyTensorsAreContiguous) {
+  Tensor t = galley::arange(0, 4).reshape({4, 1}).transpose(0, 1);  // [1, 4], strides [1, 1]
+  EXPECT_TRUE(t.is_contiguous());
+  EXPECT_EQ(t.view({4}).to_vector(), (std::vector<float>{0, 1, 2, 3}));
+  Tensor base = galley::arange(0, 4).reshape({4, 1});
+  base.transpose(0, 1).fill_(7);
+  EXPECT_EQ(base.to_vector(), (std::vector<float>{7, 7, 7, 7}));
+  EXPECT_EQ(t.contiguous().raw_data(), t.raw_data()) << "no copy for a contiguous tensor";
+  Tensor e = galley::zeros({5, 0}).transpose(0, 1);
+  EXPECT_TRUE(e.is_contiguous());
+  EXPECT_EQ(e.view({0}).numel(), 0);
+  EXPECT_FALSE(galley::arange(0, 6).reshape({2, 3}).transpose(0, 1).is_contiguous());
+}
+
+TEST(TensorGrad, SetGradChecksDtypeAndDeviceAndTakesAStridedGradient) {
+  Tensor x = galley::zeros({3, 4}).set_requires_grad(true);
+  expect_contains(error_of([&] {
+                    x.set_grad(galley::zeros({3, 4}, {.dtype = DType::BFloat16}));
+                  }),
+                  {"set_grad", "bfloat16", "float32", "[3, 4]"});
+  expect_contains(error_of([&] {
+                    x.set_grad(galley::zeros({3, 4}, {.device = galley::Device::cpu(1)}));
+                  }),
+                  {"set_grad", "cpu:1"});
+  x.set_grad(galley::ones({4, 3}).transpose(0, 1));
+  galley::sum(x).backward();
+  EXPECT_EQ(x.grad().to_vector(), std::vector<float>(12, 2.f));
+}
+
+TEST(TensorEdges, SplitArangeAndFlattenAtTheLimits) {
+  // A split size near the largest integer: one piece, no overflowing loop.
+  const auto pieces = galley::split(galley::zeros({2, 5}), INT64_MAX - 1, 1);
+  ASSERT_EQ(pieces.size(), 1u);
+  EXPECT_EQ(pieces[0].shape(), (Shape{2, 5}));
+  expect_contains(error_of([] { galley::arange(0, INFINITY); }), {"arange", "inf"});
+  expect_contains(error_of([] { galley::arange(0, 1e30); }), {"arange", "more than"});
+  expect_contains(error_of([] { galley::arange(0, 0, 1, DType::Float16); }), {"arange", "float16"});
+  const Tensor s = galley::full({}, 3.f);
+  EXPECT_EQ(s.flatten().shape(), (Shape{1}));
+  EXPECT_EQ(s.flatten(-1, 0).shape(), (Shape{1}));
+  expect_contains(error_of([&] { s.flatten(5, 9); }), {"flatten", "5", "scalar"});
+  expect_contains(error_of([] {
+                    galley::zeros({0, INT64_MAX, INT64_MAX}).flatten(1);
+                  }),
+                  {"flatten", "64-bit"});
+  // 16-bit elements to a host vector of their own type.
+  const Tensor h = Tensor::from_vector({1.5f, -2.f}, {2}).to(DType::BFloat16);
+  EXPECT_EQ(float(h.to_vector<galley::bfloat16>()[0]), 1.5f);
+  EXPECT_EQ(float(h.to(DType::Float16).to_vector<galley::float16>()[1]), -2.f);
+}

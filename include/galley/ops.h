@@ -21,6 +21,8 @@ Tensor div(const Tensor& a, const Tensor& b);
 Tensor add(const Tensor& a, float s);
 /// a * s.
 Tensor mul(const Tensor& a, float s);
+/// a / s, a true division (as PyTorch's; not a product with 1 / s).
+Tensor div(const Tensor& a, float s);
 /// -a.
 Tensor neg(const Tensor& a);
 /// e^a.
@@ -89,7 +91,7 @@ inline Tensor operator*(float s, const Tensor& a) {
   return mul(a, s);
 }
 inline Tensor operator/(const Tensor& a, float s) {
-  return mul(a, 1.f / s);
+  return div(a, s);
 }
 inline Tensor operator-(const Tensor& a) {
   return neg(a);

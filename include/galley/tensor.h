@@ -167,7 +167,8 @@ class Tensor {
   DType dtype() const;
   /// Where the data lives.
   Device device() const;
-  /// True when strides are row-major dense.
+  /// True when the elements lie row-major dense (the stride of a dimension of size 1 does not
+  /// matter, and an empty tensor is contiguous, as in PyTorch).
   bool is_contiguous() const;
   /// True when the data is in page-locked host memory.
   bool is_pinned() const;
@@ -175,6 +176,8 @@ class Tensor {
   Tensor pin_memory() const;
   /// True when `other` is a handle to the same tensor.
   bool is_same(const Tensor& other) const { return impl_ == other.impl_; }
+  /// True when the two may share elements: views of one storage whose element ranges overlap.
+  bool shares_memory_with(const Tensor& other) const;
 
   /// Typed pointer to the first element, for host code: checks the dtype, and that the data is
   /// in host memory (a GPU tensor is read after `.to(Device::cpu())`).
@@ -193,13 +196,16 @@ class Tensor {
   std::vector<T> to_vector() const;
   /// Copies the elements (row-major) into `dst`, which must hold numel() elements.
   void copy_to_host(void* dst) const;
-  /// Overwrites the elements from host memory holding numel() elements of dtype().
+  /// Overwrites the elements from host memory holding numel() elements of dtype(), row-major
+  /// (into a view too: through its strides).
   void copy_from_host(const void* src);
   /// Overwrites this tensor's elements with `src`'s (same shape and dtype, any devices: host to
-  /// GPU, GPU to host, between GPUs); no autograd. A copy onto a GPU is queued on its compute
-  /// stream and returns once `src` may be reused; one to the host returns when it is done.
+  /// GPU, GPU to host, between GPUs); no autograd. Either may be a view: the elements go through
+  /// both strides, and a source that shares memory with the destination is read as it was
+  /// before the copy. A copy onto a GPU is queued on its compute stream and returns once `src`
+  /// may be reused; one to the host returns when it is done.
   void copy_(const Tensor& src);
-  /// Sets every element to `value`; no autograd.
+  /// Sets every element to `value` (of a view too: the elements it shows); no autograd.
   void fill_(float value);
   /// Sets every element to zero; no autograd.
   void zero_() { fill_(0.f); }
@@ -245,7 +251,8 @@ class Tensor {
   bool is_leaf() const;
   /// The accumulated gradient (undefined until a backward pass reaches it).
   Tensor grad() const;
-  /// Replaces the accumulated gradient (undefined to clear).
+  /// Replaces the accumulated gradient (undefined to clear): of this tensor's shape, dtype and
+  /// device. A gradient that is not contiguous is stored as a contiguous copy.
   void set_grad(const Tensor& g);
   /// Calls `hook(grad)` each time a gradient has been accumulated into this leaf.
   void register_grad_hook(std::function<void(const Tensor&)> hook);

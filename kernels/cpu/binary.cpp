@@ -8,6 +8,7 @@
 #include "kernels/convert.h"
 #include "kernels/cpu/parallel.h"
 #include "kernels/cpu/staged.h"
+#include "kernels/reduce.h"
 
 namespace galley::kernels::cpu {
 namespace {
@@ -64,10 +65,12 @@ void run(const T* a, const int64_t* as, const T* b, const int64_t* bs, T* o, con
 
 void sum_to_float32(const float* g, const int64_t* gs, float* out, const int64_t* shape, int d) {
   const int64_t n = count(gs, d), inner = d ? gs[d - 1] : 1, rows = inner ? n / inner : 0;
-  std::fill_n(out, count(shape, d), 0.f);
+  const int64_t n_out = count(shape, d);
   const std::vector<int64_t> so = broadcast_strides(shape, d);
   const int64_t io = d ? so[d - 1] : 0;
-  // Serial: many rows may add into the same output element.
+  // Serial: many rows may add into the same output element. The sums are kept in double (a
+  // bias broadcast over ten million rows lost a tenth of its gradient in a float32 sum).
+  std::vector<double> acc(size_t(n_out), 0.0);
   for (int64_t r = 0; r < rows; ++r) {
     int64_t oo = 0, rem = r;
     for (int k = d - 2; k >= 0; --k) {
@@ -76,15 +79,14 @@ void sum_to_float32(const float* g, const int64_t* gs, float* out, const int64_t
     }
     const float* row = g + r * inner;
     if (io) {
+      double* a = acc.data() + oo;
 #pragma omp simd
-      for (int64_t i = 0; i < inner; ++i) out[oo + i] += row[i];
+      for (int64_t i = 0; i < inner; ++i) a[i] += double(row[i]);
     } else {
-      float s = 0.f;
-#pragma omp simd reduction(+ : s)
-      for (int64_t i = 0; i < inner; ++i) s += row[i];
-      out[oo] += s;
+      acc[size_t(oo)] += sum_all(row, inner);
     }
   }
+  for (int64_t i = 0; i < n_out; ++i) out[i] = static_cast<float>(acc[size_t(i)]);
 }
 
 }  // namespace

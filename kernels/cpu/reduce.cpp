@@ -7,27 +7,44 @@
 
 namespace galley::kernels::cpu {
 
-void sum_dim(const float* x, int64_t outer, int64_t len, int64_t inner, float* out) {
-  parallel_balanced(outer,
-                    std::max<int64_t>(1, kElementwiseGrain / std::max<int64_t>(len * inner, 1)),
-                    [&](int64_t o0, int64_t o1) {
-                      for (int64_t o = o0; o < o1; ++o) {
-                        float* r = out + o * inner;
-                        std::fill_n(r, inner, 0.f);
-                        for (int64_t l = 0; l < len; ++l) {
-                          const float* xr = x + (o * len + l) * inner;
-#pragma omp simd
-                          for (int64_t i = 0; i < inner; ++i) r[i] += xr[i];
-                        }
-                      }
-                    });
-}
-
 double sum_all(const float* x, int64_t n) {
   double s = 0.0;
 #pragma omp simd reduction(+ : s)
   for (int64_t i = 0; i < n; ++i) s += x[i];
   return s;
+}
+
+void sum_rows(const float* x, int64_t rows, int64_t ld, int64_t n, float* out, bool accumulate,
+              double divisor) {
+  // Columns in blocks whose double sums stay in the L1 cache, each row's part of the block one
+  // vectorised pass.
+  constexpr int64_t kBlock = 512;
+  double acc[kBlock];
+  for (int64_t j0 = 0; j0 < n; j0 += kBlock) {
+    const int64_t m = std::min(kBlock, n - j0);
+    for (int64_t j = 0; j < m; ++j) acc[j] = accumulate ? double(out[j0 + j]) : 0.0;
+    for (int64_t r = 0; r < rows; ++r) {
+      const float* xr = x + r * ld + j0;
+#pragma omp simd
+      for (int64_t j = 0; j < m; ++j) acc[j] += double(xr[j]);
+    }
+    for (int64_t j = 0; j < m; ++j) out[j0 + j] = static_cast<float>(acc[j] / divisor);
+  }
+}
+
+void sum_dim(const float* x, int64_t outer, int64_t len, int64_t inner, float* out,
+             double divisor) {
+  parallel_balanced(outer,
+                    std::max<int64_t>(1, kElementwiseGrain / std::max<int64_t>(len * inner, 1)),
+                    [&](int64_t o0, int64_t o1) {
+                      for (int64_t o = o0; o < o1; ++o) {
+                        const float* xo = x + o * len * inner;
+                        if (inner == 1)  // a contiguous row: one vectorised double sum
+                          out[o] = static_cast<float>(sum_all(xo, len) / divisor);
+                        else
+                          sum_rows(xo, len, inner, inner, out + o * inner, false, divisor);
+                      }
+                    });
 }
 
 void expand_dim(const float* g, int64_t outer, int64_t len, int64_t inner, float scale,
@@ -56,12 +73,7 @@ void argmax_dim(const float* x, int64_t outer, int64_t len, int64_t inner, int64
 }
 
 void column_sums(const float* g, int64_t rows, int64_t n, float* out, bool accumulate) {
-  if (!accumulate) std::fill_n(out, n, 0.f);
-  for (int64_t i = 0; i < rows; ++i) {
-    const float* r = g + i * n;
-#pragma omp simd
-    for (int64_t j = 0; j < n; ++j) out[j] += r[j];
-  }
+  sum_rows(g, rows, n, n, out, accumulate, 1.0);
 }
 
 }  // namespace galley::kernels::cpu

@@ -151,6 +151,8 @@ void unary(UnaryOp op, DType dtype, const void* a, void* out, int64_t n, float p
                                [](float x) { return um::gelu_tanh<M>(x); });
     case UnaryOp::LeakyRelu:
       return map("leaky_relu", dtype, a, out, n, [=](float x) { return um::leaky_relu(x, p0); });
+    case UnaryOp::Div:
+      return map("div", dtype, a, out, n, [=](float x) { return x / p0; });
   }
 }
 

@@ -58,13 +58,13 @@ __device__ __forceinline__ void store(float* out, float v, bool accumulate) {
 }
 
 // The innermost dimension is reduced. One group (a warp, or the whole block when kWarp is
-// false) per output: out[o] = scale * sum_j g[offset(kept, o) + offset(red, j)]. When the
+// false) per output: out[o] = sum_j g[offset(kept, o) + offset(red, j)] / divisor. When the
 // innermost reduced dimension (contiguous) is long, rows of it are walked with no division per
 // element (red_outer describes the reduced dimensions above it).
 template <typename Index, bool kWarp>
 __global__ void __launch_bounds__(1024)
     reduce_inner_kernel(const float* __restrict__ g, Dims kept, Dims red, Dims red_outer,
-                        Index n_out, Index n_red, Index red_inner, bool by_rows, float scale,
+                        Index n_out, Index n_red, Index red_inner, bool by_rows, float divisor,
                         bool accumulate, float* __restrict__ out) {
   __shared__ float scratch[32];
   const Index group_size = kWarp ? 32 : blockDim.x;
@@ -89,7 +89,7 @@ __global__ void __launch_bounds__(1024)
       acc = warp_sum(acc);
     else
       acc = block_sum(acc, scratch);
-    if (lane == 0) store(out + o, acc * scale, accumulate);
+    if (lane == 0) store(out + o, acc / divisor, accumulate);
   }
 }
 
@@ -102,7 +102,7 @@ __global__ void __launch_bounds__(1024)
 template <typename Index>
 __global__ void reduce_outer_kernel(const float* __restrict__ g, Dims kept_outer, Dims red,
                                     Index n_kept_outer, Index inner, Index n_red, Index chunk,
-                                    float scale, bool accumulate, float* __restrict__ partials,
+                                    float divisor, bool accumulate, float* __restrict__ partials,
                                     float* __restrict__ out) {
   __shared__ float tile[kThreads];
   const Index tx = blockDim.x, ty = blockDim.y, x = threadIdx.x, y = threadIdx.y;
@@ -129,7 +129,7 @@ __global__ void reduce_outer_kernel(const float* __restrict__ g, Dims kept_outer
       if (partials)
         partials[Index(blockIdx.y) * n_kept_outer * inner + o] = tile[x];
       else
-        store(out + o, tile[x] * scale, accumulate);
+        store(out + o, tile[x] / divisor, accumulate);
     }
     __syncthreads();
   }
@@ -138,7 +138,7 @@ __global__ void reduce_outer_kernel(const float* __restrict__ g, Dims kept_outer
 // The second pass of a split sum. Block (tx, lanes): lane y adds parts y, y + lanes, ... in
 // order, then a fixed tree over the lanes. Both are set by the number of parts alone.
 __global__ void sum_partials_kernel(const float* __restrict__ partials, unsigned parts, unsigned n,
-                                    float scale, bool accumulate, float* __restrict__ out) {
+                                    float divisor, bool accumulate, float* __restrict__ out) {
   __shared__ float tile[kThreads];
   const unsigned tx = blockDim.x, lanes = blockDim.y, x = threadIdx.x, y = threadIdx.y;
   for (unsigned base = blockIdx.x * tx; base < n; base += gridDim.x * tx) {
@@ -152,7 +152,7 @@ __global__ void sum_partials_kernel(const float* __restrict__ partials, unsigned
       if (y < s) tile[y * tx + x] += tile[(y + s) * tx + x];
       __syncthreads();
     }
-    if (y == 0 && j < n) store(out + j, tile[x] * scale, accumulate);
+    if (y == 0 && j < n) store(out + j, tile[x] / divisor, accumulate);
     __syncthreads();
   }
 }
@@ -164,7 +164,7 @@ __global__ void sum_partials_kernel(const float* __restrict__ partials, unsigned
 // do too.
 template <bool kVec>
 __global__ void __launch_bounds__(kThreads)
-    sum_all_kernel(const float* __restrict__ x, int64_t n, float scale, bool accumulate,
+    sum_all_kernel(const float* __restrict__ x, int64_t n, float divisor, bool accumulate,
                    double* __restrict__ partials, float* __restrict__ out) {
   __shared__ double scratch[32];
   const int64_t threads = int64_t(gridDim.x) * kThreads;
@@ -190,17 +190,17 @@ __global__ void __launch_bounds__(kThreads)
   if (partials)
     partials[blockIdx.x] = acc;
   else
-    store(out, static_cast<float>(acc * double(scale)), accumulate);
+    store(out, static_cast<float>(acc / double(divisor)), accumulate);
 }
 
 __global__ void __launch_bounds__(kThreads)
-    sum_all_finish_kernel(const double* __restrict__ partials, int blocks, float scale,
+    sum_all_finish_kernel(const double* __restrict__ partials, int blocks, float divisor,
                           bool accumulate, float* __restrict__ out) {
   __shared__ double scratch[32];
   double s = 0.0;
   for (int i = threadIdx.x; i < blocks; i += kThreads) s += partials[i];
   s = block_sum(s, scratch);
-  if (threadIdx.x == 0) store(out, static_cast<float>(s * double(scale)), accumulate);
+  if (threadIdx.x == 0) store(out, static_cast<float>(s / double(divisor)), accumulate);
 }
 
 // out[o, l, i] = g[o, i] * scale, in units V along i (float4 when inner % 4 == 0 and aligned).
@@ -290,26 +290,26 @@ int64_t pow2_ceil(int64_t v) {
 
 // sum_all: one block per kSumChunk elements, at most kSumBlocks; more than one block splits the
 // sum (partials in scratch, then sum_all_finish_kernel).
-void launch_sum_all(const float* x, int64_t n, float scale, bool accumulate, float* out,
+void launch_sum_all(const float* x, int64_t n, float divisor, bool accumulate, float* out,
                     cudaStream_t st) {
   const int blocks =
       static_cast<int>(std::clamp<int64_t>((n + kSumChunk - 1) / kSumChunk, 1, kSumBlocks));
   const bool vec = aligned16(x);
   if (blocks == 1) {
     if (vec)
-      sum_all_kernel<true><<<1, kThreads, 0, st>>>(x, n, scale, accumulate, nullptr, out);
+      sum_all_kernel<true><<<1, kThreads, 0, st>>>(x, n, divisor, accumulate, nullptr, out);
     else
-      sum_all_kernel<false><<<1, kThreads, 0, st>>>(x, n, scale, accumulate, nullptr, out);
+      sum_all_kernel<false><<<1, kThreads, 0, st>>>(x, n, divisor, accumulate, nullptr, out);
     return;
   }
   ReduceScratch scratch(st, size_t(blocks) * sizeof(double), "sum_all");
   double* partials = static_cast<double*>(scratch.get());
   if (!partials) return;
   if (vec)
-    sum_all_kernel<true><<<blocks, kThreads, 0, st>>>(x, n, scale, accumulate, partials, out);
+    sum_all_kernel<true><<<blocks, kThreads, 0, st>>>(x, n, divisor, accumulate, partials, out);
   else
-    sum_all_kernel<false><<<blocks, kThreads, 0, st>>>(x, n, scale, accumulate, partials, out);
-  sum_all_finish_kernel<<<1, kThreads, 0, st>>>(partials, blocks, scale, accumulate, out);
+    sum_all_kernel<false><<<blocks, kThreads, 0, st>>>(x, n, divisor, accumulate, partials, out);
+  sum_all_finish_kernel<<<1, kThreads, 0, st>>>(partials, blocks, divisor, accumulate, out);
 }
 
 // How a sum over the outer (strided) dimensions is split across grid rows: `chunks` rows of
@@ -363,7 +363,7 @@ void plan_add(ReducePlan& p, int64_t size, bool reduced, const char* what) {
 }
 
 template <typename Index>
-void launch_reduce(const ReducePlan& p, const float* g, float scale, bool accumulate, float* out,
+void launch_reduce(const ReducePlan& p, const float* g, float divisor, bool accumulate, float* out,
                    cudaStream_t st) {
   int64_t strides[kMaxDims];
   int64_t acc = 1;
@@ -390,8 +390,8 @@ void launch_reduce(const ReducePlan& p, const float* g, float scale, bool accumu
     const OuterSplit split = split_outer(tiles, ty, n_red, n_out);
     if (split.chunks == 1) {
       reduce_outer_kernel<Index><<<blocks_for(tiles, 1), block, 0, st>>>(
-          g, kept_outer, red, Index(n_out / inner), Index(inner), Index(n_red), Index(n_red), scale,
-          accumulate, nullptr, out);
+          g, kept_outer, red, Index(n_out / inner), Index(inner), Index(n_red), Index(n_red),
+          divisor, accumulate, nullptr, out);
       return;
     }
     ReduceScratch scratch(st, size_t(split.chunks * n_out) * sizeof(float), "a column sum");
@@ -399,14 +399,14 @@ void launch_reduce(const ReducePlan& p, const float* g, float scale, bool accumu
     if (!partials) return;
     const dim3 grid(static_cast<unsigned>(blocks_for(tiles, 1)),
                     static_cast<unsigned>(split.chunks));
-    reduce_outer_kernel<Index>
-        <<<grid, block, 0, st>>>(g, kept_outer, red, Index(n_out / inner), Index(inner),
-                                 Index(n_red), Index(split.rows), scale, accumulate, partials, out);
-    sum_partials(partials, split.chunks, n_out, scale, accumulate, out, st);
+    reduce_outer_kernel<Index><<<grid, block, 0, st>>>(
+        g, kept_outer, red, Index(n_out / inner), Index(inner), Index(n_red), Index(split.rows),
+        divisor, accumulate, partials, out);
+    sum_partials(partials, split.chunks, n_out, divisor, accumulate, out, st);
     return;
   }
   if (n_out == 1 && n_red > kSumChunk) {
-    launch_sum_all(g, n_red, scale, accumulate, out, st);  // spread over the whole GPU, in double
+    launch_sum_all(g, n_red, divisor, accumulate, out, st);  // spread over the whole GPU, in double
     return;
   }
   const int64_t red_inner = p.size[p.rank - 1];
@@ -416,17 +416,17 @@ void launch_reduce(const ReducePlan& p, const float* g, float scale, bool accumu
     const int warps = kThreads / 32;
     reduce_inner_kernel<Index, true><<<blocks_for(n_out, warps), kThreads, 0, st>>>(
         g, kept, red, red_outer, Index(n_out), Index(n_red), Index(red_inner), red_inner >= 32,
-        scale, accumulate, out);
+        divisor, accumulate, out);
   } else {
     const int threads = n_out < 128 ? 1024 : kThreads;
     reduce_inner_kernel<Index, false><<<blocks_for(n_out, 1), threads, 0, st>>>(
         g, kept, red, red_outer, Index(n_out), Index(n_red), Index(red_inner), red_inner >= threads,
-        scale, accumulate, out);
+        divisor, accumulate, out);
   }
 }
 
 // Runs the plan over g (n_g elements) into out (n_out elements).
-void run_reduce(const ReducePlan& p, const float* g, float scale, bool accumulate, float* out,
+void run_reduce(const ReducePlan& p, const float* g, float divisor, bool accumulate, float* out,
                 cudaStream_t st) {
   int64_t n_g = 1, n_out = 1;
   bool any_reduced = false;
@@ -438,23 +438,23 @@ void run_reduce(const ReducePlan& p, const float* g, float scale, bool accumulat
       n_out *= p.size[k];
   }
   if (n_out == 0) return;
-  if (n_g == 0) {  // an empty reduction: the sum is 0, scaled as the host does (a mean: NaN)
+  if (n_g == 0) {  // an empty reduction: the sum is 0, divided as the host does (a mean: NaN)
     if (!accumulate) {
-      const float v = 0.f * scale;
+      const float v = 0.f / divisor;
       uint32_t bits;
       std::memcpy(&bits, &v, sizeof bits);
       fill_u32(reinterpret_cast<uint32_t*>(out), size_t(n_out), bits, st);
     }
     return;
   }
-  if (!any_reduced && !accumulate && scale == 1.f) {
+  if (!any_reduced && !accumulate && divisor == 1.f) {
     cudaMemcpyAsync(out, g, size_t(n_out) * sizeof(float), cudaMemcpyDeviceToDevice, st);
     return;
   }
   if (n_g <= INT32_MAX)
-    launch_reduce<uint32_t>(p, g, scale, accumulate, out, st);
+    launch_reduce<uint32_t>(p, g, divisor, accumulate, out, st);
   else
-    launch_reduce<int64_t>(p, g, scale, accumulate, out, st);
+    launch_reduce<int64_t>(p, g, divisor, accumulate, out, st);
 }
 
 }  // namespace
@@ -546,14 +546,14 @@ ReduceScratch::~ReduceScratch() {
   if (in_graph_ && cudaFreeAsync(p_, stream_) != cudaSuccess) (void)cudaGetLastError();
 }
 
-void sum_partials(const float* partials, int64_t parts, int64_t n, float scale, bool accumulate,
+void sum_partials(const float* partials, int64_t parts, int64_t n, float divisor, bool accumulate,
                   float* out, cudaStream_t stream) {
   if (n <= 0) return;
   const int64_t lanes = std::min<int64_t>(pow2_ceil(parts), 32);
   const int64_t tx = kThreads / lanes;
   const dim3 block(static_cast<unsigned>(tx), static_cast<unsigned>(lanes));
-  sum_partials_kernel<<<blocks_for(n, tx), block, 0, stream>>>(partials, unsigned(parts),
-                                                               unsigned(n), scale, accumulate, out);
+  sum_partials_kernel<<<blocks_for(n, tx), block, 0, stream>>>(
+      partials, unsigned(parts), unsigned(n), divisor, accumulate, out);
 }
 
 void sum_to_float32(const float* g, const int64_t* g_shape, float* out, const int64_t* shape,
@@ -564,13 +564,13 @@ void sum_to_float32(const float* g, const int64_t* g_shape, float* out, const in
   run_reduce(p, g, 1.f, false, out, static_cast<cudaStream_t>(stream));
 }
 
-void sum_dim(const float* x, int64_t outer, int64_t len, int64_t inner, float scale, float* out,
+void sum_dim(const float* x, int64_t outer, int64_t len, int64_t inner, float divisor, float* out,
              void* stream) {
   ReducePlan p;
   plan_add(p, outer, false, "sum_dim");
   plan_add(p, len, true, "sum_dim");
   plan_add(p, inner, false, "sum_dim");
-  run_reduce(p, x, scale, false, out, static_cast<cudaStream_t>(stream));
+  run_reduce(p, x, divisor, false, out, static_cast<cudaStream_t>(stream));
 }
 
 void column_sums(const float* g, int64_t rows, int64_t n, float* out, bool accumulate,
@@ -581,8 +581,8 @@ void column_sums(const float* g, int64_t rows, int64_t n, float* out, bool accum
   run_reduce(p, g, 1.f, accumulate, out, static_cast<cudaStream_t>(stream));
 }
 
-void sum_all(const float* x, int64_t n, float scale, float* out, void* stream) {
-  launch_sum_all(x, std::max<int64_t>(n, 0), scale, /*accumulate=*/false, out,
+void sum_all(const float* x, int64_t n, float divisor, float* out, void* stream) {
+  launch_sum_all(x, std::max<int64_t>(n, 0), divisor, /*accumulate=*/false, out,
                  static_cast<cudaStream_t>(stream));
 }
 

@@ -23,6 +23,12 @@ struct AffineOp {
   float scale, shift;
   __device__ float operator()(float x) const { return x * scale + shift; }
 };
+struct DivOp {
+  float divisor;
+  __device__ float operator()(float x) const {
+    return x / divisor;
+  }  // IEEE division (no fast math)
+};
 struct ExpOp {
   __device__ float operator()(float x) const { return expf(x); }
 };
@@ -138,6 +144,8 @@ void unary(UnaryOp op, DType dtype, const void* a, void* out, int64_t n, float p
         return launch_map(x, y, n, GeluTanhOp{}, st);
       case UnaryOp::LeakyRelu:
         return launch_map(x, y, n, LeakyReluOp{p0}, st);
+      case UnaryOp::Div:
+        return launch_map(x, y, n, DivOp{p0}, st);
     }
   });
 }

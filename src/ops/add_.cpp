@@ -66,11 +66,16 @@ Tensor add_(const Tensor& a, const Tensor& b) {
   Tensor old(std::move(before));
   const Shape sb = b.shape();
   const DType db = b.dtype();
-  return autograd::record(a, "add_", {old, b}, [sb, db](const Tensor& g, std::vector<Tensor>& gi) {
-    gi[0] = g;
-    gi[1] = detail::sum_to(g, sb);
-    if (gi[1].dtype() != db) gi[1] = gi[1].to(db);  // b's gradient in b's dtype (autocast)
-  });
+  // a.add_(a): b was a's old value, so both inputs are the old history (b itself is now the
+  // node's output, and an input of its own node would drop its gradient).
+  const Tensor addend = b.is_same(a) ? old : b;
+  return autograd::record(a, "add_", {old, addend},
+                          [sb, db](const Tensor& g, std::vector<Tensor>& gi) {
+                            gi[0] = g;
+                            gi[1] = detail::sum_to(g, sb);
+                            if (gi[1].dtype() != db)
+                              gi[1] = gi[1].to(db);  // b's gradient in b's dtype (autocast)
+                          });
 }
 
 Tensor& Tensor::add_(const Tensor& other) {

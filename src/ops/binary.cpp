@@ -116,7 +116,7 @@ Tensor sub(const Tensor& a, const Tensor& b) {
   return record(out, "sub", {a, b},
                 [sa = a.shape(), sb = b.shape()](const Tensor& g, std::vector<Tensor>& gi) {
                   gi[0] = sum_to(g, sa);
-                  gi[1] = sum_to(detail::affine(g, -1.f, 0.f), sb);
+                  gi[1] = sum_to(detail::scaled(g, -1.f), sb);
                 });
 }
 
@@ -153,7 +153,7 @@ Tensor div(const Tensor& a, const Tensor& b) {
     Tensor g_over_b = binary(BinaryOp::Div, g, db);
     gi[0] = sum_to(g_over_b, sa);
     // d(a/b)/db = -(a/b)/b = -out/b
-    gi[1] = sum_to(detail::affine(binary(BinaryOp::Mul, g_over_b, dout), -1.f, 0.f), db.shape());
+    gi[1] = sum_to(detail::scaled(binary(BinaryOp::Mul, g_over_b, dout), -1.f), db.shape());
   });
 }
 

@@ -100,7 +100,7 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& labels, const CrossEntr
     out = Tensor::empty({}, DType::Float32, dev);
     out.data_ptr<float>()[0] = static_cast<float>(s);
   } else {
-    out = detail::sum_all(per_row, 1.f);
+    out = detail::sum_all(per_row, 1.0);
     if (mean) out = row_scales(out, 1.f, 1, count_dev).view({});
   }
   Tensor result = detail::rounded(out, dtype);

@@ -16,15 +16,15 @@ namespace cpu = kernels::cpu;
 namespace gpu = kernels::cuda;
 
 namespace detail {
-Tensor sum_all(const Tensor& x, float scale) {
+Tensor sum_all(const Tensor& x, double divisor) {
   Tensor cx = x.contiguous();
   Tensor out = Tensor::empty({}, DType::Float32, x.device());
   if (x.device().is_cuda()) {
-    gpu::sum_all(cx.data_ptr<float>(), cx.numel(), scale, out.data_ptr<float>(),
-                 stream(x.device()));
+    gpu::sum_all(cx.data_ptr<float>(), cx.numel(), static_cast<float>(divisor),
+                 out.data_ptr<float>(), stream(x.device()));
   } else {
     out.data_ptr<float>()[0] =
-        static_cast<float>(cpu::sum_all(cx.data_ptr<float>(), cx.numel()) * scale);
+        static_cast<float>(cpu::sum_all(cx.data_ptr<float>(), cx.numel()) / divisor);
   }
   return out;
 }
@@ -56,13 +56,15 @@ Tensor expand_dim(const Tensor& g, const Shape& shape, const detail::Split3& sp,
   return grad;
 }
 
-Tensor scaled_sum_all(const Tensor& x, float scale, const char* name) {
+// The sum / divisor (1 for a sum, the count for a mean); its backward spreads g / divisor.
+Tensor divided_sum_all(const Tensor& x, double divisor, const char* name) {
   profiler::OpScope prof(name, {&x});
   detail::check_floating(name, x);
   const DType dtype = x.dtype();
-  Tensor out = detail::rounded(detail::sum_all(detail::widened(x), scale), dtype);
+  Tensor out = detail::rounded(detail::sum_all(detail::widened(x), divisor), dtype);
   if (!autograd::needs_grad({&x})) return out;
   Shape in_shape = x.shape();
+  const float scale = static_cast<float>(1.0 / divisor);
   return autograd::record(out, name, {x}, [=](const Tensor& g, std::vector<Tensor>& gi) {
     // Every element's gradient is g * scale: one row of len numel() fed by the scalar.
     detail::Split3 one_row;
@@ -71,24 +73,24 @@ Tensor scaled_sum_all(const Tensor& x, float scale, const char* name) {
   });
 }
 
-Tensor scaled_sum_dim(const Tensor& x, int64_t dim, bool keepdim, bool mean, const char* name) {
+Tensor divided_sum_dim(const Tensor& x, int64_t dim, bool keepdim, bool mean, const char* name) {
   profiler::OpScope prof(name, {&x});
   detail::check_floating(name, x);
   int64_t d = detail::wrap_dim(name, dim, x.dim());
-  if (x.dim() == 0) return scaled_sum_all(x, 1.f, name);
+  if (x.dim() == 0) return divided_sum_all(x, 1.0, name);
   const detail::Split3 sp = detail::split_at(x.shape(), d);
-  const float scale = mean ? 1.f / float(sp.len) : 1.f;
+  const double divisor = mean ? double(sp.len) : 1.0;
+  const float scale = static_cast<float>(1.0 / divisor);
   const DType dtype = x.dtype();
   const Device dev = x.device();
   Tensor cx = detail::widened(x).contiguous();
   Tensor sums = Tensor::empty(reduced_shape(x.shape(), d, keepdim), DType::Float32, dev);
   float* ps = sums.data_ptr<float>();
   if (dev.is_cuda()) {
-    gpu::sum_dim(cx.data_ptr<float>(), sp.outer, sp.len, sp.inner, scale, ps, detail::stream(dev));
+    gpu::sum_dim(cx.data_ptr<float>(), sp.outer, sp.len, sp.inner, static_cast<float>(divisor), ps,
+                 detail::stream(dev));
   } else {
-    cpu::sum_dim(cx.data_ptr<float>(), sp.outer, sp.len, sp.inner, ps);
-    if (scale != 1.f)
-      for (int64_t i = 0; i < sp.outer * sp.inner; ++i) ps[i] *= scale;
+    cpu::sum_dim(cx.data_ptr<float>(), sp.outer, sp.len, sp.inner, ps, divisor);
   }
   Tensor out = detail::rounded(sums, dtype);
   if (!autograd::needs_grad({&x})) return out;
@@ -106,17 +108,17 @@ Tensor autocast_f32(const Tensor& x) {
 }  // namespace
 
 Tensor sum(const Tensor& x) {
-  return scaled_sum_all(autocast_f32(x), 1.f, "sum");
+  return divided_sum_all(autocast_f32(x), 1.0, "sum");
 }
 Tensor mean(const Tensor& x) {
   GALLEY_CHECK(x.defined() && x.numel() > 0, "mean: the tensor is empty");
-  return scaled_sum_all(autocast_f32(x), 1.f / float(x.numel()), "mean");
+  return divided_sum_all(autocast_f32(x), double(x.numel()), "mean");
 }
 Tensor sum(const Tensor& x, int64_t dim, bool keepdim) {
-  return scaled_sum_dim(autocast_f32(x), dim, keepdim, false, "sum");
+  return divided_sum_dim(autocast_f32(x), dim, keepdim, false, "sum");
 }
 Tensor mean(const Tensor& x, int64_t dim, bool keepdim) {
-  return scaled_sum_dim(autocast_f32(x), dim, keepdim, true, "mean");
+  return divided_sum_dim(autocast_f32(x), dim, keepdim, true, "mean");
 }
 
 Tensor argmax(const Tensor& x, int64_t dim, bool keepdim) {

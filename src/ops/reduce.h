@@ -5,7 +5,8 @@
 
 namespace galley::detail {
 
-// scale * the sum of a float32 tensor's elements, into a float32 scalar on its device.
-Tensor sum_all(const Tensor& x, float scale);
+// The sum of a float32 tensor's elements / divisor (summed in double), into a float32 scalar on
+// its device.
+Tensor sum_all(const Tensor& x, double divisor);
 
 }  // namespace galley::detail

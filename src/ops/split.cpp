@@ -37,7 +37,8 @@ std::vector<Tensor> split(const Tensor& x, int64_t split_size, int64_t dim) {
                " (it must be positive; 0 only splits an empty dimension)");
   // As PyTorch: pieces of split_size, the last one shorter; an empty dimension gives one piece.
   std::vector<int64_t> sizes;
-  for (int64_t s = 0; s < size; s += split_size) sizes.push_back(std::min(split_size, size - s));
+  for (int64_t s = 0; s < size; s += sizes.back())  // (s + split_size may overflow)
+    sizes.push_back(std::min(split_size, size - s));
   if (sizes.empty()) sizes.push_back(0);
   return split_at(x, d, sizes);
 }

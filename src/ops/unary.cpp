@@ -137,10 +137,14 @@ namespace detail {
 Tensor affine(const Tensor& a, float scale, float shift) {
   return unary(UnaryOp::Affine, a, scale, shift);
 }
+Tensor scaled(const Tensor& a, float scale) {
+  return affine(a, scale, -0.f);  // x + -0 is x for every x, -0 included
+}
 }  // namespace detail
 
 using autograd::record;
 using detail::affine;
+using detail::scaled;
 
 Tensor add(const Tensor& a, float s) {
   profiler::OpScope prof("add", {&a});
@@ -154,19 +158,29 @@ Tensor add(const Tensor& a, float s) {
 Tensor mul(const Tensor& a, float s) {
   profiler::OpScope prof("mul", {&a});
   detail::check_floating("mul", a);
-  Tensor out = affine(a, s, 0.f);
+  Tensor out = scaled(a, s);
   if (!autograd::needs_grad({&a})) return out;
   return record(out, "mul_scalar", {a},
-                [s](const Tensor& g, std::vector<Tensor>& gi) { gi[0] = affine(g, s, 0.f); });
+                [s](const Tensor& g, std::vector<Tensor>& gi) { gi[0] = scaled(g, s); });
+}
+
+Tensor div(const Tensor& a, float s) {
+  profiler::OpScope prof("div", {&a});
+  detail::check_floating("div", a);
+  Tensor out = unary(UnaryOp::Div, a, s);
+  if (!autograd::needs_grad({&a})) return out;
+  return record(out, "div_scalar", {a}, [s](const Tensor& g, std::vector<Tensor>& gi) {
+    gi[0] = unary(UnaryOp::Div, g, s);
+  });
 }
 
 Tensor neg(const Tensor& a) {
   profiler::OpScope prof("neg", {&a});
   detail::check_floating("neg", a);
-  Tensor out = affine(a, -1.f, 0.f);
+  Tensor out = scaled(a, -1.f);
   if (!autograd::needs_grad({&a})) return out;
   return record(out, "neg", {a},
-                [](const Tensor& g, std::vector<Tensor>& gi) { gi[0] = affine(g, -1.f, 0.f); });
+                [](const Tensor& g, std::vector<Tensor>& gi) { gi[0] = scaled(g, -1.f); });
 }
 
 Tensor exp(const Tensor& a) {

@@ -7,5 +7,7 @@ namespace galley::detail {
 
 // a * scale + shift, in a's dtype, on its device.
 Tensor affine(const Tensor& a, float scale, float shift);
+// a * scale, keeping the sign of a zero product (-0 * 2 is -0: affine's + 0 would make it +0).
+Tensor scaled(const Tensor& a, float scale);
 
 }  // namespace galley::detail
