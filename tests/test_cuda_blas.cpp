@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <iostream>
 #include <string>
 #include <thread>
@@ -174,6 +175,39 @@ TEST(CudaBlas, DeterministicSwitchReadsBack) {
     EXPECT_FALSE(galley::cuda::deterministic());
   }
   EXPECT_FALSE(galley::cuda::deterministic());  // the default, restored
+}
+
+// cuBLAS takes int sizes: a product past them is an error before anything is queued (the casts
+// wrapped: 2^32 + 5 rows computed 5). Needs the backend, not a device (nothing runs).
+TEST(CudaBlas, SizesPastCublasIntsAreErrors) {
+#ifndef GALLEY_HAVE_CUDA
+  GTEST_SKIP() << "this build has no CUDA backend";
+#else
+  namespace gk = galley::kernels::cuda;
+  const int64_t big = (int64_t(1) << 32) + 5;
+  for (auto call : std::vector<std::function<void()> >{
+           [&] {
+             gk::gemm(0, false, false, big, 4, 4, 1.f, nullptr, 4, nullptr, 4, 0.f, nullptr, 4,
+                      nullptr);
+           },
+           [&] {
+             gk::gemm(0, true, false, 4, 4, big, 1.f, nullptr, 4, nullptr, 4, 0.f, nullptr, 4,
+                      nullptr);
+           },
+           [&] {
+             gk::gemm_16bit(0, galley::DType::BFloat16, false, false, 4, big, 4, nullptr, big,
+                            nullptr, big, false, nullptr, big, nullptr);
+           }}) {
+    try {
+      call();
+      ADD_FAILURE() << "no error";
+    } catch (const galley::Error& e) {
+      const std::string msg = e.what();
+      EXPECT_NE(msg.find("matrix product"), std::string::npos) << msg;
+      EXPECT_NE(msg.find(std::to_string(big)), std::string::npos) << msg;
+    }
+  }
+#endif
 }
 
 TEST(CudaBlas, GemmMatchesTheCpuForEveryTransposition) {

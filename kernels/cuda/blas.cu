@@ -28,6 +28,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <initializer_list>
+#include <limits>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -224,7 +225,9 @@ struct Handles {
   int device = 0;
   cublasHandle_t blas = nullptr;
   cudnnHandle_t dnn = nullptr;
-  std::vector<std::pair<cudaStream_t, void*>> blas_workspaces;
+  // By the stream's unique id (a destroyed stream's address may come back for a new one, whose
+  // products would share the workspace with the old one's still running), else its address.
+  std::vector<std::pair<unsigned long long, void*>> blas_workspaces;
   std::map<ConvShape, std::unique_ptr<ConvDescs>> convs;
   // cuDNN's batch normalisation: the data and the per-channel arrays, set for each call.
   cudnnTensorDescriptor_t bn_data = nullptr, bn_channels = nullptr;
@@ -300,8 +303,13 @@ Handles& handles(int device) {
 // Kept for the handle's life: galley's products run on a few long-lived streams (the compute
 // streams), and freeing one would synchronise the device.
 void* blas_workspace(Handles& h, cudaStream_t stream) {
+  unsigned long long key = 0;
+  if (cudaStreamGetId(stream, &key) != cudaSuccess) {
+    (void)cudaGetLastError();
+    key = reinterpret_cast<uintptr_t>(stream);
+  }
   for (const auto& [s, p] : h.blas_workspaces)
-    if (s == stream) return p;
+    if (s == key) return p;
   DeviceGuard on(h.device);
   // Allowed for this one call inside a capture of this thread: cudaMalloc touches no stream.
   cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
@@ -313,7 +321,7 @@ void* blas_workspace(Handles& h, cudaStream_t stream) {
     (void)cudaGetLastError();
     return nullptr;  // tried again next time
   }
-  h.blas_workspaces.emplace_back(stream, p);
+  h.blas_workspaces.emplace_back(key, p);
   return p;
 }
 
@@ -623,6 +631,17 @@ int ld(int64_t v) {
   return int(std::max<int64_t>(v, 1));
 }
 
+// cuBLAS takes sizes and leading dimensions as int: a product past that is an error naming it,
+// where the casts would wrap (2^31 rows turn negative, 2^32 + 5 rows compute 5).
+void check_int_sizes(const char* what, int64_t m, int64_t n, int64_t k, int64_t lda, int64_t ldb,
+                     int64_t ldc) {
+  const int64_t most = std::numeric_limits<int>::max();
+  GALLEY_CHECK(m <= most && n <= most && k <= most && lda <= most && ldb <= most && ldc <= most,
+               what, ": a product of [", m, " x ", k, "] and [", k, " x ", n,
+               "] (leading dimensions ", lda, ", ", ldb, ", ", ldc,
+               ") has a size past the 32-bit sizes cuBLAS takes (", most, ")");
+}
+
 // C = beta * C for a product without terms (k == 0), as the host's gemm: beta 0 overwrites C
 // (NaNs included), 1 leaves it. Not left to cuBLAS, whose handling of k == 0 is not documented.
 void scale_only(cublasHandle_t h, int64_t m, int64_t n, float beta, float* c, int64_t ldc,
@@ -649,6 +668,7 @@ void gemm(int device, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t 
           const float* a, int64_t lda, const float* b, int64_t ldb, float beta, float* c,
           int64_t ldc, void* stream) {
   if (m == 0 || n == 0) return;
+  check_int_sizes("a GPU matrix product (matmul, linear)", m, n, k, lda, ldb, ldc);
   cublasHandle_t h = blas_on(device, as_stream(stream));
   if (k == 0) return scale_only(h, m, n, beta, c, ldc, as_stream(stream));
   // Row-major C = op(A) op(B) is column-major C^T = op(B)^T op(A)^T: swap the operands.
@@ -661,6 +681,7 @@ void gemm_16bit(int device, DType dtype, bool trans_a, bool trans_b, int64_t m, 
                 float* c, int64_t ldc, void* stream) {
   const cudaDataType_t t = cuda_type(dtype);
   if (m == 0 || n == 0) return;
+  check_int_sizes("a GPU matrix product (matmul, linear)", m, n, k, lda, ldb, ldc);
   cublasHandle_t h = blas_on(device, as_stream(stream));
   const float one = 1.f, beta = accumulate ? 1.f : 0.f;
   if (k == 0) return scale_only(h, m, n, beta, c, ldc, as_stream(stream));

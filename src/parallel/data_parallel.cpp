@@ -102,6 +102,7 @@ class Worker {
       std::unique_ptr<Error> error;
       try {
         task.fn();
+        detail::check_launch_errors();  // refused launches are this thread's to report
       } catch (const Error& e) {
         error = e.with_message(e.what());
       } catch (const std::bad_alloc& e) {  // the host out of memory: galley's type for it

@@ -136,5 +136,11 @@ int64_t* error_slot(Device device);
 // Throws (and clears) the report in the device's slot, if any, and a failed kernel launch of
 // this thread.
 void check_deferred_errors(Device device);
+// Throws when a kernel launch this thread made since the last check was refused (launches return
+// nothing, and CUDA keeps the refusal per thread, where another thread's synchronisation never
+// sees it): DataParallel's replica threads check after each task, so that a refused launch (a GPU
+// the build has no kernels for, a bad configuration) fails the step instead of leaving its output
+// unwritten.
+void check_launch_errors();
 
 }  // namespace galley::detail

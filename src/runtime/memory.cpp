@@ -497,6 +497,16 @@ int64_t* error_slot(Device device) {
   return slot;  // with unified addressing the host pointer is the device pointer
 }
 
+void check_launch_errors() {
+  if (cuda_device_count() == 0) return;  // no launches (and no runtime to ask)
+  const cudaError_t launch = cudaGetLastError();
+  if (launch == cudaSuccess || launch == cudaErrorNotReady) return;
+  int device = -1;
+  if (cudaGetDevice(&device) != cudaSuccess) (void)cudaGetLastError();
+  throw Error(str_cat("a kernel launch on cuda:", device, " failed: ", cudaGetErrorString(launch),
+                      " (", cudaGetErrorName(launch), ")"));
+}
+
 void check_deferred_errors(Device device) {
   if (!device.is_cuda()) return;
   // Kernel launches return nothing; a launch this thread made that CUDA refused (a bad
@@ -587,6 +597,7 @@ int64_t* error_slot(Device device) {
   no_backend(device);
 }
 void check_deferred_errors(Device) {}
+void check_launch_errors() {}
 #endif
 
 Event::Event(Event&& o) noexcept
