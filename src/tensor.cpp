@@ -562,6 +562,11 @@ void Tensor::backward(const Tensor& gradient) const {
   }
   GALLEY_CHECK(g.shape() == shape(), "backward: gradient shape ", shape_str(g.shape()),
                " does not match output shape ", shape_str(shape()));
+  GALLEY_CHECK(g.device() == device(), "backward: a gradient on ", g.device().str(),
+               " for an output on ", device().str(), " of shape ", shape_str(shape()));
+  // The gradient in the output's dtype, as PyTorch casts it: the ops' backward passes take their
+  // output's dtype (a bfloat16 gradient for a float32 output computed in bfloat16, or failed).
+  if (g.dtype() != dtype()) g = g.detach().to(dtype());
   autograd::run_backward(*this, g, from_loss);
 }
 

@@ -707,3 +707,41 @@ TEST(Anomaly, NamesTheLayerOnADataParallelReplica) {
 }
 
 }  // namespace
+
+// An explicit gradient of another dtype is converted to the output's (PyTorch casts it): the
+// backward passes run in the output's dtype, not the gradient's.
+TEST(Backward, AnExplicitGradientTakesTheOutputsDtype) {
+  using galley::DType;
+  const Tensor ones16 = Tensor::from_vector({1.f, 1.f, 1.f}, {3}).to(DType::BFloat16);
+  Tensor x = Tensor::from_vector({1.f, -2.f, 3.f}, {3}).set_requires_grad(true);
+  (x / 3.f).backward(ones16);
+  EXPECT_EQ(x.grad().dtype(), DType::Float32);
+  EXPECT_EQ(x.grad().to_vector(), std::vector<float>(3, 1.f / 3.f));  // not bfloat16's 0.333984
+  x.set_grad(Tensor());
+  galley::relu(x).backward(ones16);
+  EXPECT_EQ(x.grad().to_vector(), (std::vector<float>{1, 0, 1}));
+  Tensor w = Tensor::from_vector({1, 2, 3, 4, 5, 6}, {2, 3}).set_requires_grad(true);
+  galley::linear(x.detach().reshape({1, 3}), w)
+      .backward(Tensor::from_vector({1.f, 1.f}, {1, 2}).to(DType::Float16));
+  EXPECT_EQ(w.grad().to_vector(), (std::vector<float>{1, -2, 3, 1, -2, 3}));
+  expect_contains(error_of([&] {
+                    galley::relu(x).backward(galley::ones({3}, {.device = galley::Device::cpu(1)}));
+                  }),
+                  {"backward", "cpu:1"});
+}
+
+// relu(std::move(t)) reuses t's buffer when nothing else holds it, but never a leaf that wants a
+// gradient: its values stay (PyTorch's relu leaves them too).
+TEST(Backward, ReluOfAMovedLeafLeavesTheLeaf) {
+  Tensor p = Tensor::from_vector({-1.f, 2.f}, {2}).set_requires_grad(true);
+  Tensor y = galley::relu(std::move(p));
+  EXPECT_EQ(p.to_vector(), (std::vector<float>{-1, 2}));  // NOLINT(bugprone-use-after-move)
+  EXPECT_EQ(y.to_vector(), (std::vector<float>{0, 2}));
+  galley::sum(y).backward();
+  EXPECT_EQ(p.grad().to_vector(), (std::vector<float>{0, 1}));
+  // A temporary is still rectified in place.
+  Tensor t = p * 1.f;
+  const void* data = t.raw_data();
+  Tensor r = galley::relu(std::move(t));
+  EXPECT_EQ(r.raw_data(), data);
+}

@@ -256,7 +256,8 @@ class Tensor {
   void set_grad(const Tensor& g);
   /// Calls `hook(grad)` each time a gradient has been accumulated into this leaf.
   void register_grad_hook(std::function<void(const Tensor&)> hook);
-  /// Back-propagates from this tensor: a scalar, or any shape with an explicit `gradient`.
+  /// Back-propagates from this tensor: a scalar, or any shape with an explicit `gradient` (on this
+  /// tensor's device; converted to its dtype, as PyTorch does).
   void backward(const Tensor& gradient = Tensor()) const;
   /// Name of the op that produced this tensor, or "" for a leaf.
   std::string grad_fn_name() const;

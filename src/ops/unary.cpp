@@ -233,7 +233,9 @@ Tensor relu(const Tensor& a) {
 }
 
 Tensor relu(Tensor&& a) {
-  return relu_impl(a, a.defined() && detail::sole_owner(a));
+  // A leaf that wants a gradient keeps its values (a parameter moved in by mistake), as
+  // PyTorch's relu does.
+  return relu_impl(a, a.defined() && detail::sole_owner(a) && !(a.is_leaf() && a.requires_grad()));
 }
 
 Tensor gelu(const Tensor& a, GeluApproximate approximate) {
