@@ -1163,6 +1163,34 @@ struct Launcher::Impl {
     prctl(PR_SET_CHILD_SUBREAPER, 1);
   }
 
+  // Jobs running at once that the hard limit on open files can hold: each holds its two pipes and
+  // its log (kFilesPerJob), beside what the launcher has open now and a reserve for the event log,
+  // the summary, the signal pipe, NVML and a start's two passing pipe ends. Where that is fewer
+  // than max_parallel allows (or than there are jobs, unlimited), the launcher runs that many at
+  // once, says so in the allocation's notes, and the rest wait: past the limit they failed to
+  // start.
+  int open_file_parallel(int max_parallel, std::size_t job_count) {
+    constexpr long kFilesPerJob = 3, kReserve = 32;
+    rlimit limit{};
+    if (getrlimit(RLIMIT_NOFILE, &limit) != 0 || limit.rlim_max == RLIM_INFINITY)
+      return max_parallel;
+    long open_now = 0;
+    std::error_code ec;
+    for (std::filesystem::directory_iterator it("/proc/self/fd", ec), end; !ec && it != end;
+         it.increment(ec))
+      ++open_now;
+    const long room =
+        (long(std::min<rlim_t>(limit.rlim_max, 1L << 30)) - open_now - kReserve) / kFilesPerJob;
+    const long cap = std::max<long>(1, room);
+    const long wanted = max_parallel > 0 ? max_parallel : long(job_count);
+    if (cap >= wanted) return max_parallel;
+    allocation.notes.push_back("at most " + std::to_string(cap) +
+                               " jobs at once: the hard limit on open files (" +
+                               std::to_string(limit.rlim_max) + ") holds " +
+                               std::to_string(kFilesPerJob) + " a running job");
+    return int(cap);
+  }
+
   // Each running job holds its two pipes and its log open, so the launcher's soft limit on open
   // files (often 1024) would cap how many jobs run at once: it is raised to the hard limit. The
   // jobs get the soft limit the launcher was given, since programs that use select() cannot
@@ -1215,8 +1243,9 @@ Launcher::Launcher(std::vector<JobSpec> jobs, LauncherOptions options)
   m.allocation = detect_allocation(m.probe);
   std::vector<GpuInfo> gpus;
   m.build_inventory(gpus);
-  m.scheduler = std::make_unique<Scheduler>(
-      gpus, m.cpu_inventory(), SchedulerOptions{m.options.max_parallel, m.options.strict_order});
+  const int parallel = m.open_file_parallel(m.options.max_parallel, jobs.size());
+  m.scheduler = std::make_unique<Scheduler>(gpus, m.cpu_inventory(),
+                                            SchedulerOptions{parallel, m.options.strict_order});
   for (auto& spec : jobs) {
     validate_job(spec);
     for (const auto& other : m.jobs)

@@ -999,6 +999,21 @@ TEST_F(LaunchTest, MoreJobsThanOpenFilesRunWhenFewRunAtOnce) {
   EXPECT_NE(job_log("j100").find("[out] ok"), std::string::npos);
 }
 
+TEST_F(LaunchTest, JobsPastWhatTheOpenFileLimitHoldsWaitInsteadOfFailing) {
+  // 60 jobs and no --max-parallel under a hard limit of 64: all at once would need 180
+  // descriptors. The launcher runs as many as the limit holds, says so, and the rest wait.
+  open_files_ = rlimit{64, 64};
+  write_text(dir_ / "jobs.toml", many_jobs(60, "sleep 0.2; echo ok"));
+  EXPECT_EQ(run({"jobs.toml"}, {}, {}, 60s), 0) << stderr_text();
+  EXPECT_TRUE(events("failed_to_start").empty());
+  EXPECT_EQ(events("finished").size(), 60u);
+  for (const auto& j : summary()["jobs"]) EXPECT_EQ(j["status"], "succeeded") << j.dump();
+  const auto allocation = events("allocation");
+  ASSERT_EQ(allocation.size(), 1u);
+  EXPECT_NE(allocation[0].dump().find("hard limit on open files (64)"), std::string::npos)
+      << allocation[0].dump();
+}
+
 TEST_F(LaunchTest, JobsRunningAtOnceMayHoldMoreFilesThanTheSoftLimitAndKeepItThemselves) {
   // 20 jobs that each wait until all 20 have started hold 60 descriptors in the launcher (two
   // pipes and a log each), past a soft limit of 32; the launcher raises its own to the hard
