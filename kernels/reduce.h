@@ -31,10 +31,10 @@ void sum_rows(const float* x, int64_t rows, int64_t ld, int64_t n, float* out, b
 namespace cuda {
 
 // out[o, i] = sum_l x[o, l, i] / divisor
-void sum_dim(const float* x, int64_t outer, int64_t len, int64_t inner, float divisor, float* out,
+void sum_dim(const float* x, int64_t outer, int64_t len, int64_t inner, double divisor, float* out,
              void* stream);
 // out[0] = the sum of all n elements (accumulated in double, in an order set by n alone) / divisor.
-void sum_all(const float* x, int64_t n, float divisor, float* out, void* stream);
+void sum_all(const float* x, int64_t n, double divisor, float* out, void* stream);
 // out[o, l, i] = g[o, i] * scale (outer = inner = 1 spreads g[0]: the backward of sum_all).
 void expand_dim(const float* g, int64_t outer, int64_t len, int64_t inner, float scale, float* out,
                 void* stream);

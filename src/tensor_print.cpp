@@ -31,19 +31,18 @@ std::string Tensor::to_string() const {
     if (dtype() == DType::BFloat16) return float(c.data<bfloat16>()[i]);
     return float(c.data<float16>()[i]);
   };
-  // PyTorch's choice: scientific notation when the finite non-zero magnitudes span more than
-  // 1000x, pass 1e8, or fall below 1e-4 (fixed point would print 1e-6 as 0.0000).
+  // PyTorch's choice, from the elements shown: scientific notation when their finite non-zero
+  // magnitudes span more than 1000x, pass 1e8, or fall below 1e-4 (fixed point would print 1e-6
+  // as 0.0000).
   bool scientific = false;
-  if (floating) {
-    float lo = std::numeric_limits<float>::infinity(), hi = 0.f;
-    for (int64_t i = 0; i < n; ++i) {
-      const float a = std::fabs(real(i));
-      if (a == 0.f || !std::isfinite(a)) continue;
-      lo = std::min(lo, a);
-      hi = std::max(hi, a);
-    }
-    scientific = hi > 0.f && (hi / lo > 1000.f || hi > 1e8f || lo < 1e-4f);
-  }
+  float lo = std::numeric_limits<float>::infinity(), hi = 0.f;
+  auto measure = [&](int64_t i) {
+    const float a = std::fabs(real(i));
+    if (a == 0.f || !std::isfinite(a)) return;
+    lo = std::min(lo, a);
+    hi = std::max(hi, a);
+  };
+  bool measuring = false;
   auto value = [&](int64_t i) {
     std::ostringstream v;
     if (floating) {
@@ -59,7 +58,10 @@ std::string Tensor::to_string() const {
   };
   std::function<void(int64_t, int64_t, int)> rec = [&](int64_t d, int64_t base, int indent) {
     if (d == dim()) {
-      os << value(base);
+      if (measuring)
+        measure(base);
+      else
+        os << value(base);
       return;
     }
     int64_t len = shape()[d], stride = shape_numel(Shape(shape().begin() + d + 1, shape().end()));
@@ -74,6 +76,15 @@ std::string Tensor::to_string() const {
     }
     os << "]";
   };
+  if (n > 0 && floating) {  // the shown elements' magnitudes first
+    std::ostringstream shown;
+    std::swap(os, shown);
+    measuring = true;
+    rec(0, 0, 7);
+    measuring = false;
+    std::swap(os, shown);
+    scientific = hi > 0.f && (hi / lo > 1000.f || hi > 1e8f || lo < 1e-4f);
+  }
   if (n > 0)
     rec(0, 0, 7);
   else

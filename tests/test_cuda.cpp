@@ -363,7 +363,11 @@ TEST(Cuda, AnOptimizerRefusesAGradientOnAnotherDevice) {
   REQUIRE_GPU();
   Tensor p = galley::ones({3}).to(Device::cuda(0));
   p.set_requires_grad(true);
-  p.set_grad(galley::ones({3}));  // on the host
+  testutil::expect_contains(testutil::error_of([&] { p.set_grad(galley::ones({3})); }),
+                            {"set_grad", "cpu", "cuda:0"});
+  testutil::expect_contains(testutil::error_of([&] { (p * 2.f).backward(galley::ones({3})); }),
+                            {"backward", "cpu", "cuda:0"});
+  testutil::force_grad(p, galley::ones({3}));  // on the host, however it came there
   galley::optim::SGD opt({p}, {.learning_rate = 0.1});
   testutil::expect_contains(testutil::error_of([&] { opt.step(); }),
                             {"parameter 0", "cpu", "cuda:0", "same device"});

@@ -877,7 +877,7 @@ struct SplitSums {
   SplitSums() : x(normal(kN)), g(normal(kRows * kCols)), gy(normal(kConv)), y(normal(kConv)) {}
   // Queues the three sums on `stream`, into place `slot`.
   void run(void* stream, int slot = 0) {
-    gk::sum_all(x.get(), kN, 0.5f, sum.get() + slot, stream);
+    gk::sum_all(x.get(), kN, 2.0, sum.get() + slot, stream);  // a mean's division too
     gk::column_sums(g.get(), kRows, kCols, cols.get() + slot * kCols, /*accumulate=*/false, stream);
     gk::bias_relu_backward(gy.get(), y.get(), kOuter, kChannels, kInner, gx.get(),
                            gb.get() + slot * kChannels, stream);

@@ -965,6 +965,15 @@ TEST(Reductions, AMeanIsTheSumDividedByTheCount) {
   EXPECT_EQ(galley::mean(x).item(), 7.f / 3.f);
   EXPECT_EQ(galley::mean(x.view({1, 3}), 1).item(), 7.f / 3.f);
   EXPECT_EQ(galley::mean(x.view({3, 1}), 0).item(), 7.f / 3.f);
+  // Over a dimension with others inside it, and the backward: g / 3, not g * float(1 / 3).
+  Tensor y = Tensor::from_vector({1, 1, 2, 2, 4, 4}, {3, 2}).set_requires_grad(true);
+  Tensor m = galley::mean(y, 0);
+  EXPECT_EQ(m.to_vector(), (std::vector<float>{7.f / 3.f, 7.f / 3.f}));
+  m.backward(Tensor::from_vector({7.f, 7.f}, {2}));
+  EXPECT_EQ(y.grad().to_vector(), std::vector<float>(6, 7.f / 3.f));
+  Tensor z = Tensor::from_vector({1, 2, 4}, {3}).set_requires_grad(true);
+  (galley::mean(z) * 7.f).backward();
+  EXPECT_EQ(z.grad().to_vector(), std::vector<float>(3, 7.f / 3.f));
 }
 
 // Division by a scalar is a division: 1e-30 / 1e-39 is 1e9 (1e-30 * (1 / 1e-39) overflows),

@@ -252,7 +252,8 @@ class Tensor {
   /// The accumulated gradient (undefined until a backward pass reaches it).
   Tensor grad() const;
   /// Replaces the accumulated gradient (undefined to clear): of this tensor's shape, dtype and
-  /// device. A gradient that is not contiguous is stored as a contiguous copy.
+  /// device (for a host tensor, any CPU device). A gradient that is not contiguous is stored as
+  /// a contiguous copy.
   void set_grad(const Tensor& g);
   /// Calls `hook(grad)` each time a gradient has been accumulated into this leaf.
   void register_grad_hook(std::function<void(const Tensor&)> hook);

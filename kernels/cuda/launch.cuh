@@ -90,10 +90,10 @@ class ReduceScratch {
   std::unique_lock<std::mutex> lock_;
 };
 
-// The second pass of a split sum: out[j] = scale * sum over c < parts of partials[c * n + j]
+// The second pass of a split sum: out[j] = (sum over c < parts of partials[c * n + j]) / divisor
 // (+ out[j] when accumulate) for j < n, in an order that depends on `parts` alone.
 // parts * n floats must fit in kReduceScratchBytes.
-void sum_partials(const float* partials, int64_t parts, int64_t n, float scale, bool accumulate,
+void sum_partials(const float* partials, int64_t parts, int64_t n, double divisor, bool accumulate,
                   float* out, cudaStream_t stream);
 
 }  // namespace galley::kernels::cuda

@@ -64,7 +64,7 @@ __device__ __forceinline__ void store(float* out, float v, bool accumulate) {
 template <typename Index, bool kWarp>
 __global__ void __launch_bounds__(1024)
     reduce_inner_kernel(const float* __restrict__ g, Dims kept, Dims red, Dims red_outer,
-                        Index n_out, Index n_red, Index red_inner, bool by_rows, float divisor,
+                        Index n_out, Index n_red, Index red_inner, bool by_rows, double divisor,
                         bool accumulate, float* __restrict__ out) {
   __shared__ float scratch[32];
   const Index group_size = kWarp ? 32 : blockDim.x;
@@ -89,7 +89,7 @@ __global__ void __launch_bounds__(1024)
       acc = warp_sum(acc);
     else
       acc = block_sum(acc, scratch);
-    if (lane == 0) store(out + o, acc / divisor, accumulate);
+    if (lane == 0) store(out + o, static_cast<float>(acc / divisor), accumulate);
   }
 }
 
@@ -102,7 +102,7 @@ __global__ void __launch_bounds__(1024)
 template <typename Index>
 __global__ void reduce_outer_kernel(const float* __restrict__ g, Dims kept_outer, Dims red,
                                     Index n_kept_outer, Index inner, Index n_red, Index chunk,
-                                    float divisor, bool accumulate, float* __restrict__ partials,
+                                    double divisor, bool accumulate, float* __restrict__ partials,
                                     float* __restrict__ out) {
   __shared__ float tile[kThreads];
   const Index tx = blockDim.x, ty = blockDim.y, x = threadIdx.x, y = threadIdx.y;
@@ -129,7 +129,7 @@ __global__ void reduce_outer_kernel(const float* __restrict__ g, Dims kept_outer
       if (partials)
         partials[Index(blockIdx.y) * n_kept_outer * inner + o] = tile[x];
       else
-        store(out + o, tile[x] / divisor, accumulate);
+        store(out + o, static_cast<float>(tile[x] / divisor), accumulate);
     }
     __syncthreads();
   }
@@ -138,7 +138,7 @@ __global__ void reduce_outer_kernel(const float* __restrict__ g, Dims kept_outer
 // The second pass of a split sum. Block (tx, lanes): lane y adds parts y, y + lanes, ... in
 // order, then a fixed tree over the lanes. Both are set by the number of parts alone.
 __global__ void sum_partials_kernel(const float* __restrict__ partials, unsigned parts, unsigned n,
-                                    float divisor, bool accumulate, float* __restrict__ out) {
+                                    double divisor, bool accumulate, float* __restrict__ out) {
   __shared__ float tile[kThreads];
   const unsigned tx = blockDim.x, lanes = blockDim.y, x = threadIdx.x, y = threadIdx.y;
   for (unsigned base = blockIdx.x * tx; base < n; base += gridDim.x * tx) {
@@ -152,7 +152,7 @@ __global__ void sum_partials_kernel(const float* __restrict__ partials, unsigned
       if (y < s) tile[y * tx + x] += tile[(y + s) * tx + x];
       __syncthreads();
     }
-    if (y == 0 && j < n) store(out + j, tile[x] / divisor, accumulate);
+    if (y == 0 && j < n) store(out + j, static_cast<float>(tile[x] / divisor), accumulate);
     __syncthreads();
   }
 }
@@ -164,7 +164,7 @@ __global__ void sum_partials_kernel(const float* __restrict__ partials, unsigned
 // do too.
 template <bool kVec>
 __global__ void __launch_bounds__(kThreads)
-    sum_all_kernel(const float* __restrict__ x, int64_t n, float divisor, bool accumulate,
+    sum_all_kernel(const float* __restrict__ x, int64_t n, double divisor, bool accumulate,
                    double* __restrict__ partials, float* __restrict__ out) {
   __shared__ double scratch[32];
   const int64_t threads = int64_t(gridDim.x) * kThreads;
@@ -190,17 +190,17 @@ __global__ void __launch_bounds__(kThreads)
   if (partials)
     partials[blockIdx.x] = acc;
   else
-    store(out, static_cast<float>(acc / double(divisor)), accumulate);
+    store(out, static_cast<float>(acc / divisor), accumulate);
 }
 
 __global__ void __launch_bounds__(kThreads)
-    sum_all_finish_kernel(const double* __restrict__ partials, int blocks, float divisor,
+    sum_all_finish_kernel(const double* __restrict__ partials, int blocks, double divisor,
                           bool accumulate, float* __restrict__ out) {
   __shared__ double scratch[32];
   double s = 0.0;
   for (int i = threadIdx.x; i < blocks; i += kThreads) s += partials[i];
   s = block_sum(s, scratch);
-  if (threadIdx.x == 0) store(out, static_cast<float>(s / double(divisor)), accumulate);
+  if (threadIdx.x == 0) store(out, static_cast<float>(s / divisor), accumulate);
 }
 
 // out[o, l, i] = g[o, i] * scale, in units V along i (float4 when inner % 4 == 0 and aligned).
@@ -290,7 +290,7 @@ int64_t pow2_ceil(int64_t v) {
 
 // sum_all: one block per kSumChunk elements, at most kSumBlocks; more than one block splits the
 // sum (partials in scratch, then sum_all_finish_kernel).
-void launch_sum_all(const float* x, int64_t n, float divisor, bool accumulate, float* out,
+void launch_sum_all(const float* x, int64_t n, double divisor, bool accumulate, float* out,
                     cudaStream_t st) {
   const int blocks =
       static_cast<int>(std::clamp<int64_t>((n + kSumChunk - 1) / kSumChunk, 1, kSumBlocks));
@@ -363,7 +363,7 @@ void plan_add(ReducePlan& p, int64_t size, bool reduced, const char* what) {
 }
 
 template <typename Index>
-void launch_reduce(const ReducePlan& p, const float* g, float divisor, bool accumulate, float* out,
+void launch_reduce(const ReducePlan& p, const float* g, double divisor, bool accumulate, float* out,
                    cudaStream_t st) {
   int64_t strides[kMaxDims];
   int64_t acc = 1;
@@ -426,7 +426,7 @@ void launch_reduce(const ReducePlan& p, const float* g, float divisor, bool accu
 }
 
 // Runs the plan over g (n_g elements) into out (n_out elements).
-void run_reduce(const ReducePlan& p, const float* g, float divisor, bool accumulate, float* out,
+void run_reduce(const ReducePlan& p, const float* g, double divisor, bool accumulate, float* out,
                 cudaStream_t st) {
   int64_t n_g = 1, n_out = 1;
   bool any_reduced = false;
@@ -440,14 +440,14 @@ void run_reduce(const ReducePlan& p, const float* g, float divisor, bool accumul
   if (n_out == 0) return;
   if (n_g == 0) {  // an empty reduction: the sum is 0, divided as the host does (a mean: NaN)
     if (!accumulate) {
-      const float v = 0.f / divisor;
+      const float v = static_cast<float>(0.0 / divisor);
       uint32_t bits;
       std::memcpy(&bits, &v, sizeof bits);
       fill_u32(reinterpret_cast<uint32_t*>(out), size_t(n_out), bits, st);
     }
     return;
   }
-  if (!any_reduced && !accumulate && divisor == 1.f) {
+  if (!any_reduced && !accumulate && divisor == 1.0) {
     cudaMemcpyAsync(out, g, size_t(n_out) * sizeof(float), cudaMemcpyDeviceToDevice, st);
     return;
   }
@@ -546,7 +546,7 @@ ReduceScratch::~ReduceScratch() {
   if (in_graph_ && cudaFreeAsync(p_, stream_) != cudaSuccess) (void)cudaGetLastError();
 }
 
-void sum_partials(const float* partials, int64_t parts, int64_t n, float divisor, bool accumulate,
+void sum_partials(const float* partials, int64_t parts, int64_t n, double divisor, bool accumulate,
                   float* out, cudaStream_t stream) {
   if (n <= 0) return;
   const int64_t lanes = std::min<int64_t>(pow2_ceil(parts), 32);
@@ -564,7 +564,7 @@ void sum_to_float32(const float* g, const int64_t* g_shape, float* out, const in
   run_reduce(p, g, 1.f, false, out, static_cast<cudaStream_t>(stream));
 }
 
-void sum_dim(const float* x, int64_t outer, int64_t len, int64_t inner, float divisor, float* out,
+void sum_dim(const float* x, int64_t outer, int64_t len, int64_t inner, double divisor, float* out,
              void* stream) {
   ReducePlan p;
   plan_add(p, outer, false, "sum_dim");
@@ -581,7 +581,7 @@ void column_sums(const float* g, int64_t rows, int64_t n, float* out, bool accum
   run_reduce(p, g, 1.f, accumulate, out, static_cast<cudaStream_t>(stream));
 }
 
-void sum_all(const float* x, int64_t n, float divisor, float* out, void* stream) {
+void sum_all(const float* x, int64_t n, double divisor, float* out, void* stream) {
   launch_sum_all(x, std::max<int64_t>(n, 0), divisor, /*accumulate=*/false, out,
                  static_cast<cudaStream_t>(stream));
 }

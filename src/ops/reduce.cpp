@@ -20,8 +20,8 @@ Tensor sum_all(const Tensor& x, double divisor) {
   Tensor cx = x.contiguous();
   Tensor out = Tensor::empty({}, DType::Float32, x.device());
   if (x.device().is_cuda()) {
-    gpu::sum_all(cx.data_ptr<float>(), cx.numel(), static_cast<float>(divisor),
-                 out.data_ptr<float>(), stream(x.device()));
+    gpu::sum_all(cx.data_ptr<float>(), cx.numel(), divisor, out.data_ptr<float>(),
+                 stream(x.device()));
   } else {
     out.data_ptr<float>()[0] =
         static_cast<float>(cpu::sum_all(cx.data_ptr<float>(), cx.numel()) / divisor);
@@ -42,17 +42,18 @@ Shape reduced_shape(const Shape& s, int64_t dim, bool keepdim) {
   return out;
 }
 
-// out[o, l, i] = g[o, i] * scale on `dev`: the backward of a scaled sum.
-Tensor expand_dim(const Tensor& g, const Shape& shape, const detail::Split3& sp, float scale) {
+// out[o, l, i] = g[o, i] / divisor on `dev`: the backward of a sum divided by `divisor` (a
+// division, as PyTorch's mean backward; of the small reduced gradient, before it is spread).
+Tensor expand_dim(const Tensor& g, const Shape& shape, const detail::Split3& sp, double divisor) {
   const Device dev = g.device();
   Tensor cg = detail::widened(g).contiguous();
+  if (divisor != 1.0) cg = div(cg, static_cast<float>(divisor));
   Tensor grad = Tensor::empty(shape, DType::Float32, dev);
   if (dev.is_cuda())
-    gpu::expand_dim(cg.data_ptr<float>(), sp.outer, sp.len, sp.inner, scale, grad.data_ptr<float>(),
+    gpu::expand_dim(cg.data_ptr<float>(), sp.outer, sp.len, sp.inner, 1.f, grad.data_ptr<float>(),
                     detail::stream(dev));
   else
-    cpu::expand_dim(cg.data_ptr<float>(), sp.outer, sp.len, sp.inner, scale,
-                    grad.data_ptr<float>());
+    cpu::expand_dim(cg.data_ptr<float>(), sp.outer, sp.len, sp.inner, 1.f, grad.data_ptr<float>());
   return grad;
 }
 
@@ -64,12 +65,11 @@ Tensor divided_sum_all(const Tensor& x, double divisor, const char* name) {
   Tensor out = detail::rounded(detail::sum_all(detail::widened(x), divisor), dtype);
   if (!autograd::needs_grad({&x})) return out;
   Shape in_shape = x.shape();
-  const float scale = static_cast<float>(1.0 / divisor);
   return autograd::record(out, name, {x}, [=](const Tensor& g, std::vector<Tensor>& gi) {
-    // Every element's gradient is g * scale: one row of len numel() fed by the scalar.
+    // Every element's gradient is g / divisor: one row of len numel() fed by the scalar.
     detail::Split3 one_row;
     one_row.len = shape_numel(in_shape);
-    gi[0] = detail::rounded(expand_dim(g, in_shape, one_row, scale), dtype);
+    gi[0] = detail::rounded(expand_dim(g, in_shape, one_row, divisor), dtype);
   });
 }
 
@@ -80,14 +80,13 @@ Tensor divided_sum_dim(const Tensor& x, int64_t dim, bool keepdim, bool mean, co
   if (x.dim() == 0) return divided_sum_all(x, 1.0, name);
   const detail::Split3 sp = detail::split_at(x.shape(), d);
   const double divisor = mean ? double(sp.len) : 1.0;
-  const float scale = static_cast<float>(1.0 / divisor);
   const DType dtype = x.dtype();
   const Device dev = x.device();
   Tensor cx = detail::widened(x).contiguous();
   Tensor sums = Tensor::empty(reduced_shape(x.shape(), d, keepdim), DType::Float32, dev);
   float* ps = sums.data_ptr<float>();
   if (dev.is_cuda()) {
-    gpu::sum_dim(cx.data_ptr<float>(), sp.outer, sp.len, sp.inner, static_cast<float>(divisor), ps,
+    gpu::sum_dim(cx.data_ptr<float>(), sp.outer, sp.len, sp.inner, divisor, ps,
                  detail::stream(dev));
   } else {
     cpu::sum_dim(cx.data_ptr<float>(), sp.outer, sp.len, sp.inner, ps, divisor);
@@ -96,7 +95,7 @@ Tensor divided_sum_dim(const Tensor& x, int64_t dim, bool keepdim, bool mean, co
   if (!autograd::needs_grad({&x})) return out;
   Shape in_shape = x.shape();
   return autograd::record(out, name, {x}, [=](const Tensor& g, std::vector<Tensor>& gi) {
-    gi[0] = detail::rounded(expand_dim(g, in_shape, sp, scale), dtype);
+    gi[0] = detail::rounded(expand_dim(g, in_shape, sp, divisor), dtype);
   });
 }
 

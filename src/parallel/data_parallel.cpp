@@ -102,7 +102,6 @@ class Worker {
       std::unique_ptr<Error> error;
       try {
         task.fn();
-        detail::check_launch_errors();  // refused launches are this thread's to report
       } catch (const Error& e) {
         error = e.with_message(e.what());
       } catch (const std::bad_alloc& e) {  // the host out of memory: galley's type for it
@@ -112,6 +111,13 @@ class Worker {
         error = std::make_unique<Error>(*e.what() ? e.what() : "unknown error");
       } catch (...) {
         error = std::make_unique<Error>("unknown error");
+      }
+      // Refused launches are this thread's to report, after the task whatever its end (a stale
+      // one would fail the next task): the task's own error first.
+      try {
+        detail::check_launch_errors();
+      } catch (const Error& e) {
+        if (!error) error = e.with_message(e.what());
       }
       task.fn = nullptr;  // what the task captured is released here, before the caller resumes
       {
