@@ -2,6 +2,7 @@
 // Command line, timing and reporting shared by the train-step benchmarks (galley and libtorch),
 // so that both programs take the same options and report the same statistic in the same form.
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -10,6 +11,24 @@
 #include <vector>
 
 namespace bench {
+
+// The whole of `text` as an integer in [lo, hi]; nothing when it is not one (the caller names the
+// flag). atoi read "abc" as 0 and 4294967297 as 1.
+inline std::optional<long long> whole_in(const char* text, long long lo, long long hi) {
+  char* end = nullptr;
+  errno = 0;
+  const long long v = std::strtoll(text, &end, 10);
+  if (end == text || *end != '\0' || errno == ERANGE || v < lo || v > hi) return std::nullopt;
+  return v;
+}
+// The whole of `text` as a finite number in [lo, hi]; nothing when it is not one.
+inline std::optional<double> real_in(const char* text, double lo, double hi) {
+  char* end = nullptr;
+  errno = 0;
+  const double v = std::strtod(text, &end);
+  if (end == text || *end != '\0' || errno == ERANGE || !(v >= lo && v <= hi)) return std::nullopt;
+  return v;
+}
 
 struct Args {
   std::string model = "simple";
@@ -49,12 +68,16 @@ inline std::optional<int> parse(int argc, char** argv, Args& a) {
                              s == "--warmup" || s == "--iters" || s == "--repeats" ||
                              s == "--device" || s == "--amp";
     if (takes_value && i + 1 >= argc) return fail(s + " needs a value");
+    // A whole number in [1, 2^30] (0 too for --warmup): past that a step's sizes overflow, and
+    // a cast of 4294967297 to int read as 1.
     auto count = [&](int& v) {
       const char* text = argv[++i];
       char* end = nullptr;
-      const long n = std::strtol(text, &end, 10);
+      errno = 0;
+      const long long n = std::strtoll(text, &end, 10);
+      if (end == text || *end != '\0' || errno == ERANGE || n > (1 << 30)) return false;
       v = static_cast<int>(n);
-      return end != text && *end == '\0' && (n > 0 || (s == "--warmup" && n == 0));
+      return n > 0 || (s == "--warmup" && n == 0);
     };
     if (s == "-h" || s == "--help") {
       usage(argv[0], stdout);
@@ -68,13 +91,20 @@ inline std::optional<int> parse(int argc, char** argv, Args& a) {
                : s == "--warmup"  ? a.warmup
                : s == "--iters"   ? a.iters
                                   : a.repeats;
-      if (!count(v)) return fail(s + " " + argv[i] + ": expected a positive whole number");
+      if (!count(v))
+        return fail(s + " " + argv[i] + ": expected a whole number in [1, 1073741824]");
     } else if (s == "--json") {
       a.json = true;
     } else if (s == "--phases") {
       a.phases = true;
     } else if (s == "--device") {
       a.device = argv[++i];
+      // "cpu", "cuda" or "cuda:N" exactly (a bad index read as cuda:0).
+      const std::string& d = a.device;
+      const bool index = d.rfind("cuda:", 0) == 0 && d.size() > 5 && d.size() <= 9 &&
+                         d.find_first_not_of("0123456789", 5) == std::string::npos;
+      if (d != "cpu" && d != "cuda" && !index)
+        return fail("--device " + d + ": expected cpu, cuda or cuda:N");
     } else if (s == "--graph") {
       a.graph = true;
     } else if (s == "--amp") {

@@ -4,6 +4,8 @@
 // Usage: bench_data_parallel [--devices N] [--batch B] [--iters I] [--bucket-kb K] [--json]
 #include <galley/galley.h>
 
+#include "bench_args.h"
+
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -50,15 +52,24 @@ int main(int argc, char** argv) {
           "(default 25600).\n",
           argv[0]);
       return 0;
-    } else if (k == "--devices")
-      devices = std::atoi(next());
-    else if (k == "--batch")
-      batch = std::atoll(next());
-    else if (k == "--iters")
-      iters = std::atoi(next());
-    else if (k == "--bucket-kb")
-      bucket_kb = std::atoll(next());
-    else if (k == "--json")
+    } else if (k == "--devices" || k == "--batch" || k == "--iters" || k == "--bucket-kb") {
+      // Whole numbers in range (atoi read "abc" as 0, and --iters 0 left no time to report).
+      const long long most = k == "--devices" ? 256 : k == "--iters" ? 1 << 20 : 1LL << 31;
+      const char* text = next();
+      const auto v = bench::whole_in(text, 1, most);
+      if (!v)
+        return std::fprintf(stderr, "%s: %s %s: expected a whole number in [1, %lld]\n", argv[0],
+                            k.c_str(), text, most),
+               64;
+      if (k == "--devices")
+        devices = int(*v);
+      else if (k == "--batch")
+        batch = *v;
+      else if (k == "--iters")
+        iters = int(*v);
+      else
+        bucket_kb = *v;
+    } else if (k == "--json")
       json = true;
     else
       return std::fprintf(stderr, "%s: unknown option %s (%s --help lists the options)\n", argv[0],

@@ -19,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include "bench_args.h"
 #include "models.h"
 
 namespace {
@@ -63,21 +64,35 @@ std::optional<int> parse(int argc, char** argv, Args& a) {
     if (!known) return fail("unknown option " + k);
     if (i + 1 >= argc) return fail(k + " needs a value");
     const char* v = argv[++i];
-    if (k == "--data")
+    const auto whole = [&](long long lo, long long hi) -> std::optional<long long> {
+      return bench::whole_in(v, lo, hi);
+    };
+    const std::string bad = k + " " + v + ": expected ";
+    if (k == "--data") {
+      if (!*v) return fail("--data needs a directory");
       a.data = v;
-    else if (k == "--threads")
-      a.threads = std::atoi(v);
-    else if (k == "--target")
-      a.target = std::atof(v);
-    else if (k == "--epochs")
-      a.epochs = std::atoi(v);
-    else if (k == "--eval-every")
-      a.eval_every = std::atoi(v);
-    else if (k == "--seed")
-      a.seed = std::strtoull(v, nullptr, 10);
+    } else if (k == "--threads") {
+      const auto t = whole(1, 4096);
+      if (!t) return fail(bad + "a whole number in [1, 4096]");
+      a.threads = int(*t);
+    } else if (k == "--target") {
+      const auto t = bench::real_in(v, 1e-9, 1);
+      if (!t) return fail(bad + "an accuracy in (0, 1]");
+      a.target = *t;
+    } else if (k == "--epochs") {
+      const auto e = whole(1, 1000000);
+      if (!e) return fail(bad + "a whole number in [1, 1000000]");
+      a.epochs = int(*e);
+    } else if (k == "--eval-every") {
+      const auto e = whole(1, 1 << 30);
+      if (!e) return fail(bad + "a whole number in [1, 1073741824]");
+      a.eval_every = int(*e);
+    } else if (k == "--seed") {
+      const auto s = whole(0, INT64_MAX);
+      if (!s) return fail(bad + "a whole number in [0, 2^63)");
+      a.seed = uint64_t(*s);
+    }
   }
-  if (a.epochs <= 0) return fail("--epochs must be positive");
-  if (a.eval_every <= 0) return fail("--eval-every must be positive");
   return std::nullopt;
 }
 
@@ -158,6 +173,8 @@ int main(int argc, char** argv) {
       }
     }
 
+    if (evals.empty())
+      throw galley::Error("no evaluation ran: the training set in " + a.data + " has no batch");
     const Eval& last = evals.back();
     if (a.json) {
       std::printf(

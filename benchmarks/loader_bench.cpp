@@ -13,14 +13,19 @@
 #include <galley/data/transforms.h>
 #include <galley/galley.h>
 
+#include "bench_args.h"
+
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <memory>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <thread>
+#include <type_traits>
 #include <vector>
 
 namespace data = galley::data;
@@ -37,12 +42,32 @@ struct Args {
   bool json = false;
 };
 
+[[noreturn]] void bad_usage(const char* prog, const std::string& why) {
+  std::fprintf(stderr, "%s: %s (%s --help lists the options)\n", prog, why.c_str(), prog);
+  std::exit(64);
+}
+
+// A comma-separated list of numbers in [lo, hi] (whole ones for T = int), or a usage error naming
+// the flag: atof read "abc" as 0 and let NaN and negative step times through.
 template <typename T>
-std::vector<T> parse_list(const std::string& s) {
+std::vector<T> parse_list(const char* prog, const std::string& flag, const std::string& s, T lo,
+                          T hi) {
   std::vector<T> out;
   std::stringstream in(s);
   std::string item;
-  while (std::getline(in, item, ',')) out.push_back(static_cast<T>(std::atof(item.c_str())));
+  while (std::getline(in, item, ',')) {
+    std::optional<double> v;
+    if constexpr (std::is_integral_v<T>) {
+      if (auto w = bench::whole_in(item.c_str(), lo, hi)) v = double(*w);
+    } else {
+      v = bench::real_in(item.c_str(), lo, hi);
+    }
+    if (!v)
+      bad_usage(prog, flag + " " + s + ": '" + item + "' is not a number in [" +
+                          (std::ostringstream() << lo << ", " << hi).str() + "]");
+    out.push_back(static_cast<T>(*v));
+  }
+  if (out.empty()) bad_usage(prog, flag + " needs at least one value");
   return out;
 }
 
@@ -67,19 +92,23 @@ Args parse(int argc, char** argv) {
           "size 256,\none epoch for throughput and 100 batches behind a step).\n",
           argv[0]);
       std::exit(0);
-    } else if (k == "--dataset")
+    } else if (k == "--dataset") {
       a.dataset = next();
-    else if (k == "--workers")
-      a.workers = parse_list<int>(next());
-    else if (k == "--step-ms")
-      a.step_ms = parse_list<double>(next());
-    else if (k == "--batch-size")
-      a.batch_size = std::atoll(next().c_str());
-    else if (k == "--batches")
-      a.batches = std::atoll(next().c_str());
-    else if (k == "--data")
+      if (a.dataset != "fashion" && a.dataset != "cifar" && a.dataset != "all")
+        bad_usage(argv[0], "--dataset " + a.dataset + ": expected fashion, cifar or all");
+    } else if (k == "--workers") {
+      a.workers = parse_list<int>(argv[0], k, next(), 0, 256);
+    } else if (k == "--step-ms") {
+      a.step_ms = parse_list<double>(argv[0], k, next(), 0, 1e6);
+    } else if (k == "--batch-size" || k == "--batches") {
+      const std::string text = next();
+      const auto v = bench::whole_in(text.c_str(), 1, int64_t(1) << 31);
+      if (!v) bad_usage(argv[0], k + " " + text + ": expected a whole number in [1, 2147483648]");
+      (k == "--batch-size" ? a.batch_size : a.batches) = *v;
+    } else if (k == "--data") {
       a.data_dir = next();
-    else if (k == "--json")
+      if (a.data_dir.empty()) bad_usage(argv[0], "--data needs a directory");
+    } else if (k == "--json")
       a.json = true;
     else {
       std::fprintf(stderr, "%s: unknown option %s (%s --help lists the options)\n", argv[0],
@@ -98,6 +127,9 @@ std::unique_ptr<data::Dataset> fashion(const std::string& dir, std::string& sour
     source = "Fashion-MNIST files";
     return ds;
   } catch (const galley::Error&) {
+    // Damaged files are an error; only a directory without them falls back.
+    std::error_code ec;
+    if (std::filesystem::exists(dir, ec) && !std::filesystem::is_empty(dir, ec)) throw;
     galley::Generator gen(1);
     source = "random images of Fashion-MNIST's shape (files not found)";
     std::vector<int64_t> labels(60000);
@@ -135,6 +167,7 @@ Result run(const data::Dataset& ds, const std::vector<data::Transform>& transfor
                                .num_workers = workers,
                                .transforms = transforms});
   for (auto& b : loader) (void)b;  // warm-up epoch: workers started, buffers touched
+  if (loader.size() == 0) throw galley::Error("the dataset has no batch to load");
   const int64_t want = args.batches > 0
                            ? args.batches
                            : (step_ms > 0 ? std::min<int64_t>(100, loader.size()) : loader.size());

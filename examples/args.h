@@ -1,9 +1,12 @@
 #pragma once
 // What the examples share: a usage error, an option's value as a number or a device, and
 // --amp with its training step.
+#include <cctype>
 #include <cerrno>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <limits>
 #include <string>
 #include <type_traits>
 
@@ -17,21 +20,83 @@ namespace example {
   std::exit(64);
 }
 
-// The whole of `text` as a number of type T, or a usage error naming the option.
+// The whole of `text` as a number of type T, or a usage error naming the option: a number past
+// T's range (4294967297 epochs read as 1), a negative one for an unsigned T (-1 read as 2^64 - 1)
+// and a floating one that is not finite (NaN passes every comparison) are errors too.
 template <typename T>
 T number(const char* prog, const std::string& option, const char* text) {
   errno = 0;
   char* end = nullptr;
-  T v{};
-  if constexpr (std::is_floating_point_v<T>)
-    v = static_cast<T>(std::strtod(text, &end));
-  else if constexpr (std::is_unsigned_v<T>)
-    v = static_cast<T>(std::strtoull(text, &end, 10));
-  else
-    v = static_cast<T>(std::strtoll(text, &end, 10));
-  if (end == text || *end != '\0' || errno == ERANGE)
-    bad_usage(prog, option + ": '" + text + "' is not a number");
+  const std::string what = option + ": '" + text + "'";
+  if constexpr (std::is_floating_point_v<T>) {
+    const double v = std::strtod(text, &end);
+    if (end == text || *end != '\0') bad_usage(prog, what + " is not a number");
+    if (!std::isfinite(v) || errno == ERANGE ||
+        std::fabs(v) > double(std::numeric_limits<T>::max()))
+      bad_usage(prog, what + " is not a finite number");
+    return static_cast<T>(v);
+  } else if constexpr (std::is_unsigned_v<T>) {
+    const char* digits = text;
+    while (std::isspace(static_cast<unsigned char>(*digits))) ++digits;
+    const unsigned long long v = std::strtoull(text, &end, 10);
+    if (end == text || *end != '\0') bad_usage(prog, what + " is not a number");
+    if (*digits == '-' || errno == ERANGE || v > std::numeric_limits<T>::max())
+      bad_usage(prog, what + " is out of range [0, " +
+                          std::to_string(std::numeric_limits<T>::max()) + "]");
+    return static_cast<T>(v);
+  } else {
+    const long long v = std::strtoll(text, &end, 10);
+    if (end == text || *end != '\0') bad_usage(prog, what + " is not a number");
+    if (errno == ERANGE || v < std::numeric_limits<T>::min() || v > std::numeric_limits<T>::max())
+      bad_usage(prog, what + " is out of range [" + std::to_string(std::numeric_limits<T>::min()) +
+                          ", " + std::to_string(std::numeric_limits<T>::max()) + "]");
+    return static_cast<T>(v);
+  }
+}
+
+// number<T>, which must also lie in [lo, hi].
+template <typename T>
+T number_in(const char* prog, const std::string& option, const char* text, T lo, T hi) {
+  const T v = number<T>(prog, option, text);
+  if (v < lo || v > hi) {
+    std::string range = "[" + std::to_string(lo) + ", " + std::to_string(hi) + "]";
+    if constexpr (std::is_floating_point_v<T>) {
+      char buf[64];
+      std::snprintf(buf, sizeof buf, "[%g, %g]", double(lo), double(hi));
+      range = buf;
+    }
+    bad_usage(prog, option + " " + text + ": must be in " + range);
+  }
   return v;
+}
+
+// A number saved as text in a file (a checkpoint's extra entries): the whole of `text`, finite,
+// or an error naming the file and the entry (strtod took garbage as 0).
+template <typename T>
+T number_or_error(const std::string& file, const std::string& entry, const std::string& text) {
+  errno = 0;
+  char* end = nullptr;
+  const char* s = text.c_str();
+  bool ok;
+  T v{};
+  if constexpr (std::is_floating_point_v<T>) {
+    const double d = std::strtod(s, &end);
+    ok = end != s && *end == '\0' && std::isfinite(d);
+    v = static_cast<T>(d);
+  } else {
+    const long long n = std::strtoll(s, &end, 10);
+    ok = end != s && *end == '\0' && errno != ERANGE && n >= 0;
+    v = static_cast<T>(n);
+  }
+  if (!ok) throw galley::Error(file + ": entry " + entry + " '" + text + "' is not a valid number");
+  return v;
+}
+
+// A path or name option's value, which must not be empty (an empty one silently turned the
+// feature off, or searched the root directory).
+inline const char* non_empty(const char* prog, const std::string& option, const char* text) {
+  if (!*text) bad_usage(prog, option + " needs a non-empty value");
+  return text;
 }
 
 // "cpu", "cuda" or "cuda:N" as a device, or a usage error.
@@ -39,7 +104,7 @@ inline galley::Device parse_device(const char* prog, const std::string& s) {
   if (s == "cpu") return galley::Device::cpu();
   if (s == "cuda") return galley::Device::cuda(0);
   if (s.rfind("cuda:", 0) == 0)
-    return galley::Device::cuda(number<int>(prog, "--device", s.c_str() + 5));
+    return galley::Device::cuda(number_in<int>(prog, "--device", s.c_str() + 5, 0, 1 << 20));
   bad_usage(prog, "--device " + s + ": expected cpu or cuda:N");
 }
 

@@ -72,7 +72,9 @@ class FashionCNN : public nn::Layer {
 namespace {
 
 using example::bad_usage;
+using example::non_empty;
 using example::number;
+using example::number_in;
 using example::parse_amp;
 using example::parse_device;
 struct Args {
@@ -113,7 +115,8 @@ void usage(std::FILE* out, const char* prog) {
                "  --workers N           data loader threads (default 2; 0: load in the training "
                "thread)\n"
                "  --device D            cpu or cuda:N (default: the first GPU, else the CPU)\n"
-               "  --checkpoint-dir DIR  save a checkpoint after every epoch; SIGTERM or SIGUSR1\n"
+               "  --checkpoint-dir DIR  save a checkpoint after every epoch (a directory that\n"
+               "                        holds some already needs --resume); SIGTERM or SIGUSR1\n"
                "                        saves one after the current step and exits with 75\n"
                "  --resume              continue from the newest checkpoint in --checkpoint-dir\n"
                "  --stop-after N        end the run after epoch N (to try --resume)\n"
@@ -141,48 +144,45 @@ Args parse(int argc, char** argv) {
       usage(stdout, prog);
       std::exit(0);
     } else if (k == "--epochs")
-      a.epochs = number<int>(prog, k, next());
+      a.epochs = number_in<int>(prog, k, next(), 1, 1000000);
     else if (k == "--batch-size")
-      a.batch_size = number<int64_t>(prog, k, next());
+      a.batch_size = number_in<int64_t>(prog, k, next(), 1, int64_t(1) << 31);
     else if (k == "--lr")
-      a.lr = number<double>(prog, k, next());
+      a.lr = number_in<double>(prog, k, next(), 1e-12, 1e6);
     else if (k == "--data")
-      a.data = next();
+      a.data = non_empty(prog, k, next());
     else if (k == "--threads")
-      a.threads = number<int>(prog, k, next());
+      a.threads = number_in<int>(prog, k, next(), 1, 4096);
     else if (k == "--limit")
-      a.limit = number<int64_t>(prog, k, next());
+      a.limit = number_in<int64_t>(prog, k, next(), 1, INT64_MAX);
     else if (k == "--target")
-      a.target = number<double>(prog, k, next());
+      a.target = number_in<double>(prog, k, next(), 0, 1);
     else if (k == "--seed")
       a.seed = number<uint64_t>(prog, k, next());
     else if (k == "--workers")
-      a.workers = number<int>(prog, k, next());
+      a.workers = number_in<int>(prog, k, next(), 0, 1024);
     else if (k == "--checkpoint-dir")
-      a.checkpoint_dir = next();
+      a.checkpoint_dir = non_empty(prog, k, next());
     else if (k == "--resume")
       a.resume = true;
     else if (k == "--stop-after")
-      a.stop_after = number<int>(prog, k, next());
+      a.stop_after = number_in<int>(prog, k, next(), 1, 1000000);
     else if (k == "--preempt-at")
-      a.preempt_at = number<int64_t>(prog, k, next());
+      a.preempt_at = number_in<int64_t>(prog, k, next(), 1, INT64_MAX);
     else if (k == "--device")
       a.device = parse_device(prog, next());
     else if (k == "--metrics")
-      a.metrics = next();
+      a.metrics = non_empty(prog, k, next());
     else if (k == "--log-every")
-      a.log_every = number<int>(prog, k, next());
+      a.log_every = number_in<int>(prog, k, next(), 1, INT32_MAX);
     else if (k == "--amp")
       a.amp = parse_amp(prog, next());
     else
       bad_usage(prog, "unknown option " + k);
   }
-  if (a.epochs < 1) bad_usage(prog, "--epochs must be at least 1");
-  if (a.batch_size < 1) bad_usage(prog, "--batch-size must be at least 1");
-  if (a.log_every < 1) bad_usage(prog, "--log-every must be at least 1");
-  if (a.workers < 0) bad_usage(prog, "--workers must not be negative");
-  if (a.preempt_at != 0 && (a.preempt_at < 1 || a.checkpoint_dir.empty()))
-    bad_usage(prog, "--preempt-at needs a step of at least 1 and --checkpoint-dir");
+  if (a.preempt_at != 0 && a.checkpoint_dir.empty())
+    bad_usage(prog, "--preempt-at needs --checkpoint-dir");
+  if (a.resume && a.checkpoint_dir.empty()) bad_usage(prog, "--resume needs --checkpoint-dir");
   return a;
 }
 
@@ -267,6 +267,9 @@ int main(int argc, char** argv) {
           Tensor::from_host(d.raw_data(), {args.limit, 1, 28, 28}),
           Tensor::from_host(l.raw_data(), {args.limit}, galley::DType::Int64));
     }
+    if (train.size() == 0 || test.size() == 0)
+      throw galley::Error("the " + std::string(train.size() == 0 ? "training" : "test") +
+                          " set in " + args.data + " holds no images");
     std::printf("Fashion-MNIST: %zu training, %zu test images from %s; %s, %d threads, amp %s\n",
                 train.size(), test.size(), args.data.c_str(), args.device.str().c_str(),
                 galley::num_threads(), args.amp.name());
@@ -304,24 +307,46 @@ int main(int argc, char** argv) {
       checkpoints = std::make_unique<galley::io::Checkpointer>(
           args.checkpoint_dir,
           galley::io::CheckpointOptions{.preempt_signals = {SIGTERM, SIGUSR1}});
+      // A directory holding another run's checkpoints is continued only when asked: a new run
+      // there would lose its own first checkpoints to the old run's newer ones, and a later
+      // --resume would continue the old run.
+      if (!args.resume && !checkpoints->list().empty())
+        throw galley::Error(args.checkpoint_dir + " holds checkpoints of an earlier run (newest " +
+                            checkpoints->list().back() +
+                            "); pass --resume to continue it, or choose another directory");
       if (args.resume && checkpoints->resume(state)) {
+        for (const std::string& skipped : checkpoints->skipped())
+          std::fprintf(stderr, "skipped %s\n", skipped.c_str());
+        const std::string& from = checkpoints->resumed_from();
         first_epoch = static_cast<int>(state.epoch) + 1;
-        // The order of the epoch in progress, from where it stopped, as in an uninterrupted run.
-        loader.set_position(state.epoch, state.batch);
         if (state.batch > 0) {
-          resumed_loss = std::strtod(state.extra.at("loss_sum").c_str(), nullptr);
-          resumed_seen = std::strtoll(state.extra.at("seen").c_str(), nullptr, 10);
+          // The running sums of the epoch in progress, which this program saves with it.
+          auto extra = [&](const char* key) {
+            const auto it = state.extra.find(key);
+            if (it == state.extra.end())
+              throw galley::Error(from + ": a checkpoint taken in epoch " +
+                                  std::to_string(first_epoch) + " lacks its entry extra." + key +
+                                  " (not written by this program?)");
+            return it->second;
+          };
+          resumed_loss =
+              example::number_or_error<double>(from, "extra.loss_sum", extra("loss_sum"));
+          resumed_seen = example::number_or_error<int64_t>(from, "extra.seen", extra("seen"));
           resumed_batches = state.batch;
+          // The order of the epoch in progress, from where it stopped, as in an uninterrupted
+          // run; a checkpoint of another --batch-size or --limit has no such place.
+          if (state.batch >= int64_t(loader.size()))
+            throw galley::Error(from + " was taken after batch " + std::to_string(state.batch) +
+                                " of an epoch, which has " + std::to_string(loader.size()) +
+                                " batches here: resume with the run's --batch-size and --limit");
           std::printf("resumed in epoch %d after batch %lld from %s\n", first_epoch,
-                      static_cast<long long>(state.batch), checkpoints->list().back().c_str());
+                      static_cast<long long>(state.batch), from.c_str());
         } else {
           std::printf("resumed after epoch %lld from %s\n", static_cast<long long>(state.epoch),
-                      checkpoints->list().back().c_str());
+                      from.c_str());
         }
+        loader.set_position(state.epoch, state.batch);
       }
-    } else if (args.resume) {
-      std::fprintf(stderr, "--resume needs --checkpoint-dir\n");
-      return 64;
     }
     std::unique_ptr<galley::MetricsLogger> metrics;
     if (!args.metrics.empty())
@@ -416,8 +441,15 @@ int main(int argc, char** argv) {
         return 0;
       }
     }
-    std::printf("final test accuracy %.2f%% after %d epochs in %.1f s (last epoch loss %.6f)\n",
-                100 * accuracy, args.epochs, seconds_since(start), last_loss);
+    if (first_epoch > args.epochs) {  // a finished run resumed: its model, tested
+      std::printf("nothing left to train: the checkpoint is after epoch %d of %d\n",
+                  first_epoch - 1, args.epochs);
+      accuracy = evaluate(model, test_loader, args.amp);
+      std::printf("test accuracy %.2f%% after %d epochs\n", 100 * accuracy, first_epoch - 1);
+    } else {
+      std::printf("final test accuracy %.2f%% after %d epochs in %.1f s (last epoch loss %.6f)\n",
+                  100 * accuracy, args.epochs, seconds_since(start), last_loss);
+    }
     if (args.target > 0 && accuracy < args.target) {
       std::fprintf(stderr, "test accuracy %.2f%% is below the target %.2f%%\n", 100 * accuracy,
                    100 * args.target);

@@ -36,7 +36,9 @@ using galley::models::ResNet;
 namespace {
 
 using example::bad_usage;
+using example::non_empty;
 using example::number;
+using example::number_in;
 using example::parse_amp;
 using example::parse_device;
 
@@ -62,28 +64,29 @@ struct Args {
 };
 
 void usage(std::FILE* out, const char* prog) {
-  std::fprintf(out,
-               "usage: %s [options]\n"
-               "Trains a ResNet-20-style network on Fashion-MNIST and reports the test accuracy "
-               "after each epoch.\n\n"
-               "  --epochs N          epochs to train (default 10)\n"
-               "  --batch-size N      images per step and process (default 128)\n"
-               "  --lr X              peak rate of the one-cycle schedule (default 0.1)\n"
-               "  --weight-decay X    SGD's weight decay (default 5e-4)\n"
-               "  --label-smoothing X the loss's label smoothing (default 0.1)\n"
-               "  --data DIR          the Fashion-MNIST IDX files (default %s)\n"
-               "  --threads N         galley's threads (default: the cores available)\n"
-               "  --limit N           train on the first N training images only\n"
-               "  --test-limit N      test on the first N test images only\n"
-               "  --target ACC        exit with status 2 if the final test accuracy is below ACC\n"
-               "  --seed N            seed of the weights, the shuffle and the augmentation\n"
-               "  --workers N         data loader threads (default 2)\n"
-               "  --device D          cpu or cuda:N (default: every GPU, else the CPU)\n"
-               "  --metrics FILE      append a JSON line per epoch to FILE\n"
-               "  --amp MODE          off, bf16 or fp16: conv and linear under autocast in that\n"
-               "                      dtype (fp16 with dynamic loss scaling); default off\n"
-               "  -h, --help          show this and exit\n",
-               prog, galley::data::default_fashion_mnist_dir().c_str());
+  std::fprintf(
+      out,
+      "usage: %s [options]\n"
+      "Trains a ResNet-20-style network on Fashion-MNIST and reports the test accuracy "
+      "after each epoch.\n\n"
+      "  --epochs N          epochs to train (default 10)\n"
+      "  --batch-size N      images per step and process, at least 2 (BatchNorm; default 128)\n"
+      "  --lr X              peak rate of the one-cycle schedule (default 0.1)\n"
+      "  --weight-decay X    SGD's weight decay (default 5e-4)\n"
+      "  --label-smoothing X the loss's label smoothing (default 0.1)\n"
+      "  --data DIR          the Fashion-MNIST IDX files (default %s)\n"
+      "  --threads N         galley's threads (default: the cores available)\n"
+      "  --limit N           train on the first N training images only\n"
+      "  --test-limit N      test on the first N test images only\n"
+      "  --target ACC        exit with status 2 if the final test accuracy is below ACC\n"
+      "  --seed N            seed of the weights, the shuffle and the augmentation\n"
+      "  --workers N         data loader threads (default 2)\n"
+      "  --device D          cpu or cuda:N (default: every GPU, else the CPU)\n"
+      "  --metrics FILE      append a JSON line per epoch to FILE\n"
+      "  --amp MODE          off, bf16 or fp16: conv and linear under autocast in that\n"
+      "                      dtype (fp16 with dynamic loss scaling); default off\n"
+      "  -h, --help          show this and exit\n",
+      prog, galley::data::default_fashion_mnist_dir().c_str());
 }
 
 Args parse(int argc, char** argv) {
@@ -99,45 +102,39 @@ Args parse(int argc, char** argv) {
       usage(stdout, prog);
       std::exit(0);
     } else if (k == "--epochs") {
-      a.epochs = number<int>(prog, k, next());
+      a.epochs = number_in<int>(prog, k, next(), 1, 1000000);
     } else if (k == "--batch-size") {
-      a.batch_size = number<int64_t>(prog, k, next());
+      a.batch_size = number_in<int64_t>(prog, k, next(), 2, int64_t(1) << 31);
     } else if (k == "--lr") {
-      a.lr = number<double>(prog, k, next());
+      a.lr = number_in<double>(prog, k, next(), 1e-12, 1e6);
     } else if (k == "--weight-decay") {
-      a.weight_decay = number<double>(prog, k, next());
+      a.weight_decay = number_in<double>(prog, k, next(), 0, 1e6);
     } else if (k == "--label-smoothing") {
-      a.label_smoothing = number<float>(prog, k, next());
+      a.label_smoothing = number_in<float>(prog, k, next(), 0, 1);
     } else if (k == "--data") {
-      a.data = next();
+      a.data = non_empty(prog, k, next());
     } else if (k == "--threads") {
-      a.threads = number<int>(prog, k, next());
+      a.threads = number_in<int>(prog, k, next(), 1, 4096);
     } else if (k == "--limit") {
-      a.limit = number<int64_t>(prog, k, next());
+      a.limit = number_in<int64_t>(prog, k, next(), 1, INT64_MAX);
     } else if (k == "--test-limit") {
-      a.test_limit = number<int64_t>(prog, k, next());
+      a.test_limit = number_in<int64_t>(prog, k, next(), 1, INT64_MAX);
     } else if (k == "--target") {
-      a.target = number<double>(prog, k, next());
+      a.target = number_in<double>(prog, k, next(), 0, 1);
     } else if (k == "--seed") {
       a.seed = number<uint64_t>(prog, k, next());
     } else if (k == "--workers") {
-      a.workers = number<int>(prog, k, next());
+      a.workers = number_in<int>(prog, k, next(), 0, 1024);
     } else if (k == "--device") {
-      a.device = next();
+      a.device = non_empty(prog, k, next());
     } else if (k == "--metrics") {
-      a.metrics = next();
+      a.metrics = non_empty(prog, k, next());
     } else if (k == "--amp") {
       a.amp = parse_amp(prog, next());
     } else {
       bad_usage(prog, "unknown option " + k);
     }
   }
-  if (a.epochs < 1) bad_usage(prog, "--epochs must be at least 1");
-  if (a.batch_size < 2) bad_usage(prog, "--batch-size must be at least 2 (BatchNorm)");
-  if (a.lr <= 0) bad_usage(prog, "--lr must be positive");
-  if (!(a.label_smoothing >= 0 && a.label_smoothing <= 1))
-    bad_usage(prog, "--label-smoothing must be in [0, 1]");
-  if (a.workers < 0) bad_usage(prog, "--workers must not be negative");
   return a;
 }
 
@@ -198,6 +195,9 @@ int main(int argc, char** argv) {
     };
     data::TensorDataset train = first(train_full, args.limit);
     data::TensorDataset test = first(test_full, args.test_limit);
+    if (train.size() == 0 || test.size() == 0)
+      throw galley::Error("the " + std::string(train.size() == 0 ? "training" : "test") +
+                          " set in " + args.data + " holds no images");
     const std::vector<galley::Device> devices = devices_of(argv[0], args.device);
 
     galley::DataParallel<ResNet> model(devices, {}, kResNet20);
@@ -227,6 +227,10 @@ int main(int argc, char** argv) {
                .device = devices[0],
                .transforms = {data::random_horizontal_flip(1.f),
                               data::normalize({kFashionMean}, {kFashionStd})}});
+    if (loader.size() == 0)
+      throw galley::Error(std::to_string(train.size()) + " training images (--limit) over " +
+                          std::to_string(env.world_size) + " process(es) give no whole batch of " +
+                          std::to_string(args.batch_size) + " (--batch-size)");
     galley::optim::OneCycleLR schedule(optimizer,
                                        {.max_lr = args.lr,
                                         .epochs = args.epochs,

@@ -9,6 +9,7 @@
 // JSON line per epoch to FILE (galley::MetricsLogger; the first process only under mpirun).
 #include <galley/galley.h>
 
+#include <cctype>
 #include <cerrno>
 #include <chrono>
 #include <cstdio>
@@ -73,12 +74,13 @@ void usage(std::FILE* out, const char* prog) {
   std::exit(64);
 }
 
-int64_t positive(const char* prog, const char* what, const char* text) {
+int64_t positive(const char* prog, const char* what, const char* text, int64_t most) {
   errno = 0;
   char* end = nullptr;
   const long long v = std::strtoll(text, &end, 10);
-  if (end == text || *end != '\0' || errno == ERANGE || v < 1)
-    bad_usage(prog, std::string(what) + ": '" + text + "' is not a positive whole number");
+  if (end == text || *end != '\0' || errno == ERANGE || v < 1 || v > most)
+    bad_usage(prog, std::string(what) + ": '" + text + "' is not a whole number in [1, " +
+                        std::to_string(most) + "]");
   return v;
 }
 
@@ -94,13 +96,13 @@ Args parse(int argc, char** argv) {
     } else if (k == "--metrics") {
       if (i + 1 >= argc) bad_usage(prog, "--metrics needs a file name");
       a.metrics = argv[++i];
-    } else if (!k.empty() && k[0] == '-') {
+    } else if (k.size() > 1 && k[0] == '-' && !std::isdigit(static_cast<unsigned char>(k[1]))) {
       bad_usage(prog, "unknown option " + k);
     } else if (positional == 0) {
-      a.epochs = static_cast<int>(positive(prog, "EPOCHS", argv[i]));
+      a.epochs = static_cast<int>(positive(prog, "EPOCHS", argv[i], 1000000));
       ++positional;
     } else if (positional == 1) {
-      a.samples = positive(prog, "SAMPLES", argv[i]);
+      a.samples = positive(prog, "SAMPLES", argv[i], int64_t(1) << 40);
       ++positional;
     } else {
       bad_usage(prog, "unexpected argument " + k);

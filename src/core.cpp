@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -138,9 +139,17 @@ int cpus_available() {
 
 namespace {
 int initial_threads() {
-  if (const char* env = std::getenv("GALLEY_NUM_THREADS")) {
-    int n = std::atoi(env);
-    if (n > 0) return n;
+  // A count in [1, 4096]; anything else (a typo, 0, empty) is said once on stderr and the cores
+  // available taken, since this runs inside whatever call first asks for the thread count.
+  if (const char* env = std::getenv("GALLEY_NUM_THREADS"); env && *env) {
+    char* end = nullptr;
+    errno = 0;
+    const long n = std::strtol(env, &end, 10);
+    if (end != env && *end == '\0' && errno != ERANGE && n >= 1 && n <= 4096) return int(n);
+    std::fprintf(stderr,
+                 "galley: GALLEY_NUM_THREADS='%s' is not a thread count in [1, 4096]; using the "
+                 "%d CPUs available\n",
+                 env, detail::cpus_available());
   }
   return detail::cpus_available();
 }

@@ -212,6 +212,10 @@ TEST(Checkpoint, KeepsTheNewestK) {
   ASSERT_EQ(files.size(), 3u);
   EXPECT_NE(files.back().find("000000000060"), std::string::npos);
   EXPECT_NE(files.front().find("000000000040"), std::string::npos);
+  // Saves below the directory's newest (another run's higher steps) keep the file just written.
+  const std::string written = ck.save({.model = &fc, .step = 1});
+  EXPECT_TRUE(fs::exists(written));
+  EXPECT_EQ(ck.list().size(), 3u);
 }
 
 TEST(Checkpoint, AnUnreadableNewestFileFallsBackToThePreviousOne) {
@@ -220,10 +224,16 @@ TEST(Checkpoint, AnUnreadableNewestFileFallsBackToThePreviousOne) {
   galley::io::Checkpointer ck(dir);
   ck.save({.model = &fc, .step = 1});
   ck.save({.model = &fc, .step = 2});
-  fs::resize_file(ck.list().back(), 20);  // damaged after the fact
+  const std::string newest = ck.list().back();
+  fs::resize_file(newest, 20);  // damaged after the fact
   galley::io::TrainingState st{.model = &fc};
+  EXPECT_EQ(ck.resumed_from(), "");
   ASSERT_TRUE(ck.resume(st));
   EXPECT_EQ(st.step, 1);
+  // Which file it loaded, and which it skipped and why.
+  EXPECT_EQ(ck.resumed_from(), ck.list().front());
+  ASSERT_EQ(ck.skipped().size(), 1u);
+  EXPECT_EQ(ck.skipped()[0].rfind(newest + ": ", 0), 0u) << ck.skipped()[0];
 }
 
 TEST(Checkpoint, MismatchedModelIsAnErrorNamingTheEntryAndChangesNothing) {

@@ -404,21 +404,29 @@ std::string Checkpointer::write(const TrainingState& state,
   // it.
   if (distributed::parallel_env().rank != 0) return path;
   save_with_generators(path, state, generators);
+  // The oldest beyond keep_last go, but never the file just written (a directory holding a later
+  // run's higher steps would otherwise lose each new checkpoint as it is made).
   auto all = list();
-  for (size_t i = 0; i + opt_.keep_last < all.size(); ++i) std::remove(all[i].c_str());
+  size_t left = all.size();
+  for (size_t i = 0; i < all.size() && left > size_t(opt_.keep_last); ++i)
+    if (all[i] != path) std::remove(all[i].c_str()), --left;
   return path;
 }
 
 bool Checkpointer::resume(TrainingState& state) {
   auto all = list();
   std::string errors;
+  std::vector<std::string> skipped;
   for (auto it = all.rbegin(); it != all.rend(); ++it) {
     try {
       load_checkpoint(*it, state);
+      resumed_from_ = *it;
+      skipped_ = std::move(skipped);
       return true;
     } catch (const Error& e) {
       // An unreadable newest file (a damaged disk, a foreign file) falls back to the one before.
       errors += std::string("\n  ") + e.what();
+      skipped.push_back(*it + ": " + e.what());
     }
   }
   GALLEY_CHECK(errors.empty(), "Checkpointer: no checkpoint in '", dir_,

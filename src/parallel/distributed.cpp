@@ -1,6 +1,8 @@
 // Launcher detection and the world communicator.
 #include "galley/distributed.h"
 
+#include <cerrno>
+#include <climits>
 #include <cstdlib>
 #include <mutex>
 
@@ -24,9 +26,11 @@ int env_int(const char* name, int fallback) {
   const char* v = std::getenv(name);
   if (!v || !*v) return fallback;
   char* end = nullptr;
+  errno = 0;
   long x = std::strtol(v, &end, 10);
-  GALLEY_CHECK(end && *end == '\0' && x >= 0, "init_parallel_env: environment variable ", name,
-               "='", v, "' is not a non-negative integer");
+  GALLEY_CHECK(end != v && *end == '\0' && errno != ERANGE && x >= 0 && x <= INT_MAX,
+               "init_parallel_env: environment variable ", name, "='", v,
+               "' is not an integer in [0, ", INT_MAX, "]");
   return static_cast<int>(x);
 }
 

@@ -107,6 +107,10 @@ class Checkpointer {
   std::vector<std::string> list() const;
   /// Loads the newest readable checkpoint into `state`; false when there is none.
   bool resume(TrainingState& state);
+  /// The file the last successful resume() loaded ("" before one).
+  const std::string& resumed_from() const { return resumed_from_; }
+  /// The newer files that resume() skipped to reach it, each "path: why" (unreadable ones).
+  const std::vector<std::string>& skipped() const { return skipped_; }
   /// True once a watched signal has arrived (for a loop that gathers extra state to save only
   /// when it must).
   bool preempted() const;
@@ -125,6 +129,8 @@ class Checkpointer {
                     const std::map<std::string, std::string>& generators);
   std::string dir_;
   CheckpointOptions opt_;
+  std::string resumed_from_;
+  std::vector<std::string> skipped_;
   std::vector<Watch> watches_;  // the previous handlers of the watched signals
 };
 
