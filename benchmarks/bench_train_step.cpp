@@ -59,9 +59,17 @@ int main(int argc, char** argv) {
       p.on = true;
     } else if (s == "--trace" && i + 1 < argc) {
       p.trace = argv[++i];
+      if (p.trace.empty()) {
+        std::fprintf(stderr, "%s: --trace needs a file name\n", argv[0]);
+        return 2;
+      }
     } else {
       rest.push_back(argv[i]);
     }
+  }
+  if (!p.trace.empty() && !p.on) {
+    std::fprintf(stderr, "%s: --trace needs --profile\n", argv[0]);
+    return 2;
   }
   Args a;
   if (const auto status = parse(static_cast<int>(rest.size()), rest.data(), a)) {

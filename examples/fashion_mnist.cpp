@@ -441,6 +441,9 @@ int main(int argc, char** argv) {
         return 0;
       }
     }
+    if (args.preempt_at > step)  // a rehearsal that did not happen should not pass for one
+      std::fprintf(stderr, "--preempt-at %lld was never reached: the run ended at step %lld\n",
+                   static_cast<long long>(args.preempt_at), static_cast<long long>(step));
     if (first_epoch > args.epochs) {  // a finished run resumed: its model, tested
       std::printf("nothing left to train: the checkpoint is after epoch %d of %d\n",
                   first_epoch - 1, args.epochs);

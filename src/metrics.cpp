@@ -138,12 +138,16 @@ MetricsLogger::MetricsLogger(MetricsLoggerOptions options) : impl_(std::make_uni
   GALLEY_CHECK(!S_ISDIR(st.st_mode), "MetricsLogger: '", path, "' is a directory");
   if (S_ISREG(st.st_mode) && st.st_size > 0) {
     // A line torn by a crash would swallow the first new one: end it first.
-    char last = '\n';
+    char last = '\n', first = '{';
     const int rfd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
     if (rfd >= 0) {
       if (::pread(rfd, &last, 1, st.st_size - 1) != 1) last = '\n';
+      if (::pread(rfd, &first, 1, 0) != 1) first = '{';
       ::close(rfd);
     }
+    // Appending to a file of something else (a checkpoint given by mistake) would change it.
+    GALLEY_CHECK(!options.append || first == '{', "MetricsLogger: '", path,
+                 "' holds something other than JSON lines; appending would change it");
     impl_->torn = last != '\n';
   }
   impl_->options = std::move(options);

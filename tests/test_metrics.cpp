@@ -143,6 +143,13 @@ TEST_F(Metrics, TheFileIsAppendedToUnlessAskedToStartAfresh) {
   lines = parse(p);
   ASSERT_EQ(lines.size(), 1u);
   EXPECT_EQ(lines[0]["step"], 3);
+  // A file of something else (a checkpoint named by mistake) is not appended to, nor changed.
+  const std::string other = path("model.safetensors");
+  std::ofstream(other) << "\x08\x00\x00\x00\x00\x00\x00\x00{}      ";
+  const auto before = std::filesystem::file_size(other);
+  testutil::expect_contains(testutil::error_of([&] { MetricsLogger log({.path = other}); }),
+                            {"MetricsLogger", "model.safetensors", "JSON lines"});
+  EXPECT_EQ(std::filesystem::file_size(other), before);
 }
 
 TEST_F(Metrics, EachLineIsInTheFileAsSoonAsLogReturns) {
