@@ -99,13 +99,21 @@ inline const char* non_empty(const char* prog, const std::string& option, const 
   return text;
 }
 
-// "cpu", "cuda" or "cuda:N" as a device, or a usage error.
+// "cpu", "cuda" or "cuda:N" as a device of this machine, or a usage error (before any data is
+// loaded).
 inline galley::Device parse_device(const char* prog, const std::string& s) {
   if (s == "cpu") return galley::Device::cpu();
-  if (s == "cuda") return galley::Device::cuda(0);
-  if (s.rfind("cuda:", 0) == 0)
-    return galley::Device::cuda(number_in<int>(prog, "--device", s.c_str() + 5, 0, 1 << 20));
-  bad_usage(prog, "--device " + s + ": expected cpu or cuda:N");
+  int index = -1;
+  if (s == "cuda")
+    index = 0;
+  else if (s.rfind("cuda:", 0) == 0)
+    index = number_in<int>(prog, "--device", s.c_str() + 5, 0, 1 << 20);
+  else
+    bad_usage(prog, "--device " + s + ": expected cpu or cuda:N");
+  if (index >= galley::cuda_device_count())
+    bad_usage(prog, "--device " + s + ": this machine has " +
+                        std::to_string(galley::cuda_device_count()) + " CUDA device(s)");
+  return galley::Device::cuda(index);
 }
 
 // What --amp asks for: "off" (float32), "bf16" or "fp16" autocast.

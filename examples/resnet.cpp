@@ -135,6 +135,7 @@ Args parse(int argc, char** argv) {
       bad_usage(prog, "unknown option " + k);
     }
   }
+  if (!a.device.empty()) (void)parse_device(prog, a.device);  // checked before any data loads
   return a;
 }
 
