@@ -1007,7 +1007,8 @@ TEST_F(LaunchTest, JobsPastWhatTheOpenFileLimitHoldsWaitInsteadOfFailing) {
   EXPECT_EQ(run({"jobs.toml"}, {}, {}, 60s), 0) << stderr_text();
   EXPECT_TRUE(events("failed_to_start").empty());
   EXPECT_EQ(events("finished").size(), 60u);
-  for (const auto& j : summary()["jobs"]) EXPECT_EQ(j["status"], "succeeded") << j.dump();
+  const Json s = summary();  // (a temporary's ["jobs"] would not outlive the loop's start)
+  for (const auto& j : s["jobs"]) EXPECT_EQ(j["status"], "succeeded") << j.dump();
   const auto allocation = events("allocation");
   ASSERT_EQ(allocation.size(), 1u);
   EXPECT_NE(allocation[0].dump().find("hard limit on open files (64)"), std::string::npos)
