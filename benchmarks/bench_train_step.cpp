@@ -30,6 +30,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <fstream>
 #include <functional>
 #include <stdexcept>
 #include <string>
@@ -69,6 +70,12 @@ int main(int argc, char** argv) {
   }
   if (!p.trace.empty() && !p.on) {
     std::fprintf(stderr, "%s: --trace needs --profile\n", argv[0]);
+    return 2;
+  }
+  // A trace that cannot be written is said before the run, not after it (opened to append, so
+  // an existing file is left as it is until the trace replaces it).
+  if (!p.trace.empty() && !std::ofstream(p.trace, std::ios::app)) {
+    std::fprintf(stderr, "%s: --trace %s: cannot write there\n", argv[0], p.trace.c_str());
     return 2;
   }
   Args a;

@@ -608,14 +608,13 @@ Tensor arange(double start, double end, double step, DType dtype) {
                " elements, more than a tensor can hold");
   int64_t n = static_cast<int64_t>(count);
   Tensor t = Tensor::empty({n}, dtype);
-  for (int64_t i = 0; i < n; ++i) {
-    double v = start + i * step;
-    if (dtype == DType::Float32)
-      t.data<float>()[i] = static_cast<float>(v);
-    else if (dtype == DType::Int64)
-      t.data<int64_t>()[i] = static_cast<int64_t>(v);
-    else
-      GALLEY_CHECK(false, "arange: unsupported dtype ", dtype_name(dtype));
+  if (dtype == DType::Int64) {
+    // As PyTorch: the count from the real bounds, the values from start and step cast to
+    // integers first (0.5 to 5 by 1.5 gives 0, 1, 2).
+    const int64_t first = static_cast<int64_t>(start), by = static_cast<int64_t>(step);
+    for (int64_t i = 0; i < n; ++i) t.data<int64_t>()[i] = first + i * by;
+  } else {
+    for (int64_t i = 0; i < n; ++i) t.data<float>()[i] = static_cast<float>(start + i * step);
   }
   return t;
 }

@@ -944,6 +944,13 @@ TEST(TensorEdges, SplitArangeAndFlattenAtTheLimits) {
   expect_contains(error_of([] { galley::arange(0, INFINITY); }), {"arange", "inf"});
   expect_contains(error_of([] { galley::arange(0, 1e30); }), {"arange", "more than"});
   expect_contains(error_of([] { galley::arange(0, 0, 1, DType::Float16); }), {"arange", "float16"});
+  // int64 with fractional bounds, as PyTorch: start and step cast first, the count from the reals.
+  EXPECT_EQ(galley::arange(0.5, 5, 1.5, DType::Int64).to_vector<int64_t>(),
+            (std::vector<int64_t>{0, 1, 2}));
+  EXPECT_EQ(galley::arange(-1.5, 3, 1, DType::Int64).to_vector<int64_t>(),
+            (std::vector<int64_t>{-1, 0, 1, 2, 3}));
+  EXPECT_EQ(galley::arange(0, 10, 3, DType::Int64).to_vector<int64_t>(),
+            (std::vector<int64_t>{0, 3, 6, 9}));
   const Tensor s = galley::full({}, 3.f);
   EXPECT_EQ(s.flatten().shape(), (Shape{1}));
   EXPECT_EQ(s.flatten(-1, 0).shape(), (Shape{1}));

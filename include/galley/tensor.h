@@ -284,7 +284,8 @@ Tensor ones(const Shape& shape, DType dtype = DType::Float32, Device device = De
 /// Tensor filled with `value`.
 Tensor full(const Shape& shape, float value, DType dtype = DType::Float32,
             Device device = Device::cpu());
-/// 0, step, 2*step ... below `end` (1-D, float32 or int64).
+/// start, start + step, ... below `end` (1-D, float32 or int64; for int64, as PyTorch, start and
+/// step are cast to integers first and the count taken from the real bounds).
 Tensor arange(double start, double end, double step = 1.0, DType dtype = DType::Float32);
 /// Uniform in [0, 1).
 Tensor rand(const Shape& shape, Generator& gen = default_generator());
