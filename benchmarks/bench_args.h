@@ -71,13 +71,9 @@ inline std::optional<int> parse(int argc, char** argv, Args& a) {
     // A whole number in [1, 2^30] (0 too for --warmup): past that a step's sizes overflow, and
     // a cast of 4294967297 to int read as 1.
     auto count = [&](int& v) {
-      const char* text = argv[++i];
-      char* end = nullptr;
-      errno = 0;
-      const long long n = std::strtoll(text, &end, 10);
-      if (end == text || *end != '\0' || errno == ERANGE || n > (1 << 30)) return false;
-      v = static_cast<int>(n);
-      return n > 0 || (s == "--warmup" && n == 0);
+      const auto n = whole_in(argv[++i], s == "--warmup" ? 0 : 1, 1 << 30);
+      if (n) v = static_cast<int>(*n);
+      return n.has_value();
     };
     if (s == "-h" || s == "--help") {
       usage(argv[0], stdout);
