@@ -15,6 +15,7 @@
 #include <atomic>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <random>
 #include <string>
@@ -678,10 +679,17 @@ TEST(ConvChannels, TakenForStridedConvolutionsWithVectorLanesAndRefusesGroups) {
   const bool dots = cpu::bf16_kernels() == cpu::Bf16Kernels::DotProducts;
   EXPECT_EQ(use({8, 32, 14, 14, 64, 3, 3, 1, 1, 2}, galley::DType::BFloat16),
             (Parts{vectors && widened, vectors && widened, vectors && widened && !dots}));
-  const cpu::ConvDirectUse direct =
-      cpu::conv2d_direct_use(geometry({8, 32, 14, 14, 64, 3, 3, 1, 1, 2}), galley::DType::BFloat16);
-  EXPECT_EQ(direct.weight_grad, vectors && dots);
-  EXPECT_FALSE(direct.forward || direct.input_grad);
+  const Conv2dGeometry strided = geometry({8, 32, 14, 14, 64, 3, 3, 1, 1, 2});
+  const cpu::ConvDirectUse direct = cpu::conv2d_direct_use(strided, galley::DType::BFloat16);
+  if (cpu::bf16_kernels() == cpu::Bf16Kernels::Widened) {
+    // widened values follow float32's choices (the channels path, asked first, takes them)
+    const cpu::ConvDirectUse f32 = cpu::conv2d_direct_use(strided);
+    EXPECT_EQ((Parts{direct.forward, direct.input_grad, direct.weight_grad}),
+              (Parts{f32.forward, f32.input_grad, f32.weight_grad}));
+  } else {
+    EXPECT_EQ(direct.weight_grad, vectors && dots);
+    EXPECT_FALSE(direct.forward || direct.input_grad);
+  }
   EXPECT_EQ(use({8, 16, 56, 56, 32, 3, 3, 1, 1, 2}), (Parts{vectors, vectors, avx512}));
   EXPECT_EQ(use({8, 8, 28, 28, 16, 3, 3, 1, 1, 2}), (Parts{vectors, false, false})) << "8 channels";
   const Parts none{false, false, false};
@@ -869,6 +877,42 @@ TEST(ConvDirect, Bf16KernelsMatchIm2colBitForBitOnExactValues) {
   }
   EXPECT_GE(ran, 1);
   EXPECT_TRUE(cpu::bf16_kernels_available(cpu::bf16_kernels()));
+}
+
+// The bfloat16 kernels the library takes by default: the tiles where granted; vdpbf16ps only on
+// AMD's cores, which issue it at their float32 FMA rate (Intel's issue it at half that, so a Xeon
+// whose tiles are hidden widens); else widened.
+galley::kernels::cpu::Bf16Kernels expected_default_bf16_kernels() {
+  namespace cpu = galley::kernels::cpu;
+  if (cpu::bf16_kernels_available(cpu::Bf16Kernels::Tiles)) return cpu::Bf16Kernels::Tiles;
+  if (cpu::bf16_kernels_available(cpu::Bf16Kernels::DotProducts) && __builtin_cpu_is("amd"))
+    return cpu::Bf16Kernels::DotProducts;
+  return cpu::Bf16Kernels::Widened;
+}
+
+TEST(Bf16Kernels, TheDefaultFollowsTheHost) {
+  if (std::getenv("GALLEY_BF16_KERNELS"))
+    GTEST_SKIP() << "GALLEY_BF16_KERNELS chooses in this process";
+  EXPECT_EQ(galley::kernels::cpu::bf16_kernels(), expected_default_bf16_kernels());
+}
+
+// GALLEY_BF16_KERNELS=tiles|dot|widened chooses where the host and build have those kernels;
+// anything else leaves the default (and says so on stderr, which the bf16_kernels_env_* ctests
+// that run this with the variable set check).
+TEST(Bf16Kernels, TheEnvironmentChooses) {
+  namespace cpu = galley::kernels::cpu;
+  const char* env = std::getenv("GALLEY_BF16_KERNELS");
+  if (!env)
+    GTEST_SKIP() << "GALLEY_BF16_KERNELS is not set here (the bf16_kernels_env_* ctests set it)";
+  const std::string v = env;
+  const bool named = v == "tiles" || v == "dot" || v == "widened";
+  const cpu::Bf16Kernels asked = v == "tiles" ? cpu::Bf16Kernels::Tiles
+                                 : v == "dot" ? cpu::Bf16Kernels::DotProducts
+                                              : cpu::Bf16Kernels::Widened;
+  if (named && cpu::bf16_kernels_available(asked))
+    EXPECT_EQ(cpu::bf16_kernels(), asked) << v;
+  else
+    EXPECT_EQ(cpu::bf16_kernels(), expected_default_bf16_kernels()) << v;
 }
 
 // Strided bfloat16 convolutions, which on the tiles run as stride-1 ones over their phases, and on

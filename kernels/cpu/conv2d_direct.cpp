@@ -1,7 +1,10 @@
 #include "kernels/cpu/conv2d_direct.h"
 
 #include <algorithm>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <string>
 #include <type_traits>
 #include <vector>
 
@@ -1418,18 +1421,51 @@ bool bf16_kernels_available(Bf16Kernels k) {
   return false;
 }
 
-Bf16Kernels bf16_kernels() {
-  static const Bf16Kernels best = [] {
-    if (bf16_kernels_available(Bf16Kernels::Tiles)) return Bf16Kernels::Tiles;
+namespace {
+
+// The kernels bf16_kernels() takes when GALLEY_BF16_KERNELS does not choose.
+Bf16Kernels default_bf16_kernels() {
+  if (bf16_kernels_available(Bf16Kernels::Tiles)) return Bf16Kernels::Tiles;
 #if defined(GALLEY_AMX)
-    // A host with AMX runs vdpbf16ps at half its float32 FMA rate: widening is faster there.
-    return Bf16Kernels::Widened;
+  // A host with AMX runs vdpbf16ps at half its float32 FMA rate: widening is faster there.
+  return Bf16Kernels::Widened;
+#elif defined(__AVX512BF16__)
+  // AMD's cores (Zen 4 and 5) issue vdpbf16ps at their float32 FMA rate. Intel's issue it once
+  // every two cycles against two FMAs a cycle, whether or not their AMX tiles are visible (a
+  // Xeon whose hypervisor hides them: 86 against 175 GFLOP/s on one core, each vdpbf16ps
+  // counted as 32 multiply-adds), which halves every product the dot products take.
+  return __builtin_cpu_is("amd") ? Bf16Kernels::DotProducts : Bf16Kernels::Widened;
 #else
-    return bf16_kernels_available(Bf16Kernels::DotProducts) ? Bf16Kernels::DotProducts
-                                                            : Bf16Kernels::Widened;
+  return Bf16Kernels::Widened;
 #endif
-  }();
-  return best;
+}
+
+// GALLEY_BF16_KERNELS=tiles|dot|widened, where this host and build have them; anything else is
+// said once on stderr and the default taken.
+Bf16Kernels chosen_bf16_kernels() {
+  const Bf16Kernels fallback = default_bf16_kernels();
+  const char* env = std::getenv("GALLEY_BF16_KERNELS");
+  if (!env || !*env) return fallback;
+  const std::string v(env);
+  const Bf16Kernels asked = v == "tiles" ? Bf16Kernels::Tiles
+                            : v == "dot" ? Bf16Kernels::DotProducts
+                                         : Bf16Kernels::Widened;
+  if ((v == "tiles" || v == "dot" || v == "widened") && bf16_kernels_available(asked)) return asked;
+  std::fprintf(stderr,
+               "galley: GALLEY_BF16_KERNELS='%s' is not one of tiles, dot, widened that this "
+               "host and build have; using %s\n",
+               env,
+               fallback == Bf16Kernels::Tiles         ? "tiles"
+               : fallback == Bf16Kernels::DotProducts ? "dot"
+                                                      : "widened");
+  return fallback;
+}
+
+}  // namespace
+
+Bf16Kernels bf16_kernels() {
+  static const Bf16Kernels chosen = chosen_bf16_kernels();
+  return chosen;
 }
 
 void conv2d_direct_forward(const Conv2dGeometry& g, const void* x, const float* w, const float* b,

@@ -37,9 +37,11 @@ namespace galley::kernels::cpu {
 // The weights are rounded to bfloat16 by the first two (exact for the weights of a bfloat16
 // convolution, which the op widens from bfloat16). bf16_kernels() is the one the direct path
 // uses: Tiles where available; else DotProducts in a build with AVX512-BF16 that does not target
-// AMX (AMD Zen 4 and 5 issue vdpbf16ps at their float32 FMA rate, so it does twice the
-// multiply-adds an instruction); else Widened. Where AMX exists but the kernel refuses its tiles,
-// Widened, since those cores run vdpbf16ps at one every two cycles against two FMAs a cycle.
+// AMX, on AMD's cores (Zen 4 and 5 issue vdpbf16ps at their float32 FMA rate, so it does twice
+// the multiply-adds an instruction); else Widened. Intel's cores run vdpbf16ps at one every two
+// cycles against two FMAs a cycle, so where AMX exists but the kernel refuses its tiles, or the
+// tiles are hidden (a virtual machine's Xeon), Widened. GALLEY_BF16_KERNELS=tiles|dot|widened
+// overrides the choice where this host and build have those kernels (read once).
 enum class Bf16Kernels { Tiles, DotProducts, Widened };
 bool bf16_kernels_available(Bf16Kernels k);
 Bf16Kernels bf16_kernels();
