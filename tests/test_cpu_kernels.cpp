@@ -31,6 +31,7 @@
 #include "kernels/cpu/conv2d_direct.h"
 #include "kernels/cpu/conv2d_pointwise.h"
 #include "kernels/cpu/conv2d_winograd.h"
+#include "kernels/cpu/parallel.h"
 #include "kernels/cpu/staged.h"
 #include "kernels/gemm.h"
 #include "kernels/max_pool2d.h"
@@ -877,6 +878,22 @@ TEST(ConvDirect, Bf16KernelsMatchIm2colBitForBitOnExactValues) {
   }
   EXPECT_GE(ran, 1);
   EXPECT_TRUE(cpu::bf16_kernels_available(cpu::bf16_kernels()));
+}
+
+// The kernels' scratch buffers and packed weights begin on a cache line, whatever their size
+// (the allocator's large blocks begin 16 bytes past a page), so that whole vectors at whole-vector
+// offsets into them never straddle two lines.
+TEST(Scratch, BuffersBeginOnACacheLine) {
+  namespace cpu = galley::kernels::cpu;
+  for (size_t floats : {size_t(1), size_t(17), size_t(4096), size_t(1) << 20, size_t(3) << 20}) {
+    for (int slot = 0; slot < 6; ++slot)
+      EXPECT_EQ(reinterpret_cast<uintptr_t>(cpu::thread_scratch(slot, floats)) % 64, 0u)
+          << floats << " floats, slot " << slot;
+    cpu::aligned_vector<float> v(floats);
+    EXPECT_EQ(reinterpret_cast<uintptr_t>(v.data()) % 64, 0u) << floats << " floats";
+    v.resize(2 * floats + 3);
+    EXPECT_EQ(reinterpret_cast<uintptr_t>(v.data()) % 64, 0u) << "grown from " << floats;
+  }
 }
 
 // The bfloat16 kernels the library takes by default: the tiles where granted; vdpbf16ps only on

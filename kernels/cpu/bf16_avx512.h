@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "galley/half.h"
+#include "kernels/cpu/aligned.h"
 
 #if defined(__AVX512F__)
 #include <immintrin.h>
@@ -44,8 +45,8 @@ inline void pair_rows(const float* u, int64_t groups, int64_t rows, int64_t widt
         dst[o] = pair_of(lo[o], 2 * j + 1 < rows ? lo[width + o] : 0.f);
     }
 }
-inline std::vector<Pair> pair_rows(const float* u, int64_t groups, int64_t rows, int64_t width) {
-  std::vector<Pair> out(size_t(groups * ((rows + 1) / 2) * width));
+inline aligned_vector<Pair> pair_rows(const float* u, int64_t groups, int64_t rows, int64_t width) {
+  aligned_vector<Pair> out(size_t(groups * ((rows + 1) / 2) * width));
   pair_rows(u, groups, rows, width, out.data());
   return out;
 }

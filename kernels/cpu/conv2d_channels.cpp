@@ -168,7 +168,7 @@ static_assert(kPositions == 6, "with_size covers the blocks' sizes up to kPositi
 struct Correlation {
   std::vector<int64_t> in, out, tap;
   int64_t cin = 0, op = 0;
-  std::vector<float> w;
+  aligned_vector<float> w;
   // The first output channel of o's block, and its width.
   static int64_t block_of(int64_t o) { return o / (kMaxVectors * L) * (kMaxVectors * L); }
   int64_t width(int64_t o0) const { return std::min(kMaxVectors * L, op - o0); }
@@ -182,9 +182,9 @@ struct Correlation {
   // The pairs of input channels (2k, 2k + 1) for k < kp(): the weights rounded to bfloat16 in
   // each block's [pair][tap][its vectors] (a zero partner past cin).
   int64_t kp() const { return (cin + 1) / 2; }
-  std::vector<Pair> pair_weights() const {
+  aligned_vector<Pair> pair_weights() const {
     const int64_t taps = int64_t(tap.size());
-    std::vector<Pair> out(size_t(kp() * taps * op));
+    aligned_vector<Pair> out(size_t(kp() * taps * op));
     // A block's channel c is a row of taps x its width: rows 2k and 2k + 1 paired.
     for (int64_t o0 = 0; o0 < op; o0 += kMaxVectors * L)
       pair_rows(w.data() + o0 * cin * taps, 1, cin, taps * width(o0),
@@ -256,7 +256,7 @@ void channels_forward(const Conv2dGeometry& g, const T* x, const float* w, const
   c.in = forward_positions(g, bw, cp);
   for (int64_t q = 0; q < P; ++q) c.out.push_back(q);
   const bool pairs = on_dot_products(dtype_of<T>::value);
-  const std::vector<Pair> wp = pairs ? c.pair_weights() : std::vector<Pair>();
+  const aligned_vector<Pair> wp = pairs ? c.pair_weights() : aligned_vector<Pair>();
   parallel_chunks(g.n, 1, [&](int64_t n0, int64_t n1, bool first) {
     const int64_t ld = spread(g.o);
     float* yc = thread_scratch(1, size_t(P * ld));
@@ -327,7 +327,7 @@ void channels_input_grad(const Conv2dGeometry& g, const float* w, const T* gy, T
     }
   const int64_t cp = spread(g.c);
   const bool pairs = on_dot_products(dtype_of<T>::value);
-  std::vector<std::vector<Pair>> wp;
+  std::vector<aligned_vector<Pair>> wp;
   if (pairs)
     for (const Correlation& c : phases) wp.push_back(c.pair_weights());
   parallel_chunks(g.n, 1, [&](int64_t n0, int64_t n1, bool first) {

@@ -143,7 +143,7 @@ void transform_kernels(const V g[9], V u[16]) {
 // position stored a block of OB channels at a time.
 template <typename Index>
 void transform_weights(int64_t cout, int64_t cin, const Kernels& ks, size_t n, Index index,
-                       std::vector<float>& u) {
+                       aligned_vector<float>& u) {
   u.assign(n, 0.f);
   auto lanes_of = [&](int64_t ci, int64_t co) {  // output channels co .. co + L - 1 of input ci
     const int64_t m = std::min(L, cout - co);
@@ -175,7 +175,7 @@ void transform_weights(int64_t cout, int64_t cin, const Kernels& ks, size_t n, I
 }
 
 // U[k][block][ci][OB] for the tiled path: output channel block * OB + o (zero past cout).
-void transform_weights(const Plan& p, const Kernels& ks, std::vector<float>& u) {
+void transform_weights(const Plan& p, const Kernels& ks, aligned_vector<float>& u) {
   const int64_t blocks = p.coutp() / OB;
   transform_weights(
       p.cout, p.cin, ks, size_t(16 * blocks * p.cin * OB),
@@ -730,12 +730,12 @@ void winograd_narrow(const NarrowPlan& p, int64_t n, const T* x, const Kernels& 
                      const float* bias, T* y) {
   if (n == 0 || p.tiles() == 0) return;  // an empty output
   const int64_t cp = p.cp(), op = p.op(), tiles = p.tiles();
-  std::vector<float> u;  // U[k][ci][co], zero past cin and cout
+  aligned_vector<float> u;  // U[k][ci][co], zero past cin and cout
   transform_weights(
       p.cout, p.cin, ks, size_t(16 * cp * op),
       [&](int k, int64_t co, int64_t ci) { return size_t((k * cp + ci) * op + co); }, u);
 #if defined(__AVX512BF16__)
-  std::vector<Pair> up;  // UP[k][ci / 2][co]: input channels 2j and 2j + 1 paired
+  aligned_vector<Pair> up;  // UP[k][ci / 2][co]: input channels 2j and 2j + 1 paired
   if constexpr (kPairs) up = pair_rows(u.data(), 16, cp, op);
 #endif
   const std::vector<float> zeros(bias ? 0 : size_t(p.cout));
@@ -779,7 +779,7 @@ int64_t channel_pairs(const Plan& p) {
 }
 
 // U[k][block][ci][OB] (transform_weights(p, ...)) as UP[k][block][pair][OB].
-std::vector<Pair> pair_weights(const Plan& p, const std::vector<float>& u) {
+aligned_vector<Pair> pair_weights(const Plan& p, const aligned_vector<float>& u) {
   return pair_rows(u.data(), 16 * (p.coutp() / OB), p.cin, OB);
 }
 
@@ -837,10 +837,10 @@ void multiply_pairs(const Plan& p, const Pair* up, const Pair* vp, int64_t ldp, 
 template <typename T, bool kPairs = false>
 void winograd(const Plan& p, int64_t n, const T* x, const Kernels& ks, const float* bias, T* y) {
   if (n == 0 || p.tiles() == 0) return;  // an empty output
-  std::vector<float> u;
+  aligned_vector<float> u;
   transform_weights(p, ks, u);
 #if defined(__AVX512BF16__)
-  std::vector<Pair> up;
+  aligned_vector<Pair> up;
   if constexpr (kPairs) up = pair_weights(p, u);
 #endif
   const int64_t plane = p.h * p.w, tiles = p.tiles();

@@ -7,6 +7,8 @@
 #include <cstdint>
 #include <vector>
 
+#include "kernels/cpu/aligned.h"
+
 namespace galley {
 // The threads the CPU kernels may use now (galley/ops.h's public setting, defined by the core).
 int num_threads();
@@ -151,8 +153,10 @@ constexpr int64_t kElementwiseGrain = 1 << 15;
 // A per-thread buffer of at least `floats` floats, kept between calls so that steady-state
 // training allocates nothing. Slots are independent buffers for a kernel that needs several at
 // once; what a buffer holds is the caller's only until its next kernel call on this thread.
+// A buffer begins on a cache line (aligned_vector), so that the kernels' vectors at whole-vector
+// offsets into it do not straddle two lines.
 inline float* thread_scratch(int slot, size_t floats) {
-  thread_local std::vector<float> bufs[6];
+  thread_local aligned_vector<float> bufs[6];
   auto& b = bufs[slot];
   if (b.size() < floats) b.resize(floats);
   return b.data();
