@@ -1064,6 +1064,7 @@ const std::vector<Case>& winograd_cases() {
       {5, 17, 9, 13, 19, 3, 3, 1, 1},   // odd everything
       {2, 16, 1, 1, 16, 3, 3, 1, 1},    // a single pixel
       {3, 20, 2, 67, 24, 3, 3, 1, 1},   // 34 tiles a row: three vectors, the last of two
+      {2, 16, 5, 40, 17, 3, 3, 1, 1},   // 20 tiles a row, laid out in two whole vectors
       {4, 64, 14, 14, 32, 3, 3, 1, 1},  // resnet's second stage, fewer outputs than inputs
       {2, 3, 5, 6, 2, 3, 3, 1, 1},      // fewer channels than the path is taken for
       {2, 16, 0, 14, 16, 3, 3, 1, 1},   // empty planes

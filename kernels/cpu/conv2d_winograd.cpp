@@ -103,6 +103,13 @@ struct Plan {
   int64_t th() const { return (h + 1) / 2; }  // rows of tiles
   int64_t tw() const { return (w + 1) / 2; }  // tiles a row
   int64_t tiles() const { return th() * tw(); }
+  // The tiled form's tiles a row as laid out in its transformed planes and products: whole
+  // vectors where a row has more than half of one (AVX-512; 28-wide planes' 14 tiles in 16 lanes),
+  // so that each tile row's transform is whole vectors stored on cache lines, not vectors
+  // straddling two lines at every row's start; and the tiles of a plane so laid out. The lanes past
+  // a row hold the transform of what lies past the plane (zeros), which no output reads.
+  int64_t pitch() const { return L == 16 && 2 * tw() > L ? round_up(tw(), L) : tw(); }
+  int64_t laid_tiles() const { return th() * pitch(); }
   int64_t coutp() const { return round_up(cout, OB); }
   // Images a chunk transforms and multiplies together: at least 96 tiles (two register blocks
   // of three vectors), so that few are padding past the last tile.
@@ -442,7 +449,7 @@ bool tile_row_pairs(const Plan&) {
 // numbered row-major); `rows` as InputTiles takes it.
 template <typename T>
 void transform_input(const Plan& p, const T* x, float* v, int64_t ldk, int64_t t0, float* rows) {
-  const int64_t tw = p.tw(), bw = bordered_row(p);
+  const int64_t tw = p.tw(), pitch = p.pitch(), bw = bordered_row(p);
   if constexpr (kBorderedRows)
     for (int64_t r = 0; r < p.h; ++r)
       for (int64_t j = 0; j < p.w; j += L)
@@ -470,8 +477,8 @@ void transform_input(const Plan& p, const T* x, float* v, int64_t ldk, int64_t t
     for (int64_t i = 0; i < p.th(); ++i) {
       V r[16];
       tiles.next(i, r);
-      const int64_t n = kBorderedRows && i + 1 < p.th() ? L : tw - j0;
-      for (int k = 0; k < 16; ++k) store_first(v + k * ldk + t0 + i * tw + j0, r[k], n);
+      const int64_t n = pitch > tw || (kBorderedRows && i + 1 < p.th()) ? L : tw - j0;
+      for (int k = 0; k < 16; ++k) store_first(v + k * ldk + t0 + i * pitch + j0, r[k], n);
     }
   }
 }
@@ -514,7 +521,7 @@ void transform_output(const Plan& p, const float* m, int64_t tp, int64_t t0, con
     T* yc = y + co * p.h * p.w;
     for (int64_t i = 0; i < p.th(); i += paired ? 2 : 1)
       for (int64_t j0 = 0; j0 < tw; j0 += L) {
-        const float* src = mc + i * tw + j0;
+        const float* src = mc + i * p.pitch() + j0;
         V s[4][2];
         for (int a = 0; a < 4; ++a) {
           const V m0 = load(src + (4 * a) * ldk), m1 = load(src + (4 * a + 1) * ldk),
@@ -813,7 +820,8 @@ void transform_input_pairs(const Plan& p, const T* lo, const T* hi, Pair* vp, in
   }
   for (int64_t j0 = 0; j0 < tw; j0 += L) {
     InputTiles<T> even(p, lo, nullptr, j0), odd(p, hi ? hi : lo, nullptr, j0);
-    for (int64_t i = 0; i < p.th(); ++i) rows(even, odd, i, i * tw + j0, lanes(tw - j0));
+    for (int64_t i = 0; i < p.th(); ++i)
+      rows(even, odd, i, i * p.pitch() + j0, lanes(std::min(L, p.pitch() - j0)));
   }
 }
 
@@ -843,7 +851,7 @@ void winograd(const Plan& p, int64_t n, const T* x, const Kernels& ks, const flo
   aligned_vector<Pair> up;
   if constexpr (kPairs) up = pair_weights(p, u);
 #endif
-  const int64_t plane = p.h * p.w, tiles = p.tiles();
+  const int64_t plane = p.h * p.w, tiles = p.laid_tiles();
   parallel_chunks(n, p.images(n), [&](int64_t n0, int64_t n1, bool first) {
     const int64_t t = (n1 - n0) * tiles, tp = round_up(t, L);
     // The output transform's last vectors read up to a vector past the last row of m.
