@@ -40,7 +40,10 @@ namespace galley::kernels::cpu {
 //                3x3/2, 1.27x at its 32->64; Zen 4 1.0x, 1.11x and 1.31x;
 //   input_grad   from 16 input channels: 1.19x and 1.37x on resnet's two on Zen 3, 1.18x and
 //                1.38x on Zen 4 (with 8 or 12 input channels 0.86-0.9x on Zen 3: too few steps
-//                for the block's sums; 0.67x and 1.13x on Zen 4);
+//                for the block's sums; 0.67x and 1.13x on Zen 4); on cores that issue two
+//                16-lane FMAs a cycle (intel_avx512_cores()) from 32, whose
+//                register block then holds twice the accumulators (resnet's 16->32 layer 0.7x
+//                here on a Xeon, its 32->64 one 1.25x);
 //   weight_grad  from 16 input channels; on AVX2 only where the output rows are at most a vector
 //                wide (resnet's 7x7 outputs: 1.11x on 32->64 on Zen 3, 1.06x on 16->32 at 14x14),
 //                which leave the direct path's lanes idle: on 14-wide rows the two tied. On

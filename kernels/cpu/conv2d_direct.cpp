@@ -1007,6 +1007,11 @@ int conv2d_vector_lanes() {
 #endif
 }
 
+bool intel_avx512_cores() {
+  static const bool intel = conv2d_vector_lanes() == 16 && __builtin_cpu_is("intel");
+  return intel;
+}
+
 ConvDirectUse conv2d_direct_use(const Conv2dGeometry& g, DType dtype) {
   ConvDirectUse use;
 #if defined(GALLEY_VECTOR_LANES)

@@ -60,6 +60,12 @@ inline bool on_dot_products(DType dtype) {
 // AVX-512, 8 with AVX2 and FMA, 0 without either (neither path is taken then).
 int conv2d_vector_lanes();
 
+// Whether this is an AVX-512 build on one of Intel's cores, which issue two 16-lane FMAs a cycle
+// (AMD Zen 4 and 5 one, as two halves), vdpbf16ps at one every two cycles, and a 64-byte access
+// that straddles two cache lines as two: the choices the host kernels make from measurements on
+// an Intel Xeon follow it.
+bool intel_avx512_cores();
+
 // Which parts of a convolution conv2d_forward / conv2d_backward run on the direct path. None
 // unless: stride 1 (or up to 4 with dilation 1), one group, a kernel of more than
 // one tap, padding at most (kernel - 1) * dilation, at least one image per thread, and a host with

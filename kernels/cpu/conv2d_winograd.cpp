@@ -101,8 +101,7 @@ inline int64_t position_stride(int64_t floats) {
 // issues a 64-byte store as two halves, and at half the Xeon's multiply-adds a cycle the padded
 // lanes' products weigh twice as much there.
 inline bool whole_vector_rows() {
-  static const bool intel = L == 16 && __builtin_cpu_is("intel");
-  return intel;
+  return intel_avx512_cores();
 }
 
 // One correlation: `cin` planes of h x w against 3x3 kernels at padding 1, giving `cout` planes
