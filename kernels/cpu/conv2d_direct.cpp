@@ -484,7 +484,7 @@ void lane_weight_grad_block(const float* const* gy, const float* const* xs, int6
 #pragma GCC unroll 8
     for (int o = 0; o < OB; ++o) {
       V gv = partial ? load_lanes(g[o] + go, tail) : load(g[o] + go);
-      in_register(gv);
+      held(gv);
 #pragma GCC unroll 3
       for (int c = 0; c < TC; ++c) acc[o][c] += gv * xv[c];
     }
