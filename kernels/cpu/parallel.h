@@ -109,7 +109,7 @@ class ChunkSums {
  public:
   ChunkSums(int64_t n, int64_t chunk, int64_t elems)
       : chunk_(std::max<int64_t>(chunk, 1)), elems_(elems), chunks_((n + chunk_ - 1) / chunk_) {
-    thread_local std::vector<float> buf;
+    thread_local aligned_vector<float> buf;
     if (buf.size() < size_t(chunks_ * elems_)) buf.resize(size_t(chunks_ * elems_));
     data_ = buf.data();
   }
