@@ -29,7 +29,10 @@ ConvChannelsUse conv2d_channels_use(const Conv2dGeometry& g, DType dtype) {
   // channels fill two vectors: on a Xeon (family 6 model 207, one thread, batch 64) resnet's
   // 16->32 3x3/2 input gradient ran 100-104 GFLOP/s on the phases against 66-75 here, its
   // 32->64 one 115-123 here against 96 on the phases.
-  use.input_grad = g.c >= (intel_avx512_cores() ? 2 * conv_block::L : 16);
+  // bfloat16 on the dot products keeps 16: the direct path does not take its strided input
+  // gradient, which would fall to im2col.
+  use.input_grad =
+      g.c >= (intel_avx512_cores() && !on_dot_products(dtype) ? 2 * conv_block::L : 16);
 #if defined(__AVX512F__)
   // On the dot products the direct path's weight gradient on pairs takes it (conv2d_direct_use).
   use.weight_grad = g.c >= 16 && !on_dot_products(dtype);

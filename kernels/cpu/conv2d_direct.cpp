@@ -1008,8 +1008,15 @@ int conv2d_vector_lanes() {
 }
 
 bool intel_avx512_cores() {
-  static const bool intel = conv2d_vector_lanes() == 16 && __builtin_cpu_is("intel");
+#if defined(__AVX512F__)
+  static const bool intel = [] {
+    __builtin_cpu_init();  // (safe to repeat; needed should a global constructor get here first)
+    return conv2d_vector_lanes() == 16 && __builtin_cpu_is("intel");
+  }();
   return intel;
+#else
+  return false;
+#endif
 }
 
 ConvDirectUse conv2d_direct_use(const Conv2dGeometry& g, DType dtype) {
@@ -1439,6 +1446,7 @@ Bf16Kernels default_bf16_kernels() {
   // every two cycles against two FMAs a cycle, whether or not their AMX tiles are visible (a
   // Xeon whose hypervisor hides them: 86 against 175 GFLOP/s on one core, each vdpbf16ps
   // counted as 32 multiply-adds), which halves every product the dot products take.
+  __builtin_cpu_init();
   return __builtin_cpu_is("amd") ? Bf16Kernels::DotProducts : Bf16Kernels::Widened;
 #else
   return Bf16Kernels::Widened;

@@ -60,10 +60,12 @@ inline bool on_dot_products(DType dtype) {
 // AVX-512, 8 with AVX2 and FMA, 0 without either (neither path is taken then).
 int conv2d_vector_lanes();
 
-// Whether this is an AVX-512 build on one of Intel's cores, which issue two 16-lane FMAs a cycle
-// (AMD Zen 4 and 5 one, as two halves), vdpbf16ps at one every two cycles, and a 64-byte access
-// that straddles two cache lines as two: the choices the host kernels make from measurements on
-// an Intel Xeon follow it.
+// Whether this is an AVX-512 build on one of Intel's cores: the choices the host kernels make from
+// measurements on an Intel Xeon (two 16-lane FMAs a cycle, vdpbf16ps at one every two cycles, a
+// 64-byte access straddling two cache lines split in two) follow it. The vendor stands in for
+// those traits: AMD Zen 4, which the other choices were measured on, issues one 16-lane FMA a
+// cycle as two halves; Intel's client and low-end parts with one FMA unit, and AMD Zen 5 with
+// two, were not measured.
 bool intel_avx512_cores();
 
 // Which parts of a convolution conv2d_forward / conv2d_backward run on the direct path. None

@@ -1,6 +1,7 @@
 #include "kernels/cpu/conv2d_winograd.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cstring>
 #include <type_traits>
 #include <vector>
@@ -95,13 +96,17 @@ inline int64_t position_stride(int64_t floats) {
   return floats + L;
 }
 
+// conv2d_winograd_whole_vector_rows_for_tests' setting: -1 the host's choice, else 0 or 1.
+std::atomic<int> whole_rows_setting{-1};
+
 // Whether the tiled form lays out its tile rows in whole vectors (Plan::pitch): with AVX-512, on
 // Intel's cores, where it was measured (a Xeon, family 6 model 207: resnet's 16->16 28x28 layer
 // 1.29x forward and input gradient). AMD's cores keep the dense rows they were tuned with: Zen 4
 // issues a 64-byte store as two halves, and at half the Xeon's multiply-adds a cycle the padded
 // lanes' products weigh twice as much there.
 inline bool whole_vector_rows() {
-  return intel_avx512_cores();
+  const int set = whole_rows_setting.load(std::memory_order_relaxed);
+  return set < 0 ? intel_avx512_cores() : L == 16 && set == 1;
 }
 
 // One correlation: `cin` planes of h x w against 3x3 kernels at padding 1, giving `cout` planes
@@ -113,12 +118,15 @@ struct Plan {
   int64_t tw() const { return (w + 1) / 2; }  // tiles a row
   int64_t tiles() const { return th() * tw(); }
   // The tiled form's tiles a row as laid out in its transformed planes and products: whole
-  // vectors where a row has more than half of one and whole_vector_rows() (28-wide planes' 14
-  // tiles in 16 lanes), so that each tile row's transform is whole vectors stored on cache lines,
-  // not vectors straddling two lines at every row's start; and the tiles of a plane so laid out.
-  // The lanes past a row hold the transform of what lies past the plane (zeros), which no output
-  // reads.
-  int64_t pitch() const { return whole_vector_rows() && 2 * tw() > L ? round_up(tw(), L) : tw(); }
+  // vectors where whole_vector_rows() and a row's last vector would be more than half full
+  // (28-wide planes' 14 tiles in 16 lanes, 14% more products; 17 tiles in 32 lanes would be
+  // 88%), so that each tile row's transform is whole vectors stored on cache lines, not vectors
+  // straddling two lines at every row's start; and the tiles of a plane so laid out. The lanes
+  // past a row hold the transforms of tiles past the plane (finite: the columns they read past it
+  // are zeros), which no output reads.
+  int64_t pitch() const {
+    return whole_vector_rows() && tw() % L > L / 2 ? round_up(tw(), L) : tw();
+  }
   int64_t laid_tiles() const { return th() * pitch(); }
   int64_t coutp() const { return round_up(cout, OB); }
   // Images a chunk transforms and multiplies together: at least 96 tiles (two register blocks
@@ -455,8 +463,8 @@ bool tile_row_pairs(const Plan&) {
 }
 #endif
 
-// v[k * ldk + t0 + tile] = position k of B^T d B for every tile of one input plane (tiles
-// numbered row-major); `rows` as InputTiles takes it.
+// v[k * ldk + t0 + i * pitch + j] = position k of B^T d B for tile (i, j) of one input plane
+// (Plan::pitch); `rows` as InputTiles takes it.
 template <typename T>
 void transform_input(const Plan& p, const T* x, float* v, int64_t ldk, int64_t t0, float* rows) {
   const int64_t tw = p.tw(), pitch = p.pitch(), bw = bordered_row(p);
@@ -513,7 +521,7 @@ void multiply(const Plan& p, const float* u, const float* v, int64_t tp, float* 
 template <typename T>
 void transform_output(const Plan& p, const float* m, int64_t tp, int64_t t0, const float* bias,
                       T* y) {
-  const int64_t tw = p.tw(), ldk = position_stride(p.coutp() * tp);
+  const int64_t tw = p.tw(), pitch = p.pitch(), ldk = position_stride(p.coutp() * tp);
   // Where tw is at most half a vector, a vector holds tile rows i and i + 1 (PairedLanes), each
   // interleaved into its own output rows.
   bool paired = false;
@@ -531,7 +539,7 @@ void transform_output(const Plan& p, const float* m, int64_t tp, int64_t t0, con
     T* yc = y + co * p.h * p.w;
     for (int64_t i = 0; i < p.th(); i += paired ? 2 : 1)
       for (int64_t j0 = 0; j0 < tw; j0 += L) {
-        const float* src = mc + i * p.pitch() + j0;
+        const float* src = mc + i * pitch + j0;
         V s[4][2];
         for (int a = 0; a < 4; ++a) {
           const V m0 = load(src + (4 * a) * ldk), m1 = load(src + (4 * a + 1) * ldk),
@@ -800,13 +808,13 @@ aligned_vector<Pair> pair_weights(const Plan& p, const aligned_vector<float>& u)
   return pair_rows(u.data(), 16 * (p.coutp() / OB), p.cin, OB);
 }
 
-// vp[k * ldk + t0 + tile] = the pair of position k of B^T d B for input planes lo and hi (null:
-// zero partners), for every tile of the planes: the two transforms side by side, rounded to pairs
-// in registers (AVX-512 only).
+// vp[k * ldk + t0 + i * pitch + j] = the pair of position k of B^T d B for tile (i, j) of input
+// planes lo and hi (null: zero partners), for every tile of the planes (Plan::pitch): the two
+// transforms side by side, rounded to pairs in registers (AVX-512 only).
 template <typename T>
 void transform_input_pairs(const Plan& p, const T* lo, const T* hi, Pair* vp, int64_t ldk,
                            int64_t t0) {
-  const int64_t tw = p.tw();
+  const int64_t tw = p.tw(), pitch = p.pitch();
   // Tile row i of both planes (and i + 1, from TileRowPairs), n lanes stored from tile t.
   auto rows = [&](auto& even, auto& odd, int64_t i, int64_t t, __mmask16 n) {
     V a[16], b[16];
@@ -831,7 +839,7 @@ void transform_input_pairs(const Plan& p, const T* lo, const T* hi, Pair* vp, in
   for (int64_t j0 = 0; j0 < tw; j0 += L) {
     InputTiles<T> even(p, lo, nullptr, j0), odd(p, hi ? hi : lo, nullptr, j0);
     for (int64_t i = 0; i < p.th(); ++i)
-      rows(even, odd, i, i * p.pitch() + j0, lanes(std::min(L, p.pitch() - j0)));
+      rows(even, odd, i, i * pitch + j0, lanes(std::min(L, pitch - j0)));
   }
 }
 
@@ -1206,6 +1214,10 @@ void conv2d_winograd_weight_grad(const Conv2dGeometry& g, const void* x, const v
 #else
   (void)x, (void)gy, (void)gw, (void)dtype;
 #endif
+}
+
+void conv2d_winograd_whole_vector_rows_for_tests(int setting) {
+  whole_rows_setting.store(setting < 0 ? -1 : setting > 0 ? 1 : 0, std::memory_order_relaxed);
 }
 
 }  // namespace galley::kernels::cpu

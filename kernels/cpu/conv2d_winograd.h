@@ -61,5 +61,8 @@ void conv2d_winograd_input_grad(const Conv2dGeometry& g, const float* w, const v
 // gw = the weight gradient from x and gy (overwritten; float32), for the same geometries.
 void conv2d_winograd_weight_grad(const Conv2dGeometry& g, const void* x, const void* gy, float* gw,
                                  DType dtype = DType::Float32);
+// Tests: the tiled form's tile rows laid out in whole vectors (1) or dense (0) on any AVX-512
+// host, or as the host chooses (-1, the default: whole vectors on Intel's cores).
+void conv2d_winograd_whole_vector_rows_for_tests(int setting);
 
 }  // namespace galley::kernels::cpu
