@@ -15,8 +15,8 @@ void sum_dim(const float* x, int64_t outer, int64_t len, int64_t inner, float* o
              double divisor = 1.0);
 // Sum of all n elements, accumulated in double for stability.
 double sum_all(const float* x, int64_t n);
-// out[o, l, i] = g[o, i] * scale (the backward of a scaled sum).
-void expand_dim(const float* g, int64_t outer, int64_t len, int64_t inner, float scale, float* out);
+// out[o, l, i] = g[o, i] (the backward of a sum, once its gradient is divided).
+void expand_dim(const float* g, int64_t outer, int64_t len, int64_t inner, float* out);
 // out[o, i] = argmax_l x[o, l, i] (first of equal maxima; NaN wins).
 void argmax_dim(const float* x, int64_t outer, int64_t len, int64_t inner, int64_t* out);
 // out[j] (+)= sum over rows i of g[i * n + j], for a rows x n matrix.
@@ -35,8 +35,8 @@ void sum_dim(const float* x, int64_t outer, int64_t len, int64_t inner, double d
              void* stream);
 // out[0] = the sum of all n elements (accumulated in double, in an order set by n alone) / divisor.
 void sum_all(const float* x, int64_t n, double divisor, float* out, void* stream);
-// out[o, l, i] = g[o, i] * scale (outer = inner = 1 spreads g[0]: the backward of sum_all).
-void expand_dim(const float* g, int64_t outer, int64_t len, int64_t inner, float scale, float* out,
+// out[o, l, i] = g[o, i] (outer = inner = 1 spreads g[0]: the backward of sum_all).
+void expand_dim(const float* g, int64_t outer, int64_t len, int64_t inner, float* out,
                 void* stream);
 void argmax_dim(const float* x, int64_t outer, int64_t len, int64_t inner, int64_t* out,
                 void* stream);

@@ -535,10 +535,8 @@ void Tensor::set_grad(const Tensor& g) {
     GALLEY_CHECK(g.dtype() == dtype(), "set_grad: a ", dtype_name(g.dtype()), " gradient for a ",
                  dtype_name(dtype()), " tensor of shape ", shape_str(shape()),
                  " (a gradient has its tensor's dtype)");
-    // (host memory is one whatever the CPU device's index, as the optimizers take it)
-    GALLEY_CHECK(g.device() == device() || (g.device().is_cpu() && device().is_cpu()),
-                 "set_grad: a gradient on ", g.device().str(), " for a tensor on ", device().str(),
-                 " of shape ", shape_str(shape()));
+    GALLEY_CHECK(g.device().same_memory(device()), "set_grad: a gradient on ", g.device().str(),
+                 " for a tensor on ", device().str(), " of shape ", shape_str(shape()));
   }
   // Accumulation and the data-parallel reductions write gradients as dense arrays.
   impl_->grad =
@@ -567,9 +565,8 @@ void Tensor::backward(const Tensor& gradient) const {
   }
   GALLEY_CHECK(g.shape() == shape(), "backward: gradient shape ", shape_str(g.shape()),
                " does not match output shape ", shape_str(shape()));
-  GALLEY_CHECK(g.device() == device() || (g.device().is_cpu() && device().is_cpu()),
-               "backward: a gradient on ", g.device().str(), " for an output on ", device().str(),
-               " of shape ", shape_str(shape()));
+  GALLEY_CHECK(g.device().same_memory(device()), "backward: a gradient on ", g.device().str(),
+               " for an output on ", device().str(), " of shape ", shape_str(shape()));
   // The gradient in the output's dtype, as PyTorch casts it: the ops' backward passes take their
   // output's dtype (a bfloat16 gradient for a float32 output computed in bfloat16, or failed).
   if (g.dtype() != dtype()) g = g.detach().to(dtype());

@@ -735,9 +735,9 @@ TEST(CudaLaunchers, ExpandDimMatchesTheCpu) {
     const std::vector<float> g = normal(c.outer * c.inner);
     const int64_t total = c.outer * c.len * c.inner;
     std::vector<float> want(total);
-    cpu::expand_dim(g.data(), c.outer, c.len, c.inner, 0.3f, want.data());
+    cpu::expand_dim(g.data(), c.outer, c.len, c.inner, want.data());
     DeviceFloats dg(g, c.pad), dout = DeviceFloats::zeros(total, c.pad);
-    gk::expand_dim(dg.get(), c.outer, c.len, c.inner, 0.3f, dout.get(), nullptr);
+    gk::expand_dim(dg.get(), c.outer, c.len, c.inner, dout.get(), nullptr);
     expect_same(
         dout.host(), want,
         "expand_dim " + shape_text({c.outer, c.len, c.inner}) + " pad=" + std::to_string(c.pad));

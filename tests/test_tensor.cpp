@@ -90,6 +90,11 @@ TEST(Device, NamesAndEquality) {
   EXPECT_TRUE(galley::Device::cpu().is_cpu());
   EXPECT_TRUE(galley::Device::cuda().is_cuda());
   EXPECT_EQ(galley::Device(), galley::Device::cpu());
+  // one host memory whatever the CPU index; a GPU's is its own
+  EXPECT_TRUE(galley::Device::cpu(1).same_memory(galley::Device::cpu()));
+  EXPECT_TRUE(galley::Device::cuda(1).same_memory(galley::Device::cuda(1)));
+  EXPECT_FALSE(galley::Device::cuda(0).same_memory(galley::Device::cuda(1)));
+  EXPECT_FALSE(galley::Device::cuda(0).same_memory(galley::Device::cpu()));
   EXPECT_NE(galley::Device::cpu(0), galley::Device::cpu(1));
   EXPECT_FALSE(galley::all_devices().empty());
 }

@@ -31,6 +31,10 @@ class Device {
   /// "cpu", "cpu:1", "cuda:0".
   std::string str() const;
 
+  /// True when both name the same memory: the same device, or any two CPU devices (the host's
+  /// memory is one; a CPU index only places a data-parallel replica).
+  bool same_memory(const Device& o) const { return *this == o || (is_cpu() && o.is_cpu()); }
+
   bool operator==(const Device& o) const { return type_ == o.type_ && index_ == o.index_; }
   bool operator!=(const Device& o) const { return !(*this == o); }
 

@@ -4,8 +4,8 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <string>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "galley/error.h"
@@ -1453,24 +1453,27 @@ Bf16Kernels default_bf16_kernels() {
 #endif
 }
 
+// The kernel sets by their names in GALLEY_BF16_KERNELS.
+constexpr std::pair<const char*, Bf16Kernels> kBf16KernelNames[] = {
+    {"tiles", Bf16Kernels::Tiles},
+    {"dot", Bf16Kernels::DotProducts},
+    {"widened", Bf16Kernels::Widened}};
+
 // GALLEY_BF16_KERNELS=tiles|dot|widened, where this host and build have them; anything else is
 // said once on stderr and the default taken.
 Bf16Kernels chosen_bf16_kernels() {
   const Bf16Kernels fallback = default_bf16_kernels();
   const char* env = std::getenv("GALLEY_BF16_KERNELS");
   if (!env || !*env) return fallback;
-  const std::string v(env);
-  const Bf16Kernels asked = v == "tiles" ? Bf16Kernels::Tiles
-                            : v == "dot" ? Bf16Kernels::DotProducts
-                                         : Bf16Kernels::Widened;
-  if ((v == "tiles" || v == "dot" || v == "widened") && bf16_kernels_available(asked)) return asked;
+  const char* fallback_name = "";
+  for (const auto& [name, kernels] : kBf16KernelNames) {
+    if (std::strcmp(env, name) == 0 && bf16_kernels_available(kernels)) return kernels;
+    if (kernels == fallback) fallback_name = name;
+  }
   std::fprintf(stderr,
                "galley: GALLEY_BF16_KERNELS='%s' is not one of tiles, dot, widened that this "
                "host and build have; using %s\n",
-               env,
-               fallback == Bf16Kernels::Tiles         ? "tiles"
-               : fallback == Bf16Kernels::DotProducts ? "dot"
-                                                      : "widened");
+               env, fallback_name);
   return fallback;
 }
 

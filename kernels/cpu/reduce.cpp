@@ -46,14 +46,13 @@ void sum_dim(const float* x, int64_t outer, int64_t len, int64_t inner, float* o
                     });
 }
 
-void expand_dim(const float* g, int64_t outer, int64_t len, int64_t inner, float scale,
-                float* out) {
+void expand_dim(const float* g, int64_t outer, int64_t len, int64_t inner, float* out) {
   for (int64_t o = 0; o < outer; ++o)
     for (int64_t l = 0; l < len; ++l) {
       float* r = out + (o * len + l) * inner;
       const float* gr = g + o * inner;
 #pragma omp simd
-      for (int64_t i = 0; i < inner; ++i) r[i] = gr[i] * scale;
+      for (int64_t i = 0; i < inner; ++i) r[i] = gr[i];
     }
 }
 

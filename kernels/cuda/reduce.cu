@@ -203,21 +203,14 @@ __global__ void __launch_bounds__(kThreads)
   if (threadIdx.x == 0) store(out, static_cast<float>(s / divisor), accumulate);
 }
 
-// out[o, l, i] = g[o, i] * scale, in units V along i (float4 when inner % 4 == 0 and aligned).
-__device__ __forceinline__ float scaled(float v, float s) {
-  return v * s;
-}
-__device__ __forceinline__ float4 scaled(float4 v, float s) {
-  return make_float4(v.x * s, v.y * s, v.z * s, v.w * s);
-}
-
+// out[o, l, i] = g[o, i], in units V along i (float4 when inner % 4 == 0 and aligned).
 template <typename V, typename Index>
 __global__ void expand_dim_kernel(const V* __restrict__ g, Index len, Index inner, Index total,
-                                  float scale, V* __restrict__ out) {
+                                  V* __restrict__ out) {
   const Index stride = Index(blockDim.x) * gridDim.x;
   const Index plane = len * inner;
   for (Index k = Index(blockIdx.x) * blockDim.x + threadIdx.x; k < total; k += stride)
-    out[k] = scaled(g[(k / plane) * inner + k % inner], scale);
+    out[k] = g[(k / plane) * inner + k % inner];
 }
 
 // The CPU rule (first of equal maxima; a NaN wins and ends the scan), one thread per (o, i)
@@ -586,7 +579,7 @@ void sum_all(const float* x, int64_t n, double divisor, float* out, void* stream
                  static_cast<cudaStream_t>(stream));
 }
 
-void expand_dim(const float* g, int64_t outer, int64_t len, int64_t inner, float scale, float* out,
+void expand_dim(const float* g, int64_t outer, int64_t len, int64_t inner, float* out,
                 void* stream) {
   const int64_t total = outer * len * inner;
   if (total <= 0) return;
@@ -597,16 +590,16 @@ void expand_dim(const float* g, int64_t outer, int64_t len, int64_t inner, float
     float4* o4 = reinterpret_cast<float4*>(out);
     if (t4 <= INT32_MAX)
       expand_dim_kernel<float4, uint32_t><<<blocks_for(t4), kThreads, 0, st>>>(
-          g4, uint32_t(len), uint32_t(i4), uint32_t(t4), scale, o4);
+          g4, uint32_t(len), uint32_t(i4), uint32_t(t4), o4);
     else
       expand_dim_kernel<float4, int64_t>
-          <<<blocks_for(t4), kThreads, 0, st>>>(g4, len, i4, t4, scale, o4);
+          <<<blocks_for(t4), kThreads, 0, st>>>(g4, len, i4, t4, o4);
   } else if (total <= INT32_MAX) {
     expand_dim_kernel<float, uint32_t><<<blocks_for(total), kThreads, 0, st>>>(
-        g, uint32_t(len), uint32_t(inner), uint32_t(total), scale, out);
+        g, uint32_t(len), uint32_t(inner), uint32_t(total), out);
   } else {
     expand_dim_kernel<float, int64_t>
-        <<<blocks_for(total), kThreads, 0, st>>>(g, len, inner, total, scale, out);
+        <<<blocks_for(total), kThreads, 0, st>>>(g, len, inner, total, out);
   }
 }
 

@@ -50,10 +50,10 @@ Tensor expand_dim(const Tensor& g, const Shape& shape, const detail::Split3& sp,
   if (divisor != 1.0) cg = div(cg, static_cast<float>(divisor));
   Tensor grad = Tensor::empty(shape, DType::Float32, dev);
   if (dev.is_cuda())
-    gpu::expand_dim(cg.data_ptr<float>(), sp.outer, sp.len, sp.inner, 1.f, grad.data_ptr<float>(),
+    gpu::expand_dim(cg.data_ptr<float>(), sp.outer, sp.len, sp.inner, grad.data_ptr<float>(),
                     detail::stream(dev));
   else
-    cpu::expand_dim(cg.data_ptr<float>(), sp.outer, sp.len, sp.inner, 1.f, grad.data_ptr<float>());
+    cpu::expand_dim(cg.data_ptr<float>(), sp.outer, sp.len, sp.inner, grad.data_ptr<float>());
   return grad;
 }
 

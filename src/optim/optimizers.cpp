@@ -61,10 +61,9 @@ void Optimizer::for_each_gradient(
     GALLEY_CHECK(g.dtype() == p.dtype(), "optimizer: gradient of parameter ", i, " is ",
                  dtype_name(g.dtype()), ", the parameter ", dtype_name(p.dtype()),
                  "; they must have the same dtype");
-    // (CPU devices share the host's memory: their indices only place DataParallel's replicas.)
-    GALLEY_CHECK(g.device() == p.device() || (g.device().is_cpu() && p.device().is_cpu()),
-                 "optimizer: gradient of parameter ", i, " is on ", g.device().str(),
-                 ", the parameter on ", p.device().str(), "; they must be on the same device");
+    GALLEY_CHECK(g.device().same_memory(p.device()), "optimizer: gradient of parameter ", i,
+                 " is on ", g.device().str(), ", the parameter on ", p.device().str(),
+                 "; they must be on the same device");
     grads[i] = g;
   }
   for (size_t i = 0; i < params_.size(); ++i)

@@ -9,11 +9,6 @@ namespace galley::parallel {
 
 namespace {
 
-// Host "devices" all share the host's memory.
-bool same_memory(Device a, Device b) {
-  return (a.is_cpu() && b.is_cpu()) || a == b;
-}
-
 // Checks what every tensor call needs (all_reduce a floating tensor, the copying collectives
 // any); a tensor on another GPU than the communicator's is a misplaced tensor, not something
 // to copy between GPUs behind the caller's back.
@@ -33,7 +28,7 @@ void check_tensor(const Communicator& c, const Tensor& t, const char* op, bool c
 
 // A copy of `t` in the communicator's memory, or `t` itself when it already lives there.
 Tensor in_memory_of(const Communicator& c, const Tensor& t) {
-  if (t.numel() == 0 || same_memory(t.device(), c.device())) return t;
+  if (t.numel() == 0 || t.device().same_memory(c.device())) return t;
   return t.detach().to(c.device());
 }
 
