@@ -10,17 +10,13 @@
 #include <string>
 #include <vector>
 
+#include "src/whole_number.h"
+
 namespace bench {
 
-// The whole of `text` as an integer in [lo, hi]; nothing when it is not one (the caller names the
-// flag). atoi read "abc" as 0 and 4294967297 as 1.
-inline std::optional<long long> whole_in(const char* text, long long lo, long long hi) {
-  char* end = nullptr;
-  errno = 0;
-  const long long v = std::strtoll(text, &end, 10);
-  if (end == text || *end != '\0' || errno == ERANGE || v < lo || v > hi) return std::nullopt;
-  return v;
-}
+// The whole of `text` as an integer in [lo, hi], or nothing (the caller names the flag): the
+// library's reading of its environment's numbers (atoi read "abc" as 0 and 4294967297 as 1).
+using galley::detail::whole_number;
 // The whole of `text` as a finite number in [lo, hi]; nothing when it is not one.
 inline std::optional<double> real_in(const char* text, double lo, double hi) {
   char* end = nullptr;
@@ -71,7 +67,7 @@ inline std::optional<int> parse(int argc, char** argv, Args& a) {
     // A whole number in [1, 2^30] (0 too for --warmup): past that a step's sizes overflow, and
     // a cast of 4294967297 to int read as 1.
     auto count = [&](int& v) {
-      const auto n = whole_in(argv[++i], s == "--warmup" ? 0 : 1, 1 << 30);
+      const auto n = whole_number(argv[++i], s == "--warmup" ? 0 : 1, 1 << 30);
       if (n) v = static_cast<int>(*n);
       return n.has_value();
     };

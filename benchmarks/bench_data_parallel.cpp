@@ -56,7 +56,7 @@ int main(int argc, char** argv) {
       // Whole numbers in range (atoi read "abc" as 0, and --iters 0 left no time to report).
       const long long most = k == "--devices" ? 256 : k == "--iters" ? 1 << 20 : 1LL << 31;
       const char* text = next();
-      const auto v = bench::whole_in(text, 1, most);
+      const auto v = bench::whole_number(text, 1, most);
       if (!v)
         return std::fprintf(stderr, "%s: %s %s: expected a whole number in [1, %lld]\n", argv[0],
                             k.c_str(), text, most),

@@ -65,7 +65,7 @@ std::optional<int> parse(int argc, char** argv, Args& a) {
     if (i + 1 >= argc) return fail(k + " needs a value");
     const char* v = argv[++i];
     const auto whole = [&](long long lo, long long hi) -> std::optional<long long> {
-      return bench::whole_in(v, lo, hi);
+      return bench::whole_number(v, lo, hi);
     };
     const std::string bad = k + " " + v + ": expected ";
     if (k == "--data") {

@@ -58,7 +58,7 @@ std::vector<T> parse_list(const char* prog, const std::string& flag, const std::
   while (std::getline(in, item, ',')) {
     std::optional<double> v;
     if constexpr (std::is_integral_v<T>) {
-      if (auto w = bench::whole_in(item.c_str(), lo, hi)) v = double(*w);
+      if (auto w = bench::whole_number(item.c_str(), lo, hi)) v = double(*w);
     } else {
       v = bench::real_in(item.c_str(), lo, hi);
     }
@@ -102,7 +102,7 @@ Args parse(int argc, char** argv) {
       a.step_ms = parse_list<double>(argv[0], k, next(), 0, 1e6);
     } else if (k == "--batch-size" || k == "--batches") {
       const std::string text = next();
-      const auto v = bench::whole_in(text.c_str(), 1, int64_t(1) << 31);
+      const auto v = bench::whole_number(text.c_str(), 1, int64_t(1) << 31);
       if (!v) bad_usage(argv[0], k + " " + text + ": expected a whole number in [1, 2147483648]");
       (k == "--batch-size" ? a.batch_size : a.batches) = *v;
     } else if (k == "--data") {

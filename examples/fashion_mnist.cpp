@@ -310,10 +310,11 @@ int main(int argc, char** argv) {
       // A directory holding another run's checkpoints is continued only when asked: a new run
       // there would lose its own first checkpoints to the old run's newer ones, and a later
       // --resume would continue the old run.
-      if (!args.resume && !checkpoints->list().empty())
-        throw galley::Error(args.checkpoint_dir + " holds checkpoints of an earlier run (newest " +
-                            checkpoints->list().back() +
-                            "); pass --resume to continue it, or choose another directory");
+      if (!args.resume)
+        if (const auto earlier = checkpoints->list(); !earlier.empty())
+          throw galley::Error(args.checkpoint_dir +
+                              " holds checkpoints of an earlier run (newest " + earlier.back() +
+                              "); pass --resume to continue it, or choose another directory");
       if (args.resume && checkpoints->resume(state)) {
         for (const std::string& skipped : checkpoints->skipped())
           std::fprintf(stderr, "skipped %s\n", skipped.c_str());

@@ -3,7 +3,6 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <cerrno>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -15,6 +14,7 @@
 #include "galley/error.h"
 #include "galley/ops.h"
 #include "thread_budget.h"
+#include "whole_number.h"
 
 #ifdef GALLEY_HAVE_CUDA
 #include <cuda_runtime_api.h>
@@ -142,10 +142,7 @@ int initial_threads() {
   // A count in [1, 4096]; anything else (a typo, 0, empty) is said once on stderr and the cores
   // available taken, since this runs inside whatever call first asks for the thread count.
   if (const char* env = std::getenv("GALLEY_NUM_THREADS"); env && *env) {
-    char* end = nullptr;
-    errno = 0;
-    const long n = std::strtol(env, &end, 10);
-    if (end != env && *end == '\0' && errno != ERANGE && n >= 1 && n <= 4096) return int(n);
+    if (const auto n = detail::whole_number(env, 1, 4096)) return int(*n);
     std::fprintf(stderr,
                  "galley: GALLEY_NUM_THREADS='%s' is not a thread count in [1, 4096]; using the "
                  "%d CPUs available\n",

@@ -1,12 +1,12 @@
 // Launcher detection and the world communicator.
 #include "galley/distributed.h"
 
-#include <cerrno>
 #include <climits>
 #include <cstdlib>
 #include <mutex>
 
 #include "src/parallel/mpi.h"
+#include "src/whole_number.h"
 
 namespace galley::distributed {
 
@@ -25,13 +25,10 @@ State& state() {
 int env_int(const char* name, int fallback) {
   const char* v = std::getenv(name);
   if (!v || !*v) return fallback;
-  char* end = nullptr;
-  errno = 0;
-  long x = std::strtol(v, &end, 10);
-  GALLEY_CHECK(end != v && *end == '\0' && errno != ERANGE && x >= 0 && x <= INT_MAX,
-               "init_parallel_env: environment variable ", name, "='", v,
+  const auto x = galley::detail::whole_number(v, 0, INT_MAX);
+  GALLEY_CHECK(x.has_value(), "init_parallel_env: environment variable ", name, "='", v,
                "' is not an integer in [0, ", INT_MAX, "]");
-  return static_cast<int>(x);
+  return static_cast<int>(*x);
 }
 
 ParallelEnv detect() {
