@@ -960,12 +960,9 @@ struct WeightGradPlan : NarrowPlan {
 // tile's row of cop (with 64 channels those rows, and the inputs', overflowed the L1 cache).
 void transform_grad(const WeightGradPlan& p, const float* gb, float* wt, int64_t nt, int64_t t0) {
   const int64_t cop = p.cop(), tw = p.tw(), gc = p.gcols(), ldk = position_stride(nt * cop);
-  constexpr int64_t kBlocks = L / OB;  // register blocks of output channels a vector
+  static_assert(2 * OB == L, "a vector holds two register blocks of output channels");
   // The vector of output channels c .. c + L - 1 at `at`, the start of channel c's block.
-  auto put = [nt](float* at, V v) {
-    const float* lanes = reinterpret_cast<const float*>(&v);
-    for (int64_t b = 0; b < kBlocks; ++b) std::memcpy(at + b * nt * OB, lanes + b * OB, OB * 4);
-  };
+  auto put = [nt](float* at, V v) { store_halves(at, at + nt * OB, v); };
   for (int64_t i = 0; i < p.th(); ++i)
     for (int64_t j = 0; j < tw; ++j) {
       const float* src = gb + (2 * i * gc + 2 * j) * cop;

@@ -121,6 +121,19 @@ inline void store_first(T* p, V v, int64_t n) {
 #endif
 }
 
+// The first L / 2 lanes of v to lo and the last L / 2 to hi: two stores of half a vector, where
+// copying the lanes out through memory kept the vector on the stack.
+inline void store_halves(float* lo, float* hi, V v) {
+#if defined(__AVX512F__)
+  _mm256_storeu_ps(lo, _mm512_castps512_ps256(as_m(v)));
+  _mm256_storeu_pd(reinterpret_cast<double*>(hi),
+                   _mm512_extractf64x4_pd(_mm512_castps_pd(as_m(v)), 1));
+#else
+  _mm_storeu_ps(lo, _mm256_castps256_ps128(as_m(v)));
+  _mm_storeu_ps(hi, _mm256_extractf128_ps(as_m(v), 1));
+#endif
+}
+
 // even = lanes 0, 2, .., 2L - 2 and odd = lanes 1, 3, .., 2L - 1 of the 2L lanes a then b (a
 // caller that uses one of them leaves the other's instructions to the compiler to drop).
 inline void deinterleave(V a, V b, V& even, V& odd) {
@@ -199,6 +212,20 @@ void to_channels_last(const T* src, int64_t channels, int64_t h, int64_t w, int6
   const int64_t P = h * w;
   for (int64_t c0 = 0; c0 < channels; c0 += L)
     for (int64_t q0 = 0, r = 0, j = 0; q0 < P; q0 += L) {  // (r, j): position q0's row and column
+      if (c0 + L <= channels && q0 + L <= P) {
+        // A whole tile in loops of fixed counts, which keep it in registers: through the partial
+        // tiles' loops GCC kept it on the stack, and a tile took twice its transpose's time.
+        V t[L];
+#pragma GCC unroll 16
+        for (int k = 0; k < L; ++k) t[k] = load_lanes(src + (c0 + k) * P + q0, first_lanes(L));
+        transpose(t);
+#pragma GCC unroll 16
+        for (int q = 0; q < L; ++q) {
+          store_lanes_as(dst + r * ld + j * cp + c0, t[q]);
+          if (++j == w) j = 0, ++r;
+        }
+        continue;
+      }
       const Mask m = first_lanes(P - q0);
       V v[L];
       for (int64_t k = 0; k < L; ++k)
@@ -218,6 +245,21 @@ void from_channels_last(const float* src, int64_t ld, int64_t channels, int64_t 
                         const float* bias, T* dst) {
   for (int64_t c0 = 0; c0 < channels; c0 += L)
     for (int64_t q0 = 0; q0 < P; q0 += L) {
+      if (c0 + L <= channels && q0 + L <= P) {  // a whole tile, as to_channels_last takes it
+        V t[L];
+#pragma GCC unroll 16
+        for (int k = 0; k < L; ++k) t[k] = load(src + (q0 + k) * ld + c0);
+        transpose(t);
+        T* d = dst + c0 * P + q0;
+        if (bias) {
+#pragma GCC unroll 16
+          for (int c = 0; c < L; ++c) store_first(d + c * P, t[c] + splat(bias[c0 + c]), L);
+        } else {
+#pragma GCC unroll 16
+          for (int c = 0; c < L; ++c) store_first(d + c * P, t[c], L);
+        }
+        continue;
+      }
       V v[L];
       const int64_t rows = std::min(L, P - q0);
       for (int64_t k = 0; k < rows; ++k) v[k] = load(src + (q0 + k) * ld + c0);
