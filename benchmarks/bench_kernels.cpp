@@ -243,6 +243,28 @@ double layer_flops(const LayerShape& l) {
   return 2.0 * kLayerBatch * l.out * oh * oh * l.in * l.k * l.k;
 }
 
+// Bytes a pass of the layer at kLayerBatch must move at the least: each tensor it reads or writes
+// once (elements of `elem` bytes). Forward: x, w (and b) read, y written; the weight gradient
+// alone (a stem's backward): x and gy read, gw (and gb) written; the backward with the input
+// gradient: gx and w besides.
+double layer_bytes(const LayerShape& l, bool input_grad, double elem) {
+  const int64_t oh = (l.hw + 2 * ((l.k - 1) / 2) - l.k) / l.stride + 1;
+  const double x = double(kLayerBatch) * l.in * l.hw * l.hw,
+               y = double(kLayerBatch) * l.out * oh * oh;
+  const double w = double(l.out) * l.in * l.k * l.k, b = l.bias() ? double(l.out) : 0.0;
+  return elem * (x + w + b + y + (input_grad ? x + w : 0.0));
+}
+
+// The roofline's bound on a pass, as a fraction of the FMA peak: its flops over the bytes it must
+// move, times the copy bandwidth measured at start-up, over the FMA peak (at most 1). A layer
+// whose bound is below 1 is memory-bound on this machine: no kernel runs it faster than the bound
+// without leaving some of its tensors in the caches between passes (fusing it with its
+// neighbours).
+void set_roofline(benchmark::State& st, double flops, double bytes) {
+  if (g_peak_gflops > 0 && g_peak_gbs > 0 && bytes > 0)
+    st.counters["roofline"] = std::min(1.0, flops / bytes * g_peak_gbs / g_peak_gflops);
+}
+
 galley::Conv2dOptions layer_options(const LayerShape& l) {
   return {.stride = l.stride, .padding = (l.k - 1) / 2};
 }
@@ -265,6 +287,7 @@ void BM_conv2d_layer_forward(benchmark::State& st) {
   Tensor b = l.bias() ? layer_tensor({l.out}, dt, false) : Tensor();
   const double secs = time_forward(st, [&] { return galley::conv2d(x, w, b, layer_options(l)); });
   set_rate(st, layer_flops(l), 0, secs, /*samples=*/false);
+  set_roofline(st, layer_flops(l), layer_bytes(l, false, galley::dtype_size(dt)));
   st.counters["bias"] = l.bias() ? 1 : 0;
 }
 
@@ -292,8 +315,11 @@ double time_layer_backward(benchmark::State& st, const LayerShape& l, galley::DT
 void BM_conv2d_layer_backward(benchmark::State& st) {
   const LayerShape& l = layer_shape(st);
   const bool input_grad = !l.stem();
-  const double secs = time_layer_backward(st, l, layer_dtype(st), input_grad, l.bias());
+  const galley::DType dt = layer_dtype(st);
+  const double secs = time_layer_backward(st, l, dt, input_grad, l.bias());
   set_rate(st, (input_grad ? 2 : 1) * layer_flops(l), 0, secs, /*samples=*/false);
+  set_roofline(st, (input_grad ? 2 : 1) * layer_flops(l),
+               layer_bytes(l, input_grad, galley::dtype_size(dt)));
   st.counters["input_grad"] = input_grad ? 1 : 0;
   st.counters["bias"] = l.bias() ? 1 : 0;
 }

@@ -625,7 +625,9 @@ def conv_markdown(meta, rows, threads):
         runs = f"The median of {meta['repetitions']} repetitions. "
     # (`best`: in the runs that kept each round's or repetition's figures)
     has_best = any("best_of_peak" in e for r in rows for e in r["by_threads"].values())
+    has_roof = any("roofline" in e for r in rows for e in r["by_threads"].values())
     per_t = (["GFLOP/s", "of_peak"] + (["best"] if has_best else [])
+             + (["roofline"] if has_roof else [])
              + (["PyTorch of_peak", "vs PyTorch"] if torches else []))
     lines = [
         "galley's convolutions, float32, batch 64, every layer shape of the `vgg` and `resnet` "
@@ -640,7 +642,15 @@ def conv_markdown(meta, rows, threads):
         + f". Goal: ≥ {CONV_GOAL:.0%} of peak, on the median."
         + ((" `best`: galley's fastest " + ("round" if torches else "repetition")
             + "; where it stands well above the median, the machine's speed moved during the run.")
-           if has_best else "") + theirs,
+           if has_best else "")
+        + (" `roofline`: the most of the peak that the layer's memory traffic allows, at the copy "
+           "bandwidth bench_kernels measures at start-up (" + ", ".join(
+               f"{t} thread{'s' if t > 1 else ''}: {meta['peak_gbs'][str(t)]:.0f} GB/s" for t in threads)
+           + "; bytes read plus bytes written): the pass's flops over the bytes of the tensors it "
+           "reads and writes once each, times that bandwidth, over the FMA peak, at most 1. Below "
+           "1 the layer is memory-bound here: no kernel passes that fraction of the peak without "
+           "keeping its tensors in the caches between passes (fused with its neighbours)."
+           if has_roof else "") + theirs,
         "",
         "| model | layer (in->out kxk/stride, input) | pass | "
         + " | ".join(f"{t}T {c}" for t in threads for c in per_t) + " |",
@@ -656,6 +666,8 @@ def conv_markdown(meta, rows, threads):
             cells += [f"{e['gflops']:.1f}", f"{e['of_peak']:.2f}"]
             if has_best:
                 cells.append(f"{e['best_of_peak']:.2f}" if "best_of_peak" in e else "n/a")
+            if has_roof:
+                cells.append(f"{e['roofline']:.2f}" if "roofline" in e else "n/a")
             if torches:
                 tf, name = conv_torch(e)
                 cells += ([f"{tf['of_peak']:.2f} ({label(name, v).split(' ')[-1]})",
@@ -669,12 +681,12 @@ def run_conv(a, impls, threads, commit, dirty):
     (conv_layers_torch.py) in alternating rounds; writes cpu-conv-layers.*"""
     t_start = time.monotonic()
     torches = [i for i in impls if i in CONV_TORCHES]
-    rows, peaks, runs, versions = {}, {}, [], {"galley": a.galley_version}
+    rows, peaks, gbs, runs, versions = {}, {}, {}, [], {"galley": a.galley_version}
     a.out.mkdir(parents=True, exist_ok=True)
     scratch = Path(a.out) / ".conv-layers.json"
     for t in threads:
         env = dict(os.environ, OMP_NUM_THREADS=str(t), MKL_NUM_THREADS=str(t), GALLEY_NUM_THREADS=str(t))
-        round_peaks = []
+        round_peaks, round_gbs = [], []
         for rnd in range(a.conv_repetitions):
             order = ["galley"] + torches
             order = order[rnd % len(order):] + order[:rnd % len(order)]
@@ -691,6 +703,7 @@ def run_conv(a, impls, threads, commit, dirty):
                         raise RuntimeError(f"{' '.join(cmd)} failed ({p.returncode}):\n{p.stderr[-2000:]}")
                     d = json.loads(scratch.read_text())
                     round_peaks.append(float(d["context"]["peak_fp32_gflops"]))
+                    round_gbs.append(float(d["context"]["peak_copy_gbs"]))
                     for b in d["benchmarks"]:
                         if b.get("run_type") != "iteration":
                             continue
@@ -704,7 +717,8 @@ def run_conv(a, impls, threads, commit, dirty):
                             "bias": int(b.get("bias", 0)), "flops": b["GFLOP/s"] * 1e9 * secs,
                             "shape": int(re.search(r"/shape:(\d+)", b["name"]).group(1)), "rounds": {}})
                         r["rounds"].setdefault(str(t), {}).setdefault("galley", []).append(
-                            {"gflops": b["GFLOP/s"], "of_peak": b["of_peak"]})
+                            {"gflops": b["GFLOP/s"], "of_peak": b["of_peak"],
+                             **({"roofline": b["roofline"]} if "roofline" in b else {})})
                         runs.append({"impl": "galley", "version": a.galley_version, "threads": t,
                                      "round": rnd, "name": b["name"], "label": b["label"],
                                      "GFLOP/s": b["GFLOP/s"], "of_peak": b["of_peak"]})
@@ -730,6 +744,7 @@ def run_conv(a, impls, threads, commit, dirty):
                                  "key": key, "seconds": secs})
             print(f"conv layers, {t} thread(s), round {rnd + 1}/{a.conv_repetitions} done", flush=True)
         peaks[str(t)] = statistics.median(round_peaks)
+        gbs[str(t)] = statistics.median(round_gbs)
         for r in rows.values():
             by = r["rounds"].get(str(t), {})
             if not by.get("galley"):
@@ -738,6 +753,8 @@ def run_conv(a, impls, threads, commit, dirty):
             e = {"gflops": statistics.median(x["gflops"] for x in g),
                  "of_peak": statistics.median(x["of_peak"] for x in g),
                  "best_of_peak": max(x["of_peak"] for x in g), "torch": {}}
+            if all("roofline" in x for x in g):
+                e["roofline"] = statistics.median(x["roofline"] for x in g)
             for impl in torches:
                 if by.get(impl):
                     e["torch"][impl] = {"gflops": statistics.median(x["gflops"] for x in by[impl]),
@@ -745,7 +762,8 @@ def run_conv(a, impls, threads, commit, dirty):
             r.setdefault("by_threads", {})[str(t)] = e
     meta = metadata(a, "cpu-conv-layers", ["galley"] + torches,
                     [{"impl": i, "version": v} for i, v in versions.items()], commit, dirty, t_start)
-    meta.update(repetitions=a.conv_repetitions, peak_gflops=peaks, threads=threads, goal_of_peak=CONV_GOAL)
+    meta.update(repetitions=a.conv_repetitions, peak_gflops=peaks, peak_gbs=gbs, threads=threads,
+                goal_of_peak=CONV_GOAL)
     # (the layers come in random order: the table keeps bench_kernels' order of the shapes)
     ordered = sorted(rows.values(),
                      key=lambda r: (r["model"] != "vgg", not r["pass"].startswith("forward"), r["shape"]))
