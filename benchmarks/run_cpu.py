@@ -643,13 +643,15 @@ def conv_markdown(meta, rows, threads):
         + ((" `best`: galley's fastest " + ("round" if torches else "repetition")
             + "; where it stands well above the median, the machine's speed moved during the run.")
            if has_best else "")
-        + (" `roofline`: the most of the peak that the layer's memory traffic allows, at the copy "
-           "bandwidth bench_kernels measures at start-up (" + ", ".join(
+        + (" `roofline`: the layer's memory bound as a fraction of the peak: the pass's flops over "
+           "the bytes of the tensors it reads and writes once each, times the copy bandwidth "
+           "bench_kernels measures at start-up for arrays far larger than the caches (" + ", ".join(
                f"{t} thread{'s' if t > 1 else ''}: {meta['peak_gbs'][str(t)]:.0f} GB/s" for t in threads)
-           + "; bytes read plus bytes written): the pass's flops over the bytes of the tensors it "
-           "reads and writes once each, times that bandwidth, over the FMA peak, at most 1. Below "
-           "1 the layer is memory-bound here: no kernel passes that fraction of the peak without "
-           "keeping its tensors in the caches between passes (fused with its neighbours)."
+           + "; bytes read plus bytes written). Below 1 the layer is memory-bound when its tensors "
+           "come from memory, and no kernel of its own passes that fraction of the peak (only a "
+           "fusion that keeps them in the caches between layers); above 1 it is compute-bound. "
+           "The benchmark reruns the same tensors, which may stay in the last-level cache, so a "
+           "layer can run above its bound here."
            if has_roof else "") + theirs,
         "",
         "| model | layer (in->out kxk/stride, input) | pass | "

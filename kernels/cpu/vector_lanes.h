@@ -125,6 +125,7 @@ inline void store_first(T* p, V v, int64_t n) {
 // copying the lanes out through memory kept the vector on the stack.
 inline void store_halves(float* lo, float* hi, V v) {
 #if defined(__AVX512F__)
+  // (the upper half through the 64-bit extract, which AVX512F has; the 32-bit one needs AVX512DQ)
   _mm256_storeu_ps(lo, _mm512_castps512_ps256(as_m(v)));
   _mm256_storeu_pd(reinterpret_cast<double*>(hi),
                    _mm512_extractf64x4_pd(_mm512_castps_pd(as_m(v)), 1));
@@ -214,7 +215,8 @@ void to_channels_last(const T* src, int64_t channels, int64_t h, int64_t w, int6
     for (int64_t q0 = 0, r = 0, j = 0; q0 < P; q0 += L) {  // (r, j): position q0's row and column
       if (c0 + L <= channels && q0 + L <= P) {
         // A whole tile in loops of fixed counts, which keep it in registers: through the partial
-        // tiles' loops GCC kept it on the stack, and a tile took twice its transpose's time.
+        // tiles' loops GCC kept it on the stack (from_channels_last took 46 ns a 16 x 16 tile on
+        // an Intel Xeon, its transpose alone 22).
         V t[L];
 #pragma GCC unroll 16
         for (int k = 0; k < L; ++k) t[k] = load_lanes(src + (c0 + k) * P + q0, first_lanes(L));
