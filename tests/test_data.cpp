@@ -8,6 +8,7 @@
 #include <galley/galley.h>
 #include <stdlib.h>
 #include <sys/resource.h>
+#include <zlib.h>
 
 #include <algorithm>
 #include <cstdint>
@@ -15,6 +16,7 @@
 #include <filesystem>
 #include <fstream>
 #include <initializer_list>
+#include <iterator>
 #include <set>
 #include <string>
 #include <vector>
@@ -362,6 +364,17 @@ class IdxFiles : public testutil::TempDirTest {
     std::ofstream(path, std::ios::binary).write(bytes.data(), std::streamsize(bytes.size()));
     return path;
   }
+  // `s` deflated into a gzip file by zlib, as bytes (gzip()'s stored blocks are read whole into
+  // zlib's buffer, trailer and all; deflated data is inflated straight into the reader's).
+  std::string deflated(const std::string& s) {
+    const std::string path = (dir_ / "deflated.gz").string();
+    gzFile f = gzopen(path.c_str(), "wb9");
+    EXPECT_NE(f, nullptr);
+    EXPECT_EQ(gzwrite(f, s.data(), unsigned(s.size())), int(s.size()));
+    gzclose(f);
+    std::ifstream in(path, std::ios::binary);
+    return std::string(std::istreambuf_iterator<char>(in), {});
+  }
 };
 
 void expect_images(const Tensor& t, uint32_t n, uint32_t rows, uint32_t cols) {
@@ -466,6 +479,30 @@ TEST_F(IdxFiles, CorruptGzipIsDetected) {
   std::string p = write("corrupt.gz", gz);
   std::string msg = error_of([&] { galley::data::read_idx_images(p); });
   expect_contains(msg, {p});
+}
+
+TEST_F(IdxFiles, ACorruptGzipStreamThatStillDecodesIsDetected) {
+  // Deflated images whose trailer's checksum is wrong: the content decodes whole, so only reading
+  // on to the end of the stream finds the damage (a reader that stopped at the payload's last
+  // byte loaded such a file without an error).
+  std::string gz = deflated(idx_images(100, 64, 64));
+  gz[gz.size() - 8] ^= 0x01;  // the CRC-32's first byte
+  std::string p = write("bad-crc.gz", gz);
+  expect_contains(error_of([&] { galley::data::read_idx_images(p); }), {p, "corrupt"});
+  std::string lz = deflated(idx_labels(300000));
+  lz[lz.size() - 8] ^= 0x01;
+  std::string q = write("bad-crc-labels.gz", lz);
+  expect_contains(error_of([&] { galley::data::read_idx_labels(q); }), {q, "corrupt"});
+}
+
+TEST_F(IdxFiles, BytesPastTheHeadersCountAreAnError) {
+  // A count field smaller than the data, in a raw file and in a gzip one: the rest was ignored.
+  std::string raw = write("long-labels", idx_labels(2) + "abc");
+  expect_contains(error_of([&] { galley::data::read_idx_labels(raw); }),
+                  {raw, "more than its header promises", "labels"});
+  std::string gz = write("long-images.gz", gzip(idx_images(2, 2, 2) + std::string(8, '\x7f')));
+  expect_contains(error_of([&] { galley::data::read_idx_images(gz); }),
+                  {gz, "more than its header promises", "pixel data"});
 }
 
 TEST_F(IdxFiles, AbsurdCountInHeaderIsAnError) {

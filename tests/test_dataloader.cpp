@@ -9,12 +9,17 @@
 #include <galley/data/synthetic.h>
 #include <galley/data/transforms.h>
 
+#include <sys/resource.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <future>
+#include <memory>
+#include <mutex>
 #include <set>
 #include <stdexcept>
 #include <thread>
@@ -338,6 +343,138 @@ TEST(DataLoader, OutOfMemoryInAWorkerReachesTheLoopAsOutOfMemory) {
   }
 }
 
+TEST(DataLoader, TransformErrorsKeepTheirTypeWithTheOriginalNestedInside) {
+  TensorDataset ds = indexed_dataset(20);
+  const galley::data::Transform oom = [](float*, const Shape&, galley::Generator&) {
+    throw galley::OutOfMemoryError("transform: out of memory");
+  };
+  const galley::data::Transform plain = [](float*, const Shape&, galley::Generator&) {
+    throw std::runtime_error("transform: plain failure");
+  };
+  for (int workers : kWorkerCounts) {
+    DataLoader loader(ds, {.batch_size = 5, .num_workers = workers, .transforms = {oom}});
+    try {
+      for (auto& b : loader) (void)b;
+      ADD_FAILURE() << "the transform's error was lost (" << workers << " workers)";
+    } catch (const galley::OutOfMemoryError& e) {
+      expect_contains(e.what(), {"DataLoader: batch 0", "transform 0 failed on sample",
+                                 "transform: out of memory"});
+      try {
+        std::rethrow_if_nested(e);
+        ADD_FAILURE() << "no nested exception";
+      } catch (const galley::OutOfMemoryError& original) {
+        EXPECT_STREQ(original.what(), "transform: out of memory");
+      }
+    }
+    DataLoader other(ds, {.batch_size = 5, .num_workers = workers, .transforms = {plain}});
+    try {
+      for (auto& b : other) (void)b;
+      ADD_FAILURE() << "the transform's error was lost (" << workers << " workers)";
+    } catch (const galley::Error& e) {
+      expect_contains(e.what(), {"DataLoader: batch 0", "transform 0", "plain failure"});
+      try {
+        std::rethrow_if_nested(e);
+        ADD_FAILURE() << "no nested exception";
+      } catch (const galley::Error&) {
+        ADD_FAILURE() << "the original is not the error nested inside";
+      } catch (const std::runtime_error& original) {
+        EXPECT_STREQ(original.what(), "transform: plain failure");
+      }
+    }
+  }
+}
+
+namespace {
+// A dataset that takes the address space it is left before it fails, as one that ran out of
+// memory does: the loader's retry of the batch a sample at a time then finds no memory either.
+// Samples of 4 MiB, so that a sample's buffer needs address space of its own.
+class MemoryHogDataset : public galley::data::Dataset {
+ public:
+  static constexpr int64_t kFloats = int64_t(1) << 20;
+  size_t size() const override { return 8; }
+  Example get(size_t i) const override {
+    return {galley::full({kFloats}, float(i)), galley::full({}, float(i), galley::DType::Int64)};
+  }
+  Shape data_shape() const override { return {kFloats}; }
+  void get_batch(const std::vector<size_t>& idx, Tensor& d, Tensor& l) const override {
+    if (hog) {
+      std::lock_guard<std::mutex> lock(mu_);
+      try {
+        for (;;) held_.emplace_back(new char[size_t(1) << 20]);
+      } catch (const std::bad_alloc&) {
+      }
+      // A little back, for the messages the loader builds; not the 4 MiB of a sample.
+      for (int k = 0; k < 2 && !held_.empty(); ++k) held_.pop_back();
+      throw galley::OutOfMemoryError("dataset: out of memory");
+    }
+    // Straight into the batch: no sample's tensor made and freed, whose memory a later
+    // allocation of a sample's size could reuse.
+    check_batch(idx.size(), d, l);
+    for (size_t k = 0; k < idx.size(); ++k) {
+      std::fill_n(d.data<float>() + int64_t(k) * kFloats, kFloats, float(idx[k]));
+      l.data<int64_t>()[k] = int64_t(idx[k]);
+    }
+  }
+  void release() {
+    std::lock_guard<std::mutex> lock(mu_);
+    held_.clear();
+  }
+  std::atomic<bool> hog{false};
+
+ private:
+  mutable std::mutex mu_;
+  mutable std::vector<std::unique_ptr<char[]>> held_;
+};
+
+// The address space this process has mapped, in bytes.
+size_t mapped_bytes() {
+  std::FILE* f = std::fopen("/proc/self/statm", "r");
+  unsigned long pages = 0;
+  if (f) {
+    if (std::fscanf(f, "%lu", &pages) != 1) pages = 0;
+    std::fclose(f);
+  }
+  return size_t(pages) * size_t(sysconf(_SC_PAGESIZE));
+}
+}  // namespace
+
+TEST(DataLoader, ADatasetOutOfMemoryLeavesTheLoaderWhole) {
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+  GTEST_SKIP() << "the sanitizers map more address space than a limit on it leaves";
+#endif
+  rlimit saved{};
+  ASSERT_EQ(getrlimit(RLIMIT_AS, &saved), 0);
+  for (int workers : {0, 2}) {
+    MemoryHogDataset ds;
+    DataLoader loader(ds, {.batch_size = 2, .num_workers = workers});
+    for (auto& b : loader) (void)b;  // the threads and the buffers exist before the limit
+    rlimit tight = saved;
+    tight.rlim_cur = mapped_bytes() + (size_t(64) << 20);
+    ASSERT_EQ(setrlimit(RLIMIT_AS, &tight), 0);
+    ds.hog = true;
+    bool out_of_memory = false;
+    try {
+      for (auto& b : loader) (void)b;
+    } catch (const galley::OutOfMemoryError& e) {
+      out_of_memory = true;
+      expect_contains(e.what(), {"DataLoader", "batch 0", "dataset: out of memory"});
+    } catch (const std::exception& e) {
+      ADD_FAILURE() << "not an OutOfMemoryError (" << workers << " workers): " << e.what();
+    }
+    ds.hog = false;
+    ds.release();
+    ASSERT_EQ(setrlimit(RLIMIT_AS, &saved), 0);
+    EXPECT_TRUE(out_of_memory) << workers << " workers";
+    // Every buffer went back: the next epoch has all its batches.
+    size_t batches = 0;
+    for (auto& b : loader) {
+      EXPECT_EQ(b.data.size(0), 2);
+      ++batches;
+    }
+    EXPECT_EQ(batches, 4u) << workers << " workers";
+  }
+}
+
 TEST(DataLoader, TransformExceptionNamesTheSample) {
   TensorDataset ds = indexed_dataset(20);  // samples of shape [2]: 2 "channels"
   DataLoader loader(ds, {.batch_size = 5,
@@ -535,6 +672,21 @@ TEST(DataLoaderPosition, ResumingMidEpochYieldsTheRestOfThatEpochsOrder) {
     for (auto& b : resumed) n += (void(b), 1);
     EXPECT_EQ(n, expected.size());
   }
+}
+
+TEST(DataLoaderPosition, AResumedEpochsFirstWaitIsItsFirstBatchs) {
+  // The first batch a resumed epoch takes is where its pipeline fills: its wait (here the whole
+  // 20 ms load, in the caller's thread) is the epoch's first_wait_seconds, not a steady one.
+  TensorDataset inner = indexed_dataset(40);
+  SlowDataset ds(inner, 20);
+  DataLoader loader(ds, {.batch_size = 8});
+  loader.set_position(0, 3);
+  size_t n = 0;
+  for (auto& b : loader) n += (void(b), 1);
+  EXPECT_EQ(n, 2u);
+  const auto s = loader.stats();
+  EXPECT_GE(s.first_wait_seconds, 0.015);
+  EXPECT_LE(s.first_wait_seconds, s.wait_seconds);
 }
 
 namespace {

@@ -237,7 +237,7 @@ DataLoader::iterator DataLoader::begin() {
     start = std::min(next_start_, num_batches_);
     next_start_ = 0;
     next_claim_ = start;
-    next_consume_ = start;
+    next_consume_ = first_batch_ = start;
     stats_ = LoaderStats{};
     stats_.epoch = epoch_;
     epoch_start_ = Clock::now();
@@ -272,7 +272,7 @@ void DataLoader::worker_loop(int worker) {
     lock.unlock();
 
     const auto t0 = Clock::now();
-    fill(*slot, k, epoch, worker);
+    fill_guarded(*slot, k, epoch, worker);
     const double took = std::chrono::duration<double>(Clock::now() - t0).count();
 
     lock.lock();
@@ -286,6 +286,14 @@ void DataLoader::worker_loop(int worker) {
       free_.push_back(slot);
       if (busy_ == 0) ready_cv_.notify_one();
     }
+  }
+}
+
+void DataLoader::fill_guarded(Slot& slot, size_t k, uint64_t epoch, int worker) {
+  try {
+    fill(slot, k, epoch, worker);
+  } catch (...) {  // (fill hands its errors on with the batch; this is a last resort)
+    slot.error = std::current_exception();
   }
 }
 
@@ -319,11 +327,18 @@ void DataLoader::fill(Slot& slot, size_t k, uint64_t epoch, int worker) {
   try {
     ds_.get_batch(slot.indices, target->data, target->label);
   } catch (...) {
-    // Find the sample at fault by loading the batch's samples one at a time.
-    Tensor d = Tensor::empty(batch_shape(data_shape_, 1));
-    Tensor l = Tensor::empty(batch_shape(label_shape_, 1), label_dtype_);
+    // Find the sample at fault by loading the batch's samples one at a time, where buffers for
+    // one sample can be had (a dataset that ran out of memory may have left none: the batch is
+    // then reported with its own error).
+    Tensor d, l;
+    try {
+      d = Tensor::empty(batch_shape(data_shape_, 1));
+      l = Tensor::empty(batch_shape(label_shape_, 1), label_dtype_);
+    } catch (...) {
+      d = l = Tensor();
+    }
     std::vector<size_t> one(1);
-    for (size_t i : slot.indices) {
+    for (size_t i : d.defined() ? slot.indices : std::vector<size_t>()) {
       one[0] = i;
       try {
         ds_.get_batch(one, d, l);
@@ -339,7 +354,8 @@ void DataLoader::fill(Slot& slot, size_t k, uint64_t epoch, int worker) {
         return;
       }
     }
-    // Every sample loads alone: report the batch with the original error.
+    // Every sample loads alone (or none could be tried): report the batch with the original
+    // error.
     try {
       throw;
     } catch (const std::exception& e) {
@@ -353,12 +369,10 @@ void DataLoader::fill(Slot& slot, size_t k, uint64_t epoch, int worker) {
   }
 
   try {
-    apply_transforms(opt_.transforms, target->data, slot.indices, opt_.seed, epoch);
-  } catch (const std::exception& e) {
-    slot.error =
-        nested_error(detail::str_cat("DataLoader: batch ", k, " of epoch ", epoch, ": ", e.what()));
-    return;
-  } catch (...) {  // not a std::exception: handed on as it is, as in the caller's thread
+    // Its error names the batch, the transform and the sample, the original nested inside it.
+    apply_transforms(opt_.transforms, target->data, slot.indices, opt_.seed, epoch,
+                     detail::str_cat("DataLoader: batch ", k, " of epoch ", epoch, ": "));
+  } catch (...) {  // (not a std::exception: handed on as it is, as in the caller's thread)
     slot.error = std::current_exception();
     return;
   }
@@ -403,7 +417,7 @@ Example& DataLoader::batch(size_t k) {
       if (workers_.empty()) {
         slot = free_.back();
         free_.pop_back();
-        fill(*slot, want, epoch_, 0);
+        fill_guarded(*slot, want, epoch_, 0);
       } else {
         std::unique_lock<std::mutex> lock(mu_);
         Slot*& r = ready_[want % ready_.size()];
@@ -417,7 +431,7 @@ Example& DataLoader::batch(size_t k) {
     {
       std::lock_guard<std::mutex> lock(mu_);
       stats_.wait_seconds += waited;
-      if (want == 0) stats_.first_wait_seconds = waited;
+      if (want == first_batch_) stats_.first_wait_seconds = waited;
       if (workers_.empty()) stats_.load_seconds += waited;
       if (!slot->error && want == k) {
         stats_.batches += 1;

@@ -59,14 +59,31 @@ struct GzFile {
       if (r < 0) {
         int err = 0;
         const char* msg = gzerror(f, &err);
-        GALLEY_CHECK(false, "IDX file '", path, "': read error at byte ", offset + got, " (", what,
-                     "): ", msg);
+        GALLEY_CHECK(false, "IDX file '", path, "' is corrupt: read error at byte ", offset + got,
+                     " (", what, "): ", msg);
       }
       GALLEY_CHECK(r > 0, "IDX file '", path, "' is truncated: needed ", n, " bytes of ", what,
                    " at byte ", offset, ", found only ", got);
       got += r;
     }
     offset += n;
+  }
+  // Reads on past the header's payload (`what`), which must be the end of the stream: a raw file
+  // holds no more bytes, and a gzip one decodes to its end, where zlib checks the trailer's
+  // checksum and length. Stopping at the payload's last byte left both unread: a corrupt member
+  // that still decoded that many bytes loaded without an error.
+  void expect_end(const char* what) {
+    uint8_t extra[64];
+    const int r = gzread(f, extra, sizeof extra);
+    if (r < 0) {
+      int err = 0;
+      const char* msg = gzerror(f, &err);
+      GALLEY_CHECK(false, "IDX file '", path, "' is corrupt: past its ", what, " (byte ", offset,
+                   " of the data) zlib reports: ", msg);
+    }
+    GALLEY_CHECK(r == 0, "IDX file '", path, "' holds more than its header promises: bytes past ",
+                 "its ", what, " at byte ", offset, " (a count or size field that is wrong, or a ",
+                 "corrupt file)");
   }
   uint32_t read_u32(const char* what) {
     std::vector<uint8_t> b;
@@ -90,6 +107,7 @@ Tensor read_idx_images(const std::string& path) {
   f.expect_remaining(int64_t(n) * plane, "pixel data");
   std::vector<uint8_t> raw;
   f.read(raw, int64_t(n) * plane, "pixel data");
+  f.expect_end("pixel data");
   Tensor out = Tensor::empty({int64_t(n), 1, int64_t(rows), int64_t(cols)});
   float* p = out.data<float>();
   for (size_t i = 0; i < raw.size(); ++i) p[i] = raw[i] * (1.f / 255.f);
@@ -105,6 +123,7 @@ Tensor read_idx_labels(const std::string& path) {
   f.expect_remaining(n, "labels");
   std::vector<uint8_t> raw;
   f.read(raw, n, "labels");
+  f.expect_end("labels");
   Tensor out = Tensor::empty({int64_t(n)}, DType::Int64);
   int64_t* p = out.data<int64_t>();
   for (size_t i = 0; i < raw.size(); ++i) p[i] = raw[i];

@@ -23,12 +23,12 @@ uint64_t sample_seed(uint64_t seed, uint64_t epoch, size_t index) {
 Transform normalize(std::vector<float> mean, std::vector<float> stddev) {
   GALLEY_CHECK(!mean.empty() && mean.size() == stddev.size(), "normalize: ", mean.size(),
                " means and ", stddev.size(), " standard deviations; give one of each per channel");
-  std::vector<float> inv(stddev.size());
-  for (size_t c = 0; c < stddev.size(); ++c) {
+  for (size_t c = 0; c < stddev.size(); ++c)
     GALLEY_CHECK(stddev[c] > 0, "normalize: stddev[", c, "] = ", stddev[c], " must be positive");
-    inv[c] = 1.f / stddev[c];
-  }
-  return [mean = std::move(mean), inv = std::move(inv)](float* x, const Shape& shape, Generator&) {
+  // Divided, as torchvision's Normalize does (a product with the reciprocal parts from it by an
+  // ulp in about one value in eight).
+  return [mean = std::move(mean), stddev = std::move(stddev)](float* x, const Shape& shape,
+                                                              Generator&) {
     GALLEY_CHECK(!shape.empty(), "normalize: the sample is a scalar; it needs a channel dimension");
     const int64_t channels = shape[0];
     GALLEY_CHECK(mean.size() == 1 || int64_t(mean.size()) == channels, "normalize: ", mean.size(),
@@ -36,9 +36,9 @@ Transform normalize(std::vector<float> mean, std::vector<float> stddev) {
     const int64_t plane = channels > 0 ? shape_numel(shape) / channels : 0;
     for (int64_t c = 0; c < channels; ++c) {
       const float m = mean.size() == 1 ? mean[0] : mean[c];
-      const float s = inv.size() == 1 ? inv[0] : inv[c];
+      const float s = stddev.size() == 1 ? stddev[0] : stddev[c];
       float* p = x + c * plane;
-      for (int64_t i = 0; i < plane; ++i) p[i] = (p[i] - m) * s;
+      for (int64_t i = 0; i < plane; ++i) p[i] = (p[i] - m) / s;
     }
   };
 }
@@ -90,7 +90,8 @@ Transform random_horizontal_flip(float p) {
 }
 
 void apply_transforms(const std::vector<Transform>& transforms, Tensor& batch,
-                      const std::vector<size_t>& indices, uint64_t seed, uint64_t epoch) {
+                      const std::vector<size_t>& indices, uint64_t seed, uint64_t epoch,
+                      const std::string& context) {
   if (transforms.empty()) return;
   GALLEY_CHECK(batch.dtype() == DType::Float32 && batch.is_contiguous() && batch.dim() >= 1 &&
                    batch.size(0) == int64_t(indices.size()),
@@ -102,11 +103,18 @@ void apply_transforms(const std::vector<Transform>& transforms, Tensor& batch,
   for (size_t i = 0; i < indices.size(); ++i) {
     Generator gen(sample_seed(seed, epoch, indices[i]));
     for (size_t t = 0; t < transforms.size(); ++t) {
+      // The error names the transform and the sample, with the original nested inside it; of
+      // the original's type where that is a galley::Error (an OutOfMemoryError stays one).
+      auto message = [&](const std::exception& e) {
+        return detail::str_cat(context, "transform ", t, " failed on sample ", indices[i], ": ",
+                               e.what());
+      };
       try {
         transforms[t](base + int64_t(i) * numel, sample, gen);
+      } catch (const Error& e) {
+        e.raise_nested(message(e));
       } catch (const std::exception& e) {
-        std::throw_with_nested(Error(
-            detail::str_cat("transform ", t, " failed on sample ", indices[i], ": ", e.what())));
+        std::throw_with_nested(Error(message(e)));
       }
     }
   }

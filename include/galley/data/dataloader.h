@@ -97,7 +97,8 @@ struct LoaderStats {
   size_t samples = 0;
   /// Time the consumer spent waiting for batches (with num_workers = 0: all the loading time).
   double wait_seconds = 0;
-  /// Of wait_seconds, the wait for the first batch (the pipeline filling up).
+  /// Of wait_seconds, the wait for the epoch's first batch (the pipeline filling up; the batch
+  /// begin() started from, for an epoch resumed with set_position).
   double first_wait_seconds = 0;
   /// From begin() to the end of the epoch (or to now, while it runs).
   double wall_seconds = 0;
@@ -180,6 +181,9 @@ class DataLoader {
   void advance(size_t k);
   void worker_loop(int worker);
   void fill(Slot& slot, size_t k, uint64_t epoch, int worker);
+  // fill, any exception that escapes it kept as the batch's error (a worker thread must not
+  // throw, and the consumer's own fill must give its slot back).
+  void fill_guarded(Slot& slot, size_t k, uint64_t epoch, int worker);
   void release(Slot* slot);
   void stop_epoch(std::unique_lock<std::mutex>& lock);
   void allocate(Slot& slot);
@@ -207,6 +211,7 @@ class DataLoader {
   Slot* held_ = nullptr;              // the batch the consumer has (at held_batch_)
   size_t held_batch_ = 0;
   size_t next_consume_ = 0;  // next batch number the consumer takes
+  size_t first_batch_ = 0;   // the batch the epoch began from (set_position)
   size_t next_claim_ = 0;    // next batch number a worker will take
   bool active_ = false;      // an epoch is running
   bool shutdown_ = false;

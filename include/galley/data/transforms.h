@@ -14,6 +14,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <string>
 #include <vector>
 
 #include "galley/tensor.h"
@@ -39,9 +40,13 @@ Transform random_horizontal_flip(float p = 0.5f);
 uint64_t sample_seed(uint64_t seed, uint64_t epoch, size_t index);
 
 /// Runs `transforms` in order on each sample of `batch` [B, ...] (contiguous float32); sample i
-/// uses a Generator seeded with sample_seed(seed, epoch, indices[i]). Errors name the sample.
+/// uses a Generator seeded with sample_seed(seed, epoch, indices[i]). A transform's exception
+/// comes back as an error whose message is `context` followed by the transform and the sample,
+/// of the same type where it is a galley::Error (an OutOfMemoryError stays one), else a
+/// galley::Error, with the original nested inside it.
 void apply_transforms(const std::vector<Transform>& transforms, Tensor& batch,
-                      const std::vector<size_t>& indices, uint64_t seed, uint64_t epoch);
+                      const std::vector<size_t>& indices, uint64_t seed, uint64_t epoch,
+                      const std::string& context = "");
 
 /// dst[i] = src[i] * scale for n bytes (the uint8 to float step, scale 1/255 gives [0, 1]).
 void uint8_to_float(const uint8_t* src, float* dst, size_t n, float scale = 1.f / 255.f);
