@@ -1,5 +1,6 @@
 #include "galley/state.h"
 
+#include <cerrno>
 #include <cstdio>
 #include <cstdlib>
 
@@ -29,9 +30,12 @@ int64_t StateDict::get_int(const std::string& key, const std::string& owner) con
   auto it = values.find(key);
   GALLEY_CHECK(it != values.end(), owner, ": saved state lacks '", key, "'");
   char* end = nullptr;
+  errno = 0;
   long long v = std::strtoll(it->second.c_str(), &end, 10);
   GALLEY_CHECK(end && *end == '\0' && !it->second.empty(), owner, ": saved value '", key, "' = '",
                it->second, "' is not an integer");
+  GALLEY_CHECK(errno != ERANGE, owner, ": saved value '", key, "' = '", it->second,
+               "' is past the range of a 64-bit integer");
   return v;
 }
 

@@ -86,9 +86,17 @@ void Generator::set_state(const std::string& text) {
                             &spare, &bits, &tail);
   GALLEY_CHECK(n == 6 && (spare == 0 || spare == 1), "Generator::set_state: '", text,
                "' is not a generator state");
+  // xoshiro256's all-zero state stays zero (rand() would give 0 forever and randn() never
+  // return), and a kept normal value must be a number: no generator holds either.
+  GALLEY_CHECK((s[0] | s[1] | s[2] | s[3]) != 0, "Generator::set_state: '", text,
+               "' is the all-zero state, which no generator reaches");
+  float kept;
+  std::memcpy(&kept, &bits, 4);
+  GALLEY_CHECK(spare == 0 || std::isfinite(kept), "Generator::set_state: '", text,
+               "' keeps a normal value that is not finite");
   for (int i = 0; i < 4; ++i) state_[i] = s[i];
   has_spare_ = spare == 1;
-  std::memcpy(&spare_, &bits, 4);
+  spare_ = kept;
 }
 
 namespace {

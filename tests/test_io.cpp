@@ -5,6 +5,7 @@
 
 #include <galley/galley.h>
 #include <stdlib.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -297,6 +298,75 @@ TEST_F(SafeTensors, HeadersThatAliasOrRepeatAreRefused) {
             R"({"e":{"dtype":"F32","shape":[1099511627776,1099511627776,0],"data_offsets":[0,0]}})",
             ""));
   EXPECT_EQ(load_safetensors(e).at("e").numel(), 0);
+}
+
+TEST_F(SafeTensors, HostileHeadersAreErrorsWithoutCrashOrHugeAllocation) {
+  // A shape nested 200,000 arrays deep: printing it for the message recursed off the stack.
+  std::string deep = path("deep");
+  write(deep, safetensors_bytes(R"({"a":{"dtype":"F32","shape":[)" + std::string(200000, '[') +
+                                    std::string(200000, ']') + R"(],"data_offsets":[0,0]}})",
+                                ""));
+  const std::string deep_msg = error_of([&] { load_safetensors(deep); });
+  expect_contains(deep_msg, {deep, "'a'", "shape holds an array"});
+  EXPECT_LT(deep_msg.size(), 500u);
+  // 400 entries over the same MiB: refused on the overlap before any of them is allocated (each
+  // was allocated and read first: memory in proportion to entries x data).
+  std::string alias = path("alias");
+  std::string header = "{";
+  for (int i = 0; i < 400; ++i)
+    header += (i ? "," : "") + std::string("\"t") + std::to_string(i) +
+              R"(":{"dtype":"U8","shape":[1048576],"data_offsets":[0,1048576]})";
+  write(alias, safetensors_bytes(header + "}", std::string(size_t(1) << 20, '\1')));
+  rusage before{}, after{};
+  getrusage(RUSAGE_SELF, &before);
+  expect_contains(error_of([&] { load_safetensors(alias); }), {alias, "overlap"});
+  getrusage(RUSAGE_SELF, &after);
+  EXPECT_LT(after.ru_maxrss - before.ru_maxrss, 64L * 1024)  // KiB
+      << "refusing a 1 MiB file raised the peak resident size by "
+      << (after.ru_maxrss - before.ru_maxrss) << " KiB";
+  // A header length of 200 MB in a sparse file: refused before the header is read.
+  std::string big = path("big-header");
+  {
+    std::string len;
+    const uint64_t n = uint64_t(200) << 20;
+    for (int i = 0; i < 8; ++i) len.push_back(static_cast<char>((n >> (8 * i)) & 0xff));
+    write(big, len + "{");
+    fs::resize_file(big, 8 + n);
+  }
+  expect_contains(error_of([&] { load_safetensors(big); }), {big, "header length", "may take"});
+  // A NUL byte in the header, with JSON after it that must not be ignored.
+  std::string nul = path("nul");
+  write(nul, safetensors_bytes(std::string("{}") + '\0' + "junk", ""));
+  expect_contains(error_of([&] { load_safetensors(nul); }), {nul, "NUL byte at byte 10"});
+}
+
+TEST_F(SafeTensors, HeadersTheFormatRefusesAreRefused) {
+  const std::string four = float_bytes({1, 2, 3, 4});
+  // A field given twice inside an entry (the last one won).
+  std::string twice = path("field-twice");
+  write(
+      twice,
+      safetensors_bytes(
+          R"({"a":{"dtype":"F32","shape":[4],"data_offsets":[0,8],"data_offsets":[0,16]}})", four));
+  expect_contains(error_of([&] { load_safetensors(twice); }),
+                  {twice, "entry 'a' gives 'data_offsets' twice"});
+  // Bytes no tensor holds: a gap before a tensor, and bytes past the last.
+  std::string gap = path("gap");
+  write(gap, safetensors_bytes(R"({"a":{"dtype":"F32","shape":[3],"data_offsets":[4,16]}})", four));
+  expect_contains(error_of([&] { load_safetensors(gap); }), {gap, "belong to no tensor", "'a'"});
+  std::string tail = path("tail");
+  write(tail,
+        safetensors_bytes(R"({"a":{"dtype":"F32","shape":[3],"data_offsets":[0,12]}})", four));
+  expect_contains(error_of([&] { load_safetensors(tail); }), {tail, "belong to no tensor"});
+  // Offsets that run backwards, and the wrong number of them, say so.
+  std::string back = path("backwards");
+  write(back,
+        safetensors_bytes(R"({"a":{"dtype":"F32","shape":[4],"data_offsets":[16,0]}})", four));
+  expect_contains(error_of([&] { load_safetensors(back); }), {back, "[16, 0] run backwards"});
+  std::string three = path("three");
+  write(three,
+        safetensors_bytes(R"({"a":{"dtype":"F32","shape":[4],"data_offsets":[0,16,16]}})", four));
+  expect_contains(error_of([&] { load_safetensors(three); }), {three, "holds 3 values"});
 }
 
 TEST_F(SafeTensors, NamesThatAreNotUtf8AreErrorsAndLongNamesSave) {

@@ -9,6 +9,7 @@
 #include <cmath>
 #include <functional>
 #include <initializer_list>
+#include <limits>
 #include <memory>
 #include <string>
 #include <vector>
@@ -483,7 +484,14 @@ TEST(Optimizer, SetLearningRate) {
   opt.step();
   expect_close(p, {0.5}, "after lr change");
   EXPECT_THROW(opt.set_learning_rate(-1.0), galley::Error);
+  EXPECT_THROW(opt.set_learning_rate(std::numeric_limits<double>::infinity()), galley::Error);
+  EXPECT_THROW(opt.set_learning_rate(std::nan("")), galley::Error);
   EXPECT_DOUBLE_EQ(opt.learning_rate(), 0.5);
+  // A saved step count past 64 bits is an error, not the largest one.
+  galley::StateDict sd;
+  sd.values["state.0.step"] = "99999999999999999999";
+  testutil::expect_contains(testutil::error_of([&] { sd.get_int("state.0.step", "test"); }),
+                            {"state.0.step", "past the range"});
 }
 
 TEST(Optimizer, TrainsALinearModel) {

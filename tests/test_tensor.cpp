@@ -231,6 +231,20 @@ TEST(Random, StreamAdvancesAndManualSeedRestarts) {
   EXPECT_EQ(galley::randn({3}, h).to_vector(), n1);
 }
 
+TEST(Random, StatesNoGeneratorReachesAreRefused) {
+  // A state round-trips, a half-used normal pair included.
+  Generator g(5);
+  (void)galley::randn({3}, g);
+  Generator h(0);
+  h.set_state(g.state());
+  EXPECT_EQ(galley::randn({8}, h).to_vector(), galley::randn({8}, g).to_vector());
+  // xoshiro's all-zero state (rand() gave 0 forever and randn() never returned), and a kept
+  // normal value that is not a number, as a corrupt checkpoint may hold them.
+  expect_contains(error_of([&] { h.set_state("0 0 0 0 0 0"); }), {"all-zero state"});
+  expect_contains(error_of([&] { h.set_state("1 2 3 4 1 7fc00000"); }), {"not finite"});
+  EXPECT_EQ(galley::randn({8}, h).to_vector(), galley::randn({8}, g).to_vector());
+}
+
 TEST(Random, DefaultGeneratorManualSeed) {
   galley::manual_seed(42);
   std::vector<float> a = galley::rand({16}).to_vector();

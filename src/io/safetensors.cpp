@@ -137,21 +137,75 @@ void save_safetensors(const std::string& path, const std::map<std::string, Tenso
 }
 
 namespace {
+// The largest header a file may declare, as the safetensors library's own reader allows: a
+// header length is read before anything else, so a corrupt one must not cost its size in memory.
+constexpr uint64_t kMaxHeaderBytes = uint64_t(100) << 20;
+
+// A JSON value for a message: scalars as they are (a long string cut), containers by their kind
+// (a file's value may be nested deeper than printing it recursively survives).
+std::string describe(const nlohmann::json& v) {
+  if (v.is_array()) return "an array";
+  if (v.is_object()) return "an object";
+  std::string text = v.dump();
+  if (text.size() > 40) text = text.substr(0, 40) + "...";
+  return text;
+}
+
 // The non-negative integers of a JSON array (shape or data_offsets). Anything else (a negative
-// or fractional number, one too large for 63 bits, a string) is an error naming the field.
+// or fractional number, one too large for 63 bits, a string, a nested array) is an error naming
+// the field.
 std::vector<uint64_t> whole_numbers(const nlohmann::json& v, const char* field,
                                     const std::string& path, const std::string& name) {
   GALLEY_CHECK(v.is_array(), "safetensors file '", path, "': tensor '", name, "': ", field,
-               " is not an array");
+               " is not an array (it is ", describe(v), ")");
   std::vector<uint64_t> out;
   for (const auto& e : v) {
     GALLEY_CHECK(e.is_number_unsigned() && e.get<uint64_t>() <= uint64_t(INT64_MAX),
-                 "safetensors file '", path, "': tensor '", name, "': ", field, " holds ", e.dump(),
-                 ", not a size (a whole number from 0 to 2^63 - 1)");
+                 "safetensors file '", path, "': tensor '", name, "': ", field, " holds ",
+                 describe(e), ", not a size (a whole number from 0 to 2^63 - 1)");
     out.push_back(e.get<uint64_t>());
   }
   return out;
 }
+
+// Builds the header's JSON as nlohmann's own parser does, and notes the first name given twice in
+// any object (a JSON object keeps the last silently). nlohmann's parser callback, which could see
+// the keys, rescans each closed object's parent: quadratic in the header's entries (50,000
+// tensors took 16 s).
+class HeaderParser : public nlohmann::detail::json_sax_dom_parser<nlohmann::json> {
+  using Base = nlohmann::detail::json_sax_dom_parser<nlohmann::json>;
+
+ public:
+  explicit HeaderParser(nlohmann::json& out) : Base(out, true) {}
+  bool start_object(std::size_t n) {
+    keys_.emplace_back();
+    return Base::start_object(n);
+  }
+  bool key(string_t& k) {
+    if (keys_.size() == 1) entry_ = k;
+    if (!keys_.back().insert(k).second && repeated.empty())
+      repeated = keys_.size() == 1 ? detail::str_cat("names '", k, "' twice")
+                                   : detail::str_cat("entry '", entry_, "' gives '", k, "' twice");
+    return Base::key(k);
+  }
+  bool end_object() {
+    keys_.pop_back();
+    return Base::end_object();
+  }
+  std::string repeated;  // what was given twice, for the message; empty where nothing was
+
+ private:
+  std::vector<std::unordered_set<std::string>> keys_;  // of each object open
+  std::string entry_;                                  // the top-level entry being read
+};
+
+// Where a tensor's bytes lie in the data: [begin, end).
+struct Span {
+  uint64_t begin, end;
+  std::string name;
+  DType dtype;
+  Shape shape;
+};
 }  // namespace
 
 SafetensorsFile read_safetensors(const std::string& path) {
@@ -173,41 +227,31 @@ SafetensorsFile read_safetensors(const std::string& path) {
   for (int i = 0; i < 8; ++i) len |= uint64_t(le[i]) << (8 * i);
   GALLEY_CHECK(len <= file_size - 8, "safetensors file '", path, "': header length ", len,
                " at byte 0 runs past the end of the file (", file_size, " bytes)");
+  GALLEY_CHECK(len <= kMaxHeaderBytes, "safetensors file '", path, "': header length ", len,
+               " at byte 0 is more than the ", kMaxHeaderBytes, " bytes a header may take");
   std::string text(len, '\0');
   in.read(text.data(), static_cast<std::streamsize>(len));
   GALLEY_CHECK(in.gcount() == static_cast<std::streamsize>(len), "safetensors file '", path,
                "': reading the header (bytes 8..", 8 + len, ") failed");
-  // A name given twice in the header is an error (a JSON object would keep the last silently).
-  std::string repeated;
-  bool seen_repeat = false;
-  std::unordered_set<std::string> names;
-  const nlohmann::json::parser_callback_t names_once =
-      [&](int depth, nlohmann::json::parse_event_t event, nlohmann::json& parsed) {
-        if (event == nlohmann::json::parse_event_t::key && depth == 1 && !seen_repeat) {
-          std::string name = parsed.get<std::string>();
-          if (!names.insert(name).second) {
-            repeated = std::move(name);
-            seen_repeat = true;
-          }
-        }
-        return true;
-      };
+  // (JSON text holds no NUL byte; a parser may take one for the end of its input.)
+  const size_t nul = text.find('\0');
+  GALLEY_CHECK(nul == std::string::npos, "safetensors file '", path,
+               "': the JSON header holds a NUL byte at byte ", 8 + nul);
   nlohmann::json header;
+  HeaderParser parser(header);
   try {
-    header = nlohmann::json::parse(text, names_once);
+    nlohmann::json::sax_parse(text, &parser);
   } catch (const std::exception& e) {
     GALLEY_CHECK(false, "safetensors file '", path, "': the JSON header (bytes 8..", 8 + len,
                  ") does not parse: ", e.what());
   }
-  GALLEY_CHECK(!seen_repeat, "safetensors file '", path, "': the header names '", repeated,
-               "' twice");
+  GALLEY_CHECK(parser.repeated.empty(), "safetensors file '", path, "': the header ",
+               parser.repeated);
   GALLEY_CHECK(header.is_object(), "safetensors file '", path, "': the header is not an object");
   const uint64_t data_start = 8 + len, data_size = file_size - data_start;
   SafetensorsFile out;
-  struct Span {
-    uint64_t begin, end;
-    std::string name;
-  };
+  // Every entry checked before any tensor is allocated: a file of many entries over the same
+  // bytes must fail on its overlap, not after reading each of them.
   std::vector<Span> spans;
   for (auto& [name, entry] : header.items()) {
     try {
@@ -221,9 +265,14 @@ SafetensorsFile read_safetensors(const std::string& path) {
       const auto dims = whole_numbers(entry.at("shape"), "shape", path, name);
       Shape shape(dims.begin(), dims.end());
       const auto offs = whole_numbers(entry.at("data_offsets"), "data_offsets", path, name);
-      GALLEY_CHECK(offs.size() == 2 && offs[0] <= offs[1] && offs[1] <= data_size,
-                   "safetensors file '", path, "': tensor '", name, "' data offsets run past the ",
-                   data_size, " bytes of data");
+      GALLEY_CHECK(offs.size() == 2, "safetensors file '", path, "': tensor '", name,
+                   "': data_offsets holds ", offs.size(), " values, not [begin, end]");
+      GALLEY_CHECK(offs[0] <= offs[1], "safetensors file '", path, "': tensor '", name,
+                   "': data_offsets [", offs[0], ", ", offs[1], "] run backwards");
+      GALLEY_CHECK(offs[1] <= data_size, "safetensors file '", path, "': tensor '", name,
+                   "': data_offsets [", offs[0], ", ", offs[1], "] run past the ", data_size,
+                   " bytes of data (to byte ", data_start + offs[1], " of a file of ", file_size,
+                   ")");
       // The size in bytes, refusing products that overflow (no file holds such a tensor); a
       // shape with a zero has none, whatever its other sizes.
       uint64_t bytes = dtype_size(dt);
@@ -234,34 +283,44 @@ SafetensorsFile read_safetensors(const std::string& path) {
                      " is larger than any file");
       GALLEY_CHECK(offs[1] - offs[0] == bytes, "safetensors file '", path, "': tensor '", name,
                    "' of shape ", shape_str(shape), " needs ", bytes, " bytes but spans ",
-                   offs[1] - offs[0], " (at byte ", data_start + offs[0], ")");
-      Tensor t = Tensor::empty(shape, dt);
-      in.seekg(static_cast<std::streamoff>(data_start + offs[0]));
-      in.read(static_cast<char*>(t.raw_data()), static_cast<std::streamsize>(bytes));
-      GALLEY_CHECK(in.good(), "safetensors file '", path, "': reading tensor '", name, "' at byte ",
-                   data_start + offs[0], " failed");
-      out.tensors[name] = t;
-      spans.push_back({offs[0], offs[1], name});
+                   offs[1] - offs[0], " (data_offsets [", offs[0], ", ", offs[1], "], at byte ",
+                   data_start + offs[0], ")");
+      spans.push_back({offs[0], offs[1], name, dt, std::move(shape)});
     } catch (const nlohmann::json::exception& e) {
       GALLEY_CHECK(false, "safetensors file '", path, "': entry '", name,
                    "' is malformed: ", e.what());
     }
   }
-  // Tensors may not share bytes: a file whose tensors overlap was not written by a
-  // safetensors writer and would alias weights. (Each span against the furthest end before it;
-  // empty tensors hold no bytes and take no part.)
-  spans.erase(
-      std::remove_if(spans.begin(), spans.end(), [](const Span& a) { return a.begin == a.end; }),
-      spans.end());
-  std::sort(spans.begin(), spans.end(),
-            [](const Span& a, const Span& b) { return a.begin < b.begin; });
-  size_t furthest = 0;  // the span reaching furthest so far
-  for (size_t i = 1; i < spans.size(); ++i) {
-    GALLEY_CHECK(spans[i].begin >= spans[furthest].end, "safetensors file '", path, "': tensors '",
-                 spans[furthest].name, "' and '", spans[i].name, "' overlap (bytes ",
-                 data_start + spans[i].begin, "..",
-                 data_start + std::min(spans[i].end, spans[furthest].end), ")");
-    if (spans[i].end > spans[furthest].end) furthest = i;
+  // Tensors may not share bytes: a file whose tensors overlap was not written by a safetensors
+  // writer and would alias weights. And they cover the data, as the format asks: no gap between
+  // them, and nothing past the last (bytes no tensor holds are a sign of a corrupt header).
+  // Empty tensors hold no bytes and take no part.
+  std::vector<const Span*> order;
+  for (const Span& sp : spans)
+    if (sp.begin != sp.end) order.push_back(&sp);
+  std::sort(order.begin(), order.end(),
+            [](const Span* a, const Span* b) { return a->begin < b->begin; });
+  uint64_t covered = 0;  // the data up to here is held by the tensors so far
+  for (size_t i = 0; i < order.size(); ++i) {
+    const Span& sp = *order[i];
+    GALLEY_CHECK(sp.begin >= covered, "safetensors file '", path, "': tensors '",
+                 order[i - 1]->name, "' and '", sp.name, "' overlap (bytes ", data_start + sp.begin,
+                 "..", data_start + std::min(sp.end, covered), ")");
+    GALLEY_CHECK(sp.begin == covered, "safetensors file '", path, "': bytes ", data_start + covered,
+                 "..", data_start + sp.begin, " of the data belong to no tensor (before '", sp.name,
+                 "')");
+    covered = sp.end;
+  }
+  GALLEY_CHECK(covered == data_size, "safetensors file '", path, "': bytes ", data_start + covered,
+               "..", file_size, " of the data belong to no tensor");
+  for (const Span& sp : spans) {
+    Tensor t = Tensor::empty(sp.shape, sp.dtype);
+    const uint64_t bytes = sp.end - sp.begin;
+    in.seekg(static_cast<std::streamoff>(data_start + sp.begin));
+    in.read(static_cast<char*>(t.raw_data()), static_cast<std::streamsize>(bytes));
+    GALLEY_CHECK(in.good(), "safetensors file '", path, "': reading tensor '", sp.name,
+                 "' at byte ", data_start + sp.begin, " failed");
+    out.tensors[sp.name] = t;
   }
   return out;
 }

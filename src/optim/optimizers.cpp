@@ -41,7 +41,8 @@ void Optimizer::clear_grad() {
 }
 
 void Optimizer::set_learning_rate(double lr) {
-  GALLEY_CHECK(lr >= 0, "optimizer: learning rate ", lr, " is negative");
+  GALLEY_CHECK(lr >= 0 && std::isfinite(lr), "optimizer: learning rate ", lr,
+               lr >= 0 ? " is not finite" : " is negative");
   lr_ = lr;
 }
 
