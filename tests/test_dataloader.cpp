@@ -4,6 +4,8 @@
 
 #include "test_util.h"
 
+#include "src/allocator.h"
+
 #include <galley/data/dataloader.h>
 #include <galley/data/sampler.h>
 #include <galley/data/synthetic.h>
@@ -387,7 +389,8 @@ TEST(DataLoader, TransformErrorsKeepTheirTypeWithTheOriginalNestedInside) {
 namespace {
 // A dataset that takes the address space it is left before it fails, as one that ran out of
 // memory does: the loader's retry of the batch a sample at a time then finds no memory either.
-// Samples of 4 MiB, so that a sample's buffer needs address space of its own.
+// Samples of 4 MiB, so that a sample's buffer needs address space of its own (the host
+// allocator's cache emptied first).
 class MemoryHogDataset : public galley::data::Dataset {
  public:
   static constexpr int64_t kFloats = int64_t(1) << 20;
@@ -397,10 +400,10 @@ class MemoryHogDataset : public galley::data::Dataset {
   }
   Shape data_shape() const override { return {kFloats}; }
   void get_batch(const std::vector<size_t>& idx, Tensor& d, Tensor& l) const override {
+    std::unique_lock<std::mutex> lock(mu_);  // (before `hog` is read: release() takes it too)
     if (hog) {
-      std::lock_guard<std::mutex> lock(mu_);
-      try {
-        for (;;) held_.emplace_back(new char[size_t(1) << 20]);
+      try {  // at most 1 GiB, should the limit be gone
+        for (int k = 0; k < 1024; ++k) held_.emplace_back(new char[size_t(1) << 20]);
       } catch (const std::bad_alloc&) {
       }
       // A little back, for the messages the loader builds; not the 4 MiB of a sample.
@@ -447,7 +450,8 @@ TEST(DataLoader, ADatasetOutOfMemoryLeavesTheLoaderWhole) {
   for (int workers : {0, 2}) {
     MemoryHogDataset ds;
     DataLoader loader(ds, {.batch_size = 2, .num_workers = workers});
-    for (auto& b : loader) (void)b;  // the threads and the buffers exist before the limit
+    for (auto& b : loader) (void)b;      // the threads and the buffers exist before the limit
+    galley::detail::host_empty_cache();  // no freed block of a sample's size to reuse
     rlimit tight = saved;
     tight.rlim_cur = mapped_bytes() + (size_t(64) << 20);
     ASSERT_EQ(setrlimit(RLIMIT_AS, &tight), 0);

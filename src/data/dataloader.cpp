@@ -372,7 +372,7 @@ void DataLoader::fill(Slot& slot, size_t k, uint64_t epoch, int worker) {
     // Its error names the batch, the transform and the sample, the original nested inside it.
     apply_transforms(opt_.transforms, target->data, slot.indices, opt_.seed, epoch,
                      detail::str_cat("DataLoader: batch ", k, " of epoch ", epoch, ": "));
-  } catch (...) {  // (not a std::exception: handed on as it is, as in the caller's thread)
+  } catch (...) {  // handed on as it is (apply_transforms' own error, or not a std::exception)
     slot.error = std::current_exception();
     return;
   }

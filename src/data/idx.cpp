@@ -81,6 +81,11 @@ struct GzFile {
       GALLEY_CHECK(false, "IDX file '", path, "' is corrupt: past its ", what, " (byte ", offset,
                    " of the data) zlib reports: ", msg);
     }
+    // (a stream cut inside its trailer reads as an end with Z_BUF_ERROR, not as an error)
+    int err = Z_OK;
+    if (r == 0 && !gzdirect(f)) gzerror(f, &err);
+    GALLEY_CHECK(err != Z_BUF_ERROR, "IDX file '", path, "' is truncated: its gzip stream ends ",
+                 "before its trailer (past its ", what, " at byte ", offset, ")");
     GALLEY_CHECK(r == 0, "IDX file '", path, "' holds more than its header promises: bytes past ",
                  "its ", what, " at byte ", offset, " (a count or size field that is wrong, or a ",
                  "corrupt file)");

@@ -139,7 +139,7 @@ void save_safetensors(const std::string& path, const std::map<std::string, Tenso
 namespace {
 // The largest header a file may declare, as the safetensors library's own reader allows: a
 // header length is read before anything else, so a corrupt one must not cost its size in memory.
-constexpr uint64_t kMaxHeaderBytes = uint64_t(100) << 20;
+constexpr uint64_t kMaxHeaderBytes = 100'000'000;
 
 // A JSON value for a message: scalars as they are (a long string cut), containers by their kind
 // (a file's value may be nested deeper than printing it recursively survives).
@@ -168,31 +168,40 @@ std::vector<uint64_t> whole_numbers(const nlohmann::json& v, const char* field,
   return out;
 }
 
-// Builds the header's JSON as nlohmann's own parser does, and notes the first name given twice in
-// any object (a JSON object keeps the last silently). nlohmann's parser callback, which could see
-// the keys, rescans each closed object's parent: quadratic in the header's entries (50,000
-// tensors took 16 s).
-class HeaderParser : public nlohmann::detail::json_sax_dom_parser<nlohmann::json> {
-  using Base = nlohmann::detail::json_sax_dom_parser<nlohmann::json>;
-
+// The first name given twice in any object of the header (a JSON object keeps the last
+// silently), found by a pass of nlohmann's public SAX interface once the header parses.
+// nlohmann's parser callback, which could see the keys, rescans each closed object's parent:
+// quadratic in the header's entries (50,000 tensors took 20 s).
+class RepeatedNames : public nlohmann::json_sax<nlohmann::json> {
  public:
-  explicit HeaderParser(nlohmann::json& out) : Base(out, true) {}
-  bool start_object(std::size_t n) {
+  bool null() override { return true; }
+  bool boolean(bool) override { return true; }
+  bool number_integer(number_integer_t) override { return true; }
+  bool number_unsigned(number_unsigned_t) override { return true; }
+  bool number_float(number_float_t, const string_t&) override { return true; }
+  bool string(string_t&) override { return true; }
+  bool binary(binary_t&) override { return true; }
+  bool start_object(std::size_t) override {
     keys_.emplace_back();
-    return Base::start_object(n);
+    return true;
   }
-  bool key(string_t& k) {
+  bool key(string_t& k) override {
     if (keys_.size() == 1) entry_ = k;
-    if (!keys_.back().insert(k).second && repeated.empty())
-      repeated = keys_.size() == 1 ? detail::str_cat("names '", k, "' twice")
-                                   : detail::str_cat("entry '", entry_, "' gives '", k, "' twice");
-    return Base::key(k);
+    if (!keys_.back().insert(k).second && found.empty())
+      found = keys_.size() == 1 ? detail::str_cat("names '", k, "' twice")
+                                : detail::str_cat("entry '", entry_, "' gives '", k, "' twice");
+    return true;
   }
-  bool end_object() {
+  bool end_object() override {
     keys_.pop_back();
-    return Base::end_object();
+    return true;
   }
-  std::string repeated;  // what was given twice, for the message; empty where nothing was
+  bool start_array(std::size_t) override { return true; }
+  bool end_array() override { return true; }
+  bool parse_error(std::size_t, const std::string&, const nlohmann::detail::exception&) override {
+    return false;  // (the header parsed before this pass)
+  }
+  std::string found;  // what was given twice, for the message; empty where nothing was
 
  private:
   std::vector<std::unordered_set<std::string>> keys_;  // of each object open
@@ -238,15 +247,16 @@ SafetensorsFile read_safetensors(const std::string& path) {
   GALLEY_CHECK(nul == std::string::npos, "safetensors file '", path,
                "': the JSON header holds a NUL byte at byte ", 8 + nul);
   nlohmann::json header;
-  HeaderParser parser(header);
   try {
-    nlohmann::json::sax_parse(text, &parser);
+    header = nlohmann::json::parse(text);
   } catch (const std::exception& e) {
     GALLEY_CHECK(false, "safetensors file '", path, "': the JSON header (bytes 8..", 8 + len,
                  ") does not parse: ", e.what());
   }
-  GALLEY_CHECK(parser.repeated.empty(), "safetensors file '", path, "': the header ",
-               parser.repeated);
+  RepeatedNames repeated;
+  nlohmann::json::sax_parse(text, &repeated);
+  GALLEY_CHECK(repeated.found.empty(), "safetensors file '", path, "': the header ",
+               repeated.found);
   GALLEY_CHECK(header.is_object(), "safetensors file '", path, "': the header is not an object");
   const uint64_t data_start = 8 + len, data_size = file_size - data_start;
   SafetensorsFile out;

@@ -18,10 +18,17 @@ namespace cpu = kernels::cpu;
 // ---------------------------------------------------------------------------------------------
 // Optimizer
 
+namespace {
+void check_learning_rate(double lr) {
+  GALLEY_CHECK(std::isfinite(lr) && lr >= 0, "optimizer: learning rate ", lr,
+               " must be finite and not negative");
+}
+}  // namespace
+
 Optimizer::Optimizer(std::vector<Tensor> params, double learning_rate)
     : params_(std::move(params)), lr_(learning_rate) {
   GALLEY_CHECK(!params_.empty(), "optimizer: got an empty parameter list");
-  GALLEY_CHECK(learning_rate >= 0, "optimizer: learning rate ", learning_rate, " is negative");
+  check_learning_rate(learning_rate);
   for (size_t i = 0; i < params_.size(); ++i) {
     const Tensor& p = params_[i];
     GALLEY_CHECK(p.defined() && p.is_leaf() && is_floating_point(p.dtype()),
@@ -41,8 +48,7 @@ void Optimizer::clear_grad() {
 }
 
 void Optimizer::set_learning_rate(double lr) {
-  GALLEY_CHECK(lr >= 0 && std::isfinite(lr), "optimizer: learning rate ", lr,
-               lr >= 0 ? " is not finite" : " is negative");
+  check_learning_rate(lr);
   lr_ = lr;
 }
 
