@@ -589,11 +589,10 @@ void expand_dim(const float* g, int64_t outer, int64_t len, int64_t inner, float
     const float4* g4 = reinterpret_cast<const float4*>(g);
     float4* o4 = reinterpret_cast<float4*>(out);
     if (t4 <= INT32_MAX)
-      expand_dim_kernel<float4, uint32_t><<<blocks_for(t4), kThreads, 0, st>>>(
-          g4, uint32_t(len), uint32_t(i4), uint32_t(t4), o4);
+      expand_dim_kernel<float4, uint32_t>
+          <<<blocks_for(t4), kThreads, 0, st>>>(g4, uint32_t(len), uint32_t(i4), uint32_t(t4), o4);
     else
-      expand_dim_kernel<float4, int64_t>
-          <<<blocks_for(t4), kThreads, 0, st>>>(g4, len, i4, t4, o4);
+      expand_dim_kernel<float4, int64_t><<<blocks_for(t4), kThreads, 0, st>>>(g4, len, i4, t4, o4);
   } else if (total <= INT32_MAX) {
     expand_dim_kernel<float, uint32_t><<<blocks_for(total), kThreads, 0, st>>>(
         g, uint32_t(len), uint32_t(inner), uint32_t(total), out);
