@@ -123,6 +123,20 @@ class SlowDataset : public galley::data::Dataset {
 
 const int kWorkerCounts[] = {0, 1, 2, 4};
 
+// Expects the exception nested inside `e` to be a `Nested` whose message is `what`; with
+// `plain`, one that is not also a galley::Error (a wrapper nested inside the wrapper).
+template <typename Nested>
+void expect_nested(const std::exception& e, const char* what, bool plain = false) {
+  try {
+    std::rethrow_if_nested(e);
+    ADD_FAILURE() << "no nested exception";
+  } catch (const Nested& original) {
+    EXPECT_FALSE(plain && dynamic_cast<const galley::Error*>(&original) != nullptr)
+        << "the original is not the error nested inside: " << original.what();
+    EXPECT_STREQ(original.what(), what);
+  }
+}
+
 TEST(DataLoader, DesignCallShape) {
   TensorDataset ds = indexed_dataset(10);
   galley::data::DataLoader train_loader(ds, {.batch_size = 4, .shuffle = true, .num_workers = 2});
@@ -297,12 +311,7 @@ TEST(DataLoader, WorkerExceptionNamesTheSample) {
       for (auto& b : loader) (void)b;
       ADD_FAILURE() << "the second epoch must fail too";
     } catch (const galley::Error& e) {
-      try {
-        std::rethrow_if_nested(e);
-        ADD_FAILURE() << "no nested exception";
-      } catch (const std::runtime_error& inner_error) {
-        EXPECT_STREQ(inner_error.what(), "cannot decode this example");
-      }
+      expect_nested<std::runtime_error>(e, "cannot decode this example");
     }
   }
 }
@@ -335,12 +344,7 @@ TEST(DataLoader, OutOfMemoryInAWorkerReachesTheLoopAsOutOfMemory) {
       ADD_FAILURE() << "the worker's error was lost (" << workers << " workers)";
     } catch (const galley::OutOfMemoryError& e) {
       expect_contains(e.what(), {"DataLoader", "batch 0", "out of memory"});
-      try {
-        std::rethrow_if_nested(e);
-        ADD_FAILURE() << "no nested exception";
-      } catch (const galley::OutOfMemoryError& inner_error) {
-        EXPECT_STREQ(inner_error.what(), "batch buffer: out of memory");
-      }
+      expect_nested<galley::OutOfMemoryError>(e, "batch buffer: out of memory");
     }
   }
 }
@@ -361,12 +365,7 @@ TEST(DataLoader, TransformErrorsKeepTheirTypeWithTheOriginalNestedInside) {
     } catch (const galley::OutOfMemoryError& e) {
       expect_contains(e.what(), {"DataLoader: batch 0", "transform 0 failed on sample",
                                  "transform: out of memory"});
-      try {
-        std::rethrow_if_nested(e);
-        ADD_FAILURE() << "no nested exception";
-      } catch (const galley::OutOfMemoryError& original) {
-        EXPECT_STREQ(original.what(), "transform: out of memory");
-      }
+      expect_nested<galley::OutOfMemoryError>(e, "transform: out of memory");
     }
     DataLoader other(ds, {.batch_size = 5, .num_workers = workers, .transforms = {plain}});
     try {
@@ -374,14 +373,7 @@ TEST(DataLoader, TransformErrorsKeepTheirTypeWithTheOriginalNestedInside) {
       ADD_FAILURE() << "the transform's error was lost (" << workers << " workers)";
     } catch (const galley::Error& e) {
       expect_contains(e.what(), {"DataLoader: batch 0", "transform 0", "plain failure"});
-      try {
-        std::rethrow_if_nested(e);
-        ADD_FAILURE() << "no nested exception";
-      } catch (const galley::Error&) {
-        ADD_FAILURE() << "the original is not the error nested inside";
-      } catch (const std::runtime_error& original) {
-        EXPECT_STREQ(original.what(), "transform: plain failure");
-      }
+      expect_nested<std::runtime_error>(e, "transform: plain failure", /*plain=*/true);
     }
   }
 }
