@@ -114,9 +114,32 @@ GALLEY_HOST_DEVICE inline float gelu_tanh_backward(float g, float x) {
 GALLEY_HOST_DEVICE inline float relu(float x) {
   return !(x <= 0.f) ? x : 0.f;
 }
-// From the output: grad where y > 0 (where x > 0), else 0.
+// From the output: 0 where y <= 0, else grad, as PyTorch's threshold_backward: a NaN output
+// (from a NaN input) passes its gradient on.
 GALLEY_HOST_DEVICE inline float relu_backward(float g, float y) {
-  return y > 0.f ? g : 0.f;
+  return !(y <= 0.f) ? g : 0.f;
+}
+
+// x^p as PyTorch's pow(tensor, scalar) takes it: its special exponents by their own operations
+// (0.5 a square root, -0.5 its reciprocal, 2 and 3 products, -1 and -2 reciprocals), which round
+// differently from a general pow and differ from it at -0 and -inf (sqrt(-inf) is NaN, sqrt(-0)
+// -0, where pow gives +inf and +0); any other exponent by M::pow. p is the same for every element,
+// so the branches are the loop's, not the element's.
+template <typename M>
+GALLEY_HOST_DEVICE inline float pow_scalar(float x, float p) {
+  if (p == 0.5f) return M::sqrt(x);
+  if (p == -0.5f) return 1.f / M::sqrt(x);
+  if (p == 2.f) return x * x;
+  if (p == 3.f) return x * x * x;
+  if (p == -1.f) return 1.f / x;
+  if (p == -2.f) return 1.f / (x * x);
+  return M::pow(x, p);
+}
+// d(x^p)/dx times g, as PyTorch's pow_backward: g * (p * x^(p - 1)), x^(p - 1) by pow_scalar; x^0
+// is constant, so its gradient is zero, also at 0 and NaN (where x^-1 is not finite).
+template <typename M>
+GALLEY_HOST_DEVICE inline float pow_backward(float g, float x, float p) {
+  return p == 0.f ? 0.f : g * (p * pow_scalar<M>(x, p - 1.f));
 }
 
 // x * (x > 0 ? 1 : slope), PyTorch's vectorised form: a NaN stays NaN (NaN * slope), -0 stays -0.

@@ -604,6 +604,40 @@ TEST(GradScaler, ANonFiniteScaledLossSkipsTheStepInsteadOfRaising) {
                             {"the loss is inf"});
 }
 
+// docs/mixed_precision.md's recipe with gradient clipping: on an overflow step the clip lets the
+// infinite norm through (error_if_nonfinite = false), the scaler skips the step and backs off,
+// and the next steps run; the default clip refuses the step with a message that says so.
+TEST(GradScaler, TheClippingRecipeSkipsAnOverflowStepAndGoesOn) {
+  Tensor w = param({3}, 7);
+  galley::optim::SGD opt({w}, {.learning_rate = 0.01});
+  // Gradients of 100 x the scale: 4e38 overflows float32 on the first step, 2e38 after the backoff
+  // does not.
+  amp::GradScaler scaler({.init_scale = 4e36});
+  const double first_scale = scaler.get_scale();
+  std::vector<bool> stepped;
+  for (int it = 0; it < 3; ++it) {
+    const std::vector<float> before = w.to_vector();
+    scaler.scale(galley::sum(galley::mul(w, 100.f))).backward();
+    scaler.unscale_(opt);
+    const float norm =
+        galley::nn::clip_grad_norm_(opt.parameters(), 1.0, {.error_if_nonfinite = false});
+    stepped.push_back(scaler.step(opt));
+    scaler.update();
+    EXPECT_EQ(std::isfinite(norm), bool(stepped.back())) << "iteration " << it;
+    EXPECT_EQ(w.to_vector() != before, bool(stepped.back())) << "iteration " << it;
+    opt.zero_grad();
+  }
+  EXPECT_EQ(stepped, (std::vector<bool>{false, true, true}));
+  EXPECT_EQ(scaler.get_scale(), first_scale * 0.5);
+  // The default clip refuses the overflow and names the way out.
+  amp::GradScaler strict({.init_scale = 4e36});
+  strict.scale(galley::sum(galley::mul(w, 100.f))).backward();
+  strict.unscale_(opt);
+  testutil::expect_contains(
+      testutil::error_of([&] { galley::nn::clip_grad_norm_(opt.parameters(), 1.0); }),
+      {"clip_grad_norm_", "inf", "error_if_nonfinite = false", "GradScaler"});
+}
+
 TEST(GradScaler, StateRoundTripsThroughACheckpoint) {
   const std::string dir = ::testing::TempDir();
   Tensor w = param({2}, 8);

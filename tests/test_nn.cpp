@@ -1239,3 +1239,20 @@ TEST(LayerErrors, ANameIsRegisteredOnce) {
   }
   EXPECT_EQ(box.state_dict().size(), 2u);
 }
+
+// An undefined tensor in a state dict is refused naming the layer and the entry, before anything
+// is written; a Flatten or ReLU layer's error names the layer, as the other layers' do.
+TEST(Layer, LoadStateDictNamesAnUndefinedEntry) {
+  galley::nn::BatchNorm2D bn(2);
+  auto sd = bn.state_dict();
+  sd["running_mean"] = galley::full({2}, 3.f);
+  sd["weight"] = Tensor();
+  testutil::expect_contains(testutil::error_of([&] { bn.load_state_dict(sd); }),
+                            {"BatchNorm", "load_state_dict", "'weight'", "undefined"});
+  EXPECT_EQ(bn.state_dict().at("running_mean").to_vector(), (std::vector<float>{0.f, 0.f}));
+  galley::nn::Flatten flat(2);
+  testutil::expect_contains(testutil::error_of([&] { flat(galley::ones({2})); }),
+                            {"Flatten", "flatten"});
+  galley::nn::ReLU relu;
+  testutil::expect_contains(testutil::error_of([&] { relu(Tensor()); }), {"ReLU"});
+}

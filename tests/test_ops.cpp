@@ -84,6 +84,86 @@ TEST(Relu, NanStaysNanAndNegativeZeroIsZero) {
   EXPECT_EQ(y[3], 3.f);
 }
 
+// The gradient is 0 where the output is <= 0 and passes elsewhere, a NaN output included, as
+// PyTorch's threshold_backward (x.relu().backward(g) gives g at a NaN): in the plain op (its
+// vector blocks and its scalar tail), the fused bias + ReLU and batch norm's ReLU.
+TEST(Relu, GradientPassesAtANanAsInPyTorch) {
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  std::vector<float> v(35);
+  for (size_t i = 0; i < v.size(); ++i) v[i] = i % 3 == 0 ? -1.f - float(i) : float(i) * 0.5f;
+  v[3] = nan, v[33] = nan, v[1] = 0.f;  // in a vector block and in the tail; 0 stops it
+  std::vector<float> want(v.size());
+  for (size_t i = 0; i < v.size(); ++i) want[i] = std::isnan(v[i]) || v[i] > 0.f ? 0.75f : 0.f;
+  auto grad_of = [&](const std::function<Tensor(const Tensor&)>& f, galley::Shape shape) {
+    Tensor x = Tensor::from_vector(v, shape).set_requires_grad(true);
+    Tensor y = f(x);
+    y.backward(galley::full(y.shape(), 0.75f));
+    return x.grad().to_vector();
+  };
+  EXPECT_EQ(grad_of([](const Tensor& x) { return galley::relu(x); }, {35}), want);
+  EXPECT_EQ(
+      grad_of([](const Tensor& x) { return galley::bias_relu(x, galley::zeros({35})); }, {1, 35}),
+      want);
+  // Batch norm in eval mode with the identity's statistics: y = x / sqrt(1 + eps), so the same
+  // signs; the ReLU's mask from y and, for float32 planes, from x.
+  Tensor mean = galley::zeros({1}), var = galley::ones({1});
+  std::vector<float> g = grad_of(
+      [&](const Tensor& x) {
+        return galley::batch_norm(x, mean, var, galley::ones({1}), galley::zeros({1}),
+                                  {.training = false, .eps = 0.0, .relu = true});
+      },
+      {1, 1, 35});
+  EXPECT_EQ(g, want);
+}
+
+// pow(x, p) takes PyTorch's special exponents by their own operations (sqrt, 1 / sqrt, products,
+// reciprocals), which round differently from a general pow and differ from it at -0 and -inf;
+// its gradient is g * (p * x^(p - 1)) with the same special forms. PyTorch 2.15's values and
+// gradients (for a gradient of 0.75) at -inf, -0, 0, 1.7, 3.3, -2.9, inf.
+TEST(Pow, SpecialExponentsMatchPyTorchBitForBit) {
+  const float inf = std::numeric_limits<float>::infinity(), nan = std::nanf("");
+  const std::vector<float> x{-inf, -0.f, 0.f, 1.7f, 3.3f, -2.9f, inf};
+  struct Case {
+    float p;
+    std::vector<float> y, g;
+  };
+  const std::vector<Case> cases = {
+      {0.5f,
+       {nan, -0.f, 0.f, 1.3038405179977417f, 1.8165901899337769f, nan, inf},
+       {nan, -inf, inf, 0.28761187195777893f, 0.20643071830272675f, nan, 0.f}},
+      {-0.5f,
+       {nan, -inf, inf, 0.7669649720191956f, 0.550481915473938f, nan, 0.f},
+       {-0.f, -inf, -inf, -0.16918344795703888f, -0.06255476176738739f, nan, -0.f}},
+      {2.f,
+       {inf, 0.f, 0.f, 2.890000104904175f, 10.889999389648438f, 8.410000801086426f, inf},
+       {-inf, -0.f, 0.f, 2.5500001907348633f, 4.949999809265137f, -4.350000381469727f, inf}},
+      {3.f,
+       {-inf, -0.f, 0.f, 4.913000106811523f, 35.93699645996094f, -24.38900375366211f, inf},
+       {inf, 0.f, 0.f, 6.502500057220459f, 24.502498626708984f, 18.922502517700195f, inf}},
+      {-1.f,
+       {-0.f, -inf, inf, 0.5882352590560913f, 0.3030303120613098f, -0.3448275625705719f, 0.f},
+       {-0.f, -inf, -inf, -0.25951558351516724f, -0.06887052953243256f, -0.08917953819036484f,
+        -0.f}},
+      {-2.f,
+       {0.f, inf, inf, 0.34602075815200806f, 0.09182737022638321f, 0.11890605092048645f, 0.f},
+       {0.f, inf, -inf, -0.3053123950958252f, -0.04173971340060234f, 0.061503130942583084f, -0.f}},
+  };
+  auto same = [](float a, float b) {
+    return (std::isnan(a) && std::isnan(b)) || (a == b && std::signbit(a) == std::signbit(b));
+  };
+  for (const Case& c : cases) {
+    Tensor t = Tensor::from_vector(x, {7}).set_requires_grad(true);
+    Tensor y = galley::pow(t, c.p);
+    y.backward(galley::full({7}, 0.75f));
+    const std::vector<float> got = y.to_vector(), grad = t.grad().to_vector();
+    for (size_t i = 0; i < x.size(); ++i) {
+      EXPECT_TRUE(same(got[i], c.y[i])) << "pow(" << x[i] << ", " << c.p << ") = " << got[i];
+      EXPECT_TRUE(same(grad[i], c.g[i]))
+          << "gradient at " << x[i] << ", p " << c.p << ": " << grad[i];
+    }
+  }
+}
+
 // ---------------------------------------------------------------------------------------------
 // Activations
 
@@ -428,47 +508,71 @@ void expect_near_all(const std::vector<float>& got, const std::vector<float>& wa
   for (size_t i = 0; i < got.size(); ++i)
     ASSERT_NEAR(got[i], want[i], 1e-5f * (1.f + std::fabs(want[i]))) << what << " element " << i;
 }
+
+// avg_pool2d of a random [2, 3, h, w] input with kernel k, stride s and padding p against the
+// naive reference, values and the gradient of their sum, at PyTorch's output sizes.
+struct PoolCase {
+  int64_t h, w, k, s, p;
+};
+void check_avg_pool(const PoolCase& g, bool include_pad, bool ceil_mode) {
+  const std::string what = "h=" + std::to_string(g.h) + " w=" + std::to_string(g.w) +
+                           " k=" + std::to_string(g.k) + " s=" + std::to_string(g.s) +
+                           " p=" + std::to_string(g.p) + (include_pad ? " pad" : "") +
+                           (ceil_mode ? " ceil" : "");
+  auto size = [&](int64_t in) {
+    const int64_t span = in + 2 * g.p - g.k;  // not below -(s - 1) under ceil_mode here
+    int64_t o = (span + (ceil_mode ? g.s - 1 : 0)) / g.s + 1;
+    if (ceil_mode && (o - 1) * g.s >= in + g.p) --o;
+    return o;
+  };
+  const int64_t oh = size(g.h), ow = size(g.w);
+  galley::Generator gen(g.h * 100 + g.w * 7 + g.k * 10 + g.p);
+  Tensor x = galley::randn({2, 3, g.h, g.w}, gen);
+  std::vector<float> grad;
+  auto want = reference_avg(
+      x, oh, ow, [&](int64_t i) { return fixed_window(i, g.h, g.k, g.s, g.p, include_pad); },
+      [&](int64_t j) { return fixed_window(j, g.w, g.k, g.s, g.p, include_pad); }, &grad);
+  x.set_requires_grad(true);
+  Tensor y = galley::avg_pool2d(x, {.kernel_size = g.k,
+                                    .stride = g.s,
+                                    .padding = g.p,
+                                    .count_include_pad = include_pad,
+                                    .ceil_mode = ceil_mode});
+  ASSERT_EQ(y.shape(), (galley::Shape{2, 3, oh, ow})) << what;
+  expect_near_all(y.to_vector(), want, what);
+  galley::sum(y).backward();
+  expect_near_all(x.grad().to_vector(), grad, what + " gradient");
+}
 }  // namespace
 
 TEST(AvgPool, MatchesNaiveReferenceForEveryGeometry) {
-  struct G {
-    int64_t h, w, k, s, p;
-  };
-  for (G g : {G{6, 6, 2, 2, 0}, G{7, 8, 3, 2, 1}, G{5, 6, 3, 1, 1}, G{9, 7, 3, 3, 0},
-              G{8, 8, 4, 3, 2}, G{1, 5, 1, 1, 0}, G{5, 5, 5, 1, 2},
-              // wide rows: the vectorised rows of the common windows and their edges
-              G{4, 33, 2, 2, 0}, G{5, 37, 3, 2, 1}, G{3, 40, 3, 1, 1}, G{6, 31, 3, 3, 0},
-              G{3, 29, 3, 3, 1}, G{3, 70, 3, 2, 0}})
+  for (PoolCase g : {PoolCase{6, 6, 2, 2, 0}, PoolCase{7, 8, 3, 2, 1}, PoolCase{5, 6, 3, 1, 1},
+                     PoolCase{9, 7, 3, 3, 0}, PoolCase{8, 8, 4, 3, 2}, PoolCase{1, 5, 1, 1, 0},
+                     PoolCase{5, 5, 5, 1, 2},
+                     // wide rows: the vectorised rows of the common windows and their edges
+                     PoolCase{4, 33, 2, 2, 0}, PoolCase{5, 37, 3, 2, 1}, PoolCase{3, 40, 3, 1, 1},
+                     PoolCase{6, 31, 3, 3, 0}, PoolCase{3, 29, 3, 3, 1}, PoolCase{3, 70, 3, 2, 0}})
     for (bool include_pad : {true, false})
-      for (bool ceil_mode : {false, true}) {
-        const std::string what = "h=" + std::to_string(g.h) + " w=" + std::to_string(g.w) +
-                                 " k=" + std::to_string(g.k) + " s=" + std::to_string(g.s) +
-                                 " p=" + std::to_string(g.p) + (include_pad ? " pad" : "") +
-                                 (ceil_mode ? " ceil" : "");
-        auto size = [&](int64_t in) {
-          const int64_t span = in + 2 * g.p - g.k;
-          int64_t o = (span + (ceil_mode ? g.s - 1 : 0)) / g.s + 1;
-          if (ceil_mode && (o - 1) * g.s >= in + g.p) --o;
-          return o;
-        };
-        const int64_t oh = size(g.h), ow = size(g.w);
-        galley::Generator gen(g.h * 100 + g.k * 10 + g.p);
-        Tensor x = galley::randn({2, 3, g.h, g.w}, gen);
-        std::vector<float> grad;
-        auto want = reference_avg(
-            x, oh, ow, [&](int64_t i) { return fixed_window(i, g.h, g.k, g.s, g.p, include_pad); },
-            [&](int64_t j) { return fixed_window(j, g.w, g.k, g.s, g.p, include_pad); }, &grad);
-        x.set_requires_grad(true);
-        Tensor y = galley::avg_pool2d(x, {.kernel_size = g.k,
-                                          .stride = g.s,
-                                          .padding = g.p,
-                                          .count_include_pad = include_pad,
-                                          .ceil_mode = ceil_mode});
-        ASSERT_EQ(y.shape(), (galley::Shape{2, 3, oh, ow})) << what;
-        expect_near_all(y.to_vector(), want, what);
-        galley::sum(y).backward();
-        expect_near_all(x.grad().to_vector(), grad, what + " gradient");
-      }
+      for (bool ceil_mode : {false, true}) check_avg_pool(g, include_pad, ceil_mode);
+}
+
+// Under ceil_mode an axis shorter than the window still has one window, clipped to the input,
+// as PyTorch's floor((in + 2p - k + s - 1) / s) + 1 gives; without it the input is too small.
+TEST(AvgPool, CeilModeTakesAnAxisShorterThanTheWindow) {
+  // PyTorch 2.15: avg_pool2d(x, 2, 2, ceil_mode=True) of a 1x1 plane [5] is [5]; of a 9x1 column
+  // 0..8 it is [0.5, 2.5, 4.5, 6.5, 8.0].
+  Tensor one = Tensor::from_vector(std::vector<float>{5.f}, {1, 1, 1, 1});
+  Tensor y = galley::avg_pool2d(one, {.kernel_size = 2, .stride = 2, .ceil_mode = true});
+  ASSERT_EQ(y.shape(), (galley::Shape{1, 1, 1, 1}));
+  EXPECT_EQ(y.to_vector()[0], 5.f);
+  galley::nn::AvgPool2D layer(
+      galley::AvgPool2dOptions{.kernel_size = 2, .stride = 2, .ceil_mode = true});
+  Tensor col = galley::arange(0, 9).reshape({1, 1, 9, 1});
+  EXPECT_EQ(layer(col).to_vector(), (std::vector<float>{0.5f, 2.5f, 4.5f, 6.5f, 8.f}));
+  EXPECT_THROW(galley::avg_pool2d(one, {.kernel_size = 2, .stride = 2}), galley::Error);
+  for (PoolCase g : {PoolCase{1, 1, 2, 2, 0}, PoolCase{2, 3, 3, 2, 1}, PoolCase{1, 7, 3, 3, 0},
+                     PoolCase{2, 2, 4, 3, 1}, PoolCase{3, 1, 4, 4, 2}})
+    for (bool include_pad : {true, false}) check_avg_pool(g, include_pad, true);
 }
 
 TEST(AdaptiveAvgPool, MatchesNaiveReferenceForDivisibleAndOtherSizes) {

@@ -1109,3 +1109,138 @@ TEST(Schedulers, AStateThatGivesNoRateChangesNothing) {
       }),
       {"OneCycleLR", "overflows"});
 }
+
+// A parameter that is a strided view (a transposed or narrowed leaf) is updated element by
+// element as a dense one with the same values and gradients: the kernels work on a dense copy
+// that is written back through the strides, and memory outside a narrowed view is not touched.
+TEST(Optimizer, StridedParametersAreUpdatedThroughTheirStrides) {
+  const std::vector<float> values{1, 2, 3, 4, 5, 6}, grads{10, 20, 30, 40, 50, 60};
+  auto step_both = [&](auto make, const std::string& what) {
+    // Transposed: base [2, 3], parameter its [3, 2] transpose.
+    Tensor base = Tensor::from_vector(values, {2, 3});
+    Tensor t = galley::transpose(base, 0, 1).set_requires_grad(true);
+    ASSERT_FALSE(t.is_contiguous());
+    Tensor dense = galley::transpose(base, 0, 1).contiguous().set_requires_grad(true);
+    const Tensor g = Tensor::from_vector(grads, {3, 2});
+    t.set_grad(g.clone());
+    dense.set_grad(g.clone());
+    // Narrowed: columns 1..2 of a [2, 3] base; column 0 stays as it was.
+    Tensor outer = Tensor::from_vector(values, {2, 3});
+    Tensor n = galley::narrow(outer, 1, 1, 2).set_requires_grad(true);
+    ASSERT_FALSE(n.is_contiguous());
+    Tensor n_dense = galley::narrow(outer, 1, 1, 2).contiguous().set_requires_grad(true);
+    n.set_grad(Tensor::from_vector(std::vector<float>{1, 2, 3, 4}, {2, 2}));
+    n_dense.set_grad(n.grad().clone());
+    auto opt = make(std::vector<Tensor>{t, n});
+    auto ref = make(std::vector<Tensor>{dense, n_dense});
+    for (int s = 0; s < 2; ++s) {
+      opt->step();
+      ref->step();
+    }
+    EXPECT_EQ(t.detach().contiguous().to_vector(), dense.to_vector()) << what;
+    EXPECT_EQ(n.detach().contiguous().to_vector(), n_dense.to_vector()) << what;
+    const std::vector<float> whole = outer.to_vector();
+    EXPECT_EQ(whole[0], 1.f) << what;
+    EXPECT_EQ(whole[3], 4.f) << what;
+  };
+  step_both(
+      [](std::vector<Tensor> ps) {
+        return std::make_unique<SGD>(ps, SGDOptions{.learning_rate = 0.5, .momentum = 0.9});
+      },
+      "SGD");
+  step_both(
+      [](std::vector<Tensor> ps) {
+        return std::make_unique<Adam>(ps, AdamOptions{.learning_rate = 0.5});
+      },
+      "Adam");
+}
+
+// A state saved for another number of parameters says so, before any per-parameter key.
+TEST(Optimizer, AStateForAnotherParameterCountSaysSo) {
+  Tensor a = leaf({1.0}), b = leaf({2.0});
+  Adam one({a}, {.learning_rate = 0.1});
+  set_grad(a, {1.0});
+  one.step();
+  Adam two({a, b}, {.learning_rate = 0.1});
+  expect_contains(error_of([&] { two.load_state_dict(one.state_dict()); }),
+                  {"saved state is for 1 parameters", "has 2"});
+  SGD sgd2({a, b}, {.learning_rate = 0.1, .momentum = 0.9});
+  SGD sgd1({a}, {.learning_rate = 0.1, .momentum = 0.9});
+  expect_contains(error_of([&] { sgd2.load_state_dict(sgd1.state_dict()); }),
+                  {"saved state is for 1 parameters"});
+}
+
+// SequentialLR starts its schedules at the optimizer's initial rate (PyTorch's initial_lr, set by
+// the first schedule made on it), also when the first child was made after another child had
+// changed the rate. PyTorch 2.15 and 1.13 give the rates below.
+TEST(Schedulers, SequentialLRStartsAtTheOptimizersInitialRate) {
+  Tensor p = leaf({1.0});
+  SGD opt({p}, {.learning_rate = 1.0});
+  LinearLR warm(opt, {.start_factor = 0.1, .end_factor = 1.0, .total_iters = 4});  // rate 0.1
+  EXPECT_EQ(opt.initial_learning_rate(), 1.0);
+  galley::optim::ExponentialLR decay(opt, 0.9);
+  SequentialLR sched(opt, {&decay, &warm}, {3});
+  for (double want : {1.0, 0.9, 0.81, 0.1, 0.325, 0.55, 0.7750000000000001, 1.0000000000000002}) {
+    EXPECT_NEAR(opt.learning_rate(), want, 1e-15);
+    sched.step();
+  }
+}
+
+// galley's schedules are closed forms: two stepped on one optimizer would silently override each
+// other where PyTorch's chainable forms multiply, so the second step is refused, as is a step
+// after set_learning_rate. A schedule made after another changed the rate, and stepped alone,
+// runs from that rate as PyTorch's does (0.5 0.5 0.25 0.25 0.125 in PyTorch 2.15).
+TEST(Schedulers, TwoSchedulesSteppedOnOneOptimizerAreRefused) {
+  Tensor p = leaf({1.0});
+  SGD opt({p}, {.learning_rate = 1.0});
+  galley::optim::MultiStepLR first(opt, {0}, 0.5);
+  galley::optim::StepLR second(opt, 2, 0.5);
+  std::vector<double> rates{opt.learning_rate()};
+  for (int e = 0; e < 4; ++e) {
+    second.step();
+    rates.push_back(opt.learning_rate());
+  }
+  EXPECT_EQ(rates, (std::vector<double>{0.5, 0.5, 0.25, 0.25, 0.125}));
+  expect_contains(error_of([&] { first.step(); }),
+                  {"LRScheduler::step", "0.125", "not the 0.5", "SequentialLR", "LambdaLR"});
+  EXPECT_EQ(first.last_epoch(), 0);
+  EXPECT_EQ(opt.learning_rate(), 0.125);
+  opt.set_learning_rate(0.3);
+  expect_contains(error_of([&] { second.step(); }), {"0.3", "set_learning_rate"});
+  // Restoring a schedule's state sets the rate it gives, and it steps on from there.
+  second.load_state_dict(second.state_dict());
+  second.step();
+  EXPECT_EQ(second.last_epoch(), 5);
+}
+
+// OneCycleLR's rates have PyTorch's bits: no product fused into an FMA (PyTorch 2.15).
+TEST(Schedulers, OneCycleLRRatesArePyTorchsBitForBit) {
+  Tensor p = leaf({1.0});
+  SGD opt({p}, {.learning_rate = 1.0});
+  OneCycleLR sched(opt, {.max_lr = 1.0, .total_steps = 10});
+  for (double want :
+       {0.040000000000000036, 0.52, 1.0, 0.9504846320134737, 0.8117456539497631, 0.6112620219362893,
+        0.38874197806371075, 0.18825834605023697, 0.049519367986526286, 4e-06}) {
+    EXPECT_EQ(opt.learning_rate(), want) << "period " << sched.last_epoch();
+    if (sched.last_epoch() < 9) sched.step();
+  }
+}
+
+// ReduceLROnPlateau refuses a saved rate that is not finite and changes nothing then.
+TEST(Schedulers, ReduceLROnPlateauRefusesANonFiniteRateWhole) {
+  Tensor p = leaf({1.0});
+  SGD opt({p}, {.learning_rate = 1.0});
+  ReduceLROnPlateau sched(opt, {.patience = 0});
+  sched.step(1.0);
+  for (double bad : {double(INFINITY), double(NAN), -1.0}) {
+    galley::StateDict st = sched.state_dict();
+    st.set("lr", bad);
+    st.set("last_epoch", int64_t(7));
+    st.set("best", -3.0);
+    expect_contains(error_of([&] { sched.load_state_dict(st); }),
+                    {"ReduceLROnPlateau", "must be finite and not negative"});
+    EXPECT_EQ(sched.last_epoch(), 1);
+    EXPECT_EQ(sched.best(), 1.0);
+    EXPECT_EQ(opt.learning_rate(), 1.0);
+  }
+}

@@ -97,9 +97,10 @@ inline void add_sums(int64_t m, const float* a, float sa, const float* b, float 
 template <typename T>
 constexpr bool kInRegisters = std::is_same_v<T, float> || std::is_same_v<T, bfloat16>;
 
-// Where the forward's ReLU let its output through: y > 0 read from y, or, for float32 planes, the
-// forward's own t = x * scale + shift > 0 recomputed from x (the same fmadd on the same values as
-// affine_avx512, so the same bits and sign), which spares the backward a read of y.
+// Where the forward's ReLU let its output through: !(y <= 0) read from y (a NaN passes, as in
+// PyTorch's threshold_backward), or, for float32 planes, the same test of the forward's own
+// t = x * scale + shift recomputed from x (the same fmadd on the same values as affine_avx512, so
+// the same bits and sign), which spares the backward a read of y.
 struct ReluMask {
   bool from_x = false;
   __m512 scale = _mm512_setzero_ps(), shift = _mm512_setzero_ps();
@@ -112,11 +113,11 @@ inline __m512 masked_grad(const T* g, const T* y, __mmask16 m, __m512 fx, const 
   const __m512 fg = load_as_f32(g, m);
   if (relu.from_x)
     return _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(_mm512_fmadd_ps(fx, relu.scale, relu.shift),
-                                                  _mm512_setzero_ps(), _CMP_GT_OQ),
+                                                  _mm512_setzero_ps(), _CMP_NLE_UQ),
                                fg);
   if (!y) return fg;
-  return _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(load_as_f32(y, m), _mm512_setzero_ps(), _CMP_GT_OQ),
-                             fg);
+  return _mm512_maskz_mov_ps(
+      _mm512_cmp_ps_mask(load_as_f32(y, m), _mm512_setzero_ps(), _CMP_NLE_UQ), fg);
 }
 
 // s += sum of u and q += sum of u w over n elements, with (u, w) = uw(j, m) for the 16 elements
@@ -595,10 +596,13 @@ void backward(const T* gy, const T* x, const T* y, BatchNormGeometry g, BatchNor
       add_sums(m, fg, 0.f, fx, mc, s, q);
     }
   };
+  // For fixed statistics (not `training`) k and mg are zero and the gradient is g * a, as
+  // PyTorch's: x takes no part, so a NaN or infinite x keeps a finite gradient ((x - mean) * 0
+  // would be NaN); the same bits as the full formula for finite x.
   auto dx = [&](const float* fg, const float* fx, int64_t m, int64_t c0, int64_t step, float* r) {
     for (int64_t j = 0; j < m; ++j) {
       const int64_t c = c0 + j * step;
-      r[j] = (fg[j] - mg[c] - (fx[j] - mean[c]) * k[c]) * a[c];
+      r[j] = training ? (fg[j] - mg[c] - (fx[j] - mean[c]) * k[c]) * a[c] : fg[j] * a[c];
     }
   };
   // The input gradient of plane r (image r / C, channel c = r % C).
@@ -617,6 +621,7 @@ void backward(const T* gy, const T* x, const T* y, BatchNormGeometry g, BatchNor
         return masked_grad(gy + base + j, y_read ? y_read + base + j : nullptr, m, fx, relu);
       };
       auto dx_of = [&](__m512 fg, __m512 fx) {
+        if (!training) return _mm512_mul_ps(fg, va);  // as dx: x takes no part
         const __m512 d =
             _mm512_sub_ps(_mm512_sub_ps(fg, vmg), _mm512_mul_ps(_mm512_sub_ps(fx, vmean), vk));
         return _mm512_mul_ps(d, va);

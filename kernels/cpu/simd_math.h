@@ -44,6 +44,8 @@ struct SimdMath {
   static float exp(float x) { return galley_simd_expf(x); }
   static float erf(float x) { return galley_simd_erff(x); }
   static float tanh(float x) { return galley_simd_tanhf(x); }
+  static float sqrt(float x) { return std::sqrt(x); }
+  static float pow(float x, float p) { return std::pow(x, p); }
 };
 
 }  // namespace galley::kernels::cpu

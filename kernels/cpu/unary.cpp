@@ -79,9 +79,9 @@ struct Relu {
 struct ReluBackward {
   float operator()(float g, float y) const { return um::relu_backward(g, y); }
 #if defined(__AVX512BW__)
-  Lanes16 operator()(Lanes16 g, Lanes16 y) const {  // y > 0 ? g : 0
+  Lanes16 operator()(Lanes16 g, Lanes16 y) const {  // !(y <= 0) ? g : 0
     return Lanes16(_mm512_maskz_mov_ps(
-        _mm512_cmp_ps_mask(__m512(y), _mm512_setzero_ps(), _CMP_GT_OQ), __m512(g)));
+        _mm512_cmp_ps_mask(__m512(y), _mm512_setzero_ps(), _CMP_NLE_UQ), __m512(g)));
   }
 #endif
 };
@@ -134,7 +134,7 @@ void unary(UnaryOp op, DType dtype, const void* a, void* out, int64_t n, float p
     case UnaryOp::Log:
       return map("log", dtype, a, out, n, [](float x) { return std::log(x); });
     case UnaryOp::Pow:
-      return map("pow", dtype, a, out, n, [=](float x) { return std::pow(x, p0); });
+      return map("pow", dtype, a, out, n, [=](float x) { return um::pow_scalar<M>(x, p0); });
     case UnaryOp::Relu:
       return map("relu", dtype, a, out, n, Relu{});
     case UnaryOp::Sigmoid:
@@ -185,8 +185,7 @@ void unary_backward(UnaryOp op, DType dtype, const void* grad, const void* saved
 
 void pow_backward(DType dtype, const void* grad, const void* a, void* out, int64_t n, float p) {
   zip("pow_backward", dtype, grad, a, out, n,
-      // x^0 is constant: its gradient is zero, also at 0 and NaN (where x^-1 is not finite).
-      [=](float g, float x) { return p == 0.f ? 0.f : g * p * std::pow(x, p - 1.f); });
+      [=](float g, float x) { return um::pow_backward<M>(g, x, p); });
 }
 
 void relu_backward(DType dtype, const void* grad, const void* out_fwd, void* out, int64_t n) {

@@ -50,7 +50,7 @@ struct GradTerms {
   __device__ void init(int64_t c, int64_t) { m = mean[c]; }
   __device__ float shift() const { return 0.f; }
   __device__ float2 operator()(int64_t k) const {
-    const float g = (!y || to_float(y[k]) > 0.f) ? to_float(gy[k]) : 0.f;
+    const float g = (!y || !(to_float(y[k]) <= 0.f)) ? to_float(gy[k]) : 0.f;
     return make_float2(g, g * (to_float(x[k]) - m));
   }
   float m = 0.f;
@@ -167,9 +167,10 @@ __global__ void forward_kernel(const T* __restrict__ x, Index inner, Index chann
 }
 
 // gx = (g - mean_g - (x - mean) k) * weight / std, with k = sum(g xhat) / (n std) and mean_g =
-// sum(g) / n from gweight and gbias when `training`, else 0; g is gy masked by y > 0 when y is
-// given, and goes to gr (the residual's gradient) when that is given. Either of gx and gr may
-// be null.
+// sum(g) / n from gweight and gbias when `training`; for fixed statistics g * weight / std, as
+// PyTorch's (x takes no part: a NaN or infinite x keeps a finite gradient, where (x - mean) * 0
+// would be NaN). g is gy masked by !(y <= 0) when y is given, and goes to gr (the residual's
+// gradient) when that is given. Either of gx and gr may be null.
 template <typename T, typename Index>
 __global__ void backward_kernel(const T* __restrict__ gy, const T* __restrict__ x,
                                 const T* __restrict__ y, Index inner, Index channels, Index total,
@@ -179,14 +180,15 @@ __global__ void backward_kernel(const T* __restrict__ gy, const T* __restrict__ 
   const Index step = Index(blockDim.x) * gridDim.x;
   for (Index k = Index(blockIdx.x) * blockDim.x + threadIdx.x; k < total; k += step) {
     const Index c = (k / inner) % channels;
-    const float g = (!y || to_float(y[k]) > 0.f) ? to_float(gy[k]) : 0.f;
+    const float g = (!y || !(to_float(y[k]) <= 0.f)) ? to_float(gy[k]) : 0.f;
     if (gr) gr[k] = from_float<T>(g);
     if (!gx) continue;
     const float invstd = 1.f / sqrtf(p.var[c] + p.eps);
     const float a = (p.weight ? p.weight[c] : 1.f) * invstd;
     const float kk = training ? gw[c] * invstd / n : 0.f;
     const float mg = training ? gb[c] / n : 0.f;
-    gx[k] = from_float<T>((g - mg - (to_float(x[k]) - p.mean[c]) * kk) * a);
+    const float centred = training ? (to_float(x[k]) - p.mean[c]) * kk : 0.f;
+    gx[k] = from_float<T>((g - mg - centred) * a);
   }
 }
 

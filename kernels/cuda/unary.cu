@@ -19,6 +19,15 @@ namespace {
 
 namespace um = unary_math;
 
+// The activations and pow: kernels/unary_math.h's formulas, the CPU kernels' expressions, over
+// CUDA's expf, erff, tanhf, sqrtf and powf (no fast-math: 2 ulp or better each).
+struct DeviceMath {
+  __host__ __device__ static float exp(float x) { return expf(x); }
+  __host__ __device__ static float erf(float x) { return erff(x); }
+  __host__ __device__ static float tanh(float x) { return tanhf(x); }
+  __host__ __device__ static float sqrt(float x) { return sqrtf(x); }
+  __host__ __device__ static float pow(float x, float p) { return powf(x, p); }
+};
 struct AffineOp {
   float scale, shift;
   __device__ float operator()(float x) const { return x * scale + shift; }
@@ -37,19 +46,12 @@ struct LogOp {
 };
 struct PowOp {
   float p;
-  __device__ float operator()(float x) const { return powf(x, p); }
+  __device__ float operator()(float x) const { return um::pow_scalar<DeviceMath>(x, p); }
 };
 struct ReluOp {
   __device__ float operator()(float x) const { return um::relu(x); }
 };
 
-// The activations: kernels/unary_math.h's formulas, the CPU kernels' expressions, over CUDA's
-// expf, erff and tanhf (no fast-math: 2 ulp or better each).
-struct DeviceMath {
-  __host__ __device__ static float exp(float x) { return expf(x); }
-  __host__ __device__ static float erf(float x) { return erff(x); }
-  __host__ __device__ static float tanh(float x) { return tanhf(x); }
-};
 struct SigmoidOp {
   __device__ float operator()(float x) const { return um::sigmoid<DeviceMath>(x); }
 };
@@ -102,7 +104,7 @@ struct PowBackwardOp {
   float p;
   // x^0's gradient is zero, also at 0 and NaN, as the host's.
   __device__ float operator()(float g, float x) const {
-    return p == 0.f ? 0.f : g * p * powf(x, p - 1.f);
+    return um::pow_backward<DeviceMath>(g, x, p);
   }
 };
 struct ReluBackwardOp {

@@ -30,7 +30,8 @@ namespace {
                               std::isnan(total) ? "nan" : detail::str_cat(total), culprit,
                               ". No gradient was changed; pass {.error_if_nonfinite = false} to "
                               "scale them by the non-finite norm anyway, as PyTorch does by "
-                              "default"));
+                              "default (under loss scaling, so that amp::GradScaler's step skips "
+                              "the step)"));
 }
 
 void clamp_grads(Device device, const std::vector<kernels::GradSpan>& spans, float clip) {

@@ -213,6 +213,8 @@ void Layer::load_state_dict(const std::map<std::string, Tensor>& state, bool str
       GALLEY_CHECK(!strict, repr(), ": load_state_dict: missing entry '", n, "'");
       continue;
     }
+    GALLEY_CHECK(it->second.defined(), repr(), ": load_state_dict: entry '", n,
+                 "' is an undefined tensor");
     GALLEY_CHECK(it->second.shape() == t.shape() &&
                      (it->second.dtype() == t.dtype() || is_float_dtype(it->second.dtype())) &&
                      is_float_dtype(t.dtype()) == is_float_dtype(it->second.dtype()),

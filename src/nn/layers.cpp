@@ -219,7 +219,7 @@ std::string Linear::repr() const {
 // Activations, Flatten, Sequential
 
 Tensor ReLU::forward(const Tensor& x) {
-  return relu(x);
+  return in_layer(*this, [&] { return relu(x); });
 }
 
 GELU::GELU(GELUOptions options) : opt_(options) {
@@ -263,7 +263,7 @@ std::string LeakyReLU::repr() const {
 }
 
 Tensor Flatten::forward(const Tensor& x) {
-  return flatten(x, start_, end_);
+  return in_layer(*this, [&] { return flatten(x, start_, end_); });
 }
 
 std::string Flatten::repr() const {

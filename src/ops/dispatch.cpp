@@ -9,9 +9,14 @@ namespace galley::detail {
 
 int64_t window_positions(const char* op, int64_t in, int64_t k, int64_t dilation, int64_t pad,
                          int64_t stride, bool ceil_mode) {
+  // PyTorch's rule: floor((span + (ceil_mode ? stride - 1 : 0)) / stride) + 1 windows, the last
+  // one dropped where ceil_mode would start it past the input and its left padding. A negative
+  // numerator gives none (floor below -1 + 1); under ceil_mode an input shorter than the window
+  // still gives one, which the kernels clip.
   const __int128 span = __int128(in) + 2 * __int128(pad) - __int128(dilation) * (k - 1) - 1;
-  if (span < 0) return 0;
-  __int128 out = span / stride + (ceil_mode && span % stride != 0 ? 1 : 0) + 1;
+  const __int128 num = span + (ceil_mode ? stride - 1 : 0);
+  if (num < 0) return 0;
+  __int128 out = num / stride + 1;
   if (ceil_mode && (out - 1) * stride >= __int128(in) + pad) --out;
   GALLEY_CHECK(out <= INT64_MAX, op, ": ", in, " elements, padding ", pad, ", a kernel of ", k,
                " dilated by ", dilation, " and stride ", stride,

@@ -52,9 +52,9 @@ void Optimizer::set_learning_rate(double lr) {
   lr_ = lr;
 }
 
-void Optimizer::for_each_gradient(
-    const std::function<void(size_t, Tensor&)>& prepare,
-    const std::function<void(size_t, Tensor&, const Tensor&)>& update) {
+void Optimizer::for_each_gradient(const std::function<void(size_t, Tensor&)>& prepare,
+                                  const std::function<void(size_t, Tensor&, const Tensor&)>& update,
+                                  const std::function<void()>& launch) {
   NoGradGuard no_grad;
   // Everything that can fail comes first (checks, contiguous copies, new state): a bad gradient
   // or a failed allocation fails the step before any parameter or step count has changed.
@@ -73,14 +73,19 @@ void Optimizer::for_each_gradient(
                  "; they must be on the same device");
     grads[i] = g;
   }
+  std::vector<Tensor> dense(params_.size());  // strided parameters' copies, updated in place
   for (size_t i = 0; i < params_.size(); ++i)
     if (grads[i].defined()) {
       grads[i] = grads[i].contiguous();
+      if (!params_[i].is_contiguous()) dense[i] = params_[i].contiguous();
       prepare(i, params_[i]);  // state lives on the parameter's device
     }
   detail::parameters_changed();  // autocast's converted copies are stale from here on
   for (size_t i = 0; i < params_.size(); ++i)
-    if (grads[i].defined()) update(i, params_[i], grads[i]);
+    if (grads[i].defined()) update(i, dense[i].defined() ? dense[i] : params_[i], grads[i]);
+  if (launch) launch();
+  for (size_t i = 0; i < params_.size(); ++i)
+    if (dense[i].defined()) params_[i].copy_(dense[i]);
 }
 
 size_t Optimizer::index_of(const Tensor& param) const {
@@ -141,10 +146,14 @@ StateDict Optimizer::state_dict() const {
   return st;
 }
 
-void Optimizer::load_state_dict(const StateDict& st) {
+void Optimizer::check_num_params(const StateDict& st) const {
   const int64_t n = st.get_int("num_params", name());
   GALLEY_CHECK(n == static_cast<int64_t>(params_.size()), name(), ": saved state is for ", n,
                " parameters, this optimizer has ", params_.size());
+}
+
+void Optimizer::load_state_dict(const StateDict& st) {
+  check_num_params(st);
   set_learning_rate(st.get_double("lr", name()));
 }
 
@@ -193,7 +202,7 @@ void Adam::step() {
       st.device_step = Tensor::from_vector(std::vector<int64_t>{st.step}, {1}, p.device());
     }
   };
-  for_each_gradient(prepare, [&](size_t i, Tensor& p, const Tensor& g) {
+  auto update = [&](size_t i, Tensor& p, const Tensor& g) {
     AdamState& st = state_[i];
     if (p.device().is_cuda()) {
       ++st.step;
@@ -217,10 +226,12 @@ void Adam::step() {
     kernels::cpu::adam_update(h, p.dtype(), p.numel(), p.raw_data(), g.raw_data(),
                               st.exp_avg.data_ptr<float>(), st.exp_avg_sq.data_ptr<float>(),
                               opt_.amsgrad ? st.max_exp_avg_sq.data_ptr<float>() : nullptr);
+  };
+  for_each_gradient(prepare, update, [&] {
+    for (auto& [device, tensors] : gpu)
+      kernels::cuda::adam_update_multi(s, lr_, opt_.beta1, opt_.beta2, tensors.data(),
+                                       static_cast<int>(tensors.size()), detail::stream(device));
   });
-  for (auto& [device, tensors] : gpu)
-    kernels::cuda::adam_update_multi(s, lr_, opt_.beta1, opt_.beta2, tensors.data(),
-                                     static_cast<int>(tensors.size()), detail::stream(device));
 }
 
 StateDict Adam::state_dict() const {
@@ -239,6 +250,7 @@ StateDict Adam::state_dict() const {
 
 void Adam::load_state_dict(const StateDict& st) {
   // Read and check everything first: a bad state leaves the optimizer as it was.
+  check_num_params(st);  // before the per-parameter keys, whose absence it explains
   std::vector<AdamState> next(params_.size());
   for (size_t i = 0; i < params_.size(); ++i) {
     next[i].step = st.get_int(key(i, "step"), name());
@@ -285,7 +297,7 @@ void SGD::step() {
     check_not_capturing(p, name());
     fresh[i] = Tensor::empty(p.shape(), DType::Float32, p.device());
   };
-  for_each_gradient(prepare, [&](size_t i, Tensor& p, const Tensor& g) {
+  auto update = [&](size_t i, Tensor& p, const Tensor& g) {
     kernels::SGDStep h = s;
     h.first = fresh[i].defined();
     if (h.first) momentum_[i] = fresh[i];
@@ -303,10 +315,12 @@ void SGD::step() {
       return;
     }
     kernels::cpu::sgd_update(h, p.dtype(), p.numel(), p.raw_data(), g.raw_data(), buf);
+  };
+  for_each_gradient(prepare, update, [&] {
+    for (auto& [device, tensors] : gpu)
+      kernels::cuda::sgd_update_multi(s, tensors.data(), static_cast<int>(tensors.size()),
+                                      detail::stream(device));
   });
-  for (auto& [device, tensors] : gpu)
-    kernels::cuda::sgd_update_multi(s, tensors.data(), static_cast<int>(tensors.size()),
-                                    detail::stream(device));
 }
 
 StateDict SGD::state_dict() const {
@@ -317,6 +331,7 @@ StateDict SGD::state_dict() const {
 }
 
 void SGD::load_state_dict(const StateDict& st) {
+  check_num_params(st);
   std::vector<Tensor> next(params_.size());
   for (size_t i = 0; i < params_.size(); ++i)
     if (st.tensors.count(key(i, "momentum_buffer")))
@@ -329,11 +344,25 @@ void SGD::load_state_dict(const StateDict& st) {
 // Schedulers
 
 LRScheduler::LRScheduler(Optimizer& optimizer)
-    : opt_(optimizer), base_lr_(optimizer.learning_rate()) {}
+    : opt_(optimizer), base_lr_(optimizer.learning_rate()), last_set_(optimizer.learning_rate()) {
+  if (!optimizer.initial_lr_) optimizer.initial_lr_ = base_lr_;
+}
+
+void LRScheduler::set_rate(double lr) {
+  opt_.set_learning_rate(lr);
+  last_set_ = lr;
+}
 
 void LRScheduler::step() {
+  GALLEY_CHECK(opt_.learning_rate() == last_set_,
+               "LRScheduler::step: the optimizer's learning rate is ", opt_.learning_rate(),
+               ", not the ", last_set_,
+               " this schedule last set; something else changed it (another schedule stepped on "
+               "the same optimizer, or set_learning_rate). Schedules give closed-form rates and do "
+               "not chain as PyTorch's chainable forms multiply: put them in a SequentialLR, or "
+               "write the product as a LambdaLR");
   // The epoch counts only once its rate is set: a step that fails leaves the scheduler as it was.
-  opt_.set_learning_rate(lr_at(epoch_ + 1));
+  set_rate(lr_at(epoch_ + 1));
   ++epoch_;
 }
 
@@ -354,7 +383,7 @@ void LRScheduler::load_state_dict(const StateDict& st) {
   epoch_ = epoch;
   base_lr_ = base;
   try {
-    opt_.set_learning_rate(epoch_ == 0 ? start_lr() : lr_at(epoch_));
+    set_rate(epoch_ == 0 ? start_lr() : lr_at(epoch_));
   } catch (...) {
     epoch_ = old_epoch;
     base_lr_ = old_base;
@@ -389,7 +418,7 @@ MultiStepLR::MultiStepLR(Optimizer& optimizer, std::vector<int64_t> milestones, 
   for (int64_t m : milestones_) GALLEY_CHECK(m >= 0, "MultiStepLR: milestone ", m, " is negative");
   GALLEY_CHECK(gamma > 0, "MultiStepLR: gamma ", gamma, " must be positive");
   std::sort(milestones_.begin(), milestones_.end());
-  opt_.set_learning_rate(lr_at(0));
+  set_rate(lr_at(0));
 }
 
 double MultiStepLR::lr_at(int64_t epoch) const {
@@ -400,7 +429,7 @@ double MultiStepLR::lr_at(int64_t epoch) const {
 LambdaLR::LambdaLR(Optimizer& optimizer, std::function<double(int64_t)> factor)
     : LRScheduler(optimizer), factor_(std::move(factor)) {
   GALLEY_CHECK(factor_, "LambdaLR: the factor function is empty");
-  opt_.set_learning_rate(lr_at(0));
+  set_rate(lr_at(0));
 }
 
 double LambdaLR::lr_at(int64_t epoch) const {
@@ -444,19 +473,10 @@ double CosineAnnealingWarmRestarts::lr_at(int64_t epoch) const {
 }
 
 // The schedules below follow torch/optim/lr_scheduler.py of PyTorch 1.13 formula for formula
-// (same operation order, in double), so that the rates agree to the last bits.
-
-namespace {
-
-/// a * b rounded to double. With -march=native the compiler may fuse a * b - c into one FMA,
-/// which skips that rounding; OneCycleLR's phase ends must round as Python's do, since periods
-/// are compared with them (0.1 * 10 - 1 is 0 in Python, 5.6e-17 fused).
-double rounded_product(double a, double b) {
-  volatile double p = a * b;
-  return p;
-}
-
-}  // namespace
+// (same operation order, in double), so that the rates agree to the last bits. This file is built
+// with -ffp-contract=off (CMakeLists.txt): a * b + c fused into one FMA would skip the product's
+// rounding that Python does (OneCycleLR's phase end 0.1 * 10 - 1 is 0 in Python, 5.6e-17 fused;
+// its cosine rates came out an ulp off).
 
 LinearLR::LinearLR(Optimizer& optimizer, LinearLROptions options)
     : LRScheduler(optimizer), o_(options) {
@@ -465,7 +485,7 @@ LinearLR::LinearLR(Optimizer& optimizer, LinearLROptions options)
   GALLEY_CHECK(o_.end_factor >= 0 && o_.end_factor <= 1, "LinearLR: end_factor ", o_.end_factor,
                " must be in [0, 1]");
   GALLEY_CHECK(o_.total_iters > 0, "LinearLR: total_iters ", o_.total_iters, " must be positive");
-  opt_.set_learning_rate(lr_at(0));
+  set_rate(lr_at(0));
 }
 
 double LinearLR::lr_at(int64_t epoch) const {
@@ -496,12 +516,11 @@ OneCycleLR::OneCycleLR(Optimizer& optimizer, OneCycleLROptions options)
   const double initial = o_.max_lr / o_.div_factor, min_lr = initial / o_.final_div_factor;
   const double total = double(total_steps_);
   if (o_.three_phase) {
-    phases_ = {{rounded_product(o_.pct_start, total) - 1, initial, o_.max_lr},
-               {rounded_product(2 * o_.pct_start, total) - 2, o_.max_lr, initial},
+    phases_ = {{o_.pct_start * total - 1, initial, o_.max_lr},
+               {2 * o_.pct_start * total - 2, o_.max_lr, initial},
                {total - 1, initial, min_lr}};
   } else {
-    phases_ = {{rounded_product(o_.pct_start, total) - 1, initial, o_.max_lr},
-               {total - 1, o_.max_lr, min_lr}};
+    phases_ = {{o_.pct_start * total - 1, initial, o_.max_lr}, {total - 1, o_.max_lr, min_lr}};
   }
   // PyTorch divides by each phase's length; a phase of zero steps would divide by zero.
   double start = 0;
@@ -511,7 +530,8 @@ OneCycleLR::OneCycleLR(Optimizer& optimizer, OneCycleLROptions options)
     start = phases_[i].end_step;
   }
   base_lr_ = initial;
-  opt_.set_learning_rate(lr_at(0));
+  opt_.initial_lr_ = initial;  // as PyTorch's OneCycleLR sets initial_lr
+  set_rate(lr_at(0));
 }
 
 double OneCycleLR::lr_at(int64_t epoch) const {
@@ -570,7 +590,7 @@ void ReduceLROnPlateau::step(double metric) {
   }
   if (num_bad_epochs_ > o_.patience) {
     const double old_lr = opt_.learning_rate(), new_lr = std::max(old_lr * o_.factor, o_.min_lr);
-    if (old_lr - new_lr > o_.eps) opt_.set_learning_rate(new_lr);
+    if (old_lr - new_lr > o_.eps) set_rate(new_lr);
     cooldown_counter_ = o_.cooldown;
     num_bad_epochs_ = 0;
   }
@@ -605,13 +625,14 @@ void ReduceLROnPlateau::load_state_dict(const StateDict& st) {
   GALLEY_CHECK(epoch >= 0 && bad >= 0 && cooldown >= 0, owner, ": saved last_epoch ", epoch,
                ", num_bad_epochs ", bad, " and cooldown_counter ", cooldown,
                " must not be negative");
-  GALLEY_CHECK(lr >= 0, owner, ": saved rate ", lr, " is negative");
+  GALLEY_CHECK(std::isfinite(lr) && lr >= 0, owner, ": saved rate ", lr,
+               " must be finite and not negative");
+  set_rate(lr);  // before anything else changes: a rate the optimizer refuses leaves all as it was
   epoch_ = epoch;
   base_lr_ = base;
   best_ = best;
   num_bad_epochs_ = bad;
   cooldown_counter_ = cooldown;
-  opt_.set_learning_rate(lr);
 }
 
 SequentialLR::SequentialLR(Optimizer& optimizer, std::vector<LRScheduler*> schedulers,
@@ -630,14 +651,13 @@ SequentialLR::SequentialLR(Optimizer& optimizer, std::vector<LRScheduler*> sched
   for (size_t i = 0; i < milestones_.size(); ++i)
     GALLEY_CHECK(milestones_[i] > (i ? milestones_[i - 1] : 0), "SequentialLR: milestone ", i, " (",
                  milestones_[i], ") must be positive and above the one before");
-  // The children share one initial rate, as PyTorch's share the optimizer's initial_lr: the
-  // first child's, unless a OneCycleLR set its own (max_lr / div_factor), as PyTorch's does.
-  double base = children_.front()->base_lr_;
-  for (LRScheduler* c : children_)
-    if (dynamic_cast<OneCycleLR*>(c)) base = c->base_lr_;
-  rebase(base);
+  // The children share one initial rate, as PyTorch's SequentialLR resets the rate to the
+  // optimizer's initial_lr: the rate when the first schedule was made on the optimizer (a child
+  // made after another child changed the rate has the changed rate as its own base), unless a
+  // OneCycleLR set its own (max_lr / div_factor), as PyTorch's does.
+  rebase(*opt_.initial_learning_rate());
   for (LRScheduler* c : children_) c->epoch_ = 0;
-  opt_.set_learning_rate(lr_at(0));
+  set_rate(lr_at(0));
 }
 
 void SequentialLR::rebase(double base) {
@@ -679,7 +699,7 @@ void SequentialLR::load_state_dict(const StateDict& state) {
   rebase(base_lr_);
   auto [i, local] = locate(epoch_);
   children_[i]->epoch_ = local;
-  opt_.set_learning_rate(epoch_ == 0 ? start_lr() : lr_at(epoch_));
+  set_rate(epoch_ == 0 ? start_lr() : lr_at(epoch_));
 }
 
 }  // namespace galley::optim

@@ -27,7 +27,9 @@ struct ClipGradNormOptions {
   /// with a non-finite gradient) and leave every gradient unchanged. PyTorch's default is false
   /// (documented there as due to become true); galley's is true, so a diverging step stops with
   /// a message instead of turning every weight into NaN. With false, a NaN norm scales every
-  /// gradient by NaN, exactly as PyTorch does (the caller may test the returned norm).
+  /// gradient by NaN, exactly as PyTorch does (the caller may test the returned norm). Under
+  /// loss scaling pass false: amp::GradScaler's overflow steps have an infinite norm, which its
+  /// step() skips (docs/mixed_precision.md).
   bool error_if_nonfinite = true;
 };
 

@@ -10,8 +10,18 @@
 namespace galley::optim {
 
 /// Base: remembers the optimizer's initial rate and sets a new one on each step().
+///
+/// Every schedule but ReduceLROnPlateau gives its rates in closed form from the initial rate, as
+/// PyTorch's closed forms do, so two of them do not chain on one optimizer the way PyTorch's
+/// chainable forms multiply: step() refuses to run when the optimizer's rate is not the one this
+/// schedule last set (another schedule stepped on the same optimizer, or set_learning_rate was
+/// called), rather than silently overriding it. Sequences of schedules go through SequentialLR,
+/// products of factors through LambdaLR.
 class LRScheduler {
  public:
+  /// Its base is the optimizer's current rate: the closed forms from it are the rates PyTorch's
+  /// chainable forms reach from the current rate. The first scheduler made on an optimizer also
+  /// sets its initial_learning_rate() (PyTorch's setdefault of initial_lr).
   explicit LRScheduler(Optimizer& optimizer);
   virtual ~LRScheduler() = default;
   /// Advances one period and sets the optimizer's learning rate.
@@ -20,7 +30,9 @@ class LRScheduler {
   int64_t last_epoch() const { return epoch_; }
   /// The rate for period `epoch`.
   virtual double lr_at(int64_t epoch) const = 0;
-  /// The optimizer's rate when the schedule was made (PyTorch's `initial_lr`).
+  /// The rate the schedule's closed form starts from: the optimizer's rate when the schedule was
+  /// made (PyTorch's base_lrs where it is the first on its optimizer), a OneCycleLR's
+  /// max_lr / div_factor, or the one a SequentialLR gives its schedules.
   double base_lr() const { return base_lr_; }
   /// Periods stepped and the initial rate, for checkpoints.
   virtual StateDict state_dict() const;
@@ -30,6 +42,8 @@ class LRScheduler {
  protected:
   /// The rate set before the first step (the initial rate unless the schedule starts elsewhere).
   virtual double start_lr() const { return base_lr_; }
+  /// Sets the optimizer's rate and remembers it as the one this schedule last set.
+  void set_rate(double lr);
 
   Optimizer& opt_;
   double base_lr_;
@@ -37,6 +51,7 @@ class LRScheduler {
 
  private:
   friend class SequentialLR;  // re-bases its children on one initial rate, as PyTorch does
+  double last_set_;           // the optimizer's rate as this schedule last left it
 };
 
 /// Multiplies the rate by gamma every step_size periods.

@@ -1,6 +1,7 @@
 #pragma once
 /// \file The base of every optimizer.
 #include <functional>
+#include <optional>
 #include <vector>
 
 #include "galley/state.h"
@@ -35,6 +36,10 @@ class Optimizer {
   double learning_rate() const { return lr_; }
   /// Changes the learning rate (schedulers call this).
   void set_learning_rate(double lr);
+  /// The rate when the first learning-rate scheduler was made on this optimizer (PyTorch's
+  /// param_group['initial_lr'], which a OneCycleLR sets to its own max_lr / div_factor), where
+  /// SequentialLR starts its schedules; unset before any scheduler.
+  std::optional<double> initial_learning_rate() const { return initial_lr_; }
   /// The parameters, in the order given.
   const std::vector<Tensor>& parameters() const { return params_; }
   /// Index of `param` in parameters(); throws if it is not one of them.
@@ -48,15 +53,26 @@ class Optimizer {
   virtual std::string name() const { return "Optimizer"; }
 
  protected:
+  /// Refuses a state saved for another number of parameters, naming both counts.
+  void check_num_params(const StateDict& state) const;
   /// For each parameter that has a gradient (which must have the parameter's shape, dtype and
   /// device), without recording a graph: first prepare(index, param) for all of them (it makes
   /// the state a step needs, and may fail: then no parameter has changed), then
-  /// update(index, param, gradient) for all of them (it must not fail).
+  /// update(index, param, gradient) for all of them (it must not fail), then launch() where
+  /// given (the batched GPU launches of what update queued). A parameter that is not contiguous
+  /// (a transposed or narrowed leaf) is updated as a dense copy, made before any update and
+  /// written back through its strides after launch(): the kernels take dense memory.
   void for_each_gradient(const std::function<void(size_t, Tensor&)>& prepare,
-                         const std::function<void(size_t, Tensor&, const Tensor&)>& update);
+                         const std::function<void(size_t, Tensor&, const Tensor&)>& update,
+                         const std::function<void()>& launch = nullptr);
 
   std::vector<Tensor> params_;
   double lr_;
+
+ private:
+  friend class LRScheduler;
+  friend class OneCycleLR;
+  std::optional<double> initial_lr_;
 };
 
 }  // namespace galley::optim
