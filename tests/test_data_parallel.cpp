@@ -934,3 +934,41 @@ TEST(DataParallel, AReplicasBadAllocIsAnOutOfMemoryError) {
   galley::DataParallel<Hungry> model(cpus(2));
   EXPECT_THROW(model(galley::ones({2, 3})), galley::OutOfMemoryError);
 }
+
+// An input that takes a gradient gets the one model's gradient, rows gathered from the replicas
+// (as PyTorch's scatter passes it back): a stem in front of the DataParallel trains. An input
+// that takes none gets none.
+TEST(DataParallel, TheInputGetsItsGradient) {
+  galley::manual_seed(5);
+  SmallCNN single;
+  const auto data = batches(1, 7, 13);  // 7 rows over 2 and 3 replicas: uneven shares
+  Tensor x1 = data[0].x.detach().clone().set_requires_grad(true);
+  galley::sum(single(x1)).backward();
+  const std::vector<float> want = x1.grad().to_vector();
+  for (int n : {2, 3}) {
+    galley::DataParallel<SmallCNN> model(cpus(n));
+    model.load_state_dict(single.state_dict());
+    Tensor x2 = data[0].x.detach().clone().set_requires_grad(true);
+    galley::sum(model(x2)).backward();
+    ASSERT_TRUE(x2.grad().defined()) << n << " replicas";
+    EXPECT_EQ(x2.grad().shape(), x2.shape());
+    const std::vector<float> got = x2.grad().to_vector();
+    for (size_t i = 0; i < got.size(); ++i)
+      ASSERT_NEAR(got[i], want[i], 1e-5f) << n << " replicas, element " << i;
+    Tensor x3 = data[0].x.detach().clone();
+    galley::sum(model(x3)).backward();
+    EXPECT_FALSE(x3.grad().defined());
+  }
+}
+
+// A backward through the output of a DataParallel that has since been destroyed is an error that
+// says so, not a use of freed memory; nothing of it runs.
+TEST(DataParallel, ABackwardAfterTheDataParallelIsGoneIsAnError) {
+  Tensor loss;
+  {
+    galley::DataParallel<SmallCNN> model(cpus(2));
+    loss = galley::sum(model(batches(1, 4, 3)[0].x));
+  }
+  testutil::expect_contains(testutil::error_of([&] { loss.backward(); }),
+                            {"DataParallel", "destroyed", "keep it alive"});
+}

@@ -1256,3 +1256,27 @@ TEST(Layer, LoadStateDictNamesAnUndefinedEntry) {
   galley::nn::ReLU relu;
   testutil::expect_contains(testutil::error_of([&] { relu(Tensor()); }), {"ReLU"});
 }
+
+// A batch the op refuses (a residual of another shape, one value per channel) is not counted:
+// num_batches_tracked and, with momentum unset, the cumulative average stay as they were, and
+// the next batch takes the weight 1 / (batches so far + 1).
+TEST(BatchNorm, ARefusedBatchIsNotCounted) {
+  galley::nn::BatchNorm2D bn(2, {.momentum = std::nullopt});
+  Tensor a = testutil::rnd({3, 2, 2, 2}, 5), b = testutil::rnd({3, 2, 2, 2}, 6);
+  bn(a);
+  const std::vector<float> mean_a = bn.running_mean().to_vector();
+  EXPECT_THROW(bn.forward(std::vector<Tensor>{b, galley::zeros({3, 2, 2, 1})}), galley::Error);
+  EXPECT_THROW(bn(galley::ones({1, 2, 1, 1})), galley::Error);
+  EXPECT_EQ(bn.num_batches_tracked().to_vector<int64_t>(), std::vector<int64_t>{1});
+  EXPECT_EQ(bn.running_mean().to_vector(), mean_a);
+  bn(b);
+  EXPECT_EQ(bn.num_batches_tracked().to_vector<int64_t>(), std::vector<int64_t>{2});
+  // The cumulative average of the two batches' means.
+  const std::vector<float> av = a.to_vector(), bv = b.to_vector();
+  for (int64_t c = 0; c < 2; ++c) {
+    double sa = 0, sb = 0;
+    for (int64_t i = 0; i < 24; ++i)
+      if ((i / 4) % 2 == c) sa += av[size_t(i)], sb += bv[size_t(i)];
+    EXPECT_NEAR(bn.running_mean().to_vector()[size_t(c)], (sa / 12 + sb / 12) / 2, 1e-6) << c;
+  }
+}

@@ -104,16 +104,19 @@ TEST(Relu, GradientPassesAtANanAsInPyTorch) {
   EXPECT_EQ(
       grad_of([](const Tensor& x) { return galley::bias_relu(x, galley::zeros({35})); }, {1, 35}),
       want);
-  // Batch norm in eval mode with the identity's statistics: y = x / sqrt(1 + eps), so the same
-  // signs; the ReLU's mask from y and, for float32 planes, from x.
+  // Batch norm in eval mode with the identity's statistics: y = x, so the same signs; the ReLU's
+  // mask recomputed from x (float32 planes), and read from y (bfloat16, whose values here are
+  // exact, and [N, C] inputs).
   Tensor mean = galley::zeros({1}), var = galley::ones({1});
-  std::vector<float> g = grad_of(
-      [&](const Tensor& x) {
-        return galley::batch_norm(x, mean, var, galley::ones({1}), galley::zeros({1}),
-                                  {.training = false, .eps = 0.0, .relu = true});
-      },
-      {1, 1, 35});
-  EXPECT_EQ(g, want);
+  for (galley::DType dt : {galley::DType::Float32, galley::DType::BFloat16})
+    for (galley::Shape shape : {galley::Shape{1, 1, 35}, galley::Shape{35, 1}}) {
+      Tensor x = Tensor::from_vector(v, shape).to(dt).set_requires_grad(true);
+      Tensor y = galley::batch_norm(x, mean, var, galley::ones({1}), galley::zeros({1}),
+                                    {.training = false, .eps = 0.0, .relu = true});
+      y.backward(galley::full(y.shape(), 0.75f, dt));
+      EXPECT_EQ(x.grad().to(galley::DType::Float32).to_vector(), want)
+          << galley::dtype_name(dt) << " " << galley::shape_str(shape);
+    }
 }
 
 // pow(x, p) takes PyTorch's special exponents by their own operations (sqrt, 1 / sqrt, products,
@@ -570,6 +573,26 @@ TEST(AvgPool, CeilModeTakesAnAxisShorterThanTheWindow) {
   Tensor col = galley::arange(0, 9).reshape({1, 1, 9, 1});
   EXPECT_EQ(layer(col).to_vector(), (std::vector<float>{0.5f, 2.5f, 4.5f, 6.5f, 8.f}));
   EXPECT_THROW(galley::avg_pool2d(one, {.kernel_size = 2, .stride = 2}), galley::Error);
+  // An empty plane or no channels is refused, as PyTorch refuses it (ceil_mode would give an
+  // empty axis a window of nothing); only the batch may be empty.
+  for (galley::Shape shape : {galley::Shape{1, 1, 0, 5}, galley::Shape{1, 0, 4, 4}}) {
+    const Tensor empty = galley::zeros(shape);
+    testutil::expect_contains(
+        testutil::error_of([&] {
+          galley::avg_pool2d(empty,
+                             {.kernel_size = 3, .stride = 2, .padding = 1, .ceil_mode = true});
+        }),
+        {"avg_pool2d", galley::shape_str(shape), "only the batch"});
+    testutil::expect_contains(
+        testutil::error_of([&] { galley::max_pool2d(empty, {.kernel_size = 2, .padding = 1}); }),
+        {"max_pool2d", "empty plane"});
+    testutil::expect_contains(testutil::error_of([&] {
+                                galley::adaptive_avg_pool2d(empty, {1, 1});
+                              }),
+                              {"adaptive_avg_pool2d", "empty plane"});
+  }
+  EXPECT_EQ(galley::avg_pool2d(galley::zeros({0, 2, 4, 4}), {.kernel_size = 2}).shape(),
+            (galley::Shape{0, 2, 2, 2}));
   for (PoolCase g : {PoolCase{1, 1, 2, 2, 0}, PoolCase{2, 3, 3, 2, 1}, PoolCase{1, 7, 3, 3, 0},
                      PoolCase{2, 2, 4, 3, 1}, PoolCase{3, 1, 4, 4, 2}})
     for (bool include_pad : {true, false}) check_avg_pool(g, include_pad, true);

@@ -489,15 +489,15 @@ void stats_forward(const T* x, BatchNormGeometry g, BatchNormRunning running, fl
   });
 }
 
-// Where the forward's ReLU let its output through, for a plane of one channel: y > 0 read from
-// y, or (from_x) the forward's t = affine_t(x, scale, shift) > 0 recomputed from x, which spares
-// the backward a read of y.
+// Where the forward's ReLU let its output through, for a plane of one channel: !(y <= 0) read from
+// y, or (from_x) the same test of the forward's t = affine_t(x, scale, shift) recomputed from x,
+// which spares the backward a read of y.
 struct ReluFromX {
   bool from_x = false;
   float scale = 0.f, shift = 0.f;
 };
 
-// The incoming gradient masked by the forward's ReLU: by y > 0 when y is given, by x's n values
+// The incoming gradient masked by the forward's ReLU: by !(y <= 0) when y is given, by x's n values
 // fx through relu when relu.from_x.
 template <typename T>
 struct MaskedGrad {

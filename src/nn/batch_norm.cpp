@@ -50,22 +50,23 @@ Tensor BatchNorm::normalize(const Tensor& x, const Tensor& residual) {
   try {
     const bool update = is_training() && opt_.track_running_stats;
     double momentum = opt_.momentum.value_or(0.0);
-    if (update) {
-      detail::count_batch(num_batches_tracked_);
-      if (!opt_.momentum) {
-        const Tensor n = num_batches_tracked_.device().is_cpu()
-                             ? num_batches_tracked_
-                             : num_batches_tracked_.to(Device::cpu());
-        momentum = 1.0 / double(*n.data_ptr<int64_t>());
-      }
+    if (update && !opt_.momentum) {  // the cumulative average over the batches with this one
+      const Tensor n = num_batches_tracked_.device().is_cpu()
+                           ? num_batches_tracked_
+                           : num_batches_tracked_.to(Device::cpu());
+      momentum = 1.0 / (double(*n.data_ptr<int64_t>()) + 1.0);
     }
     const BatchNormOptions o{.training = is_training() || !opt_.track_running_stats,
                              .momentum = momentum,
                              .eps = opt_.eps,
                              .relu = opt_.relu};
-    if (residual.defined())
-      return batch_norm_add(x, residual, running_mean_, running_var_, weight_, bias_, o);
-    return batch_norm(x, running_mean_, running_var_, weight_, bias_, o);
+    Tensor y = residual.defined()
+                   ? batch_norm_add(x, residual, running_mean_, running_var_, weight_, bias_, o)
+                   : batch_norm(x, running_mean_, running_var_, weight_, bias_, o);
+    // Counted once the batch is taken: one the op refuses (a residual of another shape, a
+    // single value per channel) leaves the count, and the cumulative average, as they were.
+    if (update) detail::count_batch(num_batches_tracked_);
+    return y;
   } catch (const Error& e) {
     detail::rethrow_with_message(e, repr() + ": " + e.what());
   }

@@ -45,6 +45,7 @@ Tensor avg_pool2d(const Tensor& x, const AvgPool2dOptions& o) {
   detail::check_floating("avg_pool2d", x);
   GALLEY_CHECK(x.dim() == 4, "avg_pool2d: input must be [N, C, H, W], got ", shape_str(x.shape()),
                " (", dtype_name(x.dtype()), ")");
+  detail::check_pool_planes("avg_pool2d", x);
   const int64_t stride = o.stride == 0 ? o.kernel_size : o.stride;
   GALLEY_CHECK(o.kernel_size > 0 && stride > 0 && o.padding >= 0 && o.padding <= o.kernel_size / 2,
                "avg_pool2d: kernel ", o.kernel_size, ", stride ", stride, ", padding ", o.padding,
@@ -67,8 +68,7 @@ Tensor adaptive_avg_pool2d(const Tensor& x, const Shape& output_size) {
   GALLEY_CHECK(output_size.size() == 2 && output_size[0] > 0 && output_size[1] > 0,
                "adaptive_avg_pool2d: output size must be {h, w}, both positive, got ",
                shape_str(output_size));
-  GALLEY_CHECK(x.size(2) > 0 && x.size(3) > 0, "adaptive_avg_pool2d: input ", shape_str(x.shape()),
-               " has an empty plane");
+  detail::check_pool_planes("adaptive_avg_pool2d", x);
   kernels::AvgPool2dGeometry g{};
   g.oh = output_size[0], g.ow = output_size[1];
   return pool("adaptive_avg_pool2d", x, g);

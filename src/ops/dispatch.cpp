@@ -24,6 +24,12 @@ int64_t window_positions(const char* op, int64_t in, int64_t k, int64_t dilation
   return int64_t(out);
 }
 
+void check_pool_planes(const char* op, const Tensor& x) {
+  GALLEY_CHECK(x.size(1) > 0 && x.size(2) > 0 && x.size(3) > 0, op, ": input ",
+               shape_str(x.shape()),
+               " has no channels or an empty plane; only the batch may be empty");
+}
+
 void* stream(Device device) {
   if (!device.is_cuda()) return nullptr;
   // CUDA takes work for a device's streams only from a thread where that device is current.

@@ -9,6 +9,10 @@
 
 namespace galley::detail {
 
+// Refuses a pooling input [N, C, H, W] with no channels or an empty plane, as PyTorch does (only
+// the batch may be empty): under ceil_mode an empty axis would still get a window, of nothing.
+void check_pool_planes(const char* op, const Tensor& x);
+
 // The CUDA stream of `device` that the op's launchers enqueue on, with `device` made current on
 // this thread (null for the host).
 void* stream(Device device);

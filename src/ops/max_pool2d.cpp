@@ -18,6 +18,7 @@ Tensor max_pool2d(const Tensor& x, const MaxPool2dOptions& o) {
   profiler::OpScope prof("max_pool2d", {&x});
   detail::check_floating("max_pool2d", x);
   GALLEY_CHECK(x.dim() == 4, "max_pool2d: input must be [N, C, H, W], got ", shape_str(x.shape()));
+  detail::check_pool_planes("max_pool2d", x);
   int64_t stride = o.stride == 0 ? o.kernel_size : o.stride;
   GALLEY_CHECK(o.kernel_size > 0 && stride > 0 && o.padding >= 0 && o.padding <= o.kernel_size / 2,
                "max_pool2d: kernel ", o.kernel_size, ", stride ", stride, ", padding ", o.padding,

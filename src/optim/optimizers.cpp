@@ -343,9 +343,15 @@ void SGD::load_state_dict(const StateDict& st) {
 // ---------------------------------------------------------------------------------------------
 // Schedulers
 
-LRScheduler::LRScheduler(Optimizer& optimizer)
+LRScheduler::LRScheduler(Optimizer& optimizer) : LRScheduler(optimizer, true) {}
+
+LRScheduler::LRScheduler(Optimizer& optimizer, bool record_initial)
     : opt_(optimizer), base_lr_(optimizer.learning_rate()), last_set_(optimizer.learning_rate()) {
-  if (!optimizer.initial_lr_) optimizer.initial_lr_ = base_lr_;
+  if (record_initial && !optimizer.initial_lr_) optimizer.initial_lr_ = base_lr_;
+}
+
+void LRScheduler::follow(double from, double to) {
+  if (from != 0) base_lr_ *= to / from;
 }
 
 void LRScheduler::set_rate(double lr) {
@@ -354,15 +360,15 @@ void LRScheduler::set_rate(double lr) {
 }
 
 void LRScheduler::step() {
-  GALLEY_CHECK(opt_.learning_rate() == last_set_,
-               "LRScheduler::step: the optimizer's learning rate is ", opt_.learning_rate(),
-               ", not the ", last_set_,
-               " this schedule last set; something else changed it (another schedule stepped on "
-               "the same optimizer, or set_learning_rate). Schedules give closed-form rates and do "
-               "not chain as PyTorch's chainable forms multiply: put them in a SequentialLR, or "
-               "write the product as a LambdaLR");
   // The epoch counts only once its rate is set: a step that fails leaves the scheduler as it was.
-  set_rate(lr_at(epoch_ + 1));
+  const double base = base_lr_;
+  try {
+    if (opt_.learning_rate() != last_set_) follow(last_set_, opt_.learning_rate());
+    set_rate(lr_at(epoch_ + 1));
+  } catch (...) {
+    base_lr_ = base;
+    throw;
+  }
   ++epoch_;
 }
 
@@ -411,6 +417,11 @@ CosineAnnealingLR::CosineAnnealingLR(Optimizer& optimizer, int64_t t_max, double
 double CosineAnnealingLR::lr_at(int64_t epoch) const {
   return eta_min_ +
          (base_lr_ - eta_min_) * (1 + std::cos(M_PI * double(epoch) / double(t_max_))) / 2;
+}
+
+void CosineAnnealingLR::follow(double from, double to) {
+  if (from != eta_min_)
+    base_lr_ = eta_min_ + (base_lr_ - eta_min_) * ((to - eta_min_) / (from - eta_min_));
 }
 
 MultiStepLR::MultiStepLR(Optimizer& optimizer, std::vector<int64_t> milestones, double gamma)
@@ -555,7 +566,7 @@ double OneCycleLR::lr_at(int64_t epoch) const {
 }
 
 ReduceLROnPlateau::ReduceLROnPlateau(Optimizer& optimizer, ReduceLROnPlateauOptions options)
-    : LRScheduler(optimizer), o_(options) {
+    : LRScheduler(optimizer, /*record_initial=*/false), o_(options) {
   GALLEY_CHECK(o_.factor >= 0 && o_.factor < 1, "ReduceLROnPlateau: factor ", o_.factor,
                " must be in [0, 1)");
   GALLEY_CHECK(o_.patience >= 0, "ReduceLROnPlateau: patience ", o_.patience,
@@ -686,6 +697,10 @@ double SequentialLR::lr_at(int64_t epoch) const {
   // step(0), which takes its closed form.
   if (i == 0 && local == 0) return children_.front()->start_lr();
   return children_[i]->lr_at(local);
+}
+
+void SequentialLR::follow(double from, double to) {
+  children_[locate(epoch_).first]->follow(from, to);
 }
 
 void SequentialLR::step() {

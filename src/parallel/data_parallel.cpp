@@ -609,9 +609,34 @@ struct DataParallelBase::Impl {
   }
 };
 
+namespace {
+// The replicas' input rows' gradients as one tensor on `device` (the input's), rows in replica
+// order (zeros for rows whose replica's graph did not reach its input); undefined where none did.
+Tensor gather_rows(const std::vector<Tensor>& xs, const std::vector<int64_t>& starts,
+                   Device device) {
+  const Tensor* first = nullptr;
+  for (const Tensor& x_r : xs)
+    if (x_r.defined() && x_r.grad().defined()) first = &x_r;
+  if (!first) return Tensor();
+  Shape shape = first->shape();
+  shape[0] = starts.back();
+  const DType dtype = first->grad().dtype();
+  Tensor out = zeros(shape, dtype, device);
+  const int64_t row = shape_numel(Shape(shape.begin() + 1, shape.end()));
+  const int64_t elem = int64_t(dtype_size(dtype));
+  for (size_t r = 0; r < xs.size(); ++r) {
+    if (!xs[r].defined() || !xs[r].grad().defined()) continue;
+    const Tensor g = xs[r].grad().to(dtype).contiguous();
+    detail::copy_bytes(static_cast<char*>(out.raw_data()) + starts[r] * row * elem, device,
+                       g.raw_data(), g.device(), size_t(g.numel() * elem));
+  }
+  return out;
+}
+}  // namespace
+
 DataParallelBase::DataParallelBase(std::vector<std::unique_ptr<nn::Layer>> layers,
                                    std::vector<Device> devices, DataParallelOptions options)
-    : impl_(std::make_unique<Impl>()) {
+    : impl_(std::make_shared<Impl>()) {
   GALLEY_CHECK(!devices.empty(), "DataParallel: the device list is empty");
   GALLEY_CHECK(options.bucket_bytes > 0, "DataParallel: bucket_bytes ", options.bucket_bytes,
                " must be positive");
@@ -692,7 +717,9 @@ DataParallelBase::DataParallelBase(std::vector<std::unique_ptr<nn::Layer>> layer
   for (size_t r = 0; r < m.n(); ++r)
     for (size_t k = 0; k < m.replicas[r]->params.size(); ++k)
       m.replicas[r]->params[k].register_grad_hook(
-          [impl = impl_.get(), r, k](const Tensor& g) { impl->on_gradient(r, k, g); });
+          [impl = std::weak_ptr<Impl>(impl_), r, k](const Tensor& g) {
+            if (auto m = impl.lock()) m->on_gradient(r, k, g);
+          });
 }
 
 DataParallelBase::~DataParallelBase() = default;
@@ -729,9 +756,12 @@ Tensor DataParallelBase::forward(const Tensor& x) {
   const bool autocast = amp::is_autocast_enabled();
   const DType autocast_dtype = amp::autocast_dtype();
   if (m.opt.broadcast_buffers) m.broadcast_buffers();
-  Tensor cx = x.contiguous();
+  Tensor cx = x.detach().contiguous();
   const int64_t row = batch > 0 ? cx.numel() / batch : 0;
-  std::vector<Tensor> outs(m.n());
+  // An input that takes a gradient gets it, as PyTorch's scatter passes it back: each replica's
+  // rows are a leaf of its graph, whose gradients the backward gathers into x's.
+  const bool input_grad = grad_mode && x.requires_grad();
+  std::vector<Tensor> outs(m.n()), xs(m.n());
   std::vector<Pending> tasks(m.n());
   for (size_t r = 0; r < m.n(); ++r) {
     const int64_t rows = starts[r + 1] - starts[r];
@@ -743,6 +773,8 @@ Tensor DataParallelBase::forward(const Tensor& x) {
         x_r.raw_data(), x_r.device(),
         static_cast<const char*>(cx.raw_data()) + starts[r] * row * dtype_size(cx.dtype()),
         cx.device(), x_r.numel() * dtype_size(cx.dtype()));
+    if (input_grad) x_r.set_requires_grad(true);
+    xs[r] = x_r;
     tasks[r] =
         m.replicas[r]->compute->post([&m, &outs, r, x_r, grad_mode, autocast, autocast_dtype] {
           detail::ThreadBudget budget(m.threads_per_replica);
@@ -790,11 +822,18 @@ Tensor DataParallelBase::forward(const Tensor& x) {
   bool any_grad = false;
   for (auto& o : outs) any_grad = any_grad || (o.defined() && o.requires_grad());
   if (!grad_mode || !any_grad) return out;
-  // The gathered output's node owns the replica graphs; its backward drives them all.
+  // The gathered output's node owns the replica graphs; its backward drives them all, and gathers
+  // the input's gradient from the replicas' rows where the input takes one.
   auto node = std::make_shared<autograd::Node>();
   node->name = "data_parallel";
-  node->backward = [&m, outs, starts](const Tensor& g, std::vector<Tensor>&) {
-    m.backward(outs, starts, g);
+  if (input_grad) node->inputs = {x};
+  node->backward = [impl = std::weak_ptr<Impl>(impl_), outs, starts, xs, input_grad,
+                    x_device = x.device()](const Tensor& g, std::vector<Tensor>& gi) {
+    std::shared_ptr<Impl> m = impl.lock();
+    GALLEY_CHECK(m, "DataParallel: backward through a forward of a DataParallel that has been "
+                    "destroyed; keep it alive until the backward has run");
+    m->backward(outs, starts, g);
+    if (input_grad) gi[0] = gather_rows(xs, starts, x_device);
   };
   out.impl()->grad_fn = std::move(node);
   return out;

@@ -11,16 +11,18 @@ namespace galley::optim {
 
 /// Base: remembers the optimizer's initial rate and sets a new one on each step().
 ///
-/// Every schedule but ReduceLROnPlateau gives its rates in closed form from the initial rate, as
-/// PyTorch's closed forms do, so two of them do not chain on one optimizer the way PyTorch's
-/// chainable forms multiply: step() refuses to run when the optimizer's rate is not the one this
-/// schedule last set (another schedule stepped on the same optimizer, or set_learning_rate was
-/// called), rather than silently overriding it. Sequences of schedules go through SequentialLR,
-/// products of factors through LambdaLR.
+/// Every schedule but ReduceLROnPlateau gives its rates in closed form from a base rate. Where
+/// something else moved the optimizer's rate since the schedule last set it (another schedule
+/// stepped on the same optimizer, set_learning_rate, the optimizer's load_state_dict), step()
+/// first follows the change as PyTorch's recursive ("chainable") forms do: StepLR, MultiStepLR,
+/// ExponentialLR, LinearLR and CosineAnnealingLR carry on from the moved rate (their base scaled
+/// by the move; CosineAnnealingLR's distance above eta_min), so two of them stepped together
+/// multiply, a warm-up past its end leaves a ReduceLROnPlateau's cut alone, and a rate loaded
+/// without the schedule's state is kept; LambdaLR, OneCycleLR and CosineAnnealingWarmRestarts,
+/// closed forms in PyTorch too, set their own rate over it.
 class LRScheduler {
  public:
-  /// Its base is the optimizer's current rate: the closed forms from it are the rates PyTorch's
-  /// chainable forms reach from the current rate. The first scheduler made on an optimizer also
+  /// Its base is the optimizer's current rate. The first scheduler made on an optimizer also
   /// sets its initial_learning_rate() (PyTorch's setdefault of initial_lr).
   explicit LRScheduler(Optimizer& optimizer);
   virtual ~LRScheduler() = default;
@@ -40,10 +42,18 @@ class LRScheduler {
   virtual void load_state_dict(const StateDict& state);
 
  protected:
+  /// With record_initial false the optimizer's initial_learning_rate() is left unset, as
+  /// PyTorch's ReduceLROnPlateau leaves initial_lr.
+  LRScheduler(Optimizer& optimizer, bool record_initial);
   /// The rate set before the first step (the initial rate unless the schedule starts elsewhere).
   virtual double start_lr() const { return base_lr_; }
   /// Sets the optimizer's rate and remembers it as the one this schedule last set.
   void set_rate(double lr);
+  /// Something else moved the optimizer's rate from `from` (the rate this schedule last set) to
+  /// `to`: by default the base is scaled by to / from (unless from is 0), so the closed form goes
+  /// on from `to` as PyTorch's multiplicative recursions do. A closed form that sets its own
+  /// rate whatever came before overrides this to do nothing.
+  virtual void follow(double from, double to);
 
   Optimizer& opt_;
   double base_lr_;
@@ -91,6 +101,7 @@ class LambdaLR : public LRScheduler {
 
  protected:
   double start_lr() const override { return lr_at(0); }
+  void follow(double, double) override {}  // a closed form in PyTorch too
 
  private:
   std::function<double(int64_t)> factor_;
@@ -115,6 +126,9 @@ class CosineAnnealingWarmRestarts : public LRScheduler {
                               double eta_min = 0.0);
   double lr_at(int64_t epoch) const override;
 
+ protected:
+  void follow(double, double) override {}  // a closed form in PyTorch too
+
  private:
   int64_t t_0_, t_mult_;
   double eta_min_;
@@ -125,6 +139,10 @@ class CosineAnnealingLR : public LRScheduler {
  public:
   CosineAnnealingLR(Optimizer& optimizer, int64_t t_max, double eta_min = 0.0);
   double lr_at(int64_t epoch) const override;
+
+ protected:
+  /// PyTorch's recursion scales the rate's distance above eta_min: so does the base's.
+  void follow(double from, double to) override;
 
  private:
   int64_t t_max_;
@@ -198,6 +216,7 @@ class OneCycleLR : public LRScheduler {
 
  protected:
   double start_lr() const override { return lr_at(0); }
+  void follow(double, double) override {}  // a closed form in PyTorch too
 
  private:
   struct Phase {
@@ -282,6 +301,7 @@ class SequentialLR : public LRScheduler {
 
  protected:
   double start_lr() const override;
+  void follow(double from, double to) override;  // the running schedule's
 
  private:
   /// Gives this schedule and every child (nested ones too) the initial rate `base`.

@@ -130,7 +130,9 @@ class DataParallelBase {
 
  private:
   struct Impl;
-  std::unique_ptr<Impl> impl_;
+  // Shared so that the graphs of its forwards and its parameters' gradient hooks can hold a weak
+  // reference: a backward after the DataParallel is gone is an error, not a use after free.
+  std::shared_ptr<Impl> impl_;
 };
 
 /// Keeps one replica of `Model` per device, built once (default-constructed, or from the
