@@ -227,6 +227,8 @@ void Tensor::copy_to_host(void* dst) const {
 
 void Tensor::copy_from_host(const void* src) {
   GALLEY_CHECK_DEFINED("copy_from_host");
+  GALLEY_CHECK(src || numel() == 0, "copy_from_host (from_host): the source pointer is null for ",
+               numel(), " elements of shape ", shape_str(shape()));
   if (!is_contiguous()) {  // a view: the values first, then through its strides
     Tensor dense = empty(shape(), dtype(), device());
     dense.copy_from_host(src);
@@ -607,8 +609,16 @@ Tensor arange(double start, double end, double step, DType dtype) {
   Tensor t = Tensor::empty({n}, dtype);
   if (dtype == DType::Int64) {
     // As PyTorch: the count from the real bounds, the values from start and step cast to
-    // integers first (0.5 to 5 by 1.5 gives 0, 1, 2).
+    // integers first (0.5 to 5 by 1.5 gives 0, 1, 2), each of which must fit in int64, as must
+    // the last value.
+    auto fits = [](double v) { return v >= -0x1p63 && v < 0x1p63; };
+    GALLEY_CHECK(fits(start) && fits(end) && fits(step), "arange: ", start, " to ", end, " by ",
+                 step, " leaves int64");
     const int64_t first = static_cast<int64_t>(start), by = static_cast<int64_t>(step);
+    int64_t span = 0, last = first;
+    GALLEY_CHECK(n == 0 || (!__builtin_mul_overflow(n - 1, by, &span) &&
+                            !__builtin_add_overflow(first, span, &last)),
+                 "arange: ", start, " to ", end, " by ", step, " leaves int64");
     for (int64_t i = 0; i < n; ++i) t.data<int64_t>()[i] = first + i * by;
   } else {
     for (int64_t i = 0; i < n; ++i) t.data<float>()[i] = static_cast<float>(start + i * step);

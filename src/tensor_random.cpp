@@ -164,17 +164,38 @@ namespace {
 Tensor placed(const Tensor& host, const TensorOptions& options) {
   return host.to(options.device, options.dtype);
 }
+// rand, randn and uniform draw floating values only.
+void check_floating_draw(const char* op, DType dtype) {
+  GALLEY_CHECK(is_floating_point(dtype), op, ": dtype ", dtype_name(dtype),
+               " is not a floating dtype (float32, bfloat16, float16); randint draws integers");
+}
 }  // namespace
 
 Tensor rand(const Shape& shape, const TensorOptions& options, Generator& gen) {
-  return placed(rand(shape, gen), options);
+  return uniform(shape, 0.f, 1.f, options, gen);
 }
 Tensor randn(const Shape& shape, const TensorOptions& options, Generator& gen) {
+  check_floating_draw("randn", options.dtype);
   return placed(randn(shape, gen), options);
 }
 Tensor uniform(const Shape& shape, float low, float high, const TensorOptions& options,
                Generator& gen) {
-  return placed(uniform(shape, low, high, gen), options);
+  check_floating_draw("uniform", options.dtype);
+  if (options.dtype == DType::Float32) return placed(uniform(shape, low, high, gen), options);
+  // A 16-bit dtype draws on its own grid, as PyTorch's uniform_ does: x = k / 2^digits for k of
+  // `digits` random bits (8 for bfloat16, 11 for float16), so rand stays below 1 (a float32 draw
+  // of 0.998 or more rounds up to 1.0 in bfloat16).
+  GALLEY_CHECK(low <= high, "uniform: low ", low, " is above high ", high);
+  const int digits = options.dtype == DType::BFloat16 ? 8 : 11;
+  const float unit = std::ldexp(1.f, -digits);
+  Tensor t = Tensor::empty(shape);
+  float* p = t.data<float>();
+  {
+    std::lock_guard<std::mutex> lock(generator_mutex());
+    for (int64_t i = 0, n = t.numel(); i < n; ++i)
+      p[i] = low + (high - low) * (float(gen.next_u64() >> (64 - digits)) * unit);
+  }
+  return placed(t, options);
 }
 
 Tensor randint(int64_t low, int64_t high, const Shape& shape, Generator& gen) {

@@ -547,3 +547,48 @@ TEST(Checkpoint, ANegativeStepIsAnErrorAndWritesNothing) {
   ck.save({.model = &fc, .step = 0});
   EXPECT_EQ(ck.list().size(), 1u);
 }
+
+// An optimizer state saved for another parameter count is refused under DataParallel as it is
+// without (once spread over the replicas it would land on other parameters), and a file saved
+// without an optimizer or a scheduler says so; nothing changes.
+TEST(Checkpoint, OptimizerStatesThatDoNotFitADataParallelModelAreRefused) {
+  const std::string dir = temp_dir("dp_count");
+  Tiny one;
+  galley::optim::SGD sgd_one({one.parameters()[0]}, {.learning_rate = 0.1, .momentum = 0.9});
+  galley::sum(one(galley::randn({4, 3}))).backward();
+  sgd_one.step();
+  const std::string part = dir + "/part.safetensors", bare = dir + "/bare.safetensors";
+  galley::io::save_checkpoint(part, {.model = &one, .optimizer = &sgd_one, .step = 1});
+  galley::io::save_checkpoint(bare, {.model = &one, .step = 1});
+  galley::DataParallel<Tiny> dp({galley::Device::cpu(0), galley::Device::cpu(1)});
+  galley::optim::SGD sgd(dp.parameters(), {.learning_rate = 0.1, .momentum = 0.9});
+  const std::vector<float> before = dp.module(1).parameters()[0].to_vector();
+  galley::io::TrainingState st{.parallel_model = &dp, .optimizer = &sgd};
+  testutil::expect_contains(testutil::error_of([&] { galley::io::load_checkpoint(part, st); }),
+                            {part, "saved state is for 1 parameters", "has 2"});
+  EXPECT_EQ(dp.module(1).parameters()[0].to_vector(), before);
+  testutil::expect_contains(testutil::error_of([&] { galley::io::load_checkpoint(bare, st); }),
+                            {bare, "no optimizer state"});
+  galley::optim::StepLR sched(sgd, 2);
+  galley::io::TrainingState with_sched{.parallel_model = &dp, .scheduler = &sched};
+  testutil::expect_contains(
+      testutil::error_of([&] { galley::io::load_checkpoint(bare, with_sched); }),
+      {bare, "no scheduler state"});
+}
+
+// A directory that goes away under a Checkpointer is a galley error naming it, not a
+// std::filesystem exception; a prefix too long for the temporary files' names is refused.
+TEST(Checkpoint, AnUnreadableDirectoryAndAnOverlongPrefixAreGalleyErrors) {
+  const std::string dir = temp_dir("gone");
+  galley::io::Checkpointer ckpt(dir);
+  fs::remove_all(dir);
+  testutil::expect_contains(testutil::error_of([&] { (void)ckpt.list(); }),
+                            {"Checkpointer", "cannot read directory", dir});
+  galley::io::TrainingState st;
+  testutil::expect_contains(testutil::error_of([&] { ckpt.resume(st); }),
+                            {"cannot read directory"});
+  testutil::expect_contains(
+      testutil::error_of(
+          [&] { galley::io::Checkpointer(temp_dir("long"), {.prefix = std::string(200, 'p')}); }),
+      {"Checkpointer", "prefix of 200 bytes", "at most 197"});
+}

@@ -6,8 +6,10 @@
 
 #include <galley/galley.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <initializer_list>
 #include <memory>
 #include <sstream>
@@ -982,4 +984,42 @@ TEST(TensorEdges, SplitArangeAndFlattenAtTheLimits) {
   const Tensor h = Tensor::from_vector({1.5f, -2.f}, {2}).to(DType::BFloat16);
   EXPECT_EQ(float(h.to_vector<galley::bfloat16>()[0]), 1.5f);
   EXPECT_EQ(float(h.to(DType::Float16).to_vector<galley::float16>()[1]), -2.f);
+}
+
+// rand, randn and uniform draw floating values only (an int64 draw was truncated to zeros);
+// in a 16-bit dtype rand draws on that dtype's grid, as PyTorch's does, so it stays below 1
+// (a float32 draw of 0.998 or more rounded up to 1 in bfloat16, 0.2% of them).
+TEST(Random, SixteenBitRandStaysBelowOneAndIntegersAreRefused) {
+  Generator gen(1);
+  for (DType dt : {DType::BFloat16, DType::Float16}) {
+    const std::vector<float> v =
+        galley::rand({200000}, {.dtype = dt}, gen).to(DType::Float32).to_vector();
+    const float top = *std::max_element(v.begin(), v.end());
+    EXPECT_LT(top, 1.f) << galley::dtype_name(dt);
+    EXPECT_EQ(top, dt == DType::BFloat16 ? 1.f - 1.f / 256 : 1.f - 1.f / 2048);
+    EXPECT_GE(*std::min_element(v.begin(), v.end()), 0.f);
+    double mean = 0;
+    for (float x : v) mean += x;
+    EXPECT_NEAR(mean / double(v.size()), dt == DType::BFloat16 ? 0.5 - 0.5 / 256 : 0.5 - 0.5 / 2048,
+                3e-3);
+  }
+  for (auto draw : std::vector<std::function<void()>>{
+           [&] { galley::rand({3}, {.dtype = DType::Int64}, gen); },
+           [&] { galley::randn({3}, {.dtype = DType::Int64}, gen); },
+           [&] { galley::uniform({3}, 0.f, 5.f, {.dtype = DType::UInt8}, gen); }})
+    expect_contains(error_of(draw), {"is not a floating dtype", "randint"});
+}
+
+// arange in int64 refuses a start, end or step past int64, and a last value that overflows
+// (PyTorch: "value cannot be converted to type int64_t without overflow"); a null host pointer
+// for a tensor with elements is an error, not a crash.
+TEST(Factories, ArangeInt64AndNullHostDataAreCheckedNotWrapped) {
+  expect_contains(error_of([] { galley::arange(0, 1e20, 1e19, DType::Int64); }),
+                  {"arange", "leaves int64"});
+  expect_contains(error_of([] { galley::arange(-1e19, 0, 1e18, DType::Int64); }), {"leaves int64"});
+  const int64_t big = int64_t(1) << 62;  // exact in double, as are its steps of 1024
+  EXPECT_EQ(galley::arange(0x1p62, 0x1p62 + 4096, 1024, DType::Int64).to_vector<int64_t>(),
+            (std::vector<int64_t>{big, big + 1024, big + 2048, big + 3072}));
+  expect_contains(error_of([] { Tensor::from_host(nullptr, {2}); }), {"null", "[2]"});
+  EXPECT_EQ(Tensor::from_host(nullptr, {0, 3}).numel(), 0);
 }

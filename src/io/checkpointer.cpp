@@ -233,14 +233,25 @@ void load_checkpoint(const std::string& path, TrainingState& s) {
       if (s.parallel_model) s.parallel_model->load_state_dict(model);
       if (s.optimizer) {
         StateDict opt = take("optimizer", f);
+        GALLEY_CHECK(!opt.values.empty() || !opt.tensors.empty(),
+                     "it holds no optimizer state (saved without an optimizer)");
         if (size_t per = replica_share(s)) {
+          // Saved for replica 0's parameters: a state for another count would land on other
+          // parameters once spread.
+          const int64_t saved = opt.get_int("num_params", s.optimizer->name());
+          GALLEY_CHECK(saved == int64_t(per), s.optimizer->name(), ": saved state is for ", saved,
+                       " parameters, a replica of the data-parallel model has ", per);
           opt.tensors = spread(opt.tensors, per, s.parallel_model->num_replicas());
           opt.values = spread(opt.values, per, s.parallel_model->num_replicas());
           opt.set("num_params", static_cast<int64_t>(s.optimizer->parameters().size()));
         }
         s.optimizer->load_state_dict(opt);
       }
-      if (s.scheduler) s.scheduler->load_state_dict(take("scheduler", f));
+      if (s.scheduler) {
+        StateDict sched = take("scheduler", f);
+        GALLEY_CHECK(!sched.values.empty(), "it holds no scheduler state (saved without one)");
+        s.scheduler->load_state_dict(sched);
+      }
     } catch (...) {
       if (s.model) s.model->load_state_dict(model_before);
       if (s.parallel_model) s.parallel_model->load_state_dict(parallel_before);
@@ -323,6 +334,23 @@ Checkpointer::~Checkpointer() {
 // ---------------------------------------------------------------------------------------------
 // Checkpointer
 
+namespace {
+
+constexpr size_t kMaxPrefix = 255 - 25 - 33;
+
+// The entries of directory `dir`; a directory that cannot be read (removed, unmounted, not
+// permitted) is a galley error naming it.
+std::vector<fs::path> entries_of(const std::string& dir) {
+  std::error_code ec;
+  std::vector<fs::path> out;
+  fs::directory_iterator it(dir, ec), end;
+  for (; !ec && it != end; it.increment(ec)) out.push_back(it->path());
+  GALLEY_CHECK(!ec, "Checkpointer: cannot read directory '", dir, "': ", ec.message());
+  return out;
+}
+
+}  // namespace
+
 Checkpointer::Checkpointer(std::string directory, CheckpointOptions options)
     : dir_(std::move(directory)), opt_(std::move(options)) {
   GALLEY_CHECK(opt_.keep_last >= 1, "Checkpointer: keep_last ", opt_.keep_last, " must be >= 1");
@@ -331,16 +359,22 @@ Checkpointer::Checkpointer(std::string directory, CheckpointOptions options)
                  "Checkpointer: cannot watch signal ", sig);
   GALLEY_CHECK(!opt_.prefix.empty() && opt_.prefix.find('/') == std::string::npos,
                "Checkpointer: prefix '", opt_.prefix, "' must be a plain file name");
+  // A file name holds 255 bytes: the prefix, "-<12-digit step>.safetensors" (25) and a save's
+  // ".tmp.<pid>.<n>" (up to 33). Past that the temporary's name would be cut short and no
+  // longer be recognised below as one to clear.
+  GALLEY_CHECK(opt_.prefix.size() <= kMaxPrefix, "Checkpointer: prefix of ", opt_.prefix.size(),
+               " bytes is too long; at most ", kMaxPrefix,
+               ", so that its files' temporary names fit in a file name's 255 bytes");
   std::error_code ec;
   fs::create_directories(dir_, ec);
   GALLEY_CHECK(!ec && fs::is_directory(dir_), "Checkpointer: cannot create directory '", dir_,
                "': ", ec.message());
   // Temporary files of saves that were killed: never complete, never to be loaded.
-  for (auto& e : fs::directory_iterator(dir_)) {
-    const std::string name = e.path().filename().string();
+  for (const fs::path& p : entries_of(dir_)) {
+    const std::string name = p.filename().string();
     if (name.compare(0, opt_.prefix.size() + 1, opt_.prefix + "-") == 0 &&
         name.find(".safetensors.tmp.") != std::string::npos)
-      fs::remove(e.path(), ec);
+      fs::remove(p, ec);
   }
   if (opt_.preempt_signals.empty()) return;
   GALLEY_CHECK(!g_watching.exchange(true),
@@ -370,8 +404,8 @@ Checkpointer::Checkpointer(std::string directory, CheckpointOptions options)
 std::vector<std::string> Checkpointer::list() const {
   std::vector<std::pair<int64_t, std::string>> found;
   const std::string head = opt_.prefix + "-", tail = ".safetensors";
-  for (auto& e : fs::directory_iterator(dir_)) {
-    const std::string name = e.path().filename().string();
+  for (const fs::path& p : entries_of(dir_)) {
+    const std::string name = p.filename().string();
     if (name.size() <= head.size() + tail.size() || name.compare(0, head.size(), head) != 0 ||
         name.compare(name.size() - tail.size(), tail.size(), tail) != 0)
       continue;
@@ -379,7 +413,7 @@ std::vector<std::string> Checkpointer::list() const {
     if (num.empty() || num.find_first_not_of("0123456789") != std::string::npos) continue;
     int64_t step = 0;  // a number past int64 is no step this class wrote: not a checkpoint
     if (std::from_chars(num.data(), num.data() + num.size(), step).ec != std::errc()) continue;
-    found.emplace_back(step, e.path().string());
+    found.emplace_back(step, p.string());
   }
   std::sort(found.begin(), found.end());
   std::vector<std::string> out;
