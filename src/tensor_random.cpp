@@ -171,8 +171,36 @@ void check_floating_draw(const char* op, DType dtype) {
 }
 }  // namespace
 
+namespace {
+// uniform for `op` (rand or uniform) in options' floating dtype. A 16-bit dtype draws on its own
+// grid, as PyTorch's uniform_ does: x = k / 2^digits for k of `digits` random bits (8 for
+// bfloat16, 11 for float16), so rand stays below 1 (a float32 draw of 0.998 or more rounds up to
+// 1.0 in bfloat16); a value that rounds up to high is low instead, as PyTorch's CUDA kernel does,
+// so the range stays [low, high).
+Tensor uniform_as(const char* op, const Shape& shape, float low, float high,
+                  const TensorOptions& options, Generator& gen) {
+  check_floating_draw(op, options.dtype);
+  if (options.dtype == DType::Float32) return placed(uniform(shape, low, high, gen), options);
+  GALLEY_CHECK(low <= high, op, ": low ", low, " is above high ", high);
+  const bool bf16 = options.dtype == DType::BFloat16;
+  const int digits = bf16 ? 8 : 11;
+  const float unit = std::ldexp(1.f, -digits);
+  Tensor t = Tensor::empty(shape);
+  float* p = t.data<float>();
+  {
+    std::lock_guard<std::mutex> lock(generator_mutex());
+    for (int64_t i = 0, n = t.numel(); i < n; ++i) {
+      const float v = low + (high - low) * (float(gen.next_u64() >> (64 - digits)) * unit);
+      const float r = bf16 ? float(bfloat16(v)) : float(float16(v));
+      p[i] = r == high && high > low ? low : v;
+    }
+  }
+  return placed(t, options);
+}
+}  // namespace
+
 Tensor rand(const Shape& shape, const TensorOptions& options, Generator& gen) {
-  return uniform(shape, 0.f, 1.f, options, gen);
+  return uniform_as("rand", shape, 0.f, 1.f, options, gen);
 }
 Tensor randn(const Shape& shape, const TensorOptions& options, Generator& gen) {
   check_floating_draw("randn", options.dtype);
@@ -180,22 +208,7 @@ Tensor randn(const Shape& shape, const TensorOptions& options, Generator& gen) {
 }
 Tensor uniform(const Shape& shape, float low, float high, const TensorOptions& options,
                Generator& gen) {
-  check_floating_draw("uniform", options.dtype);
-  if (options.dtype == DType::Float32) return placed(uniform(shape, low, high, gen), options);
-  // A 16-bit dtype draws on its own grid, as PyTorch's uniform_ does: x = k / 2^digits for k of
-  // `digits` random bits (8 for bfloat16, 11 for float16), so rand stays below 1 (a float32 draw
-  // of 0.998 or more rounds up to 1.0 in bfloat16).
-  GALLEY_CHECK(low <= high, "uniform: low ", low, " is above high ", high);
-  const int digits = options.dtype == DType::BFloat16 ? 8 : 11;
-  const float unit = std::ldexp(1.f, -digits);
-  Tensor t = Tensor::empty(shape);
-  float* p = t.data<float>();
-  {
-    std::lock_guard<std::mutex> lock(generator_mutex());
-    for (int64_t i = 0, n = t.numel(); i < n; ++i)
-      p[i] = low + (high - low) * (float(gen.next_u64() >> (64 - digits)) * unit);
-  }
-  return placed(t, options);
+  return uniform_as("uniform", shape, low, high, options, gen);
 }
 
 Tensor randint(int64_t low, int64_t high, const Shape& shape, Generator& gen) {

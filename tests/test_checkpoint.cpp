@@ -590,5 +590,38 @@ TEST(Checkpoint, AnUnreadableDirectoryAndAnOverlongPrefixAreGalleyErrors) {
   testutil::expect_contains(
       testutil::error_of(
           [&] { galley::io::Checkpointer(temp_dir("long"), {.prefix = std::string(200, 'p')}); }),
-      {"Checkpointer", "prefix of 200 bytes", "at most 197"});
+      {"Checkpointer", "prefix of 200 bytes", "at most 190"});
+}
+
+// A rate moved after the schedule's last step (set_learning_rate, a ReduceLROnPlateau's cut) is
+// saved with the optimizer and kept on load: the schedule's next step follows it by PyTorch's
+// recursive form (PyTorch 2.15 and 1.13: 0.2, 0.1, 0.1, 0.05 from there).
+TEST(Checkpoint, ARateMovedAfterTheSchedulesStepIsKept) {
+  const std::string dir = temp_dir("moved_rate");
+  Tiny a;
+  galley::optim::SGD opt_a(a.parameters(), {.learning_rate = 1.0});
+  galley::optim::StepLR sched_a(opt_a, 2, 0.5);
+  sched_a.step();
+  opt_a.set_learning_rate(0.2);
+  const std::string path = dir + "/moved.safetensors";
+  galley::io::save_checkpoint(path, {.model = &a, .optimizer = &opt_a, .scheduler = &sched_a});
+  Tiny b;
+  galley::optim::SGD opt_b(b.parameters(), {.learning_rate = 1.0});
+  galley::optim::StepLR sched_b(opt_b, 2, 0.5);
+  galley::io::TrainingState st{.model = &b, .optimizer = &opt_b, .scheduler = &sched_b};
+  galley::io::load_checkpoint(path, st);
+  std::vector<double> rates{opt_b.learning_rate()};
+  for (int e = 0; e < 3; ++e) {
+    sched_b.step();
+    rates.push_back(opt_b.learning_rate());
+  }
+  EXPECT_EQ(rates, (std::vector<double>{0.2, 0.1, 0.1, 0.05}));
+  EXPECT_TRUE(sched_b.chained());
+  // A chained schedule's state round-trips as it stands.
+  galley::StateDict saved = sched_b.state_dict();
+  opt_b.set_learning_rate(3.0);
+  sched_b.load_state_dict(saved);
+  EXPECT_EQ(opt_b.learning_rate(), 0.05);
+  sched_b.step();
+  EXPECT_EQ(opt_b.learning_rate(), 0.05);  // period 5: no step of 2
 }

@@ -1212,9 +1212,10 @@ TEST(Schedulers, ChainAsPyTorchsRecursiveForms) {
     }
     expect_rates(rates, {0.5, 0.5, 0.25, 0.25, 0.125}, "StepLR after MultiStepLR");
   }
-  auto chained = [](auto make, int periods, std::function<void(SGD&, int)> between = nullptr) {
+  auto chained = [](auto make, int periods, std::function<void(SGD&, int)> between = nullptr,
+                    double lr0 = 1.0) {
     Tensor p = leaf({1.0});
-    SGD opt({p}, {.learning_rate = 1.0});
+    SGD opt({p}, {.learning_rate = lr0});
     auto scheds = make(opt);
     std::vector<double> rates{opt.learning_rate()};
     for (int e = 0; e < periods; ++e) {
@@ -1263,11 +1264,12 @@ TEST(Schedulers, ChainAsPyTorchsRecursiveForms) {
                   0.00010000000000000003, 1.0000000000000004e-05},
                  "LinearLR and ReduceLROnPlateau");
   }
-  auto moved = [&](auto make, int periods, int at, double to) {
+  auto moved = [&](auto make, int periods, int at, double to, double lr0 = 1.0) {
     return chained([&](SGD& o) { return std::make_tuple(make(o)); }, periods,
                    [&](SGD& o, int e) {
                      if (e == at) o.set_learning_rate(to);
-                   });
+                   },
+                   lr0);
   };
   auto without = [](std::vector<double> v, size_t i) {  // the moved rate is not a step's
     v.erase(v.begin() + long(i));
@@ -1296,6 +1298,30 @@ TEST(Schedulers, ChainAsPyTorchsRecursiveForms) {
           5, 0, 0.01),
       without({1.0, 1.0, 0.01, 0.005, 0.005, 0.0025, 0.0025}, 2),
       "MultiStepLR after a loaded rate");
+  // Past t_max the cosine's recursion restarts from the moved rate by the original base; a move at
+  // t_max, where the rate is eta_min, and one after a warm-down to 0, or from an optimizer at
+  // rate 0, are followed too (the rates below are PyTorch's, the move after the period `at`).
+  expect_rates(
+      moved([](SGD& o) { return std::make_unique<galley::optim::CosineAnnealingLR>(o, 2); }, 6, 0,
+            0.25),
+      {1.0, 0.5, 0.0, 0.49999999999999994, 1.0, 0.5000000000000001, 0.0},
+      "CosineAnnealingLR moved, past t_max");
+  expect_rates(
+      moved([](SGD& o) { return std::make_unique<galley::optim::CosineAnnealingLR>(o, 2); }, 6, 1,
+            0.3),
+      {1.0, 0.5, 0.0, 0.7999999999999999, 1.6000000000000003, 0.8000000000000004, 0.0},
+      "CosineAnnealingLR moved at t_max");
+  expect_rates(moved(
+                   [](SGD& o) {
+                     return std::make_unique<LinearLR>(
+                         o, galley::optim::LinearLROptions{
+                                .start_factor = 0.5, .end_factor = 0.0, .total_iters = 2});
+                   },
+                   5, 2, 0.1),
+               {0.5, 0.25, 0.0, 0.0, 0.1, 0.1}, "LinearLR to 0, then moved");
+  expect_rates(moved([](SGD& o) { return std::make_unique<galley::optim::ExponentialLR>(o, 0.5); },
+                     3, 0, 0.4, 0.0),
+               {0.0, 0.0, 0.2, 0.1}, "ExponentialLR from rate 0, moved");
   // PyTorch's ReduceLROnPlateau sets no initial_lr.
   Tensor p = leaf({1.0});
   SGD opt({p}, {.learning_rate = 1.0});

@@ -1003,6 +1003,13 @@ TEST(Random, SixteenBitRandStaysBelowOneAndIntegersAreRefused) {
     EXPECT_NEAR(mean / double(v.size()), dt == DType::BFloat16 ? 0.5 - 0.5 / 256 : 0.5 - 0.5 / 2048,
                 3e-3);
   }
+  // A draw that rounds up to high (1 + 255/256 in bfloat16) is low instead: [low, high).
+  const std::vector<float> u = galley::uniform({200000}, 1.f, 2.f, {.dtype = DType::BFloat16}, gen)
+                                   .to(DType::Float32)
+                                   .to_vector();
+  EXPECT_LT(*std::max_element(u.begin(), u.end()), 2.f);
+  EXPECT_EQ(*std::min_element(u.begin(), u.end()), 1.f);
+  expect_contains(error_of([&] { galley::rand({3}, {.dtype = DType::Int64}, gen); }), {"rand:"});
   for (auto draw : std::vector<std::function<void()>>{
            [&] { galley::rand({3}, {.dtype = DType::Int64}, gen); },
            [&] { galley::randn({3}, {.dtype = DType::Int64}, gen); },

@@ -250,7 +250,11 @@ void load_checkpoint(const std::string& path, TrainingState& s) {
       if (s.scheduler) {
         StateDict sched = take("scheduler", f);
         GALLEY_CHECK(!sched.values.empty(), "it holds no scheduler state (saved without one)");
+        // The schedule sets the rate it last set; the optimizer's saved rate is the one to go on
+        // from (a rate moved after the schedule's last step, which its next step follows).
+        const double lr = s.optimizer ? s.optimizer->learning_rate() : 0.0;
         s.scheduler->load_state_dict(sched);
+        if (s.optimizer) s.optimizer->set_learning_rate(lr);
       }
     } catch (...) {
       if (s.model) s.model->load_state_dict(model_before);
@@ -336,7 +340,7 @@ Checkpointer::~Checkpointer() {
 
 namespace {
 
-constexpr size_t kMaxPrefix = 255 - 25 - 33;
+constexpr size_t kMaxPrefix = 255 - 32 - 33;
 
 // The entries of directory `dir`; a directory that cannot be read (removed, unmounted, not
 // permitted) is a galley error naming it.
@@ -359,9 +363,9 @@ Checkpointer::Checkpointer(std::string directory, CheckpointOptions options)
                  "Checkpointer: cannot watch signal ", sig);
   GALLEY_CHECK(!opt_.prefix.empty() && opt_.prefix.find('/') == std::string::npos,
                "Checkpointer: prefix '", opt_.prefix, "' must be a plain file name");
-  // A file name holds 255 bytes: the prefix, "-<12-digit step>.safetensors" (25) and a save's
-  // ".tmp.<pid>.<n>" (up to 33). Past that the temporary's name would be cut short and no
-  // longer be recognised below as one to clear.
+  // A file name holds 255 bytes: the prefix, "-<step, 12 to 19 digits>.safetensors" (up to 32)
+  // and a save's ".tmp.<pid>.<n>" (up to 33). Past that the temporary's name would be cut short
+  // and no longer be recognised below as one to clear.
   GALLEY_CHECK(opt_.prefix.size() <= kMaxPrefix, "Checkpointer: prefix of ", opt_.prefix.size(),
                " bytes is too long; at most ", kMaxPrefix,
                ", so that its files' temporary names fit in a file name's 255 bytes");

@@ -350,10 +350,6 @@ LRScheduler::LRScheduler(Optimizer& optimizer, bool record_initial)
   if (record_initial && !optimizer.initial_lr_) optimizer.initial_lr_ = base_lr_;
 }
 
-void LRScheduler::follow(double from, double to) {
-  if (from != 0) base_lr_ *= to / from;
-}
-
 void LRScheduler::set_rate(double lr) {
   opt_.set_learning_rate(lr);
   last_set_ = lr;
@@ -361,14 +357,10 @@ void LRScheduler::set_rate(double lr) {
 
 void LRScheduler::step() {
   // The epoch counts only once its rate is set: a step that fails leaves the scheduler as it was.
-  const double base = base_lr_;
-  try {
-    if (opt_.learning_rate() != last_set_) follow(last_set_, opt_.learning_rate());
-    set_rate(lr_at(epoch_ + 1));
-  } catch (...) {
-    base_lr_ = base;
-    throw;
-  }
+  const double lr = opt_.learning_rate();
+  const bool chained = chained_ || lr != last_set_;
+  set_rate(chained ? chained_rate(lr, epoch_ + 1) : lr_at(epoch_ + 1));
+  chained_ = chained;
   ++epoch_;
 }
 
@@ -376,6 +368,8 @@ StateDict LRScheduler::state_dict() const {
   StateDict st;
   st.set("last_epoch", epoch_);
   st.set("base_lr", base_lr_);
+  st.set("chained", int64_t(chained_));
+  st.set("last_lr", last_set_);
   return st;
 }
 
@@ -383,18 +377,23 @@ void LRScheduler::load_state_dict(const StateDict& st) {
   const int64_t epoch = st.get_int("last_epoch", "LRScheduler");
   const double base = st.get_double("base_lr", "LRScheduler");
   GALLEY_CHECK(epoch >= 0, "LRScheduler: saved last_epoch ", epoch, " is negative");
+  // A chained schedule's rate is the one it last set (states saved before chaining existed hold
+  // neither key: not chained).
+  const bool chained = st.values.count("chained") && st.get_int("chained", "LRScheduler") != 0;
+  const double last = chained ? st.get_double("last_lr", "LRScheduler") : 0.0;
   // Taken only if the learning rate they give is one (a schedule past its end refuses it).
   const int64_t old_epoch = epoch_;
   const double old_base = base_lr_;
   epoch_ = epoch;
   base_lr_ = base;
   try {
-    set_rate(epoch_ == 0 ? start_lr() : lr_at(epoch_));
+    set_rate(chained ? last : epoch_ == 0 ? start_lr() : lr_at(epoch_));
   } catch (...) {
     epoch_ = old_epoch;
     base_lr_ = old_base;
     throw;
   }
+  chained_ = chained;
 }
 
 StepLR::StepLR(Optimizer& optimizer, int64_t step_size, double gamma)
@@ -405,6 +404,10 @@ StepLR::StepLR(Optimizer& optimizer, int64_t step_size, double gamma)
 
 double StepLR::lr_at(int64_t epoch) const {
   return base_lr_ * std::pow(gamma_, double(epoch / step_size_));
+}
+
+double StepLR::chained_rate(double lr, int64_t epoch) const {
+  return epoch == 0 || epoch % step_size_ != 0 ? lr : lr * gamma_;
 }
 
 CosineAnnealingLR::CosineAnnealingLR(Optimizer& optimizer, int64_t t_max, double eta_min)
@@ -419,9 +422,14 @@ double CosineAnnealingLR::lr_at(int64_t epoch) const {
          (base_lr_ - eta_min_) * (1 + std::cos(M_PI * double(epoch) / double(t_max_))) / 2;
 }
 
-void CosineAnnealingLR::follow(double from, double to) {
-  if (from != eta_min_)
-    base_lr_ = eta_min_ + (base_lr_ - eta_min_) * ((to - eta_min_) / (from - eta_min_));
+double CosineAnnealingLR::chained_rate(double lr, int64_t epoch) const {
+  const double t = double(t_max_);
+  if (epoch == 0) return lr;
+  if ((epoch - 1 - t_max_) % (2 * t_max_) == 0)  // the restart of the cosine past t_max
+    return lr + (base_lr_ - eta_min_) * (1 - std::cos(M_PI / t)) / 2;
+  return (1 + std::cos(M_PI * double(epoch) / t)) / (1 + std::cos(M_PI * double(epoch - 1) / t)) *
+             (lr - eta_min_) +
+         eta_min_;
 }
 
 MultiStepLR::MultiStepLR(Optimizer& optimizer, std::vector<int64_t> milestones, double gamma)
@@ -435,6 +443,11 @@ MultiStepLR::MultiStepLR(Optimizer& optimizer, std::vector<int64_t> milestones, 
 double MultiStepLR::lr_at(int64_t epoch) const {
   const auto passed = std::upper_bound(milestones_.begin(), milestones_.end(), epoch);
   return base_lr_ * std::pow(gamma_, double(passed - milestones_.begin()));
+}
+
+double MultiStepLR::chained_rate(double lr, int64_t epoch) const {
+  const auto at = std::equal_range(milestones_.begin(), milestones_.end(), epoch);
+  return at.first == at.second ? lr : lr * std::pow(gamma_, double(at.second - at.first));
 }
 
 LambdaLR::LambdaLR(Optimizer& optimizer, std::function<double(int64_t)> factor)
@@ -457,6 +470,10 @@ ExponentialLR::ExponentialLR(Optimizer& optimizer, double gamma)
 
 double ExponentialLR::lr_at(int64_t epoch) const {
   return base_lr_ * std::pow(gamma_, double(epoch));
+}
+
+double ExponentialLR::chained_rate(double lr, int64_t epoch) const {
+  return epoch == 0 ? lr : lr * gamma_;
 }
 
 CosineAnnealingWarmRestarts::CosineAnnealingWarmRestarts(Optimizer& optimizer, int64_t t_0,
@@ -503,6 +520,15 @@ double LinearLR::lr_at(int64_t epoch) const {
   const double done = double(std::min(o_.total_iters, epoch));
   return base_lr_ *
          (o_.start_factor + (o_.end_factor - o_.start_factor) * done / double(o_.total_iters));
+}
+
+double LinearLR::chained_rate(double lr, int64_t epoch) const {
+  if (epoch == 0) return lr * o_.start_factor;
+  if (epoch > o_.total_iters) return lr;
+  const double span = o_.end_factor - o_.start_factor;
+  const double from = double(o_.total_iters) * o_.start_factor + double(epoch - 1) * span;
+  // A start_factor of 0 (which PyTorch refuses) leaves no ratio at period 1: the closed form.
+  return from == 0 ? lr_at(epoch) : lr * (1.0 + span / from);
 }
 
 OneCycleLR::OneCycleLR(Optimizer& optimizer, OneCycleLROptions options)
@@ -699,8 +725,12 @@ double SequentialLR::lr_at(int64_t epoch) const {
   return children_[i]->lr_at(local);
 }
 
-void SequentialLR::follow(double from, double to) {
-  children_[locate(epoch_).first]->follow(from, to);
+double SequentialLR::chained_rate(double lr, int64_t epoch) const {
+  // PyTorch steps the running schedule by its recursive form, and starts each later one with
+  // step(0), its closed form.
+  auto [i, local] = locate(epoch);
+  if (local == 0) return lr_at(epoch);
+  return children_[i]->chained_rate(lr, local);
 }
 
 void SequentialLR::step() {
@@ -714,7 +744,7 @@ void SequentialLR::load_state_dict(const StateDict& state) {
   rebase(base_lr_);
   auto [i, local] = locate(epoch_);
   children_[i]->epoch_ = local;
-  set_rate(epoch_ == 0 ? start_lr() : lr_at(epoch_));
+  if (!chained_) set_rate(epoch_ == 0 ? start_lr() : lr_at(epoch_));  // with the children's base
 }
 
 }  // namespace galley::optim

@@ -11,15 +11,16 @@ namespace galley::optim {
 
 /// Base: remembers the optimizer's initial rate and sets a new one on each step().
 ///
-/// Every schedule but ReduceLROnPlateau gives its rates in closed form from a base rate. Where
-/// something else moved the optimizer's rate since the schedule last set it (another schedule
-/// stepped on the same optimizer, set_learning_rate, the optimizer's load_state_dict), step()
-/// first follows the change as PyTorch's recursive ("chainable") forms do: StepLR, MultiStepLR,
-/// ExponentialLR, LinearLR and CosineAnnealingLR carry on from the moved rate (their base scaled
-/// by the move; CosineAnnealingLR's distance above eta_min), so two of them stepped together
-/// multiply, a warm-up past its end leaves a ReduceLROnPlateau's cut alone, and a rate loaded
-/// without the schedule's state is kept; LambdaLR, OneCycleLR and CosineAnnealingWarmRestarts,
-/// closed forms in PyTorch too, set their own rate over it.
+/// Every schedule but ReduceLROnPlateau gives its rates in closed form from a base rate, PyTorch's
+/// closed forms (equal to its recursive forms up to rounding) while it alone sets the optimizer's
+/// rate. Once something else has moved the rate since the schedule last set it (another schedule
+/// stepped on the same optimizer, a ReduceLROnPlateau, set_learning_rate, an optimizer state
+/// loaded), the schedule is chained: from then on each step() takes PyTorch's recursive
+/// ("chainable") form from the optimizer's current rate, as PyTorch does at every step. StepLR,
+/// MultiStepLR, ExponentialLR, LinearLR and CosineAnnealingLR so carry on from the moved rate
+/// (two stepped together multiply; a warm-up past its end leaves a plateau's cut alone);
+/// LambdaLR, OneCycleLR and CosineAnnealingWarmRestarts, closed forms in PyTorch too, set their
+/// own rate over it.
 class LRScheduler {
  public:
   /// Its base is the optimizer's current rate. The first scheduler made on an optimizer also
@@ -33,12 +34,15 @@ class LRScheduler {
   /// The rate for period `epoch`.
   virtual double lr_at(int64_t epoch) const = 0;
   /// The rate the schedule's closed form starts from: the optimizer's rate when the schedule was
-  /// made (PyTorch's base_lrs where it is the first on its optimizer), a OneCycleLR's
-  /// max_lr / div_factor, or the one a SequentialLR gives its schedules.
+  /// made, a OneCycleLR's max_lr / div_factor, or the one a SequentialLR gives its schedules.
   double base_lr() const { return base_lr_; }
-  /// Periods stepped and the initial rate, for checkpoints.
+  /// Whether something else moved the rate and the schedule steps by PyTorch's recursive form.
+  bool chained() const { return chained_; }
+  /// Periods stepped, the base rate, whether chained and the rate last set, for checkpoints.
   virtual StateDict state_dict() const;
-  /// Restores state_dict() and sets the optimizer's rate for the restored period.
+  /// Restores state_dict() and sets the optimizer's rate for the restored period (the rate the
+  /// schedule last set, where chained). io::load_checkpoint then puts back the optimizer's own
+  /// saved rate, so a rate moved after the schedule's last step is followed at the next.
   virtual void load_state_dict(const StateDict& state);
 
  protected:
@@ -49,19 +53,19 @@ class LRScheduler {
   virtual double start_lr() const { return base_lr_; }
   /// Sets the optimizer's rate and remembers it as the one this schedule last set.
   void set_rate(double lr);
-  /// Something else moved the optimizer's rate from `from` (the rate this schedule last set) to
-  /// `to`: by default the base is scaled by to / from (unless from is 0), so the closed form goes
-  /// on from `to` as PyTorch's multiplicative recursions do. A closed form that sets its own
-  /// rate whatever came before overrides this to do nothing.
-  virtual void follow(double from, double to);
+  /// The rate of period `epoch` from the optimizer's current rate `lr` by PyTorch's recursive
+  /// (chainable) get_lr, which a chained schedule steps by; a schedule that is a closed form in
+  /// PyTorch too keeps this default, its closed form.
+  virtual double chained_rate(double lr, int64_t epoch) const { return lr_at(epoch); }
 
   Optimizer& opt_;
   double base_lr_;
   int64_t epoch_ = 0;
+  bool chained_ = false;
+  double last_set_;  // the optimizer's rate as this schedule last left it
 
  private:
   friend class SequentialLR;  // re-bases its children on one initial rate, as PyTorch does
-  double last_set_;           // the optimizer's rate as this schedule last left it
 };
 
 /// Multiplies the rate by gamma every step_size periods.
@@ -69,6 +73,9 @@ class StepLR : public LRScheduler {
  public:
   StepLR(Optimizer& optimizer, int64_t step_size, double gamma = 0.1);
   double lr_at(int64_t epoch) const override;
+
+ protected:
+  double chained_rate(double lr, int64_t epoch) const override;
 
  private:
   int64_t step_size_;
@@ -85,6 +92,7 @@ class MultiStepLR : public LRScheduler {
 
  protected:
   double start_lr() const override { return lr_at(0); }
+  double chained_rate(double lr, int64_t epoch) const override;
 
  private:
   std::vector<int64_t> milestones_;  // sorted
@@ -101,7 +109,6 @@ class LambdaLR : public LRScheduler {
 
  protected:
   double start_lr() const override { return lr_at(0); }
-  void follow(double, double) override {}  // a closed form in PyTorch too
 
  private:
   std::function<double(int64_t)> factor_;
@@ -112,6 +119,9 @@ class ExponentialLR : public LRScheduler {
  public:
   ExponentialLR(Optimizer& optimizer, double gamma);
   double lr_at(int64_t epoch) const override;
+
+ protected:
+  double chained_rate(double lr, int64_t epoch) const override;
 
  private:
   double gamma_;
@@ -126,9 +136,6 @@ class CosineAnnealingWarmRestarts : public LRScheduler {
                               double eta_min = 0.0);
   double lr_at(int64_t epoch) const override;
 
- protected:
-  void follow(double, double) override {}  // a closed form in PyTorch too
-
  private:
   int64_t t_0_, t_mult_;
   double eta_min_;
@@ -141,8 +148,7 @@ class CosineAnnealingLR : public LRScheduler {
   double lr_at(int64_t epoch) const override;
 
  protected:
-  /// PyTorch's recursion scales the rate's distance above eta_min: so does the base's.
-  void follow(double from, double to) override;
+  double chained_rate(double lr, int64_t epoch) const override;
 
  private:
   int64_t t_max_;
@@ -170,6 +176,7 @@ class LinearLR : public LRScheduler {
 
  protected:
   double start_lr() const override { return lr_at(0); }
+  double chained_rate(double lr, int64_t epoch) const override;
 
  private:
   LinearLROptions o_;
@@ -216,7 +223,6 @@ class OneCycleLR : public LRScheduler {
 
  protected:
   double start_lr() const override { return lr_at(0); }
-  void follow(double, double) override {}  // a closed form in PyTorch too
 
  private:
   struct Phase {
@@ -301,7 +307,7 @@ class SequentialLR : public LRScheduler {
 
  protected:
   double start_lr() const override;
-  void follow(double from, double to) override;  // the running schedule's
+  double chained_rate(double lr, int64_t epoch) const override;  // the running schedule's
 
  private:
   /// Gives this schedule and every child (nested ones too) the initial rate `base`.

@@ -65,6 +65,10 @@ class DataParallelBase {
   /// accumulate as on one model: a second backward without clear_grad, or several forwards
   /// summed into one loss, add their parts to the reduced gradients once (a gradient that
   /// every replica still holds as the last reduction wrote it counts once, not per replica).
+  /// An input that requires a gradient gets it, the replicas' rows gathered on its device. A
+  /// gradient that reaches a replica's parameters outside this backward (a loss term on
+  /// parameters(), an input computed from replica 0's parameters) is not all-reduced: it must be
+  /// the same on every replica (a penalty summed over parameters() is), or they drift apart.
   Tensor forward(const Tensor& x);
   /// Same as forward().
   Tensor operator()(const Tensor& x) { return forward(x); }
