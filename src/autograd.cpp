@@ -3,7 +3,9 @@
 #include "galley/autograd.h"
 
 #include <cmath>
+#include <cstdint>
 #include <cstring>
+#include <mutex>
 #include <unordered_map>
 #include <unordered_set>
 
@@ -94,10 +96,14 @@ void check_backward(const Node& node, const std::vector<Tensor>& grads) {
     float v = 0.f;
     const int64_t i = find_nonfinite(grads[k], &v);
     if (i < 0) continue;
-    throw Error(detail::str_cat("detect_anomaly: the backward of ", node.name,
-                                " (whose forward ran ", in_layer(node.layer_path), ") produced ",
-                                value_str(v), " in the gradient of its input ", k, " (element ", i,
-                                " of shape ", shape_str(grads[k].shape()), ", on ",
+    const std::string where = node.layer_tracked
+                                  ? "whose forward ran " + in_layer(node.layer_path)
+                                  : std::string(
+                                        "whose forward ran with anomaly detection and the "
+                                        "profiler off, so its layer is not known");
+    throw Error(detail::str_cat("detect_anomaly: the backward of ", node.name, " (", where,
+                                ") produced ", value_str(v), " in the gradient of its input ", k,
+                                " (element ", i, " of shape ", shape_str(grads[k].shape()), ", on ",
                                 grads[k].device().str(), ")"));
   }
 }
@@ -156,12 +162,43 @@ Tensor record(Tensor output, const char* name, std::vector<Tensor> inputs, Backw
   node->name = name;
   node->inputs = std::move(inputs);
   node->backward = std::move(backward);
-  if (anomaly || profiler::is_recording()) node->layer_path = current_layer_path();
+  if (anomaly || profiler::is_recording()) {
+    node->layer_path = current_layer_path();
+    node->layer_tracked = true;
+  }
   output.impl()->grad_fn = std::move(node);
   return output;
 }
 
+Node::~Node() {
+  // Inputs this node alone holds, whose nodes they alone hold, are taken apart here one after
+  // another: their closures first (which may hold the same inputs), then their inputs.
+  std::vector<std::shared_ptr<Node>> chain;
+  auto take_inputs = [&chain](Node& n) {
+    n.backward = nullptr;
+    for (Tensor& t : n.inputs) {
+      if (!t.defined() || t.impl_ptr().use_count() != 1) continue;
+      std::shared_ptr<Node>& fn = t.impl()->grad_fn;
+      if (fn && fn.use_count() == 1) chain.push_back(std::move(fn));
+    }
+    n.inputs.clear();
+  };
+  take_inputs(*this);
+  while (!chain.empty()) {
+    std::shared_ptr<Node> n = std::move(chain.back());
+    chain.pop_back();
+    take_inputs(*n);
+  }  // each node goes with no inputs left: its own destructor has nothing to walk
+}
+
 namespace {
+
+// Leaves' gradients are read, summed into and replaced under one of these (by the leaf's
+// address): backwards on several threads that reach one leaf (shared parameters) add both parts.
+std::mutex& leaf_mutex(const void* leaf) {
+  static std::mutex stripes[64];
+  return stripes[(reinterpret_cast<uintptr_t>(leaf) >> 6) % 64];
+}
 
 // Adds `g` into `slot` (taking it over when the slot is empty).
 void accumulate(Tensor& slot, const Tensor& g) {
@@ -180,50 +217,36 @@ void accumulate_leaf(const Tensor& leaf, const Tensor& g, bool take = false) {
   // A leaf's gradient has the leaf's dtype, as in PyTorch. (A converted copy is the engine's
   // own; `g` itself is passed on untouched so that the sole-owner test below can see it is.)
   if (g.dtype() != impl->dtype) return accumulate_leaf(leaf, g.detach().to(impl->dtype), true);
-  if (!impl->grad) {
-    // A gradient may alias another tensor of the graph (e.g. the output gradient of an add):
-    // the leaf gets a private copy so later in-place accumulation cannot leak into it, unless
-    // nothing else refers to the gradient's data, which the leaf then takes over.
-    const bool sole = take && g.impl_ptr().use_count() == 1 && g.impl()->storage.use_count() == 1 &&
-                      g.is_contiguous() && g.impl()->offset == 0 && !g.impl()->grad_fn &&
-                      !g.impl()->requires_grad;
-    impl->grad = sole ? g.impl_ptr() : g.detach().clone().impl_ptr();
-  } else {
-    Tensor acc(impl->grad);
-    detail::add_inplace(acc, g);
+  Tensor grad;
+  {
+    std::lock_guard<std::mutex> lock(leaf_mutex(impl));
+    if (!impl->grad) {
+      // A gradient may alias another tensor of the graph (e.g. the output gradient of an add):
+      // the leaf gets a private copy so later in-place accumulation cannot leak into it, unless
+      // nothing else refers to the gradient's data, which the leaf then takes over.
+      const bool sole = take && g.impl_ptr().use_count() == 1 &&
+                        g.impl()->storage.use_count() == 1 && g.is_contiguous() &&
+                        g.impl()->offset == 0 && !g.impl()->grad_fn && !g.impl()->requires_grad;
+      impl->grad = sole ? g.impl_ptr() : g.detach().clone().impl_ptr();
+    } else {
+      Tensor acc(impl->grad);
+      detail::add_inplace(acc, g);
+    }
+    grad = Tensor(impl->grad);
   }
-  Tensor grad(impl->grad);
-  for (auto& hook : impl->grad_hooks) hook(grad);
+  // By index, each hook copied: a hook may register another (which runs from the next gradient
+  // on), which can move the list.
+  const size_t hooks = impl->grad_hooks.size();
+  for (size_t h = 0; h < hooks; ++h) {
+    const std::function<void(const Tensor&)> hook = impl->grad_hooks[h];
+    hook(grad);
+  }
 }
 
-}  // namespace
-
-void run_backward(const Tensor& root, const Tensor& gradient, bool from_loss) {
-  if (from_loss && check_loss.load(std::memory_order_relaxed)) check_loss_value(root);
-  if (!root.impl()->grad_fn) {  // a leaf: its gradient is the given one
-    accumulate_leaf(root, gradient);
-    return;
-  }
+// Runs the nodes of `order` (each after every node that feeds it) from the root's gradient.
+void run_nodes(const Tensor& root, const Tensor& gradient,
+               std::vector<std::shared_ptr<Node>>& order) {
   const bool anomaly = is_anomaly_enabled();
-  // Order the graph so that every node runs after all the nodes that feed it a gradient.
-  // `order` owns the nodes, so freeing a node's inputs below cannot free a node still to run.
-  std::vector<std::shared_ptr<Node>> order;
-  std::unordered_set<Node*> seen;
-  std::vector<std::pair<std::shared_ptr<Node>, size_t>> stack{{root.impl()->grad_fn, 0}};
-  seen.insert(stack.back().first.get());
-  while (!stack.empty()) {
-    auto& [node, next] = stack.back();
-    GALLEY_CHECK(!node->released, "backward: the graph through ", node->name,
-                 " was already freed by an earlier backward()");
-    if (next < node->inputs.size()) {
-      const Tensor& in = node->inputs[next++];
-      const std::shared_ptr<Node>* child = in.defined() ? &in.impl()->grad_fn : nullptr;
-      if (child && *child && seen.insert(child->get()).second) stack.push_back({*child, 0});
-    } else {
-      order.push_back(std::move(node));
-      stack.pop_back();
-    }
-  }
   // A leaf's gradient is written once per backward, when the last node that feeds it has run,
   // so its hooks see the complete gradient as early as possible.
   struct LeafSlot {
@@ -278,6 +301,61 @@ void run_backward(const Tensor& root, const Tensor& gradient, bool from_loss) {
     node->backward = nullptr;
     node->released = true;
     node->inputs.clear();
+  }
+}
+
+}  // namespace
+
+void run_backward(const Tensor& root, const Tensor& gradient, bool from_loss) {
+  if (from_loss && check_loss.load(std::memory_order_relaxed)) check_loss_value(root);
+  if (!root.impl()->grad_fn) {  // a leaf: its gradient is the given one
+    accumulate_leaf(root, gradient);
+    return;
+  }
+  // Order the graph so that every node runs after all the nodes that feed it a gradient.
+  // `order` owns the nodes, so freeing a node's inputs below cannot free a node still to run.
+  std::vector<std::shared_ptr<Node>> order;
+  std::unordered_set<Node*> seen;
+  // Each node (but a reusable one, which backward leaves as it is) is claimed before its inputs
+  // are read: another thread's backward through the same graph cannot then run or free it under
+  // this one. What this backward claimed and did not run is given back if it fails.
+  std::vector<Node*> claimed;
+  auto give_back = [&claimed] {
+    for (Node* n : claimed)
+      if (!n->released.load()) n->claimed.store(false);
+  };
+  auto claim = [&claimed](Node& n) {
+    if (n.reusable) return;
+    if (n.claimed.exchange(true)) {
+      GALLEY_CHECK(!n.released.load(), "backward: the graph through ", n.name,
+                   " was already freed by an earlier backward()");
+      GALLEY_CHECK(false, "backward: the graph through ", n.name,
+                   " is being run by another backward() at the same time (on another thread)");
+    }
+    claimed.push_back(&n);
+  };
+  try {
+    std::vector<std::pair<std::shared_ptr<Node>, size_t>> stack{{root.impl()->grad_fn, 0}};
+    seen.insert(stack.back().first.get());
+    claim(*stack.back().first);
+    while (!stack.empty()) {
+      auto& [node, next] = stack.back();
+      if (next < node->inputs.size()) {
+        const Tensor& in = node->inputs[next++];
+        const std::shared_ptr<Node>* child = in.defined() ? &in.impl()->grad_fn : nullptr;
+        if (child && *child && seen.insert(child->get()).second) {
+          claim(**child);
+          stack.push_back({*child, 0});
+        }
+      } else {
+        order.push_back(std::move(node));
+        stack.pop_back();
+      }
+    }
+    run_nodes(root, gradient, order);
+  } catch (...) {
+    give_back();
+    throw;
   }
 }
 

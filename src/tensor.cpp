@@ -548,6 +548,9 @@ void Tensor::set_grad(const Tensor& g) {
 void Tensor::register_grad_hook(std::function<void(const Tensor&)> hook) {
   GALLEY_CHECK_DEFINED("register_grad_hook");
   GALLEY_CHECK(is_leaf(), "register_grad_hook: only leaves accumulate gradients");
+  GALLEY_CHECK(requires_grad(),
+               "register_grad_hook: the tensor does not require a gradient, so "
+               "the hook would never run (mark it set_requires_grad first)");
   impl_->grad_hooks.push_back(std::move(hook));
 }
 

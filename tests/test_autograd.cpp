@@ -745,3 +745,94 @@ TEST(Backward, ReluOfAMovedLeafLeavesTheLeaf) {
   Tensor r = galley::relu(std::move(t));
   EXPECT_EQ(r.raw_data(), data);
 }
+
+// A graph a million ops deep, dropped without its backward, is taken apart without recursion
+// (the release of each node freed the next inside it, 1M frames deep: a stack overflow).
+TEST(Graph, AMillionOpsDeepIsDroppedWithoutItsBackward) {
+  Tensor x = Tensor::from_vector({1.f}, {1}).set_requires_grad(true);
+  {
+    Tensor y = x;
+    for (int i = 0; i < 1000000; ++i) y = galley::mul(y, 1.0f);
+  }
+  Tensor y = galley::mul(x, 2.f);
+  galley::sum(y).backward();
+  EXPECT_EQ(x.grad().to_vector(), (std::vector<float>{2.f}));
+}
+
+// A hook may register another hook (which runs from the next gradient on): the list it was
+// read from may move meanwhile. A hook on a tensor that takes no gradient, which would never
+// run, is refused.
+TEST(Hooks, AHookThatRegistersAHookAndAHookThatWouldNeverRun) {
+  Tensor x = Tensor::from_vector({1.f, 2.f, 3.f}, {3}).set_requires_grad(true);
+  int outer = 0, inner = 0;
+  x.register_grad_hook([&](const Tensor&) {
+    ++outer;
+    for (int k = 0; k < 8; ++k) x.register_grad_hook([&](const Tensor&) { ++inner; });
+  });
+  galley::sum(galley::mul(x, x)).backward();
+  EXPECT_EQ(outer, 1);
+  EXPECT_EQ(inner, 0);
+  galley::sum(galley::mul(x, x)).backward();
+  EXPECT_EQ(outer, 2);
+  EXPECT_EQ(inner, 8);
+  Tensor plain = Tensor::from_vector({1.f}, {1});
+  expect_contains(error_of([&] { plain.register_grad_hook([](const Tensor&) {}); }),
+                  {"register_grad_hook", "does not require a gradient"});
+}
+
+// Backwards on two threads: through one graph, one runs it and the other gets the usual error
+// (never a crash); through two graphs that share a leaf, both parts reach its gradient.
+TEST(Graph, ConcurrentBackwardsAreErrorsOrExactSums) {
+  for (int rep = 0; rep < 20; ++rep) {
+    Tensor x = Tensor::from_vector({1.f}, {1}).set_requires_grad(true);
+    Tensor y = x;
+    for (int i = 0; i < 2000; ++i) y = galley::mul(y, 1.0f);
+    Tensor loss = galley::sum(y);
+    std::atomic<int> ok{0}, refused{0};
+    auto run = [&] {
+      try {
+        loss.backward();
+        ++ok;
+      } catch (const galley::Error& e) {
+        const std::string m = e.what();
+        if (m.find("already freed") != std::string::npos ||
+            m.find("at the same time") != std::string::npos)
+          ++refused;
+      }
+    };
+    std::thread a(run), b(run);
+    a.join();
+    b.join();
+    EXPECT_EQ(ok.load(), 1) << rep;
+    EXPECT_EQ(refused.load(), 1) << rep;
+    EXPECT_EQ(x.grad().to_vector(), (std::vector<float>{1.f})) << rep;
+  }
+  Tensor w = Tensor::from_vector({1.f}, {1}).set_requires_grad(true);
+  const int n = 300;
+  auto many = [&] {
+    for (int i = 0; i < n; ++i) galley::sum(galley::mul(w, 1.f)).backward();
+  };
+  std::thread a(many), b(many);
+  a.join();
+  b.join();
+  EXPECT_EQ(w.grad().to_vector(), (std::vector<float>{float(2 * n)}));
+}
+
+// An anomaly found in add_'s sum leaves the tensor its history (it was a leaf, detached from its
+// graph, before); a node recorded with detection off says its layer is not known rather than
+// "outside any named layer".
+TEST(Anomaly, AddInPlaceKeepsItsHistoryAndAnUntrackedLayerIsSaidSo) {
+  Tensor x = Tensor::from_vector({1.f, 2.f}, {2}).set_requires_grad(true);
+  Tensor h = galley::mul(x, 2.f);
+  {
+    Anomaly on;
+    EXPECT_THROW(h.add_(Tensor::from_vector({INFINITY, 0.f}, {2})), galley::Error);
+  }
+  EXPECT_TRUE(h.requires_grad());
+  EXPECT_FALSE(h.is_leaf());
+  Tensor z = galley::mul(x, 0.f);
+  Tensor loss = galley::sum(galley::div(z, z));  // recorded with detection off; NaN gradients
+  Anomaly on;
+  expect_contains(error_of([&] { loss.backward(galley::full({}, 1.f)); }),
+                  {"detect_anomaly", "backward of div", "layer is not known"});
+}

@@ -80,10 +80,21 @@ using BackwardFn = std::function<void(const Tensor& grad_output, std::vector<Ten
 
 /// One recorded op: its inputs (kept alive until backward has run) and its closure.
 struct Node {
+  Node() = default;
+  Node(const Node&) = delete;
+  Node& operator=(const Node&) = delete;
+  /// Releases the chain of nodes it alone holds (through inputs it alone holds) one after
+  /// another rather than by recursion, so that dropping a graph a million ops deep without its
+  /// backward does not overflow the stack.
+  ~Node();
+
   const char* name = "";
   std::vector<Tensor> inputs;
   BackwardFn backward;
-  bool released = false;  // set once backward has consumed it
+  std::atomic<bool> released{false};  // set once backward has consumed it
+  /// Taken by the backward that runs the node (atomically, before it reads the node's inputs):
+  /// a second backward through the same graph at the same time is an error, not a race.
+  std::atomic<bool> claimed{false};
   /// Set on a node whose closure holds nothing but what its inputs already keep alive
   /// (autocast's cached low-precision copy of a parameter): backward leaves it in place, so that
   /// every graph recorded through the one cached copy can run its own backward, as in PyTorch.
@@ -92,8 +103,9 @@ struct Node {
   /// start from its output when it is not finite, since the scaler skips that step itself.
   bool nonfinite_loss_ok = false;
   /// The layer path at the op's forward ("features.1"), kept while anomaly detection is on or a
-  /// profiler records.
+  /// profiler records (layer_tracked then; "" is outside any named layer).
   std::string layer_path;
+  bool layer_tracked = false;
 };
 
 /// True when an op on `inputs` must be recorded.

@@ -69,13 +69,18 @@ Tensor add_(const Tensor& a, const Tensor& b) {
   // a.add_(a): b was a's old value, so both inputs are the old history (b itself is now the
   // node's output, and an input of its own node would drop its gradient).
   const Tensor addend = b.is_same(a) ? old : b;
-  return autograd::record(a, "add_", {old, addend},
-                          [sb, db](const Tensor& g, std::vector<Tensor>& gi) {
-                            gi[0] = g;
-                            gi[1] = detail::sum_to(g, sb);
-                            if (gi[1].dtype() != db)
-                              gi[1] = gi[1].to(db);  // b's gradient in b's dtype (autocast)
-                          });
+  try {
+    return autograd::record(a, "add_", {old, addend},
+                            [sb, db](const Tensor& g, std::vector<Tensor>& gi) {
+                              gi[0] = g;
+                              gi[1] = detail::sum_to(g, sb);
+                              if (gi[1].dtype() != db)
+                                gi[1] = gi[1].to(db);  // b's gradient in b's dtype (autocast)
+                            });
+  } catch (...) {  // (anomaly detection's check of the sum): a keeps its history
+    a.impl()->grad_fn = std::move(old.impl()->grad_fn);
+    throw;
+  }
 }
 
 Tensor& Tensor::add_(const Tensor& other) {
