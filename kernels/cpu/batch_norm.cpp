@@ -600,9 +600,13 @@ void backward(const T* gy, const T* x, const T* y, BatchNormGeometry g, BatchNor
   // PyTorch's: x takes no part, so a NaN or infinite x keeps a finite gradient ((x - mean) * 0
   // would be NaN); the same bits as the full formula for finite x.
   auto dx = [&](const float* fg, const float* fx, int64_t m, int64_t c0, int64_t step, float* r) {
+    if (!training) {
+      for (int64_t j = 0; j < m; ++j) r[j] = fg[j] * a[c0 + j * step];
+      return;
+    }
     for (int64_t j = 0; j < m; ++j) {
       const int64_t c = c0 + j * step;
-      r[j] = training ? (fg[j] - mg[c] - (fx[j] - mean[c]) * k[c]) * a[c] : fg[j] * a[c];
+      r[j] = (fg[j] - mg[c] - (fx[j] - mean[c]) * k[c]) * a[c];
     }
   };
   // The input gradient of plane r (image r / C, channel c = r % C).
