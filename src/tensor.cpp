@@ -225,8 +225,22 @@ void Tensor::copy_to_host(void* dst) const {
                      c.numel() * dtype_size(c.dtype()));
 }
 
+namespace {
+// copy_, fill_ and copy_from_host are not recorded by autograd: writing an op's output that is
+// part of a graph would change the gradients its backward computes, silently. Refused while
+// recording (a leaf, such as a parameter, may be written: its gradient does not read its value).
+void check_unrecorded_write(const char* op, const detail::TensorImpl& t) {
+  GALLEY_CHECK(!(t.grad_fn && grad_enabled()), op, ": the tensor written (", dtype_name(t.dtype),
+               " ", shape_str(t.shape),
+               ") is the output of an op recorded for backward, and this write is not recorded: "
+               "it would change that graph's gradients; compute a new tensor instead, or detach() "
+               "it first");
+}
+}  // namespace
+
 void Tensor::copy_from_host(const void* src) {
   GALLEY_CHECK_DEFINED("copy_from_host");
+  check_unrecorded_write("copy_from_host", *impl_);
   GALLEY_CHECK(src || numel() == 0, "copy_from_host (from_host): the source pointer is null for ",
                numel(), " elements of shape ", shape_str(shape()));
   if (!is_contiguous()) {  // a view: the values first, then through its strides
@@ -275,6 +289,7 @@ float Tensor::item() const {
 
 void Tensor::copy_(const Tensor& src) {
   GALLEY_CHECK_DEFINED("copy_");
+  check_unrecorded_write("copy_", *impl_);
   GALLEY_CHECK(src.shape() == shape() && src.dtype() == dtype(), "copy_: source ",
                shape_str(src.shape()), " ", dtype_name(src.dtype()), " does not match destination ",
                shape_str(shape()), " ", dtype_name(dtype()));
@@ -316,6 +331,7 @@ void store_float(void* p, DType t, int64_t i, float v);
 
 void Tensor::fill_(float value) {
   GALLEY_CHECK_DEFINED("fill_");
+  check_unrecorded_write("fill_", *impl_);
   if (!is_contiguous()) {  // a view: the value written through its strides
     Tensor dense = empty(shape(), dtype(), device());
     dense.fill_(value);

@@ -836,3 +836,24 @@ TEST(Anomaly, AddInPlaceKeepsItsHistoryAndAnUntrackedLayerIsSaidSo) {
   expect_contains(error_of([&] { loss.backward(galley::full({}, 1.f)); }),
                   {"detect_anomaly", "backward of div", "layer is not known"});
 }
+
+// copy_, fill_ and copy_from_host are not recorded: on an op's output that is part of a graph,
+// while gradients are recorded, they would change that graph's gradients silently (PyTorch's
+// version counters make its backward refuse). They are refused; a leaf (a parameter) may still
+// be written, and a detached copy or a write under NoGradGuard is the caller's choice.
+TEST(Graph, UnrecordedWritesIntoAGraphAreRefused) {
+  Tensor x = fvec({1, 2, 3}, {3});
+  x.set_requires_grad(true);
+  Tensor h = galley::mul(x, 2.f);
+  Tensor y = galley::sum(galley::mul(h, h));
+  const float zeros[3] = {0, 0, 0};
+  expect_contains(error_of([&] { h.copy_(galley::zeros({3})); }),
+                  {"copy_", "[3]", "not recorded", "detach()"});
+  expect_contains(error_of([&] { h.fill_(0.f); }), {"fill_"});
+  expect_contains(error_of([&] { h.narrow(0, 0, 1).fill_(0.f); }), {"fill_"});
+  expect_contains(error_of([&] { h.copy_from_host(zeros); }), {"copy_from_host"});
+  y.backward();
+  EXPECT_EQ(x.grad().to_vector(), (std::vector<float>{8, 16, 24}));
+  x.copy_(fvec({4, 5, 6}, {3}));  // a leaf: its gradient does not read its value
+  EXPECT_EQ(x.to_vector(), (std::vector<float>{4, 5, 6}));
+}

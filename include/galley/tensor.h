@@ -197,7 +197,9 @@ class Tensor {
   /// Copies the elements (row-major) into `dst`, which must hold numel() elements.
   void copy_to_host(void* dst) const;
   /// Overwrites the elements from host memory holding numel() elements of dtype(), row-major
-  /// (into a view too: through its strides).
+  /// (into a view too: through its strides). Like copy_ and fill_, not recorded by autograd:
+  /// refused on an op's output that is part of a graph while gradients are recorded (the write
+  /// would change that graph's gradients silently); a leaf, such as a parameter, may be written.
   void copy_from_host(const void* src);
   /// Overwrites this tensor's elements with `src`'s (same shape and dtype, any devices: host to
   /// GPU, GPU to host, between GPUs); no autograd. Either may be a view: the elements go through
