@@ -56,7 +56,7 @@ class LRScheduler {
   /// The rate of period `epoch` from the optimizer's current rate `lr` by PyTorch's recursive
   /// (chainable) get_lr, which a chained schedule steps by; a schedule that is a closed form in
   /// PyTorch too keeps this default, its closed form.
-  virtual double chained_rate(double lr, int64_t epoch) const { return lr_at(epoch); }
+  virtual double chained_rate(double /*lr*/, int64_t epoch) const { return lr_at(epoch); }
 
   Optimizer& opt_;
   double base_lr_;
