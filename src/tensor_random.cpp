@@ -169,9 +169,7 @@ void check_floating_draw(const char* op, DType dtype) {
   GALLEY_CHECK(is_floating_point(dtype), op, ": dtype ", dtype_name(dtype),
                " is not a floating dtype (float32, bfloat16, float16); randint draws integers");
 }
-}  // namespace
 
-namespace {
 // uniform for `op` (rand or uniform) in options' floating dtype. A 16-bit dtype draws on its own
 // grid, as PyTorch's uniform_ does: x = k / 2^digits for k of `digits` random bits (8 for
 // bfloat16, 11 for float16), so rand stays below 1 (a float32 draw of 0.998 or more rounds up to

@@ -610,25 +610,32 @@ struct DataParallelBase::Impl {
 };
 
 namespace {
-// The replicas' input rows' gradients as one tensor on `device` (the input's), rows in replica
-// order (zeros for rows whose replica's graph did not reach its input); undefined where none did.
-Tensor gather_rows(const std::vector<Tensor>& xs, const std::vector<int64_t>& starts,
+// The replicas' parts as one tensor on `device`: part r (of rows [starts[r], starts[r + 1]), the
+// rest of its shape the first defined part's) in its rows, in the first defined part's dtype;
+// zeros where a part with rows is undefined (an input gradient a replica's graph did not reach);
+// undefined where every part is.
+Tensor gather_rows(const std::vector<Tensor>& parts, const std::vector<int64_t>& starts,
                    Device device) {
   const Tensor* first = nullptr;
-  for (const Tensor& x_r : xs)
-    if (x_r.defined() && x_r.grad().defined()) first = &x_r;
+  bool gaps = false;
+  for (size_t r = 0; r < parts.size(); ++r) {
+    if (parts[r].defined())
+      first = first ? first : &parts[r];
+    else
+      gaps = gaps || starts[r + 1] > starts[r];
+  }
   if (!first) return Tensor();
   Shape shape = first->shape();
   shape[0] = starts.back();
-  const DType dtype = first->grad().dtype();
-  Tensor out = zeros(shape, dtype, device);
+  const DType dtype = first->dtype();
+  Tensor out = gaps ? zeros(shape, dtype, device) : Tensor::empty(shape, dtype, device);
   const int64_t row = shape_numel(Shape(shape.begin() + 1, shape.end()));
   const int64_t elem = int64_t(dtype_size(dtype));
-  for (size_t r = 0; r < xs.size(); ++r) {
-    if (!xs[r].defined() || !xs[r].grad().defined()) continue;
-    const Tensor g = xs[r].grad().to(dtype).contiguous();
+  for (size_t r = 0; r < parts.size(); ++r) {
+    if (!parts[r].defined()) continue;
+    const Tensor part = parts[r].to(dtype).contiguous();
     detail::copy_bytes(static_cast<char*>(out.raw_data()) + starts[r] * row * elem, device,
-                       g.raw_data(), g.device(), size_t(g.numel() * elem));
+                       part.raw_data(), part.device(), size_t(part.numel() * elem));
   }
   return out;
 }
@@ -807,17 +814,7 @@ Tensor DataParallelBase::forward(const Tensor& x) {
                  outs[r].defined() ? shape_str(outs[r].shape()) : "nothing", " for ",
                  starts[r + 1] - starts[r], " rows",
                  "; outputs must keep the batch dimension and agree in shape");
-  Shape out_shape = first.shape();
-  out_shape[0] = batch;
-  Tensor out = Tensor::empty(out_shape, first.dtype(), m.devices[0]);
-  const int64_t orow = shape_numel(row_shape);
-  for (size_t r = 0; r < m.n(); ++r) {
-    if (!outs[r].defined()) continue;
-    Tensor o = outs[r].contiguous();
-    detail::copy_bytes(
-        static_cast<char*>(out.raw_data()) + starts[r] * orow * dtype_size(out.dtype()),
-        out.device(), o.raw_data(), o.device(), o.numel() * dtype_size(o.dtype()));
-  }
+  Tensor out = gather_rows(outs, starts, m.devices[0]);
   m.stats.forward_ms = ms_between(t0, Clock::now());
   bool any_grad = false;
   for (auto& o : outs) any_grad = any_grad || (o.defined() && o.requires_grad());
@@ -830,10 +827,15 @@ Tensor DataParallelBase::forward(const Tensor& x) {
   node->backward = [impl = std::weak_ptr<Impl>(impl_), outs, starts, xs, input_grad,
                     x_device = x.device()](const Tensor& g, std::vector<Tensor>& gi) {
     std::shared_ptr<Impl> m = impl.lock();
-    GALLEY_CHECK(m, "DataParallel: backward through a forward of a DataParallel that has been "
-                    "destroyed; keep it alive until the backward has run");
+    GALLEY_CHECK(m,
+                 "DataParallel: backward through a forward of a DataParallel that has been "
+                 "destroyed; keep it alive until the backward has run");
     m->backward(outs, starts, g);
-    if (input_grad) gi[0] = gather_rows(xs, starts, x_device);
+    if (!input_grad) return;
+    std::vector<Tensor> grads(xs.size());
+    for (size_t r = 0; r < xs.size(); ++r)
+      if (xs[r].defined()) grads[r] = xs[r].grad();
+    gi[0] = gather_rows(grads, starts, x_device);
   };
   out.impl()->grad_fn = std::move(node);
   return out;
