@@ -151,7 +151,8 @@ bool needs_grad(std::initializer_list<const Tensor*> inputs) {
   return false;
 }
 
-Tensor record(Tensor output, const char* name, std::vector<Tensor> inputs, BackwardFn backward) {
+Tensor record(Tensor output, const char* name, std::vector<Tensor> inputs, BackwardFn backward,
+              std::initializer_list<Saved> saved) {
   const bool anomaly = is_anomaly_enabled();
   if (anomaly) check_forward(output, name);
   if (!grad_enabled()) return output;
@@ -162,6 +163,12 @@ Tensor record(Tensor output, const char* name, std::vector<Tensor> inputs, Backw
   node->name = name;
   node->inputs = std::move(inputs);
   node->backward = std::move(backward);
+  node->saved.reserve(saved.size());
+  for (const Saved& t : saved) {
+    if (!t.tensor.defined() || !t.tensor.impl()->storage) continue;
+    const detail::TensorImpl& impl = *t.tensor.impl();
+    node->saved.push_back({t.role, impl.storage, impl.storage->version(), impl.shape, impl.dtype});
+  }
   if (anomaly || profiler::is_recording()) {
     node->layer_path = current_layer_path();
     node->layer_tracked = true;
@@ -230,6 +237,7 @@ void accumulate_leaf(const Tensor& leaf, const Tensor& g, bool take = false) {
       impl->grad = sole ? g.impl_ptr() : g.detach().clone().impl_ptr();
     } else {
       Tensor acc(impl->grad);
+      acc.bump_version();
       detail::add_inplace(acc, g);
     }
     grad = Tensor(impl->grad);
@@ -241,6 +249,28 @@ void accumulate_leaf(const Tensor& leaf, const Tensor& g, bool take = false) {
     const std::function<void(const Tensor&)> hook = impl->grad_hooks[h];
     hook(grad);
   }
+}
+
+// Every tensor the nodes of `order` saved still holds the data they saved: a write since (its
+// version moved) is an error before any node runs, so no gradient is computed or changed.
+void check_saved_versions(const std::vector<std::shared_ptr<Node>>& order) {
+  for (const auto& node : order)
+    for (const SavedVersion& s : node->saved) {
+      const uint64_t now = s.storage->version();
+      if (now == s.version) continue;
+      const std::string where = node->layer_tracked && !node->layer_path.empty()
+                                    ? " (" + in_layer(node->layer_path) + ")"
+                                    : std::string();
+      throw Error(detail::str_cat(
+          "backward: the ", s.role, " (", dtype_name(s.dtype), " ", shape_str(s.shape), ") that ",
+          node->name, where,
+          " saved for its gradient was modified in place after the forward "
+          "(its data is at version ",
+          now, ", it was saved at version ", s.version,
+          "): the gradient would be computed from the new values. Write it after backward() (an "
+          "optimizer step, copy_, fill_, add_, load_state_dict), or pass the op a clone(); no "
+          "gradient was computed or changed"));
+    }
 }
 
 // Runs the nodes of `order` (each after every node that feeds it) from the root's gradient.
@@ -352,6 +382,7 @@ void run_backward(const Tensor& root, const Tensor& gradient, bool from_loss) {
         stack.pop_back();
       }
     }
+    check_saved_versions(order);
     run_nodes(root, gradient, order);
   } catch (...) {
     give_back();

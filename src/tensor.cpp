@@ -187,6 +187,15 @@ void* Tensor::raw_data() const {
   return static_cast<char*>(impl_->storage->data()) + impl_->offset * dtype_size(impl_->dtype);
 }
 
+uint64_t Tensor::version() const {
+  GALLEY_CHECK_DEFINED("version");
+  return impl_->storage ? impl_->storage->version() : 0;
+}
+
+void Tensor::bump_version() const {
+  if (impl_ && impl_->storage) impl_->storage->bump_version();
+}
+
 template <typename T>
 T* Tensor::data_ptr() const {
   GALLEY_CHECK_DEFINED("data");
@@ -228,7 +237,8 @@ void Tensor::copy_to_host(void* dst) const {
 namespace {
 // copy_, fill_ and copy_from_host are not recorded by autograd: writing an op's output that is
 // part of a graph would change the gradients its backward computes, silently. Refused while
-// recording (a leaf, such as a parameter, may be written: its gradient does not read its value).
+// recording. A leaf, such as a parameter, may be written: its own gradient does not read its
+// value, and an op that saved it refuses its backward afterwards (the write counts a version).
 void check_unrecorded_write(const char* op, const detail::TensorImpl& t) {
   GALLEY_CHECK(!(t.grad_fn && grad_enabled()), op, ": the tensor written (", dtype_name(t.dtype),
                " ", shape_str(t.shape),
@@ -243,6 +253,7 @@ void Tensor::copy_from_host(const void* src) {
   check_unrecorded_write("copy_from_host", *impl_);
   GALLEY_CHECK(src || numel() == 0, "copy_from_host (from_host): the source pointer is null for ",
                numel(), " elements of shape ", shape_str(shape()));
+  bump_version();
   if (!is_contiguous()) {  // a view: the values first, then through its strides
     Tensor dense = empty(shape(), dtype(), device());
     dense.copy_from_host(src);
@@ -294,6 +305,7 @@ void Tensor::copy_(const Tensor& src) {
                shape_str(src.shape()), " ", dtype_name(src.dtype()), " does not match destination ",
                shape_str(shape()), " ", dtype_name(dtype()));
   if (numel() == 0) return;
+  bump_version();
   if (shares_memory_with(src)) {
     // The source read as it was: copied out first (unless it is this very view).
     if (src.impl()->offset == impl_->offset && src.strides() == strides()) return;
@@ -332,6 +344,7 @@ void store_float(void* p, DType t, int64_t i, float v);
 void Tensor::fill_(float value) {
   GALLEY_CHECK_DEFINED("fill_");
   check_unrecorded_write("fill_", *impl_);
+  bump_version();
   if (!is_contiguous()) {  // a view: the value written through its strides
     Tensor dense = empty(shape(), dtype(), device());
     dense.fill_(value);

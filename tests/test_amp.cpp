@@ -225,6 +225,16 @@ TEST(Autocast, GradientsArriveInTheParametersFloat32) {
   }
 }
 
+// What autocast's forward of `fc` should give: the layer's op on the input and the parameters as
+// they are now, each rounded to bfloat16, outside the scope.
+namespace {
+Tensor bf16_linear(nn::Linear& fc, const Tensor& x) {
+  amp::Autocast off(DType::BFloat16, false);
+  return galley::linear(x.to(DType::BFloat16), fc.weight().to(DType::BFloat16),
+                        fc.bias().to(DType::BFloat16));
+}
+}  // namespace
+
 TEST(Autocast, ParametersAreConvertedOncePerScopeAndAgainAfterAStep) {
   nn::Linear fc(4, 4);
   Tensor x = galley::randn({2, 4});
@@ -245,12 +255,7 @@ TEST(Autocast, ParametersAreConvertedOncePerScopeAndAgainAfterAStep) {
   opt.step();  // writes the weights in place: the cached copies are stale
   opt.clear_grad();
   Tensor after = fc(x);
-  Tensor want;
-  {
-    amp::Autocast off(DType::BFloat16, false);
-    want = galley::linear(x.to(DType::BFloat16), fc.weight().to(DType::BFloat16),
-                          fc.bias().to(DType::BFloat16));
-  }
+  const Tensor want = bf16_linear(fc, x);
   expect_same(after, want, "the forward after an optimizer step inside the scope");
   // Forward and backward twice in one scope (gradient accumulation): both run through the one
   // cached conversion.
@@ -272,6 +277,23 @@ TEST(Autocast, ParametersAreConvertedOncePerScopeAndAgainAfterAStep) {
   first.backward();
   second.backward();
   expect_same(fc.weight().grad(), galley::add(alone[0], alone[1]), "two losses' gradients");
+}
+
+// A parameter written in place by anything (copy_, fill_, a write through a view), not only an
+// optimizer step or a load, is converted afresh: the cached copy remembers the data's version.
+TEST(Autocast, AParameterWrittenInPlaceIsConvertedAfresh) {
+  nn::Linear fc(4, 3);
+  Tensor x = galley::randn({2, 4});
+  amp::Autocast autocast(DType::BFloat16);
+  Tensor before = fc(x);
+  fc.weight().fill_(0.25f);
+  {
+    galley::NoGradGuard no_grad;
+    fc.bias().narrow(0, 0, 2).fill_(-1.f);
+  }
+  Tensor after = fc(x);
+  const Tensor want = bf16_linear(fc, x);
+  expect_same(after, want, "the forward after the weights were written in place");
 }
 
 TEST(Autocast, ACopyMadeWithoutGradientsIsNotReusedForTraining) {

@@ -857,3 +857,112 @@ TEST(Graph, UnrecordedWritesIntoAGraphAreRefused) {
   x.copy_(fvec({4, 5, 6}, {3}));  // a leaf: its gradient does not read its value
   EXPECT_EQ(x.to_vector(), (std::vector<float>{4, 5, 6}));
 }
+
+// Version counters (PyTorch's `_version`): every in-place write counts one on the data, which all
+// its views share and a clone does not.
+TEST(Versions, InPlaceWritesCountOnTheDataItsViewsShare) {
+  Tensor t = galley::zeros({2, 3});
+  Tensor row = t.narrow(0, 1, 1);
+  const uint64_t v0 = t.version();
+  t.fill_(1.f);
+  EXPECT_EQ(t.version(), v0 + 1);
+  EXPECT_EQ(row.version(), t.version()) << "a view shares its base's counter";
+  row.copy_(galley::full({1, 3}, 2.f));
+  EXPECT_EQ(t.version(), v0 + 2) << "a write through a view counts on the base";
+  const float host[6] = {1, 2, 3, 4, 5, 6};
+  t.copy_from_host(host);
+  t.add_(galley::ones({2, 3}));
+  EXPECT_EQ(t.version(), v0 + 4);
+  Tensor c = t.clone();
+  c.fill_(0.f);
+  EXPECT_EQ(t.version(), v0 + 4) << "a clone has data, and a counter, of its own";
+  (void)galley::mul(t, 2.f);  // reads count nothing
+  EXPECT_EQ(t.version(), v0 + 4);
+  EXPECT_EQ(Tensor::empty({0}).version(), 0u);
+}
+
+// A tensor an op saved for its backward, written in place before that backward runs, is an
+// error naming the op, the tensor's role, shape and dtype, and both versions, raised before any
+// gradient is computed: the backward would read the new values (as PyTorch refuses, "modified by
+// an inplace operation").
+TEST(Versions, AWriteIntoASavedTensorIsRefusedBeforeAnyGradient) {
+  // A weight written between the forward and the backward (an optimizer step in the wrong place).
+  Tensor x = galley::randn({2, 3, 6, 6}).set_requires_grad(true);
+  Tensor w = galley::randn({4, 3, 3, 3}).set_requires_grad(true);
+  Tensor loss = galley::sum(galley::conv2d(x, w, Tensor(), {.padding = 1}));
+  const uint64_t saved_at = w.version();
+  {
+    galley::NoGradGuard no_grad;
+    w.add_(galley::full({4, 3, 3, 3}, 0.5f));
+  }
+  const std::string msg = error_of([&] { loss.backward(); });
+  expect_contains(msg,
+                  {"the weight (float32 [4, 3, 3, 3])", "conv2d", "modified in place",
+                   "version " + std::to_string(saved_at + 1),
+                   "saved at version " + std::to_string(saved_at), "no gradient was computed"});
+  EXPECT_FALSE(x.grad().defined());
+  EXPECT_FALSE(w.grad().defined());
+  // Still refused (not "already freed"): nothing ran.
+  expect_contains(error_of([&] { loss.backward(); }), {"modified in place"});
+
+  // An op's own saved output, written under NoGradGuard (which the graph-write check lets pass).
+  Tensor a = fvec({0.5f, 1.f}, {2});
+  a.set_requires_grad(true);
+  Tensor e = galley::exp(a);
+  Tensor y = galley::sum(galley::mul(e, 3.f));
+  {
+    galley::NoGradGuard no_grad;
+    e.fill_(0.f);
+  }
+  expect_contains(error_of([&] { y.backward(); }), {"the output (float32 [2]) that exp saved"});
+
+  // A constant operand (no gradient of its own) saved for the other's gradient.
+  Tensor c = fvec({2.f, 3.f}, {2});
+  Tensor z = galley::sum(galley::mul(a, c));
+  c.fill_(7.f);
+  expect_contains(error_of([&] { z.backward(); }), {"the second operand", "mul"});
+}
+
+// Only what a backward reads is checked: an operand kept for no gradient, a tensor written after
+// the backward, BatchNorm's running statistics updated by a later training forward (the eval
+// forward kept its own copy of them), and a leaf's value where only its gradient is read pass.
+TEST(Versions, WritesTheBackwardDoesNotReadPass) {
+  Tensor a = fvec({1.f, 2.f}, {2});
+  a.set_requires_grad(true);
+  Tensor c = fvec({2.f, 3.f}, {2});
+  Tensor y = galley::sum(galley::mul(a, c));  // c takes no gradient: a's value is not kept
+  a.fill_(5.f);
+  y.backward();
+  EXPECT_EQ(a.grad().to_vector(), (std::vector<float>{2.f, 3.f}));
+  y = galley::sum(galley::mul(a, c));
+  y.backward();
+  c.fill_(0.f);  // after the backward
+  EXPECT_EQ(a.grad().to_vector(), (std::vector<float>{4.f, 6.f}));
+
+  galley::nn::BatchNorm2D bn(2);
+  Tensor x = galley::randn({4, 2, 3, 3}).set_requires_grad(true);
+  bn.eval();
+  Tensor eval_loss = galley::sum(galley::mul(bn(x), bn(x)));
+  bn.train();
+  Tensor train_loss = galley::sum(bn(x));  // updates the running statistics in place
+  eval_loss.backward();
+  train_loss.backward();
+  EXPECT_TRUE(x.grad().defined());
+}
+
+// With anomaly detection on (or a profiler recording) the error names the layer whose forward
+// saved the tensor; an optimizer step counts a write on every parameter it updates.
+TEST(Versions, AnOptimizerStepBeforeTheBackwardNamesTheLayer) {
+  auto fc = std::make_shared<galley::nn::Linear>(3, 2);
+  galley::nn::Sequential model(fc);
+  galley::optim::SGD opt(model.parameters(), {.learning_rate = 0.1});
+  Tensor x = galley::randn({4, 3}).set_requires_grad(true);
+  galley::sum(model(x)).backward();
+  Anomaly on;
+  Tensor loss = galley::sum(model(x));
+  const uint64_t before = fc->weight().version();
+  opt.step();
+  EXPECT_GT(fc->weight().version(), before);
+  expect_contains(error_of([&] { loss.backward(); }),
+                  {"the weight (float32 [2, 3]) that linear (in layer '0') saved"});
+}

@@ -78,6 +78,22 @@ namespace galley::autograd {
 /// `grad_inputs[i]` for each input that needs one and may leave the others undefined.
 using BackwardFn = std::function<void(const Tensor& grad_output, std::vector<Tensor>& grad_inputs)>;
 
+/// A tensor an op's backward reads, named for the error that a write into it raises ("weight",
+/// "input", "output").
+struct Saved {
+  const char* role;
+  Tensor tensor;
+};
+
+/// A saved tensor's data and the version it had when the op was recorded.
+struct SavedVersion {
+  const char* role = "";
+  std::shared_ptr<Storage> storage;
+  uint64_t version = 0;
+  Shape shape;
+  DType dtype = DType::Float32;
+};
+
 /// One recorded op: its inputs (kept alive until backward has run) and its closure.
 struct Node {
   Node() = default;
@@ -91,6 +107,8 @@ struct Node {
   const char* name = "";
   std::vector<Tensor> inputs;
   BackwardFn backward;
+  /// The versions of the tensors the closure reads (see record()).
+  std::vector<SavedVersion> saved;
   std::atomic<bool> released{false};  // set once backward has consumed it
   /// Taken by the backward that runs the node (atomically, before it reads the node's inputs):
   /// a second backward through the same graph at the same time is an error, not a race.
@@ -113,7 +131,15 @@ bool needs_grad(std::initializer_list<const Tensor*> inputs);
 
 /// Attaches a Node to `output` when any input requires a gradient. Returns `output`. With
 /// anomaly detection on, first checks `output` for non-finite values (see set_detect_anomaly).
-Tensor record(Tensor output, const char* name, std::vector<Tensor> inputs, BackwardFn backward);
+///
+/// `saved` lists the tensors whose values the closure reads (an input, the weight, the op's own
+/// output; undefined ones are skipped), with the version of their data now. A backward that
+/// reaches the node after one of them was written in place (Tensor::version() moved: an
+/// optimizer step, copy_, fill_, add_, a load) is refused before any gradient is computed, as
+/// PyTorch refuses it ("modified by an inplace operation"): the gradient would be computed from
+/// the new values.
+Tensor record(Tensor output, const char* name, std::vector<Tensor> inputs, BackwardFn backward,
+              std::initializer_list<Saved> saved = {});
 
 /// Runs backward from `root` with `gradient` (same shape as root). With the loss guard on and
 /// `from_loss` (backward() without a gradient), a one-element root that is NaN or infinite is an

@@ -195,14 +195,14 @@ Tensor permute(const Tensor& x, const std::vector<int64_t>& dims);
 ///
 /// Autograd: when a or b requires a gradient (and no NoGradGuard is alive), the add is recorded
 /// and `a` becomes its output (its previous history moves onto the recorded node), as in PyTorch.
-/// The engine keeps no version counters, so instead of detecting a stale saved tensor at
-/// backward, add_ refuses, with an error, the writes that could make one:
-/// - `a` is a leaf that requires a gradient (a parameter: the same error as PyTorch's);
-/// - anything but the caller's one handle refers to `a` or its data: another handle, an op that
-///   took `a` as input (its graph would see the new history), a view of `a` or `a` itself a view,
-///   or a copy an op kept for its backward (which would silently change that gradient).
-/// An op's fresh output held by one variable (the residual case) passes. Writes not recorded are
-/// not checked: changing data that a recorded op kept for its backward changes that backward.
+/// A recorded add_ refuses, with an error:
+/// - `a` a leaf that requires a gradient (a parameter: the same error as PyTorch's);
+/// - anything but the caller's one handle referring to `a` or its data: another handle, an op
+///   that took `a` as input (its graph would see the new history), a view of `a` or `a` itself a
+///   view, or a copy an op kept for its backward.
+/// An op's fresh output held by one variable (the residual case) passes. Every add_, recorded or
+/// not, counts a write on a's data (Tensor::version()): a backward that reads data an unrecorded
+/// add_ changed (one under NoGradGuard) is refused when it runs.
 Tensor add_(const Tensor& a, const Tensor& b);
 /// Options of batch_norm; they mirror PyTorch's F.batch_norm (plus a fused ReLU).
 struct BatchNormOptions {

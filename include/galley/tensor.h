@@ -1,5 +1,6 @@
 #pragma once
 /// \file The Tensor value: shape, strides, shared storage, device, and its autograd state.
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <initializer_list>
@@ -41,8 +42,15 @@ class Storage {
   Device device() const { return device_; }
   /// True for page-locked host memory.
   bool pinned() const { return pinned_; }
+  /// The number of in-place writes the block has had (PyTorch's `_version`, shared by every
+  /// view of the block). Autograd notes it for each tensor an op saves for its backward, and
+  /// backward refuses to run from data written since.
+  uint64_t version() const { return version_.load(std::memory_order_relaxed); }
+  /// Counts one in-place write.
+  void bump_version() { version_.fetch_add(1, std::memory_order_relaxed); }
 
  private:
+  std::atomic<uint64_t> version_{0};
   void* data_ = nullptr;
   size_t bytes_ = 0;
   size_t capacity_ = 0;
@@ -189,6 +197,14 @@ class Tensor {
   T* data_ptr() const;
   /// Untyped pointer to the first element wherever it lives.
   void* raw_data() const;
+  /// How many in-place writes the data has had (shared by all views of it; PyTorch's
+  /// `_version`): copy_, fill_, copy_from_host, add_, optimizer steps, running statistics and
+  /// loads each count one. A backward whose op saved this data at an older version is refused
+  /// (see autograd::record). Writes through data() or raw_data() are not counted: call
+  /// bump_version() after them (PyTorch's torch.autograd.graph.increment_version).
+  uint64_t version() const;
+  /// Counts one in-place write of the data (a no-op on a tensor without data).
+  void bump_version() const;
   /// The value of a one-element tensor, as float.
   float item() const;
   /// Copies the elements (row-major) to a host vector.
@@ -200,6 +216,7 @@ class Tensor {
   /// (into a view too: through its strides). Like copy_ and fill_, not recorded by autograd:
   /// refused on an op's output that is part of a graph while gradients are recorded (the write
   /// would change that graph's gradients silently); a leaf, such as a parameter, may be written.
+  /// Each counts a write (version()): a backward that reads the old values is then refused.
   void copy_from_host(const void* src);
   /// Overwrites this tensor's elements with `src`'s (same shape and dtype, any devices: host to
   /// GPU, GPU to host, between GPUs); no autograd. Either may be a view: the elements go through

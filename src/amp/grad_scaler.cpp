@@ -67,7 +67,7 @@ void GradScaler::unscale_(optim::Optimizer& optimizer) {
   // magnitude is NaN or infinite exactly when an element is.
   std::vector<Tensor> largest;
   for (auto& g : groups) largest.push_back(detail::grad_norm(g.device, g.spans, INFINITY));
-  for (auto& g : groups) detail::scale_grads(g.device, g.spans, inv_scale);
+  for (auto& g : groups) detail::scale_grads(g, inv_scale);
   bool found = false;
   // Non-finite before unscaling (what PyTorch checks) or after: a gradient whose largest
   // magnitude is finite can still overflow when a scale that backed off far is divided out, and

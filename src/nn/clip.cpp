@@ -66,7 +66,7 @@ float clip_grad_norm_(const std::vector<Tensor>& parameters, double max_norm,
     // to at most 1 and multiplied in. A coefficient of 1 changes nothing, so it is skipped.
     const float coef = (1.f / (totals[k] + 1e-6f)) * static_cast<float>(max_norm);
     if (coef >= 1.f) continue;  // NaN scales, as in PyTorch
-    detail::scale_grads(groups[k].device, groups[k].spans, coef);
+    detail::scale_grads(groups[k], coef);
   }
   return totals[0];
 }

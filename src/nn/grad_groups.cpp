@@ -53,9 +53,12 @@ Tensor grad_norm(Device device, const std::vector<kernels::GradSpan>& spans, dou
   return out;
 }
 
-void scale_grads(Device device, const std::vector<kernels::GradSpan>& spans, float scale) {
-  if (device.is_cpu()) return kernels::cpu::scale_grads(spans.data(), int(spans.size()), scale);
-  kernels::cuda::scale_grads(spans.data(), int(spans.size()), scale, detail::stream(device));
+void scale_grads(const GradGroup& group, float scale) {
+  for (const Tensor& g : group.grads) g.bump_version();
+  const auto& spans = group.spans;
+  if (group.device.is_cpu())
+    return kernels::cpu::scale_grads(spans.data(), int(spans.size()), scale);
+  kernels::cuda::scale_grads(spans.data(), int(spans.size()), scale, detail::stream(group.device));
 }
 
 }  // namespace galley::detail

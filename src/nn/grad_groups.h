@@ -23,7 +23,7 @@ std::vector<GradGroup> group_grads_by_device(const char* fn, const std::vector<T
 // a GPU, so that several devices' reductions run side by side. norm_type = inf: the largest
 // absolute value, NaN or inf when an element is.
 Tensor grad_norm(Device device, const std::vector<kernels::GradSpan>& spans, double norm_type);
-// x *= scale for every element of the spans.
-void scale_grads(Device device, const std::vector<kernels::GradSpan>& spans, float scale);
+// x *= scale for every element of the group's gradients, in place (each counts a write).
+void scale_grads(const GradGroup& group, float scale);
 
 }  // namespace galley::detail

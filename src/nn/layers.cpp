@@ -34,6 +34,7 @@ void write_into(Tensor& t, Tensor values) {
                "init: the tensor to initialise must be a defined floating tensor");
   if (t.dtype() != values.dtype() || t.device() != values.device())
     values = values.to(t.dtype()).to(t.device());
+  t.bump_version();
   detail::copy_strided(values, t);
 }
 

@@ -38,9 +38,10 @@ Tensor add_(const Tensor& a, const Tensor& b) {
     GALLEY_CHECK(a.impl_ptr().use_count() == 1 && a.impl()->storage.use_count() == 1,
                  "add_: the tensor written (", dtype_name(a.dtype()), " ", shape_str(a.shape()),
                  ") is referred to from elsewhere (another handle, an op that read it, a view of "
-                 "its data, or a copy kept for a backward); autograd keeps no versions of tensors, "
-                 "so writing it in place could change another op's gradient; use add(a, b)");
+                 "its data, or a copy kept for a backward), which would see the sum and its new "
+                 "history; use add(a, b)");
   }
+  a.bump_version();
   const bool same_data = b.impl()->storage == a.impl()->storage;
   const bool exact_alias = same_data && b.impl()->offset == a.impl()->offset &&
                            b.strides() == a.strides() && b.shape() == a.shape();

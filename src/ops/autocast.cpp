@@ -24,12 +24,14 @@ struct CachedCast {
   Tensor low;
   uint64_t epoch = 0;
   bool recorded = false;  // made with grad mode on (the conversion is in the graph)
+  uint64_t version = 0;   // the source's data version when converted
 };
 
 thread_local std::unordered_map<const TensorImpl*, CachedCast> cast_cache;
 
 bool still_valid(const CachedCast& c) {
   if (c.epoch != parameter_epoch.load(std::memory_order_acquire)) return false;
+  if (c.version != c.source.version()) return false;  // written since (copy_, a load)
   if (c.recorded != grad_enabled()) return false;
   // The conversion's node outlives backward (Node::reusable); a recorded copy needs it.
   const auto& node = c.low.impl()->grad_fn;
@@ -59,7 +61,8 @@ Tensor AutocastPause::to(const Tensor& t, DType dtype) const {
   auto it = cast_cache.find(t.impl());
   if (it != cast_cache.end() && it->second.low.dtype() == dtype && still_valid(it->second))
     return it->second.low;
-  CachedCast c{t, t.to(dtype), parameter_epoch.load(std::memory_order_acquire), grad_enabled()};
+  CachedCast c{t, t.to(dtype), parameter_epoch.load(std::memory_order_acquire), grad_enabled(),
+               t.version()};
   // Its closure converts the gradient back and saves nothing: every forward of the step shares
   // the node, so each of their backwards runs through it.
   if (const auto& node = c.low.impl()->grad_fn) node->reusable = true;

@@ -123,6 +123,8 @@ Tensor normalize(const Tensor& x, const Tensor& residual, const Tensor& running_
       run.mean = running_mean.data_ptr<float>();
       run.var = running_var.data_ptr<float>();
       run.momentum = static_cast<float>(o.momentum);
+      running_mean.bump_version();  // updated in place below
+      running_var.bump_version();
     }
   } else {
     // The backward reads the statistics of this forward, whatever updates them meanwhile.
@@ -184,7 +186,8 @@ Tensor normalize(const Tensor& x, const Tensor& residual, const Tensor& running_
                                    ptr_or_null(dw), ptr_or_null(db), added, pgr);
         if (gw) gi[1] = wdtype == DType::Float32 ? dw : detail::rounded(dw, wdtype);
         if (gb) gi[2] = bdtype == DType::Float32 ? db : detail::rounded(db, bdtype);
-      });
+      },
+      {{"input", cx}, {"weight", cw}, {"bias", o.relu ? cb : Tensor()}, {"output", out}});
 }
 
 }  // namespace

@@ -47,22 +47,25 @@ Tensor bias_relu(const Tensor& x, const Tensor& bias, int64_t dim) {
   const bool gx = x.requires_grad(), gb = bias.requires_grad();
   return autograd::record(
       result, "bias_relu", {x, bias},
-      detail::widened_backward(dtype, [=](const Tensor& g, std::vector<Tensor>& gi) {
-        // The masked gradient goes into the incoming one when nothing else holds it.
-        const bool reuse = gx && detail::sole_owner(g);
-        Tensor cg = g.contiguous();
-        Tensor wout = detail::widened(dout);
-        Tensor gxt = reuse ? cg : Tensor::empty(wout.shape(), DType::Float32, dev);
-        if (gb) gi[1] = Tensor::empty({channels}, DType::Float32, dev);
-        float* pgb = gb ? gi[1].data_ptr<float>() : nullptr;
-        if (dev.is_cuda())
-          gpu::bias_relu_backward(cg.data_ptr<float>(), wout.data_ptr<float>(), outer, channels,
-                                  inner, gxt.data_ptr<float>(), pgb, detail::stream(dev));
-        else
-          cpu::bias_relu_backward(cg.data_ptr<float>(), wout.data_ptr<float>(), outer, channels,
-                                  inner, gxt.data_ptr<float>(), pgb);
-        if (gx) gi[0] = gxt;
-      }));
+      detail::widened_backward(
+          dtype,
+          [=](const Tensor& g, std::vector<Tensor>& gi) {
+            // The masked gradient goes into the incoming one when nothing else holds it.
+            const bool reuse = gx && detail::sole_owner(g);
+            Tensor cg = g.contiguous();
+            Tensor wout = detail::widened(dout);
+            Tensor gxt = reuse ? cg : Tensor::empty(wout.shape(), DType::Float32, dev);
+            if (gb) gi[1] = Tensor::empty({channels}, DType::Float32, dev);
+            float* pgb = gb ? gi[1].data_ptr<float>() : nullptr;
+            if (dev.is_cuda())
+              gpu::bias_relu_backward(cg.data_ptr<float>(), wout.data_ptr<float>(), outer, channels,
+                                      inner, gxt.data_ptr<float>(), pgb, detail::stream(dev));
+            else
+              cpu::bias_relu_backward(cg.data_ptr<float>(), wout.data_ptr<float>(), outer, channels,
+                                      inner, gxt.data_ptr<float>(), pgb);
+            if (gx) gi[0] = gxt;
+          }),
+      {{"output", dout}});
 }
 
 }  // namespace galley

@@ -130,11 +130,15 @@ Tensor mul(const Tensor& a, const Tensor& b) {
   detail::check_floating_pair("mul", a, b);
   Tensor out = binary(BinaryOp::Mul, a, b);
   if (!autograd::needs_grad({&a, &b})) return out;
-  Tensor da = a.detach(), db = b.detach();
-  return record(out, "mul", {a, b}, [da, db](const Tensor& g, std::vector<Tensor>& gi) {
-    gi[0] = sum_to(binary(BinaryOp::Mul, g, db), da.shape());
-    gi[1] = sum_to(binary(BinaryOp::Mul, g, da), db.shape());
-  });
+  // Each operand is kept for the other's gradient only, as PyTorch keeps them.
+  const bool ga = a.requires_grad(), gb = b.requires_grad();
+  Tensor da = gb ? a.detach() : Tensor(), db = ga ? b.detach() : Tensor();
+  return record(out, "mul", {a, b},
+                [da, db, sa = a.shape(), sb = b.shape()](const Tensor& g, std::vector<Tensor>& gi) {
+                  if (db.defined()) gi[0] = sum_to(binary(BinaryOp::Mul, g, db), sa);
+                  if (da.defined()) gi[1] = sum_to(binary(BinaryOp::Mul, g, da), sb);
+                },
+                {{"first operand", da}, {"second operand", db}});
 }
 
 Tensor div(const Tensor& a, const Tensor& b) {
@@ -147,14 +151,19 @@ Tensor div(const Tensor& a, const Tensor& b) {
   detail::check_floating_pair("div", a, b);
   Tensor out = binary(BinaryOp::Div, a, b);
   if (!autograd::needs_grad({&a, &b})) return out;
-  Tensor db = b.detach(), dout = out.detach();
+  // The quotient is kept for the divisor's gradient only.
+  Tensor db = b.detach(), dout = b.requires_grad() ? out.detach() : Tensor();
   Shape sa = a.shape();
-  return record(out, "div", {a, b}, [sa, db, dout](const Tensor& g, std::vector<Tensor>& gi) {
-    Tensor g_over_b = binary(BinaryOp::Div, g, db);
-    gi[0] = sum_to(g_over_b, sa);
-    // d(a/b)/db = -(a/b)/b = -out/b
-    gi[1] = sum_to(detail::scaled(binary(BinaryOp::Mul, g_over_b, dout), -1.f), db.shape());
-  });
+  return record(out, "div", {a, b},
+                [sa, db, dout](const Tensor& g, std::vector<Tensor>& gi) {
+                  Tensor g_over_b = binary(BinaryOp::Div, g, db);
+                  gi[0] = sum_to(g_over_b, sa);
+                  // d(a/b)/db = -(a/b)/b = -out/b
+                  if (dout.defined())
+                    gi[1] = sum_to(detail::scaled(binary(BinaryOp::Mul, g_over_b, dout), -1.f),
+                                   db.shape());
+                },
+                {{"divisor", db}, {"output", dout}});
 }
 
 }  // namespace galley

@@ -167,19 +167,22 @@ Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias, const C
   bool gx = x.requires_grad(), gw = weight.requires_grad(),
        gb = bias.defined() && bias.requires_grad();
   // gx in dtype; gw and gb in wtype, rounded to dtype once where that differs.
-  return autograd::record(
-      out, "conv2d", {x, weight, bias}, [=](const Tensor& gy, std::vector<Tensor>& gi) {
-        Tensor cgy = (gy.dtype() == dtype ? gy : gy.to(dtype)).contiguous();
-        Tensor ww = as_wtype(dw);
-        if (gx) gi[0] = Tensor::empty(dx.shape(), dtype, dev);
-        if (gw) gi[1] = Tensor::empty(ww.shape(), wtype, dev);
-        if (gb) gi[2] = Tensor::empty({g.o}, wtype, dev);
-        detail::conv2d_backward(dev, g, dtype, dx.raw_data(), ww.raw_data(), cgy.raw_data(),
-                                gx ? gi[0].raw_data() : nullptr, gw ? gi[1].raw_data() : nullptr,
-                                gb ? gi[2].raw_data() : nullptr);
-        for (size_t k = 1; k < gi.size(); ++k)
-          if (gi[k].defined() && gi[k].dtype() != dtype) gi[k] = detail::rounded(gi[k], dtype);
-      });
+  return autograd::record(out, "conv2d", {x, weight, bias},
+                          [=](const Tensor& gy, std::vector<Tensor>& gi) {
+                            Tensor cgy = (gy.dtype() == dtype ? gy : gy.to(dtype)).contiguous();
+                            Tensor ww = as_wtype(dw);
+                            if (gx) gi[0] = Tensor::empty(dx.shape(), dtype, dev);
+                            if (gw) gi[1] = Tensor::empty(ww.shape(), wtype, dev);
+                            if (gb) gi[2] = Tensor::empty({g.o}, wtype, dev);
+                            detail::conv2d_backward(dev, g, dtype, dx.raw_data(), ww.raw_data(),
+                                                    cgy.raw_data(), gx ? gi[0].raw_data() : nullptr,
+                                                    gw ? gi[1].raw_data() : nullptr,
+                                                    gb ? gi[2].raw_data() : nullptr);
+                            for (size_t k = 1; k < gi.size(); ++k)
+                              if (gi[k].defined() && gi[k].dtype() != dtype)
+                                gi[k] = detail::rounded(gi[k], dtype);
+                          },
+                          {{"input", gw ? dx : Tensor()}, {"weight", gx ? dw : Tensor()}});
 }
 
 }  // namespace galley

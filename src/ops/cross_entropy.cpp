@@ -108,27 +108,30 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& labels, const CrossEntr
   const Reduction red = o.reduction;
   return autograd::record(
       result, "cross_entropy", {logits},
-      detail::widened_backward(dtype, [=](const Tensor& g, std::vector<Tensor>& gi) {
-        Tensor scale;
-        if (red == Reduction::None) {
-          scale = g.contiguous();
-        } else if (dev.is_cpu()) {
-          float s = g.item();
-          if (red == Reduction::Mean) s = count > 0 ? s / float(count) : 0.f;
-          scale = full({n}, s, DType::Float32, dev);
-        } else {
-          scale = row_scales(g, 1.f, n, mean ? count_dev : Tensor());
-        }
-        gi[0] = Tensor::empty({n, c}, DType::Float32, dev);
-        if (dev.is_cuda())
-          gpu::cross_entropy_backward(prob.data_ptr<float>(), cy.data_ptr<int64_t>(),
-                                      scale.data_ptr<float>(), n, c, eps, ignore,
-                                      gi[0].data_ptr<float>(), detail::stream(dev));
-        else
-          cpu::cross_entropy_backward(prob.data_ptr<float>(), cy.data_ptr<int64_t>(),
-                                      scale.data_ptr<float>(), n, c, eps, ignore,
-                                      gi[0].data_ptr<float>());
-      }));
+      detail::widened_backward(
+          dtype,
+          [=](const Tensor& g, std::vector<Tensor>& gi) {
+            Tensor scale;
+            if (red == Reduction::None) {
+              scale = g.contiguous();
+            } else if (dev.is_cpu()) {
+              float s = g.item();
+              if (red == Reduction::Mean) s = count > 0 ? s / float(count) : 0.f;
+              scale = full({n}, s, DType::Float32, dev);
+            } else {
+              scale = row_scales(g, 1.f, n, mean ? count_dev : Tensor());
+            }
+            gi[0] = Tensor::empty({n, c}, DType::Float32, dev);
+            if (dev.is_cuda())
+              gpu::cross_entropy_backward(prob.data_ptr<float>(), cy.data_ptr<int64_t>(),
+                                          scale.data_ptr<float>(), n, c, eps, ignore,
+                                          gi[0].data_ptr<float>(), detail::stream(dev));
+            else
+              cpu::cross_entropy_backward(prob.data_ptr<float>(), cy.data_ptr<int64_t>(),
+                                          scale.data_ptr<float>(), n, c, eps, ignore,
+                                          gi[0].data_ptr<float>());
+          }),
+      {{"labels", cy}});
 }
 
 }  // namespace galley

@@ -94,14 +94,16 @@ Tensor matmul(const Tensor& a, const Tensor& b) {
     if (!autograd::needs_grad({&a, &b})) return result;
     Tensor da = ca.detach(), db = cb.detach();
     bool ga = a.requires_grad(), gb = b.requires_grad();
-    return autograd::record(result, "matmul", {a, b},
-                            [=](const Tensor& g, std::vector<Tensor>& gi) {
-                              Tensor cg = g.to(dtype).contiguous();
-                              if (ga)  // dA = G B^T
-                                gi[0] = product_16bit({m, k}, false, true, m, k, n, cg, n, db, n);
-                              if (gb)  // dB = A^T G
-                                gi[1] = product_16bit({k, n}, true, false, k, n, m, da, k, cg, n);
-                            });
+    return autograd::record(
+        result, "matmul", {a, b},
+        [=](const Tensor& g, std::vector<Tensor>& gi) {
+          Tensor cg = g.to(dtype).contiguous();
+          if (ga)  // dA = G B^T
+            gi[0] = product_16bit({m, k}, false, true, m, k, n, cg, n, db, n);
+          if (gb)  // dB = A^T G
+            gi[1] = product_16bit({k, n}, true, false, k, n, m, da, k, cg, n);
+        },
+        {{"first operand", gb ? da : Tensor()}, {"second operand", ga ? db : Tensor()}});
   }
   Tensor ca = detail::widened(a).contiguous(), cb = detail::widened(b).contiguous();
   Tensor out = Tensor::empty({m, n}, DType::Float32, dev);
@@ -113,19 +115,22 @@ Tensor matmul(const Tensor& a, const Tensor& b) {
   bool ga = a.requires_grad(), gb = b.requires_grad();
   return autograd::record(
       result, "matmul", {a, b},
-      detail::widened_backward(dtype, [=](const Tensor& g, std::vector<Tensor>& gi) {
-        Tensor cg = g.contiguous();
-        if (ga) {  // dA = G B^T
-          gi[0] = Tensor::empty({m, k}, DType::Float32, dev);
-          gemm(dev, false, true, m, k, n, 1.f, cg.data_ptr<float>(), n,
-               detail::widened(db).data_ptr<float>(), n, 0.f, gi[0].data_ptr<float>(), k);
-        }
-        if (gb) {  // dB = A^T G
-          gi[1] = Tensor::empty({k, n}, DType::Float32, dev);
-          gemm(dev, true, false, k, n, m, 1.f, detail::widened(da).data_ptr<float>(), k,
-               cg.data_ptr<float>(), n, 0.f, gi[1].data_ptr<float>(), n);
-        }
-      }));
+      detail::widened_backward(
+          dtype,
+          [=](const Tensor& g, std::vector<Tensor>& gi) {
+            Tensor cg = g.contiguous();
+            if (ga) {  // dA = G B^T
+              gi[0] = Tensor::empty({m, k}, DType::Float32, dev);
+              gemm(dev, false, true, m, k, n, 1.f, cg.data_ptr<float>(), n,
+                   detail::widened(db).data_ptr<float>(), n, 0.f, gi[0].data_ptr<float>(), k);
+            }
+            if (gb) {  // dB = A^T G
+              gi[1] = Tensor::empty({k, n}, DType::Float32, dev);
+              gemm(dev, true, false, k, n, m, 1.f, detail::widened(da).data_ptr<float>(), k,
+                   cg.data_ptr<float>(), n, 0.f, gi[1].data_ptr<float>(), n);
+            }
+          }),
+      {{"first operand", gb ? da : Tensor()}, {"second operand", ga ? db : Tensor()}});
 }
 
 namespace {
@@ -146,7 +151,8 @@ Tensor linear_16bit(const Tensor& x, const Tensor& weight, const Tensor& bias, i
   Shape x_shape = x.shape();
   const Device dev = x.device();
   return autograd::record(
-      result, "linear", {x, weight, bias}, [=](const Tensor& g, std::vector<Tensor>& gi) {
+      result, "linear", {x, weight, bias},
+      [=](const Tensor& g, std::vector<Tensor>& gi) {
         Tensor cg = g.to(dtype).contiguous();
         if (gx)  // dX = G W
           gi[0] = product_16bit(x_shape, false, false, rows, in_f, out_f, cg, out_f, dw, in_f);
@@ -157,7 +163,8 @@ Tensor linear_16bit(const Tensor& x, const Tensor& weight, const Tensor& bias, i
           column_sums(dev, detail::widened(cg).data_ptr<float>(), rows, out_f, w.data_ptr<float>());
           gi[2] = detail::rounded(w, dtype);
         }
-      });
+      },
+      {{"input", gw ? dx : Tensor()}, {"weight", gx ? dw : Tensor()}});
 }
 
 }  // namespace
@@ -202,24 +209,27 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
   Shape x_shape = x.shape();
   return autograd::record(
       result, "linear", {x, weight, bias},
-      detail::widened_backward(dtype, [=](const Tensor& g, std::vector<Tensor>& gi) {
-        Tensor cg = g.contiguous();
-        const float* pg = cg.data_ptr<float>();
-        if (gx) {  // dX = G W
-          gi[0] = Tensor::empty(x_shape, DType::Float32, dev);
-          gemm(dev, false, false, rows, in_f, out_f, 1.f, pg, out_f,
-               detail::widened(dw).data_ptr<float>(), in_f, 0.f, gi[0].data_ptr<float>(), in_f);
-        }
-        if (gw) {  // dW = G^T X
-          gi[1] = Tensor::empty({out_f, in_f}, DType::Float32, dev);
-          gemm(dev, true, false, out_f, in_f, rows, 1.f, pg, out_f,
-               detail::widened(dx).data_ptr<float>(), in_f, 0.f, gi[1].data_ptr<float>(), in_f);
-        }
-        if (gb) {  // db = the column sums of G
-          gi[2] = Tensor::empty({out_f}, DType::Float32, dev);
-          column_sums(dev, pg, rows, out_f, gi[2].data_ptr<float>());
-        }
-      }));
+      detail::widened_backward(
+          dtype,
+          [=](const Tensor& g, std::vector<Tensor>& gi) {
+            Tensor cg = g.contiguous();
+            const float* pg = cg.data_ptr<float>();
+            if (gx) {  // dX = G W
+              gi[0] = Tensor::empty(x_shape, DType::Float32, dev);
+              gemm(dev, false, false, rows, in_f, out_f, 1.f, pg, out_f,
+                   detail::widened(dw).data_ptr<float>(), in_f, 0.f, gi[0].data_ptr<float>(), in_f);
+            }
+            if (gw) {  // dW = G^T X
+              gi[1] = Tensor::empty({out_f, in_f}, DType::Float32, dev);
+              gemm(dev, true, false, out_f, in_f, rows, 1.f, pg, out_f,
+                   detail::widened(dx).data_ptr<float>(), in_f, 0.f, gi[1].data_ptr<float>(), in_f);
+            }
+            if (gb) {  // db = the column sums of G
+              gi[2] = Tensor::empty({out_f}, DType::Float32, dev);
+              column_sums(dev, pg, rows, out_f, gi[2].data_ptr<float>());
+            }
+          }),
+      {{"input", gw ? dx : Tensor()}, {"weight", gx ? dw : Tensor()}});
 }
 
 }  // namespace galley

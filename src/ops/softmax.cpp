@@ -36,17 +36,20 @@ Tensor softmax_impl(const Tensor& x, int64_t dim, bool log, const char* name) {
   // it) through a handle of its own: `out` may be `y` itself, and holding the graph's output
   // from its own node would keep both alive for ever.
   y = y.detach();
-  return autograd::record(out, name, {x}, [=](const Tensor& g, std::vector<Tensor>& gi) {
-    Tensor cg = detail::widened(g).contiguous();
-    Tensor grad = Tensor::empty(y.shape(), DType::Float32, dev);
-    if (dev.is_cuda())
-      gpu::softmax_backward(y.data_ptr<float>(), cg.data_ptr<float>(), sp.outer, sp.len, sp.inner,
-                            log, grad.data_ptr<float>(), detail::stream(dev));
-    else
-      cpu::softmax_backward(y.data_ptr<float>(), cg.data_ptr<float>(), sp.outer, sp.len, sp.inner,
-                            log, grad.data_ptr<float>());
-    gi[0] = detail::rounded(grad, dtype);
-  });
+  return autograd::record(
+      out, name, {x},
+      [=](const Tensor& g, std::vector<Tensor>& gi) {
+        Tensor cg = detail::widened(g).contiguous();
+        Tensor grad = Tensor::empty(y.shape(), DType::Float32, dev);
+        if (dev.is_cuda())
+          gpu::softmax_backward(y.data_ptr<float>(), cg.data_ptr<float>(), sp.outer, sp.len,
+                                sp.inner, log, grad.data_ptr<float>(), detail::stream(dev));
+        else
+          cpu::softmax_backward(y.data_ptr<float>(), cg.data_ptr<float>(), sp.outer, sp.len,
+                                sp.inner, log, grad.data_ptr<float>());
+        gi[0] = detail::rounded(grad, dtype);
+      },
+      {{"output", y}});
 }
 
 }  // namespace

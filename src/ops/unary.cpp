@@ -95,11 +95,13 @@ Tensor activation(UnaryOp op, const Tensor& a, float p0 = 0.f) {
   Tensor ca = a.contiguous();  // kept for backward as it is, when that reads the input
   Tensor out = unary(op, ca, p0);
   if (!autograd::needs_grad({&a})) return out;
-  Tensor saved = kernels::backward_reads_output(op) ? out.detach() : ca.detach();
+  const bool reads_output = kernels::backward_reads_output(op);
+  Tensor saved = reads_output ? out.detach() : ca.detach();
   return autograd::record(out, name, {a},
                           [op, saved, p0](const Tensor& g, std::vector<Tensor>& gi) {
                             gi[0] = activation_backward(op, g, saved, p0);
-                          });
+                          },
+                          {{reads_output ? "output" : "input", saved}});
 }
 
 Tensor relu_impl(const Tensor& a, bool reuse_input) {
@@ -117,18 +119,23 @@ Tensor relu_impl(const Tensor& a, bool reuse_input) {
     impl->strides = a.strides();
     impl->dtype = a.dtype();
     out = Tensor(std::move(impl));
+    out.bump_version();
     run_unary(UnaryOp::Relu, out, out);
   } else {
     out = unary(UnaryOp::Relu, a);
   }
   if (!autograd::needs_grad({&a})) return out;
   Tensor dout = out.detach();
-  return autograd::record(out, "relu", {a}, [dout](const Tensor& g, std::vector<Tensor>& gi) {
-    // The incoming gradient is usually a temporary of the engine's: mask it in place.
-    Tensor r = detail::sole_owner(g) ? g : Tensor::empty(dout.shape(), dout.dtype(), dout.device());
-    relu_backward(g, dout, r);
-    gi[0] = r;
-  });
+  return autograd::record(
+      out, "relu", {a},
+      [dout](const Tensor& g, std::vector<Tensor>& gi) {
+        // The incoming gradient is usually a temporary of the engine's: mask it in place.
+        Tensor r =
+            detail::sole_owner(g) ? g : Tensor::empty(dout.shape(), dout.dtype(), dout.device());
+        relu_backward(g, dout, r);
+        gi[0] = r;
+      },
+      {{"output", dout}});
 }
 
 }  // namespace
@@ -193,9 +200,11 @@ Tensor exp(const Tensor& a) {
   Tensor out = unary(UnaryOp::Exp, a);
   if (!autograd::needs_grad({&a})) return out;
   Tensor dout = out.detach();
-  return record(out, "exp", {a}, [dout](const Tensor& g, std::vector<Tensor>& gi) {
-    gi[0] = detail::binary(BinaryOp::Mul, g, dout);
-  });
+  return record(out, "exp", {a},
+                [dout](const Tensor& g, std::vector<Tensor>& gi) {
+                  gi[0] = detail::binary(BinaryOp::Mul, g, dout);
+                },
+                {{"output", dout}});
 }
 
 Tensor log(const Tensor& a) {
@@ -208,9 +217,11 @@ Tensor log(const Tensor& a) {
   Tensor out = unary(UnaryOp::Log, a);
   if (!autograd::needs_grad({&a})) return out;
   Tensor da = a.detach();
-  return record(out, "log", {a}, [da](const Tensor& g, std::vector<Tensor>& gi) {
-    gi[0] = detail::binary(BinaryOp::Div, g, da);
-  });
+  return record(out, "log", {a},
+                [da](const Tensor& g, std::vector<Tensor>& gi) {
+                  gi[0] = detail::binary(BinaryOp::Div, g, da);
+                },
+                {{"input", da}});
 }
 
 Tensor pow(const Tensor& a, float p) {
@@ -223,9 +234,10 @@ Tensor pow(const Tensor& a, float p) {
   Tensor out = unary(UnaryOp::Pow, a, p);
   if (!autograd::needs_grad({&a})) return out;
   Tensor da = a.detach();
-  return record(out, "pow", {a}, [da, p](const Tensor& g, std::vector<Tensor>& gi) {
-    gi[0] = pow_backward(g, da, p);
-  });
+  return record(
+      out, "pow", {a},
+      [da, p](const Tensor& g, std::vector<Tensor>& gi) { gi[0] = pow_backward(g, da, p); },
+      {{"input", da}});
 }
 
 Tensor relu(const Tensor& a) {

@@ -82,7 +82,10 @@ void Optimizer::for_each_gradient(const std::function<void(size_t, Tensor&)>& pr
     }
   detail::parameters_changed();  // autocast's converted copies are stale from here on
   for (size_t i = 0; i < params_.size(); ++i)
-    if (grads[i].defined()) update(i, dense[i].defined() ? dense[i] : params_[i], grads[i]);
+    if (grads[i].defined()) {
+      params_[i].bump_version();  // a graph that saved the old values refuses its backward
+      update(i, dense[i].defined() ? dense[i] : params_[i], grads[i]);
+    }
   if (launch) launch();
   for (size_t i = 0; i < params_.size(); ++i)
     if (dense[i].defined()) params_[i].copy_(dense[i]);

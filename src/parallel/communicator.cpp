@@ -48,6 +48,7 @@ void Communicator::check_reducible(DType dtype) const {
 
 void Communicator::all_reduce(Tensor& t, ReduceOp op) {
   check_tensor(*this, t, "all_reduce", /*contiguous=*/true, /*floating=*/true);
+  t.bump_version();  // written in place
   Tensor s = in_memory_of(*this, t);
   all_reduce(s.raw_data(), s.numel(), s.dtype(), op);
   copy_back(t, s);
@@ -55,6 +56,7 @@ void Communicator::all_reduce(Tensor& t, ReduceOp op) {
 
 void Communicator::broadcast(Tensor& t, int root) {
   check_tensor(*this, t, "broadcast", /*contiguous=*/true, /*floating=*/false);
+  t.bump_version();  // written in place
   Tensor s = in_memory_of(*this, t);
   broadcast(s.raw_data(), s.numel(), s.dtype(), root);
   copy_back(t, s);

@@ -510,6 +510,7 @@ struct DataParallelBase::Impl {
           g = Tensor::empty(p.shape(), dtype, dev);
           p.set_grad(g);
         }
+        g.bump_version();  // the all-reduced sum written over it
         convert_on(dev, element_at(rep.flat[b], bucket.offsets[s]), wire, g.raw_data(), dtype,
                    g.numel());
         rep.reduced[bucket.params[s]] = g.impl_ptr();
