@@ -68,6 +68,12 @@ void batch_norm_backward(DType dtype, const void* gy, const void* x, const void*
                          BatchNormGeometry g, BatchNormParams p, bool training, void* gx,
                          float* gweight, float* gbias, bool residual_added = false,
                          void* gresidual = nullptr);
+// True where batch_norm_backward takes a fused ReLU's mask from x and the forward's affine (the
+// bias included) rather than from y: float32 planes of more than one element, no residual.
+inline bool batch_norm_relu_mask_from_x(DType dtype, const BatchNormGeometry& g,
+                                        bool residual_added) {
+  return dtype == DType::Float32 && g.inner > 1 && !residual_added;
+}
 
 }  // namespace cpu
 

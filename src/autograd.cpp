@@ -251,26 +251,47 @@ void accumulate_leaf(const Tensor& leaf, const Tensor& g, bool take = false) {
   }
 }
 
-// Every tensor the nodes of `order` saved still holds the data they saved: a write since (its
-// version moved) is an error before any node runs, so no gradient is computed or changed.
+// Every tensor `node` saved still holds the data it saved: a write since (its version moved) is
+// an error. `before_any`: checked before any node of the backward ran (else just before this one,
+// after a gradient hook of this backward may have written it).
+void check_saved(const Node& node, bool before_any) {
+  for (const SavedVersion& s : node.saved) {
+    const uint64_t now = s.storage->version();
+    if (now == s.version) continue;
+    const std::string where = node.layer_tracked && !node.layer_path.empty()
+                                  ? " (" + in_layer(node.layer_path) + ")"
+                                  : std::string();
+    throw Error(detail::str_cat(
+        "backward: the ", s.role, " (", dtype_name(s.dtype), " ", shape_str(s.shape), ") that ",
+        node.name, where, " saved for its gradient was modified in place after the forward (its ",
+        "data is at version ", now, ", it was saved at version ", s.version,
+        "): the gradient would be computed from the new values. Write it after backward() (an "
+        "optimizer step, copy_, fill_, add_, load_state_dict), or pass the op a clone(); ",
+        before_any ? "no gradient was computed or changed"
+                   : "it was written during this backward (by a gradient hook), after the "
+                     "gradients of the nodes that ran before it"));
+  }
+}
+
+// check_saved on every node of `order` and of the graphs their closures run themselves.
 void check_saved_versions(const std::vector<std::shared_ptr<Node>>& order) {
-  for (const auto& node : order)
-    for (const SavedVersion& s : node->saved) {
-      const uint64_t now = s.storage->version();
-      if (now == s.version) continue;
-      const std::string where = node->layer_tracked && !node->layer_path.empty()
-                                    ? " (" + in_layer(node->layer_path) + ")"
-                                    : std::string();
-      throw Error(detail::str_cat(
-          "backward: the ", s.role, " (", dtype_name(s.dtype), " ", shape_str(s.shape), ") that ",
-          node->name, where,
-          " saved for its gradient was modified in place after the forward "
-          "(its data is at version ",
-          now, ", it was saved at version ", s.version,
-          "): the gradient would be computed from the new values. Write it after backward() (an "
-          "optimizer step, copy_, fill_, add_, load_state_dict), or pass the op a clone(); no "
-          "gradient was computed or changed"));
-    }
+  std::vector<const Node*> stack;
+  std::unordered_set<const Node*> seen;
+  auto push = [&](const Tensor& t) {
+    const Node* n = t.defined() ? t.impl()->grad_fn.get() : nullptr;
+    if (n && !n->released && seen.insert(n).second) stack.push_back(n);
+  };
+  for (const auto& node : order) {
+    check_saved(*node, true);
+    for (const Tensor& root : node->nested) push(root);
+  }
+  while (!stack.empty()) {  // the nested graphs, whole
+    const Node* n = stack.back();
+    stack.pop_back();
+    check_saved(*n, true);
+    for (const Tensor& t : n->inputs) push(t);
+    for (const Tensor& root : n->nested) push(root);
+  }
 }
 
 // Runs the nodes of `order` (each after every node that feeds it) from the root's gradient.
@@ -301,6 +322,7 @@ void run_nodes(const Tensor& root, const Tensor& gradient,
     if (git != grads.end()) {  // else nothing reached it: its inputs get no gradient from it
       Tensor g = std::move(git->second);
       grads.erase(git);
+      check_saved(*node, false);  // a hook of this backward may have written what it saved
       profiler::RecordScope prof(node->name, {&g}, profiler::EventKind::Backward,
                                  &node->layer_path);
       node->backward(g, grad_inputs);
@@ -331,6 +353,8 @@ void run_nodes(const Tensor& root, const Tensor& gradient,
     node->backward = nullptr;
     node->released = true;
     node->inputs.clear();
+    node->saved.clear();
+    node->nested.clear();
   }
 }
 

@@ -966,3 +966,58 @@ TEST(Versions, AnOptimizerStepBeforeTheBackwardNamesTheLayer) {
   expect_contains(error_of([&] { loss.backward(); }),
                   {"the weight (float32 [2, 3]) that linear (in layer '0') saved"});
 }
+
+// A gradient hook that writes what a node still to run saved is refused at that node (the
+// nodes that ran before keep their gradients, as in PyTorch, which checks as it unpacks).
+TEST(Versions, AWriteByAGradientHookIsRefusedAtTheNodeThatSavedIt) {
+  Tensor p = fvec({1.f, 2.f}, {2});
+  p.set_requires_grad(true);
+  Tensor a = fvec({3.f, 4.f}, {2});
+  a.set_requires_grad(true);
+  Tensor c = fvec({5.f, 6.f}, {2});
+  // p's gradient is complete (and its hook runs) before the mul that saved p.detach() runs.
+  Tensor y = galley::sum(galley::add(galley::mul(galley::exp(a), p.detach()), galley::mul(p, c)));
+  p.register_grad_hook([&p](const Tensor&) { p.fill_(100.f); });
+  expect_contains(error_of([&] { y.backward(); }),
+                  {"the second operand", "mul", "written during this backward"});
+}
+
+// Backward lets go of what each node saved as it runs (activations are freed on the way, not at
+// the end); a loss kept alive after its backward holds none of them.
+TEST(Versions, BackwardReleasesTheSavedDataAsItGoes) {
+  Tensor logits = galley::randn({4, 3}).set_requires_grad(true);
+  Tensor labels = Tensor::from_vector({0.f, 2.f, 1.f, 1.f}, {4}).to(galley::DType::Int64);
+  const long before = labels.impl()->storage.use_count();
+  Tensor loss = galley::cross_entropy(logits, labels);
+  EXPECT_GT(labels.impl()->storage.use_count(), before) << "the labels are saved";
+  loss.backward();
+  EXPECT_EQ(labels.impl()->storage.use_count(), before);
+}
+
+// clip_grad_value_ clamps the gradients in place and counts the write, like clip_grad_norm_.
+TEST(Versions, ClippingTheGradientsCountsAWrite) {
+  Tensor p = fvec({1.f, -1.f}, {2});
+  p.set_requires_grad(true);
+  galley::sum(galley::mul(p, 3.f)).backward();
+  const uint64_t v = p.grad().version();
+  galley::nn::clip_grad_value_({p}, 1.0);
+  EXPECT_GT(p.grad().version(), v);
+  EXPECT_EQ(p.grad().to_vector(), (std::vector<float>{1.f, 1.f}));
+}
+
+// A fused batch_norm_add with ReLU reads its output's mask, not the bias: a bias written before
+// its backward does not refuse it (PyTorch keeps no bias for batch norm either).
+TEST(Versions, BatchNormAddReadsNoBias) {
+  Tensor x = galley::randn({4, 3, 2, 2}).set_requires_grad(true);
+  Tensor r = galley::randn({4, 3, 2, 2});
+  Tensor w = galley::ones({3}).set_requires_grad(true);
+  Tensor b = galley::zeros({3}).set_requires_grad(true);
+  Tensor y = galley::sum(
+      galley::batch_norm_add(x, r, Tensor(), Tensor(), w, b, {.training = true, .relu = true}));
+  {
+    galley::NoGradGuard no_grad;
+    b.fill_(1.f);
+  }
+  y.backward();
+  EXPECT_TRUE(x.grad().defined());
+}

@@ -972,3 +972,24 @@ TEST(DataParallel, ABackwardAfterTheDataParallelIsGoneIsAnError) {
   testutil::expect_contains(testutil::error_of([&] { loss.backward(); }),
                             {"DataParallel", "destroyed", "keep it alive"});
 }
+
+// A parameter of one replica written between the forward and the backward (a conv2d saved it for
+// the input's gradient) is refused before anything runs, the head in front of the DataParallel's
+// output included: the replica graphs are checked with the caller's (nothing of the step is
+// half-done, and the backward may be retried once the cause is gone).
+TEST(DataParallel, AReplicaParameterWrittenBeforeTheBackwardIsRefusedBeforeAnyGradient) {
+  galley::DataParallel<SmallCNN> model(cpus(2));
+  nn::Linear head(5, 2);
+  Tensor x = batches(1, 4, 3)[0].x.detach().clone().set_requires_grad(true);
+  Tensor loss = galley::sum(head(model(x)));
+  {
+    galley::NoGradGuard no_grad;
+    model.module(1).parameters()[0].add_(galley::ones_like(model.module(1).parameters()[0]));
+  }
+  testutil::expect_contains(testutil::error_of([&] { loss.backward(); }),
+                            {"conv2d", "modified in place", "no gradient was computed"});
+  EXPECT_FALSE(head.weight().grad().defined());
+  for (size_t r = 0; r < 2; ++r)
+    for (const Tensor& p : model.module(r).parameters()) EXPECT_FALSE(p.grad().defined());
+  EXPECT_FALSE(x.grad().defined());
+}

@@ -107,8 +107,11 @@ struct Node {
   const char* name = "";
   std::vector<Tensor> inputs;
   BackwardFn backward;
-  /// The versions of the tensors the closure reads (see record()).
+  /// The versions of the tensors the closure reads (see record()); released with the closure.
   std::vector<SavedVersion> saved;
+  /// The roots of graphs the closure runs backward through itself (DataParallel's replica
+  /// outputs): backward checks their saved tensors with this graph's, before anything runs.
+  std::vector<Tensor> nested;
   std::atomic<bool> released{false};  // set once backward has consumed it
   /// Taken by the backward that runs the node (atomically, before it reads the node's inputs):
   /// a second backward through the same graph at the same time is an error, not a race.

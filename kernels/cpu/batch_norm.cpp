@@ -542,7 +542,7 @@ void backward(const T* gy, const T* x, const T* y, BatchNormGeometry g, BatchNor
   const bool need_sums = (training && gx) || gweight || gbias;
   // float32 planes after a ReLU: its mask from x and the forward's affine, not from y (which a
   // residual added in the forward makes the only source).
-  const bool relu_from_x = std::is_same_v<T, float> && y && inner > 1 && !residual_added;
+  const bool relu_from_x = y && batch_norm_relu_mask_from_x(dtype_of<T>::value, g, residual_added);
   float* fwd_affine = nullptr;
   if (relu_from_x) {
     fwd_affine = channel_scratch(2, 2 * C);

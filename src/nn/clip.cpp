@@ -79,6 +79,7 @@ void clip_grad_value_(const std::vector<Tensor>& parameters, double clip_value) 
   GALLEY_CHECK(clip_value >= 0, "clip_grad_value_: clip_value ", clip_value, " must be >= 0");
   NoGradGuard no_grad;
   for (auto& g : detail::group_grads_by_device("clip_grad_value_", parameters)) {
+    for (const Tensor& t : g.grads) t.bump_version();  // clamped in place
     clamp_grads(g.device, g.spans, static_cast<float>(clip_value));
   }
 }

@@ -154,6 +154,7 @@ Tensor normalize(const Tensor& x, const Tensor& residual, const Tensor& running_
 
   Tensor out = o.relu ? result.detach() : Tensor();
   const bool added = residual.defined();
+  const bool mask_from_x = dev.is_cpu() && cpu::batch_norm_relu_mask_from_x(dtype, g, added);
   const bool gr = added && residual.requires_grad();
   const bool gx = x.requires_grad();
   const bool gw = weight.defined() && weight.requires_grad();
@@ -187,7 +188,11 @@ Tensor normalize(const Tensor& x, const Tensor& residual, const Tensor& running_
         if (gw) gi[1] = wdtype == DType::Float32 ? dw : detail::rounded(dw, wdtype);
         if (gb) gi[2] = bdtype == DType::Float32 ? db : detail::rounded(db, bdtype);
       },
-      {{"input", cx}, {"weight", cw}, {"bias", o.relu ? cb : Tensor()}, {"output", out}});
+      // A fused ReLU's mask: from the output, or on the host from x and the forward's affine.
+      {{"input", cx},
+       {"weight", cw},
+       {"bias", o.relu && mask_from_x ? cb : Tensor()},
+       {"output", mask_from_x ? Tensor() : out}});
 }
 
 }  // namespace

@@ -825,6 +825,7 @@ Tensor DataParallelBase::forward(const Tensor& x) {
   auto node = std::make_shared<autograd::Node>();
   node->name = "data_parallel";
   if (input_grad) node->inputs = {x};
+  node->nested = outs;  // the replica graphs: their saved tensors are checked with the caller's
   node->backward = [impl = std::weak_ptr<Impl>(impl_), outs, starts, xs, input_grad,
                     x_device = x.device()](const Tensor& g, std::vector<Tensor>& gi) {
     std::shared_ptr<Impl> m = impl.lock();
