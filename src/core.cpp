@@ -33,6 +33,18 @@ void Error::raise_nested(const std::string& message) const {
 }
 
 namespace detail {
+void raise_nested(const std::string& message) {
+  try {
+    throw;
+  } catch (const Error& e) {
+    e.raise_nested(message);
+  } catch (const std::bad_alloc&) {  // the host out of memory: galley's type for it
+    std::throw_with_nested(OutOfMemoryError(message));
+  } catch (...) {
+    std::throw_with_nested(Error(message));
+  }
+}
+
 void rethrow_with_message(const std::exception& e, const std::string& message) {
   if (const auto* g = dynamic_cast<const Error*>(&e)) g->with_message(message)->raise();
   throw Error(message);

@@ -1005,19 +1005,56 @@ TEST(Versions, ClippingTheGradientsCountsAWrite) {
   EXPECT_EQ(p.grad().to_vector(), (std::vector<float>{1.f, 1.f}));
 }
 
-// A fused batch_norm_add with ReLU reads its output's mask, not the bias: a bias written before
-// its backward does not refuse it (PyTorch keeps no bias for batch norm either).
-TEST(Versions, BatchNormAddReadsNoBias) {
-  Tensor x = galley::randn({4, 3, 2, 2}).set_requires_grad(true);
-  Tensor r = galley::randn({4, 3, 2, 2});
-  Tensor w = galley::ones({3}).set_requires_grad(true);
-  Tensor b = galley::zeros({3}).set_requires_grad(true);
-  Tensor y = galley::sum(
-      galley::batch_norm_add(x, r, Tensor(), Tensor(), w, b, {.training = true, .relu = true}));
+// A batch norm with a fused ReLU (with or without the residual) takes its mask from the output
+// or from x and its own copy of the forward's bias: a bias written before the backward neither
+// refuses it nor changes the gradient (PyTorch keeps no bias for batch norm either).
+TEST(Versions, BatchNormWithReluKeepsNoLiveBias) {
+  for (bool residual : {false, true}) {
+    std::vector<float> grads[2];
+    for (int write = 0; write < 2; ++write) {
+      galley::manual_seed(3);
+      Tensor x = galley::randn({4, 3, 2, 2}).set_requires_grad(true);
+      Tensor r = galley::randn({4, 3, 2, 2});
+      Tensor g = galley::randn({4, 3, 2, 2});
+      Tensor w = galley::ones({3}).set_requires_grad(true);
+      Tensor b = galley::full({3}, 0.1f).set_requires_grad(true);
+      const galley::BatchNormOptions o{.training = true, .relu = true};
+      Tensor y = galley::sum(
+          galley::mul(residual ? galley::batch_norm_add(x, r, Tensor(), Tensor(), w, b, o)
+                               : galley::batch_norm(x, Tensor(), Tensor(), w, b, o),
+                      g));
+      if (write) {
+        galley::NoGradGuard no_grad;
+        b.fill_(5.f);
+      }
+      y.backward();
+      grads[write] = x.grad().to_vector();
+    }
+    EXPECT_EQ(grads[0], grads[1]) << (residual ? "batch_norm_add" : "batch_norm");
+  }
+}
+
+// div keeps the numerator for the divisor's gradient, as PyTorch does, not the quotient: the
+// quotient may be written after the forward; the numerator may not while the divisor needs a
+// gradient.
+TEST(Versions, DivKeepsTheNumeratorNotTheQuotient) {
+  Tensor a = fvec({1.f, 2.f}, {2});
+  a.set_requires_grad(true);
+  Tensor b = fvec({4.f, 8.f}, {2});
+  b.set_requires_grad(true);
+  Tensor q = galley::div(a, b);
+  Tensor y = galley::sum(galley::mul(q, 2.f));
   {
     galley::NoGradGuard no_grad;
-    b.fill_(1.f);
+    q.fill_(0.f);
   }
   y.backward();
-  EXPECT_TRUE(x.grad().defined());
+  EXPECT_EQ(b.grad().to_vector(), (std::vector<float>{-2.f / 16.f, -4.f / 64.f}));
+  Tensor n = galley::mul(a, 1.f);
+  Tensor z = galley::sum(galley::div(n, b));
+  {
+    galley::NoGradGuard no_grad;
+    n.fill_(0.f);
+  }
+  expect_contains(error_of([&] { z.backward(); }), {"the numerator", "div"});
 }

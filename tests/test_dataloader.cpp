@@ -732,13 +732,101 @@ TEST(DataLoader, WrongInputsFromTheUserAreErrors) {
   }
   galley::data::Transform throws_int = [](float*, const Shape&, galley::Generator&) { throw 7; };
   DataLoader loader(ds, {.batch_size = 2, .num_workers = 1, .transforms = {throws_int}});
-  bool caught = false;
+  bool caught = false;  // a galley::Error, the thrown value nested inside it
   try {
     for (auto& b : loader) (void)b;
-  } catch (int v) {
-    caught = v == 7;
+  } catch (const galley::Error& e) {
+    try {
+      std::rethrow_if_nested(e);
+    } catch (int v) {
+      caught = v == 7;
+    }
   }
   EXPECT_TRUE(caught);
   DataLoader deep(ds, {.batch_size = 1, .num_workers = 1, .prefetch = 1 << 26});
   EXPECT_EQ(epoch_batches(deep).size(), 8u);
+}
+
+namespace {
+
+// A sampler that fails in its first call, then gives 0, 1, ..., n-1.
+class FailingOnceSampler : public galley::data::Sampler {
+ public:
+  explicit FailingOnceSampler(size_t n) : n_(n) {}
+  size_t size() const override { return n_; }
+  size_t dataset_size() const override { return n_; }
+  void indices(uint64_t epoch, std::vector<size_t>& out) const override {
+    if (!failed_) {
+      failed_ = true;
+      throw std::runtime_error("no indices today");
+    }
+    EXPECT_EQ(epoch, 0u) << "the failed begin() used up an epoch";
+    out.resize(n_);
+    for (size_t i = 0; i < n_; ++i) out[i] = i;
+  }
+
+ private:
+  size_t n_;
+  mutable bool failed_ = false;
+};
+
+}  // namespace
+
+// Whatever a transform, a dataset or a sampler throws reaches the loop as a galley::Error naming
+// what failed, with the original nested inside: an exception that is not a std::exception
+// included, and a std::bad_alloc as an OutOfMemoryError.
+TEST(DataLoader, EveryExceptionOfTheUsersCodeArrivesAsAGalleyError) {
+  TensorDataset ds = indexed_dataset(8);
+  for (int workers : {0, 2}) {
+    DataLoader odd(ds,
+                   {.batch_size = 4,
+                    .num_workers = workers,
+                    .transforms = {[](float*, const Shape&, galley::Generator&) { throw 42; }}});
+    expect_contains(error_of([&] {
+                      for (auto& b : odd) (void)b;
+                    }),
+                    {"transform 0 failed on sample 0", "not a std::exception"});
+    DataLoader oom(
+        ds,
+        {.batch_size = 4,
+         .num_workers = workers,
+         .transforms = {[](float*, const Shape&, galley::Generator&) { throw std::bad_alloc(); }}});
+    EXPECT_THROW(
+        {
+          for (auto& b : oom) (void)b;
+        },
+        galley::OutOfMemoryError)
+        << workers << " workers";
+  }
+  DataLoader loader(ds, {.batch_size = 4, .sampler = std::make_shared<FailingOnceSampler>(8)});
+  expect_contains(error_of([&] { loader.begin(); }),
+                  {"the sampler failed to give the indices of epoch 0", "no indices today"});
+  size_t batches = 0;
+  for (auto& b : loader) batches += b.data.size(0) > 0;  // epoch 0, not 1
+  EXPECT_EQ(batches, 2u);
+}
+
+// A batch_size beyond the dataset gives one short batch and reserves no more rows than it has
+// (a full-batch run asks for no terabytes).
+TEST(DataLoader, ABatchLargerThanTheDatasetReservesOnlyItsRows) {
+  TensorDataset ds = indexed_dataset(10);
+  for (int workers : {0, 2}) {
+    DataLoader loader(ds, {.batch_size = int64_t(1) << 40, .num_workers = workers});
+    size_t batches = 0;
+    for (auto& b : loader) {
+      EXPECT_EQ(b.data.shape(), (Shape{10, 2}));
+      EXPECT_EQ(indices_of(b).size(), 10u);
+      ++batches;
+    }
+    EXPECT_EQ(batches, 1u);
+  }
+}
+
+// SyntheticDataset's get_batch checks its tensors as every dataset's does: a strided view (whose
+// rows it would write in the wrong places) is refused.
+TEST(DataLoader, SyntheticBatchesRefuseAStridedTensor) {
+  galley::data::SyntheticDataset syn({.size = 4, .data_shape = {3, 2}, .num_classes = 2});
+  Tensor d = Tensor::empty({1, 2, 3}).transpose(1, 2);
+  Tensor l = Tensor::empty({1}, galley::DType::Int64);
+  expect_contains(error_of([&] { syn.get_batch({0}, d, l); }), {"SyntheticDataset", "contiguous"});
 }

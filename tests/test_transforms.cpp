@@ -3,8 +3,10 @@
 
 #include "test_util.h"
 
+#include <galley/data/cifar.h>
 #include <galley/data/transforms.h>
 
+#include <cmath>
 #include <vector>
 
 namespace {
@@ -124,6 +126,32 @@ TEST(Transforms, Uint8ToFloat) {
   EXPECT_FLOAT_EQ(dst[0], 0.f);
   EXPECT_FLOAT_EQ(dst[1], 0.2f);
   EXPECT_FLOAT_EQ(dst[2], 1.f);
+}
+
+// The default scale divides by 255, as torchvision's ToTensor does (the product with the rounded
+// reciprocal 1/255 differs from it by an ulp in 126 of the 256 byte values); any other scale
+// multiplies.
+TEST(Transforms, Uint8ToFloatDividesBy255AsToTensorDoes) {
+  uint8_t src[256];
+  for (int v = 0; v < 256; ++v) src[v] = uint8_t(v);
+  float dst[256];
+  data::uint8_to_float(src, dst, 256);
+  for (int v = 0; v < 256; ++v) ASSERT_EQ(dst[v], float(v) / 255.f) << "byte " << v;
+  data::uint8_to_float(src, dst, 256, 0.3f);
+  for (int v = 0; v < 256; ++v) ASSERT_EQ(dst[v], float(v) * 0.3f) << "byte " << v;
+}
+
+// Statistics that are not finite would fill every sample with NaN: refused when given.
+TEST(Transforms, NonFiniteStatisticsAreRefused) {
+  using testutil::error_of;
+  using testutil::expect_contains;
+  expect_contains(error_of([] { data::normalize({NAN}, {1.f}); }), {"normalize", "finite"});
+  expect_contains(error_of([] { data::normalize({0.f}, {INFINITY}); }), {"normalize", "finite"});
+  expect_contains(error_of([] { data::random_crop(int64_t(1) << 62); }), {"random_crop"});
+  expect_contains(error_of([] {
+                    data::UInt8ImageDataset({0, 0}, {0, 1}, {1}, NAN);
+                  }),
+                  {"UInt8ImageDataset", "scale"});
 }
 
 }  // namespace

@@ -59,6 +59,10 @@ std::string str_cat(const Args&... args) {
 /// Throws `message` as `e`'s type when `e` is a galley::Error (of any subclass), else as a plain
 /// galley::Error: how a caller adds context to an error without changing its type.
 [[noreturn]] void rethrow_with_message(const std::exception& e, const std::string& message);
+/// From a catch block: throws `message` with the exception being handled nested inside it, of
+/// that exception's type when it is a galley::Error (an OutOfMemoryError stays one), an
+/// OutOfMemoryError for a std::bad_alloc, else a plain galley::Error.
+[[noreturn]] void raise_nested(const std::string& message);
 }  // namespace detail
 
 }  // namespace galley

@@ -4,6 +4,7 @@
 #include <sys/stat.h>
 
 #include <cerrno>
+#include <cmath>
 #include <cstring>
 #include <fstream>
 
@@ -17,6 +18,8 @@ UInt8ImageDataset::UInt8ImageDataset(std::vector<uint8_t> pixels, std::vector<in
       labels_(std::move(labels)),
       shape_(std::move(sample_shape)),
       scale_(scale) {
+  GALLEY_CHECK(std::isfinite(scale) && scale > 0, "UInt8ImageDataset: scale ", scale,
+               " must be finite and positive");
   for (int64_t d : shape_)
     GALLEY_CHECK(d > 0, "UInt8ImageDataset: sample shape ", shape_str(shape_),
                  " has a dimension that is not positive");

@@ -45,22 +45,14 @@ bool sole_owner(const Tensor& t, long impls) {
   return t.impl_ptr().use_count() == 1 && t.impl()->storage.use_count() == impls;
 }
 
-// An error with `msg`, holding the exception being handled as its nested exception; of that
-// exception's type when it is a galley::Error (an OutOfMemoryError stays one), else a plain
-// galley::Error.
+// An error with `msg`, holding the exception being handled as its nested exception (typed as
+// detail::raise_nested types it).
 std::exception_ptr nested_error(const std::string& msg) {
   try {
-    try {
-      throw;
-    } catch (const Error& e) {
-      e.raise_nested(msg);
-    } catch (...) {
-      std::throw_with_nested(Error(msg));
-    }
+    detail::raise_nested(msg);
   } catch (...) {
     return std::current_exception();
   }
-  return nullptr;  // not reached: every path above throws
 }
 
 }  // namespace
@@ -73,7 +65,8 @@ DataLoader::DataLoader(const Dataset& dataset, DataLoaderOptions options)
                opt_.num_workers, " must be in [0, 1024]");
   GALLEY_CHECK(opt_.prefetch >= 1, "DataLoader: prefetch ", opt_.prefetch,
                " must be at least 1 batch per worker");
-  GALLEY_CHECK(opt_.device.is_cpu() || opt_.device.index() < cuda_device_count(),
+  GALLEY_CHECK(opt_.device.is_cpu() ||
+                   (opt_.device.index() >= 0 && opt_.device.index() < cuda_device_count()),
                "DataLoader: device ", opt_.device.str(), " does not exist: this machine has ",
                cuda_device_count(), " CUDA device(s)");
   GALLEY_CHECK(!(opt_.sampler && opt_.shuffle),
@@ -101,21 +94,20 @@ DataLoader::DataLoader(const Dataset& dataset, DataLoaderOptions options)
       opt_.num_workers == 0
           ? 1
           : std::min(static_cast<size_t>(opt_.num_workers) * opt_.prefetch + 1, num_batches_ + 1);
-  // One copy stream per worker (the caller's thread loads when there are none).
-  if (opt_.device.is_cuda())
-    for (int w = 0; w < std::max(1, opt_.num_workers); ++w)
-      copy_streams_.push_back(detail::create_stream(opt_.device));
-  for (size_t i = 0; i < pool; ++i) {
-    slots_.push_back(std::make_unique<Slot>());
-    allocate(*slots_.back());
-    slots_.back()->indices.reserve(b);
-  }
-  free_.reserve(pool);
-  for (auto& s : slots_) free_.push_back(s.get());
-  ready_.assign(pool, nullptr);
-  epoch_done_ = true;
-
-  try {
+  try {  // (the streams made so far are destroyed if a buffer or a thread cannot be had)
+    // One copy stream per worker (the caller's thread loads when there are none).
+    if (opt_.device.is_cuda())
+      for (int w = 0; w < std::max(1, opt_.num_workers); ++w)
+        copy_streams_.push_back(detail::create_stream(opt_.device));
+    for (size_t i = 0; i < pool; ++i) {
+      slots_.push_back(std::make_unique<Slot>());
+      allocate(*slots_.back());
+      slots_.back()->indices.reserve(std::min(b, n));
+    }
+    free_.reserve(pool);
+    for (auto& s : slots_) free_.push_back(s.get());
+    ready_.assign(pool, nullptr);
+    epoch_done_ = true;
     for (int w = 0; w < opt_.num_workers; ++w) workers_.emplace_back([this, w] { worker_loop(w); });
   } catch (...) {
     {
@@ -157,8 +149,11 @@ Shape DataLoader::batch_shape(const Shape& sample, int64_t rows) const {
 }
 
 void DataLoader::allocate(Slot& slot) {
-  const Shape ds = batch_shape(data_shape_, opt_.batch_size);
-  const Shape ls = batch_shape(label_shape_, opt_.batch_size);
+  // No batch has more rows than the sampler gives indices (a batch_size past the dataset's size
+  // is one short batch, for which batch_size rows would be reserved in vain).
+  const int64_t rows = std::min<int64_t>(opt_.batch_size, int64_t(sampler_->size()));
+  const Shape ds = batch_shape(data_shape_, rows);
+  const Shape ls = batch_shape(label_shape_, rows);
   slot.buffer.data = Tensor::empty(ds, DType::Float32, opt_.device);
   slot.buffer.label = Tensor::empty(ls, label_dtype_, opt_.device);
   if (opt_.device.is_cuda() &&
@@ -223,17 +218,28 @@ DataLoader::iterator DataLoader::begin() {
   {
     std::unique_lock<std::mutex> lock(mu_);
     stop_epoch(lock);
-    epoch_ = next_epoch_++;
+    // The epoch is taken only once its indices are good: a failed begin() can be retried.
+    const uint64_t epoch = next_epoch_;
     // No worker is filling now, so order_ may change; workers read it only after claiming a
     // batch under the lock, which orders these writes before their reads.
-    sampler_->indices(epoch_, order_);
+    const std::string failed =
+        detail::str_cat("DataLoader: the sampler failed to give the indices of epoch ", epoch);
+    try {
+      sampler_->indices(epoch, order_);
+    } catch (const std::exception& e) {
+      detail::raise_nested(failed + ": " + e.what());
+    } catch (...) {
+      detail::raise_nested(failed + ": an exception that is not a std::exception");
+    }
     // Every batch reads order_ by position: a sampler must give the indices its size says, each
     // an example of the dataset.
     GALLEY_CHECK(order_.size() == sampler_->size(), "DataLoader: the sampler gave ", order_.size(),
-                 " indices for epoch ", epoch_, " but its size is ", sampler_->size());
+                 " indices for epoch ", epoch, " but its size is ", sampler_->size());
     for (size_t i : order_)
       GALLEY_CHECK(i < ds_.size(), "DataLoader: the sampler gave index ", i, " for a dataset of ",
                    ds_.size(), " examples");
+    epoch_ = epoch;
+    ++next_epoch_;
     start = std::min(next_start_, num_batches_);
     next_start_ = 0;
     next_claim_ = start;
@@ -363,7 +369,9 @@ void DataLoader::fill(Slot& slot, size_t k, uint64_t epoch, int worker) {
                                                 epoch, " (samples ", slot.indices.front(), " ... ",
                                                 slot.indices.back(), ") failed: ", e.what()));
     } catch (...) {
-      slot.error = std::current_exception();
+      slot.error = nested_error(detail::str_cat(
+          "DataLoader: loading batch ", k, " of epoch ", epoch, " (samples ", slot.indices.front(),
+          " ... ", slot.indices.back(), ") failed with an exception that is not a std::exception"));
     }
     return;
   }

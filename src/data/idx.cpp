@@ -3,10 +3,13 @@
 
 #include <zlib.h>
 
+#include <cmath>
 #include <cstdlib>
 #include <fstream>
 #include <memory>
 #include <vector>
+
+#include "galley/data/transforms.h"
 
 namespace galley::data {
 
@@ -115,7 +118,7 @@ Tensor read_idx_images(const std::string& path) {
   f.expect_end("pixel data");
   Tensor out = Tensor::empty({int64_t(n), 1, int64_t(rows), int64_t(cols)});
   float* p = out.data<float>();
-  for (size_t i = 0; i < raw.size(); ++i) p[i] = raw[i] * (1.f / 255.f);
+  uint8_to_float(raw.data(), p, raw.size());  // divided by 255, as torchvision's ToTensor
   return out;
 }
 
@@ -162,7 +165,8 @@ TensorDataset load_split(const std::string& root, Split split, bool normalize, f
   GALLEY_CHECK(images.size(0) == labels.size(0), "MNIST: '", img_path, "' holds ", images.size(0),
                " images but '", lbl_path, "' holds ", labels.size(0), " labels");
   if (normalize) {
-    GALLEY_CHECK(std > 0, "MNIST: std ", std, " must be positive");
+    GALLEY_CHECK(std::isfinite(mean) && std::isfinite(std) && std > 0, "MNIST: mean ", mean,
+                 " and std ", std, " must be finite, std positive");
     float* p = images.data<float>();
     for (int64_t i = 0, n = images.numel(); i < n; ++i) p[i] = (p[i] - mean) / std;
   }

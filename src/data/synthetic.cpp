@@ -42,12 +42,7 @@ Example SyntheticDataset::get(size_t index) const {
 
 void SyntheticDataset::get_batch(const std::vector<size_t>& indices, Tensor& data,
                                  Tensor& label) const {
-  GALLEY_CHECK(data.dtype() == DType::Float32 && label.dtype() == DType::Int64 &&
-                   data.numel() == int64_t(indices.size() * numel_) &&
-                   label.numel() == int64_t(indices.size()),
-               "SyntheticDataset: batch tensors ", shape_str(data.shape()), " and ",
-               shape_str(label.shape()), " do not fit ", indices.size(), " examples of shape ",
-               shape_str(opt_.data_shape));
+  check_batch(indices.size(), data, label, "SyntheticDataset");
   float* pd = data.data<float>();
   int64_t* pl = label.data<int64_t>();
   for (size_t i = 0; i < indices.size(); ++i) {

@@ -2,6 +2,7 @@
 #include "galley/data/transforms.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <exception>
 
@@ -24,7 +25,9 @@ Transform normalize(std::vector<float> mean, std::vector<float> stddev) {
   GALLEY_CHECK(!mean.empty() && mean.size() == stddev.size(), "normalize: ", mean.size(),
                " means and ", stddev.size(), " standard deviations; give one of each per channel");
   for (size_t c = 0; c < stddev.size(); ++c)
-    GALLEY_CHECK(stddev[c] > 0, "normalize: stddev[", c, "] = ", stddev[c], " must be positive");
+    GALLEY_CHECK(std::isfinite(mean[c]) && std::isfinite(stddev[c]) && stddev[c] > 0,
+                 "normalize: mean[", c, "] = ", mean[c], " and stddev[", c, "] = ", stddev[c],
+                 " must be finite, the stddev positive");
   // Divided, as torchvision's Normalize does (a product with the reciprocal parts from it by an
   // ulp in about one value in eight).
   return [mean = std::move(mean), stddev = std::move(stddev)](float* x, const Shape& shape,
@@ -44,7 +47,9 @@ Transform normalize(std::vector<float> mean, std::vector<float> stddev) {
 }
 
 Transform random_crop(int64_t padding, float fill) {
-  GALLEY_CHECK(padding >= 0, "random_crop: padding ", padding, " must not be negative");
+  // (Far past any image: 2 * padding + 1 must not overflow.)
+  GALLEY_CHECK(padding >= 0 && padding <= (int64_t(1) << 40), "random_crop: padding ", padding,
+               " must be in [0, 2^40]");
   return [padding, fill](float* x, const Shape& shape, Generator& gen) {
     GALLEY_CHECK(shape.size() >= 2, "random_crop: sample of shape ", shape_str(shape),
                  " has no (H, W) dimensions");
@@ -103,24 +108,32 @@ void apply_transforms(const std::vector<Transform>& transforms, Tensor& batch,
   for (size_t i = 0; i < indices.size(); ++i) {
     Generator gen(sample_seed(seed, epoch, indices[i]));
     for (size_t t = 0; t < transforms.size(); ++t) {
-      // The error names the transform and the sample, with the original nested inside it; of
-      // the original's type where that is a galley::Error (an OutOfMemoryError stays one).
-      auto message = [&](const std::exception& e) {
+      // The error names the transform and the sample, with the original nested inside it
+      // (typed as detail::raise_nested types it: an OutOfMemoryError stays one).
+      auto message = [&](const std::string& what) {
         return detail::str_cat(context, "transform ", t, " failed on sample ", indices[i], ": ",
-                               e.what());
+                               what);
       };
       try {
         transforms[t](base + int64_t(i) * numel, sample, gen);
-      } catch (const Error& e) {
-        e.raise_nested(message(e));
       } catch (const std::exception& e) {
-        std::throw_with_nested(Error(message(e)));
+        detail::raise_nested(message(e.what()));
+      } catch (...) {
+        detail::raise_nested(message("an exception that is not a std::exception"));
       }
     }
   }
 }
 
 void uint8_to_float(const uint8_t* src, float* dst, size_t n, float scale) {
+  // A scale that is the reciprocal of a whole number (1/255) divides by that number, as
+  // torchvision's ToTensor divides by 255: the product with the rounded reciprocal differs from
+  // the quotient by an ulp in about half the byte values.
+  const float divisor = std::nearbyint(1.f / scale);
+  if (divisor >= 1.f && 1.f / divisor == scale) {
+    for (size_t i = 0; i < n; ++i) dst[i] = src[i] / divisor;
+    return;
+  }
   for (size_t i = 0; i < n; ++i) dst[i] = src[i] * scale;
 }
 

@@ -155,6 +155,9 @@ Tensor normalize(const Tensor& x, const Tensor& residual, const Tensor& running_
   Tensor out = o.relu ? result.detach() : Tensor();
   const bool added = residual.defined();
   const bool mask_from_x = dev.is_cpu() && cpu::batch_norm_relu_mask_from_x(dtype, g, added);
+  // The bias is read back only for that mask: its C values are copied (PyTorch keeps no bias for
+  // its backward, so writing it before the backward must not matter).
+  const Tensor kept_bias = o.relu && mask_from_x && cb.defined() ? cb.detach().clone() : cb;
   const bool gr = added && residual.requires_grad();
   const bool gx = x.requires_grad();
   const bool gw = weight.defined() && weight.requires_grad();
@@ -176,7 +179,7 @@ Tensor normalize(const Tensor& x, const Tensor& residual, const Tensor& running_
         Tensor db = gb || sums ? Tensor::empty({C}, DType::Float32, dev) : Tensor();
         kernels::BatchNormParams q = p;
         q.mean = mean.data_ptr<float>(), q.var = var.data_ptr<float>();
-        q.weight = ptr_or_null(cw), q.bias = ptr_or_null(cb);  // the forward's affine
+        q.weight = ptr_or_null(cw), q.bias = ptr_or_null(kept_bias);  // the forward's affine
         const void* py = out.defined() ? out.raw_data() : nullptr;
         void* pgx = gx ? gi[0].raw_data() : nullptr;
         if (dev.is_cuda())
@@ -189,10 +192,7 @@ Tensor normalize(const Tensor& x, const Tensor& residual, const Tensor& running_
         if (gb) gi[2] = bdtype == DType::Float32 ? db : detail::rounded(db, bdtype);
       },
       // A fused ReLU's mask: from the output, or on the host from x and the forward's affine.
-      {{"input", cx},
-       {"weight", cw},
-       {"bias", o.relu && mask_from_x ? cb : Tensor()},
-       {"output", mask_from_x ? Tensor() : out}});
+      {{"input", cx}, {"weight", cw}, {"output", mask_from_x ? Tensor() : out}});
 }
 
 }  // namespace

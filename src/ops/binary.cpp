@@ -151,19 +151,22 @@ Tensor div(const Tensor& a, const Tensor& b) {
   detail::check_floating_pair("div", a, b);
   Tensor out = binary(BinaryOp::Div, a, b);
   if (!autograd::needs_grad({&a, &b})) return out;
-  // The quotient is kept for the divisor's gradient only.
-  Tensor db = b.detach(), dout = b.requires_grad() ? out.detach() : Tensor();
+  // The numerator is kept for the divisor's gradient only (as PyTorch keeps it, not the
+  // quotient, which the caller may then write), and the quotient computed again from it.
+  Tensor db = b.detach(), da = b.requires_grad() ? a.detach() : Tensor();
   Shape sa = a.shape();
-  return record(out, "div", {a, b},
-                [sa, db, dout](const Tensor& g, std::vector<Tensor>& gi) {
-                  Tensor g_over_b = binary(BinaryOp::Div, g, db);
-                  gi[0] = sum_to(g_over_b, sa);
-                  // d(a/b)/db = -(a/b)/b = -out/b
-                  if (dout.defined())
-                    gi[1] = sum_to(detail::scaled(binary(BinaryOp::Mul, g_over_b, dout), -1.f),
-                                   db.shape());
-                },
-                {{"divisor", db}, {"output", dout}});
+  return record(
+      out, "div", {a, b},
+      [sa, da, db](const Tensor& g, std::vector<Tensor>& gi) {
+        Tensor g_over_b = binary(BinaryOp::Div, g, db);
+        gi[0] = sum_to(g_over_b, sa);
+        // d(a/b)/db = -(a/b)/b
+        if (da.defined())
+          gi[1] = sum_to(
+              detail::scaled(binary(BinaryOp::Mul, g_over_b, binary(BinaryOp::Div, da, db)), -1.f),
+              db.shape());
+      },
+      {{"numerator", da}, {"divisor", db}});
 }
 
 }  // namespace galley

@@ -48,7 +48,9 @@ void apply_transforms(const std::vector<Transform>& transforms, Tensor& batch,
                       const std::vector<size_t>& indices, uint64_t seed, uint64_t epoch,
                       const std::string& context = "");
 
-/// dst[i] = src[i] * scale for n bytes (the uint8 to float step, scale 1/255 gives [0, 1]).
+/// dst[i] = src[i] * scale for n bytes (the uint8 to float step, scale 1/255 gives [0, 1]); a scale
+/// that is the reciprocal of a whole number divides by it, so the default gives torchvision's
+/// ToTensor bits (byte / 255).
 void uint8_to_float(const uint8_t* src, float* dst, size_t n, float scale = 1.f / 255.f);
 
 /// Per-channel mean of the CIFAR-10 training images in [0, 1] (R, G, B).
