@@ -8,6 +8,8 @@
 #include <galley/data/dataloader.h>
 #include <galley/data/synthetic.h>
 
+#include <sys/resource.h>
+
 #include <filesystem>
 #include <fstream>
 #include <string>
@@ -145,6 +147,39 @@ TEST(Cifar, AFailedReadLeavesTheVectorsAsTheyWere) {
   expect_contains(
       error_of([&] { data::read_cifar_file(dir.file("adir"), data::CifarKind::Cifar10, px, lb); }),
       {"adir", "not a regular file"});
+}
+
+// A file too large for the memory left (a sparse one here, under a limit on the address space)
+// is an OutOfMemoryError naming it, the vectors as they were.
+TEST(Cifar, AFileLargerThanMemoryIsAnOutOfMemoryErrorNamingIt) {
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+  GTEST_SKIP() << "the sanitizers map more address space than a limit on it leaves";
+#endif
+  TempDir dir;
+  std::ofstream(dir.file("test_batch.bin")).close();
+  fs::resize_file(dir.file("test_batch.bin"), uintmax_t(3073) * 1'000'000);  // 3 GB of label 0
+  std::vector<uint8_t> px(3072, 7);
+  std::vector<int64_t> lb{1};
+  rlimit saved{};
+  ASSERT_EQ(getrlimit(RLIMIT_AS, &saved), 0);
+  rlimit tight = saved;
+  tight.rlim_cur = testutil::mapped_bytes() + (size_t(256) << 20);
+  ASSERT_EQ(setrlimit(RLIMIT_AS, &tight), 0);
+  std::string what;
+  bool out_of_memory = false;
+  try {
+    data::read_cifar_file(dir.file("test_batch.bin"), data::CifarKind::Cifar10, px, lb);
+  } catch (const galley::OutOfMemoryError& e) {
+    out_of_memory = true;
+    what = e.what();
+  } catch (const std::exception& e) {
+    what = e.what();
+  }
+  ASSERT_EQ(setrlimit(RLIMIT_AS, &saved), 0);
+  EXPECT_TRUE(out_of_memory) << what;
+  expect_contains(what, {"test_batch.bin", "3073000000 bytes", "host memory"});
+  EXPECT_EQ(px.size(), 3072u);
+  EXPECT_EQ(lb.size(), 1u);
 }
 
 TEST(Cifar, MissingAndEmptyFiles) {

@@ -420,17 +420,6 @@ class MemoryHogDataset : public galley::data::Dataset {
   mutable std::mutex mu_;
   mutable std::vector<std::unique_ptr<char[]>> held_;
 };
-
-// The address space this process has mapped, in bytes.
-size_t mapped_bytes() {
-  std::FILE* f = std::fopen("/proc/self/statm", "r");
-  unsigned long pages = 0;
-  if (f) {
-    if (std::fscanf(f, "%lu", &pages) != 1) pages = 0;
-    std::fclose(f);
-  }
-  return size_t(pages) * size_t(sysconf(_SC_PAGESIZE));
-}
 }  // namespace
 
 TEST(DataLoader, ADatasetOutOfMemoryLeavesTheLoaderWhole) {
@@ -445,7 +434,7 @@ TEST(DataLoader, ADatasetOutOfMemoryLeavesTheLoaderWhole) {
     for (auto& b : loader) (void)b;      // the threads and the buffers exist before the limit
     galley::detail::host_empty_cache();  // no freed block of a sample's size to reuse
     rlimit tight = saved;
-    tight.rlim_cur = mapped_bytes() + (size_t(64) << 20);
+    tight.rlim_cur = testutil::mapped_bytes() + (size_t(64) << 20);
     ASSERT_EQ(setrlimit(RLIMIT_AS, &tight), 0);
     ds.hog = true;
     bool out_of_memory = false;

@@ -2,7 +2,9 @@
 // Helpers shared by the unit tests.
 #include <gtest/gtest.h>
 #include <stdlib.h>
+#include <unistd.h>
 
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <initializer_list>
@@ -21,6 +23,17 @@
                   "is compiled but cannot run"
 
 namespace testutil {
+
+// The address space this process has mapped, in bytes (for a limit on it a little above).
+inline size_t mapped_bytes() {
+  std::FILE* f = std::fopen("/proc/self/statm", "r");
+  unsigned long pages = 0;
+  if (f) {
+    if (std::fscanf(f, "%lu", &pages) != 1) pages = 0;
+    std::fclose(f);
+  }
+  return size_t(pages) * size_t(sysconf(_SC_PAGESIZE));
+}
 
 // Runs f and returns the message of the galley::Error it throws; records a failure if it
 // throws something else or nothing.

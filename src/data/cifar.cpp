@@ -76,7 +76,18 @@ void read_cifar_file(const std::string& path, CifarKind kind, std::vector<uint8_
   GALLEY_CHECK(bytes % record == 0, name, " file '", path, "' is truncated or corrupt: record ",
                whole, " at byte ", whole * record, " has only ", bytes % record, " of its ", record,
                " bytes (file size ", bytes, ")");
-  std::vector<uint8_t> raw(bytes);
+  // A file larger than the memory left is galley's out-of-memory error, naming the file.
+  auto hold = [&](auto& v, size_t n) {
+    try {
+      v.reserve(n);
+    } catch (const std::bad_alloc&) {
+      throw OutOfMemoryError(detail::str_cat(name, " file '", path, "' (", bytes,
+                                             " bytes): its records do not fit in host memory"));
+    }
+  };
+  std::vector<uint8_t> raw;
+  hold(raw, bytes);
+  raw.resize(bytes);
   in.seekg(0);
   in.read(reinterpret_cast<char*>(raw.data()), size);
   GALLEY_CHECK(in.gcount() == size, name, " file '", path, "': read failed at byte ", in.gcount(),
@@ -92,8 +103,9 @@ void read_cifar_file(const std::string& path, CifarKind kind, std::vector<uint8_
     }
   }
   const size_t first_pixel = pixels.size();
+  hold(pixels, first_pixel + whole * kImage);
+  hold(labels, labels.size() + whole);
   pixels.resize(first_pixel + whole * kImage);
-  labels.reserve(labels.size() + whole);
   for (size_t r = 0; r < whole; ++r) {
     const uint8_t* rec = raw.data() + r * record;
     labels.push_back(rec[label_at]);
