@@ -273,22 +273,21 @@ void check_saved(const Node& node, bool before_any) {
   }
 }
 
-// check_saved on every node of `order` and of the graphs their closures run themselves.
-void check_saved_versions(const std::vector<std::shared_ptr<Node>>& order) {
+// check_saved on `node` and on every node of the graphs its closure runs itself (Node::nested).
+void check_node(const Node& node, bool before_any) {
+  check_saved(node, before_any);
+  if (node.nested.empty()) return;
   std::vector<const Node*> stack;
   std::unordered_set<const Node*> seen;
   auto push = [&](const Tensor& t) {
     const Node* n = t.defined() ? t.impl()->grad_fn.get() : nullptr;
     if (n && !n->released && seen.insert(n).second) stack.push_back(n);
   };
-  for (const auto& node : order) {
-    check_saved(*node, true);
-    for (const Tensor& root : node->nested) push(root);
-  }
-  while (!stack.empty()) {  // the nested graphs, whole
+  for (const Tensor& root : node.nested) push(root);
+  while (!stack.empty()) {
     const Node* n = stack.back();
     stack.pop_back();
-    check_saved(*n, true);
+    check_saved(*n, before_any);
     for (const Tensor& t : n->inputs) push(t);
     for (const Tensor& root : n->nested) push(root);
   }
@@ -322,7 +321,7 @@ void run_nodes(const Tensor& root, const Tensor& gradient,
     if (git != grads.end()) {  // else nothing reached it: its inputs get no gradient from it
       Tensor g = std::move(git->second);
       grads.erase(git);
-      check_saved(*node, false);  // a hook of this backward may have written what it saved
+      check_node(*node, false);  // a hook of this backward may have written what it saved
       profiler::RecordScope prof(node->name, {&g}, profiler::EventKind::Backward,
                                  &node->layer_path);
       node->backward(g, grad_inputs);
@@ -406,7 +405,7 @@ void run_backward(const Tensor& root, const Tensor& gradient, bool from_loss) {
         stack.pop_back();
       }
     }
-    check_saved_versions(order);
+    for (const auto& node : order) check_node(*node, /*before_any=*/true);
     run_nodes(root, gradient, order);
   } catch (...) {
     give_back();

@@ -121,10 +121,15 @@ MetricsLogger::MetricsLogger(MetricsLoggerOptions options) : impl_(std::make_uni
       impl_->gpus.push_back(d);
   }
   const std::string& path = options.path;
-  const int flags = O_WRONLY | O_CREAT | O_CLOEXEC | (options.append ? O_APPEND : O_TRUNC);
+  // Opened without blocking: a named pipe that no process reads is an error, not a constructor
+  // that waits for ever (writes block from then on, as to any pipe).
+  const int flags =
+      O_WRONLY | O_CREAT | O_CLOEXEC | O_NONBLOCK | (options.append ? O_APPEND : O_TRUNC);
   int fd = ::open(path.c_str(), flags, 0644);
   GALLEY_CHECK(fd >= 0, "MetricsLogger: cannot open '", path, "' for ",
-               options.append ? "appending" : "writing", ": ", std::strerror(errno));
+               options.append ? "appending" : "writing", ": ",
+               errno == ENXIO ? "it is a named pipe that no process reads" : std::strerror(errno));
+  if (const int fl = ::fcntl(fd, F_GETFL); fl >= 0) ::fcntl(fd, F_SETFL, fl & ~O_NONBLOCK);
   impl_->fd = fd;
   if (!options.append) {
     // O_TRUNC without O_APPEND writes at the start; appending from here on keeps lines of

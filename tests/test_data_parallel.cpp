@@ -993,3 +993,20 @@ TEST(DataParallel, AReplicaParameterWrittenBeforeTheBackwardIsRefusedBeforeAnyGr
     for (const Tensor& p : model.module(r).parameters()) EXPECT_FALSE(p.grad().defined());
   EXPECT_FALSE(x.grad().defined());
 }
+
+// A gradient hook that writes a replica's parameter before the DataParallel's node runs is
+// refused there, saying the backward had begun (the replica graphs are checked just before the
+// node runs, as every node is).
+TEST(DataParallel, AReplicaParameterWrittenByAHookIsRefusedAsWrittenDuringTheBackward) {
+  galley::DataParallel<SmallCNN> model(cpus(2));
+  nn::Linear head(5, 2);
+  Tensor x = batches(1, 4, 3)[0].x.detach().clone().set_requires_grad(true);
+  Tensor loss = galley::sum(head(model(x)));
+  Tensor w1 = model.module(1).parameters()[0];
+  head.weight().register_grad_hook([w1](const Tensor&) {
+    galley::NoGradGuard no_grad;
+    Tensor(w1).add_(galley::ones_like(w1));
+  });
+  testutil::expect_contains(testutil::error_of([&] { loss.backward(); }),
+                            {"conv2d", "written during this backward"});
+}

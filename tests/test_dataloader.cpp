@@ -819,3 +819,28 @@ TEST(DataLoader, SyntheticBatchesRefuseAStridedTensor) {
   Tensor l = Tensor::empty({1}, galley::DType::Int64);
   expect_contains(error_of([&] { syn.get_batch({0}, d, l); }), {"SyntheticDataset", "contiguous"});
 }
+
+namespace {
+// A sampler whose size grows after the loader has asked it once.
+class GrowingSampler : public galley::data::Sampler {
+ public:
+  size_t size() const override { return calls_++ == 0 ? 4 : 6; }
+  size_t dataset_size() const override { return 8; }
+  void indices(uint64_t, std::vector<size_t>& out) const override {
+    out.resize(6);
+    for (size_t i = 0; i < 6; ++i) out[i] = i;
+  }
+
+ private:
+  mutable int calls_ = 0;
+};
+}  // namespace
+
+// The loader's buffers and batch count are sized by the sampler's size when it is made: a
+// sampler giving more indices later is an error, not rows written past the buffers.
+TEST(DataLoader, ASamplerThatGrowsIsAnError) {
+  TensorDataset ds = indexed_dataset(8);
+  DataLoader loader(ds, {.batch_size = 10, .sampler = std::make_shared<GrowingSampler>()});
+  expect_contains(error_of([&] { loader.begin(); }),
+                  {"gave 6 indices", "its size was 4 when the loader was made"});
+}

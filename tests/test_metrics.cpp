@@ -6,6 +6,7 @@
 
 #include <galley/galley.h>
 #include <stdlib.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -293,3 +294,11 @@ TEST_F(Metrics, TheLoggerMoves) {
 }
 
 }  // namespace
+
+// A named pipe that no process reads is an error at once (opening it waited for ever).
+TEST_F(Metrics, ANamedPipeWithoutAReaderIsAnError) {
+  const std::string p = path("pipe");
+  ASSERT_EQ(mkfifo(p.c_str(), 0644), 0);
+  testutil::expect_contains(testutil::error_of([&] { MetricsLogger log({.path = p}); }),
+                            {"MetricsLogger", "pipe", "named pipe that no process reads"});
+}

@@ -84,7 +84,7 @@ DataLoader::DataLoader(const Dataset& dataset, DataLoaderOptions options)
   data_shape_ = ds_.data_shape();
   label_shape_ = ds_.label_shape();
   label_dtype_ = ds_.label_dtype();
-  const size_t n = sampler_->size(), b = static_cast<size_t>(opt_.batch_size);
+  const size_t n = epoch_size_ = sampler_->size(), b = static_cast<size_t>(opt_.batch_size);
   num_batches_ = opt_.drop_last ? n / b : (n + b - 1) / b;
   order_.reserve(std::max(n, ds_.size()));
 
@@ -151,7 +151,7 @@ Shape DataLoader::batch_shape(const Shape& sample, int64_t rows) const {
 void DataLoader::allocate(Slot& slot) {
   // No batch has more rows than the sampler gives indices (a batch_size past the dataset's size
   // is one short batch, for which batch_size rows would be reserved in vain).
-  const int64_t rows = std::min<int64_t>(opt_.batch_size, int64_t(sampler_->size()));
+  const int64_t rows = std::min<int64_t>(opt_.batch_size, int64_t(epoch_size_));
   const Shape ds = batch_shape(data_shape_, rows);
   const Shape ls = batch_shape(label_shape_, rows);
   slot.buffer.data = Tensor::empty(ds, DType::Float32, opt_.device);
@@ -233,8 +233,10 @@ DataLoader::iterator DataLoader::begin() {
     }
     // Every batch reads order_ by position: a sampler must give the indices its size says, each
     // an example of the dataset.
-    GALLEY_CHECK(order_.size() == sampler_->size(), "DataLoader: the sampler gave ", order_.size(),
-                 " indices for epoch ", epoch, " but its size is ", sampler_->size());
+    // (Its size when the loader was made: the buffers and the batch count were sized by it.)
+    GALLEY_CHECK(order_.size() == epoch_size_, "DataLoader: the sampler gave ", order_.size(),
+                 " indices for epoch ", epoch, " but its size was ", epoch_size_,
+                 " when the loader was made");
     for (size_t i : order_)
       GALLEY_CHECK(i < ds_.size(), "DataLoader: the sampler gave index ", i, " for a dataset of ",
                    ds_.size(), " examples");

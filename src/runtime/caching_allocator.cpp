@@ -28,9 +28,12 @@ size_t memory_limit_from_env(size_t total) {
   if (const char* mb = std::getenv("GALLEY_GPU_MEMORY_LIMIT_MB"); mb && *mb) {
     char* end = nullptr;
     const double v = std::strtod(mb, &end);
-    GALLEY_CHECK(end && *end == '\0' && v > 0, "GALLEY_GPU_MEMORY_LIMIT_MB='", mb,
-                 "' must be a positive number of MiB");
-    return static_cast<size_t>(v * double(1 << 20));
+    // At least a byte (0 would mean no cap) and within size_t (a larger double does not convert).
+    const double bytes = v * double(1 << 20);
+    GALLEY_CHECK(end && *end == '\0' && bytes >= 1 && bytes < 1.8e19,
+                 "GALLEY_GPU_MEMORY_LIMIT_MB='", mb,
+                 "' must be a positive number of MiB, from one byte to 1.7e13 MiB");
+    return static_cast<size_t>(bytes);
   }
   if (const char* f = std::getenv("GALLEY_GPU_MEMORY_FRACTION"); f && *f) {
     char* end = nullptr;

@@ -16,6 +16,12 @@ void validate_job(const JobSpec& job) {
     if (!(std::isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '_' || c == '.'))
       throw LaunchError(who + "name may only hold letters, digits, '-', '_' and '.'");
   if (job.command.empty() || job.command[0].empty()) throw LaunchError(who + "command is empty");
+  // A NUL byte would cut the argument or value short where it is handed to exec.
+  const auto has_nul = [](const std::string& s) { return s.find('\0') != std::string::npos; };
+  for (std::size_t i = 0; i < job.command.size(); ++i)
+    if (has_nul(job.command[i]))
+      throw LaunchError(who + "command argument " + std::to_string(i) + " holds a NUL byte");
+  if (has_nul(job.working_dir)) throw LaunchError(who + "workdir holds a NUL byte");
   if (job.gpu_count < 0) throw LaunchError(who + "gpus must be 0 or more");
   if (!job.gpu_ids.empty() && job.gpu_count != int(job.gpu_ids.size()))
     throw LaunchError(who + "gpu count and the number of explicit GPU ids disagree");
@@ -35,8 +41,9 @@ void validate_job(const JobSpec& job) {
                       "heartbeat_timeout must be 0 (off) or a positive number of seconds, at most "
                       "1e9");
   for (const auto& [key, value] : job.env)
-    if (key.empty() || key.find('=') != std::string::npos)
-      throw LaunchError(who + "environment variable name '" + key + "' is not valid");
+    if (key.empty() || key.find('=') != std::string::npos || has_nul(key) || has_nul(value))
+      throw LaunchError(who + "environment variable '" + key.substr(0, key.find('\0')) +
+                        "': a name must be non-empty without '=' or NUL, a value without NUL");
 }
 
 std::chrono::steady_clock::duration clock_duration(double seconds) {

@@ -57,6 +57,9 @@ struct JobSpec {
   double heartbeat_timeout_s = 0;
   /// Where the job was defined ("jobs.toml:12:1"), prefixed to errors about it; may be empty.
   std::string origin;
+  /// The job file it was read from, which no output may overwrite; empty for a job given on the
+  /// command line.
+  std::string file;
 };
 
 /// Checks a spec on its own (no machine needed) and throws LaunchError naming the job and field.

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <filesystem>
 #include <fstream>
 #include <limits>
 #include <sstream>
@@ -118,6 +119,7 @@ JobSpec read_job(const Reader& reader, const toml::table& table, std::size_t ind
   std::string context = " in [[job]] #" + std::to_string(index + 1);
   if (auto* name = table.get("name")) {
     job.name = reader.string(*name, "name", context);
+    if (job.name.empty()) reader.fail(name->source(), "key 'name' is empty" + context);
     context = " of job '" + job.name + "'";
   }
   for (auto&& [key_obj, node] : table) {
@@ -316,11 +318,16 @@ std::vector<JobSpec> parse_job_file_text(std::string_view text, const std::strin
 
 std::vector<JobSpec> load_job_file(const std::string& path, LauncherOptions& options,
                                    const std::set<std::string>& keep) {
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec))
+    throw LaunchError("job file '" + path + "' is a directory");
   std::ifstream in(path, std::ios::binary);
   if (!in) throw LaunchError("cannot open job file '" + path + "'");
   std::ostringstream text;
   text << in.rdbuf();
-  return parse_job_file_text(text.str(), path, options, keep);
+  std::vector<JobSpec> jobs = parse_job_file_text(text.str(), path, options, keep);
+  for (JobSpec& job : jobs) job.file = path;
+  return jobs;
 }
 
 }  // namespace galley::launch

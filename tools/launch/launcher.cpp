@@ -141,6 +141,8 @@ std::string why_not_writable(const fs::path& path) {
   if (!path.has_filename()) return "it names a directory";
   std::error_code ec;
   const auto status = fs::status(path, ec);
+  // (A missing file is not_found; a name too long or a loop of links cannot be looked at.)
+  if (status.type() == fs::file_type::none) return ec.message();
   if (fs::exists(status)) {
     if (fs::is_directory(status)) return "it is a directory";
     if (access(path.c_str(), W_OK) != 0) return strerror(errno);
@@ -149,6 +151,7 @@ std::string why_not_writable(const fs::path& path) {
   for (fs::path dir = path.parent_path();; dir = dir.parent_path()) {
     if (dir.empty()) dir = ".";
     const auto dir_status = fs::status(dir, ec);
+    if (dir_status.type() == fs::file_type::none) return "'" + dir.string() + "': " + ec.message();
     if (fs::exists(dir_status)) {
       if (!fs::is_directory(dir_status)) return "'" + dir.string() + "' is not a directory";
       if (access(dir.c_str(), W_OK | X_OK) != 0)
@@ -186,8 +189,24 @@ void make_parent_dirs(const std::string& path, const std::string& what) {
 // Opens `path` for writing, truncated ("w") or appended to ("a").
 std::FILE* open_for_writing(const std::string& path, const std::string& what, const char* mode) {
   make_parent_dirs(path, what);
-  std::FILE* f = std::fopen(path.c_str(), (std::string(mode) + "e").c_str());
-  if (!f) throw LaunchError("cannot write " + what + " '" + path + "': " + strerror(errno));
+  // Opened without blocking: a named pipe that no process reads is an error here, not a launcher
+  // waiting for ever before its first job (blocking writes from then on).
+  const bool append = mode[0] == 'a';
+  const int fd =
+      ::open(path.c_str(),
+             O_WRONLY | O_CREAT | O_CLOEXEC | O_NONBLOCK | (append ? O_APPEND : O_TRUNC), 0644);
+  if (fd < 0)
+    throw LaunchError("cannot write " + what + " '" + path + "': " +
+                      (errno == ENXIO ? std::string("it is a named pipe that no process reads")
+                                      : std::string(strerror(errno))));
+  const int flags = ::fcntl(fd, F_GETFL);
+  if (flags >= 0) ::fcntl(fd, F_SETFL, flags & ~O_NONBLOCK);
+  std::FILE* f = ::fdopen(fd, mode);
+  if (!f) {
+    const int err = errno;
+    ::close(fd);
+    throw LaunchError("cannot write " + what + " '" + path + "': " + strerror(err));
+  }
   return f;
 }
 
@@ -321,7 +340,10 @@ struct Launcher::Impl {
 
   void log_line(JobState& job, const char* tag, const std::string& line) {
     if (!job.log) return;
-    std::fprintf(job.log, "%s [%s] %s\n", timestamp().c_str(), tag, line.c_str());
+    // The line's bytes as they came, NUL bytes included (%s would stop at the first).
+    std::fprintf(job.log, "%s [%s] ", timestamp().c_str(), tag);
+    std::fwrite(line.data(), 1, line.size(), job.log);
+    std::fputc('\n', job.log);
   }
 
   std::string log_what(const JobState& job) const {
@@ -346,6 +368,11 @@ struct Launcher::Impl {
     std::map<std::string, const Output*> by_path;
     std::map<std::pair<dev_t, ino_t>, const Output*> by_inode;
     const auto list = outputs();
+    // The job files (by device and inode): an output there would replace the jobs with a log.
+    std::map<std::pair<dev_t, ino_t>, std::string> job_files;
+    for (const auto& job : jobs)
+      if (struct stat st{}; !job.spec.file.empty() && ::stat(job.spec.file.c_str(), &st) == 0)
+        job_files.emplace(std::pair(st.st_dev, st.st_ino), job.spec.file);
     for (const auto& out : list) {
       const fs::path real = followed(out.path);  // what writing out.path writes
       if (const std::string why = why_not_writable(real); !why.empty())
@@ -353,6 +380,10 @@ struct Launcher::Impl {
       struct stat st {};
       const bool exists = ::stat(real.c_str(), &st) == 0;
       if (exists && !S_ISREG(st.st_mode)) continue;  // a device or a pipe: nothing truncated
+      if (auto it = job_files.find(std::pair(st.st_dev, st.st_ino));
+          exists && it != job_files.end())
+        throw LaunchError(out.what + " '" + out.path + "' is the job file '" + it->second +
+                          "'; give it a path of its own");
       std::error_code ec;
       fs::path key = fs::weakly_canonical(real, ec);
       if (ec) key = fs::absolute(real, ec).lexically_normal();
@@ -608,9 +639,16 @@ struct Launcher::Impl {
   }
 
   void start_ready() {
-    for (const auto& assignment : scheduler->schedule()) {
-      for (auto& job : jobs)
-        if (job.id == assignment.job) start_attempt(job, assignment);
+    // A job that fails to start gives its share back at once: scheduled again until every
+    // assignment has started, so the next queued job takes the share now, not a loop turn later.
+    for (bool again = true; again;) {
+      again = false;
+      for (const auto& assignment : scheduler->schedule())
+        for (auto& job : jobs)
+          if (job.id == assignment.job) {
+            start_attempt(job, assignment);
+            again = again || job.phase == Phase::kDone;
+          }
     }
   }
 
@@ -1118,8 +1156,10 @@ struct Launcher::Impl {
     std::vector<pollfd> fds;
     std::vector<std::pair<JobState*, bool>> owners;  // job and is-stderr, per fd after the first
     while (true) {
-      if (!shutting_down) start_ready();
+      // Ended jobs first: the shares they give back go to the queued jobs in this same turn (the
+      // other order left them idle until the next wake-up, up to a second).
       reap();
+      if (!shutting_down) start_ready();
       if (all_done()) break;
       if (table && Clock::now() >= next_draw) draw_table(false);
       fds.assign(1, pollfd{g_signal_pipe[0], POLLIN, 0});

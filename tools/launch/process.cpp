@@ -160,7 +160,10 @@ Child spawn_child(const SpawnRequest& request) {
     for (int s : {SIGINT, SIGTERM, SIGCHLD, SIGPIPE, SIGHUP, SIGQUIT}) signal(s, SIG_DFL);
     if (dup2(out[1], STDOUT_FILENO) < 0 || dup2(err[1], STDERR_FILENO) < 0) fail('p');
     int devnull = open("/dev/null", O_RDONLY);
-    if (devnull >= 0) dup2(devnull, STDIN_FILENO);
+    if (devnull >= 0 && devnull != STDIN_FILENO) {  // stdin only: no other descriptor leaks
+      dup2(devnull, STDIN_FILENO);
+      close(devnull);
+    }
     if (dir && chdir(dir) != 0) fail('d');
     if (mask && sched_setaffinity(0, mask_size, mask.get()) != 0) fail('a');
     if (set_open_files) setrlimit(RLIMIT_NOFILE, &open_files);

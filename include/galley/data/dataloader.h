@@ -195,6 +195,7 @@ class DataLoader {
   Shape data_shape_, label_shape_;
   DType label_dtype_;
   size_t num_batches_ = 0;
+  size_t epoch_size_ = 0;  // the sampler's size when the loader was made: the buffers' measure
   uint64_t next_epoch_ = 0;
   size_t next_start_ = 0;  // first batch of the next begin() (set_position)
 

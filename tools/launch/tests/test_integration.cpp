@@ -6,6 +6,7 @@
 #include <sched.h>
 #include <signal.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -1035,3 +1036,72 @@ TEST_F(LaunchTest, JobsRunningAtOnceMayHoldMoreFilesThanTheSoftLimitAndKeepItThe
 }
 
 }  // namespace
+
+// A share a job gives back goes to the next queued job in the same turn of the loop: four short
+// jobs one at a time start each as the one before finishes, not a poll timeout (a second) later.
+TEST_F(LaunchTest, TheNextQueuedJobStartsAsTheSharesComeBack) {
+  write_text(dir_ / "jobs.toml", R"(
+[launcher]
+max_parallel = 1
+
+[[job]]
+name = "a"
+command = "sleep 0.1"
+[[job]]
+name = "b"
+command = "sleep 0.1"
+[[job]]
+name = "c"
+command = "sleep 0.1"
+)");
+  EXPECT_EQ(run({"jobs.toml"}), 0);
+  for (const auto& [before, after] : {std::pair("a", "b"), std::pair("b", "c")}) {
+    const auto ended = events("finished", before), started = events("started", after);
+    ASSERT_EQ(ended.size(), 1u);
+    ASSERT_EQ(started.size(), 1u);
+    // The loop took a second to notice before; the bound leaves room for a loaded machine.
+    EXPECT_LT(started[0]["elapsed_s"].get<double>() - ended[0]["elapsed_s"].get<double>(), 0.75)
+        << before << " -> " << after;
+  }
+}
+
+// A job's output reaches its log byte for byte, NUL bytes included (%s stopped at the first).
+TEST_F(LaunchTest, OutputWithNulBytesIsLoggedWhole) {
+  EXPECT_EQ(run({"--name", "nul", "--", "sh", "-c", "printf 'abc\\000def\\n'"}), 0);
+  const std::string log = job_log("nul");
+  EXPECT_NE(log.find(std::string("[out] abc\0def\n", 14)), std::string::npos) << log;
+}
+
+// Outputs that cannot be opened are found by --check, before any file is emptied: a name too
+// long for the file system, a named pipe no process reads (opening it waited for ever), the job
+// file itself; and an empty job name or a NUL byte in the environment is refused.
+TEST_F(LaunchTest, OutputsThatCannotBeOpenedAreRefusedBeforeAnythingIsTruncated) {
+  fs::create_directories(dir_ / "galley-launch-logs");
+  write_text(dir_ / "galley-launch-logs/events.jsonl", "an earlier run\n");
+  const std::string long_name(300, 'x');
+  EXPECT_EQ(run({"--check", "--log", long_name + ".log", "--", "true"}), 2);
+  EXPECT_NE(stderr_text().find("File name too long"), std::string::npos) << stderr_text();
+  EXPECT_EQ(run({"--log", long_name + ".log", "--", "true"}), 2);
+  EXPECT_EQ(read_text(dir_ / "galley-launch-logs/events.jsonl"), "an earlier run\n");
+  ASSERT_EQ(mkfifo((dir_ / "pipe").c_str(), 0644), 0);
+  EXPECT_EQ(run({"--log", "pipe", "--", "touch", "ran"}, {}, {}, 10s), 2);
+  EXPECT_NE(stderr_text().find("named pipe that no process reads"), std::string::npos)
+      << stderr_text();
+  EXPECT_FALSE(fs::exists(dir_ / "ran"));
+  write_text(dir_ / "jobs.toml", R"(
+[[job]]
+name = "self"
+command = "touch ran"
+log = "jobs.toml"
+)");
+  EXPECT_EQ(run({"jobs.toml"}), 2);
+  EXPECT_NE(stderr_text().find("is the job file"), std::string::npos) << stderr_text();
+  EXPECT_NE(read_text(dir_ / "jobs.toml").find("[[job]]"), std::string::npos);
+  write_text(dir_ / "jobs.toml", "[[job]]\nname = \"\"\ncommand = \"true\"\n");
+  EXPECT_EQ(run({"--check", "jobs.toml"}), 2);
+  EXPECT_NE(stderr_text().find("'name' is empty"), std::string::npos) << stderr_text();
+  write_text(dir_ / "jobs.toml", "[[job]]\ncommand = \"true\"\nenv = {V = \"keep\\u0000lost\"}\n");
+  EXPECT_EQ(run({"--check", "jobs.toml"}), 2);
+  EXPECT_NE(stderr_text().find("environment variable 'V'"), std::string::npos) << stderr_text();
+  EXPECT_FALSE(fs::exists(dir_ / "ran"));
+}
