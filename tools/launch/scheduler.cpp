@@ -66,9 +66,12 @@ double Scheduler::share_of(const JobRequest& request) const {
   double share = 0;
   if (request.memory_fraction) share = *request.memory_fraction;
   if (request.memory_limit_mb) {
+    // Over the GPUs the job may be placed on: the ones it names, else any.
     long smallest = 0;
     for (const auto& gpu : gpus_)
-      if (gpu.memory_mb > 0 && (smallest == 0 || gpu.memory_mb < smallest))
+      if (gpu.memory_mb > 0 && (smallest == 0 || gpu.memory_mb < smallest) &&
+          (request.gpu_ids.empty() ||
+           std::count(request.gpu_ids.begin(), request.gpu_ids.end(), gpu.id) > 0))
         smallest = gpu.memory_mb;
     // Without known GPU memory a limit cannot be turned into a share: hold the GPU alone.
     double limit_share = smallest > 0 ? double(*request.memory_limit_mb) / double(smallest) : 1.0;
@@ -105,7 +108,9 @@ std::size_t Scheduler::submit(const JobRequest& request) {
     if (*request.memory_limit_mb <= 0)
       throw LaunchError("memory limit must be a positive number of MiB");
     for (const auto& gpu : gpus_)
-      if (gpu.memory_mb > 0 && *request.memory_limit_mb > gpu.memory_mb && wanted > 0)
+      if (gpu.memory_mb > 0 && *request.memory_limit_mb > gpu.memory_mb && wanted > 0 &&
+          (request.gpu_ids.empty() ||
+           std::count(request.gpu_ids.begin(), request.gpu_ids.end(), gpu.id) > 0))
         throw LaunchError("memory limit " + std::to_string(*request.memory_limit_mb) +
                           " MiB is more than GPU " + std::to_string(gpu.id) + " has (" +
                           std::to_string(gpu.memory_mb) + " MiB)");

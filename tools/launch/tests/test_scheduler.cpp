@@ -181,6 +181,29 @@ TEST(Scheduler, MemoryLimitBecomesAShareWhenGpuMemoryIsKnown) {
   EXPECT_EQ(s.schedule().size(), 2u);
 }
 
+// On GPUs of different sizes a job that names its GPUs is measured against those: 60 GB fits the
+// 80 GB GPU it names (the 40 GB one is not its concern), and two 40 GB jobs share it.
+TEST(Scheduler, AMemoryLimitIsMeasuredAgainstTheGpusTheJobNames) {
+  Scheduler s({GpuInfo{0, 40960}, GpuInfo{1, 81920}});
+  JobRequest big;
+  big.gpu_ids = {1};
+  big.memory_limit_mb = 61440;
+  EXPECT_NEAR(s.share_of(big), 0.75, 1e-12);
+  EXPECT_NO_THROW(s.submit(big));
+  JobRequest half;
+  half.gpu_ids = {1};
+  half.memory_limit_mb = 40960;
+  EXPECT_NEAR(s.share_of(half), 0.5, 1e-12);
+  JobRequest any;  // may land on either: measured against the smaller
+  any.gpu_count = 1;
+  any.memory_limit_mb = 61440;
+  EXPECT_THROW(s.submit(any), LaunchError);
+  Scheduler t({GpuInfo{0, 40960}, GpuInfo{1, 81920}});
+  t.submit(half);
+  t.submit(half);
+  EXPECT_EQ(t.schedule().size(), 2u);
+}
+
 TEST(Scheduler, MemoryLimitWithUnknownGpuMemoryTakesTheGpuAlone) {
   Scheduler s(gpus(1));
   JobRequest r;
