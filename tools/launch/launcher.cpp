@@ -780,12 +780,18 @@ struct Launcher::Impl {
       job.status = "stopped";
     } else if (job.exit_code && *job.exit_code == kPreemptedExitCode && !job.hung) {
       // The job saved a checkpoint and asked to be run again: not a failure, no restart spent.
+      // At once, unless the attempt lasted under a second: then after the first backoff, so
+      // that a job exiting 75 as it starts is not restarted hundreds of times a second.
+      const double ran_s = seconds(now - job.attempt_start);
+      const double delay = ran_s < 1.0 ? options.backoff_initial_s : 0.0;
       job.phase = Phase::kBackoff;
       job.status = "backoff";
-      job.restart_at = now;
-      emit("preempted", &job, Json{{"attempt", job.attempts}, {"code", *job.exit_code}},
+      job.restart_at = now + clock_duration(delay);
+      emit("preempted", &job,
+           Json{{"attempt", job.attempts}, {"code", *job.exit_code}, {"delay_s", rounded(delay)}},
            job.spec.name + " was preempted (exit " + std::to_string(*job.exit_code) +
-               "): restarting without counting a restart");
+               "): restarting" + (delay > 0 ? " in " + format_number(rounded(delay)) + "s" : "") +
+               " without counting a restart");
       return;
     } else if (job.restarts < job.spec.max_restarts) {
       job.restarts += 1;

@@ -298,6 +298,20 @@ TEST_F(LaunchTest, APreemptedJobIsRestartedWithoutCountingARestart) {
   EXPECT_EQ(summary_of("preempted")["attempts"], 3);
 }
 
+// A job that exits 75 as it starts, every time, is restarted after the first backoff, not in a
+// tight loop (it was restarted hundreds of times a second).
+TEST_F(LaunchTest, AJobPreemptedAsItStartsWaitsTheFirstBackoff) {
+  const pid_t pid =
+      start({"--backoff-initial", "0.2", "--name", "spin", "--", "sh", "-c", "exit 75"});
+  std::this_thread::sleep_for(1500ms);
+  kill(pid, SIGTERM);
+  EXPECT_EQ(wait_for(pid), 143);
+  const auto preempted = events("preempted", "spin");
+  EXPECT_GE(preempted.size(), 2u);
+  EXPECT_LE(preempted.size(), 10u);  // about 7 at 0.2 s apart; hundreds before
+  if (!preempted.empty()) EXPECT_EQ(preempted[0]["delay_s"], 0.2);
+}
+
 TEST_F(LaunchTest, PrioritiesDecideTheStartOrder) {
   write_text(dir_ / "jobs.toml", R"(
 [launcher]
