@@ -141,6 +141,40 @@ TEST(Registration, BadNamesAndDuplicatesThrow) {
   EXPECT_THROW(l.register_layer("self", l), galley::Error);
 }
 
+// Generators follow the same naming rules: a checkpoint keys their state by the dotted names.
+TEST(Registration, GeneratorNamesFollowTheRules) {
+  WithBuffer l;
+  galley::Generator g(1), h(2);
+  EXPECT_THROW(l.register_generator("", g), galley::Error);
+  EXPECT_THROW(l.register_generator("a.b", g), galley::Error);
+  EXPECT_THROW(l.register_generator("w", g), galley::Error);  // the parameter's name
+  l.register_generator("gen", g);
+  EXPECT_THROW(l.register_generator("gen", h), galley::Error);
+  EXPECT_THROW(l.register_parameter("gen", galley::ones({1})), galley::Error);
+  EXPECT_EQ(l.named_generators().size(), 1u);
+}
+
+// A layer registered in two places (weights tied): parameters() lists its tensors once, under the
+// first name, as PyTorch does, so an optimizer takes them (it refuses a parameter listed twice);
+// the state keeps both names, as PyTorch's state_dict; both uses' gradients reach the one weight.
+TEST(Registration, ASharedLayersParametersAreListedOnce) {
+  auto lin = std::make_shared<nn::Linear>(3, 3);
+  nn::Sequential s(lin, std::make_shared<nn::ReLU>(), lin);
+  EXPECT_EQ(names_of(s.named_parameters()), (std::vector<std::string>{"0.weight", "0.bias"}));
+  EXPECT_EQ(s.parameters().size(), 2u);
+  EXPECT_EQ(names_of(s.named_state()),
+            (std::vector<std::string>{"0.weight", "0.bias", "2.weight", "2.bias"}));
+  galley::optim::SGD opt(s.parameters(), {.learning_rate = 0.1});
+  Tensor x = galley::randn({2, 3});
+  galley::sum(s(x)).backward();
+  Tensor once = lin->weight().grad().clone();
+  s.zero_grad();
+  Tensor h = galley::relu(lin->forward(x));
+  galley::sum(lin->forward(h)).backward();
+  EXPECT_EQ(lin->weight().grad().to_vector(), once.to_vector());
+  EXPECT_NO_THROW(opt.step());
+}
+
 TEST(Registration, NonLeafValueBecomesItsOwnLeaf) {
   Tensor x = galley::ones({2});
   x.set_requires_grad();

@@ -18,7 +18,8 @@ bool is_float_dtype(DType d) {
 // would give two state entries one key.
 template <typename Params, typename Children>
 void check_name(const Layer& owner, const std::string& name, const char* what, const Params& params,
-                const Params& buffers, const Children& children) {
+                const Params& buffers, const Children& children,
+                const std::vector<std::pair<std::string, Generator*>>& generators) {
   GALLEY_CHECK(!name.empty() && name.find('.') == std::string::npos, what, " name '", name,
                "' must be non-empty and contain no '.'");
   const char* taken = nullptr;
@@ -28,13 +29,15 @@ void check_name(const Layer& owner, const std::string& name, const char* what, c
     if (n == name) taken = "buffer";
   for (auto& [n, l] : children)
     if (n == name) taken = "layer";
+  for (auto& [n, g] : generators)
+    if (n == name) taken = "generator";
   GALLEY_CHECK(!taken, owner.repr(), ": cannot register ", what, " '", name, "': a ", taken,
                " of that name is already registered");
 }
 }  // namespace
 
 Tensor& Layer::register_parameter(const std::string& name, Tensor value, bool requires_grad) {
-  check_name(*this, name, "parameter", params_, buffers_, children_);
+  check_name(*this, name, "parameter", params_, buffers_, children_, generators_);
   GALLEY_CHECK(value.defined(), repr(), ": parameter '", name, "' is undefined");
   // A parameter is a leaf of its own, whatever graph the value came from.
   Tensor p = value.is_leaf() ? value : value.detach();
@@ -44,7 +47,7 @@ Tensor& Layer::register_parameter(const std::string& name, Tensor value, bool re
 }
 
 Tensor& Layer::register_buffer(const std::string& name, Tensor value, bool keep_dtype) {
-  check_name(*this, name, "buffer", params_, buffers_, children_);
+  check_name(*this, name, "buffer", params_, buffers_, children_, generators_);
   buffers_.emplace_back(name, value.detach());
   if (keep_dtype) keep_dtype_.push_back(buffers_.back().second.impl());
   return buffers_.back().second;
@@ -66,7 +69,7 @@ bool Layer::reaches(const Layer* other) const {
 }
 
 void Layer::add_child(const std::string& name, Layer* layer, std::shared_ptr<Layer> owned) {
-  check_name(*this, name, "layer", params_, buffers_, children_);
+  check_name(*this, name, "layer", params_, buffers_, children_, generators_);
   GALLEY_CHECK(layer != nullptr && layer != this, repr(), ": cannot register layer '", name, "'");
   // The layers form a tree (a layer may be shared, never its own ancestor): walking it must end.
   GALLEY_CHECK(!layer->reaches(this), repr(), ": layer '", name,
@@ -112,8 +115,14 @@ void Layer::collect(const std::string& prefix, bool params, bool buffers,
 }
 
 std::vector<NamedTensor> Layer::named_parameters() const {
+  std::vector<NamedTensor> all;
+  collect("", true, false, all);
+  // A parameter reached twice (a layer registered in two places) is listed once, under its first
+  // name, as PyTorch's named_parameters() does: an optimizer takes each parameter once.
   std::vector<NamedTensor> out;
-  collect("", true, false, out);
+  std::set<const void*> seen;
+  for (auto& named : all)
+    if (seen.insert(named.second.impl()).second) out.push_back(std::move(named));
   return out;
 }
 
@@ -136,6 +145,7 @@ std::vector<NamedTensor> Layer::named_state() const {
 }
 
 Generator& Layer::register_generator(const std::string& name, Generator& gen) {
+  check_name(*this, name, "generator", params_, buffers_, children_, generators_);
   generators_.emplace_back(name, &gen);
   return gen;
 }

@@ -48,7 +48,9 @@ class Layer {
   /// `keep_dtype`, to(DType) leaves it in its dtype (float32 statistics of a 16-bit layer).
   Tensor& register_buffer(const std::string& name, Tensor value, bool keep_dtype = false);
   /// Registers a generator the layer draws from (Dropout's masks), owned by the layer, so that
-  /// checkpoints save and restore where it stands (named_generators). Returns it.
+  /// checkpoints save and restore where it stands (named_generators). Returns it. Its name
+  /// follows the rules of the others: non-empty, no '.', not taken by a parameter, buffer, layer
+  /// or generator of this layer.
   Generator& register_generator(const std::string& name, Generator& gen);
   /// Registers a sub-layer that the caller owns (typically a data member). Returns it.
   template <typename L>
@@ -63,7 +65,8 @@ class Layer {
     return layer;
   }
 
-  /// Every parameter, depth first in registration order, with dotted names ("fc.weight").
+  /// Every parameter, depth first in registration order, with dotted names ("fc.weight"); one
+  /// reached twice (a layer registered in two places) once, under its first name, as PyTorch.
   std::vector<NamedTensor> named_parameters() const;
   /// The same list without names.
   std::vector<Tensor> parameters() const;
