@@ -45,6 +45,16 @@ void raise_nested(const std::string& message) {
   }
 }
 
+std::string current_what() {
+  try {
+    throw;
+  } catch (const std::exception& e) {
+    return e.what();
+  } catch (...) {
+    return "an exception that is not a std::exception";
+  }
+}
+
 void rethrow_with_message(const std::exception& e, const std::string& message) {
   if (const auto* g = dynamic_cast<const Error*>(&e)) g->with_message(message)->raise();
   throw Error(message);

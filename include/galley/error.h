@@ -63,6 +63,9 @@ std::string str_cat(const Args&... args) {
 /// that exception's type when it is a galley::Error (an OutOfMemoryError stays one), an
 /// OutOfMemoryError for a std::bad_alloc, else a plain galley::Error.
 [[noreturn]] void raise_nested(const std::string& message);
+/// From a catch block: what the exception being handled says (its what(), or that it is not a
+/// std::exception).
+std::string current_what();
 }  // namespace detail
 
 }  // namespace galley

@@ -222,14 +222,12 @@ DataLoader::iterator DataLoader::begin() {
     const uint64_t epoch = next_epoch_;
     // No worker is filling now, so order_ may change; workers read it only after claiming a
     // batch under the lock, which orders these writes before their reads.
-    const std::string failed =
-        detail::str_cat("DataLoader: the sampler failed to give the indices of epoch ", epoch);
     try {
       sampler_->indices(epoch, order_);
-    } catch (const std::exception& e) {
-      detail::raise_nested(failed + ": " + e.what());
     } catch (...) {
-      detail::raise_nested(failed + ": an exception that is not a std::exception");
+      detail::raise_nested(
+          detail::str_cat("DataLoader: the sampler failed to give the indices of epoch ", epoch,
+                          ": ", detail::current_what()));
     }
     // Every batch reads order_ by position: a sampler must give the indices its size says, each
     // an example of the dataset.
@@ -350,31 +348,18 @@ void DataLoader::fill(Slot& slot, size_t k, uint64_t epoch, int worker) {
       one[0] = i;
       try {
         ds_.get_batch(one, d, l);
-      } catch (const std::exception& e) {
-        slot.error = nested_error(detail::str_cat("DataLoader: loading sample ", i, " (batch ", k,
-                                                  " of epoch ", epoch, ") failed: ", e.what()));
-        return;
       } catch (...) {
         slot.error = nested_error(detail::str_cat("DataLoader: loading sample ", i, " (batch ", k,
                                                   " of epoch ", epoch,
-                                                  ") failed with an exception that is not a "
-                                                  "std::exception"));
+                                                  ") failed: ", detail::current_what()));
         return;
       }
     }
     // Every sample loads alone (or none could be tried): report the batch with the original
     // error.
-    try {
-      throw;
-    } catch (const std::exception& e) {
-      slot.error = nested_error(detail::str_cat("DataLoader: loading batch ", k, " of epoch ",
-                                                epoch, " (samples ", slot.indices.front(), " ... ",
-                                                slot.indices.back(), ") failed: ", e.what()));
-    } catch (...) {
-      slot.error = nested_error(detail::str_cat(
-          "DataLoader: loading batch ", k, " of epoch ", epoch, " (samples ", slot.indices.front(),
-          " ... ", slot.indices.back(), ") failed with an exception that is not a std::exception"));
-    }
+    slot.error = nested_error(detail::str_cat(
+        "DataLoader: loading batch ", k, " of epoch ", epoch, " (samples ", slot.indices.front(),
+        " ... ", slot.indices.back(), ") failed: ", detail::current_what()));
     return;
   }
 

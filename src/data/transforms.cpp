@@ -110,16 +110,11 @@ void apply_transforms(const std::vector<Transform>& transforms, Tensor& batch,
     for (size_t t = 0; t < transforms.size(); ++t) {
       // The error names the transform and the sample, with the original nested inside it
       // (typed as detail::raise_nested types it: an OutOfMemoryError stays one).
-      auto message = [&](const std::string& what) {
-        return detail::str_cat(context, "transform ", t, " failed on sample ", indices[i], ": ",
-                               what);
-      };
       try {
         transforms[t](base + int64_t(i) * numel, sample, gen);
-      } catch (const std::exception& e) {
-        detail::raise_nested(message(e.what()));
       } catch (...) {
-        detail::raise_nested(message("an exception that is not a std::exception"));
+        detail::raise_nested(detail::str_cat(context, "transform ", t, " failed on sample ",
+                                             indices[i], ": ", detail::current_what()));
       }
     }
   }

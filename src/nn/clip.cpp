@@ -34,9 +34,13 @@ namespace {
                               "the step)"));
 }
 
-void clamp_grads(Device device, const std::vector<kernels::GradSpan>& spans, float clip) {
-  if (device.is_cpu()) return kernels::cpu::clamp_grads(spans.data(), int(spans.size()), clip);
-  kernels::cuda::clamp_grads(spans.data(), int(spans.size()), clip, detail::stream(device));
+// Clamps the group's gradients in place (each counts a write, as detail::scale_grads').
+void clamp_grads(const detail::GradGroup& group, float clip) {
+  for (const Tensor& g : group.grads) g.bump_version();
+  const auto& spans = group.spans;
+  if (group.device.is_cpu())
+    return kernels::cpu::clamp_grads(spans.data(), int(spans.size()), clip);
+  kernels::cuda::clamp_grads(spans.data(), int(spans.size()), clip, detail::stream(group.device));
 }
 
 }  // namespace
@@ -78,10 +82,8 @@ float clip_grad_norm_(const std::vector<Tensor>& parameters, double max_norm, do
 void clip_grad_value_(const std::vector<Tensor>& parameters, double clip_value) {
   GALLEY_CHECK(clip_value >= 0, "clip_grad_value_: clip_value ", clip_value, " must be >= 0");
   NoGradGuard no_grad;
-  for (auto& g : detail::group_grads_by_device("clip_grad_value_", parameters)) {
-    for (const Tensor& t : g.grads) t.bump_version();  // clamped in place
-    clamp_grads(g.device, g.spans, static_cast<float>(clip_value));
-  }
+  for (auto& g : detail::group_grads_by_device("clip_grad_value_", parameters))
+    clamp_grads(g, static_cast<float>(clip_value));
 }
 
 }  // namespace galley::nn

@@ -232,8 +232,7 @@ void Layer::load_state_dict(const std::map<std::string, Tensor>& state, bool str
                  " ", dtype_name(it->second.dtype()), ", the layer expects ", shape_str(t.shape()),
                  " ", dtype_name(t.dtype()));
   }
-  NoGradGuard no_grad;
-  detail::parameters_changed();  // autocast's converted copies are stale from here on
+  NoGradGuard no_grad;  // (copy_ counts a write: autocast's converted copies are stale)
   for (auto& [n, t] : mine) {
     auto it = state.find(n);
     // Half-precision files load into float32 parameters (rounded values widen exactly).

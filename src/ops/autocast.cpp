@@ -16,7 +16,7 @@ thread_local AutocastState autocast_state;
 
 namespace {
 
-// Bumped whenever parameters may have been written in place: a cached copy made before is stale.
+// Bumped whenever parameters are given new data (Layer::to): a cached copy made before is stale.
 std::atomic<uint64_t> parameter_epoch{0};
 
 struct CachedCast {

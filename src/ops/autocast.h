@@ -53,8 +53,9 @@ class AutocastPause {
   AutocastState paused_;
 };
 
-// Lets parameters' cached copies be converted again: the optimizers call it after a step and
-// layers after loading a state, as both write parameters in place.
+// Lets every parameter's cached copy be converted again: Layer::to calls it, as it gives the
+// parameters new data (whose version says nothing of the old). A write in place into a
+// parameter's data (an optimizer step, a load) counts a version, which the cache checks itself.
 void parameters_changed();
 
 }  // namespace galley::detail

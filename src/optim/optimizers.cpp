@@ -7,7 +7,6 @@
 #include "galley/optim/lr_scheduler.h"
 #include "galley/optim/sgd.h"
 #include "kernels/optimizer_update.h"
-#include "src/ops/autocast.h"
 #include "src/ops/dispatch.h"
 #include "src/runtime/device_memory.h"
 
@@ -80,10 +79,11 @@ void Optimizer::for_each_gradient(const std::function<void(size_t, Tensor&)>& pr
       if (!params_[i].is_contiguous()) dense[i] = params_[i].contiguous();
       prepare(i, params_[i]);  // state lives on the parameter's device
     }
-  detail::parameters_changed();  // autocast's converted copies are stale from here on
   for (size_t i = 0; i < params_.size(); ++i)
     if (grads[i].defined()) {
-      params_[i].bump_version();  // a graph that saved the old values refuses its backward
+      // A graph that saved the old values refuses its backward, and autocast's converted copy of
+      // the parameter is stale.
+      params_[i].bump_version();
       update(i, dense[i].defined() ? dense[i] : params_[i], grads[i]);
     }
   if (launch) launch();
