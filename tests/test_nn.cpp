@@ -347,18 +347,39 @@ TEST(StateDict, MissingAndUnexpectedEntries) {
   expect_contains(msg, {"block.2.bias", "missing"});
   EXPECT_EQ(values_of(b), before);
 
-  // Not strict: the rest is loaded.
-  b.load_state_dict(sd, /*strict=*/false);
+  // Not strict: the rest is loaded, and the missing name reported, as PyTorch's missing_keys.
+  nn::Layer::LoadResult r = b.load_state_dict(sd, /*strict=*/false);
   EXPECT_EQ(b.fc().weight().to_vector(), a.fc().weight().to_vector());
   EXPECT_EQ(values_of(b)["block.2.bias"], before["block.2.bias"]);
+  EXPECT_EQ(r.missing_keys, std::vector<std::string>{"block.2.bias"});
+  EXPECT_TRUE(r.unexpected_keys.empty());
 
+  Net c;
   auto sd2 = a.state_dict();
   sd2["block.3.weight"] = galley::zeros({2});
-  auto before2 = values_of(b);
-  msg = error_of([&] { b.load_state_dict(sd2); });
-  expect_contains(msg, {"block.3.weight", "unexpected"});
-  EXPECT_EQ(values_of(b), before2);
-  EXPECT_THROW(b.load_state_dict(sd2, false), galley::Error);
+  sd2["zz.extra"] = galley::zeros({1});
+  sd2.erase("fc.bias");
+  auto before2 = values_of(c);
+  // Strict: one error lists every missing and unexpected name; nothing is written.
+  msg = error_of([&] { c.load_state_dict(sd2); });
+  expect_contains(
+      msg, {"1 missing entry 'fc.bias'", "2 unexpected entries", "'block.3.weight', 'zz.extra'"});
+  EXPECT_EQ(values_of(c), before2);
+  // Not strict: an unexpected entry is skipped, as in PyTorch (a checkpoint with a head this
+  // model lacks loads into the backbone).
+  r = c.load_state_dict(sd2, /*strict=*/false);
+  EXPECT_EQ(r.missing_keys, std::vector<std::string>{"fc.bias"});
+  EXPECT_EQ(r.unexpected_keys, (std::vector<std::string>{"block.3.weight", "zz.extra"}));
+  EXPECT_EQ(c.fc().weight().to_vector(), a.fc().weight().to_vector());
+  EXPECT_EQ(values_of(c)["fc.bias"], before2["fc.bias"]);
+
+  // A matching name of the wrong shape is an error whether strict or not, as in PyTorch.
+  auto sd3 = a.state_dict();
+  sd3["fc.weight"] = galley::zeros({1, 1});
+  auto before3 = values_of(c);
+  msg = error_of([&] { c.load_state_dict(sd3, false); });
+  expect_contains(msg, {"fc.weight", "[1, 1]"});
+  EXPECT_EQ(values_of(c), before3);
 }
 
 TEST(StateDict, ToDtypeConvertsFloatingStateAndKeepsTheHandles) {

@@ -1,6 +1,7 @@
 // Layer bookkeeping: registration, traversal in registration order, modes, devices, state.
 #include "galley/nn/layer.h"
 
+#include <algorithm>
 #include <set>
 
 #include "galley/autograd.h"
@@ -210,19 +211,46 @@ std::map<std::string, Tensor> Layer::state_dict() const {
   return out;
 }
 
-void Layer::load_state_dict(const std::map<std::string, Tensor>& state, bool strict) {
+namespace {
+
+// "'a', 'b' and 3 more": at most ten names of a list.
+std::string some_names(const std::vector<std::string>& names) {
+  constexpr size_t kShown = 10;
+  std::string out;
+  for (size_t i = 0; i < names.size() && i < kShown; ++i) out += (i ? ", '" : "'") + names[i] + "'";
+  if (names.size() > kShown) out += " and " + std::to_string(names.size() - kShown) + " more";
+  return out;
+}
+
+}  // namespace
+
+Layer::LoadResult Layer::load_state_dict(const std::map<std::string, Tensor>& state, bool strict) {
   auto mine = named_state();
+  LoadResult result;
   std::set<std::string> known;
-  for (auto& [n, t] : mine) known.insert(n);
+  for (auto& [n, t] : mine) {
+    known.insert(n);
+    if (!state.count(n)) result.missing_keys.push_back(n);
+  }
   for (auto& [n, t] : state)
-    GALLEY_CHECK(known.count(n), repr(), ": load_state_dict: unexpected entry '", n, "'");
+    if (!known.count(n)) result.unexpected_keys.push_back(n);
+  std::sort(result.missing_keys.begin(), result.missing_keys.end());
+  if (strict && (!result.missing_keys.empty() || !result.unexpected_keys.empty())) {
+    std::string what;
+    if (!result.missing_keys.empty())
+      what += std::to_string(result.missing_keys.size()) + " missing entr" +
+              (result.missing_keys.size() == 1 ? "y " : "ies ") + some_names(result.missing_keys);
+    if (!result.unexpected_keys.empty())
+      what += (what.empty() ? "" : "; ") + std::to_string(result.unexpected_keys.size()) +
+              " unexpected entr" + (result.unexpected_keys.size() == 1 ? "y " : "ies ") +
+              some_names(result.unexpected_keys);
+    GALLEY_CHECK(false, repr(), ": load_state_dict: ", what,
+                 " (strict = false loads the entries that match)");
+  }
   // Check everything before writing anything, so a bad state leaves the layer untouched.
   for (auto& [n, t] : mine) {
     auto it = state.find(n);
-    if (it == state.end()) {
-      GALLEY_CHECK(!strict, repr(), ": load_state_dict: missing entry '", n, "'");
-      continue;
-    }
+    if (it == state.end()) continue;
     GALLEY_CHECK(it->second.defined(), repr(), ": load_state_dict: entry '", n,
                  "' is an undefined tensor");
     GALLEY_CHECK(it->second.shape() == t.shape() &&
@@ -238,6 +266,7 @@ void Layer::load_state_dict(const std::map<std::string, Tensor>& state, bool str
     // Half-precision files load into float32 parameters (rounded values widen exactly).
     if (it != state.end()) Tensor(t).copy_(it->second.to(t.dtype()));
   }
+  return result;
 }
 
 void Layer::zero_grad() {

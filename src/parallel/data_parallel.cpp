@@ -857,8 +857,11 @@ std::map<std::string, Tensor> DataParallelBase::state_dict() const {
   return impl_->replicas[0]->layer->state_dict();
 }
 
-void DataParallelBase::load_state_dict(const std::map<std::string, Tensor>& state, bool strict) {
-  for (auto& rep : impl_->replicas) rep->layer->load_state_dict(state, strict);
+nn::Layer::LoadResult DataParallelBase::load_state_dict(const std::map<std::string, Tensor>& state,
+                                                        bool strict) {
+  nn::Layer::LoadResult result;
+  for (auto& rep : impl_->replicas) result = rep->layer->load_state_dict(state, strict);
+  return result;
 }
 
 void DataParallelBase::to(DType dtype) {

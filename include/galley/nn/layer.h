@@ -103,9 +103,19 @@ class Layer {
 
   /// Copies of every parameter and buffer by dotted name.
   std::map<std::string, Tensor> state_dict() const;
-  /// Overwrites parameters and buffers by name. Every name must exist with the same shape;
-  /// with `strict`, every parameter must be given. Errors name the entry and both shapes.
-  void load_state_dict(const std::map<std::string, Tensor>& state, bool strict = true);
+  /// What load_state_dict left unmatched, as PyTorch's `missing_keys` and `unexpected_keys`:
+  /// this layer's entries that the state lacks, and the state's entries this layer lacks, each
+  /// in name order.
+  struct LoadResult {
+    std::vector<std::string> missing_keys, unexpected_keys;
+  };
+  /// Overwrites parameters and buffers by name, as PyTorch does: with `strict`, the state must
+  /// hold exactly this layer's entries, and an error lists every missing and unexpected name;
+  /// without, those are skipped (and returned) and the rest is loaded. In both, an entry this
+  /// layer has must match its shape (an error names the entry and both shapes) and be floating
+  /// where it is (half-precision values load into float32 entries). Everything is checked before
+  /// anything is written: an error leaves the layer as it was.
+  LoadResult load_state_dict(const std::map<std::string, Tensor>& state, bool strict = true);
 
   /// Sets every parameter's gradient to undefined.
   void zero_grad();

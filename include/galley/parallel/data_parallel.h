@@ -82,7 +82,8 @@ class DataParallelBase {
   /// Replica 0's state; load_state_dict writes every replica.
   std::map<std::string, Tensor> state_dict() const;
   /// Loads the same state into every replica.
-  void load_state_dict(const std::map<std::string, Tensor>& state, bool strict = true);
+  nn::Layer::LoadResult load_state_dict(const std::map<std::string, Tensor>& state,
+                                        bool strict = true);
 
   /// Converts every replica's floating parameters and buffers to `dtype` (float32, bfloat16 or
   /// float16; nn::Layer::to), keeping their handles: an optimizer made from parameters() before
