@@ -437,7 +437,8 @@ void Profiler::export_chrome_trace(const std::string& path) const {
   std::ofstream f(path);
   GALLEY_CHECK(f, "export_chrome_trace: cannot open ", path, " for writing");
   f << text << '\n';
-  GALLEY_CHECK(f.good(), "export_chrome_trace: writing ", path, " failed");
+  f.close();  // (a short trace still sits in the stream's buffer until then: /dev/full took it)
+  GALLEY_CHECK(!f.fail(), "export_chrome_trace: writing ", path, " failed");
 }
 
 KeyAverages Profiler::key_averages() const {

@@ -138,12 +138,30 @@ uint64_t stream_seed(uint64_t seed, uint64_t stream) {
   return seed ^ z ^ (z >> 31);
 }
 
+namespace {
+// The bounds of a uniform draw: low <= high, both finite and their span too (as PyTorch's
+// uniform_ asks: an infinite span gave infinities and NaNs).
+void check_bounds(const char* op, float low, float high) {
+  GALLEY_CHECK(std::isfinite(low) && std::isfinite(high), op, ": low ", low, " and high ", high,
+               " must be finite");
+  GALLEY_CHECK(low <= high, op, ": low ", low, " is above high ", high);
+  GALLEY_CHECK(std::isfinite(high - low), op, ": high - low (", high, " - ", low,
+               ") must be finite: at most float32's largest, 3.40282e+38");
+}
+}  // namespace
+
+// A draw that rounds up to high is low instead (a 24-bit draw of 1 - 2^-24 scaled into [1, 2)
+// rounds to 2), as the 16-bit draws below and PyTorch's CUDA kernel do: the range stays
+// [low, high).
 Tensor uniform(const Shape& shape, float low, float high, Generator& gen) {
-  GALLEY_CHECK(low <= high, "uniform: low ", low, " is above high ", high);
+  check_bounds("uniform", low, high);
   Tensor t = Tensor::empty(shape);
   float* p = t.data<float>();
   std::lock_guard<std::mutex> lock(generator_mutex());
-  for (int64_t i = 0, n = t.numel(); i < n; ++i) p[i] = low + (high - low) * gen.next_float();
+  for (int64_t i = 0, n = t.numel(); i < n; ++i) {
+    const float v = low + (high - low) * gen.next_float();
+    p[i] = v >= high && high > low ? low : v;
+  }
   return t;
 }
 
@@ -179,7 +197,7 @@ Tensor uniform_as(const char* op, const Shape& shape, float low, float high,
                   const TensorOptions& options, Generator& gen) {
   check_floating_draw(op, options.dtype);
   if (options.dtype == DType::Float32) return placed(uniform(shape, low, high, gen), options);
-  GALLEY_CHECK(low <= high, op, ": low ", low, " is above high ", high);
+  check_bounds(op, low, high);
   const bool bf16 = options.dtype == DType::BFloat16;
   const int digits = bf16 ? 8 : 11;
   const float unit = std::ldexp(1.f, -digits);

@@ -392,11 +392,11 @@ TEST(MpiTimeout, APeerThatNeverArrivesIsAnErrorNotAHang) {
   const auto& e = env();
   if (e.world_size == 1) GTEST_SKIP() << "single process: run under mpirun -np 2";
   auto world = galley::distributed::world();
-  // The ranks take turns through two files named after rank 0's pid (agreed on by a collective
-  // that works), not through sleeps: rank 1 arrives only once rank 0 has given up, and rank 0
-  // goes on to the barrier (which lets the abandoned collective finish, so that both processes
-  // exit cleanly) only once rank 1 is on its way. A stalled process cannot reorder them (only a
-  // stall longer than the timeout in a collective fails the test). The files are in the
+  // The ranks take turns through files named after rank 0's pid (agreed on by a collective that
+  // works), not through sleeps: rank 1 arrives only once rank 0 has given up, and rank 0 polls
+  // the unusable group (which lets the abandoned collective finish, so that both processes exit
+  // cleanly) until rank 1's late call has returned. A stalled process cannot reorder them (only
+  // a stall longer than the timeout in a collective fails the test). The files are in the
   // temporary directory: the ranks of this test run on one machine.
   float token = e.rank == 0 ? float(getpid()) : 0.f;
   world->all_reduce(&token, 1, galley::parallel::ReduceOp::Sum);
@@ -417,14 +417,30 @@ TEST(MpiTimeout, APeerThatNeverArrivesIsAnErrorNotAHang) {
     testutil::expect_contains(msg, {"all_reduce", "timed out"});
     std::ofstream(mark("gave-up")).put('\n');
     ASSERT_TRUE(wait_for(mark("arriving"))) << "rank 1 never came";
-    std::filesystem::remove(mark("gave-up"));
-    std::filesystem::remove(mark("arriving"));
+    // The group is unusable: every later call fails at once, naming the first failure (and
+    // lets the abandoned collective progress, so that rank 1's late call completes).
+    const auto start = std::chrono::steady_clock::now();
+    msg = testutil::error_of([&] { world->barrier(); });
+    testutil::expect_contains(msg, {"barrier", "unusable", "all_reduce", "timed out"});
+    EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(2));
+    const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(120);
+    while (!std::filesystem::exists(mark("done")) && std::chrono::steady_clock::now() < end) {
+      EXPECT_THROW(world->barrier(), galley::Error);
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    ASSERT_TRUE(std::filesystem::exists(mark("done"))) << "rank 1's late all_reduce never ended";
+    // The late collective wrote into the communicator's own buffer, not into v, which the caller
+    // may have freed and reused after the error.
+    EXPECT_EQ(v, std::vector<float>(8, 1.f));
+    for (const char* f : {"gave-up", "arriving", "done"}) std::filesystem::remove(mark(f));
   } else {
     ASSERT_TRUE(wait_for(mark("gave-up"))) << "rank 0 never gave up";
     std::ofstream(mark("arriving")).put('\n');
+    // It pairs with rank 0's abandoned call, whose input was rank 0's values.
     world->all_reduce(v.data(), 8, galley::parallel::ReduceOp::Sum);
+    EXPECT_EQ(v, std::vector<float>(8, 2.f));
+    std::ofstream(mark("done")).put('\n');
   }
-  world->barrier();
 }
 
 // Loss scaling across processes: an Inf in the input of the last process only reaches every

@@ -213,6 +213,40 @@ TEST(Profiler, ChromeTraceIsValidJsonWithTheExpectedEvents) {
   EXPECT_TRUE(thread_named);
 }
 
+TEST(Profiler, AFailedWriteOfAShortTraceIsAnError) {
+  if (!std::filesystem::exists("/dev/full")) GTEST_SKIP() << "no /dev/full on this system";
+  prof::Profiler p;
+  { prof::RecordScope one("one"); }
+  p.stop();
+  // A trace of a few hundred bytes stays in the stream's buffer until it is closed: the error
+  // of writing it must still be seen.
+  const std::string msg = testutil::error_of([&] { p.export_chrome_trace("/dev/full"); });
+  testutil::expect_contains(msg, {"export_chrome_trace", "/dev/full", "failed"});
+}
+
+// A profiler started inside a forward pass: the ops after it carry the whole layer path, with
+// the layers entered before it started.
+TEST(Profiler, StartedInsideAForwardGivesTheWholeLayerPath) {
+  struct Starter : nn::Layer {
+    prof::Profiler* p = nullptr;
+    Tensor forward(const Tensor& x) override {
+      p->start();
+      return x;
+    }
+  };
+  auto starter = std::make_shared<Starter>();
+  nn::Sequential model(
+      std::make_shared<nn::Linear>(4, 4),
+      std::make_shared<nn::Sequential>(starter, std::make_shared<nn::Linear>(4, 2)));
+  prof::Profiler p({.start = false});
+  starter->p = &p;
+  model(galley::ones({3, 4}));
+  p.stop();
+  const prof::Event* fc = find(p.events(), "linear");
+  ASSERT_NE(fc, nullptr);
+  EXPECT_EQ(fc->layer_path, "1.1");
+}
+
 TEST(Profiler, NamesThatAreNotUtf8StillGiveAValidTrace) {
   prof::Profiler p;
   { prof::RecordScope bad("region\xff\xfe"); }

@@ -11,9 +11,11 @@
 #include <cstring>
 #include <functional>
 #include <initializer_list>
+#include <limits>
 #include <memory>
 #include <sstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace {
@@ -1029,4 +1031,61 @@ TEST(Factories, ArangeInt64AndNullHostDataAreCheckedNotWrapped) {
             (std::vector<int64_t>{big, big + 1024, big + 2048, big + 3072}));
   expect_contains(error_of([] { Tensor::from_host(nullptr, {2}); }), {"null", "[2]"});
   EXPECT_EQ(Tensor::from_host(nullptr, {0, 3}).numel(), 0);
+}
+
+// A float32 draw that rounds up to high is low instead: the range stays [low, high). Seed
+// 8280086's first 24-bit draw is 1 - 2^-24, which scaled into [1, 2) rounds to 2.
+TEST(Random, Float32UniformNeverReturnsHigh) {
+  Generator g(8280086);
+  EXPECT_EQ(galley::uniform({1}, 1.f, 2.f, g).item(), 1.f);
+  Generator again(8280086);
+  const float r = galley::rand({1}, again).item();  // the same draw, just below 1
+  EXPECT_LT(r, 1.f);
+  EXPECT_GT(r, 0.9999f);
+}
+
+// Bounds that are not finite, or whose span is not, are an error (they gave infinities and NaN),
+// in every dtype.
+TEST(Random, UniformRefusesBoundsThatAreNotFinite) {
+  Generator g(1);
+  const float inf = std::numeric_limits<float>::infinity();
+  for (DType dt : {DType::Float32, DType::BFloat16, DType::Float16}) {
+    for (auto [lo, hi] : {std::pair{0.f, inf}, std::pair{-inf, inf}, std::pair{-3e38f, 3e38f},
+                          std::pair{std::nanf(""), 1.f}})
+      expect_contains(error_of([&] { galley::uniform({4}, lo, hi, {.dtype = dt}, g); }),
+                      {"uniform", "finite"});
+  }
+  EXPECT_EQ(galley::uniform({2}, -1e38f, 1e38f, g).numel(), 2);  // a finite span is fine
+}
+
+// An integer fill takes a value in the dtype's range (truncated toward zero), as PyTorch; another
+// is an error that writes nothing (the conversion was undefined: 300 gave 44 in uint8).
+TEST(Factories, IntegerFillsRefuseValuesOutOfRange) {
+  EXPECT_EQ(galley::full({2}, 255.f, DType::UInt8).to_vector<uint8_t>(),
+            (std::vector<uint8_t>{255, 255}));
+  EXPECT_EQ(galley::full({2}, -2.7f, DType::Int64).to_vector<int64_t>(),
+            (std::vector<int64_t>{-2, -2}));
+  for (float v : {300.f, -1.f, 256.f, std::nanf("")})
+    expect_contains(error_of([&] { galley::full({3}, v, DType::UInt8); }),
+                    {"fill_", "uint8", "overflow"});
+  for (float v : {std::nanf(""), 1e30f, -std::numeric_limits<float>::infinity(), 0x1p63f})
+    expect_contains(error_of([&] { galley::full({3}, v, DType::Int64); }),
+                    {"fill_", "int64", "overflow"});
+  EXPECT_EQ(galley::full({1}, -0x1p63f, DType::Int64).to_vector<int64_t>()[0], INT64_MIN);
+  Tensor t = galley::full({2}, 7.f, DType::Int64);
+  EXPECT_THROW(t.fill_(1e20f), galley::Error);
+  EXPECT_EQ(t.to_vector<int64_t>(), (std::vector<int64_t>{7, 7}));
+}
+
+// float32 to an integer dtype truncates toward zero and saturates: NaN gives 0, a value past the
+// range the range's end (C++ leaves the conversion undefined there).
+TEST(Factories, FloatToIntegerConversionsSaturate) {
+  const float inf = std::numeric_limits<float>::infinity();
+  const Tensor x = Tensor::from_vector(
+      {std::nanf(""), inf, -inf, 1e30f, -1e30f, 2.9f, -2.9f, 300.f, -1.f, 255.5f}, {10});
+  EXPECT_EQ(
+      x.to(DType::Int64).to_vector<int64_t>(),
+      (std::vector<int64_t>{0, INT64_MAX, INT64_MIN, INT64_MAX, INT64_MIN, 2, -2, 300, -1, 255}));
+  EXPECT_EQ(x.to(DType::UInt8).to_vector<uint8_t>(),
+            (std::vector<uint8_t>{0, 255, 0, 255, 0, 2, 0, 255, 0, 255}));
 }

@@ -149,16 +149,17 @@ Tensor record(Tensor output, const char* name, std::vector<Tensor> inputs, Backw
 /// error (see set_check_loss_finite).
 void run_backward(const Tensor& root, const Tensor& gradient, bool from_loss = false);
 
-/// True while the layers being called are tracked (LayerScope pushes only then): while anomaly
-/// detection is on or a profiler records.
+/// True while ops record the path of the layer they run in (Node::layer_path, the profiler's
+/// events): while anomaly detection is on or a profiler records.
 inline bool layer_paths_enabled() {
   return is_anomaly_enabled() || profiler::is_recording();
 }
 
 /// While alive, `name` is the innermost layer being called on this thread. nn::Layer's call
-/// operator opens one, with the name the layer was registered under, while
-/// layer_paths_enabled(). The name must outlive the scope; an empty name (the top-level model)
-/// adds nothing to the path.
+/// operator opens one, with the name the layer was registered under, always (a pointer pushed
+/// and popped), so that a profiler started inside a forward pass sees the layers already
+/// entered. The name must outlive the scope; an empty name (the top-level model) adds nothing to
+/// the path.
 class LayerScope {
  public:
   explicit LayerScope(const std::string& name);
@@ -168,7 +169,7 @@ class LayerScope {
 };
 
 /// The dotted names of the layers being called on this thread, outermost first
-/// ("layer3.1.conv2"); "" outside any named layer or while paths are not tracked.
+/// ("layer3.1.conv2"); "" outside any named layer.
 std::string current_layer_path();
 
 }  // namespace galley::autograd

@@ -22,6 +22,21 @@ namespace galley {
 
 namespace detail {
 
+// float32 to an integer type, truncated toward zero and saturated: NaN gives 0, a value past the
+// type's range its nearest end (the conversion C++ leaves undefined there; CUDA's cvt.rzi gives
+// the same). Tensor::to(Int64 / UInt8) on the host and on a GPU alike.
+GALLEY_HOST_DEVICE inline int64_t float_to_int64(float v) {
+  if (!(v == v)) return 0;
+  if (v >= 0x1p63f) return INT64_MAX;
+  if (v < -0x1p63f) return INT64_MIN;
+  return static_cast<int64_t>(v);
+}
+GALLEY_HOST_DEVICE inline uint8_t float_to_uint8(float v) {
+  if (!(v > 0.f)) return 0;  // NaN, and values in (-1, 0] that truncate to 0
+  if (v >= 255.f) return 255;
+  return static_cast<uint8_t>(v);
+}
+
 GALLEY_HOST_DEVICE inline uint32_t float_bits(float f) {
   uint32_t x;
   std::memcpy(&x, &f, 4);

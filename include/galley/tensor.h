@@ -224,7 +224,9 @@ class Tensor {
   /// before the copy. A copy onto a GPU is queued on its compute stream and returns once `src`
   /// may be reused; one to the host returns when it is done.
   void copy_(const Tensor& src);
-  /// Sets every element to `value` (of a view too: the elements it shows); no autograd.
+  /// Sets every element to `value` (of a view too: the elements it shows); no autograd. An
+  /// int64 or uint8 tensor takes a value in its range, truncated toward zero; another (NaN, an
+  /// infinity, 300 for uint8) is an error and nothing is written, as in PyTorch.
   void fill_(float value);
   /// Sets every element to zero; no autograd.
   void zero_() { fill_(0.f); }
@@ -256,8 +258,10 @@ class Tensor {
   /// A copy converted to `dtype` on the same device (this tensor if it already has it):
   /// between float32, bfloat16 and float16 with round to nearest even, bit for bit as PyTorch's
   /// `.to()` (vectorised on the CPU, a kernel on a GPU), recorded by autograd (the gradient
-  /// comes back in this tensor's dtype); between int64 or uint8 and float32 as C++ casts, not
-  /// recorded. Another pair is an error naming both dtypes.
+  /// comes back in this tensor's dtype); between int64 or uint8 and float32, not recorded: to an
+  /// integer truncated toward zero and saturated (NaN gives 0, a value past the range its end,
+  /// as PyTorch's CUDA conversion; on its CPU those are undefined), from one as C++ converts.
+  /// Another pair is an error naming both dtypes.
   Tensor to(DType dtype) const;
   /// A copy on `device` in `dtype`; converts on whichever side has fewer bytes to move.
   Tensor to(Device device, DType dtype) const;
@@ -300,7 +304,8 @@ std::ostream& operator<<(std::ostream& os, const Tensor& t);
 Tensor zeros(const Shape& shape, DType dtype = DType::Float32, Device device = Device::cpu());
 /// Tensor of ones.
 Tensor ones(const Shape& shape, DType dtype = DType::Float32, Device device = Device::cpu());
-/// Tensor filled with `value`.
+/// Tensor filled with `value` (for int64 and uint8, a value in the dtype's range, truncated
+/// toward zero; another is an error, as in PyTorch).
 Tensor full(const Shape& shape, float value, DType dtype = DType::Float32,
             Device device = Device::cpu());
 /// start, start + step, ... below `end` (1-D, float32 or int64; for int64, as PyTorch, start and
@@ -310,7 +315,7 @@ Tensor arange(double start, double end, double step = 1.0, DType dtype = DType::
 Tensor rand(const Shape& shape, Generator& gen = default_generator());
 /// Standard normal.
 Tensor randn(const Shape& shape, Generator& gen = default_generator());
-/// Uniform in [low, high).
+/// Uniform in [low, high): low <= high, both finite and high - low too, else an error.
 Tensor uniform(const Shape& shape, float low, float high, Generator& gen = default_generator());
 
 /// The dtype and device a factory makes its tensor with: `randn({64, 10}, {.dtype =
@@ -319,9 +324,12 @@ struct TensorOptions {
   DType dtype = DType::Float32;
   Device device = Device::cpu();
 };
-/// The factories with options. The random ones draw float32 values on the host from `gen` (the
-/// same values whatever the dtype and device, so a seed means one thing everywhere) and round
-/// them to the dtype once.
+/// The factories with options. The random ones draw on the host from `gen` (the same values
+/// whatever the device, so a seed means one thing everywhere). randn draws float32 values and
+/// rounds them to the dtype once; rand and uniform in bfloat16 or float16 draw on the dtype's own
+/// grid, as PyTorch's uniform_ does (k / 2^8 in bfloat16, k / 2^11 in float16, scaled into
+/// [low, high)), so that rounding cannot reach high: their values differ from a float32 draw
+/// rounded.
 Tensor empty(const Shape& shape, const TensorOptions& options);
 Tensor zeros(const Shape& shape, const TensorOptions& options);
 Tensor ones(const Shape& shape, const TensorOptions& options);

@@ -67,15 +67,24 @@ void convert_n(const void* src, DType from, void* dst, DType to, int64_t n) {
     }
     return;
   }
-  // float32 and the integer types, as C++ casts.
+  // float32 and the integer types: to an integer truncated and saturated (half.h), from one as
+  // C++ converts.
   auto cast = [n](auto* out, const auto* in) {
     using O = std::remove_pointer_t<decltype(out)>;
     for (int64_t i = 0; i < n; ++i) out[i] = static_cast<O>(in[i]);
   };
-  if (from == DType::Float32 && to == DType::Int64)
-    return cast(static_cast<int64_t*>(dst), static_cast<const float*>(src));
-  if (from == DType::Float32 && to == DType::UInt8)
-    return cast(static_cast<uint8_t*>(dst), static_cast<const float*>(src));
+  if (from == DType::Float32 && to == DType::Int64) {
+    const float* s = static_cast<const float*>(src);
+    int64_t* d = static_cast<int64_t*>(dst);
+    for (int64_t i = 0; i < n; ++i) d[i] = detail::float_to_int64(s[i]);
+    return;
+  }
+  if (from == DType::Float32 && to == DType::UInt8) {
+    const float* s = static_cast<const float*>(src);
+    uint8_t* d = static_cast<uint8_t*>(dst);
+    for (int64_t i = 0; i < n; ++i) d[i] = detail::float_to_uint8(s[i]);
+    return;
+  }
   if (from == DType::Int64 && to == DType::Float32)
     return cast(static_cast<float*>(dst), static_cast<const int64_t*>(src));
   if (from == DType::UInt8 && to == DType::Float32)

@@ -21,8 +21,11 @@ void softmax_forward(const float* x, int64_t outer, int64_t len, int64_t inner, 
                         double s = 0.0;
                         for (int64_t l = 0; l < len; ++l) s += std::exp(double(xp[l * inner]) - m);
                         if (log) {
-                          const float lse = m + static_cast<float>(std::log(s));
-                          for (int64_t l = 0; l < len; ++l) yp[l * inner] = xp[l * inner] - lse;
+                          // (x - m) - log s, as PyTorch: x - (m + log s) rounds the sum to m's
+                          // ulp, which for logits near 1e7 is 1 (outputs 0, -1, -2).
+                          const float ls = static_cast<float>(std::log(s));
+                          for (int64_t l = 0; l < len; ++l)
+                            yp[l * inner] = (xp[l * inner] - m) - ls;
                         } else {
                           const double inv = 1.0 / s;
                           for (int64_t l = 0; l < len; ++l)

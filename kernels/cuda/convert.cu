@@ -37,12 +37,12 @@ struct Element<__half> {
 template <>
 struct Element<int64_t> {
   __device__ static float load(int64_t v) { return static_cast<float>(v); }
-  __device__ static int64_t store(float v) { return static_cast<int64_t>(v); }
+  __device__ static int64_t store(float v) { return detail::float_to_int64(v); }
 };
 template <>
 struct Element<uint8_t> {
   __device__ static float load(uint8_t v) { return static_cast<float>(v); }
-  __device__ static uint8_t store(float v) { return static_cast<uint8_t>(v); }
+  __device__ static uint8_t store(float v) { return detail::float_to_uint8(v); }
 };
 
 template <typename From, typename To>

@@ -71,9 +71,9 @@ __global__ void __launch_bounds__(1024)
     double s = 0.0;
     for (int64_t l = lane; l < len; l += group) s += exp(double(xr[l]) - m);
     s = group_all<kWarp>(s, SumOp{}, dscratch);
-    if (log) {
-      const float lse = m + static_cast<float>(::log(s));
-      for (int64_t l = lane; l < len; l += group) yr[l] = xr[l] - lse;
+    if (log) {  // (x - m) - log s, as the CPU kernel
+      const float ls = static_cast<float>(::log(s));
+      for (int64_t l = lane; l < len; l += group) yr[l] = (xr[l] - m) - ls;
     } else {
       const double inv = 1.0 / s;
       for (int64_t l = lane; l < len; l += group)
@@ -124,8 +124,8 @@ __global__ void softmax_columns_kernel(const float* x, int64_t outer, int64_t le
     double s = 0.0;
     for (int64_t l = 0; l < len; ++l) s += exp(double(xp[l * inner]) - m);
     if (log) {
-      const float lse = m + static_cast<float>(::log(s));
-      for (int64_t l = 0; l < len; ++l) yp[l * inner] = xp[l * inner] - lse;
+      const float ls = static_cast<float>(::log(s));
+      for (int64_t l = 0; l < len; ++l) yp[l * inner] = (xp[l * inner] - m) - ls;
     } else {
       const double inv = 1.0 / s;
       for (int64_t l = 0; l < len; ++l)

@@ -93,15 +93,15 @@ Tensor Layer::forward(const std::vector<Tensor>& inputs) {
   return Tensor();
 }
 
+// The scope is opened whether or not paths are being recorded: a profiler started inside a
+// forward pass gives the ops after it the whole path, the layers already entered included.
 Tensor Layer::operator()(const Tensor& x) {
-  if (!autograd::layer_paths_enabled()) return forward(x);
   autograd::LayerScope scope(name_);
   return forward(x);
 }
 
 Tensor Layer::operator()(const std::vector<Tensor>& inputs) {
   if (inputs.size() == 1) return (*this)(inputs[0]);
-  if (!autograd::layer_paths_enabled()) return forward(inputs);
   autograd::LayerScope scope(name_);
   return forward(inputs);
 }

@@ -2,8 +2,13 @@
 // against a deadline, so a peer that died or never arrived becomes a galley::Error.
 #include <mpi.h>
 
+#include <algorithm>
 #include <chrono>
+#include <cstring>
+#include <memory>
 #include <mutex>
+#include <sstream>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -58,37 +63,60 @@ class MpiCommunicator : public parallel::Communicator {
   using Communicator::all_reduce;
   using Communicator::broadcast;
 
-  // 16-bit data is widened into a float32 buffer, reduced as float32 and rounded back once.
+  // A collective still posted keeps its buffer for good: MPI may write into it at any time.
+  ~MpiCommunicator() override {
+    progress();
+    for (auto& a : abandoned_) (void)a.buffer.release();
+  }
+
+  // Every collective runs in a buffer of the communicator's own (stage()), copied in and out:
+  // 16-bit data is widened into it as float32, reduced as float32 and rounded back once.
   void all_reduce(void* data, int64_t count, DType dtype, parallel::ReduceOp op) override {
+    check_usable("all_reduce");
     check_count(count, "all_reduce");
     check_reducible(dtype);
-    if (dtype == DType::Float32) return all_reduce_floats(static_cast<float*>(data), count, op);
     dispatch_floating(dtype, "mpi all_reduce", [&](auto tag) {
       using T = typename decltype(tag)::type;
       T* x = static_cast<T*>(data);
-      std::vector<float> wide(x, x + count);
-      all_reduce_floats(wide.data(), count, op);
-      for (int64_t i = 0; i < count; ++i) x[i] = T(wide[size_t(i)]);
+      float* wide = reinterpret_cast<float*>(stage(size_t(count) * sizeof(float)));
+      std::copy_n(x, count, wide);
+      MPI_Request req;
+      MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, wide, static_cast<int>(count), MPI_FLOAT, MPI_SUM,
+                               MPI_COMM_WORLD, &req));
+      wait(req, "all_reduce");
+      const float scale = op == parallel::ReduceOp::Avg ? 1.f / float(size_) : 1.f;  // (x 1 exact)
+      for (int64_t i = 0; i < count; ++i) x[i] = T(wide[i] * scale);
     });
   }
   void broadcast(void* data, int64_t count, DType dtype, int root) override {
+    check_usable("broadcast");
     check_count(count, "broadcast");
     GALLEY_CHECK(root >= 0 && root < size_, "mpi broadcast: root ", root, " out of range for ",
                  size_, " processes");
     const MPI_Datatype type = element_type(dtype);
+    const size_t bytes = size_t(count) * dtype_size(dtype);
+    unsigned char* buf = stage(bytes);
+    if (rank_ == root) std::memcpy(buf, data, bytes);
     MPI_Request req;
-    MPI_CHECK(MPI_Ibcast(data, static_cast<int>(count), type, root, MPI_COMM_WORLD, &req));
+    MPI_CHECK(MPI_Ibcast(buf, static_cast<int>(count), type, root, MPI_COMM_WORLD, &req));
     wait(req, "broadcast");
+    std::memcpy(data, buf, bytes);
   }
   void all_gather(const void* data, int64_t count, DType dtype, void* out) override {
+    check_usable("all_gather");
     check_count(count, "all_gather");
     const MPI_Datatype type = element_type(dtype);
+    const size_t bytes = size_t(count) * dtype_size(dtype);
+    unsigned char* buf = stage(bytes * size_t(size_ + 1));  // this rank's part, then everyone's
+    std::memcpy(buf, data, bytes);
     MPI_Request req;
-    MPI_CHECK(MPI_Iallgather(data, static_cast<int>(count), type, out, static_cast<int>(count),
-                             type, MPI_COMM_WORLD, &req));
+    MPI_CHECK(MPI_Iallgather(buf, static_cast<int>(count), type, buf + bytes,
+                             static_cast<int>(count), type, MPI_COMM_WORLD, &req));
     wait(req, "all_gather");
+    std::memcpy(out, buf + bytes, bytes * size_t(size_));
   }
   void barrier() override {
+    check_usable("barrier");
     MPI_Request req;
     MPI_CHECK(MPI_Ibarrier(MPI_COMM_WORLD, &req));
     wait(req, "barrier");
@@ -111,21 +139,40 @@ class MpiCommunicator : public parallel::Communicator {
     }
     return MPI_BYTE;  // not reached
   }
-  void all_reduce_floats(float* data, int64_t count, parallel::ReduceOp op) {
-    MPI_Request req;
-    MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, data, static_cast<int>(count), MPI_FLOAT, MPI_SUM,
-                             MPI_COMM_WORLD, &req));
-    wait(req, "all_reduce");
-    if (op == parallel::ReduceOp::Avg) {
-      const float scale = 1.f / float(size_);
-      for (int64_t i = 0; i < count; ++i) data[i] *= scale;
-    }
-  }
   void check_count(int64_t count, const char* op) const {
     GALLEY_CHECK(count >= 0 && count <= INT32_MAX, "mpi ", op, ": ", count,
                  " elements exceed one MPI call; use smaller buckets");
   }
-  // Polls the request until it completes or the deadline passes.
+  // Fails at once where an earlier collective timed out, after letting the abandoned
+  // collectives progress (a late peer's call completes only as this process polls them).
+  void check_usable(const char* op) {
+    progress();
+    GALLEY_CHECK(why_.empty(), "mpi ", op, " on rank ", rank_, " of ", size_,
+                 ": the group is unusable after an earlier failure (", why_, ")");
+  }
+  // Polls the abandoned collectives; those that completed free their buffers.
+  void progress() {
+    for (size_t i = 0; i < abandoned_.size();) {
+      int done = 0;
+      if (MPI_Test(&abandoned_[i].request, &done, MPI_STATUS_IGNORE) == MPI_SUCCESS && done)
+        abandoned_.erase(abandoned_.begin() + std::ptrdiff_t(i));
+      else
+        ++i;
+    }
+  }
+  // The communicator's buffer of at least `bytes`. The collective runs there rather than in the
+  // caller's memory: one that times out stays posted, and MPI writes its result whenever the
+  // late peers arrive. Its buffer is then kept (abandoned_) until it completes, where the
+  // caller's memory would long since have been reused (a tensor freed after the error, and
+  // another allocated in its place, took the late sum).
+  unsigned char* stage(size_t bytes) {
+    if (!stage_ || stage_->size() < bytes)
+      stage_ = std::make_unique<std::vector<unsigned char>>(std::max<size_t>(bytes, 1));
+    return stage_->data();
+  }
+  // Polls the request until it completes or the deadline passes. On the deadline the group is
+  // unusable, as the threads and NCCL groups become: every later call fails at once (the
+  // collective still posted would pair with the peers' next one).
   void wait(MPI_Request& req, const char* op) {
     const auto deadline =
         std::chrono::steady_clock::now() + std::chrono::duration<double>(opt_.timeout_seconds);
@@ -133,15 +180,32 @@ class MpiCommunicator : public parallel::Communicator {
     for (int spins = 0;; ++spins) {
       MPI_CHECK(MPI_Test(&req, &done, MPI_STATUS_IGNORE));
       if (done) return;
-      GALLEY_CHECK(std::chrono::steady_clock::now() < deadline, "mpi ", op, " on rank ", rank_,
-                   " of ", size_, " timed out after ", opt_.timeout_seconds,
-                   " s: a peer process died or never called it");
+      if (std::chrono::steady_clock::now() >= deadline) {
+        why_ = "mpi " + std::string(op) + " on rank " + std::to_string(rank_) + " of " +
+               std::to_string(size_) + " timed out after " + format_seconds() +
+               " s: a peer process died or never called it";
+        abandoned_.push_back({req, std::move(stage_)});
+        GALLEY_CHECK(false, why_);
+      }
       if (spins > 1000) std::this_thread::sleep_for(std::chrono::microseconds(50));
     }
+  }
+  std::string format_seconds() const {
+    std::ostringstream s;
+    s << opt_.timeout_seconds;
+    return s.str();
   }
 
   parallel::CommOptions opt_;
   int rank_ = 0, size_ = 1;
+  std::string why_;  // the failure that made the group unusable; empty while usable
+  std::unique_ptr<std::vector<unsigned char>> stage_;
+  // Collectives that timed out, still posted, with the buffers they write into.
+  struct Abandoned {
+    MPI_Request request;
+    std::unique_ptr<std::vector<unsigned char>> buffer;
+  };
+  std::vector<Abandoned> abandoned_;
 };
 
 }  // namespace
