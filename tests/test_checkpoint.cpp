@@ -1,8 +1,10 @@
 // Training checkpoints: exact resume (also in a new process), atomic saves that survive a
 // kill, retention, bad files, data-parallel models, half precision.
+#include <fcntl.h>
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <spawn.h>
+#include <sys/file.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -201,6 +203,51 @@ TEST(Checkpoint, KilledDuringSaveKeepsTheLastGoodOne) {
   galley::io::TrainingState st{.model = &big};
   ASSERT_TRUE(ck.resume(st));
   EXPECT_GE(st.step, 1);
+}
+
+// A Checkpointer opening a directory clears the temporaries of killed saves, and leaves those of
+// saves still running (an evaluator opening a trainer's directory deleted the trainer's save in
+// progress, whose rename then failed): a save holds a lock on its temporary.
+TEST(Checkpoint, ClearsTheTemporariesOfKilledSavesOnly) {
+  const std::string dir = temp_dir("temporaries");
+  const auto make = [&](const std::string& name, const std::string& bytes) {
+    std::ofstream(fs::path(dir) / name) << bytes;
+    return (fs::path(dir) / name).string();
+  };
+  const std::string killed = make("checkpoint-000000000002.safetensors.tmp.99999999.0", "partial");
+  const std::string running = make("checkpoint-000000000003.safetensors.tmp.1.0", "partial");
+  const std::string starting = make("checkpoint-000000000004.safetensors.tmp.1.1", "");
+  const std::string other = make("other-000000000001.safetensors.tmp.99999999.0", "partial");
+  // The save in progress: its lock is held (here by another open description of the file, as
+  // another process's would be).
+  const int fd = ::open(running.c_str(), O_RDONLY);
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(::flock(fd, LOCK_EX), 0);
+  { galley::io::Checkpointer ck(dir); }
+  EXPECT_FALSE(fs::exists(killed));
+  EXPECT_TRUE(fs::exists(running));
+  EXPECT_TRUE(fs::exists(starting));  // empty and new: perhaps a save about to lock it
+  EXPECT_TRUE(fs::exists(other));     // another prefix's
+  // Once its writer is gone, and an empty one once it is old, they go too.
+  ::close(fd);
+  fs::last_write_time(starting, fs::file_time_type::clock::now() - std::chrono::minutes(1));
+  { galley::io::Checkpointer ck(dir); }
+  EXPECT_FALSE(fs::exists(running));
+  EXPECT_FALSE(fs::exists(starting));
+  // A save really running in another process while a Checkpointer opens the directory.
+  nn::Linear big(1024, 1024);
+  std::string failed;
+  std::thread saver([&] {
+    try {
+      for (int i = 0; i < 20; ++i) galley::io::Checkpointer(dir).save({.model = &big, .step = i});
+    } catch (const std::exception& e) {
+      failed = e.what();
+    }
+  });
+  for (int i = 0; i < 200; ++i) galley::io::Checkpointer ck(dir, {.keep_last = 100});
+  saver.join();
+  EXPECT_EQ(failed, "");
+  EXPECT_EQ(galley::io::Checkpointer(dir, {.keep_last = 100}).list().size(), 3u);
 }
 
 TEST(Checkpoint, KeepsTheNewestK) {

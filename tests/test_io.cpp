@@ -301,14 +301,37 @@ TEST_F(SafeTensors, HeadersThatAliasOrRepeatAreRefused) {
 }
 
 TEST_F(SafeTensors, HostileHeadersAreErrorsWithoutCrashOrHugeAllocation) {
-  // A shape nested 200,000 arrays deep: printing it for the message recursed off the stack.
+  // A shape nested 200,000 arrays deep (printing it for the message recursed off the stack), and
+  // objects nested 2 million deep (parsed, they took 400 bytes of memory a byte of header):
+  // refused on their depth before the header is parsed, at little memory.
   std::string deep = path("deep");
   write(deep, safetensors_bytes(R"({"a":{"dtype":"F32","shape":[)" + std::string(200000, '[') +
                                     std::string(200000, ']') + R"(],"data_offsets":[0,0]}})",
                                 ""));
   const std::string deep_msg = error_of([&] { load_safetensors(deep); });
-  expect_contains(deep_msg, {deep, "'a'", "shape holds an array"});
+  expect_contains(deep_msg, {deep, "nests deeper than 64 levels at byte 98"});
   EXPECT_LT(deep_msg.size(), 500u);
+  std::string nested = path("nested");
+  {
+    std::string h = R"({"x":)";
+    for (int i = 0; i < 2000000; ++i) h += R"({"a":)";
+    h += "1" + std::string(2000001, '}');
+    write(nested, safetensors_bytes(h, ""));
+  }
+  rusage start{}, end{};
+  getrusage(RUSAGE_SELF, &start);
+  expect_contains(error_of([&] { load_safetensors(nested); }), {nested, "nests deeper"});
+  getrusage(RUSAGE_SELF, &end);
+  EXPECT_LT(end.ru_maxrss - start.ru_maxrss, 64L * 1024)  // KiB
+      << "refusing a 12 MB header raised the peak resident size by "
+      << (end.ru_maxrss - start.ru_maxrss) << " KiB";
+  // Brackets inside strings are not nesting, past an escaped quote too.
+  std::string quoted = path("quoted");
+  write(quoted, safetensors_bytes(R"({"__metadata__":{"k":")" + std::string(1000, '[') + R"(\")" +
+                                      std::string(1000, '{') + R"("}})",
+                                  ""));
+  EXPECT_EQ(galley::io::read_safetensors(quoted).metadata.at("k"),
+            std::string(1000, '[') + "\"" + std::string(1000, '{'));
   // 400 entries over the same MiB: refused on the overlap before any of them is allocated (each
   // was allocated and read first: memory in proportion to entries x data).
   std::string alias = path("alias");

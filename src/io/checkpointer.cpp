@@ -1,12 +1,16 @@
 // Training checkpoints on top of safetensors.
 #include "galley/io/checkpointer.h"
 
+#include <fcntl.h>
 #include <signal.h>
+#include <sys/file.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <charconv>
+#include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -353,6 +357,35 @@ std::vector<fs::path> entries_of(const std::string& dir) {
   return out;
 }
 
+// Whether the temporary file p of a save is abandoned: no process holds the lock a save takes
+// on it before writing its first byte (save_safetensors), and it has bytes, or it is a few
+// seconds old (an empty one may be a save between creating the file and locking it). Where the
+// file system has no locks: the save's process (the <pid> of ".tmp.<pid>.<n>") no longer exists
+// on this machine, and the same.
+bool abandoned(const fs::path& p) {
+  std::error_code ec;
+  const auto size = fs::file_size(p, ec);
+  if (ec) return false;
+  if (size == 0) {
+    const auto written = fs::last_write_time(p, ec);
+    if (ec || fs::file_time_type::clock::now() - written < std::chrono::seconds(5)) return false;
+  }
+  const int fd = ::open(p.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return false;
+  const int locked = ::flock(fd, LOCK_EX | LOCK_NB);
+  const int err = errno;
+  ::close(fd);
+  if (locked == 0) return true;
+  if (err == EWOULDBLOCK) return false;  // a save in progress
+  const std::string name = p.filename().string();
+  const size_t at = name.rfind(".tmp.");
+  long pid = 0;
+  if (at == std::string::npos ||
+      std::from_chars(name.data() + at + 5, name.data() + name.size(), pid).ec != std::errc())
+    return false;
+  return pid > 0 && ::kill(pid_t(pid), 0) != 0 && errno == ESRCH;
+}
+
 }  // namespace
 
 Checkpointer::Checkpointer(std::string directory, CheckpointOptions options)
@@ -373,11 +406,13 @@ Checkpointer::Checkpointer(std::string directory, CheckpointOptions options)
   fs::create_directories(dir_, ec);
   GALLEY_CHECK(!ec && fs::is_directory(dir_), "Checkpointer: cannot create directory '", dir_,
                "': ", ec.message());
-  // Temporary files of saves that were killed: never complete, never to be loaded.
+  // Temporary files of saves that were killed: never complete, never to be loaded. Another
+  // process's save in progress (a trainer's, seen by an evaluator opening the same directory)
+  // holds its temporary's lock and is left alone.
   for (const fs::path& p : entries_of(dir_)) {
     const std::string name = p.filename().string();
     if (name.compare(0, opt_.prefix.size() + 1, opt_.prefix + "-") == 0 &&
-        name.find(".safetensors.tmp.") != std::string::npos)
+        name.find(".safetensors.tmp.") != std::string::npos && abandoned(p))
       fs::remove(p, ec);
   }
   if (opt_.preempt_signals.empty()) return;

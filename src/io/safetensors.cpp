@@ -1,5 +1,6 @@
 // safetensors: an 8-byte little-endian header length, a JSON header, then raw tensor bytes.
 #include <fcntl.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -52,12 +53,13 @@ std::string directory_of(const std::string& path) {
 }
 
 // Writes all of `bytes` to fd or throws naming `path`.
-void write_all(int fd, const void* data, size_t bytes, const std::string& path) {
+// `what` names the file being written ("'a' (through 'b')").
+void write_all(int fd, const void* data, size_t bytes, const std::string& what) {
   const char* p = static_cast<const char*>(data);
   while (bytes > 0) {
     ssize_t w = ::write(fd, p, bytes);
     if (w < 0 && errno == EINTR) continue;
-    GALLEY_CHECK(w > 0, "save_safetensors: writing '", path, "' failed: ", std::strerror(errno));
+    GALLEY_CHECK(w > 0, "save_safetensors: writing ", what, " failed: ", std::strerror(errno));
     p += w;
     bytes -= static_cast<size_t>(w);
   }
@@ -105,7 +107,11 @@ void save_safetensors(const std::string& path, const std::map<std::string, Tenso
   int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   GALLEY_CHECK(fd >= 0, "save_safetensors: '", path, "': cannot create its temporary file '", tmp,
                "': ", std::strerror(errno));
-  const std::string writing = detail::str_cat(path, "' (through '", tmp);
+  // A save holds an exclusive lock on its temporary from before its first byte: Checkpointer
+  // clears only a temporary nobody holds (its save was killed), not another process's save in
+  // progress.
+  ::flock(fd, LOCK_EX);
+  const std::string writing = detail::str_cat("'", path, "' (through '", tmp, "')");
   try {
     const uint64_t len = text.size();
     unsigned char le[8];
@@ -114,8 +120,8 @@ void save_safetensors(const std::string& path, const std::map<std::string, Tenso
     write_all(fd, text.data(), text.size(), writing);
     for (const Tensor& h : host)
       write_all(fd, h.raw_data(), h.numel() * dtype_size(h.dtype()), writing);
-    GALLEY_CHECK(::fsync(fd) == 0, "save_safetensors: flushing '", writing,
-                 "' failed: ", std::strerror(errno));
+    GALLEY_CHECK(::fsync(fd) == 0, "save_safetensors: flushing ", writing,
+                 " failed: ", std::strerror(errno));
   } catch (...) {
     ::close(fd);
     std::remove(tmp.c_str());
@@ -140,6 +146,8 @@ namespace {
 // The largest header a file may declare, as the safetensors library's own reader allows: a
 // header length is read before anything else, so a corrupt one must not cost its size in memory.
 constexpr uint64_t kMaxHeaderBytes = 100'000'000;
+// The deepest nesting of arrays and objects a header may have (a safetensors header needs 3).
+constexpr int kMaxHeaderDepth = 64;
 
 // A JSON value for a message: scalars as they are (a long string cut), containers by their kind
 // (a file's value may be nested deeper than printing it recursively survives).
@@ -217,6 +225,31 @@ struct Span {
 };
 }  // namespace
 
+namespace {
+// The offset of the first '[' or '{' of JSON text that opens a level past `most`, outside
+// strings; npos when none does.
+size_t nesting_past(const std::string& text, int most) {
+  int depth = 0;
+  bool in_string = false;
+  for (size_t i = 0; i < text.size(); ++i) {
+    const char c = text[i];
+    if (in_string) {
+      if (c == '\\')
+        ++i;  // the escaped character
+      else if (c == '"')
+        in_string = false;
+    } else if (c == '"') {
+      in_string = true;
+    } else if (c == '[' || c == '{') {
+      if (++depth > most) return i;
+    } else if (c == ']' || c == '}') {
+      --depth;
+    }
+  }
+  return std::string::npos;
+}
+}  // namespace
+
 SafetensorsFile read_safetensors(const std::string& path) {
   // (A directory opens as a stream whose size reads as the largest offset.)
   struct stat st {};
@@ -246,12 +279,20 @@ SafetensorsFile read_safetensors(const std::string& path) {
   const size_t nul = text.find('\0');
   GALLEY_CHECK(nul == std::string::npos, "safetensors file '", path,
                "': the JSON header holds a NUL byte at byte ", 8 + nul);
+  // A header nests three deep ({name: {"shape": [...]}}); the parse's tree costs tens of times
+  // a deeply nested text's size (16 million levels in 96 MB took 6.4 GB), so depth is refused
+  // first, by a scan that allocates nothing (Python's reader stops at 128 levels).
+  const size_t deep = nesting_past(text, kMaxHeaderDepth);
+  GALLEY_CHECK(deep == std::string::npos, "safetensors file '", path,
+               "': the JSON header nests deeper than ", kMaxHeaderDepth, " levels at byte ",
+               8 + deep);
   nlohmann::json header;
   try {
     header = nlohmann::json::parse(text);
-  } catch (const std::exception& e) {
-    GALLEY_CHECK(false, "safetensors file '", path, "': the JSON header (bytes 8..", 8 + len,
-                 ") does not parse: ", e.what());
+  } catch (...) {  // (out of memory stays OutOfMemoryError)
+    detail::raise_nested(detail::str_cat("safetensors file '", path,
+                                         "': the JSON header (bytes 8..", 8 + len,
+                                         ") does not parse: ", detail::current_what()));
   }
   RepeatedNames repeated;
   nlohmann::json::sax_parse(text, &repeated);

@@ -91,8 +91,9 @@ struct CheckpointOptions {
 /// Only one Checkpointer in a process may watch signals at a time.
 class Checkpointer {
  public:
-  /// Creates the directory if needed, removes temporary files left by killed saves and starts
-  /// watching `options.preempt_signals`.
+  /// Creates the directory if needed, removes temporary files left by killed saves (not those
+  /// of saves still running, in this process or another: each holds a lock on its temporary)
+  /// and starts watching `options.preempt_signals`.
   explicit Checkpointer(std::string directory, CheckpointOptions options = {});
   /// Gives the watched signals back their previous handlers.
   ~Checkpointer();
