@@ -422,8 +422,24 @@ TEST_F(SafeTensors, UndefinedTensorThrowsAndLeavesNothing) {
   auto tensors = sample();
   tensors["zz.undefined"] = Tensor();
   std::string msg = error_of([&] { save_safetensors(path("m"), tensors); });
-  expect_contains(msg, {"zz.undefined"});
+  expect_contains(msg, {path("m"), "zz.undefined"});
   EXPECT_TRUE(listing().empty());
+  auto reserved = sample();
+  reserved["__metadata__"] = galley::zeros({1});
+  expect_contains(error_of([&] { save_safetensors(path("m"), reserved); }),
+                  {path("m"), "'__metadata__' is reserved"});
+  EXPECT_TRUE(listing().empty());
+}
+
+// "__metadata__": null is no metadata, as the safetensors library reads it.
+TEST_F(SafeTensors, NullMetadataIsNone) {
+  const std::string p = path("null-metadata");
+  write(p, safetensors_bytes(R"({"__metadata__":null,"a":{"dtype":"F32","shape":[1],)"
+                             R"("data_offsets":[0,4]}})",
+                             float_bytes({2.5f})));
+  const auto file = galley::io::read_safetensors(p);
+  EXPECT_TRUE(file.metadata.empty());
+  EXPECT_EQ(file.tensors.at("a").to_vector(), std::vector<float>{2.5f});
 }
 
 TEST_F(SafeTensors, FailedRenameLeavesNoTemporary) {

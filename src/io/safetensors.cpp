@@ -81,8 +81,9 @@ void save_safetensors(const std::string& path, const std::map<std::string, Tenso
   std::vector<Tensor> host;
   uint64_t offset = 0;
   for (auto& [name, t] : tensors) {
-    GALLEY_CHECK(name != "__metadata__", "save_safetensors: '__metadata__' is reserved");
-    GALLEY_CHECK(t.defined(), "save_safetensors: tensor '", name, "' is undefined");
+    GALLEY_CHECK(name != "__metadata__", "save_safetensors: '", path,
+                 "': the name '__metadata__' is reserved for the file's metadata");
+    GALLEY_CHECK(t.defined(), "save_safetensors: '", path, "': tensor '", name, "' is undefined");
     Tensor h = t.detach().to(Device::cpu()).contiguous();
     uint64_t bytes = h.numel() * dtype_size(h.dtype());
     header[name] = {{"dtype", st_dtype(h.dtype())},
@@ -307,6 +308,7 @@ SafetensorsFile read_safetensors(const std::string& path) {
   for (auto& [name, entry] : header.items()) {
     try {
       if (name == "__metadata__") {
+        if (entry.is_null()) continue;  // none, as the safetensors library reads it
         GALLEY_CHECK(entry.is_object(), "safetensors file '", path,
                      "': __metadata__ is not an object of strings");
         for (auto& [k, v] : entry.items()) out.metadata[k] = v.get<std::string>();

@@ -21,8 +21,9 @@ struct SafetensorsFile {
 };
 /// Reads a safetensors file (F32, F16, BF16, I64, U8). Truncated files, offsets outside the
 /// data, sizes that do not match shapes, overlapping tensors, data bytes no tensor holds, a name
-/// or field given twice and a header longer than 100 MB are errors naming the file, the tensor
-/// and the byte offset; every entry is checked before any tensor is allocated.
+/// or field given twice, a header longer than 100 MB or nested deeper than 64 levels are errors
+/// naming the file, the tensor and the byte offset; every entry is checked before any tensor is
+/// allocated. "__metadata__": null reads as no metadata.
 SafetensorsFile read_safetensors(const std::string& path);
 /// The tensors of a safetensors file (see read_safetensors()).
 std::map<std::string, Tensor> load_safetensors(const std::string& path);
