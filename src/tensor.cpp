@@ -343,13 +343,13 @@ void store_float(void* p, DType t, int64_t i, float v);
 
 void Tensor::fill_(float value) {
   GALLEY_CHECK_DEFINED("fill_");
-  // An integer tensor takes a value in its range (truncated toward zero), as PyTorch checks;
-  // the conversion of any other is undefined.
+  // An integer tensor takes a value between its lowest and largest (a fraction truncated toward
+  // zero), as PyTorch checks; the conversion of any other is undefined.
   if (dtype() == DType::Int64)
     GALLEY_CHECK(value >= -0x1p63f && value < 0x1p63f, "fill_: ", value,
                  " cannot be converted to int64 without overflow");
   if (dtype() == DType::UInt8)
-    GALLEY_CHECK(value >= 0.f && value < 256.f, "fill_: ", value,
+    GALLEY_CHECK(value >= 0.f && value <= 255.f, "fill_: ", value,
                  " cannot be converted to uint8 without overflow");
   check_unrecorded_write("fill_", *impl_);
   bump_version();

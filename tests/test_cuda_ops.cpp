@@ -191,6 +191,11 @@ TEST(CudaOps, ReductionsSoftmaxAndLoss) {
   compare("softmax", [](auto& v) { return galley::softmax(v[0], 1); }, {galley::randn({6, 50, 4})});
   compare("log_softmax", [](auto& v) { return galley::log_softmax(v[0], -1); },
           {galley::randn({64, 10})});
+  // Logits near 1e6, rows and columns: (x - m) - log s, not x - (m + log s) rounded to m's ulp.
+  compare("log_softmax offset", [](auto& v) { return galley::log_softmax(v[0], -1); },
+          {galley::randn({64, 10}) * 2.f + 1e6f});
+  compare("log_softmax offset dim 1", [](auto& v) { return galley::log_softmax(v[0], 1); },
+          {galley::randn({6, 50, 4}) * 2.f + 1e6f});
   std::vector<int64_t> l(64);
   for (int i = 0; i < 64; ++i) l[i] = i % 10 == 3 ? -100 : i % 10;
   Tensor labels = Tensor::from_vector(l, {64});
@@ -453,4 +458,17 @@ TEST(CudaOps, AnomalyDetectionNamesTheOpOnTheGpu) {
   Tensor loss = galley::sum(galley::pow(z, 0.5f));
   testutil::expect_contains(testutil::error_of([&] { loss.backward(); }),
                             {"backward of pow", "inf", "element 0", "cuda:0"});
+}
+
+// float32 to int64 and uint8 on the GPU: truncated and saturated as on the host (NaN to 0).
+TEST(CudaOps, FloatToIntegerConversionsSaturateAsOnTheHost) {
+  REQUIRE_GPU();
+  const float inf = std::numeric_limits<float>::infinity();
+  const Tensor x = Tensor::from_vector(
+      {std::nanf(""), inf, -inf, 1e30f, -1e30f, 2.9f, -2.9f, 300.f, -1.f, 255.5f}, {10});
+  const Tensor gx = x.to(galley::Device::cuda(0));
+  EXPECT_EQ(gx.to(galley::DType::Int64).to(galley::Device::cpu()).to_vector<int64_t>(),
+            x.to(galley::DType::Int64).to_vector<int64_t>());
+  EXPECT_EQ(gx.to(galley::DType::UInt8).to(galley::Device::cpu()).to_vector<uint8_t>(),
+            x.to(galley::DType::UInt8).to_vector<uint8_t>());
 }

@@ -1065,7 +1065,8 @@ TEST(Factories, IntegerFillsRefuseValuesOutOfRange) {
             (std::vector<uint8_t>{255, 255}));
   EXPECT_EQ(galley::full({2}, -2.7f, DType::Int64).to_vector<int64_t>(),
             (std::vector<int64_t>{-2, -2}));
-  for (float v : {300.f, -1.f, 256.f, std::nanf("")})
+  EXPECT_EQ(galley::full({1}, 254.9f, DType::UInt8).to_vector<uint8_t>()[0], 254);
+  for (float v : {300.f, -1.f, 256.f, 255.5f, -0.5f, std::nanf("")})
     expect_contains(error_of([&] { galley::full({3}, v, DType::UInt8); }),
                     {"fill_", "uint8", "overflow"});
   for (float v : {std::nanf(""), 1e30f, -std::numeric_limits<float>::infinity(), 0x1p63f})
@@ -1088,4 +1089,14 @@ TEST(Factories, FloatToIntegerConversionsSaturate) {
       (std::vector<int64_t>{0, INT64_MAX, INT64_MIN, INT64_MAX, INT64_MIN, 2, -2, 300, -1, 255}));
   EXPECT_EQ(x.to(DType::UInt8).to_vector<uint8_t>(),
             (std::vector<uint8_t>{0, 255, 0, 255, 0, 2, 0, 255, 0, 255}));
+}
+
+// log_softmax of logits near 1e7 (whose ulp is 1): (x - m) - log s keeps the fractions that
+// x - (m + log s) rounded away (it gave 0, -1, -2).
+TEST(TensorOps, LogSoftmaxOfLargeLogitsKeepsItsPrecision) {
+  const std::vector<float> out =
+      galley::log_softmax(Tensor::from_vector({1e7f, 1e7f + 1.f, 1e7f + 2.f}, {1, 3}), 1)
+          .to_vector();
+  const double lse = 2.0 + std::log(1.0 + std::exp(-1.0) + std::exp(-2.0));  // of 0, 1, 2
+  for (int i = 0; i < 3; ++i) EXPECT_NEAR(out[size_t(i)], double(i) - lse, 1e-6) << i;
 }

@@ -225,8 +225,9 @@ class Tensor {
   /// may be reused; one to the host returns when it is done.
   void copy_(const Tensor& src);
   /// Sets every element to `value` (of a view too: the elements it shows); no autograd. An
-  /// int64 or uint8 tensor takes a value in its range, truncated toward zero; another (NaN, an
-  /// infinity, 300 for uint8) is an error and nothing is written, as in PyTorch.
+  /// int64 or uint8 tensor takes a value between the dtype's lowest and largest (0 and 255 for
+  /// uint8), a fraction truncated toward zero; another (NaN, an infinity, 255.5 or -0.5 for
+  /// uint8) is an error and nothing is written, as in PyTorch.
   void fill_(float value);
   /// Sets every element to zero; no autograd.
   void zero_() { fill_(0.f); }
@@ -304,8 +305,8 @@ std::ostream& operator<<(std::ostream& os, const Tensor& t);
 Tensor zeros(const Shape& shape, DType dtype = DType::Float32, Device device = Device::cpu());
 /// Tensor of ones.
 Tensor ones(const Shape& shape, DType dtype = DType::Float32, Device device = Device::cpu());
-/// Tensor filled with `value` (for int64 and uint8, a value in the dtype's range, truncated
-/// toward zero; another is an error, as in PyTorch).
+/// Tensor filled with `value` (for int64 and uint8, a value the dtype holds once truncated toward
+/// zero, as fill_ says).
 Tensor full(const Shape& shape, float value, DType dtype = DType::Float32,
             Device device = Device::cpu());
 /// start, start + step, ... below `end` (1-D, float32 or int64; for int64, as PyTorch, start and

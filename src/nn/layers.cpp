@@ -38,6 +38,12 @@ void write_into(Tensor& t, Tensor values) {
   detail::copy_strided(values, t);
 }
 
+// A defined tensor of no elements: the fan-based initialisers leave it as it is, as PyTorch does
+// (its fans may be 0, which would make their bounds infinite).
+bool zero_elements(const Tensor& t) {
+  return t.defined() && t.numel() == 0;
+}
+
 float leaky_relu_gain(float a) {
   return std::sqrt(2.f / (1.f + a * a));
 }
@@ -63,22 +69,26 @@ void ones_(Tensor& t) {
 }
 
 void kaiming_uniform_(Tensor& t, float a, Generator& gen) {
+  if (zero_elements(t)) return;
   const float bound = leaky_relu_gain(a) * std::sqrt(3.f / float(fans(t).first));
   uniform_(t, -bound, bound, gen);
 }
 
 void kaiming_normal_(Tensor& t, float a, FanMode mode, Generator& gen) {
+  if (zero_elements(t)) return;
   const auto [in, out] = fans(t);
   normal_(t, 0.f, leaky_relu_gain(a) / std::sqrt(float(mode == FanMode::In ? in : out)), gen);
 }
 
 void xavier_uniform_(Tensor& t, float gain, Generator& gen) {
+  if (zero_elements(t)) return;
   const auto [in, out] = fans(t);
   const float bound = gain * std::sqrt(6.f / float(in + out));
   uniform_(t, -bound, bound, gen);
 }
 
 void xavier_normal_(Tensor& t, float gain, Generator& gen) {
+  if (zero_elements(t)) return;
   const auto [in, out] = fans(t);
   normal_(t, 0.f, gain * std::sqrt(2.f / float(in + out)), gen);
 }

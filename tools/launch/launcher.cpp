@@ -332,6 +332,7 @@ struct Launcher::Impl {
     if (event_log) {
       std::fputs((to_text(record) + "\n").c_str(), event_log);
       std::fflush(event_log);
+      if (std::ferror(event_log)) lost(event_log, "the event log", options.event_log_path());
     }
     char prefix[32];
     snprintf(prefix, sizeof prefix, "[%8.2fs] ", elapsed);
@@ -344,6 +345,17 @@ struct Launcher::Impl {
     std::fprintf(job.log, "%s [%s] ", timestamp().c_str(), tag);
     std::fwrite(line.data(), 1, line.size(), job.log);
     std::fputc('\n', job.log);
+    if (std::ferror(job.log)) lost(job.log, log_what(job), job.log_path);
+  }
+
+  // A file that could not be written (a full disk): said once, then closed and written no more;
+  // the jobs go on.
+  void lost(std::FILE*& f, const std::string& what, const std::string& path) {
+    const int err = errno;
+    std::fclose(f);
+    f = nullptr;
+    std::cerr << "galley-launch: writing " << what << " '" << path << "' failed ("
+              << std::strerror(err) << "); its later lines are lost\n";
   }
 
   std::string log_what(const JobState& job) const {
@@ -708,6 +720,8 @@ struct Launcher::Impl {
   // --- ending --------------------------------------------------------------------------------
 
   void finish(JobState& job) {
+    if (job.log && (std::fflush(job.log) != 0 || std::ferror(job.log)))
+      lost(job.log, log_what(job), job.log_path);
     if (job.log) std::fclose(job.log), job.log = nullptr;
     Json extra{{"status", job.status}, {"attempts", job.attempts}, {"restarts", job.restarts}};
     if (job.exit_code) extra["exit_code"] = *job.exit_code;
@@ -1386,8 +1400,11 @@ RunResult Launcher::run() {
          "all jobs ended");
   const std::string path = m.options.summary_path();
   std::FILE* f = open_for_writing(path, "the summary", "w");
-  std::fputs((to_text(s, 2) + "\n").c_str(), f);
-  std::fclose(f);
+  const bool written = std::fputs((to_text(s, 2) + "\n").c_str(), f) >= 0 && std::fflush(f) == 0;
+  const int err = errno;
+  if (std::fclose(f) != 0 || !written)
+    throw LaunchError("writing the summary '" + path +
+                      "' failed: " + std::strerror(written ? errno : err));
   m.print_summary(s, path);
 
   RunResult result;

@@ -69,7 +69,9 @@ class Communicator {
 
   // The tensor calls work in place when the tensor lives in device()'s memory, and otherwise
   // through a copy there and back: a GPU tensor on a host communicator, a host tensor on an
-  // NCCL one. A tensor on a different GPU from an NCCL communicator's is an error.
+  // NCCL one. A tensor on a different GPU from an NCCL communicator's is an error. ("mpi" runs
+  // every collective in a buffer of its own, copied in and out, so that one that timed out, and
+  // stays posted, never writes into the caller's memory afterwards; one call at a time.)
 
   /// all_reduce of a contiguous float32, bfloat16 or float16 tensor, in place.
   void all_reduce(Tensor& t, ReduceOp op = ReduceOp::Sum);

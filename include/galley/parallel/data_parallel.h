@@ -81,7 +81,8 @@ class DataParallelBase {
   std::vector<nn::NamedTensor> named_parameters() const;
   /// Replica 0's state; load_state_dict writes every replica.
   std::map<std::string, Tensor> state_dict() const;
-  /// Loads the same state into every replica.
+  /// Loads the same state into every replica; returns what nn::Layer::load_state_dict returns
+  /// (the replicas are alike: the same for each).
   nn::Layer::LoadResult load_state_dict(const std::map<std::string, Tensor>& state,
                                         bool strict = true);
 

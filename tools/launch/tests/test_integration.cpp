@@ -1119,3 +1119,29 @@ log = "jobs.toml"
   EXPECT_NE(stderr_text().find("environment variable 'V'"), std::string::npos) << stderr_text();
   EXPECT_FALSE(fs::exists(dir_ / "ran"));
 }
+
+// A file that cannot be written as the run goes on (a full disk: /dev/full) is said once and
+// written no more, and the jobs go on; a summary that cannot be written is an error (its write
+// went unchecked: a full disk left no summary and exit status 0).
+TEST_F(LaunchTest, OutputsThatFailToBeWrittenAreReported) {
+  if (!fs::exists("/dev/full")) GTEST_SKIP() << "no /dev/full on this system";
+  write_text(dir_ / "jobs.toml", R"(
+[launcher]
+summary = "/dev/full"
+
+[[job]]
+name = "a"
+command = ["sh", "-c", "echo hello; echo world"]
+log = "/dev/full"
+
+[[job]]
+name = "b"
+command = "exit 0"
+)");
+  EXPECT_EQ(run({"jobs.toml"}), 2);
+  const std::string err = stderr_text();
+  EXPECT_NE(err.find("writing the log of job 'a' '/dev/full' failed"), std::string::npos) << err;
+  EXPECT_NE(err.find("writing the summary '/dev/full' failed"), std::string::npos) << err;
+  EXPECT_EQ(events("finished", "b").size(), 1u);
+  EXPECT_EQ(events("finished", "b")[0]["status"], "succeeded");
+}
