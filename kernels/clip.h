@@ -20,8 +20,10 @@ struct GradSpan {
 
 // The spans are cut into chunks of this many elements (a span's last chunk is shorter); each
 // chunk's partial result is computed on its own and the partials are combined in chunk order,
-// so the result depends on the sizes alone, not on the thread count or the device (the same
-// bits for every data-parallel replica). The CPU and CUDA kernels use the same chunks.
+// so the result depends on the sizes alone, not on the thread count (the same bits for every
+// data-parallel replica on one kind of device). The CPU and CUDA kernels use the same chunks;
+// a GPU combines the partials in another order (by dtype, then a tree), so the two may differ in
+// the last bit.
 constexpr int64_t kClipChunk = 8192;
 
 namespace cpu {

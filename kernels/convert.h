@@ -1,6 +1,8 @@
 #pragma once
 // Element type conversions (the kernels of Tensor::to(DType)): float32 to and from bfloat16 and
-// float16 with round to nearest even, bit for bit as galley/half.h's scalar conversions; the
+// float16 with round to nearest even, bit for bit as galley/half.h's scalar conversions (a NaN
+// may come back as the canonical NaN from a GPU's conversion instructions, which keep neither
+// its sign nor its payload); the
 // 16-bit types between each other through float32; int64 and uint8 to and from float32 (to an
 // integer truncated toward zero and saturated, NaN to 0: galley/half.h's float_to_int64). On the
 // host vectorised (F16C for float16 where the CPU has it; bfloat16 is integer arithmetic the

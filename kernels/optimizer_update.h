@@ -68,8 +68,9 @@ namespace cuda {
 
 // Adam / AdamW over `count` tensors in a few launches (one per 32 tensors of a dtype, plus one
 // that advances the step counters). lr, beta1 and beta2 come in double: each block computes its
-// tensor's lr / (1 - beta1^t) and sqrt(1 - beta2^t) from t = *step + 1 exactly as the host
-// does, so nothing is read back and the launches can be captured in a CUDA graph (whose replays
+// tensor's lr / (1 - beta1^t) and sqrt(1 - beta2^t) from t = *step + 1 by the host's formula
+// (CUDA's pow, and which products the compilers fuse into FMAs, may move the last bit), so
+// nothing is read back and the launches can be captured in a CUDA graph (whose replays
 // then keep counting steps). s's other fields (eps, weight_decay, decoupled, amsgrad) apply to
 // every tensor.
 void adam_update_multi(const AdamStep& s, double lr, double beta1, double beta2,

@@ -4,7 +4,9 @@
 // device pointers and the cudaStream_t to run on; they only enqueue, and sum in a fixed order
 // (the same bits at every run, never atomics). A mean is the sum divided by the count (a true
 // division, as PyTorch's: not a product with the reciprocal, an ulp off in a third of cases).
-// The host sums in double: a float32 running sum of 2e7 ones stops at 16777216.
+// Sums run in double (on a GPU each thread's share too): a float32 running sum of 2e7 ones stops
+// at 16777216. The host and a GPU add in different orders, so their results may differ in the
+// last bit.
 #include <cstdint>
 
 namespace galley::kernels {

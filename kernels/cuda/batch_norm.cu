@@ -105,7 +105,7 @@ __global__ void __launch_bounds__(kThreads)
   for (Index c = blockIdx.y; c < channels; c += gridDim.y) {
     Terms t = terms;
     t.init(int64_t(c), int64_t(inner));
-    float s = 0.f, q = 0.f;
+    double s = 0.0, q = 0.0;  // (in double, as the host sums)
     Index j = j0 + threadIdx.x;
     if (j < j1) {
       const Index o = j / inner;
@@ -120,8 +120,8 @@ __global__ void __launch_bounds__(kThreads)
         if (i >= inner) i -= inner, k += plane - inner;
       }
     }
-    const double bs = block_sum(double(s), scratch);
-    const double bq = block_sum(double(q), scratch);
+    const double bs = block_sum(s, scratch);
+    const double bq = block_sum(q, scratch);
     if (threadIdx.x == 0) {
       if (partials) {
         partials[2 * (Index(blockIdx.x) * channels + c)] = bs;

@@ -63,7 +63,7 @@ __global__ void __launch_bounds__(kThreads)
     bias_relu_backward_kernel(const float* gy, const float* __restrict__ y, Index outer,
                               Index channels, Index inner, Index per_chunk, float* gx,
                               float* __restrict__ sums) {
-  __shared__ float scratch[32];
+  __shared__ double scratch[32];
   const Index per_channel = outer * inner, plane = channels * inner;
   const Index j0 = Index(blockIdx.x) * per_chunk;
   const Index j1 = per_channel - j0 < per_chunk ? per_channel : j0 + per_chunk;
@@ -71,7 +71,7 @@ __global__ void __launch_bounds__(kThreads)
   const Index step_o = step / inner, step_i = step % inner;
   // Every thread of the block runs the same channels (block_sum has barriers).
   for (Index c = blockIdx.y; c < channels; c += gridDim.y) {
-    float part = 0.f;
+    double part = 0.0;  // (in double, as the host sums)
     Index j = j0 + threadIdx.x;
     if (j < j1) {
       const Index o = j / inner;

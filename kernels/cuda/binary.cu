@@ -107,19 +107,19 @@ __device__ __forceinline__ int64_t offset_of(const SumDims& d, int64_t index) {
   return d.n > 0 ? offset + index * d.stride[0] : 0;  // the outermost dimension needs no modulo
 }
 
-// sum_to for the 16-bit types (float32 takes reduce.cu's): every output is summed in float32 and
-// rounded to T once. Block (tx, ty): tx neighbouring outputs, ty threads splitting each one's
+// sum_to for the 16-bit types (float32 takes reduce.cu's): every output is summed in double,
+// rounded to float32 and then to T, as the host does. Block (tx, ty): tx neighbouring outputs, ty threads splitting each one's
 // sum, then a fixed tree over ty in shared memory, so the same input gives the same bits at
 // every run. Tiles of tx outputs are walked grid-stride.
 template <typename T>
 __global__ void sum_to_kernel(const T* __restrict__ g, SumDims kept, SumDims summed, int64_t n_out,
                               int64_t n_summed, T* __restrict__ out) {
-  __shared__ float tile[kThreads];
+  __shared__ double tile[kThreads];
   const int64_t tx = blockDim.x, ty = blockDim.y, x = threadIdx.x, y = threadIdx.y;
   const int64_t tiles = (n_out + tx - 1) / tx;
   for (int64_t t = blockIdx.x; t < tiles; t += gridDim.x) {
     const int64_t o = t * tx + x;
-    float acc = 0.f;
+    double acc = 0.0;  // (in double, as the host sums: a long run in float lost a percent)
     if (o < n_out) {
       const T* base = g + offset_of(kept, o);
       for (int64_t j = y; j < n_summed; j += ty) acc += to_float(base[offset_of(summed, j)]);
@@ -130,7 +130,7 @@ __global__ void sum_to_kernel(const T* __restrict__ g, SumDims kept, SumDims sum
       if (y < s) tile[y * tx + x] += tile[(y + s) * tx + x];
       __syncthreads();
     }
-    if (y == 0 && o < n_out) out[o] = from_float<T>(tile[x]);
+    if (y == 0 && o < n_out) out[o] = from_float<T>(static_cast<float>(tile[x]));
     __syncthreads();
   }
 }

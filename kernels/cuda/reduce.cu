@@ -66,7 +66,7 @@ __global__ void __launch_bounds__(1024)
     reduce_inner_kernel(const float* __restrict__ g, Dims kept, Dims red, Dims red_outer,
                         Index n_out, Index n_red, Index red_inner, bool by_rows, double divisor,
                         bool accumulate, float* __restrict__ out) {
-  __shared__ float scratch[32];
+  __shared__ double scratch[32];
   const Index group_size = kWarp ? 32 : blockDim.x;
   const Index lane = kWarp ? (threadIdx.x & 31) : threadIdx.x;
   const Index groups_per_block = kWarp ? blockDim.x / 32 : 1;
@@ -75,7 +75,7 @@ __global__ void __launch_bounds__(1024)
   // Block groups loop uniformly (every thread the same trip count) because of the barriers.
   for (Index o = first; o < n_out; o += step) {
     const Index base = offset_of(kept, o);
-    float acc = 0.f;
+    double acc = 0.0;  // (each thread's share summed in double, as the host sums)
     if (by_rows) {
       const Index rows = n_red / red_inner;
       for (Index r = 0; r < rows; ++r) {
@@ -104,7 +104,7 @@ __global__ void reduce_outer_kernel(const float* __restrict__ g, Dims kept_outer
                                     Index n_kept_outer, Index inner, Index n_red, Index chunk,
                                     double divisor, bool accumulate, float* __restrict__ partials,
                                     float* __restrict__ out) {
-  __shared__ float tile[kThreads];
+  __shared__ double tile[kThreads];
   const Index tx = blockDim.x, ty = blockDim.y, x = threadIdx.x, y = threadIdx.y;
   const Index tiles_per_row = (inner + tx - 1) / tx;
   const Index tiles = tiles_per_row * n_kept_outer;
@@ -113,7 +113,7 @@ __global__ void reduce_outer_kernel(const float* __restrict__ g, Dims kept_outer
   for (Index t = blockIdx.x; t < tiles; t += gridDim.x) {
     const Index ko = t / tiles_per_row;
     const Index col = (t % tiles_per_row) * tx + x;
-    float acc = 0.f;
+    double acc = 0.0;
     if (col < inner) {
       const float* p = g + offset_of(kept_outer, ko) + col;
       for (Index j = r0 + y; j < r1; j += ty) acc += p[offset_of(red, j)];
@@ -127,7 +127,7 @@ __global__ void reduce_outer_kernel(const float* __restrict__ g, Dims kept_outer
     if (y == 0 && col < inner) {
       const Index o = ko * inner + col;
       if (partials)
-        partials[Index(blockIdx.y) * n_kept_outer * inner + o] = tile[x];
+        partials[Index(blockIdx.y) * n_kept_outer * inner + o] = static_cast<float>(tile[x]);
       else
         store(out + o, static_cast<float>(tile[x] / divisor), accumulate);
     }
@@ -139,11 +139,11 @@ __global__ void reduce_outer_kernel(const float* __restrict__ g, Dims kept_outer
 // order, then a fixed tree over the lanes. Both are set by the number of parts alone.
 __global__ void sum_partials_kernel(const float* __restrict__ partials, unsigned parts, unsigned n,
                                     double divisor, bool accumulate, float* __restrict__ out) {
-  __shared__ float tile[kThreads];
+  __shared__ double tile[kThreads];
   const unsigned tx = blockDim.x, lanes = blockDim.y, x = threadIdx.x, y = threadIdx.y;
   for (unsigned base = blockIdx.x * tx; base < n; base += gridDim.x * tx) {
     const unsigned j = base + x;
-    float acc = 0.f;
+    double acc = 0.0;
     if (j < n)
       for (unsigned c = y; c < parts; c += lanes) acc += partials[c * n + j];
     tile[y * tx + x] = acc;

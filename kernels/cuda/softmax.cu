@@ -1,6 +1,7 @@
 // Softmax and log-softmax along one dimension, forward and backward: the GPU side of
-// kernels/cpu/softmax.cpp, with the same arithmetic (max in float ignoring NaNs as std::max
-// does, exponentials and sums in double, the same final roundings).
+// kernels/cpu/softmax.cpp, with the same formulas (max in float ignoring NaNs as std::max
+// does, exponentials and sums in double, the same final roundings); the sums' order and CUDA's
+// exponentials differ from the host's, so results may differ in the last bit.
 #include <cuda_runtime.h>
 
 #include <algorithm>
