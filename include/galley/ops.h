@@ -145,7 +145,9 @@ Tensor argmax(const Tensor& x, int64_t dim = -1, bool keepdim = false);
 /// How a loss reduces over the batch.
 enum class Reduction { Mean, Sum, None };
 
-/// Options of cross_entropy; they mirror PyTorch's.
+/// Options of cross_entropy; they mirror PyTorch's, with one difference: a mean over no counted
+/// rows (every label ignore_index, or no rows) is 0 with a zero gradient, where PyTorch's is NaN
+/// (a batch of padding would otherwise make the step's loss, and a GradScaler, see an Inf/NaN).
 struct CrossEntropyOptions {
   Reduction reduction = Reduction::Mean;
   float label_smoothing = 0.f;
