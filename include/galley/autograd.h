@@ -82,15 +82,15 @@ using BackwardFn = std::function<void(const Tensor& grad_output, std::vector<Ten
 /// "input", "output").
 struct Saved {
   const char* role;
-  Tensor tensor;
+  Tensor tensor{};
 };
 
 /// A saved tensor's data and the version it had when the op was recorded.
 struct SavedVersion {
   const char* role = "";
-  std::shared_ptr<Storage> storage;
+  std::shared_ptr<Storage> storage{};
   uint64_t version = 0;
-  Shape shape;
+  Shape shape{};
   DType dtype = DType::Float32;
 };
 
@@ -105,13 +105,13 @@ struct Node {
   ~Node();
 
   const char* name = "";
-  std::vector<Tensor> inputs;
+  std::vector<Tensor> inputs{};
   BackwardFn backward;
   /// The versions of the tensors the closure reads (see record()); released with the closure.
-  std::vector<SavedVersion> saved;
+  std::vector<SavedVersion> saved{};
   /// The roots of graphs the closure runs backward through itself (DataParallel's replica
   /// outputs): backward checks their saved tensors with this graph's, before anything runs.
-  std::vector<Tensor> nested;
+  std::vector<Tensor> nested{};
   std::atomic<bool> released{false};  // set once backward has consumed it
   /// Taken by the backward that runs the node (atomically, before it reads the node's inputs):
   /// a second backward through the same graph at the same time is an error, not a race.
@@ -125,7 +125,7 @@ struct Node {
   bool nonfinite_loss_ok = false;
   /// The layer path at the op's forward ("features.1"), kept while anomaly detection is on or a
   /// profiler records (layer_tracked then; "" is outside any named layer).
-  std::string layer_path;
+  std::string layer_path{};
   bool layer_tracked = false;
 };
 

@@ -83,30 +83,30 @@ struct MetricsRecord {
   /// (e.g. "eval"); not empty.
   std::string event = "step";
   /// Optimizer steps taken so far.
-  std::optional<int64_t> step;
+  std::optional<int64_t> step{};
   /// The epoch (counted as the program counts it).
-  std::optional<int64_t> epoch;
+  std::optional<int64_t> epoch{};
   /// A loss (e.g. the mean training loss since the last line).
-  std::optional<double> loss;
+  std::optional<double> loss{};
   /// An accuracy in [0, 1]; which one (training, test) is the program's to say, through
   /// `event` or its documentation.
-  std::optional<double> accuracy;
+  std::optional<double> accuracy{};
   /// The learning rate in force.
-  std::optional<double> learning_rate;
+  std::optional<double> learning_rate{};
   /// Training throughput in examples per second.
-  std::optional<double> samples_per_s;
+  std::optional<double> samples_per_s{};
   /// The share of the time the training loop waited for data (LoaderStats::starvation()).
-  std::optional<double> starvation;
+  std::optional<double> starvation{};
   /// Anything else, written as top-level keys in this order. Keys must be non-empty, distinct,
   /// and not one of the logger's own keys (time, elapsed_s, event, step, epoch, loss, accuracy,
   /// learning_rate, samples_per_s, starvation, host_rss_bytes, gpu_memory, nonfinite).
-  std::vector<std::pair<std::string, MetricValue>> values;
+  std::vector<std::pair<std::string, MetricValue>> values{};
 };
 
 /// Options of MetricsLogger.
 struct MetricsLoggerOptions {
   /// The file to write (required). Its directory must exist.
-  std::string path;
+  std::string path{};
   /// Add to the end of an existing file (a resumed run continues its log); false starts the
   /// file afresh.
   bool append = true;
@@ -114,7 +114,7 @@ struct MetricsLoggerOptions {
   /// `"gpu_memory": {"cuda:0": {"allocated": B, "reserved": B, "peak_allocated": B}}`, in
   /// bytes. CPU devices are skipped, so a program can pass its training device whatever it is;
   /// a GPU that does not exist is an error.
-  std::vector<Device> memory_devices;
+  std::vector<Device> memory_devices{};
   /// Record the process's resident memory as `host_rss_bytes` (read from /proc/self/statm;
   /// left out where that file does not exist).
   bool host_memory = true;

@@ -55,11 +55,11 @@ struct ProfilerOptions {
 
 /// One finished event, times in microseconds since the profiler was constructed.
 struct Event {
-  std::string name;  ///< the op's name, "<op>_backward" for a backward
+  std::string name{};  ///< the op's name, "<op>_backward" for a backward
   EventKind kind = EventKind::Op;
-  std::string layer_path;           ///< "features.3" (the op's forward layer for a backward), or ""
-  std::vector<Shape> shapes;        ///< input shapes (record_shapes)
-  std::vector<DType> dtypes;        ///< input dtypes (record_shapes)
+  std::string layer_path{};         ///< "features.3" (the op's forward layer for a backward), or ""
+  std::vector<Shape> shapes{};      ///< input shapes (record_shapes)
+  std::vector<DType> dtypes{};      ///< input dtypes (record_shapes)
   uint64_t thread = 0;              ///< the OS thread id
   double start_us = 0, end_us = 0;  ///< CPU wall time
   double self_us = 0;               ///< end - start less the events nested inside it
@@ -70,7 +70,7 @@ struct Event {
 
 /// Statistics of every event with one name (torch.profiler's FunctionEventAvg).
 struct KeyAverage {
-  std::string name;
+  std::string name{};
   int64_t calls = 0;
   double cpu_total_us = 0;  ///< sum of durations, nested events included
   double self_cpu_us = 0;   ///< sum of durations, nested events excluded

@@ -10,8 +10,8 @@ namespace galley {
 /// Named tensors plus exact scalars kept as text ("%.17g" for doubles), so that a component
 /// restored from it continues bit for bit.
 struct StateDict {
-  std::map<std::string, Tensor> tensors;
-  std::map<std::string, std::string> values;
+  std::map<std::string, Tensor> tensors{};
+  std::map<std::string, std::string> values{};
 
   /// Stores a double exactly.
   void set(const std::string& key, double v);

@@ -66,10 +66,10 @@ struct Node;
 namespace detail {
 /// The shared state behind a Tensor handle.
 struct TensorImpl {
-  std::shared_ptr<Storage> storage;
+  std::shared_ptr<Storage> storage{};
   int64_t offset = 0;  // in elements
-  Shape shape;
-  Shape strides;
+  Shape shape{};
+  Shape strides{};
   DType dtype = DType::Float32;
   bool requires_grad = false;                                  // leaf flag
   std::shared_ptr<TensorImpl> grad;                            // accumulated gradient of a leaf

@@ -82,9 +82,9 @@ struct DataLoaderOptions {
   Device device = Device::cpu();
   /// Chooses each epoch's indices; null means RandomSampler(seed) when shuffle is true, else
   /// SequentialSampler. Its dataset_size() must equal the dataset's size.
-  std::shared_ptr<const Sampler> sampler;
+  std::shared_ptr<const Sampler> sampler{};
   /// Run by the workers on each sample's data, in order, after the dataset has written it.
-  std::vector<Transform> transforms;
+  std::vector<Transform> transforms{};
 };
 
 /// Timing of one epoch, as the consumer saw it.

@@ -10,8 +10,8 @@ namespace galley::data {
 
 /// One example or one batch: data and label tensors. Binds as `auto& [data, label]`.
 struct Example {
-  Tensor data;
-  Tensor label;
+  Tensor data{};
+  Tensor label{};
 };
 
 /// Random-access collection of examples that all have the same shapes.

@@ -16,8 +16,8 @@ void save_safetensors(const std::string& path, const std::map<std::string, Tenso
 
 /// The contents of a safetensors file.
 struct SafetensorsFile {
-  std::map<std::string, Tensor> tensors;
-  std::map<std::string, std::string> metadata;  ///< the header's "__metadata__"
+  std::map<std::string, Tensor> tensors{};
+  std::map<std::string, std::string> metadata{};  ///< the header's "__metadata__"
 };
 /// Reads a safetensors file (F32, F16, BF16, I64, U8). Truncated files, offsets outside the
 /// data, sizes that do not match shapes, overlapping tensors, data bytes no tensor holds, a name

@@ -27,7 +27,7 @@ struct TrainingState {
   int64_t epoch = 0;                       ///< the epoch in progress (or the next one)
   int64_t step = 0;                        ///< optimizer steps taken so far; also names the file
   int64_t batch = 0;  ///< batches of `epoch` already consumed (the loader's position)
-  std::map<std::string, std::string> extra;  ///< anything else the program wants back
+  std::map<std::string, std::string> extra{};  ///< anything else the program wants back
 };
 
 /// Writes one checkpoint file (safetensors: "model.*" keys are the model's state_dict names,
@@ -71,7 +71,7 @@ struct CheckpointOptions {
   /// Kubernetes preempt a job). While the Checkpointer lives, their handler only records the
   /// signal (async-signal-safe: one atomic store); the program acts on it at its next call to
   /// stop_if_preempted. Empty: the signals keep their previous disposition.
-  std::vector<int> preempt_signals;
+  std::vector<int> preempt_signals{};
 };
 
 /// Numbered checkpoints in a directory: save() writes atomically (a process killed mid-save

@@ -15,7 +15,7 @@ struct AdamOptions {
   double beta1 = 0.9;
   double beta2 = 0.999;
   double eps = 1e-8;
-  std::optional<double> weight_decay;
+  std::optional<double> weight_decay{};
   bool amsgrad = false;
   /// Ascends the objective: the update takes the negated gradient (PyTorch's maximize),
   /// before the weight decay is added.
@@ -30,7 +30,7 @@ struct AdamState {
   /// For a parameter on a GPU: the step count on the device (one int64), which the update
   /// reads and advances itself, so that a step replayed from a CUDA graph counts too. Once it
   /// exists it is the count state_dict() saves.
-  Tensor device_step;
+  Tensor device_step{};
 };
 
 /// Adam (Kingma & Ba) with L2 weight decay added to the gradient, as torch.optim.Adam.

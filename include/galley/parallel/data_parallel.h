@@ -34,7 +34,7 @@ struct DataParallelOptions {
   /// galley::distributed::init_parallel_env() when that has more than one process. Gradients
   /// are summed over this process's replicas first, then averaged over the processes (each
   /// process's loss is the mean over its own batch), and parameters start as process 0's.
-  std::shared_ptr<parallel::Communicator> process_group;
+  std::shared_ptr<parallel::Communicator> process_group{};
   /// At every forward, every replica (and every process) first takes replica 0's buffers
   /// (running statistics, counters), as PyTorch DDP's broadcast_buffers: the replicas then
   /// compute with the same state whatever their own forwards changed. Across processes every
