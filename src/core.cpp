@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -139,9 +140,12 @@ namespace detail {
 int cpus_available() {
   // The cores this process may run on: its affinity mask (taskset, a launcher's pinning, a
   // container's cpuset), not every core of the machine.
+  // The process's mask (its main thread's, which taskset and launchers set), not the calling
+  // thread's: the count is taken once for the process, by whichever thread first asks, and a
+  // thread pinned to one core made every later op single-threaded.
   cpu_set_t mask;
   CPU_ZERO(&mask);
-  int cpus = sched_getaffinity(0, sizeof(mask), &mask) == 0 ? CPU_COUNT(&mask) : 0;
+  int cpus = sched_getaffinity(::getpid(), sizeof(mask), &mask) == 0 ? CPU_COUNT(&mask) : 0;
   if (cpus <= 0) cpus = static_cast<int>(std::max(1L, sysconf(_SC_NPROCESSORS_ONLN)));
   // A CPU quota (cgroup v2 cpu.max, as `docker --cpus` sets) caps it further.
   if (std::FILE* f = std::fopen("/sys/fs/cgroup/cpu.max", "r")) {
@@ -173,13 +177,13 @@ int initial_threads() {
   return detail::cpus_available();
 }
 std::once_flag threads_once;
-int threads_setting = 0;
+std::atomic<int> threads_setting{0};  // (set from any thread while others run ops)
 }  // namespace
 
 void set_num_threads(int n) {
   GALLEY_CHECK(n > 0, "set_num_threads: need at least one thread, got ", n);
   std::call_once(threads_once, [] {});
-  threads_setting = n;
+  threads_setting.store(n, std::memory_order_relaxed);
 }
 
 namespace detail {
@@ -197,9 +201,10 @@ ThreadBudget::~ThreadBudget() {
 int num_threads() {
   if (detail::tls_thread_budget > 0) return detail::tls_thread_budget;
   std::call_once(threads_once, [] {
-    if (threads_setting == 0) threads_setting = initial_threads();
+    if (threads_setting.load(std::memory_order_relaxed) == 0)
+      threads_setting.store(initial_threads(), std::memory_order_relaxed);
   });
-  return threads_setting;
+  return threads_setting.load(std::memory_order_relaxed);
 }
 
 }  // namespace galley

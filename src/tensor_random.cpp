@@ -116,6 +116,16 @@ void manual_seed(uint64_t seed) {
   process_generator().manual_seed(seed);
 }
 
+std::string default_generator_state() {
+  std::lock_guard<std::mutex> lock(generator_mutex());
+  return process_generator().state();
+}
+
+void set_default_generator_state(const Generator& from) {
+  std::lock_guard<std::mutex> lock(generator_mutex());
+  process_generator() = from;
+}
+
 GeneratorScope::GeneratorScope(Generator& gen) : previous_(scoped_generator) {
   scoped_generator = &gen;
 }

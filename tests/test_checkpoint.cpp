@@ -8,6 +8,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
@@ -22,6 +23,7 @@ extern char** environ;
 
 namespace fs = std::filesystem;
 namespace nn = galley::nn;
+using galley::Generator;
 using galley::Tensor;
 
 namespace {
@@ -671,4 +673,43 @@ TEST(Checkpoint, ARateMovedAfterTheSchedulesStepIsKept) {
   EXPECT_EQ(opt_b.learning_rate(), 0.05);
   sched_b.step();
   EXPECT_EQ(opt_b.learning_rate(), 0.05);  // period 5: no step of 2
+}
+
+// A checkpoint keeps the process's default generator, also when saved or loaded on a thread
+// inside a GeneratorScope (it kept, and restored, the scope's), and reads and writes it under the
+// generator's lock while other threads draw from it.
+TEST(Checkpoint, KeepsTheProcessGeneratorInsideAScopeAndWhileOthersDraw) {
+  const std::string dir = temp_dir("process_generator");
+  const std::string path = dir + "/a.safetensors";
+  galley::manual_seed(5);
+  const std::string process = galley::default_generator_state();
+  Generator mine(99);
+  const std::string mine_before = mine.state();
+  {
+    galley::GeneratorScope scope(mine);
+    galley::io::save_checkpoint(path, {.step = 1});
+  }
+  EXPECT_EQ(galley::io::read_safetensors(path).metadata.at("rng.default"), process);
+  galley::randn({10});  // the process generator moves on
+  {
+    galley::GeneratorScope scope(mine);
+    galley::io::TrainingState st;
+    galley::io::load_checkpoint(path, st);
+  }
+  EXPECT_EQ(galley::default_generator_state(), process);
+  EXPECT_EQ(mine.state(), mine_before);
+  // Saves and loads while another thread draws: each file holds a state the generator had.
+  std::atomic<bool> stop{false};
+  std::thread drawer([&] {
+    while (!stop) galley::randn({16});
+  });
+  for (int i = 0; i < 50; ++i) {
+    galley::io::save_checkpoint(path, {.step = 1});
+    Generator g;
+    g.set_state(galley::io::read_safetensors(path).metadata.at("rng.default"));
+    galley::io::TrainingState st;
+    galley::io::load_checkpoint(path, st);
+  }
+  stop = true;
+  drawer.join();
 }

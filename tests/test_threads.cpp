@@ -2,6 +2,8 @@
 // default thread count, which follows the process's affinity mask.
 #include <gtest/gtest.h>
 #include <sched.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <chrono>
@@ -76,14 +78,26 @@ TEST(ParallelFor, NestedLoopsRunSeriallyInsideARegion) {
   EXPECT_EQ(inner_calls, (std::vector<int>{1, 1, 1}));
 }
 
-TEST(ParallelFor, AWorkersExceptionIsAnErrorOnTheCaller) {
+// An exception in a region reaches the caller as it was thrown, from a worker's chunk or the
+// caller's own: what the caller catches does not depend on the thread count (an OutOfMemoryError
+// became a plain Error naming "a worker thread").
+TEST(ParallelFor, AnExceptionReachesTheCallerAsItWasThrown) {
   galley::detail::ThreadBudget budget(4);
-  const std::string msg = testutil::error_of([] {
-    parallel_for(4, 1, [](int64_t b, int64_t) {
-      if (b == 2) throw std::runtime_error("chunk 2 failed");
-    });
-  });
-  testutil::expect_contains(msg, {"parallel_for", "chunk 2 failed"});
+  for (int64_t failing : {0, 2}) {
+    try {
+      parallel_for(4, 1, [&](int64_t b, int64_t) {
+        if (b == failing) throw std::runtime_error("chunk " + std::to_string(b) + " failed");
+      });
+      ADD_FAILURE() << "no exception";
+    } catch (const std::runtime_error& e) {
+      EXPECT_EQ(std::string(e.what()), "chunk " + std::to_string(failing) + " failed");
+    }
+  }
+  EXPECT_THROW(parallel_for(4, 1,
+                            [](int64_t b, int64_t) {
+                              if (b == 3) throw galley::OutOfMemoryError("scratch");
+                            }),
+               galley::OutOfMemoryError);
   // The workers are still there and well.
   std::atomic<int> sum{0};
   parallel_for(4, 1, [&](int64_t b, int64_t e) { sum += int(e - b); });
@@ -227,4 +241,52 @@ TEST(Threads, TheDefaultThreadCountIsTheAvailableCpus) {
   EXPECT_EQ(galley::num_threads(), galley::detail::cpus_available());
   if (const char* want = std::getenv("GALLEY_TEST_EXPECT_THREADS"))
     EXPECT_EQ(galley::num_threads(), std::atoi(want));
+}
+
+// A child forked after the workers started runs parallel regions with workers of its own (the
+// team it inherited has none behind it: its first region waited for ever).
+TEST(ParallelFor, AForkedChildRunsRegions) {
+  galley::detail::ThreadBudget budget(2);
+  std::atomic<int> sum{0};
+  parallel_for(4, 1, [&](int64_t b, int64_t e) { sum += int(e - b); });
+  ASSERT_EQ(sum.load(), 4);
+  const pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    alarm(20);  // a hang ends the child with SIGALRM
+    std::atomic<int> s{0};
+    parallel_for(4, 1, [&](int64_t b, int64_t e) { s += int(e - b); });
+    const galley::Tensor a = galley::ones({256, 256});
+    const float v = galley::sum(galley::matmul(a, a)).item();
+    _exit(s.load() == 4 && v == 256.f * 256.f * 256.f ? 0 : 1);
+  }
+  int status = 0;
+  ASSERT_EQ(waitpid(child, &status, 0), child);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "child status " << status;
+}
+
+// The cores available are the process's, not those of the thread that asks first: a thread
+// pinned to one core made every later op of the process single-threaded.
+TEST(ParallelFor, TheCoresAvailableAreTheProcesssWhateverThreadAsks) {
+  cpu_set_t process;
+  CPU_ZERO(&process);
+  ASSERT_EQ(sched_getaffinity(getpid(), sizeof process, &process), 0);
+  const int expected = galley::detail::cpus_available();
+  int first = -1;
+  for (int c = 0; c < CPU_SETSIZE; ++c)
+    if (CPU_ISSET(c, &process)) {
+      first = c;
+      break;
+    }
+  ASSERT_GE(first, 0);
+  int seen = 0;
+  std::thread pinned([&] {
+    cpu_set_t one;
+    CPU_ZERO(&one);
+    CPU_SET(first, &one);
+    ASSERT_EQ(pthread_setaffinity_np(pthread_self(), sizeof one, &one), 0);
+    seen = galley::detail::cpus_available();
+  });
+  pinned.join();
+  EXPECT_EQ(seen, expected);
 }

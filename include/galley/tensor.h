@@ -107,6 +107,11 @@ class Generator {
 Generator& default_generator();
 /// Seeds the process-wide default generator (not a GeneratorScope's).
 void manual_seed(uint64_t seed);
+/// The process-wide default generator's state (not a GeneratorScope's), read under its mutex:
+/// what checkpoints keep ("rng.default"), whatever other threads draw meanwhile.
+std::string default_generator_state();
+/// Restores the process-wide default generator (not a GeneratorScope's) under its mutex.
+void set_default_generator_state(const Generator& from);
 
 /// While alive, default_generator() on this thread is `gen` (scopes nest). DataParallel runs
 /// each replica's forward in one over the replica's own generator, so that functional dropout

@@ -7,6 +7,7 @@
 // Here a waiting thread spins only briefly, and not at all while it is being preempted often (the
 // machine is oversubscribed), then sleeps on a futex and gives its core away.
 #include <linux/futex.h>
+#include <pthread.h>
 #include <sys/resource.h>
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -16,6 +17,7 @@
 #include <climits>
 #include <cstdint>
 #include <cstdlib>
+#include <exception>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -161,7 +163,7 @@ class Pool {
     grow(threads - 1);
     fn_ = fn;
     ctx_ = ctx;
-    error_.clear();
+    error_ = nullptr;
     remaining_.store(threads - 1, std::memory_order_relaxed);
     publish(threads);
     execute(0);
@@ -169,7 +171,14 @@ class Pool {
     // left over from an earlier region merely rechecks).
     await([this] { return remaining_.load(std::memory_order_acquire) == 0; }, finished_,
           finished_sleepers_);
-    if (!error_.empty()) throw Error("parallel_for: a worker thread failed: " + error_);
+    // The region's first exception as it was thrown, whichever thread threw it: the caller
+    // catches what one thread would have thrown (an OutOfMemoryError stays one; it became a
+    // plain Error naming "a worker thread").
+    if (error_) {
+      std::exception_ptr e = nullptr;
+      std::swap(e, error_);
+      std::rethrow_exception(e);
+    }
   }
 
  private:
@@ -211,12 +220,9 @@ class Pool {
     tls_in_region = true;
     try {
       fn_(ctx_, index);
-    } catch (const std::exception& e) {
-      std::lock_guard<std::mutex> lock(error_mu_);
-      if (error_.empty()) error_ = e.what();
     } catch (...) {
       std::lock_guard<std::mutex> lock(error_mu_);
-      if (error_.empty()) error_ = "unknown error";
+      if (!error_) error_ = std::current_exception();
     }
     tls_in_region = false;
     tls_index = 0;
@@ -234,14 +240,29 @@ class Pool {
   std::atomic<uint32_t> finished_{0};  // bumped when the last worker of a region is done
   std::atomic<int> finished_sleepers_{0};
   std::mutex error_mu_;
-  std::string error_;
+  std::exception_ptr error_;  // the region's first exception
 };
 
 }  // namespace
 
+namespace {
+// Counts forks, in the children: a forked child has only the thread that forked, so the team it
+// inherited has no workers behind it (its first region waited for ever).
+std::atomic<uint64_t> forks{0};
+void count_fork() {
+  forks.fetch_add(1, std::memory_order_relaxed);
+}
+}  // namespace
+
 void run_region(int threads, RegionFn fn, void* ctx) {
+  static std::once_flag at_fork;
+  std::call_once(at_fork, [] { pthread_atfork(nullptr, nullptr, count_fork); });
   thread_local std::unique_ptr<Pool> pool;
-  if (!pool) pool = std::make_unique<Pool>();
+  thread_local uint64_t pool_forks = 0;
+  const uint64_t now = forks.load(std::memory_order_relaxed);
+  // A team from before a fork is let go, not destroyed: its workers stayed in the parent.
+  if (pool && pool_forks != now) (void)pool.release();
+  if (!pool) pool = std::make_unique<Pool>(), pool_forks = now;
   pool->run(threads, fn, ctx);
 }
 

@@ -150,7 +150,7 @@ void save_with_generators(const std::string& path, const TrainingState& s,
                                           {"epoch", std::to_string(s.epoch)},
                                           {"step", std::to_string(s.step)},
                                           {"batch", std::to_string(s.batch)},
-                                          {"rng.default", default_generator().state()}};
+                                          {"rng.default", default_generator_state()}};
   if (s.model || s.parallel_model) {
     auto model = s.model ? s.model->state_dict() : s.parallel_model->state_dict();
     for (auto& [k, t] : model) tensors["model." + k] = t;
@@ -268,7 +268,7 @@ void load_checkpoint(const std::string& path, TrainingState& s) {
       throw;
     }
     if (scaler) *s.grad_scaler = *scaler;
-    default_generator() = default_state;
+    set_default_generator_state(default_state);
     for (auto& [gen, restored] : generators) *gen = restored;
     s.epoch = epoch;
     s.step = step;
