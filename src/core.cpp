@@ -57,7 +57,18 @@ std::string current_what() {
 }
 
 void rethrow_with_message(const std::exception& e, const std::string& message) {
-  if (const auto* g = dynamic_cast<const Error*>(&e)) g->with_message(message)->raise();
+  if (const auto* g = dynamic_cast<const Error*>(&e)) {
+    // A cause nested in e stays nested in the new message's error (it was dropped).
+    const auto* n = dynamic_cast<const std::nested_exception*>(&e);
+    if (n && n->nested_ptr()) {
+      try {
+        std::rethrow_exception(n->nested_ptr());
+      } catch (...) {
+        g->raise_nested(message);
+      }
+    }
+    g->with_message(message)->raise();
+  }
   throw Error(message);
 }
 

@@ -1335,3 +1335,33 @@ TEST(BatchNorm, ARefusedBatchIsNotCounted) {
     EXPECT_NEAR(bn.running_mean().to_vector()[size_t(c)], (sa / 12 + sb / 12) / 2, 1e-6) << c;
   }
 }
+
+// Context added on the way out (Sequential naming the layer) keeps a cause nested in the error
+// (it was dropped), and the error's type.
+TEST(Errors, AddedContextKeepsTheNestedCauseAndTheType) {
+  struct Thrower : nn::Layer {
+    Tensor forward(const Tensor&) override {
+      try {
+        throw std::runtime_error("the cause");
+      } catch (...) {
+        std::throw_with_nested(galley::OutOfMemoryError("thrower failed"));
+      }
+    }
+    std::string repr() const override { return "Thrower"; }
+  };
+  nn::Sequential model(std::make_shared<nn::ReLU>(), std::make_shared<Thrower>());
+  try {
+    model(galley::ones({2}));
+    ADD_FAILURE() << "no exception";
+  } catch (const galley::OutOfMemoryError& e) {
+    EXPECT_NE(std::string(e.what()).find("thrower failed"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("Sequential"), std::string::npos) << e.what();
+    std::string cause;
+    try {
+      std::rethrow_if_nested(e);
+    } catch (const std::exception& inner) {
+      cause = inner.what();
+    }
+    EXPECT_EQ(cause, "the cause");
+  }
+}

@@ -81,7 +81,7 @@ using BackwardFn = std::function<void(const Tensor& grad_output, std::vector<Ten
 /// A tensor an op's backward reads, named for the error that a write into it raises ("weight",
 /// "input", "output").
 struct Saved {
-  const char* role;
+  const char* role = "";
   Tensor tensor{};
 };
 

@@ -310,8 +310,8 @@ std::ostream& operator<<(std::ostream& os, const Tensor& t);
 Tensor zeros(const Shape& shape, DType dtype = DType::Float32, Device device = Device::cpu());
 /// Tensor of ones.
 Tensor ones(const Shape& shape, DType dtype = DType::Float32, Device device = Device::cpu());
-/// Tensor filled with `value` (for int64 and uint8, a value the dtype holds once truncated toward
-/// zero, as fill_ says).
+/// Tensor filled with `value` (for int64 and uint8, a value between the dtype's lowest and
+/// largest, a fraction truncated toward zero; another is an error: Tensor::fill_).
 Tensor full(const Shape& shape, float value, DType dtype = DType::Float32,
             Device device = Device::cpu());
 /// start, start + step, ... below `end` (1-D, float32 or int64; for int64, as PyTorch, start and

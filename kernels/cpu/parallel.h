@@ -17,8 +17,8 @@ int num_threads();
 namespace galley::kernels::cpu {
 
 // A parallel region: fn(ctx, t) for t in [0, threads), t = 0 on the calling thread and the rest
-// on worker threads of the caller's own (thread_pool.cpp). Returns when all are done; an
-// exception on a worker is rethrown here as a galley::Error.
+// on worker threads of the caller's own (thread_pool.cpp). Returns when all are done; the first
+// exception any of them threw is rethrown here as it was thrown.
 using RegionFn = void (*)(void* ctx, int thread);
 void run_region(int threads, RegionFn fn, void* ctx);
 // Inside a region: the index of the calling thread in it; 0 outside.

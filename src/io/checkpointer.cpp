@@ -361,7 +361,8 @@ std::vector<fs::path> entries_of(const std::string& dir) {
 // on it before writing its first byte (save_safetensors), and it has bytes, or it is a few
 // seconds old (an empty one may be a save between creating the file and locking it). Where the
 // file system has no locks: the save's process (the <pid> of ".tmp.<pid>.<n>") no longer exists
-// on this machine, and the same.
+// on this machine, and the same (a check that holds for saves of this machine alone: without
+// locks, two machines sharing a directory must not open Checkpointers on it at once).
 bool abandoned(const fs::path& p) {
   std::error_code ec;
   const auto size = fs::file_size(p, ec);
@@ -372,11 +373,13 @@ bool abandoned(const fs::path& p) {
   }
   const int fd = ::open(p.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) return false;
-  const int locked = ::flock(fd, LOCK_EX | LOCK_NB);
+  // A shared lock: it conflicts with the save's exclusive one, and needs no write access (on NFS
+  // an exclusive lock would).
+  const int locked = ::flock(fd, LOCK_SH | LOCK_NB);
   const int err = errno;
   ::close(fd);
   if (locked == 0) return true;
-  if (err == EWOULDBLOCK) return false;  // a save in progress
+  if (err != ENOLCK && err != EOPNOTSUPP && err != EINVAL) return false;  // held: a save runs
   const std::string name = p.filename().string();
   const size_t at = name.rfind(".tmp.");
   long pid = 0;
@@ -491,11 +494,21 @@ bool Checkpointer::resume(TrainingState& state) {
   std::string errors;
   std::vector<std::string> skipped;
   for (auto it = all.rbegin(); it != all.rend(); ++it) {
+    // Running out of memory is not a damaged file: falling back to an older one would lose the
+    // steps since it. The caller gets the error as an OutOfMemoryError naming the file.
+    const auto out_of_memory = [&] {
+      detail::raise_nested(
+          detail::str_cat("Checkpointer: resuming from '", *it, "' ran out of memory"));
+    };
     try {
       load_checkpoint(*it, state);
       resumed_from_ = *it;
       skipped_ = std::move(skipped);
       return true;
+    } catch (const OutOfMemoryError&) {
+      out_of_memory();
+    } catch (const std::bad_alloc&) {
+      out_of_memory();
     } catch (const Error& e) {
       // An unreadable newest file (a damaged disk, a foreign file) falls back to the one before.
       errors += std::string("\n  ") + e.what();

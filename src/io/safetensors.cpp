@@ -128,13 +128,16 @@ void save_safetensors(const std::string& path, const std::map<std::string, Tenso
     std::remove(tmp.c_str());
     throw;
   }
-  ::close(fd);
+  // Renamed while still locked: closing drops the lock, and a temporary with bytes that nobody
+  // holds is one that a Checkpointer clears.
   if (std::rename(tmp.c_str(), path.c_str()) != 0) {
     const int err = errno;
     std::remove(tmp.c_str());
+    ::close(fd);
     GALLEY_CHECK(false, "save_safetensors: cannot rename '", tmp, "' to '", path,
                  "': ", std::strerror(err));
   }
+  ::close(fd);
   // Make the rename itself durable.
   int dir = ::open(directory_of(path).c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   if (dir >= 0) {

@@ -260,12 +260,16 @@ Layer::LoadResult Layer::load_state_dict(const std::map<std::string, Tensor>& st
                  " ", dtype_name(it->second.dtype()), ", the layer expects ", shape_str(t.shape()),
                  " ", dtype_name(t.dtype()));
   }
-  NoGradGuard no_grad;  // (copy_ counts a write: autocast's converted copies are stale)
+  // Every entry converted to its parameter's dtype before any is written: a conversion that
+  // runs out of memory leaves the layer as it was (it left the entries before it loaded).
+  // Half-precision files load into float32 parameters (rounded values widen exactly).
+  std::vector<std::pair<Tensor, Tensor>> writes;
   for (auto& [n, t] : mine) {
     auto it = state.find(n);
-    // Half-precision files load into float32 parameters (rounded values widen exactly).
-    if (it != state.end()) Tensor(t).copy_(it->second.to(t.dtype()));
+    if (it != state.end()) writes.emplace_back(t, it->second.to(t.dtype()));
   }
+  NoGradGuard no_grad;  // (copy_ counts a write: autocast's converted copies are stale)
+  for (auto& [to, from] : writes) to.copy_(from);
   return result;
 }
 

@@ -177,7 +177,7 @@ class MpiCommunicator : public parallel::Communicator {
   // the transfer itself.
   unsigned char* stage(size_t bytes) {
     if (stage_.size < bytes) {
-      stage_.data.reset();  // (the old one first: both at once could be too much memory)
+      stage_ = {};  // (the old one first: both at once could be too much memory)
       stage_ = {std::unique_ptr<unsigned char[]>(new unsigned char[bytes]), bytes};
     }
     return stage_.data.get();

@@ -3,6 +3,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstring>
+#include <exception>
 #include <mutex>
 #include <type_traits>
 #include <vector>
@@ -40,16 +41,22 @@ class ThreadGroup {
   void* buffer(int r) const { return ptrs_[r]; }
 
   // A barrier that fails, for everyone, once any participant has waited past the timeout.
-  void wait(int rank, const char* op) {
+  // Returns whether any participant arrived with `failed` (its share of the collective failed:
+  // the others' results are incomplete, but the group stays usable).
+  bool wait(int rank, const char* op, bool failed = false) {
     std::unique_lock<std::mutex> lock(mu_);
     GALLEY_CHECK(!broken_, "threads ", op, " on rank ", rank,
                  ": the group is unusable after an earlier failure (", why_, ")");
     const uint64_t gen = generation_;
+    round_failed_ = round_failed_ || failed;
     if (++arrived_ == n_) {
+      // (stable until every participant has left: the next round needs them all to arrive)
+      last_round_failed_ = round_failed_;
+      round_failed_ = false;
       arrived_ = 0;
       ++generation_;
       cv_.notify_all();
-      return;
+      return last_round_failed_;
     }
     const auto deadline =
         std::chrono::steady_clock::now() + std::chrono::duration<double>(opt_.timeout_seconds);
@@ -61,6 +68,7 @@ class ThreadGroup {
       cv_.notify_all();
     }
     GALLEY_CHECK(generation_ != gen, "threads ", op, " on rank ", rank, ": ", why_);
+    return last_round_failed_;
   }
 
  private:
@@ -74,6 +82,7 @@ class ThreadGroup {
   int arrived_ = 0;
   uint64_t generation_ = 0;
   bool broken_ = false;
+  bool round_failed_ = false, last_round_failed_ = false;
   std::string why_;
 };
 
@@ -98,11 +107,22 @@ class ThreadCommunicator : public Communicator {
     // and writes the sum back into every buffer. Slices are disjoint, so no locking.
     const int64_t chunk = (count + n - 1) / n;
     const int64_t b = std::min<int64_t>(count, rank_ * chunk), e = std::min(count, b + chunk);
-    dispatch_floating(dtype, "threads all_reduce", [&](auto tag) {
-      using T = typename decltype(tag)::type;
-      reduce_slice<T>(b, e, op == ReduceOp::Avg ? 1.f / float(n) : 1.f);
-    });
-    group_->wait(rank_, "all_reduce");
+    // A share that fails (out of memory for its accumulator) still reaches the barrier, where
+    // every participant learns of it: the peers no longer wait out the timeout for it, and the
+    // group stays usable for the next call.
+    std::exception_ptr error;
+    try {
+      dispatch_floating(dtype, "threads all_reduce", [&](auto tag) {
+        using T = typename decltype(tag)::type;
+        reduce_slice<T>(b, e, op == ReduceOp::Avg ? 1.f / float(n) : 1.f);
+      });
+    } catch (...) {
+      error = std::current_exception();
+    }
+    const bool failed = group_->wait(rank_, "all_reduce", error != nullptr);
+    if (error) std::rethrow_exception(error);
+    GALLEY_CHECK(!failed, "threads all_reduce on rank ", rank_,
+                 ": another participant failed to reduce its share; the result is incomplete");
   }
 
   void broadcast(void* data, int64_t count, DType dtype, int root) override {

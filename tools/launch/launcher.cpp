@@ -239,6 +239,7 @@ struct JobState {
   std::size_t id = 0;  // scheduler id
   std::string log_path;
   std::FILE* log = nullptr;  // open from the job's first start until it is done
+  bool log_lost = false;     // a write to the log failed: said once, not reopened
   Phase phase = Phase::kQueued;
   pid_t pid = -1;
   int out_fd = -1, err_fd = -1;
@@ -331,8 +332,8 @@ struct Launcher::Impl {
     for (auto& [key, value] : extra.items()) record[key] = value;
     if (event_log) {
       std::fputs((to_text(record) + "\n").c_str(), event_log);
-      std::fflush(event_log);
-      if (std::ferror(event_log)) lost(event_log, "the event log", options.event_log_path());
+      if (std::fflush(event_log) != 0 || std::ferror(event_log))
+        lost(event_log, "the event log", options.event_log_path(), errno);
     }
     char prefix[32];
     snprintf(prefix, sizeof prefix, "[%8.2fs] ", elapsed);
@@ -345,17 +346,21 @@ struct Launcher::Impl {
     std::fprintf(job.log, "%s [%s] ", timestamp().c_str(), tag);
     std::fwrite(line.data(), 1, line.size(), job.log);
     std::fputc('\n', job.log);
-    if (std::ferror(job.log)) lost(job.log, log_what(job), job.log_path);
+    if (std::ferror(job.log)) lose_log(job, errno);
   }
 
-  // A file that could not be written (a full disk): said once, then closed and written no more;
-  // the jobs go on.
-  void lost(std::FILE*& f, const std::string& what, const std::string& path) {
-    const int err = errno;
+  // A file that could not be written (a full disk; `err` the failed write's errno): said once,
+  // then closed and written no more; the jobs go on.
+  void lost(std::FILE*& f, const std::string& what, const std::string& path, int err) {
     std::fclose(f);
     f = nullptr;
     std::cerr << "galley-launch: writing " << what << " '" << path << "' failed ("
               << std::strerror(err) << "); its later lines are lost\n";
+  }
+
+  void lose_log(JobState& job, int err) {
+    lost(job.log, log_what(job), job.log_path, err);
+    job.log_lost = true;
   }
 
   std::string log_what(const JobState& job) const {
@@ -587,7 +592,7 @@ struct Launcher::Impl {
     env.emplace_back("GALLEY_LAUNCH_JOB", job.spec.name);
     env.emplace_back("GALLEY_LAUNCH_ATTEMPT", std::to_string(job.attempts));
 
-    if (!job.log) {
+    if (!job.log && !job.log_lost) {
       // Opened at the first start, not all at once at launch, so that a file of thousands of
       // jobs does not hold thousands of files open; run() has created and emptied it.
       try {
@@ -708,7 +713,7 @@ struct Launcher::Impl {
       open = false;  // EOF or error
       break;
     }
-    if (job.log) std::fflush(job.log);
+    if (job.log && std::fflush(job.log) != 0) lose_log(job, errno);
     if (!open) {
       consume(job, buf, is_err ? "err" : "out", true);
       close(fd);
@@ -720,8 +725,7 @@ struct Launcher::Impl {
   // --- ending --------------------------------------------------------------------------------
 
   void finish(JobState& job) {
-    if (job.log && (std::fflush(job.log) != 0 || std::ferror(job.log)))
-      lost(job.log, log_what(job), job.log_path);
+    if (job.log && (std::fflush(job.log) != 0 || std::ferror(job.log))) lose_log(job, errno);
     if (job.log) std::fclose(job.log), job.log = nullptr;
     Json extra{{"status", job.status}, {"attempts", job.attempts}, {"restarts", job.restarts}};
     if (job.exit_code) extra["exit_code"] = *job.exit_code;
@@ -784,7 +788,7 @@ struct Launcher::Impl {
                 {"run_s", rounded(seconds(now - job.attempt_start))}},
            job.spec.name + " killed by " + signal_name(job.term_signal));
     }
-    if (job.log) std::fflush(job.log);
+    if (job.log && std::fflush(job.log) != 0) lose_log(job, errno);
     const bool ok = job.exit_code && *job.exit_code == 0 && !job.hung;
     if (ok) {
       job.phase = Phase::kDone;

@@ -106,7 +106,8 @@ class Checkpointer {
   std::string save(const TrainingState& state);
   /// Complete checkpoints, oldest first.
   std::vector<std::string> list() const;
-  /// Loads the newest readable checkpoint into `state`; false when there is none.
+  /// Loads the newest readable checkpoint into `state`; false when there is none. Running out
+  /// of memory is an OutOfMemoryError naming the file, not a reason to fall back to an older one.
   bool resume(TrainingState& state);
   /// The file the last successful resume() loaded ("" before one).
   const std::string& resumed_from() const { return resumed_from_; }

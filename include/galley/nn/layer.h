@@ -107,7 +107,7 @@ class Layer {
   /// this layer's entries that the state lacks, and the state's entries this layer lacks, each
   /// in name order.
   struct LoadResult {
-    std::vector<std::string> missing_keys, unexpected_keys;
+    std::vector<std::string> missing_keys{}, unexpected_keys{};
   };
   /// Overwrites parameters and buffers by name, as PyTorch does: with `strict`, the state must
   /// hold exactly this layer's entries, and an error lists every missing and unexpected name;

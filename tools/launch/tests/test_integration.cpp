@@ -1131,16 +1131,22 @@ summary = "/dev/full"
 
 [[job]]
 name = "a"
-command = ["sh", "-c", "echo hello; echo world"]
+command = ["sh", "-c", "echo hello; echo world; exit 1"]
 log = "/dev/full"
+max_restarts = 2
 
 [[job]]
 name = "b"
 command = "exit 0"
 )");
-  EXPECT_EQ(run({"jobs.toml"}), 2);
+  EXPECT_EQ(run({"--backoff-initial", "0.01", "jobs.toml"}), 2);
   const std::string err = stderr_text();
-  EXPECT_NE(err.find("writing the log of job 'a' '/dev/full' failed"), std::string::npos) << err;
+  // Said once, with the write's own reason, though the job ran three times.
+  const std::string said =
+      "writing the log of job 'a' '/dev/full' failed (No space left on device)";
+  EXPECT_NE(err.find(said), std::string::npos) << err;
+  EXPECT_EQ(err.find(said, err.find(said) + 1), std::string::npos) << err;
+  EXPECT_EQ(events("started", "a").size(), 3u);
   EXPECT_NE(err.find("writing the summary '/dev/full' failed"), std::string::npos) << err;
   EXPECT_EQ(events("finished", "b").size(), 1u);
   EXPECT_EQ(events("finished", "b")[0]["status"], "succeeded");
