@@ -242,7 +242,8 @@ TEST(Profiler, StartedInsideAForwardGivesTheWholeLayerPath) {
   starter->p = &p;
   model(galley::ones({3, 4}));
   p.stop();
-  const prof::Event* fc = find(p.events(), "linear");
+  const auto evs = p.events();
+  const prof::Event* fc = find(evs, "linear");
   ASSERT_NE(fc, nullptr);
   EXPECT_EQ(fc->layer_path, "1.1");
 }
