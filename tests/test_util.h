@@ -2,6 +2,7 @@
 // Helpers shared by the unit tests.
 #include <gtest/gtest.h>
 #include <stdlib.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <cstdio>
@@ -33,6 +34,17 @@ inline size_t mapped_bytes() {
     std::fclose(f);
   }
   return size_t(pages) * size_t(sysconf(_SC_PAGESIZE));
+}
+
+// How much f raised this process's peak resident size, in KiB (0 where it stayed under the
+// peak reached before).
+template <typename F>
+long peak_rss_growth_kib(F&& f) {
+  rusage before{}, after{};
+  getrusage(RUSAGE_SELF, &before);
+  f();
+  getrusage(RUSAGE_SELF, &after);
+  return after.ru_maxrss - before.ru_maxrss;
 }
 
 // Runs f and returns the message of the galley::Error it throws; records a failure if it

@@ -108,9 +108,9 @@ __device__ __forceinline__ int64_t offset_of(const SumDims& d, int64_t index) {
 }
 
 // sum_to for the 16-bit types (float32 takes reduce.cu's): every output is summed in double,
-// rounded to float32 and then to T, as the host does. Block (tx, ty): tx neighbouring outputs, ty threads splitting each one's
-// sum, then a fixed tree over ty in shared memory, so the same input gives the same bits at
-// every run. Tiles of tx outputs are walked grid-stride.
+// rounded to float32 and then to T, as the host does. Block (tx, ty): tx neighbouring outputs, ty
+// threads splitting each one's sum, then a fixed tree over ty in shared memory, so the same input
+// gives the same bits at every run. Tiles of tx outputs are walked grid-stride.
 template <typename T>
 __global__ void sum_to_kernel(const T* __restrict__ g, SumDims kept, SumDims summed, int64_t n_out,
                               int64_t n_summed, T* __restrict__ out) {

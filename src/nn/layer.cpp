@@ -213,10 +213,12 @@ std::map<std::string, Tensor> Layer::state_dict() const {
 
 namespace {
 
-// "'a', 'b' and 3 more": at most ten names of a list.
-std::string some_names(const std::vector<std::string>& names) {
+// "2 missing entries 'a', 'b'": how many names of a kind, and at most ten of them ("" for none).
+std::string entries(const std::vector<std::string>& names, const char* kind) {
+  if (names.empty()) return "";
   constexpr size_t kShown = 10;
-  std::string out;
+  std::string out =
+      std::to_string(names.size()) + " " + kind + (names.size() == 1 ? " entry " : " entries ");
   for (size_t i = 0; i < names.size() && i < kShown; ++i) out += (i ? ", '" : "'") + names[i] + "'";
   if (names.size() > kShown) out += " and " + std::to_string(names.size() - kShown) + " more";
   return out;
@@ -236,15 +238,10 @@ Layer::LoadResult Layer::load_state_dict(const std::map<std::string, Tensor>& st
     if (!known.count(n)) result.unexpected_keys.push_back(n);
   std::sort(result.missing_keys.begin(), result.missing_keys.end());
   if (strict && (!result.missing_keys.empty() || !result.unexpected_keys.empty())) {
-    std::string what;
-    if (!result.missing_keys.empty())
-      what += std::to_string(result.missing_keys.size()) + " missing entr" +
-              (result.missing_keys.size() == 1 ? "y " : "ies ") + some_names(result.missing_keys);
-    if (!result.unexpected_keys.empty())
-      what += (what.empty() ? "" : "; ") + std::to_string(result.unexpected_keys.size()) +
-              " unexpected entr" + (result.unexpected_keys.size() == 1 ? "y " : "ies ") +
-              some_names(result.unexpected_keys);
-    GALLEY_CHECK(false, repr(), ": load_state_dict: ", what,
+    const std::string missing = entries(result.missing_keys, "missing"),
+                      unexpected = entries(result.unexpected_keys, "unexpected");
+    GALLEY_CHECK(false, repr(), ": load_state_dict: ", missing,
+                 missing.empty() || unexpected.empty() ? "" : "; ", unexpected,
                  " (strict = false loads the entries that match)");
   }
   // Check everything before writing anything, so a bad state leaves the layer untouched.

@@ -7,7 +7,6 @@
 #include <cstring>
 #include <memory>
 #include <mutex>
-#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -202,20 +201,15 @@ class MpiCommunicator : public parallel::Communicator {
       MPI_CHECK(MPI_Test(&req, &done, MPI_STATUS_IGNORE));
       if (done) return;
       if (std::chrono::steady_clock::now() >= deadline) {
-        why_ = "mpi " + std::string(op) + " on rank " + std::to_string(rank_) + " of " +
-               std::to_string(size_) + " timed out after " + format_seconds() +
-               " s: a peer process died or never called it";
+        why_ = galley::detail::str_cat("mpi ", op, " on rank ", rank_, " of ", size_,
+                                       " timed out after ", opt_.timeout_seconds,
+                                       " s: a peer process died or never called it");
         abandoned_.push_back({req, std::move(stage_)});
         stage_ = {};
         GALLEY_CHECK(false, why_);
       }
       if (spins > 1000) std::this_thread::sleep_for(std::chrono::microseconds(50));
     }
-  }
-  std::string format_seconds() const {
-    std::ostringstream s;
-    s << opt_.timeout_seconds;
-    return s.str();
   }
 
   parallel::CommOptions opt_;

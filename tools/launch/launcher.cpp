@@ -362,6 +362,10 @@ struct Launcher::Impl {
     lost(job.log, log_what(job), job.log_path, err);
     job.log_lost = true;
   }
+  // Writes out what the job's log holds buffered; a failure loses the log (lose_log).
+  void flush_log(JobState& job) {
+    if (job.log && (std::fflush(job.log) != 0 || std::ferror(job.log))) lose_log(job, errno);
+  }
 
   std::string log_what(const JobState& job) const {
     return "the log of job '" + job.spec.name + "'";
@@ -713,7 +717,7 @@ struct Launcher::Impl {
       open = false;  // EOF or error
       break;
     }
-    if (job.log && std::fflush(job.log) != 0) lose_log(job, errno);
+    flush_log(job);
     if (!open) {
       consume(job, buf, is_err ? "err" : "out", true);
       close(fd);
@@ -725,7 +729,7 @@ struct Launcher::Impl {
   // --- ending --------------------------------------------------------------------------------
 
   void finish(JobState& job) {
-    if (job.log && (std::fflush(job.log) != 0 || std::ferror(job.log))) lose_log(job, errno);
+    flush_log(job);
     if (job.log) std::fclose(job.log), job.log = nullptr;
     Json extra{{"status", job.status}, {"attempts", job.attempts}, {"restarts", job.restarts}};
     if (job.exit_code) extra["exit_code"] = *job.exit_code;
@@ -788,7 +792,7 @@ struct Launcher::Impl {
                 {"run_s", rounded(seconds(now - job.attempt_start))}},
            job.spec.name + " killed by " + signal_name(job.term_signal));
     }
-    if (job.log && std::fflush(job.log) != 0) lose_log(job, errno);
+    flush_log(job);
     const bool ok = job.exit_code && *job.exit_code == 0 && !job.hung;
     if (ok) {
       job.phase = Phase::kDone;
