@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <cstring>
 #include <mutex>
+#include <new>
 #include <unordered_map>
 #include <unordered_set>
 
@@ -324,7 +325,11 @@ void run_nodes(const Tensor& root, const Tensor& gradient,
       check_node(*node, false);  // a hook of this backward may have written what it saved
       profiler::RecordScope prof(node->name, {&g}, profiler::EventKind::Backward,
                                  &node->layer_path);
-      node->backward(g, grad_inputs);
+      try {
+        node->backward(g, grad_inputs);
+      } catch (const std::bad_alloc&) {  // a kernel's host allocation: an OutOfMemoryError
+        detail::rethrow_with_prefix(detail::str_cat("the backward of ", node->name, ": "));
+      }
       if (anomaly) check_backward(*node, grad_inputs);
     }
     for (size_t i = 0; i < node->inputs.size(); ++i) {

@@ -9,6 +9,7 @@
 #include <cstring>
 #include <exception>
 #include <mutex>
+#include <new>
 
 #include "galley/device.h"
 #include "galley/dtype.h"
@@ -70,6 +71,16 @@ void rethrow_with_message(const std::exception& e, const std::string& message) {
     g->with_message(message)->raise();
   }
   throw Error(message);
+}
+
+void rethrow_with_prefix(const std::string& prefix) {
+  try {
+    throw;
+  } catch (const Error& e) {
+    rethrow_with_message(e, prefix + e.what());
+  } catch (const std::bad_alloc& e) {
+    std::throw_with_nested(OutOfMemoryError(prefix + "host allocation failed (" + e.what() + ")"));
+  }
 }
 
 void throw_error(const char* file, int line, const char* expr, const std::string& msg) {

@@ -1058,3 +1058,19 @@ TEST(Versions, DivKeepsTheNumeratorNotTheQuotient) {
   }
   expect_contains(error_of([&] { z.backward(); }), {"the numerator", "div"});
 }
+
+// A backward whose kernel runs out of host heap (a std::bad_alloc, not a tensor allocation)
+// reaches the caller of backward() as an OutOfMemoryError naming the op.
+TEST(Autograd, AHostAllocationFailureInABackwardIsAnOutOfMemoryError) {
+  Tensor a = galley::ones({3}).set_requires_grad(true);
+  Tensor y =
+      galley::autograd::record(galley::mul(a.detach(), 2.f), "hungry_op", {a},
+                               [](const Tensor&, std::vector<Tensor>&) { throw std::bad_alloc(); });
+  Tensor loss = galley::sum(y);
+  try {
+    loss.backward();
+    ADD_FAILURE() << "no exception";
+  } catch (const galley::OutOfMemoryError& e) {
+    expect_contains(e.what(), {"the backward of hungry_op", "host allocation failed"});
+  }
+}

@@ -935,6 +935,41 @@ TEST(DataParallel, AReplicasBadAllocIsAnOutOfMemoryError) {
   EXPECT_THROW(model(galley::ones({2, 3})), galley::OutOfMemoryError);
 }
 
+// A replica's error crosses the replica thread with its type and the cause nested in it; a
+// user's own exception type crosses as it was thrown.
+TEST(DataParallel, AReplicasNestedCauseAndAUsersOwnExceptionReachTheCaller) {
+  struct Thrower : galley::nn::Layer {
+    Tensor forward(const Tensor&) override {
+      try {
+        throw std::runtime_error("the cause");
+      } catch (...) {
+        std::throw_with_nested(galley::OutOfMemoryError("replica failed"));
+      }
+    }
+  };
+  galley::DataParallel<Thrower> model(cpus(2));
+  try {
+    model(galley::ones({2, 3}));
+    ADD_FAILURE() << "no exception";
+  } catch (const galley::OutOfMemoryError& e) {
+    testutil::expect_contains(e.what(), {"DataParallel forward on replica 0", "replica failed"});
+    testutil::expect_nested<std::runtime_error>(e, "the cause");
+  }
+  struct StopTraining {
+    int at = 0;
+  };
+  struct Stopper : galley::nn::Layer {
+    Tensor forward(const Tensor&) override { throw StopTraining{3}; }
+  };
+  galley::DataParallel<Stopper> stopper(cpus(2));
+  try {
+    stopper(galley::ones({2, 3}));
+    ADD_FAILURE() << "no exception";
+  } catch (const StopTraining& s) {
+    EXPECT_EQ(s.at, 3);
+  }
+}
+
 // An input that takes a gradient gets the one model's gradient, rows gathered from the replicas
 // (as PyTorch's scatter passes it back): a stem in front of the DataParallel trains. An input
 // that takes none gets none.

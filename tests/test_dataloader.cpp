@@ -38,6 +38,7 @@ using galley::data::Example;
 using galley::data::TensorDataset;
 using testutil::error_of;
 using testutil::expect_contains;
+using testutil::expect_nested;
 
 // n examples whose data [2] is (index, index + 0.5) and whose label is index.
 TensorDataset indexed_dataset(int64_t n) {
@@ -122,20 +123,6 @@ class SlowDataset : public galley::data::Dataset {
 };
 
 const int kWorkerCounts[] = {0, 1, 2, 4};
-
-// Expects the exception nested inside `e` to be a `Nested` whose message is `what`; with
-// `plain`, one that is not also a galley::Error (a wrapper nested inside the wrapper).
-template <typename Nested>
-void expect_nested(const std::exception& e, const char* what, bool plain = false) {
-  try {
-    std::rethrow_if_nested(e);
-    ADD_FAILURE() << "no nested exception";
-  } catch (const Nested& original) {
-    EXPECT_FALSE(plain && dynamic_cast<const galley::Error*>(&original) != nullptr)
-        << "the original is not the error nested inside: " << original.what();
-    EXPECT_STREQ(original.what(), what);
-  }
-}
 
 TEST(DataLoader, DesignCallShape) {
   TensorDataset ds = indexed_dataset(10);

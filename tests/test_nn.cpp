@@ -1356,12 +1356,42 @@ TEST(Errors, AddedContextKeepsTheNestedCauseAndTheType) {
   } catch (const galley::OutOfMemoryError& e) {
     EXPECT_NE(std::string(e.what()).find("thrower failed"), std::string::npos) << e.what();
     EXPECT_NE(std::string(e.what()).find("Sequential"), std::string::npos) << e.what();
-    std::string cause;
-    try {
-      std::rethrow_if_nested(e);
-    } catch (const std::exception& inner) {
-      cause = inner.what();
-    }
-    EXPECT_EQ(cause, "the cause");
+    testutil::expect_nested<std::runtime_error>(e, "the cause");
+  }
+}
+
+// The host's heap exhausted inside a layer (a kernel's std::vector, not a tensor) reaches the
+// caller as galley's OutOfMemoryError, which a training loop catches to lower its batch, with
+// the layers' context and the bad_alloc nested. Before, it left as a bare std::bad_alloc.
+TEST(Errors, AHostAllocationFailureInALayerIsAnOutOfMemoryError) {
+  struct Hungry : nn::Layer {
+    Tensor forward(const Tensor&) override { throw std::bad_alloc(); }
+    std::string repr() const override { return "Hungry"; }
+  };
+  nn::Sequential model(std::make_shared<nn::ReLU>(), std::make_shared<Hungry>());
+  try {
+    model(galley::ones({2}));
+    ADD_FAILURE() << "no exception";
+  } catch (const galley::OutOfMemoryError& e) {
+    expect_contains(e.what(), {"Sequential[1]", "host allocation failed"});
+    testutil::expect_nested<std::bad_alloc>(e, std::bad_alloc().what());
+  }
+}
+
+// A user's own exception type from a user's layer passes through galley's layers as it was
+// thrown: a caller catches it by its type.
+TEST(Errors, AUsersOwnExceptionPassesThroughTheLayersUnchanged) {
+  struct StopTraining {
+    int at = 0;
+  };
+  struct Stopper : nn::Layer {
+    Tensor forward(const Tensor&) override { throw StopTraining{7}; }
+  };
+  nn::Sequential model(std::make_shared<nn::ReLU>(), std::make_shared<Stopper>());
+  try {
+    model(galley::ones({2}));
+    ADD_FAILURE() << "no exception";
+  } catch (const StopTraining& s) {
+    EXPECT_EQ(s.at, 7);
   }
 }

@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <exception>
 #include <filesystem>
 #include <fstream>
 #include <initializer_list>
@@ -61,6 +62,20 @@ std::string error_of(F&& f) {
   }
   ADD_FAILURE() << "expected galley::Error, nothing was thrown";
   return {};
+}
+
+// Expects the exception nested inside `e` to be a `Nested` whose message is `what`; with
+// `plain`, one that is not also a galley::Error (a wrapper nested inside the wrapper).
+template <typename Nested>
+void expect_nested(const std::exception& e, const char* what, bool plain = false) {
+  try {
+    std::rethrow_if_nested(e);
+    ADD_FAILURE() << "no nested exception";
+  } catch (const Nested& original) {
+    EXPECT_FALSE(plain && dynamic_cast<const galley::Error*>(&original) != nullptr)
+        << "the original is not the error nested inside: " << original.what();
+    EXPECT_STREQ(original.what(), what);
+  }
 }
 
 // Expects every part to appear in msg.

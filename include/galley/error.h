@@ -63,6 +63,12 @@ std::string str_cat(const Args&... args) {
 /// that exception's type when it is a galley::Error (an OutOfMemoryError stays one), an
 /// OutOfMemoryError for a std::bad_alloc, else a plain galley::Error.
 [[noreturn]] void raise_nested(const std::string& message);
+/// From a catch block: throws the exception being handled again with `prefix` before its
+/// message. A galley::Error keeps its type and its nested cause (rethrow_with_message); a
+/// std::bad_alloc (the host's heap exhausted inside a kernel) becomes an OutOfMemoryError with
+/// the bad_alloc nested inside; any other exception (a user's own type, thrown from a user's
+/// layer) is rethrown as it is. How layers, the replica threads and backward add their context.
+[[noreturn]] void rethrow_with_prefix(const std::string& prefix);
 /// From a catch block: what the exception being handled says (its what(), or that it is not a
 /// std::exception).
 std::string current_what();

@@ -4,6 +4,8 @@
 #include <new>
 #include <vector>
 
+#include "galley/error.h"
+
 namespace galley::kernels::cpu {
 
 // Storage that begins on a 64-byte cache line. The allocator's own blocks begin 16 bytes past one
@@ -17,8 +19,14 @@ struct CacheAligned {
   CacheAligned() = default;
   template <typename U>
   CacheAligned(const CacheAligned<U>&) {}
+  // A failure is galley's OutOfMemoryError, naming the size, whichever op the buffer is for.
   T* allocate(std::size_t n) {
-    return static_cast<T*>(::operator new(n * sizeof(T), std::align_val_t(kLine)));
+    try {
+      return static_cast<T*>(::operator new(n * sizeof(T), std::align_val_t(kLine)));
+    } catch (const std::bad_alloc&) {
+      throw OutOfMemoryError(detail::str_cat("a CPU kernel's buffer of ", n * sizeof(T),
+                                             " bytes could not be allocated (host out of memory)"));
+    }
   }
   void deallocate(T* p, std::size_t) { ::operator delete(p, std::align_val_t(kLine)); }
   template <typename U>

@@ -40,8 +40,8 @@ Tensor BasicBlock::forward(const Tensor& x) {
     // bn2 adds the shortcut and applies the ReLU in its own pass.
     const Tensor h = conv2_(bn1_(conv1_(x)));
     return bn2_(h, proj_ ? (*proj_bn_)((*proj_)(x)) : x);
-  } catch (const Error& e) {
-    detail::rethrow_with_message(e, repr() + ": " + e.what());
+  } catch (...) {
+    detail::rethrow_with_prefix(repr() + ": ");
   }
 }
 

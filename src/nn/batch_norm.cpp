@@ -67,8 +67,8 @@ Tensor BatchNorm::normalize(const Tensor& x, const Tensor& residual) {
     // single value per channel) leaves the count, and the cumulative average, as they were.
     if (update) detail::count_batch(num_batches_tracked_);
     return y;
-  } catch (const Error& e) {
-    detail::rethrow_with_message(e, repr() + ": " + e.what());
+  } catch (...) {
+    detail::rethrow_with_prefix(repr() + ": ");
   }
 }
 

@@ -13,8 +13,8 @@ Dropout::Dropout(float p, uint64_t seed) : p_(p), seed_(seed), gen_(seed) {
 Tensor Dropout::forward(const Tensor& x) {
   try {
     return dropout(x, p_, is_training(), gen_);
-  } catch (const Error& e) {
-    detail::rethrow_with_message(e, repr() + ": " + e.what());
+  } catch (...) {
+    detail::rethrow_with_prefix(repr() + ": ");
   }
 }
 

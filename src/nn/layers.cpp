@@ -105,17 +105,13 @@ void default_init(Tensor& weight, Tensor& bias) {
   }
 }
 
-std::string with_layer(const std::string& layer, const Error& e) {
-  return layer + ": " + e.what();
-}
-
 // f(), an error from it prefixed with the layer's description.
 template <typename F>
 Tensor in_layer(const Layer& layer, F&& f) {
   try {
     return f();
-  } catch (const Error& e) {
-    detail::rethrow_with_message(e, with_layer(layer.repr(), e));
+  } catch (...) {
+    detail::rethrow_with_prefix(layer.repr() + ": ");
   }
 }
 
@@ -160,8 +156,8 @@ Tensor Conv2D::forward(const Tensor& x) {
     if (!opt_.relu) return conv2d(x, weight_, bias_, o);
     if (!bias_.defined() || !fused_bias_relu_exact(x)) return relu(conv2d(x, weight_, bias_, o));
     return bias_relu(conv2d(x, weight_, Tensor(), o), bias_, 1);
-  } catch (const Error& e) {
-    detail::rethrow_with_message(e, with_layer(repr(), e));
+  } catch (...) {
+    detail::rethrow_with_prefix(repr() + ": ");
   }
 }
 
@@ -183,8 +179,8 @@ MaxPool2D::MaxPool2D(int64_t kernel_size, int64_t stride, int64_t padding)
 Tensor MaxPool2D::forward(const Tensor& x) {
   try {
     return max_pool2d(x, opt_);
-  } catch (const Error& e) {
-    detail::rethrow_with_message(e, with_layer(repr(), e));
+  } catch (...) {
+    detail::rethrow_with_prefix(repr() + ": ");
   }
 }
 
@@ -217,8 +213,8 @@ Tensor Linear::forward(const Tensor& x) {
     if (!relu_) return linear(x, weight_, bias_);
     if (!bias_.defined() || !fused_bias_relu_exact(x)) return relu(linear(x, weight_, bias_));
     return bias_relu(linear(x, weight_, Tensor()), bias_, -1);
-  } catch (const Error& e) {
-    detail::rethrow_with_message(e, with_layer(repr(), e));
+  } catch (...) {
+    detail::rethrow_with_prefix(repr() + ": ");
   }
 }
 
@@ -286,8 +282,8 @@ Tensor Sequential::forward(const Tensor& x) {
   for (size_t i = 0; i < layers_.size(); ++i) {
     try {
       h = (*layers_[i])(h);  // through the call operator, which tracks the layer path
-    } catch (const Error& e) {
-      detail::rethrow_with_message(e, detail::str_cat("Sequential[", i, "] ", e.what()));
+    } catch (...) {
+      detail::rethrow_with_prefix(detail::str_cat("Sequential[", i, "] "));
     }
   }
   return h;
@@ -310,8 +306,8 @@ CrossEntropyLoss::CrossEntropyLoss(CrossEntropyOptions options) : opt_(options) 
 Tensor CrossEntropyLoss::operator()(const Tensor& logits, const Tensor& labels) const {
   try {
     return cross_entropy(logits, labels, opt_);
-  } catch (const Error& e) {
-    detail::rethrow_with_message(e, with_layer("CrossEntropyLoss", e));
+  } catch (...) {
+    detail::rethrow_with_prefix("CrossEntropyLoss: ");
   }
 }
 

@@ -18,8 +18,8 @@ AvgPool2D::AvgPool2D(const AvgPool2dOptions& options) : opt_(options) {
 Tensor AvgPool2D::forward(const Tensor& x) {
   try {
     return avg_pool2d(x, opt_);
-  } catch (const Error& e) {
-    detail::rethrow_with_message(e, repr() + ": " + e.what());
+  } catch (...) {
+    detail::rethrow_with_prefix(repr() + ": ");
   }
 }
 
@@ -42,8 +42,8 @@ AdaptiveAvgPool2D::AdaptiveAvgPool2D(int64_t output_h, int64_t output_w)
 Tensor AdaptiveAvgPool2D::forward(const Tensor& x) {
   try {
     return adaptive_avg_pool2d(x, size_);
-  } catch (const Error& e) {
-    detail::rethrow_with_message(e, repr() + ": " + e.what());
+  } catch (...) {
+    detail::rethrow_with_prefix(repr() + ": ");
   }
 }
 

@@ -11,7 +11,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
-#include <new>
+#include <optional>
 #include <thread>
 
 #include "galley/amp/autocast.h"
@@ -33,9 +33,9 @@ double ms_between(Clock::time_point a, Clock::time_point b) {
   return std::chrono::duration<double, std::milli>(b - a).count();
 }
 
-// The outcome of a posted task. A failure travels back as a fresh error object of the same type
-// (an OutOfMemoryError stays one), made on the worker's thread and handed over under the mutex:
-// the exception object that was thrown never leaves its thread, so no two threads share it.
+// The outcome of a posted task. A failure travels back as the exception the task threw, handed
+// over under the mutex (the worker lets go of it before the caller looks), so its type and the
+// causes nested in it reach the caller; catching it allocates nothing on the worker's thread.
 class Pending {
  public:
   bool valid() const { return state_ != nullptr; }
@@ -43,11 +43,11 @@ class Pending {
     std::unique_lock<std::mutex> lock(state_->mu);
     state_->cv.wait(lock, [&] { return state_->done; });
   }
-  // Waits; the task's error, null when it succeeded.
-  const Error* error() const {
+  // Waits; the task's failure, null when it succeeded.
+  std::exception_ptr error() const {
     wait();
     std::lock_guard<std::mutex> lock(state_->mu);
-    return state_->error.get();
+    return state_->error;
   }
 
  private:
@@ -56,7 +56,7 @@ class Pending {
     std::mutex mu;
     std::condition_variable cv;
     bool done = false;
-    std::unique_ptr<Error> error;
+    std::exception_ptr error;
   };
   std::shared_ptr<State> state_;
 };
@@ -99,25 +99,18 @@ class Worker {
         task = std::move(tasks_.front());
         tasks_.pop_front();
       }
-      std::unique_ptr<Error> error;
+      std::exception_ptr error;
       try {
         task.fn();
-      } catch (const Error& e) {
-        error = e.with_message(e.what());
-      } catch (const std::bad_alloc& e) {  // the host out of memory: galley's type for it
-        error = std::make_unique<OutOfMemoryError>(std::string("host allocation failed (") +
-                                                   e.what() + ")");
-      } catch (const std::exception& e) {
-        error = std::make_unique<Error>(*e.what() ? e.what() : "unknown error");
       } catch (...) {
-        error = std::make_unique<Error>("unknown error");
+        error = std::current_exception();
       }
       // Refused launches are this thread's to report, after the task whatever its end (a stale
       // one would fail the next task): the task's own error first.
       try {
         detail::check_launch_errors();
-      } catch (const Error& e) {
-        if (!error) error = e.with_message(e.what());
+      } catch (...) {
+        if (!error) error = std::current_exception();
       }
       task.fn = nullptr;  // what the task captured is released here, before the caller resumes
       {
@@ -135,24 +128,28 @@ class Worker {
   std::thread thread_;
 };
 
-// Waits for every task; rethrows the first failure, naming the replica's device.
+// Waits for every task; rethrows the first failure naming the replica's device, as a galley error
+// of its own type (rethrow_with_prefix: its nested cause kept, a std::bad_alloc an
+// OutOfMemoryError).
 void wait_all(const std::vector<Pending>& tasks, const std::vector<Device>& devices,
               const char* what) {
-  const Error* first = nullptr;
+  std::exception_ptr first;
   size_t at = 0;
   for (size_t i = 0; i < tasks.size(); ++i) {
     if (!tasks[i].valid()) continue;
-    const Error* error = tasks[i].error();
+    std::exception_ptr error = tasks[i].error();
     if (error && !first) {
-      first = error;
+      first = std::move(error);
       at = i;
     }
   }
-  if (first)
-    first
-        ->with_message(detail::str_cat("DataParallel ", what, " on replica ", at, " (",
-                                       devices[at].str(), "): ", first->what()))
-        ->raise();
+  if (!first) return;
+  try {
+    std::rethrow_exception(first);
+  } catch (...) {
+    detail::rethrow_with_prefix(
+        detail::str_cat("DataParallel ", what, " on replica ", at, " (", devices[at].str(), "): "));
+  }
 }
 
 // The address of element `offset` of a flat buffer of any dtype.
@@ -446,10 +443,27 @@ struct DataParallelBase::Impl {
 
   // Replica r's communication thread: all-reduce buckets in index order (the same order on
   // every replica) as they become ready, and write the sums back into the gradients.
+  //
+  // Every bucket's collectives run whatever fails on this replica around them: the peers'
+  // collectives wait for this replica's, so a failure of its own work (a host or device
+  // allocation, the flags' copy, the profiler's record) is kept, its remaining buckets still
+  // reduced, and the failure thrown at the end. A collective's own failure ends the loop at once:
+  // the group is unusable then, and the communicator tells every member.
   void reduce_buckets(size_t r) {
     Replica& rep = *replicas[r];
     const Device dev = rep.device;
-    if (dev.is_cuda()) detail::make_current(dev);
+    std::exception_ptr failed;  // this replica's first failure outside the collectives
+    auto local = [&](auto&& work) {
+      if (failed) return;  // the bucket's sum is not written back after a failure
+      try {
+        work();
+      } catch (...) {
+        failed = std::current_exception();
+      }
+    };
+    local([&] {
+      if (dev.is_cuda()) detail::make_current(dev);
+    });
     std::vector<char> flag_bytes;
     std::vector<float> flags;
     for (size_t b = 0; b < buckets.size(); ++b) {
@@ -459,11 +473,14 @@ struct DataParallelBase::Impl {
       }
       const auto t0 = Clock::now();
       const Bucket& bucket = buckets[b];
-      const DType dtype = bucket.dtype, wire = bucket.wire;
+      const DType wire = bucket.wire;
       void* data = rep.flat[b].raw_data();
       const int64_t count = bucket.total();
-      profiler::RecordScope prof("all_reduce_bucket", {}, profiler::EventKind::AllReduce, nullptr,
-                                 bucket.bytes(count));
+      std::optional<profiler::RecordScope> prof;
+      local([&] {
+        prof.emplace("all_reduce_bucket", std::initializer_list<const Tensor*>{},
+                     profiler::EventKind::AllReduce, nullptr, bucket.bytes(count));
+      });
       // Sum over this process's replicas, average over processes (replica 0 speaks for the
       // process), then hand the result back to the local replicas.
       // The first collective on the bucket waits for the bucket's own event (one replica per
@@ -475,51 +492,61 @@ struct DataParallelBase::Impl {
         if (r == 0) procs->all_reduce(data, count, wire, parallel::ReduceOp::Avg);
         rep.comm->broadcast(data, count, wire, 0);
       }
-      // The presence flags, on the host, as floats.
-      const size_t nflags = bucket.params.size();
-      const char* flag_data = element_at(rep.flat[b], bucket.numel);
-      flag_bytes.resize(size_t(bucket.bytes(int64_t(nflags))));
-      if (dev.is_cpu()) {
-        std::memcpy(flag_bytes.data(), flag_data, flag_bytes.size());
-      } else {
-        if (!rep.side) {
-          rep.side = detail::create_stream(dev);
-          rep.side_done = detail::Event(dev);
-        }
-        detail::copy_bytes_async(flag_bytes.data(), Device::cpu(), flag_data, dev,
-                                 flag_bytes.size(), rep.side);
-        rep.side_done.record(rep.side);
-        rep.side_done.synchronize();
-      }
-      flags.resize(nflags);
-      dispatch_floating(wire, "DataParallel bucket", [&](auto tag) {
-        using T = typename decltype(tag)::type;
-        for (size_t s = 0; s < nflags; ++s) {
-          T v;
-          std::memcpy(&v, flag_bytes.data() + s * sizeof(T), sizeof(T));
-          flags[s] = float(v);
-        }
-      });
       const auto t1 = Clock::now();
-      for (size_t s = 0; s < nflags; ++s) {
-        if (flags[s] == 0.f) continue;  // no replica had a gradient
-        Tensor& p = rep.params[bucket.params[s]];
-        Tensor g = p.grad();
-        if (!g.defined()) {  // this replica had no samples: it takes the others' gradient
-          if (dev.is_cuda()) detail::make_current(dev);
-          g = Tensor::empty(p.shape(), dtype, dev);
-          p.set_grad(g);
-        }
-        g.bump_version();  // the all-reduced sum written over it
-        convert_on(dev, element_at(rep.flat[b], bucket.offsets[s]), wire, g.raw_data(), dtype,
-                   g.numel());
-        rep.reduced[bucket.params[s]] = g.impl_ptr();
-      }
+      local([&] { write_back(rep, bucket, b, flag_bytes, flags); });
       rep.allreduce_ms += ms_between(t0, t1);
       std::lock_guard<std::mutex> lock(rep.mu);
       // The part of [t0, t1] before backward ended ran in its shadow. bwd_end is set when
       // backward finishes, which happens-before the wait above returns for later buckets.
       if (rep.bwd_end > t0) rep.hidden_ms += ms_between(t0, std::min(t1, rep.bwd_end));
+    }
+    if (failed) std::rethrow_exception(failed);
+  }
+
+  // Bucket b's reduced sums written into replica rep's gradients, where the presence flags say
+  // some replica had one.
+  void write_back(Replica& rep, const Bucket& bucket, size_t b, std::vector<char>& flag_bytes,
+                  std::vector<float>& flags) {
+    const Device dev = rep.device;
+    const DType dtype = bucket.dtype, wire = bucket.wire;
+    // The presence flags, on the host, as floats.
+    const size_t nflags = bucket.params.size();
+    const char* flag_data = element_at(rep.flat[b], bucket.numel);
+    flag_bytes.resize(size_t(bucket.bytes(int64_t(nflags))));
+    if (dev.is_cpu()) {
+      std::memcpy(flag_bytes.data(), flag_data, flag_bytes.size());
+    } else {
+      if (!rep.side) {
+        rep.side = detail::create_stream(dev);
+        rep.side_done = detail::Event(dev);
+      }
+      detail::copy_bytes_async(flag_bytes.data(), Device::cpu(), flag_data, dev, flag_bytes.size(),
+                               rep.side);
+      rep.side_done.record(rep.side);
+      rep.side_done.synchronize();
+    }
+    flags.resize(nflags);
+    dispatch_floating(wire, "DataParallel bucket", [&](auto tag) {
+      using T = typename decltype(tag)::type;
+      for (size_t s = 0; s < nflags; ++s) {
+        T v;
+        std::memcpy(&v, flag_bytes.data() + s * sizeof(T), sizeof(T));
+        flags[s] = float(v);
+      }
+    });
+    for (size_t s = 0; s < nflags; ++s) {
+      if (flags[s] == 0.f) continue;  // no replica had a gradient
+      Tensor& p = rep.params[bucket.params[s]];
+      Tensor g = p.grad();
+      if (!g.defined()) {  // this replica had no samples: it takes the others' gradient
+        if (dev.is_cuda()) detail::make_current(dev);
+        g = Tensor::empty(p.shape(), dtype, dev);
+        p.set_grad(g);
+      }
+      g.bump_version();  // the all-reduced sum written over it
+      convert_on(dev, element_at(rep.flat[b], bucket.offsets[s]), wire, g.raw_data(), dtype,
+                 g.numel());
+      rep.reduced[bucket.params[s]] = g.impl_ptr();
     }
   }
 
