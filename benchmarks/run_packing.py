@@ -227,7 +227,7 @@ def main():
     ap.add_argument("--limit", type=int, default=20000, help="Fashion-MNIST training images")
     ap.add_argument("--simple-samples", type=int, default=16384,
                     help="synthetic samples of the SimpleCNN job's one epoch")
-    ap.add_argument("--data", default=os.environ.get("GALLEY_FASHION_DIR",
+    ap.add_argument("--data", default=os.environ.get("GALLEY_FASHION_MNIST_DIR",
                                                      "/usr/share/datasets/fashion-mnist"))
     ap.add_argument("--out", help="JSON file for the figures")
     ap.add_argument("--plot", help="PNG file for the plot (matplotlib)")

@@ -7,8 +7,8 @@
 #                                         galley's BatchNorm kernels against cuDNN's, run the
 #                                         GPU tests (ctest -L gpu --timeout 90)
 #   scripts/gpu-check.sh bench OUT        galley's train step eager and as a CUDA graph and
-#                                         PyTorch's eager and torch.compile step (SimpleCNN and
-#                                         the Fashion-MNIST CNN, batch 64 and 256), two
+#                                         PyTorch's eager and torch.compile step (SimpleCNN, the
+#                                         Fashion-MNIST CNN and resnet, batch 64 and 256), two
 #                                         memory-capped jobs side by side under galley-launch,
 #                                         the Fashion-MNIST example beside PyTorch's; it reuses
 #                                         the build of build-test when it is there

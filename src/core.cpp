@@ -78,8 +78,12 @@ void rethrow_with_prefix(const std::string& prefix) {
     throw;
   } catch (const Error& e) {
     rethrow_with_message(e, prefix + e.what());
+  } catch (const std::bad_array_new_length& e) {  // a size out of range, not a lack of memory
+    std::throw_with_nested(Error(prefix + e.what()));
   } catch (const std::bad_alloc& e) {
     std::throw_with_nested(OutOfMemoryError(prefix + "host allocation failed (" + e.what() + ")"));
+  } catch (const std::exception& e) {  // a standard library error (a thread not started)
+    std::throw_with_nested(Error(prefix + e.what()));
   }
 }
 

@@ -64,10 +64,13 @@ std::string str_cat(const Args&... args) {
 /// OutOfMemoryError for a std::bad_alloc, else a plain galley::Error.
 [[noreturn]] void raise_nested(const std::string& message);
 /// From a catch block: throws the exception being handled again with `prefix` before its
-/// message. A galley::Error keeps its type and its nested cause (rethrow_with_message); a
-/// std::bad_alloc (the host's heap exhausted inside a kernel) becomes an OutOfMemoryError with
-/// the bad_alloc nested inside; any other exception (a user's own type, thrown from a user's
-/// layer) is rethrown as it is. How layers, the replica threads and backward add their context.
+/// message, so that every std::exception leaves as a galley::Error. A galley::Error keeps its
+/// type and its nested cause (rethrow_with_message); a std::bad_alloc (the host's heap exhausted
+/// inside a kernel) becomes an OutOfMemoryError and any other std::exception (a thread the
+/// library could not start, a std::bad_array_new_length) a plain galley::Error, each with the
+/// original nested inside. What is not a std::exception (a user's own type, thrown from a
+/// user's layer) is rethrown as it is. How layers, the replica threads and backward add their
+/// context.
 [[noreturn]] void rethrow_with_prefix(const std::string& prefix);
 /// From a catch block: what the exception being handled says (its what(), or that it is not a
 /// std::exception).

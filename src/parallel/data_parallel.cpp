@@ -21,6 +21,7 @@
 #include "galley/ops.h"
 #include "galley/profiler.h"
 #include "kernels/convert.h"
+#include "src/parallel/peer_failed.h"
 #include "src/runtime/device_memory.h"
 #include "src/thread_budget.h"
 
@@ -128,19 +129,35 @@ class Worker {
   std::thread thread_;
 };
 
-// Waits for every task; rethrows the first failure naming the replica's device, as a galley error
-// of its own type (rethrow_with_prefix: its nested cause kept, a std::bad_alloc an
-// OutOfMemoryError).
+// Whether `error` is a collective's echo of another participant's failure.
+bool is_echo(const std::exception_ptr& error) {
+  try {
+    std::rethrow_exception(error);
+  } catch (const detail::PeerFailedError&) {
+    return true;
+  } catch (...) {
+    return false;
+  }
+}
+
+// Waits for every task; rethrows the first replica's own failure (an echo of another replica's
+// only where there is nothing else) with the replica's device before its message, through
+// rethrow_with_prefix: a galley error keeps its type and nested cause, a std::bad_alloc is an
+// OutOfMemoryError.
 void wait_all(const std::vector<Pending>& tasks, const std::vector<Device>& devices,
               const char* what) {
   std::exception_ptr first;
   size_t at = 0;
+  bool first_is_echo = false;
   for (size_t i = 0; i < tasks.size(); ++i) {
     if (!tasks[i].valid()) continue;
     std::exception_ptr error = tasks[i].error();
-    if (error && !first) {
+    if (!error || (first && !first_is_echo)) continue;
+    const bool echo = is_echo(error);
+    if (!first || !echo) {
       first = std::move(error);
       at = i;
+      first_is_echo = echo;
     }
   }
   if (!first) return;
@@ -447,8 +464,9 @@ struct DataParallelBase::Impl {
   // Every bucket's collectives run whatever fails on this replica around them: the peers'
   // collectives wait for this replica's, so a failure of its own work (a host or device
   // allocation, the flags' copy, the profiler's record) is kept, its remaining buckets still
-  // reduced, and the failure thrown at the end. A collective's own failure ends the loop at once:
-  // the group is unusable then, and the communicator tells every member.
+  // reduced, and the failure thrown at the end. A collective's own failure ends the loop at once
+  // (the group is unusable then, and the communicator tells every member), with this replica's
+  // earlier failure, where there was one, as the error: the cause of what followed.
   void reduce_buckets(size_t r) {
     Replica& rep = *replicas[r];
     const Device dev = rep.device;
@@ -485,15 +503,21 @@ struct DataParallelBase::Impl {
       // process), then hand the result back to the local replicas.
       // The first collective on the bucket waits for the bucket's own event (one replica per
       // process: the process-level one).
-      if (dev.is_cuda())
-        (n() > 1 ? rep.comm : procs)->wait_for_event(rep.bucket_filled[b].handle());
-      rep.comm->all_reduce(data, count, wire, parallel::ReduceOp::Sum);
-      if (procs) {
-        if (r == 0) procs->all_reduce(data, count, wire, parallel::ReduceOp::Avg);
-        rep.comm->broadcast(data, count, wire, 0);
+      try {
+        if (dev.is_cuda())
+          (n() > 1 ? rep.comm : procs)->wait_for_event(rep.bucket_filled[b].handle());
+        rep.comm->all_reduce(data, count, wire, parallel::ReduceOp::Sum);
+        if (procs) {
+          if (r == 0) procs->all_reduce(data, count, wire, parallel::ReduceOp::Avg);
+          rep.comm->broadcast(data, count, wire, 0);
+        }
+      } catch (...) {
+        if (failed) std::rethrow_exception(failed);  // the cause, before what followed from it
+        throw;
       }
+      local([&] { read_flags(rep, bucket, b, flag_bytes, flags); });
       const auto t1 = Clock::now();
-      local([&] { write_back(rep, bucket, b, flag_bytes, flags); });
+      local([&] { write_back(rep, bucket, b, flags); });
       rep.allreduce_ms += ms_between(t0, t1);
       std::lock_guard<std::mutex> lock(rep.mu);
       // The part of [t0, t1] before backward ended ran in its shadow. bwd_end is set when
@@ -503,13 +527,11 @@ struct DataParallelBase::Impl {
     if (failed) std::rethrow_exception(failed);
   }
 
-  // Bucket b's reduced sums written into replica rep's gradients, where the presence flags say
-  // some replica had one.
-  void write_back(Replica& rep, const Bucket& bucket, size_t b, std::vector<char>& flag_bytes,
+  // Bucket b's presence flags (which parameters some replica had a gradient for), read back from
+  // replica rep's reduced bucket as floats.
+  void read_flags(Replica& rep, const Bucket& bucket, size_t b, std::vector<char>& flag_bytes,
                   std::vector<float>& flags) {
     const Device dev = rep.device;
-    const DType dtype = bucket.dtype, wire = bucket.wire;
-    // The presence flags, on the host, as floats.
     const size_t nflags = bucket.params.size();
     const char* flag_data = element_at(rep.flat[b], bucket.numel);
     flag_bytes.resize(size_t(bucket.bytes(int64_t(nflags))));
@@ -526,7 +548,7 @@ struct DataParallelBase::Impl {
       rep.side_done.synchronize();
     }
     flags.resize(nflags);
-    dispatch_floating(wire, "DataParallel bucket", [&](auto tag) {
+    dispatch_floating(bucket.wire, "DataParallel bucket", [&](auto tag) {
       using T = typename decltype(tag)::type;
       for (size_t s = 0; s < nflags; ++s) {
         T v;
@@ -534,6 +556,14 @@ struct DataParallelBase::Impl {
         flags[s] = float(v);
       }
     });
+  }
+
+  // Bucket b's reduced sums written into replica rep's gradients, where `flags` (read_flags) say
+  // some replica had one.
+  void write_back(Replica& rep, const Bucket& bucket, size_t b, const std::vector<float>& flags) {
+    const Device dev = rep.device;
+    const DType dtype = bucket.dtype, wire = bucket.wire;
+    const size_t nflags = bucket.params.size();
     for (size_t s = 0; s < nflags; ++s) {
       if (flags[s] == 0.f) continue;  // no replica had a gradient
       Tensor& p = rep.params[bucket.params[s]];

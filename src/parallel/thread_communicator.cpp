@@ -10,6 +10,7 @@
 
 #include "galley/half.h"
 #include "galley/parallel/communicator.h"
+#include "src/parallel/peer_failed.h"
 
 namespace galley::parallel {
 
@@ -121,8 +122,11 @@ class ThreadCommunicator : public Communicator {
     }
     const bool failed = group_->wait(rank_, "all_reduce", error != nullptr);
     if (error) std::rethrow_exception(error);
-    GALLEY_CHECK(!failed, "threads all_reduce on rank ", rank_,
-                 ": another participant failed to reduce its share; the result is incomplete");
+    if (failed)
+      throw detail::PeerFailedError(
+          detail::str_cat("threads all_reduce on rank ", rank_,
+                          ": another participant failed to reduce its share; the result "
+                          "is incomplete"));
   }
 
   void broadcast(void* data, int64_t count, DType dtype, int root) override {

@@ -11,8 +11,8 @@
 ///       scaler.scale(loss).backward();  // gradients of loss * scale: small ones survive fp16
 ///       scaler.unscale_(optimizer);     // optional: gradients / scale, e.g. to clip them
 ///       scaler.step(optimizer);         // skipped when a gradient is Inf or NaN
-///       scaler.update();                // halve the scale after Infs, double it after 2000 clean
-///       steps optimizer.clear_grad();
+///       scaler.update();                // halve after Infs, double after 2000 clean steps
+///       optimizer.clear_grad();
 ///     }
 ///
 /// bfloat16 has float32's range and needs no scaling; a scaler works with it all the same.

@@ -29,8 +29,8 @@ class Layer {
   /// The computation on several inputs, for layers that take more than one. The default is an
   /// error naming the layer and the number of inputs.
   virtual Tensor forward(const std::vector<Tensor>& inputs);
-  /// Calls forward(). While anomaly detection is on it also records that this layer is being
-  /// called, so errors name the layer path ("features.1"); call sub-layers through it
+  /// Calls forward(), recording that this layer is being called, so that anomaly errors and
+  /// profiler events name the layer path ("features.1"); call sub-layers through it
   /// (`conv_(x)`, not `conv_.forward(x)`) for their names to appear.
   Tensor operator()(const Tensor& x);
   /// Calls the forward of several inputs (one input goes to the one-input forward).
