@@ -183,6 +183,9 @@ void MetricsLogger::log(const MetricsRecord& r) {
                    "' is given twice");
   }
 
+  // The line is built under the lock from its time on: a logger's lines are in time order
+  // whichever threads log.
+  std::lock_guard<std::mutex> lock(m.mutex);
   const auto now_wall = std::chrono::system_clock::now();
   const double elapsed =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - m.start).count();
@@ -223,6 +226,9 @@ void MetricsLogger::log(const MetricsRecord& r) {
       case MetricValue::Kind::Integer:
         line[key] = v.integer();
         break;
+      case MetricValue::Kind::Unsigned:
+        line[key] = v.unsigned_integer();
+        break;
       case MetricValue::Kind::Boolean:
         line[key] = v.boolean();
         break;
@@ -236,7 +242,6 @@ void MetricsLogger::log(const MetricsRecord& r) {
   // Invalid UTF-8 in a user string becomes U+FFFD rather than an exception mid-training.
   std::string text = line.dump(-1, ' ', false, Json::error_handler_t::replace);
   text += '\n';
-  std::lock_guard<std::mutex> lock(m.mutex);
   if (m.torn) text.insert(text.begin(), '\n');
   size_t done = 0;
   try {

@@ -282,7 +282,32 @@ TEST_F(Metrics, LinesFromSeveralThreadsStayWhole) {
     for (auto& th : threads) th.join();
     EXPECT_EQ(log.lines_written(), 800u);
   }
-  EXPECT_EQ(parse(p).size(), 800u);
+  const std::vector<Json> lines = parse(p);
+  EXPECT_EQ(lines.size(), 800u);
+  // The lines are in the order of their times: each is stamped under the logger's lock (they
+  // used to be stamped before it, and a thread could write an earlier time after a later one).
+  for (size_t i = 1; i < lines.size(); ++i)
+    ASSERT_LE(lines[i - 1]["elapsed_s"].get<double>(), lines[i]["elapsed_s"].get<double>())
+        << "line " << i;
+}
+
+// Unsigned values above INT64_MAX are written exactly (they used to wrap to negative numbers).
+TEST_F(Metrics, LargeUnsignedValuesAreWrittenExactly) {
+  const std::string p = path("u.jsonl");
+  {
+    MetricsLogger log({.path = p, .host_memory = false});
+    log.log({.values = {{"max", std::numeric_limits<uint64_t>::max()},
+                        {"top_bit", uint64_t(1) << 63},
+                        {"small", uint64_t(7)},
+                        {"negative", int64_t(-3)}}});
+  }
+  const Json line = parse(p).at(0);
+  EXPECT_EQ(line["max"].get<uint64_t>(), std::numeric_limits<uint64_t>::max());
+  EXPECT_EQ(line["top_bit"].get<uint64_t>(), uint64_t(1) << 63);
+  EXPECT_EQ(line["small"].get<int64_t>(), 7);
+  EXPECT_EQ(line["negative"].get<int64_t>(), -3);
+  EXPECT_EQ(galley::MetricValue(uint64_t(7)).kind(), galley::MetricValue::Kind::Integer);
+  EXPECT_EQ(galley::MetricValue(uint64_t(1) << 63).kind(), galley::MetricValue::Kind::Unsigned);
 }
 
 TEST_F(Metrics, TheLoggerMoves) {

@@ -588,6 +588,111 @@ using galley::optim::ReduceLROnPlateau;
 using galley::optim::SequentialLR;
 using galley::optim::ThresholdMode;
 
+// An option that is NaN or infinite is refused when the optimizer or schedule is made, naming
+// the option (a NaN dampening used to turn every parameter into NaN at the second step).
+TEST(Optimizers, NonFiniteOptionsAreRefusedByName) {
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  const double inf = std::numeric_limits<double>::infinity();
+  auto opt = [] { return SGD({leaf({1.0})}, {.learning_rate = 0.1}); };
+  expect_contains(error_of([&] { SGD({leaf({1.0})}, {.momentum = 0.9, .dampening = nan}); }),
+                  {"SGD", "dampening", "finite"});
+  expect_contains(error_of([&] { SGD({leaf({1.0})}, {.momentum = inf}); }),
+                  {"SGD", "momentum", "finite"});
+  expect_contains(error_of([&] { SGD({leaf({1.0})}, {.weight_decay = inf}); }),
+                  {"SGD", "weight_decay", "finite"});
+  expect_contains(error_of([&] { SGD({leaf({1.0})}, {.learning_rate = -0.1}); }),
+                  {"learning_rate", "-0.1", "not negative"});
+  expect_contains(error_of([&] { Adam({leaf({1.0})}, {.eps = inf}); }), {"Adam: eps inf"});
+  expect_contains(error_of([&] { Adam({leaf({1.0})}, {.eps = nan}); }), {"Adam: eps", "finite"});
+  expect_contains(error_of([&] { AdamW({leaf({1.0})}, {.beta1 = 1.0}); }), {"AdamW: betas"});
+  expect_contains(error_of([&] { AdamW({leaf({1.0})}, {.weight_decay = inf}); }),
+                  {"AdamW: weight_decay"});
+  {
+    SGD o = opt();
+    expect_contains(error_of([&] { o.set_learning_rate(nan); }), {"SGD: learning rate nan"});
+    expect_contains(error_of([&] { OneCycleLR(o, {.max_lr = inf, .total_steps = 4}); }),
+                    {"OneCycleLR: max_lr inf"});
+    expect_contains(
+        error_of([&] { OneCycleLR(o, {.max_lr = 1.0, .total_steps = 4, .div_factor = inf}); }),
+        {"OneCycleLR: div_factor inf"});
+    expect_contains(error_of([&] { galley::optim::CosineAnnealingLR(o, 5, inf); }),
+                    {"CosineAnnealingLR: eta_min inf"});
+    expect_contains(error_of([&] { galley::optim::StepLR(o, 2, nan); }), {"StepLR: gamma nan"});
+    expect_contains(error_of([&] { ReduceLROnPlateau(o, {.min_lr = inf}); }),
+                    {"ReduceLROnPlateau: min_lr inf"});
+  }
+}
+
+// Two schedules stepped together on one optimizer, the second made after the first moved the
+// rate: the second's base is the optimizer's initial rate (PyTorch's initial_lr), not the moved
+// one. The sequences are PyTorch's (1.13 and 2.15 agree), from
+//   o = SGD([w], lr=0.1); a = <first>; b = <second>; then a.step(); b.step() each period.
+// Before, the second took the moved rate as its base: every LambdaLR rate was half PyTorch's,
+// and the cosines peaked at 0.05.
+TEST(Schedulers, ASecondScheduleStartsFromTheInitialRate) {
+  struct Case {
+    const char* name;
+    std::function<std::vector<std::unique_ptr<LRScheduler>>(SGD&)> make;
+    std::vector<double> want;
+  };
+  using galley::optim::CosineAnnealingLR;
+  using galley::optim::CosineAnnealingWarmRestarts;
+  using galley::optim::LambdaLR;
+  using galley::optim::MultiStepLR;
+  auto two = [](auto a, auto b) {
+    std::vector<std::unique_ptr<LRScheduler>> v;
+    v.push_back(std::move(a));
+    v.push_back(std::move(b));
+    return v;
+  };
+  const std::vector<Case> cases = {
+      {"LinearLR(0.5, 3) + LambdaLR(1 / (1 + e))",
+       [&](SGD& o) {
+         auto a = std::make_unique<LinearLR>(
+             o, galley::optim::LinearLROptions{.start_factor = 0.5, .total_iters = 3});
+         return two(std::move(a),
+                    std::make_unique<LambdaLR>(o, [](int64_t e) { return 1.0 / double(1 + e); }));
+       },
+       {0.1, 0.05, 0.03333333333333333, 0.025, 0.020000000000000004, 0.016666666666666666,
+        0.014285714285714285}},
+      {"LinearLR(0.5, 3) + CosineAnnealingWarmRestarts(3)",
+       [&](SGD& o) {
+         auto a = std::make_unique<LinearLR>(
+             o, galley::optim::LinearLROptions{.start_factor = 0.5, .total_iters = 3});
+         return two(std::move(a), std::make_unique<CosineAnnealingWarmRestarts>(o, 3));
+       },
+       {0.1, 0.07500000000000001, 0.025000000000000012, 0.1, 0.07500000000000001,
+        0.025000000000000012, 0.1, 0.07500000000000001, 0.025000000000000012}},
+      {"LinearLR(0.5, 2) + CosineAnnealingLR(3)",
+       [&](SGD& o) {
+         auto a = std::make_unique<LinearLR>(
+             o, galley::optim::LinearLROptions{.start_factor = 0.5, .total_iters = 2});
+         return two(std::move(a), std::make_unique<CosineAnnealingLR>(o, 3, 0.0));
+       },
+       {0.05, 0.05625000000000001, 0.025000000000000015, 0.0, 0.024999999999999994,
+        0.07500000000000005, 0.10000000000000006, 0.07500000000000007, 0.025000000000000053, 0.0,
+        0.024999999999999994, 0.0749999999999999, 0.09999999999999992}},
+      {"MultiStepLR({0, 3}, 0.5) + CosineAnnealingLR(2, 0.01)",
+       [&](SGD& o) {
+         auto a = std::make_unique<MultiStepLR>(o, std::vector<int64_t>{0, 3}, 0.5);
+         return two(std::move(a), std::make_unique<CosineAnnealingLR>(o, 2, 0.01));
+       },
+       {0.05, 0.03, 0.01, 0.049999999999999996, 0.09, 0.05000000000000001, 0.01, 0.055,
+        0.10000000000000003, 0.05500000000000004, 0.01}},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    Tensor p = leaf({1.0});
+    SGD opt({p}, {.learning_rate = 0.1});
+    auto scheds = c.make(opt);
+    EXPECT_DOUBLE_EQ(scheds[1]->base_lr(), 0.1);
+    for (size_t e = 0; e < c.want.size(); ++e) {
+      EXPECT_NEAR(opt.learning_rate(), c.want[e], 1e-15) << "period " << e;
+      for (auto& s : scheds) s->step();
+    }
+  }
+}
+
 TEST(Schedulers, LinearLRWarmsUpFromConstruction) {
   Tensor p = leaf({1.0});
   SGD opt({p}, {.learning_rate = 0.1});

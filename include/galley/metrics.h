@@ -41,16 +41,27 @@ namespace galley {
 class MetricValue {
  public:
   /// What the value holds.
-  enum class Kind { Number, Integer, Boolean, String };
+  enum class Kind { Number, Integer, Unsigned, Boolean, String };
 
   /// A number (written as a JSON number; `null` plus a `nonfinite` entry when not finite).
   MetricValue(double v) : kind_(Kind::Number), number_(v) {}
   /// A number from a float.
   MetricValue(float v) : MetricValue(static_cast<double>(v)) {}
-  /// A whole number (unsigned values above INT64_MAX wrap).
+  /// A whole number: Kind::Integer, or Kind::Unsigned for an unsigned value above INT64_MAX
+  /// (written exactly, as JSON numbers have no range).
   template <typename T,
             std::enable_if_t<std::is_integral_v<T> && !std::is_same_v<T, bool>, int> = 0>
-  MetricValue(T v) : kind_(Kind::Integer), integer_(static_cast<int64_t>(v)) {}
+  MetricValue(T v) {
+    if constexpr (std::is_unsigned_v<T>) {
+      if (static_cast<uint64_t>(v) > static_cast<uint64_t>(INT64_MAX)) {
+        kind_ = Kind::Unsigned;
+        unsigned_ = static_cast<uint64_t>(v);
+        return;
+      }
+    }
+    kind_ = Kind::Integer;
+    integer_ = static_cast<int64_t>(v);
+  }
   /// A truth value.
   MetricValue(bool v) : kind_(Kind::Boolean), boolean_(v) {}
   /// A string.
@@ -64,15 +75,18 @@ class MetricValue {
   double number() const { return number_; }
   /// The whole number (Kind::Integer).
   int64_t integer() const { return integer_; }
+  /// The whole number above INT64_MAX (Kind::Unsigned).
+  uint64_t unsigned_integer() const { return unsigned_; }
   /// The truth value (Kind::Boolean).
   bool boolean() const { return boolean_; }
   /// The string (Kind::String).
   const std::string& string() const { return string_; }
 
  private:
-  Kind kind_;
+  Kind kind_ = Kind::Integer;
   double number_ = 0;
   int64_t integer_ = 0;
+  uint64_t unsigned_ = 0;
   bool boolean_ = false;
   std::string string_;
 };

@@ -1,6 +1,7 @@
 // Optimizer base, Adam/AdamW, SGD and the learning-rate schedulers.
 #include <algorithm>
 #include <cmath>
+#include <string>
 
 #include "galley/half.h"
 #include "galley/optim/adam.h"
@@ -18,16 +19,22 @@ namespace cpu = kernels::cpu;
 // Optimizer
 
 namespace {
-void check_learning_rate(double lr) {
-  GALLEY_CHECK(std::isfinite(lr) && lr >= 0, "optimizer: learning rate ", lr,
+// `owner`'s option `option` must be finite and not negative (finite and positive): a NaN or an
+// infinity in an option would reach every parameter at the first step.
+void check_non_negative(const std::string& owner, const char* option, double value) {
+  GALLEY_CHECK(std::isfinite(value) && value >= 0, owner, ": ", option, " ", value,
                " must be finite and not negative");
+}
+void check_positive(const std::string& owner, const char* option, double value) {
+  GALLEY_CHECK(std::isfinite(value) && value > 0, owner, ": ", option, " ", value,
+               " must be finite and positive");
 }
 }  // namespace
 
 Optimizer::Optimizer(std::vector<Tensor> params, double learning_rate)
     : params_(std::move(params)), lr_(learning_rate) {
   GALLEY_CHECK(!params_.empty(), "optimizer: got an empty parameter list");
-  check_learning_rate(learning_rate);
+  check_non_negative("optimizer", "learning_rate", learning_rate);
   for (size_t i = 0; i < params_.size(); ++i) {
     const Tensor& p = params_[i];
     GALLEY_CHECK(p.defined() && p.is_leaf() && is_floating_point(p.dtype()),
@@ -47,7 +54,7 @@ void Optimizer::clear_grad() {
 }
 
 void Optimizer::set_learning_rate(double lr) {
-  check_learning_rate(lr);
+  check_non_negative(name(), "learning rate", lr);
   lr_ = lr;
 }
 
@@ -166,11 +173,11 @@ void Optimizer::load_state_dict(const StateDict& st) {
 Adam::Adam(std::vector<Tensor> params, AdamOptions options, bool decoupled)
     : Optimizer(std::move(params), options.learning_rate), decoupled_(decoupled), opt_(options) {
   opt_.weight_decay = options.weight_decay.value_or(decoupled ? 1e-2 : 0.0);
-  GALLEY_CHECK(opt_.beta1 >= 0 && opt_.beta1 < 1 && opt_.beta2 >= 0 && opt_.beta2 < 1,
-               "Adam: betas (", opt_.beta1, ", ", opt_.beta2, ") must be in [0, 1)");
-  GALLEY_CHECK(opt_.eps >= 0, "Adam: eps ", opt_.eps, " is negative");
-  GALLEY_CHECK(*opt_.weight_decay >= 0, decoupled ? "AdamW" : "Adam", ": weight_decay ",
-               *opt_.weight_decay, " is negative");
+  const char* who = decoupled ? "AdamW" : "Adam";
+  GALLEY_CHECK(opt_.beta1 >= 0 && opt_.beta1 < 1 && opt_.beta2 >= 0 && opt_.beta2 < 1, who,
+               ": betas (", opt_.beta1, ", ", opt_.beta2, ") must be in [0, 1)");
+  check_non_negative(who, "eps", opt_.eps);
+  check_non_negative(who, "weight_decay", *opt_.weight_decay);
   state_.resize(params_.size());
 }
 
@@ -274,8 +281,9 @@ void Adam::load_state_dict(const StateDict& st) {
 
 SGD::SGD(std::vector<Tensor> params, SGDOptions options)
     : Optimizer(std::move(params), options.learning_rate), opt_(options) {
-  GALLEY_CHECK(opt_.momentum >= 0, "SGD: momentum ", opt_.momentum, " is negative");
-  GALLEY_CHECK(opt_.weight_decay >= 0, "SGD: weight_decay ", opt_.weight_decay, " is negative");
+  check_non_negative("SGD", "momentum", opt_.momentum);
+  GALLEY_CHECK(std::isfinite(opt_.dampening), "SGD: dampening ", opt_.dampening, " must be finite");
+  check_non_negative("SGD", "weight_decay", opt_.weight_decay);
   GALLEY_CHECK(!opt_.nesterov || (opt_.momentum > 0 && opt_.dampening == 0),
                "SGD: Nesterov momentum needs momentum > 0 and zero dampening");
   momentum_.resize(params_.size());
@@ -349,8 +357,17 @@ void SGD::load_state_dict(const StateDict& st) {
 LRScheduler::LRScheduler(Optimizer& optimizer) : LRScheduler(optimizer, true) {}
 
 LRScheduler::LRScheduler(Optimizer& optimizer, bool record_initial)
-    : opt_(optimizer), base_lr_(optimizer.learning_rate()), last_set_(optimizer.learning_rate()) {
+    : opt_(optimizer),
+      base_lr_(optimizer.initial_lr_.value_or(optimizer.learning_rate())),
+      last_set_(optimizer.learning_rate()) {
   if (record_initial && !optimizer.initial_lr_) optimizer.initial_lr_ = base_lr_;
+  // An earlier schedule (or the user) moved the rate off the base: this one steps by the
+  // recursive form from the start, as PyTorch's does from the current rate.
+  chained_ = last_set_ != base_lr_;
+}
+
+void LRScheduler::initial_step() {
+  set_rate(chained_ ? chained_rate(opt_.learning_rate(), 0) : lr_at(0));
 }
 
 void LRScheduler::set_rate(double lr) {
@@ -402,7 +419,7 @@ void LRScheduler::load_state_dict(const StateDict& st) {
 StepLR::StepLR(Optimizer& optimizer, int64_t step_size, double gamma)
     : LRScheduler(optimizer), step_size_(step_size), gamma_(gamma) {
   GALLEY_CHECK(step_size > 0, "StepLR: step_size ", step_size, " must be positive");
-  GALLEY_CHECK(gamma > 0, "StepLR: gamma ", gamma, " must be positive");
+  check_positive("StepLR", "gamma", gamma);
 }
 
 double StepLR::lr_at(int64_t epoch) const {
@@ -417,7 +434,7 @@ CosineAnnealingLR::CosineAnnealingLR(Optimizer& optimizer, int64_t t_max, double
     : LRScheduler(optimizer), t_max_(t_max), eta_min_(eta_min) {
   GALLEY_CHECK(t_max > 0, "CosineAnnealingLR: t_max ", t_max, " must be positive");
   // (Its rates would reach eta_min, which the optimizer refuses below zero.)
-  GALLEY_CHECK(eta_min >= 0, "CosineAnnealingLR: eta_min ", eta_min, " must be 0 or more");
+  check_non_negative("CosineAnnealingLR", "eta_min", eta_min);
 }
 
 double CosineAnnealingLR::lr_at(int64_t epoch) const {
@@ -438,9 +455,9 @@ double CosineAnnealingLR::chained_rate(double lr, int64_t epoch) const {
 MultiStepLR::MultiStepLR(Optimizer& optimizer, std::vector<int64_t> milestones, double gamma)
     : LRScheduler(optimizer), milestones_(std::move(milestones)), gamma_(gamma) {
   for (int64_t m : milestones_) GALLEY_CHECK(m >= 0, "MultiStepLR: milestone ", m, " is negative");
-  GALLEY_CHECK(gamma > 0, "MultiStepLR: gamma ", gamma, " must be positive");
+  check_positive("MultiStepLR", "gamma", gamma);
   std::sort(milestones_.begin(), milestones_.end());
-  set_rate(lr_at(0));
+  initial_step();
 }
 
 double MultiStepLR::lr_at(int64_t epoch) const {
@@ -456,7 +473,7 @@ double MultiStepLR::chained_rate(double lr, int64_t epoch) const {
 LambdaLR::LambdaLR(Optimizer& optimizer, std::function<double(int64_t)> factor)
     : LRScheduler(optimizer), factor_(std::move(factor)) {
   GALLEY_CHECK(factor_, "LambdaLR: the factor function is empty");
-  set_rate(lr_at(0));
+  initial_step();
 }
 
 double LambdaLR::lr_at(int64_t epoch) const {
@@ -468,7 +485,7 @@ double LambdaLR::lr_at(int64_t epoch) const {
 
 ExponentialLR::ExponentialLR(Optimizer& optimizer, double gamma)
     : LRScheduler(optimizer), gamma_(gamma) {
-  GALLEY_CHECK(gamma > 0, "ExponentialLR: gamma ", gamma, " must be positive");
+  check_positive("ExponentialLR", "gamma", gamma);
 }
 
 double ExponentialLR::lr_at(int64_t epoch) const {
@@ -484,8 +501,8 @@ CosineAnnealingWarmRestarts::CosineAnnealingWarmRestarts(Optimizer& optimizer, i
     : LRScheduler(optimizer), t_0_(t_0), t_mult_(t_mult), eta_min_(eta_min) {
   GALLEY_CHECK(t_0 > 0, "CosineAnnealingWarmRestarts: t_0 ", t_0, " must be positive");
   GALLEY_CHECK(t_mult >= 1, "CosineAnnealingWarmRestarts: t_mult ", t_mult, " must be 1 or more");
-  GALLEY_CHECK(eta_min >= 0, "CosineAnnealingWarmRestarts: eta_min ", eta_min,
-               " must be 0 or more");
+  check_non_negative("CosineAnnealingWarmRestarts", "eta_min", eta_min);
+  initial_step();  // the base rate, which PyTorch's first step sets (an earlier schedule moved it)
 }
 
 double CosineAnnealingWarmRestarts::lr_at(int64_t epoch) const {
@@ -516,7 +533,7 @@ LinearLR::LinearLR(Optimizer& optimizer, LinearLROptions options)
   GALLEY_CHECK(o_.end_factor >= 0 && o_.end_factor <= 1, "LinearLR: end_factor ", o_.end_factor,
                " must be in [0, 1]");
   GALLEY_CHECK(o_.total_iters > 0, "LinearLR: total_iters ", o_.total_iters, " must be positive");
-  set_rate(lr_at(0));
+  initial_step();
 }
 
 double LinearLR::lr_at(int64_t epoch) const {
@@ -536,7 +553,7 @@ double LinearLR::chained_rate(double lr, int64_t epoch) const {
 
 OneCycleLR::OneCycleLR(Optimizer& optimizer, OneCycleLROptions options)
     : LRScheduler(optimizer), o_(options) {
-  GALLEY_CHECK(o_.max_lr > 0, "OneCycleLR: max_lr ", o_.max_lr, " must be positive");
+  check_positive("OneCycleLR", "max_lr", o_.max_lr);
   GALLEY_CHECK(o_.total_steps >= 0 && o_.epochs >= 0 && o_.steps_per_epoch >= 0,
                "OneCycleLR: total_steps ", o_.total_steps, ", epochs ", o_.epochs,
                " and steps_per_epoch ", o_.steps_per_epoch, " must not be negative");
@@ -550,9 +567,8 @@ OneCycleLR::OneCycleLR(Optimizer& optimizer, OneCycleLROptions options)
   total_steps_ = o_.total_steps > 0 ? o_.total_steps : product;
   GALLEY_CHECK(o_.pct_start >= 0 && o_.pct_start <= 1, "OneCycleLR: pct_start ", o_.pct_start,
                " must be in [0, 1]");
-  GALLEY_CHECK(o_.div_factor > 0, "OneCycleLR: div_factor ", o_.div_factor, " must be positive");
-  GALLEY_CHECK(o_.final_div_factor > 0, "OneCycleLR: final_div_factor ", o_.final_div_factor,
-               " must be positive");
+  check_positive("OneCycleLR", "div_factor", o_.div_factor);
+  check_positive("OneCycleLR", "final_div_factor", o_.final_div_factor);
   const double initial = o_.max_lr / o_.div_factor, min_lr = initial / o_.final_div_factor;
   const double total = double(total_steps_);
   if (o_.three_phase) {
@@ -571,6 +587,7 @@ OneCycleLR::OneCycleLR(Optimizer& optimizer, OneCycleLROptions options)
   }
   base_lr_ = initial;
   opt_.initial_lr_ = initial;  // as PyTorch's OneCycleLR sets initial_lr
+  chained_ = false;            // a closed form from its own base
   set_rate(lr_at(0));
 }
 
@@ -600,12 +617,11 @@ ReduceLROnPlateau::ReduceLROnPlateau(Optimizer& optimizer, ReduceLROnPlateauOpti
                " must be in [0, 1)");
   GALLEY_CHECK(o_.patience >= 0, "ReduceLROnPlateau: patience ", o_.patience,
                " must not be negative");
-  GALLEY_CHECK(o_.threshold >= 0, "ReduceLROnPlateau: threshold ", o_.threshold,
-               " must not be negative");
+  check_non_negative("ReduceLROnPlateau", "threshold", o_.threshold);
   GALLEY_CHECK(o_.cooldown >= 0, "ReduceLROnPlateau: cooldown ", o_.cooldown,
                " must not be negative");
-  GALLEY_CHECK(o_.min_lr >= 0, "ReduceLROnPlateau: min_lr ", o_.min_lr, " must not be negative");
-  GALLEY_CHECK(o_.eps >= 0, "ReduceLROnPlateau: eps ", o_.eps, " must not be negative");
+  check_non_negative("ReduceLROnPlateau", "min_lr", o_.min_lr);
+  check_non_negative("ReduceLROnPlateau", "eps", o_.eps);
   best_ = o_.mode == PlateauMode::Min ? HUGE_VAL : -HUGE_VAL;
 }
 

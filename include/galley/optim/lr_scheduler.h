@@ -23,8 +23,10 @@ namespace galley::optim {
 /// own rate over it.
 class LRScheduler {
  public:
-  /// Its base is the optimizer's current rate. The first scheduler made on an optimizer also
-  /// sets its initial_learning_rate() (PyTorch's setdefault of initial_lr).
+  /// Its base is the optimizer's initial_learning_rate(), which the first scheduler made on an
+  /// optimizer sets to the rate then (PyTorch's setdefault of initial_lr, and its base_lrs).
+  /// A schedule made after another moved the rate off that base is chained from the start: it
+  /// goes on from the current rate by the recursive form, as PyTorch's does.
   explicit LRScheduler(Optimizer& optimizer);
   virtual ~LRScheduler() = default;
   /// Advances one period and sets the optimizer's learning rate.
@@ -51,6 +53,10 @@ class LRScheduler {
   LRScheduler(Optimizer& optimizer, bool record_initial);
   /// The rate set before the first step (the initial rate unless the schedule starts elsewhere).
   virtual double start_lr() const { return base_lr_; }
+  /// What a schedule whose rate starts elsewhere than its base sets when it is made (PyTorch's
+  /// first step): the closed form's period 0, or where chained the recursive form's from the
+  /// current rate.
+  void initial_step();
   /// Sets the optimizer's rate and remembers it as the one this schedule last set.
   void set_rate(double lr);
   /// The rate of period `epoch` from the optimizer's current rate `lr` by PyTorch's recursive
