@@ -403,11 +403,19 @@ struct DataParallelBase::Impl {
   // contributes what its gradient holds unreduced (earlier no_sync backwards' parts, or on
   // replica 0 the already reduced part: see split_reduced), else zeros, so every bucket
   // completes and the collectives stay matched across replicas. It completes every bucket
-  // whatever happens: a held gradient it cannot write contributes zeros, and the first such
-  // failure is returned (the other replicas' collectives wait for this one's buckets).
+  // whatever happens: a held gradient it cannot write contributes zeros, a bucket whose zeros or
+  // event fail is still marked ready, and the first failure is returned (the other replicas'
+  // collectives wait for this one's buckets, and its communication thread for the flags).
   std::exception_ptr finish_buckets(size_t r) {
     Replica& rep = *replicas[r];
     std::exception_ptr error;
+    auto noting = [&](auto&& work) {
+      try {
+        work();
+      } catch (...) {
+        if (!error) error = std::current_exception();
+      }
+    };
     std::lock_guard<std::mutex> lock(rep.mu);
     for (size_t b = 0; b < buckets.size(); ++b) {
       if (rep.bucket_ready[b]) continue;
@@ -415,22 +423,21 @@ struct DataParallelBase::Impl {
         const size_t k = buckets[b].params[s];
         if (rep.param_ready[k]) continue;
         bool written = false;
-        if (rep.unreduced[k] && rep.params[k].grad().defined()) {
-          try {
+        if (rep.unreduced[k] && rep.params[k].grad().defined())
+          noting([&] {
             write_gradient(rep, k, rep.params[k].grad());
             written = true;
-          } catch (...) {
-            if (!error) error = std::current_exception();
-          }
-        }
-        if (!written) {
-          set_elements(rep.flat[b], buckets[b].offsets[s], rep.params[k].numel(), 0.f);
-          set_elements(rep.flat[b], buckets[b].numel + s, 1, 0.f);
-        }
+          });
+        if (!written)  // (a GPU's fill is a launch, which can fail too)
+          noting([&] {
+            set_elements(rep.flat[b], buckets[b].offsets[s], rep.params[k].numel(), 0.f);
+            set_elements(rep.flat[b], buckets[b].numel + s, 1, 0.f);
+          });
         rep.param_ready[k] = 1;
       }
       rep.pending[b] = 0;
-      mark_filled(rep, b);
+      noting([&] { mark_filled(rep, b); });
+      rep.bucket_ready[b] = 1;  // whatever failed: the communication thread waits for this flag
     }
     rep.cv.notify_all();
     return error;
