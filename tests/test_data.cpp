@@ -587,6 +587,17 @@ TEST_F(IdxFiles, MnistMismatchedCountsNameBothFiles) {
   expect_contains(msg, {img, lbl, "3", "2"});
 }
 
+// A label past MNIST's ten classes is refused when the split loads, naming the file, the record
+// and its byte (it used to load, and surface in the loss naming neither).
+TEST_F(IdxFiles, MnistLabelsPastTheClassesAreRefused) {
+  write("train-images-idx3-ubyte", idx_images(3, 2, 2));
+  std::string labels = idx_labels(3);
+  labels[8 + 2] = static_cast<char>(200);
+  std::string lbl = write("train-labels-idx1-ubyte", labels);
+  std::string msg = error_of([&] { galley::data::MNIST ds(dir_.string()); });
+  expect_contains(msg, {lbl, "label 200", "record 2", "at byte 10", "below 10"});
+}
+
 TEST_F(IdxFiles, MnistMissingFilesNameTheDirectory) {
   write("train-images-idx3-ubyte", idx_images(3, 2, 2));
   std::string msg = error_of([&] { galley::data::MNIST ds(dir_.string()); });

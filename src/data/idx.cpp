@@ -164,6 +164,12 @@ TensorDataset load_split(const std::string& root, Split split, bool normalize, f
   Tensor labels = read_idx_labels(lbl_path);
   GALLEY_CHECK(images.size(0) == labels.size(0), "MNIST: '", img_path, "' holds ", images.size(0),
                " images but '", lbl_path, "' holds ", labels.size(0), " labels");
+  // Checked here, as the CIFAR reader checks its own: a label past the classes would otherwise
+  // surface in the loss, naming neither the file nor the record.
+  const int64_t* label = labels.data<int64_t>();
+  for (int64_t r = 0; r < labels.numel(); ++r)
+    GALLEY_CHECK(label[r] < MNIST::kNumClasses, "MNIST: label ", label[r], " of record ", r,
+                 " in '", lbl_path, "' at byte ", 8 + r, " is not below ", MNIST::kNumClasses);
   if (normalize) {
     GALLEY_CHECK(std::isfinite(mean) && std::isfinite(std) && std > 0, "MNIST: mean ", mean,
                  " and std ", std, " must be finite, std positive");

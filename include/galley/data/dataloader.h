@@ -100,7 +100,8 @@ struct LoaderStats {
   /// Of wait_seconds, the wait for the epoch's first batch (the pipeline filling up; the batch
   /// begin() started from, for an epoch resumed with set_position).
   double first_wait_seconds = 0;
-  /// From begin() to the end of the epoch (or to now, while it runs).
+  /// From begin() to the end of the epoch (or to now, while it runs: an epoch left early, a loop
+  /// broken out of, runs until the next begin()).
   double wall_seconds = 0;
   /// Time workers spent filling batches, summed over workers.
   double load_seconds = 0;

@@ -23,7 +23,10 @@ enum class Split { Train, Test };
 /// ({train,t10k}-{images-idx3,labels-idx1}-ubyte, optionally .gz).
 class MNIST : public TensorDataset {
  public:
-  /// Loads and checks that image and label counts agree. `normalize` applies
+  /// Classes of MNIST and Fashion-MNIST; a label file's labels must be below it.
+  static constexpr int64_t kNumClasses = 10;
+  /// Loads and checks that image and label counts agree and that every label is below
+  /// kNumClasses (an error names the label file, the record and its byte). `normalize` applies
   /// (x - mean) / std with the given statistics after scaling to [0, 1]. The defaults are
   /// Fashion-MNIST's training set's; MNIST's own are 0.1307 and 0.3081.
   explicit MNIST(const std::string& root, Split split = Split::Train, bool normalize = false,
