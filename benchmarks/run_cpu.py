@@ -22,7 +22,7 @@ conv        galley's convolutions, every layer shape of the vgg and resnet model
             PyTorch's on the same layers (conv_layers_torch.py) in the same rounds, and galley's
             GFLOP/s over the faster one's.
 
-  python3 benchmarks/run_cpu.py --build build                    # both suites, ~15 min on 2 cores
+  python3 benchmarks/run_cpu.py --build build                    # all four suites
   python3 benchmarks/run_cpu.py --suite throughput --rounds 1 --models vgg --batches 64
   python3 benchmarks/run_cpu.py --torch-python VENV/bin/python --paddle-python VENV2/bin/python
 

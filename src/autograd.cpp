@@ -162,6 +162,14 @@ Tensor record(Tensor output, const char* name, std::vector<Tensor> inputs, Backw
   if (!any) return output;
   auto node = std::make_shared<Node>();
   node->name = name;
+  // A one-element value computed from a scaled loss (scaled losses summed, one divided by the
+  // accumulation steps) is a scaled loss too: the guard leaves it to the scaler.
+  if (output.numel() == 1)
+    for (const Tensor& t : inputs)
+      if (t.defined() && t.impl()->grad_fn && t.impl()->grad_fn->nonfinite_loss_ok) {
+        node->nonfinite_loss_ok = true;
+        break;
+      }
   node->inputs = std::move(inputs);
   node->backward = std::move(backward);
   node->saved.reserve(saved.size());

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <thread>
@@ -626,6 +627,32 @@ TEST(GradScaler, ANonFiniteScaledLossSkipsTheStepInsteadOfRaising) {
                             {"the loss is inf"});
 }
 
+// Scaled losses summed into one, or one divided by the accumulation steps, are scaled losses
+// too: backward from a non-finite one runs and the scaler skips the step, as in PyTorch (the
+// guard used to refuse them, so a multi-loss step with an overflow stopped training).
+TEST(GradScaler, ValuesComputedFromScaledLossesPassTheGuard) {
+  for (int form = 0; form < 2; ++form) {
+    SCOPED_TRACE(form == 0 ? "sum of two scaled losses" : "scaled loss / 4");
+    Tensor w = param({3}, 7);
+    std::vector<float> before = w.to_vector();
+    galley::optim::Adam opt({w}, {.learning_rate = 0.1});
+    amp::GradScaler scaler;
+    Tensor finite = galley::sum(galley::mul(w, w));
+    Tensor huge = galley::mul(finite, 1e35f);  // overflows float32 once scaled
+    Tensor root = form == 0 ? galley::add(scaler.scale(finite), scaler.scale(huge))
+                            : galley::div(scaler.scale(huge), 4.f);
+    ASSERT_TRUE(std::isinf(root.item()));
+    root.backward();
+    EXPECT_FALSE(scaler.step(opt));
+    scaler.update();
+    EXPECT_EQ(w.to_vector(), before);
+    EXPECT_EQ(scaler.get_scale(), 32768.0);
+    // The same value computed without the scaler still stops at the guard.
+    testutil::expect_contains(testutil::error_of([&] { galley::mul(huge, 1e10f).backward(); }),
+                              {"the loss is inf"});
+  }
+}
+
 // docs/mixed_precision.md's recipe with gradient clipping: on an overflow step the clip lets the
 // infinite norm through (error_if_nonfinite = false), the scaler skips the step and backs off,
 // and the next steps run; the default clip refuses the step with a message that says so.
@@ -689,6 +716,28 @@ TEST(GradScaler, StateRoundTripsThroughACheckpoint) {
   testutil::expect_contains(
       testutil::error_of([&] { restored.load_state_dict(galley::StateDict{}); }),
       {"empty", "disabled"});
+}
+
+// A checkpoint saved without a scaler (mixed precision turned on since) loads into an enabled
+// scaler, which keeps its state; resume() takes that newest file (it used to refuse it as
+// damaged and fall back to the checkpoint before, losing the steps since).
+TEST(GradScaler, ACheckpointWithoutScalerStateLoadsIntoAnEnabledScaler) {
+  const std::string dir = ::testing::TempDir() + "/scalerless_checkpoints";
+  std::filesystem::remove_all(dir);
+  Tensor w = param({2}, 9);
+  galley::optim::SGD opt({w}, {.learning_rate = 0.1});
+  amp::GradScaler scaler({.init_scale = 512.0});
+  galley::io::Checkpointer ckpt(dir);
+  ckpt.save({.optimizer = &opt, .grad_scaler = &scaler, .step = 1});
+  amp::GradScaler off({.enabled = false});
+  ckpt.save({.optimizer = &opt, .grad_scaler = &off, .step = 2});
+  amp::GradScaler fresh({.init_scale = 1024.0});
+  galley::io::TrainingState state{.optimizer = &opt, .grad_scaler = &fresh};
+  ASSERT_TRUE(ckpt.resume(state));
+  EXPECT_EQ(state.step, 2);
+  EXPECT_TRUE(ckpt.skipped().empty());
+  EXPECT_EQ(fresh.get_scale(), 1024.0);
+  std::filesystem::remove_all(dir);
 }
 
 // As PyTorch: a step with no gradient to check, and a float16 gradient to unscale, are errors

@@ -120,8 +120,10 @@ struct Node {
   /// (autocast's cached low-precision copy of a parameter): backward leaves it in place, so that
   /// every graph recorded through the one cached copy can run its own backward, as in PyTorch.
   bool reusable = false;
-  /// Set on the node of a scaled loss (amp::GradScaler::scale): the loss guard lets backward
-  /// start from its output when it is not finite, since the scaler skips that step itself.
+  /// Set on the node of a scaled loss (amp::GradScaler::scale), and on that of a one-element
+  /// value computed from one (scaled losses summed, or divided by the accumulation steps): the
+  /// loss guard lets backward start from its output when it is not finite, since the scaler
+  /// skips that step itself.
   bool nonfinite_loss_ok = false;
   /// The layer path at the op's forward ("features.1"), kept while anomaly detection is on or a
   /// profiler records (layer_tracked then; "" is outside any named layer).

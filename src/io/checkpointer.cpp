@@ -199,10 +199,15 @@ void load_checkpoint(const std::string& path, TrainingState& s) {
       if (k.compare(0, 6, "model.") == 0) model[k.substr(6)] = t;
     // Each component checks its own entries before changing anything; the scaler, whose state
     // is checked as a whole, first, into a copy.
+    // A file saved without a scaler (or with a disabled one) leaves an enabled scaler as it is,
+    // as a scaler newly turned on starts: its state is relearnt in a few steps, and refusing the
+    // file would have resume() fall back to an older checkpoint, losing the steps since.
     std::optional<amp::GradScaler> scaler;
-    if (s.grad_scaler && s.grad_scaler->is_enabled()) {
+    const StateDict scaler_state = take("grad_scaler", f);
+    if (s.grad_scaler && s.grad_scaler->is_enabled() &&
+        !(scaler_state.values.empty() && scaler_state.tensors.empty())) {
       scaler = *s.grad_scaler;
-      scaler->load_state_dict(take("grad_scaler", f));
+      scaler->load_state_dict(scaler_state);
     }
     // The generators' states, parsed into copies: this process's, where the file has them.
     Generator default_state;
