@@ -35,14 +35,30 @@ void Error::raise_nested(const std::string& message) const {
 }
 
 namespace detail {
+namespace {
+// Whether the exception being handled is the host out of memory: a std::bad_alloc, but not a
+// std::bad_array_new_length (a size out of range, which more memory would not cure: a training
+// loop that lowers its batch on an OutOfMemoryError would try for ever).
+bool host_out_of_memory() {
+  try {
+    throw;
+  } catch (const std::bad_array_new_length&) {
+    return false;
+  } catch (const std::bad_alloc&) {
+    return true;
+  } catch (...) {
+    return false;
+  }
+}
+}  // namespace
+
 void raise_nested(const std::string& message) {
   try {
     throw;
   } catch (const Error& e) {
     e.raise_nested(message);
-  } catch (const std::bad_alloc&) {  // the host out of memory: galley's type for it
-    std::throw_with_nested(OutOfMemoryError(message));
   } catch (...) {
+    if (host_out_of_memory()) std::throw_with_nested(OutOfMemoryError(message));
     std::throw_with_nested(Error(message));
   }
 }
@@ -78,11 +94,10 @@ void rethrow_with_prefix(const std::string& prefix) {
     throw;
   } catch (const Error& e) {
     rethrow_with_message(e, prefix + e.what());
-  } catch (const std::bad_array_new_length& e) {  // a size out of range, not a lack of memory
-    std::throw_with_nested(Error(prefix + e.what()));
-  } catch (const std::bad_alloc& e) {
-    std::throw_with_nested(OutOfMemoryError(prefix + "host allocation failed (" + e.what() + ")"));
   } catch (const std::exception& e) {  // a standard library error (a thread not started)
+    if (host_out_of_memory())
+      std::throw_with_nested(
+          OutOfMemoryError(prefix + "host allocation failed (" + e.what() + ")"));
     std::throw_with_nested(Error(prefix + e.what()));
   }
 }

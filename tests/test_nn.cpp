@@ -1378,6 +1378,29 @@ TEST(Errors, AHostAllocationFailureInALayerIsAnOutOfMemoryError) {
   }
 }
 
+// A std::bad_array_new_length (a size out of range) is a plain galley::Error at every boundary,
+// not an OutOfMemoryError, which a training loop would answer by lowering its batch for ever.
+TEST(Errors, ABadArrayLengthIsNotOutOfMemory) {
+  auto type_of = [](auto&& rethrow) {
+    try {
+      try {
+        throw std::bad_array_new_length();
+      } catch (...) {
+        rethrow();
+      }
+    } catch (const galley::OutOfMemoryError&) {
+      return std::string("OutOfMemoryError");
+    } catch (const galley::Error&) {
+      return std::string("Error");
+    } catch (...) {
+      return std::string("other");
+    }
+    return std::string("nothing");
+  };
+  EXPECT_EQ(type_of([] { galley::detail::rethrow_with_prefix("p: "); }), "Error");
+  EXPECT_EQ(type_of([] { galley::detail::raise_nested("p"); }), "Error");
+}
+
 // A user's own exception type from a user's layer passes through galley's layers as it was
 // thrown: a caller catches it by its type.
 TEST(Errors, AUsersOwnExceptionPassesThroughTheLayersUnchanged) {

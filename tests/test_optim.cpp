@@ -693,6 +693,44 @@ TEST(Schedulers, ASecondScheduleStartsFromTheInitialRate) {
   }
 }
 
+// A SequentialLR whose children moved the rate when they were made starts afresh (it resets
+// the rate, as PyTorch's does) and steps its schedules by their closed forms: a LinearLR decay to
+// 0 ends at 0. Chained, it rounded to -2.2e-18 (PyTorch's value), which the optimizer refuses,
+// and the step threw mid-training. The rates are PyTorch's, with that last one held at 0.
+TEST(Schedulers, ASequenceOfSchedulesThatMovedTheRateDecaysToZero) {
+  Tensor p = leaf({1.0});
+  SGD opt({p}, {.learning_rate = 0.1});
+  LinearLR warm(opt, {.start_factor = 0.5, .total_iters = 2});
+  LinearLR decay(opt, {.start_factor = 0.3, .end_factor = 0.0, .total_iters = 3});
+  SequentialLR seq(opt, {&warm, &decay}, {2});
+  EXPECT_FALSE(seq.chained());
+  const std::vector<double> want = {
+      0.05, 0.07500000000000001, 0.03, 0.019999999999999997, 0.009999999999999997, 0.0, 0.0, 0.0};
+  for (size_t e = 0; e < want.size(); ++e) {
+    EXPECT_NEAR(opt.learning_rate(), want[e], 1e-15) << "period " << e;
+    seq.step();
+  }
+}
+
+// An optimizer keeps its initial rate after its first schedule is gone, as PyTorch's param
+// group keeps initial_lr: a later schedule starts from it. clear_initial_learning_rate() (del
+// group['initial_lr']) makes the next schedule start from the rate set by hand.
+TEST(Schedulers, TheInitialRateOutlivesItsScheduleUntilCleared) {
+  Tensor p = leaf({1.0});
+  SGD opt({p}, {.learning_rate = 0.1});
+  { galley::optim::StepLR first(opt, 2, 0.5); }
+  opt.set_learning_rate(0.01);
+  {
+    galley::optim::LambdaLR second(opt, [](int64_t) { return 1.0; });
+    EXPECT_DOUBLE_EQ(opt.learning_rate(), 0.1);  // PyTorch's too
+  }
+  opt.set_learning_rate(0.01);
+  opt.clear_initial_learning_rate();
+  galley::optim::LambdaLR third(opt, [](int64_t) { return 1.0; });
+  EXPECT_DOUBLE_EQ(opt.learning_rate(), 0.01);
+  EXPECT_DOUBLE_EQ(*opt.initial_learning_rate(), 0.01);
+}
+
 TEST(Schedulers, LinearLRWarmsUpFromConstruction) {
   Tensor p = leaf({1.0});
   SGD opt({p}, {.learning_rate = 0.1});

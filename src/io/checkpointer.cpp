@@ -281,8 +281,8 @@ void load_checkpoint(const std::string& path, TrainingState& s) {
     s.extra.clear();
     for (auto& [k, v] : f.metadata)
       if (k.compare(0, 6, "extra.") == 0) s.extra[k.substr(6)] = v;
-  } catch (const Error& e) {
-    detail::rethrow_with_message(e, detail::str_cat("checkpoint '", path, "': ", e.what()));
+  } catch (...) {
+    detail::rethrow_with_prefix(detail::str_cat("checkpoint '", path, "': "));
   }
 }
 
@@ -505,6 +505,11 @@ bool Checkpointer::resume(TrainingState& state) {
       detail::raise_nested(
           detail::str_cat("Checkpointer: resuming from '", *it, "' ran out of memory"));
     };
+    // An unreadable newest file (a damaged disk, a foreign file) falls back to the one before.
+    const auto fall_back = [&](const std::exception& e) {
+      errors += std::string("\n  ") + e.what();
+      skipped.push_back(*it + ": " + e.what());
+    };
     try {
       load_checkpoint(*it, state);
       resumed_from_ = *it;
@@ -512,12 +517,12 @@ bool Checkpointer::resume(TrainingState& state) {
       return true;
     } catch (const OutOfMemoryError&) {
       out_of_memory();
+    } catch (const std::bad_array_new_length& e) {  // a size out of range: a damaged file
+      fall_back(e);
     } catch (const std::bad_alloc&) {
       out_of_memory();
     } catch (const Error& e) {
-      // An unreadable newest file (a damaged disk, a foreign file) falls back to the one before.
-      errors += std::string("\n  ") + e.what();
-      skipped.push_back(*it + ": " + e.what());
+      fall_back(e);
     }
   }
   GALLEY_CHECK(errors.empty(), "Checkpointer: no checkpoint in '", dir_,

@@ -548,7 +548,8 @@ double LinearLR::chained_rate(double lr, int64_t epoch) const {
   const double span = o_.end_factor - o_.start_factor;
   const double from = double(o_.total_iters) * o_.start_factor + double(epoch - 1) * span;
   // A start_factor of 0 (which PyTorch refuses) leaves no ratio at period 1: the closed form.
-  return from == 0 ? lr_at(epoch) : lr * (1.0 + span / from);
+  // A decay to 0 can round to a hair below it (PyTorch sets -2.2e-18); the rate is held at 0.
+  return from == 0 ? lr_at(epoch) : std::max(0.0, lr * (1.0 + span / from));
 }
 
 OneCycleLR::OneCycleLR(Optimizer& optimizer, OneCycleLROptions options)
@@ -708,11 +709,12 @@ SequentialLR::SequentialLR(Optimizer& optimizer, std::vector<LRScheduler*> sched
     GALLEY_CHECK(milestones_[i] > (i ? milestones_[i - 1] : 0), "SequentialLR: milestone ", i, " (",
                  milestones_[i], ") must be positive and above the one before");
   // The children share one initial rate, as PyTorch's SequentialLR resets the rate to the
-  // optimizer's initial_lr: the rate when the first schedule was made on the optimizer (a child
-  // made after another child changed the rate has the changed rate as its own base), unless a
-  // OneCycleLR set its own (max_lr / div_factor), as PyTorch's does.
+  // optimizer's initial_lr: the rate when the first schedule was made on the optimizer, unless a
+  // OneCycleLR set its own (max_lr / div_factor), as PyTorch's does. The rate is set afresh here,
+  // so the sequence starts unchained whatever its children did to the rate when they were made.
   rebase(*opt_.initial_learning_rate());
-  for (LRScheduler* c : children_) c->epoch_ = 0;
+  for (LRScheduler* c : children_) c->epoch_ = 0, c->chained_ = false;
+  chained_ = false;
   set_rate(lr_at(0));
 }
 

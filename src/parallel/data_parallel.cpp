@@ -436,8 +436,11 @@ struct DataParallelBase::Impl {
         rep.param_ready[k] = 1;
       }
       rep.pending[b] = 0;
+      // Whatever failed, the communication thread waits for this flag. (On a GPU whose event
+      // record failed, its collective may then read the bucket before the fill lands: the
+      // failure is reported, and the step's gradients are not used.)
       noting([&] { mark_filled(rep, b); });
-      rep.bucket_ready[b] = 1;  // whatever failed: the communication thread waits for this flag
+      rep.bucket_ready[b] = 1;
     }
     rep.cv.notify_all();
     return error;

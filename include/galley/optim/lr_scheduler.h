@@ -35,10 +35,12 @@ class LRScheduler {
   int64_t last_epoch() const { return epoch_; }
   /// The rate for period `epoch`.
   virtual double lr_at(int64_t epoch) const = 0;
-  /// The rate the schedule's closed form starts from: the optimizer's rate when the schedule was
-  /// made, a OneCycleLR's max_lr / div_factor, or the one a SequentialLR gives its schedules.
+  /// The rate the schedule's closed form starts from: the optimizer's initial_learning_rate()
+  /// (its rate when its first schedule was made), a OneCycleLR's max_lr / div_factor, or the one
+  /// a SequentialLR gives its schedules.
   double base_lr() const { return base_lr_; }
-  /// Whether something else moved the rate and the schedule steps by PyTorch's recursive form.
+  /// Whether the rate was moved off the schedule's own (by another schedule, before this one was
+  /// made or since, or by the user) and the schedule steps by PyTorch's recursive form.
   bool chained() const { return chained_; }
   /// Periods stepped, the base rate, whether chained and the rate last set, for checkpoints.
   virtual StateDict state_dict() const;

@@ -37,9 +37,14 @@ class Optimizer {
   /// Changes the learning rate (schedulers call this).
   void set_learning_rate(double lr);
   /// The rate when the first learning-rate scheduler was made on this optimizer (PyTorch's
-  /// param_group['initial_lr'], which a OneCycleLR sets to its own max_lr / div_factor), where
-  /// SequentialLR starts its schedules; unset before any scheduler.
+  /// param_group['initial_lr'], which a OneCycleLR sets to its own max_lr / div_factor): every
+  /// schedule made on the optimizer takes it as its base, even after its first schedule is gone,
+  /// and SequentialLR starts its schedules from it. Unset before any scheduler.
   std::optional<double> initial_learning_rate() const { return initial_lr_; }
+  /// Forgets initial_learning_rate() (PyTorch's `del group['initial_lr']`): the next schedule
+  /// made takes the current rate as its base, as a first one does. For a new phase of training
+  /// with schedules of its own after the rate was set by hand.
+  void clear_initial_learning_rate() { initial_lr_.reset(); }
   /// The parameters, in the order given.
   const std::vector<Tensor>& parameters() const { return params_; }
   /// Index of `param` in parameters(); throws if it is not one of them.
