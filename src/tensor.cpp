@@ -392,24 +392,25 @@ void Tensor::fill_(float value) {
 // Views
 
 namespace {
-Shape infer_shape(Shape shape, int64_t numel, const Shape& from) {
+// `shape` with its -1 worked out, for `op` (view or reshape) on `numel` elements of shape `from`.
+Shape infer_shape(Shape shape, int64_t numel, const Shape& from, const char* op) {
   int64_t known = 1, infer = -1;
   for (size_t i = 0; i < shape.size(); ++i) {
     if (shape[i] == -1) {
-      GALLEY_CHECK(infer < 0, "reshape: more than one -1 in ", shape_str(shape));
+      GALLEY_CHECK(infer < 0, op, ": more than one -1 in ", shape_str(shape));
       infer = static_cast<int64_t>(i);
     } else {
-      GALLEY_CHECK(shape[i] >= 0, "reshape: negative size in ", shape_str(shape));
+      GALLEY_CHECK(shape[i] >= 0, op, ": negative size in ", shape_str(shape));
       // Past the elements there are, the product only has to stay unequal to them.
       known = __builtin_mul_overflow(known, shape[i], &known) ? INT64_MAX : known;
     }
   }
   if (infer >= 0) {
-    GALLEY_CHECK(known > 0 && numel % known == 0, "reshape: cannot view ", shape_str(from), " as ",
+    GALLEY_CHECK(known > 0 && numel % known == 0, op, ": cannot view ", shape_str(from), " as ",
                  shape_str(shape));
     shape[infer] = numel / known;
   }
-  GALLEY_CHECK(shape_numel(shape) == numel, "reshape: cannot view ", shape_str(from), " (", numel,
+  GALLEY_CHECK(shape_numel(shape) == numel, op, ": cannot view ", shape_str(from), " (", numel,
                " elements) as ", shape_str(shape));
   return shape;
 }
@@ -419,7 +420,7 @@ Tensor Tensor::view(const Shape& new_shape) const {
   GALLEY_CHECK_DEFINED("view");
   GALLEY_CHECK(is_contiguous(), "view: the tensor of shape ", shape_str(shape()),
                " is not contiguous; use reshape()");
-  Shape s = infer_shape(new_shape, numel(), shape());
+  Shape s = infer_shape(new_shape, numel(), shape(), "view");
   auto impl = std::make_shared<detail::TensorImpl>();
   impl->storage = impl_->storage;
   impl->offset = impl_->offset;
@@ -435,7 +436,9 @@ Tensor Tensor::view(const Shape& new_shape) const {
 }
 
 Tensor Tensor::reshape(const Shape& new_shape) const {
-  return is_contiguous() ? view(new_shape) : contiguous().view(new_shape);
+  GALLEY_CHECK_DEFINED("reshape");
+  const Shape s = infer_shape(new_shape, numel(), shape(), "reshape");  // its errors name reshape
+  return is_contiguous() ? view(s) : contiguous().view(s);
 }
 
 Tensor Tensor::flatten(int64_t start_axis, int64_t end_axis) const {

@@ -1074,3 +1074,22 @@ TEST(Autograd, AHostAllocationFailureInABackwardIsAnOutOfMemoryError) {
     expect_contains(e.what(), {"the backward of hungry_op", "host allocation failed"});
   }
 }
+
+// An add_ that anomaly detection refuses (the sum is not finite) leaves the tensor's values as
+// well as its history as they were: a backward after the caught error computes the gradients of
+// the graph as it stands. (The sum used to stay written, and the old graph's backward read it.)
+TEST(Autograd, ARefusedAddInPlaceLeavesItsTensorAsItWas) {
+  Tensor a = Tensor::from_vector({1.f, 2.f, 3.f}, {3}).set_requires_grad(true);
+  Tensor h = galley::mul(a, 2.f);
+  {
+    galley::DetectAnomalyGuard anomaly;
+    const float inf = std::numeric_limits<float>::infinity();
+    expect_contains(error_of([&] {
+                      h.add_(Tensor::from_vector({inf, 0.f, 0.f}, {3}));
+                    }),
+                    {"detect_anomaly", "add_", "inf"});
+  }
+  EXPECT_EQ(h.to_vector(), (std::vector<float>{2.f, 4.f, 6.f}));
+  galley::sum(h).backward();
+  EXPECT_EQ(a.grad().to_vector(), (std::vector<float>{2.f, 2.f, 2.f}));
+}

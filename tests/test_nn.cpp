@@ -1336,6 +1336,77 @@ TEST(BatchNorm, ARefusedBatchIsNotCounted) {
   }
 }
 
+// The handle register_parameter returns stays valid as more are registered (the storage used
+// to be a vector, whose growth moved it: a layer keeping the reference read freed memory).
+TEST(LayerApi, RegisteredHandlesStayValidAsMoreAreRegistered) {
+  struct Many : nn::Layer {
+    Many() {
+      first = &register_parameter("p0", galley::full({2}, 3.f));
+      for (int i = 1; i < 100; ++i) register_parameter("p" + std::to_string(i), galley::zeros({1}));
+      kept = &register_buffer("b0", galley::full({1}, 5.f));
+      for (int i = 1; i < 100; ++i) register_buffer("b" + std::to_string(i), galley::zeros({1}));
+    }
+    Tensor* first = nullptr;
+    Tensor* kept = nullptr;
+  };
+  Many m;
+  EXPECT_EQ(m.first->to_vector(), (std::vector<float>{3.f, 3.f}));
+  EXPECT_TRUE(m.first->is_same(m.named_parameters().front().second));
+  EXPECT_EQ(m.kept->to_vector(), (std::vector<float>{5.f}));
+}
+
+// requires_grad = false freezes the registered parameter even where the value takes a gradient
+// (another layer's weight), as PyTorch's Parameter(v, requires_grad=False); the value's owner
+// keeps training its own, on the same data.
+TEST(LayerApi, AParameterRegisteredFrozenTakesNoGradient) {
+  nn::Linear source(2, 2);
+  struct Frozen : nn::Layer {
+    explicit Frozen(const Tensor& w) { weight = &register_parameter("w", w, false); }
+    Tensor* weight = nullptr;
+  };
+  Frozen frozen(source.weight());
+  EXPECT_FALSE(frozen.weight->requires_grad());
+  EXPECT_TRUE(source.weight().requires_grad());
+  EXPECT_EQ(frozen.weight->raw_data(), source.weight().raw_data());  // the same data
+  galley::sum(galley::mul(*frozen.weight, source.weight())).backward();
+  EXPECT_FALSE(frozen.weight->grad().defined());
+  EXPECT_TRUE(source.weight().grad().defined());
+  expect_contains(error_of([] {
+                    struct Ints : nn::Layer {
+                      Ints() {
+                        register_parameter("n",
+                                           galley::zeros({2}, {.dtype = galley::DType::Int64}));
+                      }
+                    };
+                    Ints bad;
+                  }),
+                  {"parameter 'n'", "int64", "float32"});
+}
+
+// A layer registered in two places lists its buffers and generators once, under their first
+// names, as PyTorch's named_buffers() does (DataParallel copied the shared buffers twice, and a
+// checkpoint kept the shared generator twice); state_dict keeps both names, as PyTorch's does.
+TEST(LayerApi, ASharedLayersBuffersAndGeneratorsAreListedOnce) {
+  auto bn = std::make_shared<nn::BatchNorm1D>(2);
+  nn::Sequential twice(bn, bn);
+  const auto buffers = twice.named_buffers();
+  ASSERT_EQ(buffers.size(), 3u);
+  for (const auto& [name, t] : buffers) EXPECT_EQ(name.compare(0, 2, "0."), 0) << name;
+  EXPECT_EQ(twice.state_dict().count("1.running_mean"), 1u);
+  auto drop = std::make_shared<nn::Dropout>(0.5f);
+  nn::Sequential drops(drop, drop);
+  const auto gens = drops.named_generators();
+  ASSERT_EQ(gens.size(), 1u);
+  EXPECT_EQ(gens[0].first.compare(0, 2, "0."), 0) << gens[0].first;
+}
+
+TEST(LayerApi, Conv2DDescribesItsDilationGroupsAndBias) {
+  nn::Conv2D conv(4, 6, 3, {.stride = 2, .padding = 2, .dilation = 2, .groups = 2, .bias = false});
+  EXPECT_EQ(conv.repr(),
+            "Conv2D(4, 6, kernel=3, stride=2, padding=2, dilation=2, groups=2, bias=false)");
+  EXPECT_EQ(nn::Conv2D(3, 8, 3).repr(), "Conv2D(3, 8, kernel=3, stride=1, padding=0)");
+}
+
 // Context added on the way out (Sequential naming the layer) keeps a cause nested in the error
 // (it was dropped), and the error's type.
 TEST(Errors, AddedContextKeepsTheNestedCauseAndTheType) {

@@ -1100,3 +1100,26 @@ TEST(TensorOps, LogSoftmaxOfLargeLogitsKeepsItsPrecision) {
   const double lse = 2.0 + std::log(1.0 + std::exp(-1.0) + std::exp(-2.0));  // of 0, 1, 2
   for (int i = 0; i < 3; ++i) EXPECT_NEAR(out[size_t(i)], double(i) - lse, 1e-6) << i;
 }
+
+// Shape errors name the op the caller called (view's used to say reshape), and a dimension out
+// of range gives the range there is, as PyTorch's.
+TEST(TensorErrors, ViewReshapeAndDimensionErrorsNameTheOpAndTheRange) {
+  Tensor x = galley::zeros({2, 3, 4});
+  testutil::expect_contains(testutil::error_of([&] {
+                              x.view({5, -1});
+                            }),
+                            {"view: cannot view [2, 3, 4] as [5, -1]"});
+  testutil::expect_contains(testutil::error_of([&] {
+                              x.reshape({5, -1});
+                            }),
+                            {"reshape: cannot view [2, 3, 4] as [5, -1]"});
+  testutil::expect_contains(testutil::error_of([&] { galley::sum(x, 3); }),
+                            {"sum: dimension 3 out of range for rank 3", "[-3, 2]"});
+}
+
+// The mean of no elements is NaN, as PyTorch's and as the mean over an empty dimension (it used
+// to be an error).
+TEST(TensorOps, TheMeanOfAnEmptyTensorIsNaN) {
+  EXPECT_TRUE(std::isnan(galley::mean(galley::zeros({0, 3})).item()));
+  testutil::expect_contains(testutil::error_of([] { galley::mean(Tensor()); }), {"undefined"});
+}

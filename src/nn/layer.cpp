@@ -21,8 +21,8 @@ template <typename Params, typename Children>
 void check_name(const Layer& owner, const std::string& name, const char* what, const Params& params,
                 const Params& buffers, const Children& children,
                 const std::vector<std::pair<std::string, Generator*>>& generators) {
-  GALLEY_CHECK(!name.empty() && name.find('.') == std::string::npos, what, " name '", name,
-               "' must be non-empty and contain no '.'");
+  GALLEY_CHECK(!name.empty() && name.find('.') == std::string::npos, owner.repr(), ": ", what,
+               " name '", name, "' must be non-empty and contain no '.'");
   const char* taken = nullptr;
   for (auto& [n, t] : params)
     if (n == name) taken = "parameter";
@@ -35,13 +35,28 @@ void check_name(const Layer& owner, const std::string& name, const char* what, c
   GALLEY_CHECK(!taken, owner.repr(), ": cannot register ", what, " '", name, "': a ", taken,
                " of that name is already registered");
 }
+
+// Each tensor once, under its first name (a layer registered in two places reaches its entries
+// twice), as PyTorch's named_parameters() and named_buffers() list them.
+std::vector<NamedTensor> first_of_each(std::vector<NamedTensor> all) {
+  std::vector<NamedTensor> out;
+  std::set<const void*> seen;
+  for (auto& named : all)
+    if (seen.insert(named.second.impl()).second) out.push_back(std::move(named));
+  return out;
+}
 }  // namespace
 
 Tensor& Layer::register_parameter(const std::string& name, Tensor value, bool requires_grad) {
   check_name(*this, name, "parameter", params_, buffers_, children_, generators_);
   GALLEY_CHECK(value.defined(), repr(), ": parameter '", name, "' is undefined");
-  // A parameter is a leaf of its own, whatever graph the value came from.
-  Tensor p = value.is_leaf() ? value : value.detach();
+  GALLEY_CHECK(is_floating_point(value.dtype()), repr(), ": parameter '", name, "' is ",
+               dtype_name(value.dtype()), "; parameters are float32, bfloat16 or float16");
+  // A parameter is a leaf of its own, whatever graph the value came from. With requires_grad
+  // false it is frozen even where the value takes a gradient (another layer's weight): a handle
+  // of its own on the same data, as PyTorch's Parameter(v, requires_grad=False), so the value's
+  // owner keeps training its own.
+  Tensor p = value.is_leaf() && (requires_grad || !value.requires_grad()) ? value : value.detach();
   if (requires_grad) p.set_requires_grad(true);
   params_.emplace_back(name, p);
   return params_.back().second;
@@ -49,6 +64,7 @@ Tensor& Layer::register_parameter(const std::string& name, Tensor value, bool re
 
 Tensor& Layer::register_buffer(const std::string& name, Tensor value, bool keep_dtype) {
   check_name(*this, name, "buffer", params_, buffers_, children_, generators_);
+  GALLEY_CHECK(value.defined(), repr(), ": buffer '", name, "' is undefined");
   buffers_.emplace_back(name, value.detach());
   if (keep_dtype) keep_dtype_.push_back(buffers_.back().second.impl());
   return buffers_.back().second;
@@ -118,13 +134,8 @@ void Layer::collect(const std::string& prefix, bool params, bool buffers,
 std::vector<NamedTensor> Layer::named_parameters() const {
   std::vector<NamedTensor> all;
   collect("", true, false, all);
-  // A parameter reached twice (a layer registered in two places) is listed once, under its first
-  // name, as PyTorch's named_parameters() does: an optimizer takes each parameter once.
-  std::vector<NamedTensor> out;
-  std::set<const void*> seen;
-  for (auto& named : all)
-    if (seen.insert(named.second.impl()).second) out.push_back(std::move(named));
-  return out;
+  // An optimizer takes each parameter once.
+  return first_of_each(std::move(all));
 }
 
 std::vector<Tensor> Layer::parameters() const {
@@ -134,9 +145,9 @@ std::vector<Tensor> Layer::parameters() const {
 }
 
 std::vector<NamedTensor> Layer::named_buffers() const {
-  std::vector<NamedTensor> out;
-  collect("", false, true, out);
-  return out;
+  std::vector<NamedTensor> all;
+  collect("", false, true, all);
+  return first_of_each(std::move(all));
 }
 
 std::vector<NamedTensor> Layer::named_state() const {
@@ -155,7 +166,13 @@ std::vector<std::pair<std::string, Generator*>> Layer::named_generators() const 
   std::vector<std::pair<std::string, Generator*>> out(generators_);
   for (auto& [n, l] : children_)
     for (auto& [name, gen] : l->named_generators()) out.emplace_back(n + "." + name, gen);
-  return out;
+  // Each generator once, under its first name (a layer registered in two places): a checkpoint
+  // keeps one state per generator.
+  std::vector<std::pair<std::string, Generator*>> unique;
+  std::set<const Generator*> seen;
+  for (auto& named : out)
+    if (seen.insert(named.second).second) unique.push_back(std::move(named));
+  return unique;
 }
 
 std::vector<std::pair<std::string, Layer*>> Layer::children() const {

@@ -162,8 +162,13 @@ Tensor Conv2D::forward(const Tensor& x) {
 }
 
 std::string Conv2D::repr() const {
-  return detail::str_cat("Conv2D(", in_, ", ", out_, ", kernel=", k_, ", stride=", opt_.stride,
-                         ", padding=", opt_.padding, opt_.relu ? ", relu" : "", ")");
+  // The options that differ from their defaults beyond stride and padding, as PyTorch's repr.
+  return detail::str_cat(
+      "Conv2D(", in_, ", ", out_, ", kernel=", k_, ", stride=", opt_.stride,
+      ", padding=", opt_.padding,
+      opt_.dilation != 1 ? detail::str_cat(", dilation=", opt_.dilation) : std::string(),
+      opt_.groups != 1 ? detail::str_cat(", groups=", opt_.groups) : std::string(),
+      opt_.bias ? "" : ", bias=false", opt_.relu ? ", relu" : "", ")");
 }
 
 // ---------------------------------------------------------------------------------------------

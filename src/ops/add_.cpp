@@ -41,6 +41,11 @@ Tensor add_(const Tensor& a, const Tensor& b) {
                  "its data, or a copy kept for a backward), which would see the sum and its new "
                  "history; use add(a, b)");
   }
+  // Anomaly detection checks the sum once it is written (autograd::record): a's values are kept
+  // to be put back when it refuses the sum, so a refused add_ leaves a as it was. (Without
+  // recording no check runs.)
+  Tensor before_values;
+  if (record && is_anomaly_enabled()) before_values = a.detach().clone();
   a.bump_version();
   const bool same_data = b.impl()->storage == a.impl()->storage;
   const bool exact_alias = same_data && b.impl()->offset == a.impl()->offset &&
@@ -78,7 +83,11 @@ Tensor add_(const Tensor& a, const Tensor& b) {
                               if (gi[1].dtype() != db)
                                 gi[1] = gi[1].to(db);  // b's gradient in b's dtype (autocast)
                             });
-  } catch (...) {  // (anomaly detection's check of the sum): a keeps its history
+  } catch (...) {  // (anomaly detection's check of the sum): a keeps its values and history
+    if (before_values.defined()) {
+      NoGradGuard no_grad;
+      detail::copy_strided(before_values, a);
+    }
     a.impl()->grad_fn = std::move(old.impl()->grad_fn);
     throw;
   }

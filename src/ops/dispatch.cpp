@@ -89,7 +89,8 @@ bool sole_owner(const Tensor& t) {
 
 int64_t wrap_dim(const char* op, int64_t dim, int64_t rank) {
   int64_t r = rank == 0 ? 1 : rank;
-  GALLEY_CHECK(dim >= -r && dim < r, op, ": dimension ", dim, " out of range for rank ", rank);
+  GALLEY_CHECK(dim >= -r && dim < r, op, ": dimension ", dim, " out of range for rank ", rank,
+               " (expected one in [", -r, ", ", r - 1, "])");
   return dim < 0 ? dim + r : dim;
 }
 

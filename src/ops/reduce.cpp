@@ -110,7 +110,8 @@ Tensor sum(const Tensor& x) {
   return divided_sum_all(autocast_f32(x), 1.0, "sum");
 }
 Tensor mean(const Tensor& x) {
-  GALLEY_CHECK(x.defined() && x.numel() > 0, "mean: the tensor is empty");
+  GALLEY_CHECK(x.defined(), "mean: the tensor is undefined");
+  // Of no elements: 0 / 0, NaN, as PyTorch's and as the mean over an empty dimension.
   return divided_sum_all(autocast_f32(x), double(x.numel()), "mean");
 }
 Tensor sum(const Tensor& x, int64_t dim, bool keepdim) {

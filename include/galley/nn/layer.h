@@ -1,5 +1,6 @@
 #pragma once
 /// \file The base of every model and layer: parameters and sub-layers, registered in order.
+#include <deque>
 #include <map>
 #include <memory>
 #include <string>
@@ -136,8 +137,11 @@ class Layer {
 
   bool training_ = true;
   std::string name_;
-  std::vector<std::pair<std::string, Tensor>> params_;
-  std::vector<std::pair<std::string, Tensor>> buffers_;
+  // Deques: the handles register_parameter and register_buffer return stay valid as more are
+  // registered (a vector's growth moved them, and a layer keeping the reference read freed
+  // memory).
+  std::deque<std::pair<std::string, Tensor>> params_;
+  std::deque<std::pair<std::string, Tensor>> buffers_;
   std::vector<std::pair<std::string, Generator*>> generators_;
   std::vector<const void*> keep_dtype_;  // the TensorImpls of buffers registered keep_dtype
   std::vector<std::pair<std::string, Layer*>> children_;
