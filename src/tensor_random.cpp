@@ -1,5 +1,6 @@
 // Random numbers: the generator (xoshiro256**), the default generator, and the random factories
 // (rand, randn, uniform, randint and their _like forms).
+#include <cctype>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -84,7 +85,15 @@ void Generator::set_state(const std::string& text) {
   char tail = 0;
   const int n = std::sscanf(text.c_str(), "%llx %llx %llx %llx %d %x%c", &s[0], &s[1], &s[2], &s[3],
                             &spare, &bits, &tail);
-  GALLEY_CHECK(n == 6 && (spare == 0 || spare == 1), "Generator::set_state: '", text,
+  // sscanf's %llx takes a sign and saturates past 64 bits: state() writes neither, so a text
+  // with a sign or a word of more than 16 digits is not one of its states (a damaged one).
+  bool words_fit = text.find_first_of("+-") == std::string::npos;
+  size_t run = 0;
+  for (char c : text) {
+    run = std::isxdigit(static_cast<unsigned char>(c)) ? run + 1 : 0;
+    words_fit = words_fit && run <= 16;
+  }
+  GALLEY_CHECK(n == 6 && (spare == 0 || spare == 1) && words_fit, "Generator::set_state: '", text,
                "' is not a generator state");
   // xoshiro256's all-zero state stays zero (rand() would give 0 forever and randn() never
   // return), and a kept normal value must be a number: no generator holds either.
@@ -218,7 +227,8 @@ Tensor uniform_as(const char* op, const Shape& shape, float low, float high,
     for (int64_t i = 0, n = t.numel(); i < n; ++i) {
       const float v = low + (high - low) * (float(gen.next_u64() >> (64 - digits)) * unit);
       const float r = bf16 ? float(bfloat16(v)) : float(float16(v));
-      p[i] = r == high && high > low ? low : v;
+      // (high itself, or past it where high is not one of the dtype's values)
+      p[i] = r >= high && high > low ? low : v;
     }
   }
   return placed(t, options);
@@ -246,6 +256,17 @@ Tensor randint(int64_t low, int64_t high, const Shape& shape, const TensorOption
   GALLEY_CHECK(low < high, "randint: the range [", low, ", ", high, ") is empty");
   GALLEY_CHECK(options.dtype == DType::Int64 || is_floating_point(options.dtype), "randint: dtype ",
                dtype_name(options.dtype), " is not int64 or a floating dtype");
+  if (options.dtype != DType::Int64) {
+    const int digits = options.dtype == DType::Float32   ? 24
+                       : options.dtype == DType::Float16 ? 11
+                                                         : 8;
+    const int64_t reach = int64_t(1) << digits;
+    GALLEY_CHECK(low >= -reach && high - 1 <= reach, "randint: the range [", low, ", ", high,
+                 ") reaches past +-2^", digits, " = ", reach, ", beyond which ",
+                 dtype_name(options.dtype),
+                 " does not hold every integer (values would round, some to high); draw int64 "
+                 "and convert, or narrow the range");
+  }
   const uint64_t span = static_cast<uint64_t>(high) - static_cast<uint64_t>(low);
   Tensor t = Tensor::empty(shape, DType::Int64);
   int64_t* p = t.data<int64_t>();

@@ -514,16 +514,21 @@ TEST(Init, FansAndInitialisers) {
   check_uniform_init(w, std::sqrt(6.0 / 60.0), 0.1, "kaiming a=0");
 }
 
-// The initialisers write 16-bit tensors and views too: the float32 draws, rounded, in place.
-TEST(Init, SixteenBitTensorsAndViewsTakeTheFloat32DrawsRounded) {
+// The initialisers write 16-bit tensors and views too. A 16-bit tensor takes uniform(...) in its
+// own dtype (draws on the dtype's grid, as PyTorch's uniform_, which never reach the bound); a
+// view takes the float32 draws a contiguous tensor takes.
+TEST(Init, SixteenBitTensorsDrawOnTheirGridAndViewsTakeTheDraws) {
   Tensor want = galley::zeros({8, 6});
-  galley::Generator g1(3), g2(3), g3(3);
+  galley::Generator g1(3), g2(3), g3(3), g4(3);
   nn::init::kaiming_uniform_(want, 0.f, g1);
   Tensor half = galley::zeros({8, 6}, galley::DType::BFloat16);
   nn::init::kaiming_uniform_(half, 0.f, g2);
   EXPECT_EQ(half.dtype(), galley::DType::BFloat16);
+  const float bound = std::sqrt(6.f / 6.f);  // kaiming a = 0: sqrt(6 / fan_in), fan_in 6
   EXPECT_EQ(half.to(galley::DType::Float32).to_vector(),
-            want.to(galley::DType::BFloat16).to(galley::DType::Float32).to_vector());
+            galley::uniform({8, 6}, -bound, bound, {.dtype = galley::DType::BFloat16}, g4)
+                .to(galley::DType::Float32)
+                .to_vector());
   Tensor base = galley::zeros({6, 8});
   Tensor view = base.transpose(0, 1);  // [8, 6], not contiguous
   nn::init::kaiming_uniform_(view, 0.f, g3);

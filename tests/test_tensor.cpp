@@ -1123,3 +1123,50 @@ TEST(TensorOps, TheMeanOfAnEmptyTensorIsNaN) {
   EXPECT_TRUE(std::isnan(galley::mean(galley::zeros({0, 3})).item()));
   testutil::expect_contains(testutil::error_of([] { galley::mean(Tensor()); }), {"undefined"});
 }
+
+// randint into a floating dtype refuses a range the dtype cannot hold every integer of (bfloat16
+// over [0, 1000) rounded 2 values in a thousand to 1000 itself); inside the reach every value is
+// below high.
+TEST(Random, RandintIntoAFloatingDtypeStaysBelowHigh) {
+  testutil::expect_contains(
+      testutil::error_of([] { galley::randint(0, 1000, {8}, {.dtype = DType::BFloat16}); }),
+      {"randint", "[0, 1000)", "2^8", "bfloat16"});
+  testutil::expect_contains(
+      testutil::error_of([] { galley::randint(0, 3000, {8}, {.dtype = DType::Float16}); }),
+      {"2^11", "float16"});
+  Generator gen(3);
+  const Tensor t = galley::randint(-256, 257, {20000}, {.dtype = DType::BFloat16}, gen);
+  for (float v : t.to(DType::Float32).to_vector()) {
+    ASSERT_GE(v, -256.f);
+    ASSERT_LE(v, 256.f);
+    ASSERT_EQ(v, std::floor(v));
+  }
+}
+
+// init::uniform_ draws in the tensor's dtype's grid, as PyTorch's: a 16-bit tensor never holds
+// high (float32 draws rounded to bfloat16 reached it), nor a kaiming bound's rounding above it.
+TEST(Random, SixteenBitInitialisersStayBelowTheirBound) {
+  Generator gen(5);
+  for (DType dtype : {DType::BFloat16, DType::Float16}) {
+    Tensor t = galley::zeros({200000}, {.dtype = dtype});
+    galley::nn::init::uniform_(t, 0.f, 1.f, gen);
+    for (float v : t.to(DType::Float32).to_vector()) ASSERT_LT(v, 1.f) << dtype_name(dtype);
+    Tensor w = galley::zeros({1000, 1000}, {.dtype = dtype});
+    galley::nn::init::kaiming_uniform_(w, std::sqrt(5.f), gen);
+    const float bound = 1.f / std::sqrt(1000.f);  // gain sqrt(2 / 6) * sqrt(3 / fan_in)
+    for (float v : w.to(DType::Float32).to_vector()) ASSERT_LT(v, bound);
+  }
+}
+
+// A generator state with a sign or a word past 64 bits is not one state() writes: refused (sscanf
+// took the sign and saturated the word, restoring some other state silently).
+TEST(Random, AStateWithASignOrAnOverlongWordIsRefused) {
+  Generator gen(11);
+  const std::string good = gen.state();
+  for (const std::string bad :
+       {std::string("-1 2 3 4 0 0"), std::string("1ffffffffffffffff 2 3 4 0 0")})
+    testutil::expect_contains(testutil::error_of([&] { gen.set_state(bad); }),
+                              {"is not a generator state"});
+  EXPECT_EQ(gen.state(), good);
+  gen.set_state(good);
+}

@@ -345,8 +345,10 @@ Tensor randn(const Shape& shape, const TensorOptions& options,
              Generator& gen = default_generator());
 Tensor uniform(const Shape& shape, float low, float high, const TensorOptions& options,
                Generator& gen = default_generator());
-/// Integers drawn uniformly from [low, high): int64 on the host, or as `options` says (a
-/// floating dtype holds them exactly up to its mantissa's reach).
+/// Integers drawn uniformly from [low, high): int64 on the host, or as `options` says. A
+/// floating dtype must hold every integer of the range exactly: low and high - 1 within
+/// +-2^24 for float32, +-2^11 for float16, +-2^8 for bfloat16 (past that, values would round,
+/// some to high; PyTorch warns there).
 Tensor randint(int64_t low, int64_t high, const Shape& shape, Generator& gen = default_generator());
 Tensor randint(int64_t low, int64_t high, const Shape& shape, const TensorOptions& options,
                Generator& gen = default_generator());

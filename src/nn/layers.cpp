@@ -27,8 +27,8 @@ std::pair<int64_t, int64_t> fans(const Tensor& w) {
 }
 
 namespace {
-// Float32 values drawn on the host (the same whatever the tensor's dtype or device) rounded into
-// `t` in place: a 16-bit tensor, a GPU one or a view of one alike.
+// Values drawn on the host written into `t` in place (rounded to its dtype, copied to its device):
+// a 16-bit tensor, a GPU one or a view of one alike.
 void write_into(Tensor& t, Tensor values) {
   GALLEY_CHECK(t.defined() && is_floating_point(t.dtype()),
                "init: the tensor to initialise must be a defined floating tensor");
@@ -50,7 +50,11 @@ float leaky_relu_gain(float a) {
 }  // namespace
 
 void uniform_(Tensor& t, float low, float high, Generator& gen) {
-  write_into(t, uniform(t.shape(), low, high, gen));
+  // In the tensor's dtype's grid, as PyTorch's uniform_: float32 values rounded to 16 bits could
+  // reach high (bfloat16 over [0, 1) gave 1.0 two times in a thousand).
+  GALLEY_CHECK(t.defined() && is_floating_point(t.dtype()),
+               "init: the tensor to initialise must be a defined floating tensor");
+  write_into(t, uniform(t.shape(), low, high, {.dtype = t.dtype()}, gen));
 }
 
 void normal_(Tensor& t, float mean, float std, Generator& gen) {

@@ -29,8 +29,10 @@ void constant_(Tensor& t, float value);
 void zeros_(Tensor& t);
 void ones_(Tensor& t);
 
-/// Each initialiser draws float32 values on the host (the same whatever the tensor's dtype or
-/// device, from the generator's stream) and rounds them into the tensor in place: a 16-bit one,
-/// a GPU one and a view alike.
+/// Each initialiser draws on the host, from the generator's stream, and writes the tensor in
+/// place: a 16-bit one, a GPU one and a view alike. The normal ones draw float32 values (the same
+/// whatever the dtype or device) rounded once; the uniform ones (uniform_, kaiming_uniform_,
+/// xavier_uniform_) draw a 16-bit tensor's values on its dtype's grid, as PyTorch's uniform_, so
+/// that none reaches the bound, and a float32 tensor's as float32.
 
 }  // namespace galley::nn::init
