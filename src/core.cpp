@@ -35,10 +35,6 @@ void Error::raise_nested(const std::string& message) const {
 }
 
 namespace detail {
-namespace {
-// Whether the exception being handled is the host out of memory: a std::bad_alloc, but not a
-// std::bad_array_new_length (a size out of range, which more memory would not cure: a training
-// loop that lowers its batch on an OutOfMemoryError would try for ever).
 bool host_out_of_memory() {
   try {
     throw;
@@ -50,7 +46,6 @@ bool host_out_of_memory() {
     return false;
   }
 }
-}  // namespace
 
 void raise_nested(const std::string& message) {
   try {

@@ -207,6 +207,12 @@ void check_floating_draw(const char* op, DType dtype) {
                " is not a floating dtype (float32, bfloat16, float16); randint draws integers");
 }
 
+// The binary digits of a floating dtype's significand, its implicit bit counted: every integer
+// up to 2^digits is one of its values.
+int significand_digits(DType dtype) {
+  return dtype == DType::Float32 ? 24 : dtype == DType::Float16 ? 11 : 8;
+}
+
 // uniform for `op` (rand or uniform) in options' floating dtype. A 16-bit dtype draws on its own
 // grid, as PyTorch's uniform_ does: x = k / 2^digits for k of `digits` random bits (8 for
 // bfloat16, 11 for float16), so rand stays below 1 (a float32 draw of 0.998 or more rounds up to
@@ -218,7 +224,7 @@ Tensor uniform_as(const char* op, const Shape& shape, float low, float high,
   if (options.dtype == DType::Float32) return placed(uniform(shape, low, high, gen), options);
   check_bounds(op, low, high);
   const bool bf16 = options.dtype == DType::BFloat16;
-  const int digits = bf16 ? 8 : 11;
+  const int digits = significand_digits(options.dtype);
   const float unit = std::ldexp(1.f, -digits);
   Tensor t = Tensor::empty(shape);
   float* p = t.data<float>();
@@ -257,9 +263,7 @@ Tensor randint(int64_t low, int64_t high, const Shape& shape, const TensorOption
   GALLEY_CHECK(options.dtype == DType::Int64 || is_floating_point(options.dtype), "randint: dtype ",
                dtype_name(options.dtype), " is not int64 or a floating dtype");
   if (options.dtype != DType::Int64) {
-    const int digits = options.dtype == DType::Float32   ? 24
-                       : options.dtype == DType::Float16 ? 11
-                                                         : 8;
+    const int digits = significand_digits(options.dtype);
     const int64_t reach = int64_t(1) << digits;
     GALLEY_CHECK(low >= -reach && high - 1 <= reach, "randint: the range [", low, ", ", high,
                  ") reaches past +-2^", digits, " = ", reach, ", beyond which ",

@@ -63,6 +63,11 @@ std::string str_cat(const Args&... args) {
 /// that exception's type when it is a galley::Error (an OutOfMemoryError stays one), an
 /// OutOfMemoryError for a std::bad_alloc, else a plain galley::Error.
 [[noreturn]] void raise_nested(const std::string& message);
+/// From a catch block: whether the exception being handled is the host out of memory, the one
+/// rule raise_nested and rethrow_with_prefix follow: a std::bad_alloc, but not a
+/// std::bad_array_new_length (a size out of range, which more memory would not cure: a training
+/// loop that lowers its batch on an OutOfMemoryError would try for ever).
+bool host_out_of_memory();
 /// From a catch block: throws the exception being handled again with `prefix` before its
 /// message, so that every std::exception leaves as a galley::Error. A galley::Error keeps its
 /// type and its nested cause (rethrow_with_message); a std::bad_alloc (the host's heap exhausted

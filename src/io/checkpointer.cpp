@@ -517,11 +517,10 @@ bool Checkpointer::resume(TrainingState& state) {
       return true;
     } catch (const OutOfMemoryError&) {
       out_of_memory();
-    } catch (const std::bad_array_new_length& e) {  // a size out of range: a damaged file
-      fall_back(e);
-    } catch (const std::bad_alloc&) {
-      out_of_memory();
     } catch (const Error& e) {
+      fall_back(e);
+    } catch (const std::bad_alloc& e) {  // one of no galley error yet (a size out of range is not)
+      if (detail::host_out_of_memory()) out_of_memory();
       fall_back(e);
     }
   }

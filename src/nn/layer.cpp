@@ -36,13 +36,21 @@ void check_name(const Layer& owner, const std::string& name, const char* what, c
                " of that name is already registered");
 }
 
-// Each tensor once, under its first name (a layer registered in two places reaches its entries
-// twice), as PyTorch's named_parameters() and named_buffers() list them.
-std::vector<NamedTensor> first_of_each(std::vector<NamedTensor> all) {
-  std::vector<NamedTensor> out;
+// Each entry once, under its first name (a layer registered in two places reaches its entries
+// twice), as PyTorch's named_parameters() and named_buffers() list them: a tensor is one by its
+// data handle, a generator by its address.
+const void* identity(const Tensor& t) {
+  return t.impl();
+}
+const void* identity(const Generator* g) {
+  return g;
+}
+template <typename T>
+std::vector<std::pair<std::string, T>> first_of_each(std::vector<std::pair<std::string, T>> all) {
+  std::vector<std::pair<std::string, T>> out;
   std::set<const void*> seen;
   for (auto& named : all)
-    if (seen.insert(named.second.impl()).second) out.push_back(std::move(named));
+    if (seen.insert(identity(named.second)).second) out.push_back(std::move(named));
   return out;
 }
 }  // namespace
@@ -166,13 +174,8 @@ std::vector<std::pair<std::string, Generator*>> Layer::named_generators() const 
   std::vector<std::pair<std::string, Generator*>> out(generators_);
   for (auto& [n, l] : children_)
     for (auto& [name, gen] : l->named_generators()) out.emplace_back(n + "." + name, gen);
-  // Each generator once, under its first name (a layer registered in two places): a checkpoint
-  // keeps one state per generator.
-  std::vector<std::pair<std::string, Generator*>> unique;
-  std::set<const Generator*> seen;
-  for (auto& named : out)
-    if (seen.insert(named.second).second) unique.push_back(std::move(named));
-  return unique;
+  // A checkpoint keeps one state per generator.
+  return first_of_each(std::move(out));
 }
 
 std::vector<std::pair<std::string, Layer*>> Layer::children() const {

@@ -27,11 +27,17 @@ std::pair<int64_t, int64_t> fans(const Tensor& w) {
 }
 
 namespace {
+// The dtype of the tensor to initialise, which must be a defined floating one.
+DType init_dtype(const Tensor& t) {
+  GALLEY_CHECK(t.defined() && is_floating_point(t.dtype()),
+               "init: the tensor to initialise must be a defined floating tensor");
+  return t.dtype();
+}
+
 // Values drawn on the host written into `t` in place (rounded to its dtype, copied to its device):
 // a 16-bit tensor, a GPU one or a view of one alike.
 void write_into(Tensor& t, Tensor values) {
-  GALLEY_CHECK(t.defined() && is_floating_point(t.dtype()),
-               "init: the tensor to initialise must be a defined floating tensor");
+  init_dtype(t);
   if (t.dtype() != values.dtype() || t.device() != values.device())
     values = values.to(t.dtype()).to(t.device());
   t.bump_version();
@@ -52,9 +58,8 @@ float leaky_relu_gain(float a) {
 void uniform_(Tensor& t, float low, float high, Generator& gen) {
   // In the tensor's dtype's grid, as PyTorch's uniform_: float32 values rounded to 16 bits could
   // reach high (bfloat16 over [0, 1) gave 1.0 two times in a thousand).
-  GALLEY_CHECK(t.defined() && is_floating_point(t.dtype()),
-               "init: the tensor to initialise must be a defined floating tensor");
-  write_into(t, uniform(t.shape(), low, high, {.dtype = t.dtype()}, gen));
+  const DType dtype = init_dtype(t);
+  write_into(t, uniform(t.shape(), low, high, {.dtype = dtype}, gen));
 }
 
 void normal_(Tensor& t, float mean, float std, Generator& gen) {

@@ -129,6 +129,17 @@ class Worker {
   std::thread thread_;
 };
 
+// Runs `work`, keeping its failure in `first` unless an earlier one is there: how a loop that
+// must go on (every bucket completed, every collective run) notes what failed on the way.
+template <typename F>
+void keeping_first_failure(std::exception_ptr& first, F&& work) {
+  try {
+    work();
+  } catch (...) {
+    if (!first) first = std::current_exception();
+  }
+}
+
 // Whether `error` is a collective's echo of another participant's failure.
 bool is_echo(const std::exception_ptr& error) {
   try {
@@ -409,13 +420,7 @@ struct DataParallelBase::Impl {
   std::exception_ptr finish_buckets(size_t r) {
     Replica& rep = *replicas[r];
     std::exception_ptr error;
-    auto noting = [&](auto&& work) {
-      try {
-        work();
-      } catch (...) {
-        if (!error) error = std::current_exception();
-      }
-    };
+    auto noting = [&](auto&& work) { keeping_first_failure(error, work); };
     std::lock_guard<std::mutex> lock(rep.mu);
     for (size_t b = 0; b < buckets.size(); ++b) {
       if (rep.bucket_ready[b]) continue;
@@ -482,12 +487,7 @@ struct DataParallelBase::Impl {
     const Device dev = rep.device;
     std::exception_ptr failed;  // this replica's first failure outside the collectives
     auto local = [&](auto&& work) {
-      if (failed) return;  // the bucket's sum is not written back after a failure
-      try {
-        work();
-      } catch (...) {
-        failed = std::current_exception();
-      }
+      if (!failed) keeping_first_failure(failed, work);  // (no write-back after a failure)
     };
     local([&] {
       if (dev.is_cuda()) detail::make_current(dev);
